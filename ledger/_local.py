@@ -1,0 +1,196 @@
+"""Local-folder backend.
+
+Objects are files under ``/``.  Writes go to a hidden temporary file that is then
+renamed (replace) or hard-linked (create-only) into place, so no reader ever sees a
+half-written file.  Compare-and-swap holds an ``flock`` on a sidecar lock file, which
+makes it atomic against other processes on the same machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import uuid
+from collections.abc import Iterator
+
+import xxhash
+
+from ledger.errors import AlreadyExistsError, ConflictError, ObjectNotFoundError, StorageError
+from ledger.storage import ObjectInfo, ObjectStore, ObjectWriter, register_backend
+
+__all__ = ["LocalStore"]
+
+_HIDDEN = ".shale-"
+
+
+def _token(data: bytes) -> str:
+    # Documents carry a version that only grows, so a content hash cannot repeat (no ABA).
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+class _LocalWriter(ObjectWriter):
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._tmp = _tmp_name(path)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self._f = open(self._tmp, "wb")  # noqa: SIM115  (closed in close/abort)
+        self._done = False
+
+    def write(self, data: bytes | bytearray | memoryview, /) -> int:
+        return self._f.write(data)
+
+    def close(self) -> None:
+        if self._done:
+            return
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+        os.replace(self._tmp, self._path)
+        self._done = True
+
+    def abort(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._f.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._tmp)
+
+
+def _tmp_name(path: str) -> str:
+    d, name = os.path.split(path)
+    return os.path.join(d, f"{_HIDDEN}tmp-{uuid.uuid4().hex[:12]}-{name}")
+
+
+class LocalStore(ObjectStore):
+    """Files on the local filesystem; keys are absolute paths without the leading slash."""
+
+    scheme = "file"
+
+    def _path(self, key: str) -> str:
+        return "/" + key
+
+    def url(self, key: str) -> str:
+        return self._path(key)
+
+    def get(self, key: str) -> bytes:
+        try:
+            with open(self._path(key), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            raise ObjectNotFoundError(f"{self.url(key)}: no such object") from None
+        except IsADirectoryError:
+            raise ObjectNotFoundError(f"{self.url(key)}: is a folder, not an object") from None
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        try:
+            with open(self._path(key), "rb") as f:
+                f.seek(start)
+                return f.read(max(0, end - start))
+        except FileNotFoundError:
+            raise ObjectNotFoundError(f"{self.url(key)}: no such object") from None
+
+    def get_tail(self, key: str, length: int) -> tuple[bytes, int]:
+        try:
+            with open(self._path(key), "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                f.seek(max(0, size - length))
+                return f.read(), size
+        except FileNotFoundError:
+            raise ObjectNotFoundError(f"{self.url(key)}: no such object") from None
+
+    def stat(self, key: str) -> ObjectInfo:
+        try:
+            st = os.stat(self._path(key))
+        except FileNotFoundError:
+            raise ObjectNotFoundError(f"{self.url(key)}: no such object") from None
+        return ObjectInfo(key, st.st_size, st.st_mtime)
+
+    def put(self, key: str, data: bytes) -> None:
+        with self.open_writer(key) as w:
+            w.write(data)
+
+    def open_writer(self, key: str) -> ObjectWriter:
+        return _LocalWriter(self._path(key))
+
+    def get_with_token(self, key: str) -> tuple[bytes, str]:
+        data = self.get(key)
+        return data, _token(data)
+
+    def put_if_absent(self, key: str, data: bytes) -> str:
+        path = self._path(key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = _tmp_name(path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                # link() fails if the target exists and publishes the complete file at once.
+                os.link(tmp, path)
+            except FileExistsError:
+                raise AlreadyExistsError(f"{self.url(key)}: already exists") from None
+            except OSError as e:
+                if e.errno in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
+                    raise StorageError(f"{self.url(key)}: this filesystem has no hard links") from e
+                raise
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        return _token(data)
+
+    @contextlib.contextmanager
+    def _locked(self, key: str) -> Iterator[None]:
+        path = self._path(key)
+        d, name = os.path.split(path)
+        fd = os.open(os.path.join(d, f"{_HIDDEN}lock-{name}"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def put_if_match(self, key: str, data: bytes, token: str) -> str:
+        path = self._path(key)
+        if not os.path.exists(os.path.dirname(path)):
+            raise ConflictError(f"{self.url(key)}: does not exist")
+        with self._locked(key):
+            try:
+                current = self.get(key)
+            except ObjectNotFoundError:
+                raise ConflictError(f"{self.url(key)}: vanished") from None
+            if _token(current) != token:
+                raise ConflictError(f"{self.url(key)}: changed since it was read")
+            with self.open_writer(key) as w:
+                w.write(data)
+        return _token(data)
+
+    def delete(self, key: str) -> None:
+        # The sidecar lock file stays: removing it could let two processes lock
+        # different inodes for the same key.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._path(key))
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        root = self._path(prefix.rstrip("/"))
+        found: list[ObjectInfo] = []
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames.sort()
+            for name in filenames:
+                if name.startswith(_HIDDEN):
+                    continue
+                full = os.path.join(dirpath, name)
+                try:
+                    st = os.stat(full)
+                except FileNotFoundError:
+                    continue
+                found.append(ObjectInfo(full.lstrip("/"), st.st_size, st.st_mtime))
+        found.sort(key=lambda o: o.key)
+        yield from found
+
+
+_STORE = LocalStore()
+register_backend("file", lambda netloc: _STORE)

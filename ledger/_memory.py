@@ -1,0 +1,139 @@
+"""In-process backend (``memory://name/...``) for tests and examples.
+
+Every ``memory://name`` in one process shares the same objects, like a bucket.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ledger.errors import AlreadyExistsError, ConflictError, ObjectNotFoundError
+from ledger.storage import ObjectInfo, ObjectStore, ObjectWriter, register_backend
+
+__all__ = ["MemoryStore", "clear_memory_stores"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Obj:
+    data: bytes
+    mtime: float
+    token: str
+
+
+class _MemoryWriter(ObjectWriter):
+    def __init__(self, store: MemoryStore, key: str) -> None:
+        self._store, self._key, self._parts = store, key, bytearray()
+        self._done = False
+
+    def write(self, data: bytes | bytearray | memoryview, /) -> int:
+        self._parts += data
+        return len(data)
+
+    def close(self) -> None:
+        if not self._done:
+            self._done = True
+            self._store.put(self._key, bytes(self._parts))
+
+    def abort(self) -> None:
+        self._done = True
+
+
+class MemoryStore(ObjectStore):
+    """A dict of objects guarded by one lock."""
+
+    scheme = "memory"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._objects: dict[str, _Obj] = {}
+        self._lock = threading.Lock()
+        self._counter = 0
+
+    def _new(self, data: bytes) -> _Obj:
+        self._counter += 1
+        return _Obj(bytes(data), time.time(), f"{self._counter}")
+
+    def url(self, key: str) -> str:
+        return f"memory://{self.name}/{key}"
+
+    def _obj(self, key: str) -> _Obj:
+        try:
+            return self._objects[key]
+        except KeyError:
+            raise ObjectNotFoundError(f"{self.url(key)}: no such object") from None
+
+    def get(self, key: str) -> bytes:
+        return self._obj(key).data
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        return self._obj(key).data[start:end]
+
+    def stat(self, key: str) -> ObjectInfo:
+        o = self._obj(key)
+        return ObjectInfo(key, len(o.data), o.mtime, o.token)
+
+    def put(self, key: str, data: bytes) -> None:
+        with self._lock:
+            self._objects[key] = self._new(data)
+
+    def open_writer(self, key: str) -> ObjectWriter:
+        return _MemoryWriter(self, key)
+
+    def get_with_token(self, key: str) -> tuple[bytes, str]:
+        o = self._obj(key)
+        return o.data, o.token
+
+    def put_if_absent(self, key: str, data: bytes) -> str:
+        with self._lock:
+            if key in self._objects:
+                raise AlreadyExistsError(f"{self.url(key)}: already exists")
+            o = self._objects[key] = self._new(data)
+            return o.token
+
+    def put_if_match(self, key: str, data: bytes, token: str) -> str:
+        with self._lock:
+            cur = self._objects.get(key)
+            if cur is None or cur.token != token:
+                raise ConflictError(f"{self.url(key)}: changed since it was read")
+            o = self._objects[key] = self._new(data)
+            return o.token
+
+    def delete(self, key: str) -> None:
+        with self._lock:
+            self._objects.pop(key, None)
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        head = prefix.rstrip("/") + "/" if prefix else ""
+        with self._lock:
+            items = sorted((k, o) for k, o in self._objects.items() if k.startswith(head))
+        for k, o in items:
+            yield ObjectInfo(k, len(o.data), o.mtime, o.token)
+
+    def backdate(self, key: str, seconds: float) -> None:
+        """Make an object look ``seconds`` older (tests of grace periods)."""
+        with self._lock:
+            o = self._objects[key]
+            self._objects[key] = _Obj(o.data, o.mtime - seconds, o.token)
+
+
+_STORES: dict[str, MemoryStore] = {}
+_STORES_LOCK = threading.Lock()
+
+
+def _factory(netloc: str) -> MemoryStore:
+    with _STORES_LOCK:
+        return _STORES.setdefault(netloc, MemoryStore(netloc))
+
+
+def clear_memory_stores() -> None:
+    """Forget every in-memory object (test isolation)."""
+    with _STORES_LOCK:
+        for s in _STORES.values():
+            with s._lock:
+                s._objects.clear()
+
+
+register_backend("memory", _factory)

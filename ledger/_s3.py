@@ -1,0 +1,301 @@
+"""S3 backend (boto3): the only module that talks to S3.
+
+Endpoint, region and credentials come from the standard AWS environment
+(``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, profiles, IRSA ...), so moto's server,
+MinIO and R2 work unchanged.  botocore's own retries are off: transient failures are
+retried by :class:`~ledger._retry.RetryPolicy`, once, here.  Conditional writes use
+``If-None-Match: *`` and ``If-Match: <etag>``.  Error messages name the bucket and key,
+never credentials.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from ledger._retry import RetryPolicy
+from ledger.errors import (
+    AlreadyExistsError,
+    ConflictError,
+    ObjectNotFoundError,
+    ShaleError,
+    StorageError,
+    TransientStorageError,
+    UnsupportedOperationError,
+)
+from ledger.storage import ObjectInfo, ObjectStore, ObjectWriter, register_backend
+
+__all__ = ["S3Store"]
+
+T = TypeVar("T")
+
+_TRANSIENT_CODES = frozenset({
+    "SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout", "RequestTimeTooSkewed",
+    "Throttling", "ThrottlingException", "RequestLimitExceeded", "ConditionalRequestConflict",
+    "OperationAborted", "BadDigest", "IncompleteBody",
+})
+_MISSING_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
+_PART_SIZE = 16 * 1024 * 1024
+
+
+def _translate(e: Exception, what: str) -> ShaleError:
+    """Map a botocore exception to our error hierarchy (the one place this happens)."""
+    import botocore.exceptions as bex
+
+    if isinstance(e, bex.ClientError):
+        err = e.response.get("Error", {})
+        code = str(err.get("Code", ""))
+        status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        if code in _MISSING_CODES or (status == 404 and code != "NoSuchBucket"):
+            return ObjectNotFoundError(f"{what}: no such object")
+        if code == "NoSuchBucket":
+            return ObjectNotFoundError(f"{what}: no such bucket")
+        if code == "PreconditionFailed" or status == 412:
+            return ConflictError(f"{what}: precondition failed (changed since it was read)")
+        if code in _TRANSIENT_CODES or status in (409, 429) or status >= 500:
+            return TransientStorageError(f"{what}: {code or status} (transient)")
+        if code == "NotImplemented" or status == 501:
+            return UnsupportedOperationError(f"{what}: the server does not implement this request")
+        if code in ("AccessDenied", "403") or status == 403:
+            return StorageError(f"{what}: access denied")
+        return StorageError(f"{what}: {code or status}: {err.get('Message', '')}".rstrip(": "))
+    if isinstance(e, bex.NoCredentialsError | bex.PartialCredentialsError):
+        return StorageError(f"{what}: no AWS credentials found in the environment")
+    if isinstance(e, bex.EndpointConnectionError | bex.ConnectionError | bex.HTTPClientError
+                  | bex.ReadTimeoutError | bex.ConnectTimeoutError | bex.ResponseStreamingError
+                  | bex.IncompleteReadError | ConnectionError | TimeoutError):
+        return TransientStorageError(f"{what}: {type(e).__name__} (transient)")
+    if isinstance(e, bex.BotoCoreError):
+        return StorageError(f"{what}: {type(e).__name__}")
+    return StorageError(f"{what}: {type(e).__name__}: {e}")
+
+
+class _S3Writer(ObjectWriter):
+    """Single PUT for small objects, multipart upload beyond one part."""
+
+    def __init__(self, store: S3Store, key: str) -> None:
+        self._s, self._key = store, key
+        self._buf = bytearray()
+        self._upload_id: str | None = None
+        self._parts: list[dict[str, Any]] = []
+        self._done = False
+
+    def write(self, data: bytes | bytearray | memoryview, /) -> int:
+        self._buf += data
+        while len(self._buf) >= _PART_SIZE:
+            self._send_part(bytes(self._buf[:_PART_SIZE]))
+            del self._buf[:_PART_SIZE]
+        return len(data)
+
+    def _send_part(self, chunk: bytes) -> None:
+        s = self._s
+        if self._upload_id is None:
+            r = s._call("create_multipart_upload", self._key, Bucket=s.bucket, Key=self._key)
+            self._upload_id = r["UploadId"]
+        n = len(self._parts) + 1
+        r = s._call("upload_part", self._key, Bucket=s.bucket, Key=self._key,
+                    UploadId=self._upload_id, PartNumber=n, Body=chunk)
+        self._parts.append({"ETag": r["ETag"], "PartNumber": n})
+
+    def close(self) -> None:
+        if self._done:
+            return
+        try:
+            if self._upload_id is None:
+                self._s.put(self._key, bytes(self._buf))
+            else:
+                if self._buf:
+                    self._send_part(bytes(self._buf))
+                self._s._call("complete_multipart_upload", self._key, Bucket=self._s.bucket,
+                              Key=self._key, UploadId=self._upload_id,
+                              MultipartUpload={"Parts": self._parts})
+        except BaseException:
+            self.abort()
+            raise
+        self._done = True
+        self._buf = bytearray()
+
+    def abort(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._buf = bytearray()
+        if self._upload_id is not None:
+            try:
+                self._s._call("abort_multipart_upload", self._key, Bucket=self._s.bucket,
+                              Key=self._key, UploadId=self._upload_id)
+            except ShaleError:
+                pass  # an unfinished upload is invisible; bucket lifecycle rules expire it
+
+
+class S3Store(ObjectStore):
+    """One S3 bucket (or S3-compatible store)."""
+
+    scheme = "s3"
+
+    def __init__(self, bucket: str, *, retry: RetryPolicy | None = None,
+                 client: Any = None, max_workers: int = 8) -> None:
+        self.bucket = bucket
+        self.retry = retry or RetryPolicy()
+        self._client = client
+        self._lock = threading.Lock()
+        self.max_workers = max_workers
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            with self._lock:
+                if self._client is None:
+                    self._client = _make_client()
+        return self._client
+
+    def url(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
+
+    def _call(self, op: str, key: str, **kwargs: Any) -> Any:
+        return self._retrying(lambda: self._raw(op, key, **kwargs))
+
+    def _raw(self, op: str, key: str, **kwargs: Any) -> Any:
+        try:
+            return getattr(self.client, op)(**kwargs)
+        except Exception as e:  # translated, never swallowed
+            raise _translate(e, self.url(key)) from e
+
+    def _retrying(self, fn: Callable[[], T]) -> T:
+        for attempt in self.retry.retrying():
+            with attempt:
+                return fn()
+        raise AssertionError("unreachable")  # tenacity reraises on the last attempt
+
+    def _read_body(self, key: str, **kwargs: Any) -> tuple[bytes, dict[str, Any]]:
+        def once() -> tuple[bytes, dict[str, Any]]:
+            r = self._raw("get_object", key, Bucket=self.bucket, Key=key, **kwargs)
+            try:
+                return r["Body"].read(), r
+            except Exception as e:
+                raise _translate(e, self.url(key)) from e
+        return self._retrying(once)
+
+    def get(self, key: str) -> bytes:
+        return self._read_body(key)[0]
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        if end <= start:
+            return b""
+        try:
+            return self._read_body(key, Range=f"bytes={start}-{end - 1}")[0]
+        except StorageError as e:
+            if "InvalidRange" in str(e):
+                return b""
+            raise
+
+    def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        if len(ranges) <= 1:
+            return [self.get_range(key, s, e) for s, e in ranges]
+        with ThreadPoolExecutor(max_workers=min(self.max_workers, len(ranges))) as pool:
+            return list(pool.map(lambda r: self.get_range(key, r[0], r[1]), ranges))
+
+    def get_tail(self, key: str, length: int) -> tuple[bytes, int]:
+        data, r = self._read_body(key, Range=f"bytes=-{length}")
+        content_range = r.get("ContentRange") or ""
+        size = int(content_range.rsplit("/", 1)[1]) if "/" in content_range else len(data)
+        return data, size
+
+    def stat(self, key: str) -> ObjectInfo:
+        r = self._call("head_object", key, Bucket=self.bucket, Key=key)
+        return ObjectInfo(key, int(r["ContentLength"]), r["LastModified"].timestamp(), r["ETag"])
+
+    def put(self, key: str, data: bytes) -> None:
+        self._call("put_object", key, Bucket=self.bucket, Key=key, Body=data)
+
+    def open_writer(self, key: str) -> ObjectWriter:
+        return _S3Writer(self, key)
+
+    def get_with_token(self, key: str) -> tuple[bytes, str]:
+        data, r = self._read_body(key)
+        return data, str(r["ETag"])
+
+    def _conditional_put(self, key: str, data: bytes, **cond: str) -> str:
+        # A retried conditional PUT may find its own earlier attempt already applied:
+        # then the precondition fails although the write succeeded.  Re-read and
+        # compare before calling it a conflict.
+        attempts = 0
+
+        def once() -> str:
+            nonlocal attempts
+            attempts += 1
+            try:
+                r = self._raw("put_object", key, Bucket=self.bucket, Key=key, Body=data, **cond)
+                return str(r["ETag"])
+            except ConflictError:
+                if attempts > 1:
+                    try:
+                        current, token = self.get_with_token(key)
+                    except ObjectNotFoundError:
+                        current, token = b"", ""
+                    if current == data:
+                        return token
+                raise
+
+        return self._retrying(once)
+
+    def put_if_absent(self, key: str, data: bytes) -> str:
+        try:
+            return self._conditional_put(key, data, IfNoneMatch="*")
+        except AlreadyExistsError:
+            raise
+        except ConflictError as e:
+            raise AlreadyExistsError(f"{self.url(key)}: already exists") from e
+
+    def put_if_match(self, key: str, data: bytes, token: str) -> str:
+        try:
+            return self._conditional_put(key, data, IfMatch=token)
+        except ObjectNotFoundError as e:
+            raise ConflictError(f"{self.url(key)}: vanished") from e
+
+    def delete(self, key: str) -> None:
+        try:
+            self._call("delete_object", key, Bucket=self.bucket, Key=key)
+        except ObjectNotFoundError:
+            pass
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        head = prefix.rstrip("/") + "/" if prefix else ""
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": head}
+            if token:
+                kwargs["ContinuationToken"] = token
+            r = self._call("list_objects_v2", head, **kwargs)
+            for o in r.get("Contents", []):
+                yield ObjectInfo(o["Key"], int(o["Size"]), o["LastModified"].timestamp(), o.get("ETag", ""))
+            if not r.get("IsTruncated"):
+                return
+            token = r.get("NextContinuationToken")
+
+
+def _make_client() -> Any:
+    try:
+        import boto3
+        from botocore.config import Config
+    except ImportError as e:  # pragma: no cover - depends on the installation
+        raise UnsupportedOperationError(
+            "s3:// needs boto3: pip install 'shale[s3]'"
+        ) from e
+    config = Config(
+        retries={"max_attempts": 1, "mode": "standard"},
+        connect_timeout=float(os.environ.get("SHALE_S3_CONNECT_TIMEOUT", "10")),
+        read_timeout=float(os.environ.get("SHALE_S3_READ_TIMEOUT", "60")),
+        max_pool_connections=32,
+        s3={"addressing_style": os.environ.get("SHALE_S3_ADDRESSING_STYLE", "auto")},
+    )
+    session = boto3.session.Session()
+    if session.region_name is None and not os.environ.get("AWS_DEFAULT_REGION"):
+        return session.client("s3", config=config, region_name="us-east-1")
+    return session.client("s3", config=config)
+
+
+register_backend("s3", lambda bucket: S3Store(bucket))

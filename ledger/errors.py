@@ -1,0 +1,119 @@
+"""Every error Shale raises derives from :class:`ShaleError`.
+
+Errors also inherit the matching builtin so callers can catch them generically
+(``except FileNotFoundError`` catches a missing ledger object).  Each error knows
+which exit code the command line maps it to.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AlreadyExistsError",
+    "ConflictError",
+    "CorruptLedgerError",
+    "InvalidInputError",
+    "InvalidURIError",
+    "ObjectNotFoundError",
+    "RecordTooLargeError",
+    "ShaleError",
+    "StateUnknownError",
+    "StorageError",
+    "TopicNotFoundError",
+    "TransientStorageError",
+    "UnsupportedOperationError",
+    "UnsupportedVersionError",
+]
+
+#: Exit codes shared by every command (documented in the README).
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_CONFLICT = 3
+EXIT_CORRUPT = 4
+
+
+class ShaleError(Exception):
+    """Root of every error Shale raises on purpose."""
+
+    exit_code: int = EXIT_FAILURE
+
+
+class InvalidInputError(ShaleError, ValueError):
+    """A caller passed something unusable: a bad flag value, a bad record, a bad id."""
+
+    exit_code = EXIT_USAGE
+
+
+class InvalidURIError(InvalidInputError):
+    """A topic or metadata URI is malformed, unsafe, or names an unknown scheme."""
+
+
+class RecordTooLargeError(InvalidInputError):
+    """A record or entry exceeds the configured maximum size."""
+
+
+class StorageError(ShaleError, OSError):
+    """Storage failed in a way that is neither transient nor a conflict."""
+
+
+class TransientStorageError(StorageError):
+    """A storage request failed in a way that is worth retrying (5xx, throttling, reset)."""
+
+
+class ObjectNotFoundError(StorageError, FileNotFoundError):
+    """An object that should exist is missing."""
+
+    exit_code = EXIT_USAGE
+
+
+class TopicNotFoundError(ObjectNotFoundError):
+    """No topic exists at the given URI."""
+
+
+class UnsupportedOperationError(StorageError):
+    """The storage backend cannot do what was asked (e.g. compare-and-swap)."""
+
+    exit_code = EXIT_USAGE
+
+
+class ConflictError(ShaleError):
+    """A compare-and-swap lost: somebody else changed the document first.
+
+    ``expected`` and ``found`` are the versions involved when they are known.
+    """
+
+    exit_code = EXIT_CONFLICT
+
+    def __init__(self, message: str, *, expected: int | None = None, found: int | None = None):
+        super().__init__(message)
+        self.expected = expected
+        self.found = found
+
+
+class AlreadyExistsError(ConflictError, FileExistsError):
+    """A create-if-absent found the object already there."""
+
+
+class StateUnknownError(ShaleError):
+    """A write may or may not have happened (e.g. the connection dropped after sending).
+
+    Distinct from :class:`ConflictError`: the caller must re-read before deciding.
+    """
+
+
+class CorruptLedgerError(ShaleError, ValueError):
+    """A ledger object fails validation: bad magic, bad checksum, truncated, inconsistent.
+
+    The message names the object and the byte position or entry involved.
+    """
+
+    exit_code = EXIT_CORRUPT
+
+    def __init__(self, message: str, *, path: str = "", position: int | None = None):
+        super().__init__(message)
+        self.path = path
+        self.position = position
+
+
+class UnsupportedVersionError(CorruptLedgerError):
+    """An object was written in a format version this build cannot read."""

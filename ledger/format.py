@@ -1,0 +1,292 @@
+"""The on-object layout of a ledger (see docs/format.md for the full description).
+
+::
+
+    header   32 bytes   magic "SHALELDG", version, kind, ledger id, created time, CRC32C
+    entries  frames     [payload length u32][CRC32C u32][record count u32][payload]
+    footer   msgpack    columnar index: entry offsets and lengths, per-record key hashes,
+                        flags, offsets and sizes (+ original ids for compacted parts)
+    trailer  56 bytes   footer offset/length/CRC32C, ledger id, version, kind, magic
+
+All integers are little-endian.  The footer's columns are raw little-endian arrays, so
+compaction's pass one reads key hashes and positions as NumPy arrays without touching
+payloads, and a reader seeks to any entry with one ranged read.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any, Final
+
+import crc32c
+import msgpack
+import numpy as np
+import numpy.typing as npt
+
+from ledger.errors import CorruptLedgerError, UnsupportedVersionError
+
+__all__ = [
+    "FLAG_HAS_KEY",
+    "FLAG_TOMBSTONE",
+    "FORMAT_VERSION",
+    "FRAME_HEADER",
+    "HEADER_SIZE",
+    "KIND_COMPACTED",
+    "KIND_ORIGINAL",
+    "TRAILER_SIZE",
+    "Footer",
+    "Trailer",
+    "checksum",
+    "decode_footer",
+    "decode_header",
+    "decode_trailer",
+    "encode_footer",
+    "encode_header",
+    "encode_trailer",
+]
+
+MAGIC: Final = b"SHALELDG"
+END_MAGIC: Final = b"SHALEEND"
+FORMAT_VERSION: Final = 1
+
+KIND_ORIGINAL: Final = 0
+KIND_COMPACTED: Final = 1
+_KINDS: Final = {KIND_ORIGINAL: "original", KIND_COMPACTED: "compacted"}
+
+FLAG_HAS_KEY: Final = 0x01
+FLAG_TOMBSTONE: Final = 0x02  # value empty or absent
+
+_HEADER: Final = struct.Struct("<8sHBBQqI4x")
+HEADER_SIZE: Final = _HEADER.size  # 32
+_TRAILER: Final = struct.Struct("<QQQqIHBB4xI8s")
+TRAILER_SIZE: Final = _TRAILER.size  # 56
+FRAME_HEADER: Final = struct.Struct("<III")  # payload length, CRC32C(payload), record count
+
+#: Footers bigger than this are refused as corrupt rather than allocated.
+MAX_FOOTER_BYTES: Final = 1 << 31
+
+# name -> (dtype, per entry "e" or per record "r", present in original ledgers)
+COLUMNS: Final[dict[str, tuple[str, str, bool]]] = {
+    "e_offset": ("<u8", "e", True),
+    "e_length": ("<u4", "e", True),
+    "e_publish": ("<i8", "e", True),
+    "e_ledger": ("<u8", "e", False),
+    "e_entry": ("<u8", "e", False),
+    "r_hash_hi": ("<u8", "r", True),
+    "r_hash_lo": ("<u8", "r", True),
+    "r_flags": ("<u1", "r", True),
+    "r_offset": ("<u4", "r", True),
+    "r_size": ("<u4", "r", True),
+    "r_batch": ("<u4", "r", False),
+    "r_delete_since": ("<i8", "r", False),
+}
+
+
+def checksum(data: bytes | bytearray | memoryview, value: int = 0) -> int:
+    """CRC32C (Castagnoli), hardware accelerated where the CPU allows."""
+    return int(crc32c.crc32c(data, value))
+
+
+def encode_header(kind: int, ledger_id: int, created_ms: int) -> bytes:
+    body = _HEADER.pack(MAGIC, FORMAT_VERSION, kind, 0, ledger_id, created_ms, 0)
+    return _HEADER.pack(MAGIC, FORMAT_VERSION, kind, 0, ledger_id, created_ms, checksum(body))
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    version: int
+    kind: int
+    ledger_id: int
+    created_ms: int
+
+
+def decode_header(data: bytes | memoryview, where: str) -> Header:
+    if len(data) < HEADER_SIZE:
+        raise CorruptLedgerError(f"{where}: truncated header ({len(data)} bytes)", path=where, position=0)
+    magic, version, kind, flags, ledger_id, created, crc = _HEADER.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise CorruptLedgerError(f"{where}: not a Shale ledger object (bad magic {magic!r})", path=where, position=0)
+    if version != FORMAT_VERSION:
+        raise UnsupportedVersionError(
+            f"{where}: ledger format version {version} is not supported (this build reads {FORMAT_VERSION})",
+            path=where,
+            position=8,
+        )
+    body = _HEADER.pack(magic, version, kind, flags, ledger_id, created, 0)
+    if checksum(body) != crc:
+        raise CorruptLedgerError(f"{where}: header checksum mismatch at byte 0", path=where, position=0)
+    return Header(version, kind, ledger_id, created)
+
+
+@dataclass(frozen=True, slots=True)
+class Trailer:
+    footer_offset: int
+    footer_length: int
+    ledger_id: int
+    created_ms: int
+    footer_crc: int
+    version: int
+    kind: int
+
+
+def encode_trailer(t: Trailer) -> bytes:
+    body = _TRAILER.pack(
+        t.footer_offset, t.footer_length, t.ledger_id, t.created_ms, t.footer_crc,
+        t.version, t.kind, 0, 0, END_MAGIC,
+    )
+    crc = checksum(body)
+    return _TRAILER.pack(
+        t.footer_offset, t.footer_length, t.ledger_id, t.created_ms, t.footer_crc,
+        t.version, t.kind, 0, crc, END_MAGIC,
+    )
+
+
+def decode_trailer(data: bytes | memoryview, object_size: int, where: str) -> Trailer:
+    """Decode the trailer from the last ``TRAILER_SIZE`` bytes of ``data``."""
+    pos = object_size - TRAILER_SIZE
+    if object_size < HEADER_SIZE + TRAILER_SIZE or len(data) < TRAILER_SIZE:
+        raise CorruptLedgerError(
+            f"{where}: truncated ledger object ({object_size} bytes is too small)", path=where, position=0
+        )
+    fo, fl, lid, created, fcrc, version, kind, flags, crc, magic = _TRAILER.unpack_from(
+        data, len(data) - TRAILER_SIZE
+    )
+    if magic != END_MAGIC:
+        raise CorruptLedgerError(
+            f"{where}: truncated or not a ledger object: no trailer at byte {pos} (size {object_size})",
+            path=where,
+            position=pos,
+        )
+    if version != FORMAT_VERSION:
+        raise UnsupportedVersionError(
+            f"{where}: ledger format version {version} is not supported (this build reads {FORMAT_VERSION})",
+            path=where,
+            position=pos,
+        )
+    body = _TRAILER.pack(fo, fl, lid, created, fcrc, version, kind, flags, 0, END_MAGIC)
+    if checksum(body) != crc:
+        raise CorruptLedgerError(f"{where}: trailer checksum mismatch at byte {pos}", path=where, position=pos)
+    if kind not in _KINDS:
+        raise CorruptLedgerError(f"{where}: unknown ledger kind {kind} at byte {pos}", path=where, position=pos)
+    if fl > MAX_FOOTER_BYTES or fo < HEADER_SIZE or fo + fl != pos:
+        raise CorruptLedgerError(
+            f"{where}: footer bounds {fo}+{fl} do not fit the object (trailer at byte {pos})",
+            path=where,
+            position=pos,
+        )
+    return Trailer(fo, fl, lid, created, fcrc, version, kind)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Footer:
+    """The columnar index of one ledger object.
+
+    ``e_rec_start`` has one more element than there are entries: records of entry ``i``
+    are ``e_rec_start[i]:e_rec_start[i+1]``.  Compacted parts carry the original ids of
+    their entries and records (``e_ledger``, ``e_entry``, ``r_batch``) and the time each
+    kept tombstone was first kept (``r_delete_since``, 0 = not a tombstone).
+    """
+
+    kind: int
+    ledger_id: int
+    data_end: int
+    e_rec_start: npt.NDArray[np.int64]
+    cols: dict[str, npt.NDArray[Any]]
+    meta: dict[str, Any]
+
+    @property
+    def n_entries(self) -> int:
+        return len(self.e_rec_start) - 1
+
+    @property
+    def n_records(self) -> int:
+        return int(self.e_rec_start[-1])
+
+    def col(self, name: str) -> npt.NDArray[Any]:
+        return self.cols[name]
+
+    def entry_ledgers(self) -> npt.NDArray[np.uint64]:
+        if self.kind == KIND_COMPACTED:
+            return self.cols["e_ledger"]
+        return np.full(self.n_entries, self.ledger_id, dtype=np.uint64)
+
+    def entry_ids(self) -> npt.NDArray[np.uint64]:
+        if self.kind == KIND_COMPACTED:
+            return self.cols["e_entry"]
+        return np.arange(self.n_entries, dtype=np.uint64)
+
+    def batch_indexes(self) -> npt.NDArray[np.uint32]:
+        if self.kind == KIND_COMPACTED:
+            return self.cols["r_batch"]
+        counts = np.diff(self.e_rec_start)
+        starts = np.repeat(self.e_rec_start[:-1], counts)
+        return (np.arange(self.n_records, dtype=np.int64) - starts).astype(np.uint32)
+
+    def delete_since(self) -> npt.NDArray[np.int64]:
+        if self.kind == KIND_COMPACTED:
+            return self.cols["r_delete_since"]
+        return np.zeros(self.n_records, dtype=np.int64)
+
+
+def encode_footer(
+    kind: int, e_rec_start: npt.NDArray[Any], cols: dict[str, npt.NDArray[Any]], meta: dict[str, Any]
+) -> bytes:
+    out: dict[str, bytes] = {"e_rec_start": np.ascontiguousarray(e_rec_start, dtype="<u8").tobytes()}
+    for name, (dtype, _, in_original) in COLUMNS.items():
+        if kind == KIND_ORIGINAL and not in_original:
+            continue
+        out[name] = np.ascontiguousarray(cols[name], dtype=dtype).tobytes()
+    packed: bytes = msgpack.packb(
+        {"n_entries": len(e_rec_start) - 1, "cols": out, "meta": meta}, use_bin_type=True
+    )
+    return packed
+
+
+def decode_footer(data: bytes, trailer: Trailer, where: str) -> Footer:
+    """Decode and validate a footer; every inconsistency is a :class:`CorruptLedgerError`."""
+    pos = trailer.footer_offset
+    if checksum(data) != trailer.footer_crc:
+        raise CorruptLedgerError(f"{where}: footer checksum mismatch at byte {pos}", path=where, position=pos)
+    try:
+        doc = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=MAX_FOOTER_BYTES)
+        n_entries = int(doc["n_entries"])
+        raw_cols: dict[str, bytes] = doc["cols"]
+        meta: dict[str, Any] = doc.get("meta") or {}
+    except (ValueError, KeyError, TypeError, msgpack.UnpackException) as e:
+        raise CorruptLedgerError(f"{where}: undecodable footer at byte {pos}: {e}", path=where, position=pos) from e
+
+    def bad(why: str) -> CorruptLedgerError:
+        return CorruptLedgerError(f"{where}: inconsistent footer at byte {pos}: {why}", path=where, position=pos)
+
+    try:
+        raw_start = np.frombuffer(raw_cols["e_rec_start"], dtype="<u8")
+    except KeyError:
+        raise bad("column e_rec_start missing") from None
+    if len(raw_start) != n_entries + 1 or raw_start[0] != 0 or raw_start[-1] >= 1 << 40:
+        raise bad("entry record index has the wrong shape")
+    e_rec_start = raw_start.astype(np.int64)
+    if n_entries and np.any(np.diff(e_rec_start) < 0):
+        raise bad("entry record index goes backwards")
+    n_records = int(e_rec_start[-1])
+    cols: dict[str, npt.NDArray[Any]] = {}
+    for name, (dtype, per, in_original) in COLUMNS.items():
+        if trailer.kind == KIND_ORIGINAL and not in_original:
+            continue
+        if name not in raw_cols:
+            raise bad(f"column {name} missing")
+        arr = np.frombuffer(raw_cols[name], dtype=dtype)
+        if len(arr) != (n_entries if per == "e" else n_records):
+            raise bad(f"column {name} has {len(arr)} rows")
+        cols[name] = arr
+    offsets, lengths = cols["e_offset"], cols["e_length"].astype(np.uint64)
+    if n_entries:
+        ends = offsets + lengths
+        if offsets[0] < HEADER_SIZE or ends[-1] > pos or np.any(offsets[1:] < ends[:-1]):
+            raise bad("entry offsets overlap or leave the data region")
+        if np.any(lengths < FRAME_HEADER.size):
+            raise bad("entry shorter than its frame header")
+        payload_len = np.repeat(lengths - FRAME_HEADER.size, np.diff(e_rec_start))
+        if np.any(cols["r_offset"].astype(np.uint64) + cols["r_size"] > payload_len):
+            raise bad("record extends past its entry")
+    return Footer(trailer.kind, trailer.ledger_id, pos, e_rec_start, cols, meta)

@@ -1,0 +1,57 @@
+"""Message ids: ``(ledger id, entry id, batch index)``, totally ordered.
+
+The one text form is ``"<ledger>:<entry>:<batch>"`` (e.g. ``"3:17:0"``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+from ledger.errors import InvalidInputError
+
+__all__ = ["MAX_ID", "MIN_ID", "MessageId"]
+
+_ID_RE: Final = re.compile(r"^\s*(\d+):(\d+):(\d+)\s*$")
+_U64: Final = (1 << 64) - 1
+_U32: Final = (1 << 32) - 1
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class MessageId:
+    """The permanent identity of a record: it never changes, compaction included."""
+
+    ledger: int
+    entry: int
+    batch: int = 0
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.ledger <= _U64 and 0 <= self.entry <= _U64 and 0 <= self.batch <= _U32):
+            raise InvalidInputError(f"message id out of range: {self.ledger}:{self.entry}:{self.batch}")
+
+    def __str__(self) -> str:
+        return f"{self.ledger}:{self.entry}:{self.batch}"
+
+    @classmethod
+    def parse(cls, text: str) -> MessageId:
+        """Parse the text form ``"ledger:entry:batch"``; raise :class:`InvalidInputError`."""
+        m = _ID_RE.match(text)
+        if m is None:
+            raise InvalidInputError(
+                f"bad message id {text!r}: expected LEDGER:ENTRY:BATCH, e.g. 3:17:0"
+            )
+        return cls(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+
+    def successor(self) -> MessageId:
+        """The smallest id strictly greater than this one."""
+        if self.batch < _U32:
+            return MessageId(self.ledger, self.entry, self.batch + 1)
+        return MessageId(self.ledger, self.entry + 1, 0)
+
+    def as_tuple(self) -> tuple[int, int, int]:
+        return (self.ledger, self.entry, self.batch)
+
+
+MIN_ID: Final = MessageId(0, 0, 0)
+MAX_ID: Final = MessageId(_U64, _U64, _U32)

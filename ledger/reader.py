@@ -1,0 +1,197 @@
+"""Reading one ledger object: its footer index, checked frames, decoded messages."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from ledger.errors import CorruptLedgerError
+from ledger.format import (
+    FRAME_HEADER,
+    HEADER_SIZE,
+    Footer,
+    checksum,
+    decode_footer,
+    decode_header,
+    decode_trailer,
+)
+from ledger.ids import MessageId
+from ledger.record import DEFAULT_MAX_RECORD_BYTES, Message, decode_records
+from ledger.storage import ObjectStore
+
+__all__ = ["DEFAULT_CHUNK_BYTES", "LedgerFile"]
+
+#: Size of the ranged reads used to stream entries (big sequential reads are cheap).
+DEFAULT_CHUNK_BYTES: Final = 8 * 1024 * 1024
+_TAIL_BYTES: Final = 256 * 1024
+
+
+class LedgerFile:
+    """An opened ledger object: the footer is in memory, entries are read on demand."""
+
+    def __init__(self, store: ObjectStore, key: str, footer: Footer, size: int) -> None:
+        self.store = store
+        self.key = key
+        self.footer = footer
+        self.size = size
+        self._ledgers: npt.NDArray[np.uint64] | None = None
+        self._entries: npt.NDArray[np.uint64] | None = None
+        self._batches: npt.NDArray[np.uint32] | None = None
+
+    @classmethod
+    def open(cls, store: ObjectStore, key: str) -> LedgerFile:
+        """Read and check the trailer and footer of ``key`` (one ranged read when small)."""
+        where = store.url(key)
+        tail, size = store.get_tail(key, _TAIL_BYTES)
+        trailer = decode_trailer(tail, size, where)
+        tail_start = size - len(tail)
+        if trailer.footer_offset >= tail_start:
+            rel = trailer.footer_offset - tail_start
+            footer_bytes = tail[rel:rel + trailer.footer_length]
+        else:
+            footer_bytes = store.get_range(key, trailer.footer_offset,
+                                           trailer.footer_offset + trailer.footer_length)
+            if len(footer_bytes) != trailer.footer_length:
+                raise CorruptLedgerError(f"{where}: truncated footer at byte {trailer.footer_offset}",
+                                         path=where, position=trailer.footer_offset)
+        if tail_start == 0:
+            header = decode_header(tail[:HEADER_SIZE], where)
+            if header.ledger_id != trailer.ledger_id or header.kind != trailer.kind:
+                raise CorruptLedgerError(f"{where}: header and trailer disagree", path=where, position=0)
+        footer = decode_footer(bytes(footer_bytes), trailer, where)
+        return cls(store, key, footer, size)
+
+    @property
+    def url(self) -> str:
+        return self.store.url(self.key)
+
+    @property
+    def ledger_id(self) -> int:
+        return self.footer.ledger_id
+
+    @property
+    def n_entries(self) -> int:
+        return self.footer.n_entries
+
+    @property
+    def n_records(self) -> int:
+        return self.footer.n_records
+
+    @property
+    def entry_ledgers(self) -> npt.NDArray[np.uint64]:
+        if self._ledgers is None:
+            self._ledgers = self.footer.entry_ledgers()
+        return self._ledgers
+
+    @property
+    def entry_ids(self) -> npt.NDArray[np.uint64]:
+        if self._entries is None:
+            self._entries = self.footer.entry_ids()
+        return self._entries
+
+    @property
+    def batch_indexes(self) -> npt.NDArray[np.uint32]:
+        if self._batches is None:
+            self._batches = self.footer.batch_indexes()
+        return self._batches
+
+    def record_id(self, index: int) -> MessageId:
+        entry = int(np.searchsorted(self.footer.e_rec_start, index, side="right")) - 1
+        return MessageId(int(self.entry_ledgers[entry]), int(self.entry_ids[entry]),
+                         int(self.batch_indexes[index]))
+
+    def first_id(self) -> MessageId | None:
+        return self.record_id(0) if self.n_records else None
+
+    def last_id(self) -> MessageId | None:
+        return self.record_id(self.n_records - 1) if self.n_records else None
+
+    def find(self, mid: MessageId) -> int:
+        """Index of the first record whose id is ``>= mid`` (``n_records`` if none)."""
+        ledgers, entries = self.entry_ledgers, self.entry_ids
+        lo = int(np.searchsorted(ledgers, np.uint64(mid.ledger), side="left"))
+        hi = int(np.searchsorted(ledgers, np.uint64(mid.ledger), side="right"))
+        if lo == hi:
+            return int(self.footer.e_rec_start[lo])
+        e = lo + int(np.searchsorted(entries[lo:hi], np.uint64(mid.entry), side="left"))
+        if e == hi or int(entries[e]) != mid.entry:
+            return int(self.footer.e_rec_start[e])
+        start, stop = int(self.footer.e_rec_start[e]), int(self.footer.e_rec_start[e + 1])
+        return start + int(np.searchsorted(self.batch_indexes[start:stop], np.uint32(mid.batch), side="left"))
+
+    def read_frames(self, first: int, stop: int) -> tuple[int, bytes]:
+        """Raw bytes of entries ``first..stop-1`` in one ranged read, with their start offset."""
+        offs, lens = self.footer.col("e_offset"), self.footer.col("e_length")
+        start = int(offs[first])
+        end = int(offs[stop - 1]) + int(lens[stop - 1])
+        data = self.store.get_range(self.key, start, end)
+        if len(data) != end - start:
+            raise CorruptLedgerError(
+                f"{self.url}: truncated: entries {first}..{stop - 1} need bytes {start}..{end}, "
+                f"object ends at {start + len(data)}",
+                path=self.url, position=start + len(data))
+        return start, data
+
+    def frame_payload(self, buf: bytes | memoryview, base: int, entry: int) -> memoryview:
+        """Check entry ``entry``'s frame inside ``buf`` (read from ``base``); return its payload."""
+        offset = int(self.footer.col("e_offset")[entry])
+        length = int(self.footer.col("e_length")[entry])
+        view = memoryview(buf)[offset - base: offset - base + length]
+        n_expected = int(self.footer.e_rec_start[entry + 1] - self.footer.e_rec_start[entry])
+        plen, crc, n = FRAME_HEADER.unpack_from(view, 0)
+        payload = view[FRAME_HEADER.size:]
+        if plen != len(payload) or n != n_expected:
+            raise CorruptLedgerError(
+                f"{self.url}: entry {self._entry_name(entry)} at byte {offset}: frame header disagrees "
+                "with the footer", path=self.url, position=offset)
+        if checksum(payload) != crc:
+            raise CorruptLedgerError(
+                f"{self.url}: entry {self._entry_name(entry)} at byte {offset}: checksum mismatch",
+                path=self.url, position=offset)
+        return payload
+
+    def _entry_name(self, entry: int) -> str:
+        return f"{int(self.entry_ledgers[entry])}:{int(self.entry_ids[entry])}"
+
+    def chunks(self, first_entry: int, stop_entry: int,
+               chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[tuple[int, int]]:
+        """Split entries ``[first_entry, stop_entry)`` into runs of about ``chunk_bytes``."""
+        offs = self.footer.col("e_offset")
+        i = first_entry
+        while i < stop_entry:
+            limit = int(offs[i]) + chunk_bytes
+            j = int(np.searchsorted(offs[i:stop_entry], np.uint64(limit), side="left")) + i
+            j = max(j, i + 1)
+            yield i, j
+            i = j
+
+    def messages(self, start_record: int = 0, stop_record: int | None = None, *,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> Iterator[Message]:
+        """Decode records ``[start_record, stop_record)`` in order, checking every entry."""
+        rec_start = self.footer.e_rec_start
+        stop_record = self.n_records if stop_record is None else min(stop_record, self.n_records)
+        if start_record >= stop_record:
+            return
+        first = int(np.searchsorted(rec_start, start_record, side="right")) - 1
+        last = int(np.searchsorted(rec_start, stop_record - 1, side="right")) - 1
+        ledgers, entries, batches = self.entry_ledgers, self.entry_ids, self.batch_indexes
+        for c0, c1 in self.chunks(first, last + 1, chunk_bytes):
+            base, buf = self.read_frames(c0, c1)
+            for e in range(c0, c1):
+                payload = self.frame_payload(buf, base, e)
+                r0 = int(rec_start[e])
+                count = int(rec_start[e + 1]) - r0
+                led, ent = int(ledgers[e]), int(entries[e])
+                where = f"{self.url}: entry {led}:{ent}"
+                for k, (key, value, props, pt, et) in enumerate(
+                        decode_records(payload, count, where=where, max_record_bytes=max_record_bytes)):
+                    r = r0 + k
+                    if r < start_record:
+                        continue
+                    if r >= stop_record:
+                        return
+                    yield Message(MessageId(led, ent, int(batches[r])), key, value, props, pt, et)

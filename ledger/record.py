@@ -1,0 +1,164 @@
+"""Records, messages and their msgpack encoding.
+
+A record is encoded as the msgpack array
+``[key: bin|nil, value: bin|nil, properties: map<str,str>|nil, publish_time: int, event_time: int|nil]``.
+Each record is a self-contained msgpack object, so pass two of compaction can copy a
+record's raw bytes without decoding it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import msgpack
+import xxhash
+
+from ledger.errors import CorruptLedgerError, InvalidInputError
+from ledger.ids import MessageId
+
+__all__ = [
+    "DEFAULT_MAX_RECORD_BYTES",
+    "Message",
+    "Record",
+    "decode_records",
+    "encode_record",
+    "key_hash",
+]
+
+#: Upper bound on one encoded record; larger ones are refused at write and read time.
+DEFAULT_MAX_RECORD_BYTES: Final = 64 * 1024 * 1024
+
+_EMPTY: Final[Mapping[str, str]] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A record as a producer hands it in.
+
+    ``value`` empty or ``None`` makes the record a tombstone for its key.
+    Times are milliseconds since the Unix epoch.
+    """
+
+    key: bytes | None
+    value: bytes | None
+    properties: Mapping[str, str] = field(default_factory=dict)
+    publish_time: int = 0
+    event_time: int | None = None
+
+    @property
+    def is_tombstone(self) -> bool:
+        return self.key is not None and not self.value
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A record as a consumer sees it: with its permanent :class:`MessageId`."""
+
+    id: MessageId
+    key: bytes | None
+    value: bytes | None
+    properties: Mapping[str, str]
+    publish_time: int
+    event_time: int | None
+
+    @property
+    def is_tombstone(self) -> bool:
+        return self.key is not None and not self.value
+
+
+_packer_local = msgpack.Packer(use_bin_type=True)
+
+
+def encode_record(record: Record) -> bytes:
+    """Encode one record; validate its field types on the way."""
+    key, value = record.key, record.value
+    if key is not None and not isinstance(key, bytes | bytearray | memoryview):
+        raise InvalidInputError(f"record key must be bytes or None, not {type(key).__name__}")
+    if value is not None and not isinstance(value, bytes | bytearray | memoryview):
+        raise InvalidInputError(f"record value must be bytes or None, not {type(value).__name__}")
+    props = record.properties or None
+    if props is not None:
+        for k, v in props.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise InvalidInputError("record properties must map str to str")
+        props = dict(props)
+    if not isinstance(record.publish_time, int) or record.publish_time < 0:
+        raise InvalidInputError(f"bad publish time {record.publish_time!r}")
+    if record.event_time is not None and not isinstance(record.event_time, int):
+        raise InvalidInputError(f"bad event time {record.event_time!r}")
+    data: bytes = _packer_local.pack(
+        [
+            None if key is None else bytes(key),
+            None if value is None else bytes(value),
+            props,
+            record.publish_time,
+            record.event_time,
+        ]
+    )
+    return data
+
+
+def key_hash(key: bytes) -> tuple[int, int]:
+    """The 128-bit key hash stored in ledger footers, as ``(high, low)`` 64-bit halves.
+
+    128 bits keep the chance of any collision negligible even at billions of keys.
+    """
+    h: int = xxhash.xxh3_128_intdigest(key)
+    return h >> 64, h & 0xFFFFFFFFFFFFFFFF
+
+
+def decode_records(
+    payload: bytes | memoryview,
+    count: int,
+    *,
+    where: str,
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+) -> Iterator[tuple[bytes | None, bytes | None, Mapping[str, str], int, int | None]]:
+    """Decode ``count`` consecutive records from an entry payload.
+
+    Yields ``(key, value, properties, publish_time, event_time)`` tuples.  ``where`` names
+    the object and entry for error messages.  Sizes are bounded so a hostile length field
+    cannot make msgpack allocate without limit.
+    """
+    unpacker = msgpack.Unpacker(
+        None,
+        raw=False,
+        use_list=False,
+        strict_map_key=True,
+        max_buffer_size=max(len(payload), 1),
+        max_bin_len=max_record_bytes,
+        max_str_len=max_record_bytes,
+        max_array_len=16,
+        max_map_len=1 << 20,
+    )
+    unpacker.feed(payload)
+    n = 0
+    try:
+        for obj in unpacker:
+            n += 1
+            if n > count:
+                break
+            yield _check_record(obj, where)
+    except (ValueError, msgpack.UnpackException, msgpack.ExtraData) as e:
+        raise CorruptLedgerError(f"{where}: undecodable record #{n}: {e}") from e
+    if n != count:
+        raise CorruptLedgerError(f"{where}: entry holds {n} records, footer says {count}")
+
+
+def _check_record(
+    obj: Any, where: str
+) -> tuple[bytes | None, bytes | None, Mapping[str, str], int, int | None]:
+    if not isinstance(obj, tuple) or len(obj) != 5:
+        raise CorruptLedgerError(f"{where}: record is not a 5-element array")
+    key, value, props, publish_time, event_time = obj
+    if (
+        (key is not None and not isinstance(key, bytes))
+        or (value is not None and not isinstance(value, bytes))
+        or (props is not None and not isinstance(props, dict))
+        or not isinstance(publish_time, int)
+        or (event_time is not None and not isinstance(event_time, int))
+    ):
+        raise CorruptLedgerError(f"{where}: record fields have the wrong types")
+    return key, value, props if props is not None else _EMPTY, publish_time, event_time

@@ -1,0 +1,256 @@
+"""Object storage: one small interface, backends chosen by URI scheme.
+
+Every backend stores immutable-ish objects under string keys and offers the two
+conditional writes the metadata store is built on:
+
+* :meth:`ObjectStore.put_if_absent` — create only (S3 ``If-None-Match: *``);
+* :meth:`ObjectStore.put_if_match` — compare-and-swap on an opaque token (S3 ``If-Match``).
+
+Backends: ``memory://`` (tests), local paths and ``file://``, ``s3://`` (boto3), and any
+other scheme fsspec knows (data only; no compare-and-swap).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import urllib.parse
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from ledger.errors import InvalidURIError
+
+__all__ = [
+    "Location",
+    "ObjectInfo",
+    "ObjectStore",
+    "ObjectWriter",
+    "clear_backend_cache",
+    "register_backend",
+    "resolve",
+    "validate_key_part",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """What a listing or a stat tells about one object."""
+
+    key: str
+    size: int
+    mtime: float  # seconds since the epoch, as the store reports it
+    token: str = ""  # the compare-and-swap token when the listing knows it
+
+
+class ObjectWriter(ABC):
+    """A streaming upload; nothing is visible under the key until :meth:`close`."""
+
+    @abstractmethod
+    def write(self, data: bytes | bytearray | memoryview, /) -> int:
+        """Buffer or send ``data``; return its length."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Finish the upload and make the object visible."""
+
+    @abstractmethod
+    def abort(self) -> None:
+        """Give up: discard whatever was sent.  Safe to call more than once."""
+
+    def __enter__(self) -> ObjectWriter:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+class ObjectStore(ABC):
+    """A flat key space of objects (a bucket, a folder tree, a dict)."""
+
+    scheme: str = ""
+
+    @abstractmethod
+    def url(self, key: str) -> str:
+        """The full URI of ``key``, for messages (never includes credentials)."""
+
+    @abstractmethod
+    def get(self, key: str) -> bytes:
+        """The whole object; :class:`ObjectNotFoundError` if missing."""
+
+    @abstractmethod
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of the object (shorter only at the object's end)."""
+
+    def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        """Several ranges of one object; backends may fetch them in parallel."""
+        return [self.get_range(key, s, e) for s, e in ranges]
+
+    def get_tail(self, key: str, length: int) -> tuple[bytes, int]:
+        """The last ``length`` bytes (or the whole object if smaller) and the object's size."""
+        size = self.stat(key).size
+        start = max(0, size - length)
+        return self.get_range(key, start, size), size
+
+    @abstractmethod
+    def stat(self, key: str) -> ObjectInfo:
+        """Size, modification time and token; :class:`ObjectNotFoundError` if missing."""
+
+    def exists(self, key: str) -> bool:
+        from ledger.errors import ObjectNotFoundError
+
+        try:
+            self.stat(key)
+        except ObjectNotFoundError:
+            return False
+        return True
+
+    @abstractmethod
+    def put(self, key: str, data: bytes) -> None:
+        """Write the object, replacing any previous one, atomically."""
+
+    @abstractmethod
+    def open_writer(self, key: str) -> ObjectWriter:
+        """Stream a (possibly large) object; visible only after ``close()``."""
+
+    @abstractmethod
+    def get_with_token(self, key: str) -> tuple[bytes, str]:
+        """The object and the token :meth:`put_if_match` compares against."""
+
+    @abstractmethod
+    def put_if_absent(self, key: str, data: bytes) -> str:
+        """Create the object only if no object has the key; return its token.
+
+        Raises :class:`AlreadyExistsError` when the key is taken.
+        """
+
+    @abstractmethod
+    def put_if_match(self, key: str, data: bytes, token: str) -> str:
+        """Replace the object only if its token is still ``token``; return the new token.
+
+        Raises :class:`ConflictError` when the object changed (or vanished).
+        """
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove the object; a missing object is not an error."""
+
+    @abstractmethod
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        """Every object under the folder ``prefix`` (recursively), in key order."""
+
+
+# --------------------------------------------------------------------------- URIs
+
+_CONTROL: Final = {chr(c) for c in range(32)} | {"\x7f"}
+
+
+def validate_key_part(part: str, what: str) -> str:
+    """Refuse names that could escape a topic's root or confuse a store."""
+    if not part or part in (".", "..") or "/" in part or "\\" in part or any(c in _CONTROL for c in part):
+        raise InvalidURIError(f"unsafe {what} {part!r}")
+    return part
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """A folder on some store: the root of a topic or of its metadata."""
+
+    store: ObjectStore
+    prefix: str  # no leading or trailing slash; "" is the store's root
+    uri: str
+
+    def key(self, *parts: str) -> str:
+        """The key of ``parts`` below this folder; each part is checked for safety."""
+        for p in parts:
+            for seg in p.split("/"):
+                validate_key_part(seg, "object name")
+        tail = "/".join(parts)
+        return f"{self.prefix}/{tail}" if self.prefix else tail
+
+    def child(self, name: str) -> Location:
+        key = self.key(name)
+        return Location(self.store, key, f"{self.uri.rstrip('/')}/{name}")
+
+    def relative(self, key: str) -> str:
+        """``key`` relative to this folder (the inverse of :meth:`key`)."""
+        head = f"{self.prefix}/" if self.prefix else ""
+        if not key.startswith(head):
+            raise InvalidURIError(f"object {key!r} is outside {self.uri}")
+        return key[len(head):]
+
+
+BackendFactory = Callable[[str], ObjectStore]
+_REGISTRY: dict[str, BackendFactory] = {}
+# Keyed by process id too: a client must not cross a fork.
+_CACHE: dict[tuple[str, str, int], ObjectStore] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def register_backend(scheme: str, factory: BackendFactory) -> None:
+    """Make ``scheme://netloc/...`` URIs open ``factory(netloc)``."""
+    _REGISTRY[scheme] = factory
+    with _CACHE_LOCK:
+        for k in [k for k in _CACHE if k[0] == scheme]:
+            del _CACHE[k]
+
+
+def clear_backend_cache() -> None:
+    """Drop cached stores so the next :func:`resolve` re-reads the environment."""
+    with _CACHE_LOCK:
+        _CACHE.clear()
+
+
+def _store_for(scheme: str, netloc: str) -> ObjectStore:
+    with _CACHE_LOCK:
+        store = _CACHE.get((scheme, netloc, os.getpid()))
+        if store is None:
+            factory = _REGISTRY.get(scheme)
+            if factory is None:
+                from ledger._fsspec import fsspec_factory
+
+                factory = fsspec_factory(scheme)
+            store = factory(netloc)
+            _CACHE[(scheme, netloc, os.getpid())] = store
+        return store
+
+
+def resolve(uri: str) -> Location:
+    """Turn a URI or local path into a :class:`Location`.
+
+    ``/data/t``, ``./t``, ``file:///data/t`` → local folder; ``s3://bucket/t``;
+    ``memory://name/t``; any other scheme fsspec supports.
+    """
+    from ledger import _local, _memory, _s3  # noqa: F401  (registers the built-in backends)
+
+    if not isinstance(uri, str) or not uri.strip():
+        raise InvalidURIError("empty URI")
+    if any(c in _CONTROL for c in uri):
+        raise InvalidURIError(f"URI {uri!r} contains control characters")
+    parts = urllib.parse.urlsplit(uri)
+    scheme = parts.scheme.lower()
+    if scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt"):
+        path = parts.path if scheme == "file" else uri
+        if scheme == "file" and parts.netloc not in ("", "localhost"):
+            raise InvalidURIError(f"file URI {uri!r} names a host; use file:///path")
+        _check_segments(path, uri)
+        abspath = os.path.abspath(os.path.expanduser(path))
+        return Location(_store_for("file", ""), abspath.strip("/"), abspath)
+    if parts.query or parts.fragment:
+        raise InvalidURIError(f"URI {uri!r} must not have a query or fragment")
+    if not parts.netloc:
+        raise InvalidURIError(f"URI {uri!r} names no bucket or host")
+    _check_segments(parts.path, uri)
+    prefix = "/".join(s for s in parts.path.split("/") if s)
+    canonical = f"{scheme}://{parts.netloc}/{prefix}".rstrip("/")
+    return Location(_store_for(scheme, parts.netloc), prefix, canonical)
+
+
+def _check_segments(path: str, uri: str) -> None:
+    for seg in path.replace("\\", "/").split("/"):
+        if seg == "..":
+            raise InvalidURIError(f"URI {uri!r} must not contain '..'")

@@ -1,0 +1,227 @@
+"""Building ledger objects: entries are appended, then the footer and trailer seal it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from ledger.errors import InvalidInputError, RecordTooLargeError
+from ledger.format import (
+    COLUMNS,
+    FLAG_HAS_KEY,
+    FLAG_TOMBSTONE,
+    FORMAT_VERSION,
+    FRAME_HEADER,
+    HEADER_SIZE,
+    KIND_COMPACTED,
+    KIND_ORIGINAL,
+    TRAILER_SIZE,
+    Trailer,
+    checksum,
+    decode_trailer,
+    encode_footer,
+    encode_header,
+    encode_trailer,
+)
+from ledger.record import DEFAULT_MAX_RECORD_BYTES, Record, encode_record, key_hash
+
+__all__ = ["EncodedEntry", "LedgerWriter", "Sink", "encode_entry", "relabel_ledger"]
+
+
+class Sink(Protocol):
+    """Where a :class:`LedgerWriter` puts its bytes (a file, a buffer, an upload)."""
+
+    def write(self, data: bytes | bytearray | memoryview, /) -> int | None: ...
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class EncodedEntry:
+    """One entry's payload and the footer columns of its records."""
+
+    payload: bytes
+    r_offset: npt.NDArray[np.uint32]
+    r_size: npt.NDArray[np.uint32]
+    r_hash_hi: npt.NDArray[np.uint64]
+    r_hash_lo: npt.NDArray[np.uint64]
+    r_flags: npt.NDArray[np.uint8]
+    publish_time: int
+
+    @property
+    def n_records(self) -> int:
+        return len(self.r_offset)
+
+
+def encode_entry(records: Sequence[Record], *, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> EncodedEntry:
+    """Encode a batch of records into one entry payload."""
+    if not records:
+        raise InvalidInputError("an entry needs at least one record")
+    n = len(records)
+    parts: list[bytes] = []
+    offsets = np.empty(n, dtype=np.uint32)
+    sizes = np.empty(n, dtype=np.uint32)
+    hi = np.zeros(n, dtype=np.uint64)
+    lo = np.zeros(n, dtype=np.uint64)
+    flags = np.zeros(n, dtype=np.uint8)
+    pos = 0
+    publish = 0
+    for i, rec in enumerate(records):
+        raw = encode_record(rec)
+        if len(raw) > max_record_bytes:
+            raise RecordTooLargeError(
+                f"record of {len(raw)} bytes exceeds the maximum of {max_record_bytes} bytes"
+            )
+        parts.append(raw)
+        offsets[i] = pos
+        sizes[i] = len(raw)
+        pos += len(raw)
+        f = 0
+        if rec.key is not None:
+            f |= FLAG_HAS_KEY
+            hi[i], lo[i] = key_hash(bytes(rec.key))
+        if not rec.value:
+            f |= FLAG_TOMBSTONE
+        flags[i] = f
+        publish = max(publish, rec.publish_time)
+    if pos >= 1 << 32:
+        raise RecordTooLargeError(f"entry of {pos} bytes exceeds 4 GiB")
+    return EncodedEntry(b"".join(parts), offsets, sizes, hi, lo, flags, publish)
+
+
+class LedgerWriter:
+    """Writes one ledger object, entry by entry, into a :class:`Sink`.
+
+    Original ledgers get implicit ids (entry i of ledger L is ``L:i``); compacted parts
+    pass the original ``ledger``/``entry``/``batch`` ids and tombstone ``delete_since``
+    times with every entry they add.
+    """
+
+    def __init__(self, sink: Sink, *, kind: int, ledger_id: int, created_ms: int,
+                 max_entry_bytes: int = 1 << 31) -> None:
+        if kind not in (KIND_ORIGINAL, KIND_COMPACTED):
+            raise InvalidInputError(f"unknown ledger kind {kind}")
+        self._sink = sink
+        self.kind = kind
+        self.ledger_id = ledger_id
+        self.created_ms = created_ms
+        self.max_entry_bytes = max_entry_bytes
+        self._pos = 0
+        self._n_records = 0
+        self._e_rec_start: list[int] = [0]
+        self._e_scalars: dict[str, list[int]] = {"e_offset": [], "e_length": [], "e_publish": []}
+        if kind == KIND_COMPACTED:
+            self._e_scalars |= {"e_ledger": [], "e_entry": []}
+        self._r_chunks: dict[str, list[npt.NDArray[Any]]] = {
+            name: [] for name, (_, per, orig) in COLUMNS.items()
+            if per == "r" and (orig or kind == KIND_COMPACTED)
+        }
+        self._finished = False
+        self._write(encode_header(kind, ledger_id, created_ms))
+
+    @property
+    def bytes_written(self) -> int:
+        return self._pos
+
+    @property
+    def n_entries(self) -> int:
+        return len(self._e_rec_start) - 1
+
+    @property
+    def n_records(self) -> int:
+        return self._n_records
+
+    @property
+    def last_entry_records(self) -> int:
+        """How many records the most recent entry holds (0 before the first entry)."""
+        if len(self._e_rec_start) < 2:
+            return 0
+        return self._e_rec_start[-1] - self._e_rec_start[-2]
+
+    def _write(self, data: bytes | bytearray | memoryview) -> None:
+        self._sink.write(data)
+        self._pos += len(data)
+
+    def add_entry(self, entry: EncodedEntry, *, ledger: int | None = None, entry_id: int | None = None,
+                  batch: npt.NDArray[np.uint32] | None = None,
+                  delete_since: npt.NDArray[np.int64] | None = None) -> None:
+        """Append an entry built by :func:`encode_entry` (or from raw record slices)."""
+        header = FRAME_HEADER.pack(len(entry.payload), checksum(entry.payload), entry.n_records)
+        self._add(header, entry.payload, entry.n_records, entry.publish_time,
+                  {"r_hash_hi": entry.r_hash_hi, "r_hash_lo": entry.r_hash_lo, "r_flags": entry.r_flags,
+                   "r_offset": entry.r_offset, "r_size": entry.r_size},
+                  ledger, entry_id, batch, delete_since)
+
+    def add_frame(self, frame: bytes | memoryview, *, publish_time: int, records: dict[str, npt.NDArray[Any]],
+                  ledger: int | None = None, entry_id: int | None = None,
+                  batch: npt.NDArray[np.uint32] | None = None,
+                  delete_since: npt.NDArray[np.int64] | None = None) -> None:
+        """Append a whole, already checksummed entry frame copied from another ledger."""
+        n = len(records["r_offset"])
+        self._add(b"", frame, n, publish_time, records, ledger, entry_id, batch, delete_since)
+
+    def _add(self, header: bytes, body: bytes | memoryview, n: int, publish_time: int,
+             rcols: dict[str, npt.NDArray[Any]], ledger: int | None, entry_id: int | None,
+             batch: npt.NDArray[np.uint32] | None, delete_since: npt.NDArray[np.int64] | None) -> None:
+        if self._finished:
+            raise InvalidInputError("ledger already finished")
+        length = len(header) + len(body)
+        if length > self.max_entry_bytes:
+            raise RecordTooLargeError(f"entry of {length} bytes exceeds the maximum of {self.max_entry_bytes}")
+        self._e_scalars["e_offset"].append(self._pos)
+        self._e_scalars["e_length"].append(length)
+        self._e_scalars["e_publish"].append(publish_time)
+        if self.kind == KIND_COMPACTED:
+            if ledger is None or entry_id is None or batch is None or delete_since is None:
+                raise InvalidInputError("compacted entries need their original ids")
+            self._e_scalars["e_ledger"].append(ledger)
+            self._e_scalars["e_entry"].append(entry_id)
+            rcols = rcols | {"r_batch": batch, "r_delete_since": delete_since}
+        for name, chunks in self._r_chunks.items():
+            col = rcols[name]
+            if len(col) != n:
+                raise InvalidInputError(f"column {name} has {len(col)} rows for {n} records")
+            chunks.append(col)
+        if header:
+            self._write(header)
+        self._write(body)
+        self._n_records += n
+        self._e_rec_start.append(self._n_records)
+
+    def finish(self, meta: dict[str, Any] | None = None) -> int:
+        """Write footer and trailer; return the object's total size."""
+        if self._finished:
+            raise InvalidInputError("ledger already finished")
+        cols: dict[str, npt.NDArray[Any]] = {}
+        for name, values in self._e_scalars.items():
+            cols[name] = np.asarray(values, dtype=COLUMNS[name][0])
+        for name, chunks in self._r_chunks.items():
+            dtype = COLUMNS[name][0]
+            cols[name] = np.concatenate(chunks).astype(dtype, copy=False) if chunks else np.empty(0, dtype)
+        footer = encode_footer(self.kind, np.asarray(self._e_rec_start, dtype=np.uint64), cols, meta or {})
+        footer_offset = self._pos
+        self._write(footer)
+        self._write(encode_trailer(Trailer(
+            footer_offset, len(footer), self.ledger_id, self.created_ms, checksum(footer),
+            FORMAT_VERSION, self.kind,
+        )))
+        self._finished = True
+        return self._pos
+
+
+def relabel_ledger(data: bytes, ledger_id: int) -> bytes:
+    """Return a copy of a sealed original ledger object carrying another ledger id.
+
+    Only the header and the trailer name the ledger, so a writer that lost the race for
+    an id re-labels its bytes instead of re-encoding every record.
+    """
+    trailer = decode_trailer(data, len(data), "ledger being relabelled")
+    out = bytearray(data)
+    out[:HEADER_SIZE] = encode_header(trailer.kind, ledger_id, trailer.created_ms)
+    out[-TRAILER_SIZE:] = encode_trailer(Trailer(
+        trailer.footer_offset, trailer.footer_length, ledger_id, trailer.created_ms,
+        trailer.footer_crc, trailer.version, trailer.kind,
+    ))
+    return bytes(out)

@@ -1,0 +1,175 @@
+"""The value types kept in the metadata store: a topic's ledger list and its compaction state.
+
+They are frozen dataclasses with explicit JSON (de)serialisation so the documents stay
+readable by people and by other tools.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ledger.ids import MessageId
+
+__all__ = ["CompactedPart", "CompactionState", "LedgerInfo", "RetiredSet", "TopicState"]
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerInfo:
+    """One sealed ledger of a topic.  ``object`` is relative to the topic's folder."""
+
+    id: int
+    object: str
+    entries: int
+    records: int
+    bytes: int
+    first_publish: int
+    last_publish: int
+    sealed_ms: int
+
+    @property
+    def first_id(self) -> MessageId:
+        return MessageId(self.id, 0, 0)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "object": self.object, "entries": self.entries, "records": self.records,
+                "bytes": self.bytes, "first_publish": self.first_publish,
+                "last_publish": self.last_publish, "sealed_ms": self.sealed_ms}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> LedgerInfo:
+        return cls(int(d["id"]), str(d["object"]), int(d["entries"]), int(d["records"]), int(d["bytes"]),
+                   int(d["first_publish"]), int(d["last_publish"]), int(d["sealed_ms"]))
+
+
+@dataclass(frozen=True, slots=True)
+class TopicState:
+    """A topic's ordered ledger list.  Ledger ids strictly increase along the list."""
+
+    ledgers: tuple[LedgerInfo, ...]
+    created_ms: int
+    version: int = 0
+    token: str = ""
+
+    @property
+    def last_ledger_id(self) -> int:
+        return self.ledgers[-1].id if self.ledgers else 0
+
+    @property
+    def records(self) -> int:
+        return sum(lg.records for lg in self.ledgers)
+
+    @property
+    def bytes(self) -> int:
+        return sum(lg.bytes for lg in self.ledgers)
+
+    def ledger(self, ledger_id: int) -> LedgerInfo | None:
+        for lg in self.ledgers:
+            if lg.id == ledger_id:
+                return lg
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": 1, "created_ms": self.created_ms, "ledgers": [lg.to_json() for lg in self.ledgers]}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any], version: int, token: str) -> TopicState:
+        return cls(tuple(LedgerInfo.from_json(x) for x in d.get("ledgers", [])),
+                   int(d.get("created_ms", 0)), version, token)
+
+
+@dataclass(frozen=True, slots=True)
+class CompactedPart:
+    """One object of a compacted ledger, relative to the topic's folder."""
+
+    object: str
+    entries: int
+    records: int
+    bytes: int
+    first_id: MessageId | None
+    last_id: MessageId | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"object": self.object, "entries": self.entries, "records": self.records, "bytes": self.bytes,
+                "first_id": str(self.first_id) if self.first_id else None,
+                "last_id": str(self.last_id) if self.last_id else None}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> CompactedPart:
+        return cls(str(d["object"]), int(d["entries"]), int(d["records"]), int(d["bytes"]),
+                   MessageId.parse(d["first_id"]) if d.get("first_id") else None,
+                   MessageId.parse(d["last_id"]) if d.get("last_id") else None)
+
+
+@dataclass(frozen=True, slots=True)
+class RetiredSet:
+    """Objects a publish replaced; deleted once ``retired_ms`` is older than the grace period."""
+
+    objects: tuple[str, ...]
+    retired_ms: int
+    epoch: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"objects": list(self.objects), "retired_ms": self.retired_ms, "epoch": self.epoch}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> RetiredSet:
+        return cls(tuple(str(o) for o in d["objects"]), int(d["retired_ms"]), int(d["epoch"]))
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionState:
+    """What compacted readers follow: positions ``<= horizon`` come from ``parts``.
+
+    ``epoch`` grows by one with every published compaction; ``version`` is the metadata
+    document's version (it also grows when garbage collection prunes ``retired``).
+    """
+
+    epoch: int = 0
+    horizon: MessageId | None = None
+    compacted_ledger: str | None = None
+    parts: tuple[CompactedPart, ...] = ()
+    retired: tuple[RetiredSet, ...] = ()
+    keys: int = 0
+    tombstones: int = 0
+    compacted_ms: int = 0
+    last_run: dict[str, Any] = field(default_factory=dict)
+    version: int = 0
+    token: str = ""
+
+    @property
+    def records(self) -> int:
+        return sum(p.records for p in self.parts)
+
+    @property
+    def bytes(self) -> int:
+        return sum(p.bytes for p in self.parts)
+
+    def referenced_objects(self) -> set[str]:
+        """Every object this state still needs (published or awaiting deletion)."""
+        refs = {p.object for p in self.parts}
+        for r in self.retired:
+            refs.update(r.objects)
+        return refs
+
+    def with_version(self, version: int, token: str) -> CompactionState:
+        return replace(self, version=version, token=token)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": 1, "epoch": self.epoch,
+                "horizon": str(self.horizon) if self.horizon else None,
+                "compacted_ledger": self.compacted_ledger,
+                "parts": [p.to_json() for p in self.parts],
+                "retired": [r.to_json() for r in self.retired],
+                "keys": self.keys, "tombstones": self.tombstones, "compacted_ms": self.compacted_ms,
+                "last_run": self.last_run}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any], version: int, token: str) -> CompactionState:
+        return cls(int(d.get("epoch", 0)),
+                   MessageId.parse(d["horizon"]) if d.get("horizon") else None,
+                   d.get("compacted_ledger"),
+                   tuple(CompactedPart.from_json(p) for p in d.get("parts", [])),
+                   tuple(RetiredSet.from_json(r) for r in d.get("retired", [])),
+                   int(d.get("keys", 0)), int(d.get("tombstones", 0)), int(d.get("compacted_ms", 0)),
+                   dict(d.get("last_run") or {}), version, token)

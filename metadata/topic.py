@@ -1,0 +1,113 @@
+"""A topic's metadata: where it lives and the two documents that describe it.
+
+``topic.json`` holds the ordered ledger list (producers append with compare-and-swap);
+``compaction.json`` holds the compaction state (compactors publish with
+compare-and-swap).  They are separate documents so producers and compactors never
+conflict with each other.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ledger.errors import AlreadyExistsError, InvalidInputError, InvalidURIError, TopicNotFoundError
+from ledger.storage import Location, resolve
+from metadata.documents import DocumentStore, Versioned
+from metadata.state import CompactionState, LedgerInfo, TopicState
+
+__all__ = ["TopicMetadata", "topic_locations"]
+
+TOPIC_DOC = "topic.json"
+COMPACTION_DOC = "compaction.json"
+META_DIR = "_meta"
+
+
+def topic_locations(topic_uri: str, metadata_uri: str | None = None) -> tuple[Location, Location]:
+    """The topic's folder and its metadata folder.
+
+    By default the metadata lives beside the data (``<topic>/_meta``).  With
+    ``metadata_uri`` it lives under that folder, at a path derived from the topic URI,
+    so one metadata store can serve many topics on many stores.
+    """
+    topic = resolve(topic_uri)
+    if not topic.prefix:
+        raise InvalidURIError(f"topic URI {topic_uri!r} names a bucket or root, not a topic folder")
+    if metadata_uri is None:
+        return topic, topic.child(META_DIR)
+    meta_root = resolve(metadata_uri)
+    netloc = getattr(topic.store, "bucket", None) or getattr(topic.store, "name", None) or "local"
+    path = "/".join([topic.store.scheme, str(netloc), topic.prefix])
+    return topic, Location(meta_root.store, meta_root.key(path), f"{meta_root.uri.rstrip('/')}/{path}")
+
+
+class TopicMetadata:
+    """Reads and writes one topic's metadata documents."""
+
+    def __init__(self, topic: Location, meta: Location) -> None:
+        self.topic = topic
+        self.meta = meta
+        self.docs = DocumentStore(meta)
+
+    @classmethod
+    def open(cls, topic_uri: str, metadata_uri: str | None = None) -> TopicMetadata:
+        return cls(*topic_locations(topic_uri, metadata_uri))
+
+    @property
+    def uri(self) -> str:
+        return self.topic.uri
+
+    # ---------------------------------------------------------------- topic document
+
+    def _topic(self, doc: Versioned) -> TopicState:
+        return TopicState.from_json(doc.value, doc.version, doc.token)
+
+    def load_topic(self) -> TopicState:
+        """The ledger list; :class:`TopicNotFoundError` if there is no topic here."""
+        doc = self.docs.read(TOPIC_DOC)
+        if doc is None:
+            raise TopicNotFoundError(f"no topic at {self.topic.uri} ({self.docs.url(TOPIC_DOC)} is missing)")
+        return self._topic(doc)
+
+    def exists(self) -> bool:
+        return self.docs.read(TOPIC_DOC) is not None
+
+    def create_topic(self) -> TopicState:
+        """Create an empty topic, or return the existing one (creation is idempotent)."""
+        doc = self.docs.read(TOPIC_DOC)
+        if doc is not None:
+            return self._topic(doc)
+        state = TopicState((), int(time.time() * 1000))
+        try:
+            v = self.docs.create(TOPIC_DOC, state.to_json())
+        except AlreadyExistsError:
+            return self.load_topic()
+        return TopicState(state.ledgers, state.created_ms, v.version, v.token)
+
+    def append_ledger(self, info: LedgerInfo, expected: TopicState) -> TopicState:
+        """Register a sealed ledger after those of ``expected``; :class:`ConflictError` if the
+        list changed since ``expected`` was read."""
+        if info.id <= expected.last_ledger_id:
+            raise InvalidInputError(
+                f"ledger id {info.id} must be greater than the last one, {expected.last_ledger_id}")
+        new = TopicState((*expected.ledgers, info), expected.created_ms)
+        v = self.docs.replace(TOPIC_DOC, new.to_json(), expected.version, token=expected.token or None)
+        return TopicState(new.ledgers, new.created_ms, v.version, v.token)
+
+    # ----------------------------------------------------------- compaction document
+
+    def load_compaction(self) -> CompactionState:
+        """The published compaction state (an empty state at version 0 if none yet)."""
+        doc = self.docs.read(COMPACTION_DOC)
+        if doc is None:
+            return CompactionState()
+        return CompactionState.from_json(doc.value, doc.version, doc.token)
+
+    def publish_compaction(self, new: CompactionState, expected: CompactionState) -> CompactionState:
+        """One compare-and-swap from ``expected`` to ``new``; :class:`ConflictError` if another
+        writer got there first."""
+        if expected.version == 0:
+            v = self.docs.create(COMPACTION_DOC, new.to_json())
+        else:
+            v = self.docs.replace(COMPACTION_DOC, new.to_json(), expected.version,
+                                  token=expected.token or None)
+        return new.with_version(v.version, v.token)

@@ -1,0 +1,169 @@
+"""Reading a topic, in full or through its compacted view.
+
+A compacted read (``read_compacted=True``) serves every position at or below the
+published horizon from the compacted ledger and every position above it from the
+original ledgers; the switch happens at ``horizon.successor()``, so there is no gap and
+no duplicate.  A reader that opts out sees every original record.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Final, Literal
+
+from ledger.errors import ObjectNotFoundError
+from ledger.ids import MIN_ID, MessageId
+from ledger.reader import DEFAULT_CHUNK_BYTES, LedgerFile
+from ledger.record import Message
+from metadata.state import CompactionState, TopicState
+from metadata.topic import TopicMetadata
+
+__all__ = ["EARLIEST", "LATEST", "Position", "TopicReader", "parse_position"]
+
+EARLIEST: Final = "earliest"
+LATEST: Final = "latest"
+Position = MessageId | Literal["earliest", "latest"]
+
+
+def parse_position(text: str) -> Position:
+    """``earliest``, ``latest`` or a message id ``L:E:B``."""
+    t = text.strip().lower()
+    if t in (EARLIEST, LATEST):
+        return EARLIEST if t == EARLIEST else LATEST
+    return MessageId.parse(text)
+
+
+class TopicReader:
+    """Iterates a topic's messages in id order from a position.
+
+    Iterating reads to the end of the topic as it is when the end is reached (new
+    ledgers registered meanwhile are included); iterate again later to continue.
+    ``seek`` re-reads the metadata, so a reader picks up a newer compaction state when
+    it opens or re-seeks.  If a compacted ledger it is reading is retired and deleted
+    underneath it, the reader moves to the newest state without losing its place.
+    """
+
+    def __init__(self, topic_uri: str, *, metadata_uri: str | None = None, read_compacted: bool = False,
+                 start: Position = EARLIEST, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+        self.meta = TopicMetadata.open(topic_uri, metadata_uri)
+        self.read_compacted = read_compacted
+        self.chunk_bytes = chunk_bytes
+        self._files: OrderedDict[str, LedgerFile] = OrderedDict()
+        self._topic: TopicState = self.meta.load_topic()
+        self._compaction: CompactionState = CompactionState()
+        self._next: MessageId = MIN_ID
+        self.seek(start)
+
+    # ---------------------------------------------------------------- positioning
+
+    @property
+    def position(self) -> MessageId:
+        """The smallest id the next message may have."""
+        return self._next
+
+    @property
+    def compaction(self) -> CompactionState:
+        """The compaction state this reader currently follows."""
+        return self._compaction
+
+    @property
+    def topic(self) -> TopicState:
+        return self._topic
+
+    def refresh(self) -> None:
+        """Re-read the ledger list and the compaction state."""
+        self._topic = self.meta.load_topic()
+        if self.read_compacted:
+            self._compaction = self.meta.load_compaction()
+
+    def seek(self, position: Position) -> None:
+        """Move to ``earliest``, ``latest`` or the first message with id ``>= position``."""
+        self.refresh()
+        if position == EARLIEST:
+            self._next = MIN_ID
+        elif position == LATEST:
+            last = self._topic.ledgers[-1] if self._topic.ledgers else None
+            self._next = MessageId(last.id, last.entries, 0) if last else MIN_ID
+        elif isinstance(position, MessageId):
+            self._next = position
+        else:
+            self._next = MessageId.parse(str(position))
+
+    # ------------------------------------------------------------------- reading
+
+    def __iter__(self) -> Iterator[Message]:
+        return self._messages()
+
+    def read(self, limit: int | None = None) -> list[Message]:
+        """Up to ``limit`` messages (all remaining when ``None``)."""
+        out: list[Message] = []
+        if limit is not None and limit <= 0:
+            return out
+        for m in self:
+            out.append(m)
+            if limit is not None and len(out) >= limit:
+                break
+        return out
+
+    def _open(self, key: str) -> LedgerFile:
+        f = self._files.get(key)
+        if f is None:
+            f = LedgerFile.open(self.meta.topic.store, key)
+            self._files[key] = f
+            if len(self._files) > 64:
+                self._files.popitem(last=False)
+        else:
+            self._files.move_to_end(key)
+        return f
+
+    def _messages(self) -> Iterator[Message]:
+        if self.read_compacted:
+            yield from self._compacted_part()
+        while True:
+            yield from self._original_part()
+            old = self._topic
+            self._topic = self.meta.load_topic()
+            if self._topic.last_ledger_id == old.last_ledger_id:
+                return
+
+    def _compacted_part(self) -> Iterator[Message]:
+        while True:
+            state = self._compaction
+            if state.horizon is None or self._next > state.horizon:
+                return
+            try:
+                for part in state.parts:
+                    if part.last_id is None or part.last_id < self._next:
+                        continue
+                    f = self._open(self.meta.topic.key(part.object))
+                    for m in f.messages(f.find(self._next), chunk_bytes=self.chunk_bytes):
+                        self._next = m.id.successor()
+                        yield m
+            except ObjectNotFoundError:
+                # Retired and deleted under us: follow the newest state from where we are.
+                newer = self.meta.load_compaction()
+                if newer.version == state.version:
+                    raise
+                self._compaction = newer
+                continue
+            self._next = max(self._next, state.horizon.successor())
+            return
+
+    def _original_part(self) -> Iterator[Message]:
+        for lg in self._topic.ledgers:
+            if lg.id < self._next.ledger or (lg.id == self._next.ledger and self._next.entry >= lg.entries):
+                continue
+            f = self._open(self.meta.topic.key(lg.object))
+            for m in f.messages(f.find(self._next), chunk_bytes=self.chunk_bytes):
+                self._next = m.id.successor()
+                yield m
+
+    def close(self) -> None:
+        self._files.clear()
+
+    def __enter__(self) -> TopicReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,219 @@
+"""The ``shale`` command: produce, read, status, compact, gc.
+
+Exit codes (every subcommand): 0 success, 1 unexpected failure, 2 bad usage or input
+(bad flag, bad URI, missing topic), 3 lost a compare-and-swap race, 4 corrupt data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+from ledger.errors import EXIT_FAILURE, EXIT_USAGE, InvalidInputError, ShaleError
+
+__all__ = ["main", "run_command"]
+
+EXIT_CODES_HELP = """\
+exit codes:
+  0  success (for compact: compacted, nothing to do, or skipped)
+  1  unexpected failure
+  2  bad usage or input: bad flag, bad URI, missing topic, bad record
+  3  lost a compare-and-swap race (another writer or compactor won)
+  4  corrupt data: bad checksum, truncated object, unknown format version
+"""
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("topic", metavar="TOPIC_URI",
+                   help="topic folder: a local path, file://, s3://bucket/prefix, memory://...")
+    p.add_argument("--metadata", metavar="URI", default=os.environ.get("SHALE_METADATA"),
+                   help="where the topic's metadata lives (default: TOPIC_URI/_meta; env SHALE_METADATA)")
+
+
+def _print_json(doc: Any, out: TextIO) -> None:
+    out.write(json.dumps(doc, separators=(",", ":"), ensure_ascii=False) + "\n")
+
+
+# ------------------------------------------------------------------- produce
+
+def _cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
+    from shale.jsonlines import parse_record_line
+    from shale.producer import TopicWriter
+
+    stream: TextIO
+    if args.input in (None, "-"):
+        stream, name = sys.stdin, "<stdin>"
+    else:
+        try:
+            stream = open(args.input, encoding="utf-8")  # noqa: SIM115  (closed below)
+        except OSError as e:
+            raise InvalidInputError(f"cannot open input {args.input}: {e.strerror}") from None
+        name = args.input
+    writer = TopicWriter(args.topic, metadata_uri=args.metadata, max_ledger_records=args.max_ledger_records,
+                         max_ledger_bytes=args.max_ledger_bytes, batch_size=args.batch_size)
+    try:
+        for n, line in enumerate(stream, start=1):
+            if not line.strip():
+                continue
+            key, value, props, event_time = parse_record_line(line, f"{name}:{n}")
+            writer.append(key, value, props, event_time)
+    except InvalidInputError as e:
+        # Records before the bad line were accepted; seal them so nothing is lost, then fail.
+        result = writer.close()
+        raise InvalidInputError(
+            f"{e} ({result.records} earlier records were appended, last id {result.last_id})") from None
+    finally:
+        if stream is not sys.stdin:
+            stream.close()
+    _print_json(writer.close().to_json(), out)
+    return 0
+
+
+# ---------------------------------------------------------------------- read
+
+def _cmd_read(args: argparse.Namespace, out: TextIO) -> int:
+    from reader import TableView, TopicReader, parse_position
+    from shale.jsonlines import message_to_json
+
+    if args.table:
+        if not args.compacted:
+            raise InvalidInputError("--table needs --compacted")
+        table = TableView(args.topic, metadata_uri=args.metadata)
+        for i, m in enumerate(table.messages()):
+            if args.limit is not None and i >= args.limit:
+                break
+            _print_json(message_to_json(m), out)
+        return 0
+    start = parse_position(args.start)
+    with TopicReader(args.topic, metadata_uri=args.metadata, read_compacted=args.compacted, start=start) as r:
+        for i, m in enumerate(r):
+            if args.limit is not None and i >= args.limit:
+                break
+            _print_json(message_to_json(m), out)
+    return 0
+
+
+# -------------------------------------------------------------------- status
+
+def _cmd_status(args: argparse.Namespace, out: TextIO) -> int:
+    from shale.status import topic_status
+
+    _print_json(topic_status(args.topic, args.metadata), out)
+    return 0
+
+
+# ----------------------------------------------------------------------- CLI
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="shale",
+        description="Shale: compact keyed topics stored as ledger objects on object storage.",
+        epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("produce", help="append JSON-lines records to a topic (creating it if needed)",
+                       description="Append records, one JSON object per line: "
+                       '{"key": str|null, "value": str|null, "value_b64": str, '
+                       '"properties": {str: str}, "event_time": int}. A null or empty value '
+                       "is a tombstone. Prints one JSON line with the ids and counts.",
+                       epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(p)
+    p.add_argument("--input", metavar="PATH|-", default="-", help="JSON-lines file (default: standard input)")
+    p.add_argument("--max-ledger-records", type=positive_int, default=500_000, metavar="N",
+                   help="seal a ledger after N records (default 500000)")
+    p.add_argument("--max-ledger-bytes", type=positive_int, default=64 * 1024 * 1024, metavar="N",
+                   help="seal a ledger once it holds N bytes (default 64 MiB)")
+    p.add_argument("--batch-size", type=positive_int, default=100, metavar="N",
+                   help="records per entry (default 100)")
+    p.set_defaults(func=_cmd_produce)
+
+    p = sub.add_parser("read", help="print a topic's records as JSON lines",
+                       description="Print records as JSON lines "
+                       '{"id","key","value" (or "value_b64"),"properties","publish_time","event_time"}.',
+                       epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(p)
+    p.add_argument("--start", default="earliest", metavar="earliest|latest|ID",
+                   help="where to start: earliest (default), latest, or a message id LEDGER:ENTRY:BATCH "
+                   "(a missing id starts at the next existing one)")
+    p.add_argument("--limit", type=positive_int, default=None, metavar="N", help="stop after N records")
+    p.add_argument("--compacted", action="store_true",
+                   help="read the compacted view: compacted ledger up to the horizon, then the tail")
+    p.add_argument("--table", action="store_true",
+                   help="with --compacted: print only the latest record of every live key")
+    p.set_defaults(func=_cmd_read)
+
+    p = sub.add_parser("status", help="print a topic's ledgers, records and compaction state as JSON",
+                       epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(p)
+    p.set_defaults(func=_cmd_status)
+
+    for register in _EXTRA_COMMANDS:
+        register(sub)
+    return parser
+
+
+_EXTRA_COMMANDS: list[Callable[[Any], None]] = []
+
+
+def run_command(argv: Sequence[str] | None, parser: argparse.ArgumentParser,
+                out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Parse ``argv`` and run the chosen command; map errors to one line and an exit code."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse: --help (0) or bad usage (2)
+        return int(e.code or 0)
+    try:
+        code: int = args.func(args, out)
+        return code
+    except ShaleError as e:
+        err.write(f"{parser.prog}: error: {e}\n")
+        return e.exit_code
+    except KeyboardInterrupt:
+        err.write(f"{parser.prog}: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as e:
+        err.write(f"{parser.prog}: unexpected error: {type(e).__name__}: {e}\n")
+        if os.environ.get("SHALE_DEBUG"):
+            traceback.print_exc(file=err)
+        return EXIT_FAILURE
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``shale`` console script."""
+    _load_extra_commands()
+    code = run_command(argv, build_parser())
+    sys.stdout.flush()
+    return code if code in range(256) else EXIT_USAGE
+
+
+def _load_extra_commands() -> None:
+    if _EXTRA_COMMANDS:
+        return
+    try:
+        from compactor.cli import register_subcommands
+    except ImportError:  # the compactor is optional only in a broken install
+        return
+    _EXTRA_COMMANDS.append(register_subcommands)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""``shale status``: one JSON document describing a topic and its compaction state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from metadata.topic import TopicMetadata
+
+__all__ = ["topic_status"]
+
+
+def topic_status(topic_uri: str, metadata_uri: str | None = None) -> dict[str, Any]:
+    """Ledger count, records, bytes, first/last ids, and the compaction state."""
+    meta = TopicMetadata.open(topic_uri, metadata_uri)
+    topic = meta.load_topic()
+    comp = meta.load_compaction()
+    ledgers = topic.ledgers
+    last_id = None
+    if ledgers:
+        from ledger.reader import LedgerFile
+
+        f = LedgerFile.open(meta.topic.store, meta.topic.key(ledgers[-1].object))
+        last_id = f.last_id()
+    dirty = sum(lg.bytes for lg in ledgers if comp.horizon is None or lg.id > comp.horizon.ledger)
+    live = dirty + comp.bytes
+    return {
+        "topic": meta.uri,
+        "ledgers": len(ledgers),
+        "records": topic.records,
+        "bytes": topic.bytes,
+        "first_id": str(ledgers[0].first_id) if ledgers else None,
+        "last_id": str(last_id) if last_id else None,
+        "created_ms": topic.created_ms,
+        "metadata_version": topic.version,
+        "compaction": {
+            "epoch": comp.epoch,
+            "horizon": str(comp.horizon) if comp.horizon else None,
+            "compacted_ledger": comp.compacted_ledger,
+            "compacted_records": comp.records,
+            "compacted_bytes": comp.bytes,
+            "keys": comp.keys,
+            "tombstones": comp.tombstones,
+            "dirty_bytes": dirty,
+            "dirty_ratio": round(dirty / live, 6) if live else 0.0,
+            "last_compaction_ms": comp.compacted_ms or None,
+            "retired_pending": sum(len(r.objects) for r in comp.retired),
+        },
+    }
