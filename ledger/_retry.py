@@ -29,7 +29,8 @@ class RetryPolicy:
     def retrying(self) -> tenacity.Retrying:
         return tenacity.Retrying(
             stop=tenacity.stop_after_attempt(self.attempts),
-            wait=tenacity.wait_exponential_jitter(initial=self.initial_wait, max=self.max_wait),
+            wait=(tenacity.wait_exponential(multiplier=self.initial_wait, max=self.max_wait)
+                  + tenacity.wait_random(0, self.initial_wait)),
             retry=tenacity.retry_if_exception_type(TransientStorageError),
             reraise=True,
             sleep=self.sleep,

@@ -130,6 +130,13 @@ class LedgerWriter:
         return len(self._e_rec_start) - 1
 
     @property
+    def estimated_size(self) -> int:
+        """The object's size if finished now (footer size estimated from its columns)."""
+        per_entry = 8 + 8 + 4 + 8 + (16 if self.kind == KIND_COMPACTED else 0)
+        per_record = 8 + 8 + 1 + 4 + 4 + (12 if self.kind == KIND_COMPACTED else 0)
+        return self._pos + 256 + TRAILER_SIZE + self.n_entries * per_entry + self._n_records * per_record
+
+    @property
     def n_records(self) -> int:
         return self._n_records
 

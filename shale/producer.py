@@ -148,7 +148,9 @@ class TopicWriter:
             self._keyless += 1
         elif not record.value:
             self._tombstones += 1
-        if len(self._batch) >= self.batch_size:
+        in_ledger = self._ledger.n_records if self._ledger is not None else 0
+        # An entry never makes a ledger exceed max_ledger_records.
+        if len(self._batch) >= self.batch_size or in_ledger + len(self._batch) >= self.max_ledger_records:
             self._flush_batch()
 
     def _flush_batch(self) -> None:
@@ -165,7 +167,7 @@ class TopicWriter:
         self._last_publish = max(self._last_publish, entry.publish_time)
         self._batch = []
         if (self._ledger.n_records >= self.max_ledger_records
-                or self._ledger.bytes_written >= self.max_ledger_bytes):
+                or self._ledger.estimated_size >= self.max_ledger_bytes):
             self._seal()
 
     def flush(self) -> None:

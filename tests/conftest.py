@@ -1,0 +1,105 @@
+"""Shared fixtures: a real moto S3 server (started once per session), fresh topics on
+every backend, and helpers to run the console scripts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BACKENDS = ["memory", "local", "s3"]
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """Start ``tests/moto_server.py`` on port 0 and point the AWS environment at it."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "moto_server.py")],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("PORT "):
+        proc.kill()
+        raise RuntimeError(f"moto server did not start: {line!r}")
+    endpoint = f"http://127.0.0.1:{int(line.split()[1])}"
+    saved = {k: os.environ.get(k) for k in
+             ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
+              "AWS_SESSION_TOKEN", "AWS_PROFILE")}
+    os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="testing-key-id",
+                      AWS_SECRET_ACCESS_KEY="testing-secret-key", AWS_DEFAULT_REGION="us-east-1")
+    os.environ.pop("AWS_SESSION_TOKEN", None)
+    os.environ.pop("AWS_PROFILE", None)
+    from ledger.storage import clear_backend_cache
+
+    clear_backend_cache()
+    try:
+        yield endpoint
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        clear_backend_cache()
+
+
+@pytest.fixture
+def s3_bucket(moto_endpoint: str) -> str:
+    """A new, empty bucket on the moto server."""
+    import boto3
+
+    name = f"shale-test-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1").create_bucket(Bucket=name)
+    return name
+
+
+def make_root(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh folder URI on backend ``kind``."""
+    if kind == "memory":
+        return f"memory://test-{uuid.uuid4().hex[:12]}/root"
+    if kind == "local":
+        return str(tmp_path / "root")
+    if kind == "s3":
+        bucket = request.getfixturevalue("s3_bucket")
+        return f"s3://{bucket}/root"
+    raise ValueError(kind)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    if request.param == "s3":
+        request.applymarker(pytest.mark.s3)
+    return str(request.param)
+
+
+@pytest.fixture
+def root_uri(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return make_root(backend, request, tmp_path)
+
+
+@pytest.fixture
+def topic_uri(root_uri: str) -> str:
+    return f"{root_uri}/topics/orders"
+
+
+@pytest.fixture(params=["local", "s3"])
+def disk_topic_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A topic on a store another process can see (local folder or moto)."""
+    return f"{make_root(str(request.param), request, tmp_path)}/topics/orders"
+
+
+def run_cli(*args: str, input: str | None = None, env: dict[str, str] | None = None,
+            script: str = "shale", timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run an installed console script (``shale`` or ``compact``) as a real process."""
+    exe = Path(sys.executable).parent / script
+    cmd = [str(exe), *args] if exe.exists() else [sys.executable, "-m",
+                                                   "shale.cli" if script == "shale" else "compactor.cli", *args]
+    return subprocess.run(cmd, input=input, capture_output=True, text=True, env={**os.environ, **(env or {})},
+                          timeout=timeout, cwd=ROOT)
