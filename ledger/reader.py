@@ -32,11 +32,14 @@ _TAIL_BYTES: Final = 256 * 1024
 class LedgerFile:
     """An opened ledger object: the footer is in memory, entries are read on demand."""
 
-    def __init__(self, store: ObjectStore, key: str, footer: Footer, size: int) -> None:
+    def __init__(self, store: ObjectStore, key: str, footer: Footer, size: int,
+                 footer_bytes: int = 0) -> None:
         self.store = store
         self.key = key
         self.footer = footer
         self.size = size
+        #: bytes fetched to open the object (trailer + footer), for I/O accounting
+        self.footer_bytes = footer_bytes
         self._ledgers: npt.NDArray[np.uint64] | None = None
         self._entries: npt.NDArray[np.uint64] | None = None
         self._batches: npt.NDArray[np.uint32] | None = None
@@ -62,7 +65,8 @@ class LedgerFile:
             if header.ledger_id != trailer.ledger_id or header.kind != trailer.kind:
                 raise CorruptLedgerError(f"{where}: header and trailer disagree", path=where, position=0)
         footer = decode_footer(bytes(footer_bytes), trailer, where)
-        return cls(store, key, footer, size)
+        fetched = len(tail) + (0 if trailer.footer_offset >= tail_start else trailer.footer_length)
+        return cls(store, key, footer, size, fetched)
 
     @property
     def url(self) -> str:

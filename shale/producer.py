@@ -33,7 +33,7 @@ __all__ = ["ProduceResult", "SealedLedger", "TopicWriter"]
 LEDGER_DIR: Final = "ledgers"
 #: An uploaded ledger older than this is not registered any more (garbage collection may
 #: treat unregistered objects older than its orphan grace as leftovers); it is re-uploaded.
-UNREGISTERED_MAX_AGE_S: Final = 600.0
+UNREGISTERED_MAX_AGE_S: Final = 300.0
 
 
 def ledger_object_name(ledger_id: int, nonce: str) -> str:

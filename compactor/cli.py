@@ -1,0 +1,189 @@
+"""The ``compact`` command (also ``shale compact``) and ``shale gc``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from compactor.config import (
+    DEFAULT_DELETE_RETENTION_MS,
+    DEFAULT_GC_GRACE_MS,
+    DEFAULT_ORPHAN_GRACE_MS,
+    CompactionConfig,
+)
+from compactor.durations import format_duration, parse_duration
+from compactor.job import Compactor
+from compactor.summary import RunSummary
+from ledger.errors import EXIT_FAILURE, InvalidInputError, ShaleError
+
+__all__ = ["build_compact_parser", "main", "register_subcommands"]
+
+COMPACT_HELP = """\
+exit codes:
+  0  compacted, nothing to do, or skipped (dirty ratio below --min-dirty-ratio)
+  1  unexpected failure
+  2  bad usage or input: bad flag, bad URI, missing topic
+  3  lost the publish race: another compactor published first (nothing was published
+     by this run and its output was removed); safe to run again
+  4  corrupt data found: a ledger object failed its checks (the object and position
+     are named); nothing was published
+With several topics, each is compacted and published on its own; the exit code is the
+worst outcome (4, then 1, then 2, then 3).
+"""
+
+# worst first when several topics end differently
+_SEVERITY = {0: 0, 3: 1, 2: 2, 1: 3, 4: 4}
+
+
+def _duration(text: str) -> int:
+    try:
+        return parse_duration(text)
+    except InvalidInputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _ratio(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be between 0 and 1")
+    return value
+
+
+def _bytes(text: str) -> int:
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    try:
+        return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 256MiB)") from None
+
+
+def add_compact_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("topics", nargs="+", metavar="TOPIC_URI",
+                   help="topic folder(s): local path, file://, s3://bucket/prefix, memory://...")
+    p.add_argument("--metadata", metavar="URI", default=os.environ.get("SHALE_METADATA"),
+                   help="where topic metadata lives (default: TOPIC_URI/_meta; env SHALE_METADATA)")
+    p.add_argument("--min-compaction-lag", type=_duration, default=0, metavar="DURATION",
+                   help="records younger than this wait for a later run (default 0)")
+    p.add_argument("--delete-retention", type=_duration, default=DEFAULT_DELETE_RETENTION_MS, metavar="DURATION",
+                   help="keep tombstones this long after the first compaction that kept them "
+                   f"(default {format_duration(DEFAULT_DELETE_RETENTION_MS)}; 0 drops them at once)")
+    p.add_argument("--retain-null-key", action="store_true",
+                   help="keep records without a key in place (default: drop them)")
+    p.add_argument("--min-dirty-ratio", type=_ratio, default=0.0, metavar="R",
+                   help="skip when bytes above the horizon / live bytes is below R (default 0)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="plan and run pass one only; report what would be written; publish nothing")
+    p.add_argument("--gc-grace", type=_duration, default=DEFAULT_GC_GRACE_MS, metavar="DURATION",
+                   help="delete a retired compacted ledger only after this long "
+                   f"(default {format_duration(DEFAULT_GC_GRACE_MS)})")
+    p.add_argument("--orphan-grace", type=_duration, default=DEFAULT_ORPHAN_GRACE_MS, metavar="DURATION",
+                   help="delete leftovers of crashed runs only after this long "
+                   f"(default {format_duration(DEFAULT_ORPHAN_GRACE_MS)}, at least 15m)")
+    p.add_argument("--no-gc", action="store_true", help="do not collect garbage after the run")
+    p.add_argument("--max-part-bytes", type=_bytes, default=256 << 20, metavar="SIZE",
+                   help="roll the compacted ledger into a new part at this size (default 256MiB)")
+    p.add_argument("--json", action="store_true", help="print one JSON line per topic instead of a summary")
+
+
+def build_compact_parser(prog: str = "compact") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog, description="Compact keyed topics: keep the latest record of every key below a new "
+        "horizon in a new compacted ledger, and publish it atomically.",
+        epilog=COMPACT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_compact_arguments(p)
+    return p
+
+
+def _config(args: argparse.Namespace) -> CompactionConfig:
+    return CompactionConfig(
+        min_compaction_lag_ms=args.min_compaction_lag, delete_retention_ms=args.delete_retention,
+        retain_null_key=args.retain_null_key, min_dirty_ratio=args.min_dirty_ratio, dry_run=args.dry_run,
+        gc_grace_ms=args.gc_grace, orphan_grace_ms=args.orphan_grace, collect_garbage=not args.no_gc,
+        max_part_bytes=args.max_part_bytes)
+
+
+def _run_compact(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -> int:
+    err = err or sys.stderr
+    config = _config(args)
+    worst = 0
+    show_progress = not args.json and err.isatty()
+    for uri in args.topics:
+        start = time.perf_counter()
+        try:
+            progress = (lambda msg, u=uri: err.write(f"\r{u}: {msg}\x1b[K")) if show_progress else None
+            summary = Compactor(uri, config, metadata_uri=args.metadata, progress=progress).run()
+            if show_progress:
+                err.write("\r\x1b[K")
+        except ShaleError as e:
+            summary = RunSummary(uri, error=str(e), exit_code=e.exit_code)
+            summary.durations["total"] = time.perf_counter() - start
+            summary.finish("error")
+        if args.json:
+            out.write(json.dumps(summary.to_json(), separators=(",", ":")) + "\n")
+        elif summary.status == "error":
+            err.write(f"compact: error: {summary.error}\n")
+        else:
+            out.write(summary.human() + "\n")
+        out.flush()
+        if _SEVERITY.get(summary.exit_code, 3) > _SEVERITY.get(worst, 3):
+            worst = summary.exit_code
+    return worst
+
+
+def _run_gc(args: argparse.Namespace, out: TextIO) -> int:
+    from compactor.gc import collect_garbage
+    from metadata.topic import TopicMetadata
+
+    meta = TopicMetadata.open(args.topic, args.metadata)
+    meta.load_topic()  # a missing topic is an error, not an empty collection
+    report = collect_garbage(meta, now_ms=int(time.time() * 1000), grace_ms=args.grace,
+                             orphan_grace_ms=args.orphan_grace, dry_run=args.dry_run)
+    out.write(json.dumps(report.to_json(), separators=(",", ":")) + "\n")
+    return 0
+
+
+def register_subcommands(sub: Any) -> None:
+    """Add ``compact`` and ``gc`` to the ``shale`` command."""
+    p = sub.add_parser("compact", help="compact topics (same as the compact command)",
+                       description="Compact keyed topics and publish the result atomically.",
+                       epilog=COMPACT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_compact_arguments(p)
+    p.set_defaults(func=_run_compact)
+
+    g = sub.add_parser("gc", help="delete retired compacted ledgers and leftovers past their grace period",
+                       description="Delete retired compacted ledgers older than --grace and orphaned objects "
+                       "(crashed or beaten runs, unregistered ledgers) older than --orphan-grace. "
+                       "Never deletes anything a published state refers to.",
+                       epilog=COMPACT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g.add_argument("topic", metavar="TOPIC_URI")
+    g.add_argument("--metadata", metavar="URI", default=os.environ.get("SHALE_METADATA"))
+    g.add_argument("--grace", type=_duration, default=DEFAULT_GC_GRACE_MS, metavar="DURATION",
+                   help=f"retired compacted ledgers (default {format_duration(DEFAULT_GC_GRACE_MS)})")
+    g.add_argument("--orphan-grace", type=_duration, default=DEFAULT_ORPHAN_GRACE_MS, metavar="DURATION",
+                   help=f"unreferenced leftovers (default {format_duration(DEFAULT_ORPHAN_GRACE_MS)}, "
+                   "at least 15m)")
+    g.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
+    g.set_defaults(func=_run_gc)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``compact`` console script."""
+    from shale.cli import run_command
+
+    parser = build_compact_parser()
+    parser.set_defaults(func=_run_compact)
+    code = run_command(argv, parser)
+    return code if code in range(256) else EXIT_FAILURE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""Settings of a compaction run (defaults follow Kafka's and Pulsar's where they agree)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ledger.errors import InvalidInputError
+
+__all__ = ["DEFAULT_DELETE_RETENTION_MS", "DEFAULT_GC_GRACE_MS", "DEFAULT_ORPHAN_GRACE_MS", "MIN_ORPHAN_GRACE_MS",
+           "CompactionConfig"]
+
+DEFAULT_DELETE_RETENTION_MS: Final = 24 * 3_600_000  # Kafka's delete.retention.ms
+DEFAULT_GC_GRACE_MS: Final = 5 * 60_000  # Kafka waits 60 s (file.delete.delay.ms); readers of objects are slower
+DEFAULT_ORPHAN_GRACE_MS: Final = 3_600_000
+#: Writers give up on an upload older than a third of this before publishing it, and
+#: garbage collection never treats anything younger as an orphan.
+MIN_ORPHAN_GRACE_MS: Final = 15 * 60_000
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionConfig:
+    """How a run compacts.
+
+    * ``min_compaction_lag_ms`` — records younger than this are not compacted yet.
+    * ``delete_retention_ms`` — how long a tombstone stays in the compacted ledger after
+      the first compaction that kept it (0 drops tombstones at once, as Pulsar does).
+    * ``retain_null_key`` — keep records without a key in place instead of dropping them.
+    * ``min_dirty_ratio`` — skip the run when dirty bytes / live bytes is below this.
+    * ``gc_grace_ms`` — retired compacted ledgers are deleted only after this long.
+    * ``orphan_grace_ms`` — unreferenced leftovers (crashed runs, lost races) are deleted
+      only after this long; it must exceed the longest pause a writer can take between
+      uploading and publishing.
+    """
+
+    min_compaction_lag_ms: int = 0
+    delete_retention_ms: int = DEFAULT_DELETE_RETENTION_MS
+    retain_null_key: bool = False
+    min_dirty_ratio: float = 0.0
+    dry_run: bool = False
+    gc_grace_ms: int = DEFAULT_GC_GRACE_MS
+    orphan_grace_ms: int = DEFAULT_ORPHAN_GRACE_MS
+    collect_garbage: bool = True
+    max_part_bytes: int = 256 * 1024 * 1024
+    chunk_bytes: int = 8 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        for name in ("min_compaction_lag_ms", "delete_retention_ms", "gc_grace_ms", "orphan_grace_ms"):
+            if getattr(self, name) < 0:
+                raise InvalidInputError(f"{name} must not be negative")
+        if self.orphan_grace_ms < MIN_ORPHAN_GRACE_MS:
+            raise InvalidInputError(f"orphan grace must be at least {MIN_ORPHAN_GRACE_MS // 60_000} minutes")
+        if not 0.0 <= self.min_dirty_ratio <= 1.0:
+            raise InvalidInputError(f"min dirty ratio {self.min_dirty_ratio} must be between 0 and 1")
+        if self.max_part_bytes < 1 << 16 or self.chunk_bytes < 1 << 12:
+            raise InvalidInputError("max part bytes must be >= 64 KiB and chunk bytes >= 4 KiB")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"min_compaction_lag_ms": self.min_compaction_lag_ms,
+                "delete_retention_ms": self.delete_retention_ms,
+                "retain_null_key": self.retain_null_key, "min_dirty_ratio": self.min_dirty_ratio}

@@ -1,0 +1,120 @@
+"""Garbage collection: delete what no published state needs any more.
+
+* Retired compacted ledgers: removed from the published state with a compare-and-swap
+  first, then deleted — but only once their ``retired_ms`` is older than the grace
+  period, because readers that opened the older state may still be reading them.
+* Orphans: run folders under ``compacted/`` that no state refers to (a crashed or
+  beaten compactor) and ledger objects under ``ledgers/`` that were never registered (a
+  crashed or beaten producer), once everything in them is older than the orphan grace.
+
+Nothing a published state refers to is ever deleted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from ledger.errors import ConflictError
+from metadata.state import CompactionState
+from metadata.topic import TopicMetadata
+
+__all__ = ["COMPACTED_DIR", "GcReport", "collect_garbage", "run_dir_of"]
+
+COMPACTED_DIR = "compacted"
+LEDGER_DIR = "ledgers"
+
+
+def run_dir_of(obj: str) -> str:
+    """``compacted/<run>/part-00000.ledger`` → ``compacted/<run>``."""
+    return "/".join(obj.split("/")[:2])
+
+
+@dataclass(slots=True)
+class GcReport:
+    """What a collection deleted (or, in a dry run, would delete)."""
+
+    topic: str
+    retired_deleted: list[str] = field(default_factory=list)
+    orphans_deleted: list[str] = field(default_factory=list)
+    retired_waiting: int = 0
+    dry_run: bool = False
+
+    def to_json(self) -> dict[str, object]:
+        return {"topic": self.topic, "dry_run": self.dry_run,
+                "retired_deleted": len(self.retired_deleted), "orphans_deleted": len(self.orphans_deleted),
+                "retired_waiting": self.retired_waiting,
+                "deleted": sorted(self.retired_deleted + self.orphans_deleted)}
+
+
+def collect_garbage(meta: TopicMetadata, *, now_ms: int, grace_ms: int, orphan_grace_ms: int,
+                    dry_run: bool = False, attempts: int = 10) -> GcReport:
+    """Delete retired compacted ledgers past ``grace_ms`` and orphans past ``orphan_grace_ms``."""
+    from compactor.config import MIN_ORPHAN_GRACE_MS
+    from ledger.errors import InvalidInputError
+
+    if grace_ms < 0:
+        raise InvalidInputError("grace must not be negative")
+    if orphan_grace_ms < MIN_ORPHAN_GRACE_MS:
+        # Producers and compactors publish within a third of this after uploading.
+        raise InvalidInputError(f"orphan grace must be at least {MIN_ORPHAN_GRACE_MS // 60_000} minutes")
+    report = GcReport(meta.uri, dry_run=dry_run)
+    loc, store = meta.topic, meta.topic.store
+
+    state = meta.load_compaction()
+    for _ in range(attempts):
+        due = tuple(r for r in state.retired if now_ms - r.retired_ms >= grace_ms)
+        report.retired_waiting = sum(len(r.objects) for r in state.retired) - sum(len(r.objects) for r in due)
+        if not due or dry_run:
+            report.retired_deleted = [o for r in due for o in r.objects]
+            break
+        keep = tuple(r for r in state.retired if r not in due)
+        try:
+            # Unreference first, delete second: a crash in between leaves orphans, never
+            # a published state that points at a deleted object.
+            state = meta.publish_compaction(replace(state, retired=keep), state)
+        except ConflictError:
+            state = meta.load_compaction()
+            continue
+        for r in due:
+            for obj in r.objects:
+                store.delete(loc.key(obj))
+                report.retired_deleted.append(obj)
+        break
+
+    report.orphans_deleted = _orphans(meta, state, now_ms, orphan_grace_ms, dry_run)
+    return report
+
+
+def _orphans(meta: TopicMetadata, state: CompactionState, now_ms: int, grace_ms: int,
+             dry_run: bool) -> list[str]:
+    loc, store = meta.topic, meta.topic.store
+    deleted: list[str] = []
+    referenced_runs = {run_dir_of(o) for o in state.referenced_objects()}
+    runs: dict[str, list[tuple[str, float]]] = {}
+    for info in store.list(loc.key(COMPACTED_DIR)):
+        rel = loc.relative(info.key)
+        runs.setdefault(run_dir_of(rel), []).append((rel, info.mtime))
+    # Re-read: a run published after the first read must not look orphaned.
+    fresh = meta.load_compaction()
+    referenced_runs |= {run_dir_of(o) for o in fresh.referenced_objects()}
+    for run, objs in sorted(runs.items()):
+        if run in referenced_runs:
+            continue
+        newest = max(m for _, m in objs)
+        if now_ms - newest * 1000 < grace_ms:
+            continue  # may belong to a compaction still running
+        for rel, _ in objs:
+            if not dry_run:
+                store.delete(loc.key(rel))
+            deleted.append(rel)
+
+    topic = meta.load_topic()
+    registered = {lg.object for lg in topic.ledgers}
+    for info in store.list(loc.key(LEDGER_DIR)):
+        rel = loc.relative(info.key)
+        if rel in registered or now_ms - info.mtime * 1000 < grace_ms:
+            continue
+        if not dry_run:
+            store.delete(info.key)
+        deleted.append(rel)
+    return deleted

@@ -1,0 +1,236 @@
+"""One compaction run: plan → pass one → pass two → publish → garbage collection.
+
+The new compacted ledger is written under a fresh run folder that no state refers to,
+so readers cannot see it until the single compare-and-swap that publishes
+``(horizon, compacted ledger, epoch)``.  A run that loses that race deletes its own
+output and reports ``conflict``.  While writing, a heartbeat object in the run folder
+keeps garbage collection from mistaking the run for a crashed one.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+from typing import Final
+
+from compactor.config import MIN_ORPHAN_GRACE_MS, CompactionConfig
+from compactor.gc import COMPACTED_DIR, collect_garbage
+from compactor.pass_one import Survivors, pass_one
+from compactor.pass_two import PassTwoResult, pass_two
+from compactor.plan import Plan, make_plan
+from compactor.summary import RunSummary
+from ledger.errors import ConflictError, ShaleError
+from ledger.format import FLAG_TOMBSTONE
+from metadata.state import CompactionState, RetiredSet
+from metadata.topic import TopicMetadata
+
+__all__ = ["Compactor"]
+
+HEARTBEAT_NAME: Final = "_run.json"
+HEARTBEAT_INTERVAL_S: Final = 30.0
+#: A run whose heartbeat could not be refreshed for this long publishes nothing.
+HEARTBEAT_MAX_GAP_S: Final = MIN_ORPHAN_GRACE_MS / 1000 / 3
+
+
+class _Heartbeat:
+    """Rewrites ``<run>/_run.json`` every few seconds while the run writes its output."""
+
+    def __init__(self, meta: TopicMetadata, run_dir: str, info: dict[str, object]) -> None:
+        self.meta, self.key = meta, meta.topic.key(f"{run_dir}/{HEARTBEAT_NAME}")
+        self.info = info
+        self.last_ok = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="shale-heartbeat", daemon=True)
+
+    def beat(self) -> None:
+        body = json.dumps({**self.info, "heartbeat_ms": int(time.time() * 1000)}).encode()
+        self.meta.topic.store.put(self.key, body)
+        self.last_ok = time.monotonic()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(HEARTBEAT_INTERVAL_S):
+            try:
+                self.beat()
+            except ShaleError:
+                pass  # judged at publish time through last_ok
+
+    def start(self) -> None:
+        self.beat()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def healthy(self) -> bool:
+        return time.monotonic() - self.last_ok < HEARTBEAT_MAX_GAP_S
+
+
+class Compactor:
+    """Compacts one topic.
+
+    >>> summary = Compactor("/data/topics/users").run()      # doctest: +SKIP
+    >>> summary.status, summary.horizon                       # doctest: +SKIP
+    ('compacted', '12:99:0')
+    """
+
+    def __init__(self, topic_uri: str, config: CompactionConfig | None = None, *,
+                 metadata_uri: str | None = None, clock: Callable[[], float] = time.time,
+                 progress: Callable[[str], None] | None = None) -> None:
+        self.meta = TopicMetadata.open(topic_uri, metadata_uri)
+        self.config = config or CompactionConfig()
+        self.clock = clock
+        self.progress = progress or (lambda _msg: None)
+
+    def _now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    def run(self) -> RunSummary:
+        """Run once; conflicts and skips are reported in the summary, errors are raised."""
+        summary = RunSummary(self.meta.uri)
+        t0 = time.perf_counter()
+        timings = summary.durations
+
+        def phase(name: str, start: float) -> float:
+            now = time.perf_counter()
+            timings[name] = now - start
+            return now
+
+        now_ms = self._now_ms()
+        self.progress("planning")
+        plan = make_plan(self.meta, now_ms=now_ms, min_compaction_lag_ms=self.config.min_compaction_lag_ms)
+        t = phase("plan", t0)
+        prev = plan.previous
+        summary.previous_horizon = str(prev.horizon) if prev.horizon else None
+        summary.horizon = str(plan.horizon) if plan.horizon else None
+        summary.epoch = prev.epoch
+        summary.compacted_ledger = prev.compacted_ledger
+        summary.dirty_ratio = plan.dirty_ratio
+        summary.held_back_records = plan.held_back_records
+        summary.ledgers_read = plan.ledgers_read
+        summary.keys = prev.keys
+        summary.tombstones_kept = prev.tombstones
+
+        if plan.new_records == 0 and not self._tombstones_expire(plan, now_ms):
+            why = "no records above the horizon"
+            if plan.held_back_records:
+                why += f" old enough to compact ({plan.held_back_records} held back by the minimum lag)"
+            self._gc(summary, now_ms)
+            summary.durations["total"] = time.perf_counter() - t0
+            return summary.finish("nothing-to-do", why)
+        if plan.new_records and plan.dirty_ratio < self.config.min_dirty_ratio:
+            self._gc(summary, now_ms)
+            summary.durations["total"] = time.perf_counter() - t0
+            return summary.finish("skipped", f"dirty ratio {plan.dirty_ratio:.3f} is below "
+                                  f"{self.config.min_dirty_ratio:.3f}")
+
+        self.progress(f"pass one over {sum(s.records for s in plan.slices):,} records")
+        survivors = pass_one(plan, self.config, now_ms)
+        t = phase("pass_one", t)
+        summary.records_read = survivors.records_read
+        summary.bytes_read = survivors.footer_bytes
+        summary.keys = survivors.keys
+        summary.tombstones_kept = survivors.tombstones_kept
+        summary.tombstones_dropped = survivors.tombstones_dropped
+        summary.keyless_dropped = survivors.keyless_dropped
+        summary.keyless_kept = survivors.keyless_kept
+        if self.config.dry_run:
+            summary.records_written = survivors.records_kept
+            summary.epoch = prev.epoch + 1
+            summary.durations["total"] = time.perf_counter() - t0
+            return summary.finish("dry-run", "nothing written or published")
+
+        epoch = prev.epoch + 1
+        run_id = f"{epoch:012d}-{uuid.uuid4().hex[:12]}"
+        run_dir = f"{COMPACTED_DIR}/{run_id}"
+        written: list[str] = [f"{run_dir}/{HEARTBEAT_NAME}"]
+        heartbeat = _Heartbeat(self.meta, run_dir, {"run": run_id, "epoch": epoch,
+                                                    "horizon": summary.horizon, "started_ms": now_ms})
+        published = False
+        try:
+            heartbeat.start()
+            self.progress(f"pass two: writing {survivors.records_kept:,} records")
+            out = pass_two(plan, survivors, self.config, topic=self.meta.topic, run_dir=run_dir, epoch=epoch,
+                           now_ms=now_ms, on_object=written.append)
+            t = phase("pass_two", t)
+            summary.bytes_read += out.bytes_read
+            summary.records_written = out.records_written
+            summary.bytes_written = out.bytes_written
+            summary.parts = len(out.parts)
+            heartbeat.stop()
+            if not heartbeat.healthy():
+                raise ConflictError("the run's heartbeat went stale; its output may have been collected")
+            self.progress("publishing")
+            new_state = self._new_state(plan, survivors, out, run_id, epoch, now_ms, summary)
+            try:
+                self.meta.publish_compaction(new_state, prev)
+            except ConflictError as e:
+                t = phase("publish", t)
+                summary.epoch = prev.epoch
+                summary.horizon = summary.previous_horizon
+                summary.compacted_ledger = prev.compacted_ledger
+                summary.durations["total"] = time.perf_counter() - t0
+                return summary.finish("conflict", f"another compactor published first ({e}); "
+                                      "this run's output was removed")
+            published = True
+            t = phase("publish", t)
+            summary.epoch = epoch
+            summary.compacted_ledger = run_id
+        finally:
+            heartbeat.stop()
+            if not published:
+                self._remove(written)
+        self.meta.topic.store.delete(self.meta.topic.key(f"{run_dir}/{HEARTBEAT_NAME}"))
+        self._gc(summary, now_ms)
+        phase("gc", t)
+        summary.durations["total"] = time.perf_counter() - t0
+        return summary.finish("compacted")
+
+    def _new_state(self, plan: Plan, survivors: Survivors, out: PassTwoResult, run_id: str, epoch: int,
+                   now_ms: int, summary: RunSummary) -> CompactionState:
+        prev = plan.previous
+        retired = prev.retired
+        if prev.parts:
+            retired = (*retired, RetiredSet(tuple(p.object for p in prev.parts), now_ms, prev.epoch))
+        last_run = {k: v for k, v in summary.to_json().items()
+                    if k in ("records_read", "records_written", "bytes_read", "bytes_written",
+                             "tombstones_dropped", "keyless_dropped", "dirty_ratio")}
+        last_run["config"] = self.config.to_json()
+        return CompactionState(
+            epoch=epoch, horizon=plan.horizon, compacted_ledger=run_id, parts=tuple(out.parts),
+            retired=retired, keys=survivors.keys, tombstones=survivors.tombstones_kept,
+            compacted_ms=now_ms, last_run=last_run)
+
+    def _remove(self, written: list[str]) -> None:
+        for obj in written:
+            try:
+                self.meta.topic.store.delete(self.meta.topic.key(obj))
+            except ShaleError:
+                pass  # left for garbage collection as an orphan
+
+    def _tombstones_expire(self, plan: Plan, now_ms: int) -> bool:
+        """Whether a run without new records would still drop expired tombstones."""
+        if self.config.delete_retention_ms == 0 and plan.previous.tombstones:
+            return True
+        for s in plan.compacted:
+            since = s.file.footer.delete_since()
+            flags = s.file.footer.col("r_flags")
+            tomb = (flags & FLAG_TOMBSTONE) != 0
+            if ((since > 0) & tomb & (now_ms - since >= self.config.delete_retention_ms)).any():
+                return True
+        return False
+
+    def _gc(self, summary: RunSummary, now_ms: int) -> None:
+        if not self.config.collect_garbage or self.config.dry_run:
+            return
+        report = collect_garbage(self.meta, now_ms=now_ms, grace_ms=self.config.gc_grace_ms,
+                                 orphan_grace_ms=self.config.orphan_grace_ms)
+        summary.retired_deleted = len(report.retired_deleted)
+        summary.orphans_deleted = len(report.orphans_deleted)
+
+

@@ -1,0 +1,103 @@
+"""Pass one: the latest position of every key, from footers only.
+
+Every ledger footer carries the 128-bit key hash and flags of each record as dense
+arrays, so this pass never reads a payload.  Positions are indexes into the run's
+records in id order (previous compacted parts first, then the new ledgers); a stable
+sort by key hash puts each key's latest position last in its group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from compactor.config import CompactionConfig
+from compactor.plan import Plan
+from ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE
+
+__all__ = ["Survivors", "pass_one"]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Survivors:
+    """Which of the run's records survive, and the counts a summary reports."""
+
+    keep: npt.NDArray[np.bool_]  # one flag per record read, in run order
+    delete_since: npt.NDArray[np.int64]  # per record: when a kept tombstone was first kept
+    offsets: tuple[int, ...]  # where each slice of the plan starts in ``keep``
+    records_read: int
+    keys: int  # live keys (latest record is not a tombstone)
+    tombstones_kept: int
+    tombstones_dropped: int
+    keyless_kept: int
+    keyless_dropped: int
+    footer_bytes: int
+
+    @property
+    def records_kept(self) -> int:
+        return int(self.keep.sum())
+
+    def slice_keep(self, i: int) -> npt.NDArray[np.bool_]:
+        return self.keep[self.offsets[i]:self.offsets[i + 1]]
+
+    def slice_delete_since(self, i: int) -> npt.NDArray[np.int64]:
+        return self.delete_since[self.offsets[i]:self.offsets[i + 1]]
+
+
+def _column(plan: Plan, name: str, dtype: Any) -> npt.NDArray[Any]:
+    parts = [s.file.footer.col(name)[s.start:s.stop] for s in plan.slices]
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype)
+
+
+def pass_one(plan: Plan, config: CompactionConfig, now_ms: int) -> Survivors:
+    """Decide the survivors of ``plan`` under ``config`` at time ``now_ms``."""
+    offsets = [0]
+    for s in plan.slices:
+        offsets.append(offsets[-1] + s.records)
+    n = offsets[-1]
+    flags = _column(plan, "r_flags", np.uint8)
+    hi = _column(plan, "r_hash_hi", np.uint64)
+    lo = _column(plan, "r_hash_lo", np.uint64)
+    since_parts = [s.file.footer.delete_since()[s.start:s.stop] for s in plan.slices]
+    since = np.concatenate(since_parts) if since_parts else np.empty(0, np.int64)
+
+    keyed = np.nonzero(flags & FLAG_HAS_KEY)[0]
+    keep = np.zeros(n, dtype=bool)
+    if len(keyed):
+        khi, klo = hi[keyed], lo[keyed]
+        order = np.lexsort((klo, khi))  # stable: equal hashes stay in position order
+        shi, slo = khi[order], klo[order]
+        last = np.ones(len(order), dtype=bool)
+        last[:-1] = (shi[1:] != shi[:-1]) | (slo[1:] != slo[:-1])
+        latest = keyed[order[last]]
+        keep[latest] = True
+        tomb = latest[(flags[latest] & FLAG_TOMBSTONE) != 0]
+    else:
+        tomb = np.empty(0, dtype=np.int64)
+
+    # Tombstones stay for delete_retention after the first run that kept them (KIP-534).
+    new_since = np.zeros(n, dtype=np.int64)
+    if config.delete_retention_ms == 0:
+        drop = tomb
+    else:
+        first_kept = np.where(since[tomb] > 0, since[tomb], now_ms)
+        expired = now_ms - first_kept >= config.delete_retention_ms
+        drop = tomb[expired]
+        kept = tomb[~expired]
+        new_since[kept] = first_kept[~expired]
+    keep[drop] = False
+
+    keyless = n - len(keyed)
+    if config.retain_null_key and keyless:
+        keep[(flags & FLAG_HAS_KEY) == 0] = True
+    distinct = int(last.sum()) if len(keyed) else 0
+    return Survivors(
+        keep=keep, delete_since=new_since, offsets=tuple(offsets), records_read=n,
+        keys=distinct - len(tomb), tombstones_kept=len(tomb) - len(drop), tombstones_dropped=len(drop),
+        keyless_kept=keyless if config.retain_null_key else 0,
+        keyless_dropped=0 if config.retain_null_key else keyless,
+        footer_bytes=sum(s.file.footer_bytes for s in plan.slices),
+    )

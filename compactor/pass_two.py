@@ -1,0 +1,167 @@
+"""Pass two: copy the surviving records, in id order, into the new compacted ledger.
+
+Records are copied as raw bytes, never decoded: an entry whose records all survive is
+copied whole (frame and checksum unchanged); otherwise its surviving records' bytes are
+joined into a new frame.  Reads are large ranged reads of consecutive entries; output
+parts roll at ``max_part_bytes`` and stream to storage.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from compactor.config import CompactionConfig
+from compactor.pass_one import Survivors
+from compactor.plan import Plan, Slice
+from ledger.format import KIND_COMPACTED
+from ledger.ids import MessageId
+from ledger.storage import Location, ObjectWriter
+from ledger.writer import EncodedEntry, LedgerWriter
+from metadata.state import CompactedPart
+
+__all__ = ["PassTwoResult", "pass_two"]
+
+
+@dataclass(slots=True)
+class PassTwoResult:
+    parts: list[CompactedPart] = field(default_factory=list)
+    records_written: int = 0
+    bytes_written: int = 0
+    bytes_read: int = 0
+    entries_copied_whole: int = 0
+    entries_rebuilt: int = 0
+
+
+class _PartSink:
+    """Writes compacted parts, rolling to a new object at ``max_part_bytes``."""
+
+    def __init__(self, topic: Location, run_dir: str, epoch: int, now_ms: int, max_part_bytes: int,
+                 result: PassTwoResult, on_object: Callable[[str], None]) -> None:
+        self.topic, self.run_dir, self.epoch, self.now_ms = topic, run_dir, epoch, now_ms
+        self.max_part_bytes = max_part_bytes
+        self.result = result
+        self.on_object = on_object
+        self._writer: LedgerWriter | None = None
+        self._upload: ObjectWriter | None = None
+        self._name = ""
+        self._first: MessageId | None = None
+        self._last: MessageId | None = None
+
+    def writer(self) -> LedgerWriter:
+        if self._writer is None:
+            self._name = f"{self.run_dir}/part-{len(self.result.parts):05d}.ledger"
+            self.on_object(self._name)
+            self._upload = self.topic.store.open_writer(self.topic.key(self._name))
+            self._writer = LedgerWriter(self._upload, kind=KIND_COMPACTED, ledger_id=self.epoch,
+                                        created_ms=self.now_ms)
+        return self._writer
+
+    def note_ids(self, first: MessageId, last: MessageId) -> None:
+        if self._first is None:
+            self._first = first
+        self._last = last
+        w = self._writer
+        if w is not None and w.estimated_size >= self.max_part_bytes:
+            self.close()
+
+    def close(self) -> None:
+        w, up = self._writer, self._upload
+        if w is None or up is None:
+            return
+        size = w.finish()
+        up.close()
+        self.result.parts.append(CompactedPart(self._name, w.n_entries, w.n_records, size,
+                                               self._first, self._last))
+        self.result.bytes_written += size
+        self.result.records_written += w.n_records
+        self._writer = self._upload = None
+        self._first = self._last = None
+
+    def abort(self) -> None:
+        if self._upload is not None:
+            self._upload.abort()
+        self._writer = self._upload = None
+
+
+def pass_two(plan: Plan, survivors: Survivors, config: CompactionConfig, *, topic: Location, run_dir: str,
+             epoch: int, now_ms: int, on_object: Callable[[str], None],
+             heartbeat: Callable[[], None] = lambda: None) -> PassTwoResult:
+    """Write the compacted ledger for ``plan``; ``on_object`` hears every object name
+    before it is created (so a failed run can remove what it wrote)."""
+    result = PassTwoResult()
+    sink = _PartSink(topic, run_dir, epoch, now_ms, config.max_part_bytes, result, on_object)
+    try:
+        for i, s in enumerate(plan.slices):
+            _copy_slice(s, survivors.slice_keep(i), survivors.slice_delete_since(i), sink, config, result,
+                        heartbeat)
+        sink.close()
+    except BaseException:
+        sink.abort()
+        raise
+    return result
+
+
+def _copy_slice(s: Slice, keep: np.ndarray, since: np.ndarray, sink: _PartSink, config: CompactionConfig,
+                result: PassTwoResult, heartbeat: Callable[[], None]) -> None:
+    if not keep.any():
+        return
+    f = s.file
+    foot = f.footer
+    rec_start = foot.e_rec_start
+    # per-record survival over the whole object (the slice may start mid-object)
+    full_keep = np.zeros(f.n_records, dtype=bool)
+    full_keep[s.start:s.stop] = keep
+    full_since = np.zeros(f.n_records, dtype=np.int64)
+    full_since[s.start:s.stop] = since
+    per_entry = np.add.reduceat(full_keep.astype(np.int64), rec_start[:-1]) if f.n_entries else np.zeros(0)
+    # reduceat gives wrong sums for empty entries; entries always hold >= 1 record
+    wanted = np.nonzero(per_entry > 0)[0]
+    ledgers, entries, batches = f.entry_ledgers, f.entry_ids, f.batch_indexes
+    cols = {name: foot.col(name) for name in ("r_hash_hi", "r_hash_lo", "r_flags", "r_offset", "r_size")}
+    publish = foot.col("e_publish")
+    last_beat = time.monotonic()
+    for c0, c1 in f.chunks(int(wanted[0]), int(wanted[-1]) + 1, config.chunk_bytes):
+        sel = wanted[(wanted >= c0) & (wanted < c1)]
+        if not len(sel):
+            continue
+        # Read only the span of entries that hold survivors.
+        lo_e, hi_e = int(sel[0]), int(sel[-1]) + 1
+        base, buf = f.read_frames(lo_e, hi_e)
+        result.bytes_read += len(buf)
+        view = memoryview(buf)
+        for e in sel:
+            e = int(e)
+            r0, r1 = int(rec_start[e]), int(rec_start[e + 1])
+            mask = full_keep[r0:r1]
+            payload = f.frame_payload(view, base, e)  # checks the frame's checksum
+            w = sink.writer()
+            idx = np.arange(r0, r1)[mask]
+            first = MessageId(int(ledgers[e]), int(entries[e]), int(batches[idx[0]]))
+            last = MessageId(int(ledgers[e]), int(entries[e]), int(batches[idx[-1]]))
+            if mask.all():
+                off = int(foot.col("e_offset")[e]) - base
+                frame = view[off:off + int(foot.col("e_length")[e])]
+                w.add_frame(frame, publish_time=int(publish[e]),
+                            records={k: v[r0:r1] for k, v in cols.items()},
+                            ledger=int(ledgers[e]), entry_id=int(entries[e]),
+                            batch=batches[r0:r1], delete_since=full_since[r0:r1])
+                result.entries_copied_whole += 1
+            else:
+                offs, sizes = cols["r_offset"][idx], cols["r_size"][idx]
+                data = b"".join(payload[int(o):int(o) + int(z)] for o, z in zip(offs, sizes, strict=True))
+                new_offs = np.zeros(len(idx), dtype=np.uint32)
+                if len(idx) > 1:
+                    new_offs[1:] = np.cumsum(sizes[:-1], dtype=np.uint64).astype(np.uint32)
+                entry = EncodedEntry(data, new_offs, sizes.astype(np.uint32), cols["r_hash_hi"][idx],
+                                     cols["r_hash_lo"][idx], cols["r_flags"][idx], int(publish[e]))
+                w.add_entry(entry, ledger=int(ledgers[e]), entry_id=int(entries[e]),
+                            batch=batches[idx], delete_since=full_since[idx])
+                result.entries_rebuilt += 1
+            sink.note_ids(first, last)
+        if time.monotonic() - last_beat > 10:
+            heartbeat()
+            last_beat = time.monotonic()

@@ -1,0 +1,115 @@
+"""Planning a run: which records are read, where the new horizon falls, how dirty the topic is.
+
+A run reads the previous compacted ledger (its parts) and the original records above
+the previous horizon, up to a new horizon bounded by the minimum compaction lag.
+Nothing before the previous horizon is read again: the run's cost grows with new data
+plus the compacted size, not with the topic's history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ledger.ids import MessageId
+from ledger.reader import LedgerFile
+from metadata.state import CompactionState, TopicState
+from metadata.topic import TopicMetadata
+
+__all__ = ["Plan", "Slice", "make_plan"]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Slice:
+    """Records ``[start, stop)`` of one ledger object, read in this run."""
+
+    file: LedgerFile
+    start: int
+    stop: int
+    compacted: bool  # a part of the previous compacted ledger
+
+    @property
+    def records(self) -> int:
+        return self.stop - self.start
+
+    def data_bytes(self) -> int:
+        """Bytes of the entries this slice covers."""
+        if self.stop <= self.start:
+            return 0
+        f = self.file.footer
+        e0 = int(np.searchsorted(f.e_rec_start, self.start, side="right")) - 1
+        e1 = int(np.searchsorted(f.e_rec_start, self.stop - 1, side="right")) - 1
+        offs, lens = f.col("e_offset"), f.col("e_length")
+        return int(offs[e1]) + int(lens[e1]) - int(offs[e0])
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Plan:
+    """What one run will read and the horizon it will publish."""
+
+    topic: TopicState
+    previous: CompactionState
+    compacted: tuple[Slice, ...]
+    new: tuple[Slice, ...]
+    horizon: MessageId | None
+    dirty_bytes: int
+    live_bytes: int
+    held_back_records: int  # above the horizon because of the minimum compaction lag
+
+    @property
+    def new_records(self) -> int:
+        return sum(s.records for s in self.new)
+
+    @property
+    def slices(self) -> tuple[Slice, ...]:
+        return self.compacted + self.new
+
+    @property
+    def dirty_ratio(self) -> float:
+        return self.dirty_bytes / self.live_bytes if self.live_bytes else 0.0
+
+    @property
+    def ledgers_read(self) -> int:
+        return len(self.new)
+
+
+def make_plan(meta: TopicMetadata, *, now_ms: int, min_compaction_lag_ms: int,
+              open_file: Callable[[str], LedgerFile] | None = None) -> Plan:
+    """Read both metadata documents and the footers needed to fix this run's range."""
+    store, loc = meta.topic.store, meta.topic
+    opener = open_file or (lambda key: LedgerFile.open(store, key))
+    previous = meta.load_compaction()
+    topic = meta.load_topic()
+    prev_h = previous.horizon
+    cutoff = now_ms - min_compaction_lag_ms
+
+    compacted = tuple(Slice(f, 0, f.n_records, True)
+                      for f in (opener(loc.key(p.object)) for p in previous.parts))
+    new: list[Slice] = []
+    held_back = 0
+    stopped = False
+    for lg in topic.ledgers:
+        if prev_h is not None and lg.id < prev_h.ledger:
+            continue
+        if stopped:
+            held_back += lg.records
+            continue
+        f = opener(loc.key(lg.object))
+        start = f.find(prev_h.successor()) if prev_h is not None and lg.id == prev_h.ledger else 0
+        stop = f.n_records
+        if lg.last_publish > cutoff:
+            # Only entries published at or before the cutoff, and nothing after the first
+            # entry that is too young: the horizon must not skip over a record.
+            young = np.nonzero(f.footer.col("e_publish") > cutoff)[0]
+            first_young = int(young[0]) if len(young) else f.n_entries
+            stop = max(start, int(f.footer.e_rec_start[first_young]))
+            held_back += f.n_records - stop
+            stopped = True
+        if stop > start:
+            new.append(Slice(f, start, stop, False))
+    horizon = new[-1].file.record_id(new[-1].stop - 1) if new else prev_h
+    dirty = sum(s.data_bytes() for s in new)
+    live = dirty + sum(s.file.size for s in compacted)
+    return Plan(topic, previous, compacted, tuple(new), horizon, dirty, live, held_back)

@@ -1,0 +1,81 @@
+"""What a run reports: one JSON line (``--json``) or one human line (Kafka's stats line)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final
+
+from ledger.errors import EXIT_CONFLICT, EXIT_FAILURE, EXIT_OK
+
+__all__ = ["STATUSES", "RunSummary"]
+
+STATUSES: Final = ("compacted", "nothing-to-do", "skipped", "conflict", "dry-run", "error")
+
+
+@dataclass(slots=True)
+class RunSummary:
+    """The outcome and figures of one compaction run."""
+
+    topic: str
+    status: str = "error"
+    epoch: int | None = None
+    horizon: str | None = None
+    previous_horizon: str | None = None
+    compacted_ledger: str | None = None
+    parts: int = 0
+    ledgers_read: int = 0
+    records_read: int = 0
+    bytes_read: int = 0
+    records_written: int = 0
+    bytes_written: int = 0
+    keys: int = 0
+    tombstones_kept: int = 0
+    tombstones_dropped: int = 0
+    keyless_dropped: int = 0
+    keyless_kept: int = 0
+    held_back_records: int = 0
+    dirty_ratio: float = 0.0
+    retired_deleted: int = 0
+    orphans_deleted: int = 0
+    durations: dict[str, float] = field(default_factory=dict)
+    message: str = ""
+    error: str | None = None
+    exit_code: int = EXIT_FAILURE
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == EXIT_OK
+
+    def finish(self, status: str, message: str = "") -> RunSummary:
+        self.status = status
+        self.message = message
+        self.exit_code = {"conflict": EXIT_CONFLICT, "error": self.exit_code}.get(status, EXIT_OK)
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["durations"] = {k: round(v, 4) for k, v in self.durations.items()}
+        d["dirty_ratio"] = round(self.dirty_ratio, 6)
+        if d["error"] is None:
+            del d["error"]
+        return d
+
+    def human(self) -> str:
+        """One line, like Kafka's cleaner stats line."""
+        t = self.durations
+        total = t.get("total", 0.0)
+        if self.status == "error":
+            return f"{self.topic}: failed: {self.error}"
+        if self.status in ("nothing-to-do", "skipped", "conflict"):
+            return f"{self.topic}: {self.status}: {self.message}"
+        mb_in, mb_out = self.bytes_read / 1e6, self.bytes_written / 1e6
+        smaller = 100.0 * (1 - self.records_written / self.records_read) if self.records_read else 0.0
+        phases = ", ".join(f"{k.replace('_', ' ')} {v:.2f}s" for k, v in t.items() if k != "total")
+        verb = "would compact" if self.status == "dry-run" else "compacted"
+        return (f"{self.topic}: {verb} to horizon {self.horizon} (was {self.previous_horizon}), "
+                f"epoch {self.epoch}: read {self.records_read:,} records ({mb_in:.1f} MB) from "
+                f"{self.ledgers_read} ledgers + previous compacted ledger, wrote {self.records_written:,} "
+                f"records ({mb_out:.1f} MB) in {self.parts} part(s), {smaller:.1f}% fewer records; "
+                f"{self.keys:,} keys, tombstones kept {self.tombstones_kept:,} dropped "
+                f"{self.tombstones_dropped:,}, keyless dropped {self.keyless_dropped:,}; "
+                f"{total:.2f}s ({phases})")
