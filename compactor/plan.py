@@ -111,5 +111,6 @@ def make_plan(meta: TopicMetadata, *, now_ms: int, min_compaction_lag_ms: int,
             new.append(Slice(f, start, stop, False))
     horizon = new[-1].file.record_id(new[-1].stop - 1) if new else prev_h
     dirty = sum(s.data_bytes() for s in new)
-    live = dirty + sum(s.file.size for s in compacted)
+    # Entry bytes on both sides (footers excluded), so the ratio compares like with like.
+    live = dirty + sum(s.data_bytes() for s in compacted)
     return Plan(topic, previous, compacted, tuple(new), horizon, dirty, live, held_back)
