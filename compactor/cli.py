@@ -7,7 +7,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from compactor.config import (
@@ -111,6 +111,13 @@ def _config(args: argparse.Namespace) -> CompactionConfig:
         max_part_bytes=args.max_part_bytes)
 
 
+def _terminal_progress(err: TextIO, uri: str) -> Callable[[str], None]:
+    def show(msg: str) -> None:
+        err.write(f"\r{uri}: {msg}\x1b[K")
+        err.flush()
+    return show
+
+
 def _run_compact(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -> int:
     err = err or sys.stderr
     config = _config(args)
@@ -119,7 +126,7 @@ def _run_compact(args: argparse.Namespace, out: TextIO, err: TextIO | None = Non
     for uri in args.topics:
         start = time.perf_counter()
         try:
-            progress = (lambda msg, u=uri: err.write(f"\r{u}: {msg}\x1b[K")) if show_progress else None
+            progress = _terminal_progress(err, uri) if show_progress else None
             summary = Compactor(uri, config, metadata_uri=args.metadata, progress=progress).run()
             if show_progress:
                 err.write("\r\x1b[K")

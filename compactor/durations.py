@@ -23,7 +23,7 @@ def parse_duration(text: str | int | float) -> int:
     if m is None:
         raise InvalidInputError(
             f"bad duration {text!r}: use a number with a unit (500ms, 30s, 10m, 24h, 7d) or plain seconds")
-    return int(round(float(m.group(1)) * _UNITS[m.group(2) or "s"]))
+    return round(float(m.group(1)) * _UNITS[m.group(2) or "s"])
 
 
 def format_duration(ms: int) -> str:

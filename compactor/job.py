@@ -14,7 +14,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-
 from typing import Final
 
 from compactor.config import MIN_ORPHAN_GRACE_MS, CompactionConfig

@@ -55,7 +55,8 @@ def test_thread_race_one_winner_per_version(docs: DocumentStore) -> None:
         wins: list[int] = []
         barrier = threading.Barrier(6)
 
-        def attempt(i: int, version: int = round_) -> None:
+        def attempt(i: int, version: int = round_, barrier: threading.Barrier = barrier,
+                    wins: list[int] = wins) -> None:
             barrier.wait()
             try:
                 docs.replace("d.json", {"winner": i}, version)

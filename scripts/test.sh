@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Run the whole test suite (creates .venv and installs what it needs on first use).
+# Extra arguments go to pytest, e.g. scripts/test.sh -k compaction
+source "$(dirname "$0")/_venv.sh"
+ruff check .
+mypy
+exec python -m pytest "$@"
