@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from compactor import CompactionConfig, Compactor  # noqa: E402
-from reader import TopicReader  # noqa: E402
-from shale.producer import TopicWriter  # noqa: E402
+from compactor import CompactionConfig, Compactor
+from reader import TopicReader
+from shale.producer import TopicWriter
 
 
 def rss_mb() -> float:
