@@ -133,6 +133,13 @@ def _copy_slice(s: Slice, keep: np.ndarray, since: np.ndarray, sink: _PartSink, 
         base, buf = f.read_frames(lo_e, hi_e)
         result.bytes_read += len(buf)
         view = memoryview(buf)
+        # Every frame that was read is checked, survivors or not: checksums cost little
+        # next to the read, and corruption should not go unnoticed just because it sits
+        # next to obsolete records.
+        chosen = set(sel.tolist())
+        for e in range(lo_e, hi_e):
+            if e not in chosen:
+                f.frame_payload(view, base, e)
         for e in sel:
             e = int(e)
             r0, r1 = int(rec_start[e]), int(rec_start[e + 1])
