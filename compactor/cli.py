@@ -95,7 +95,9 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_compact_parser(prog: str = "compact") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    from shale.cli import OneLineParser
+
+    p = OneLineParser(
         prog=prog, description="Compact keyed topics: keep the latest record of every key below a new "
         "horizon in a new compacted ledger, and publish it atomically.",
         epilog=COMPACT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)

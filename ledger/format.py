@@ -57,7 +57,7 @@ _KINDS: Final = {KIND_ORIGINAL: "original", KIND_COMPACTED: "compacted"}
 FLAG_HAS_KEY: Final = 0x01
 FLAG_TOMBSTONE: Final = 0x02  # value empty or absent
 
-_HEADER: Final = struct.Struct("<8sHBBQqI4x")
+_HEADER: Final = struct.Struct("<8sHBBQqI")
 HEADER_SIZE: Final = _HEADER.size  # 32
 _TRAILER: Final = struct.Struct("<QQQqIHBB4xI8s")
 TRAILER_SIZE: Final = _TRAILER.size  # 56

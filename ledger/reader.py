@@ -40,6 +40,7 @@ class LedgerFile:
         self.size = size
         #: bytes fetched to open the object (trailer + footer), for I/O accounting
         self.footer_bytes = footer_bytes
+        self._header_checked = False
         self._ledgers: npt.NDArray[np.uint64] | None = None
         self._entries: npt.NDArray[np.uint64] | None = None
         self._batches: npt.NDArray[np.uint32] | None = None
@@ -60,13 +61,18 @@ class LedgerFile:
             if len(footer_bytes) != trailer.footer_length:
                 raise CorruptLedgerError(f"{where}: truncated footer at byte {trailer.footer_offset}",
                                          path=where, position=trailer.footer_offset)
-        if tail_start == 0:
-            header = decode_header(tail[:HEADER_SIZE], where)
-            if header.ledger_id != trailer.ledger_id or header.kind != trailer.kind:
-                raise CorruptLedgerError(f"{where}: header and trailer disagree", path=where, position=0)
         footer = decode_footer(bytes(footer_bytes), trailer, where)
         fetched = len(tail) + (0 if trailer.footer_offset >= tail_start else trailer.footer_length)
-        return cls(store, key, footer, size, fetched)
+        f = cls(store, key, footer, size, fetched)
+        if tail_start == 0:
+            f._check_header(tail)
+        return f
+
+    def _check_header(self, data: bytes) -> None:
+        header = decode_header(data[:HEADER_SIZE], self.url)
+        if header.ledger_id != self.footer.ledger_id or header.kind != self.footer.kind:
+            raise CorruptLedgerError(f"{self.url}: header and trailer disagree", path=self.url, position=0)
+        self._header_checked = True
 
     @property
     def url(self) -> str:
@@ -131,7 +137,14 @@ class LedgerFile:
         offs, lens = self.footer.col("e_offset"), self.footer.col("e_length")
         start = int(offs[first])
         end = int(offs[stop - 1]) + int(lens[stop - 1])
-        data = self.store.get_range(self.key, start, end)
+        if first == 0 and not self._header_checked:
+            # Objects too big for the tail read get their header checked with the first
+            # entries, in the same request.
+            raw = self.store.get_range(self.key, 0, end)
+            self._check_header(raw)
+            data = raw[start:]
+        else:
+            data = self.store.get_range(self.key, start, end)
         if len(data) != end - start:
             raise CorruptLedgerError(
                 f"{self.url}: truncated: entries {first}..{stop - 1} need bytes {start}..{end}, "
@@ -191,8 +204,9 @@ class LedgerFile:
                 count = int(rec_start[e + 1]) - r0
                 led, ent = int(ledgers[e]), int(entries[e])
                 where = f"{self.url}: entry {led}:{ent}"
-                for k, (key, value, props, pt, et) in enumerate(
-                        decode_records(payload, count, where=where, max_record_bytes=max_record_bytes)):
+                records = decode_records(payload, count, where=where, max_record_bytes=max_record_bytes,
+                                         path=self.url, position=int(self.footer.col("e_offset")[e]))
+                for k, (key, value, props, pt, et) in enumerate(records):
                     r = r0 + k
                     if r < start_record:
                         continue

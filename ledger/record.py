@@ -25,6 +25,7 @@ __all__ = [
     "decode_records",
     "encode_record",
     "key_hash",
+    "validate_record",
 ]
 
 #: Upper bound on one encoded record; larger ones are refused at write and read time.
@@ -69,25 +70,35 @@ class Message:
 
 
 _packer_local = msgpack.Packer(use_bin_type=True)
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
 
 
-def encode_record(record: Record) -> bytes:
-    """Encode one record; validate its field types on the way."""
+def validate_record(record: Record) -> None:
+    """Refuse a record that could not be encoded, before it is accepted into a batch."""
     key, value = record.key, record.value
     if key is not None and not isinstance(key, bytes | bytearray | memoryview):
         raise InvalidInputError(f"record key must be bytes or None, not {type(key).__name__}")
     if value is not None and not isinstance(value, bytes | bytearray | memoryview):
         raise InvalidInputError(f"record value must be bytes or None, not {type(value).__name__}")
-    props = record.properties or None
-    if props is not None:
-        for k, v in props.items():
-            if not isinstance(k, str) or not isinstance(v, str):
-                raise InvalidInputError("record properties must map str to str")
-        props = dict(props)
-    if not isinstance(record.publish_time, int) or record.publish_time < 0:
-        raise InvalidInputError(f"bad publish time {record.publish_time!r}")
-    if record.event_time is not None and not isinstance(record.event_time, int):
-        raise InvalidInputError(f"bad event time {record.event_time!r}")
+    for k, v in (record.properties or {}).items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise InvalidInputError("record properties must map str to str")
+        try:
+            k.encode(), v.encode()
+        except UnicodeEncodeError:
+            raise InvalidInputError("record properties must be valid Unicode text") from None
+    pt, et = record.publish_time, record.event_time
+    if not isinstance(pt, int) or isinstance(pt, bool) or not 0 <= pt <= _I64_MAX:
+        raise InvalidInputError(f"bad publish time {pt!r}")
+    if et is not None and (not isinstance(et, int) or isinstance(et, bool) or not _I64_MIN <= et <= _I64_MAX):
+        raise InvalidInputError(f"event time {et!r} is not a 64-bit integer (milliseconds)")
+
+
+def encode_record(record: Record) -> bytes:
+    """Encode one record; validate its fields on the way."""
+    validate_record(record)
+    key, value = record.key, record.value
+    props = dict(record.properties) if record.properties else None
     data: bytes = _packer_local.pack(
         [
             None if key is None else bytes(key),
@@ -115,6 +126,8 @@ def decode_records(
     *,
     where: str,
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    path: str = "",
+    position: int | None = None,
 ) -> Iterator[tuple[bytes | None, bytes | None, Mapping[str, str], int, int | None]]:
     """Decode ``count`` consecutive records from an entry payload.
 
@@ -141,10 +154,13 @@ def decode_records(
             if n > count:
                 break
             yield _check_record(obj, where)
+    except CorruptLedgerError as e:
+        raise CorruptLedgerError(str(e), path=path, position=position) from None
     except (ValueError, msgpack.UnpackException, msgpack.ExtraData) as e:
-        raise CorruptLedgerError(f"{where}: undecodable record #{n}: {e}") from e
+        raise CorruptLedgerError(f"{where}: undecodable record #{n}: {e}", path=path, position=position) from e
     if n != count:
-        raise CorruptLedgerError(f"{where}: entry holds {n} records, footer says {count}")
+        raise CorruptLedgerError(f"{where}: entry holds {n} records, footer says {count}",
+                                 path=path, position=position)
 
 
 def _check_record(

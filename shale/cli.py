@@ -12,7 +12,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO
+from typing import Any, BinaryIO, NoReturn, TextIO
 
 from ledger.errors import EXIT_FAILURE, EXIT_USAGE, InvalidInputError, ShaleError
 
@@ -26,6 +26,13 @@ exit codes:
   3  lost a compare-and-swap race (another writer or compactor won)
   4  corrupt data: bad checksum, truncated object, unknown format version
 """
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors are one line on stderr (and exit code 2), like every other error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def positive_int(text: str) -> int:
@@ -55,30 +62,38 @@ def _cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
     from shale.jsonlines import parse_record_line
     from shale.producer import TopicWriter
 
-    stream: TextIO
+    stream: BinaryIO
     if args.input in (None, "-"):
-        stream, name = sys.stdin, "<stdin>"
+        stream, name = sys.stdin.buffer, "<stdin>"
     else:
         try:
-            stream = open(args.input, encoding="utf-8")  # noqa: SIM115  (closed below)
+            stream = open(args.input, "rb")  # noqa: SIM115  (closed below)
         except OSError as e:
             raise InvalidInputError(f"cannot open input {args.input}: {e.strerror}") from None
         name = args.input
     writer = TopicWriter(args.topic, metadata_uri=args.metadata, max_ledger_records=args.max_ledger_records,
                          max_ledger_bytes=args.max_ledger_bytes, batch_size=args.batch_size)
     try:
-        for n, line in enumerate(stream, start=1):
+        for n, raw in enumerate(stream, start=1):
+            where = f"{name}:{n}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise InvalidInputError(f"{where}: not valid UTF-8") from None
             if not line.strip():
                 continue
-            key, value, props, event_time = parse_record_line(line, f"{name}:{n}")
-            writer.append(key, value, props, event_time)
+            key, value, props, event_time = parse_record_line(line, where)
+            try:
+                writer.append(key, value, props, event_time)
+            except InvalidInputError as e:
+                raise InvalidInputError(f"{where}: {e}") from None
     except InvalidInputError as e:
         # Records before the bad line were accepted; seal them so nothing is lost, then fail.
         result = writer.close()
         raise InvalidInputError(
             f"{e} ({result.records} earlier records were appended, last id {result.last_id})") from None
     finally:
-        if stream is not sys.stdin:
+        if stream is not sys.stdin.buffer:
             stream.close()
     _print_json(writer.close().to_json(), out)
     return 0
@@ -120,7 +135,7 @@ def _cmd_status(args: argparse.Namespace, out: TextIO) -> int:
 # ----------------------------------------------------------------------- CLI
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="shale",
         description="Shale: compact keyed topics stored as ledger objects on object storage.",
         epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -49,7 +49,10 @@ def _field_bytes(doc: dict[str, Any], name: str, where: str) -> bytes | None:
         return None
     if not isinstance(value, str):
         raise InvalidInputError(f"{where}: {name!r} must be a string or null")
-    return value.encode("utf-8")
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInputError(f"{where}: {name!r} is not valid Unicode text (lone surrogate)") from None
 
 
 def parse_record_line(
@@ -71,6 +74,7 @@ def parse_record_line(
     if not isinstance(props, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in props.items()):
         raise InvalidInputError(f"{where}: 'properties' must map strings to strings")
     event_time = doc.get("event_time")
-    if event_time is not None and (not isinstance(event_time, int) or isinstance(event_time, bool)):
-        raise InvalidInputError(f"{where}: 'event_time' must be an integer (milliseconds)")
+    if event_time is not None and (not isinstance(event_time, int) or isinstance(event_time, bool)
+                                   or not -(1 << 63) <= event_time < 1 << 63):
+        raise InvalidInputError(f"{where}: 'event_time' must be a 64-bit integer (milliseconds)")
     return key, value, props, event_time

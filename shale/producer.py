@@ -23,7 +23,7 @@ from typing import Final
 from ledger.errors import ConflictError, InvalidInputError
 from ledger.format import KIND_ORIGINAL
 from ledger.ids import MessageId
-from ledger.record import DEFAULT_MAX_RECORD_BYTES, Record
+from ledger.record import DEFAULT_MAX_RECORD_BYTES, Record, validate_record
 from ledger.writer import LedgerWriter, encode_entry, relabel_ledger
 from metadata.state import LedgerInfo, TopicState
 from metadata.topic import TopicMetadata
@@ -142,6 +142,7 @@ class TopicWriter:
         """Append a prepared :class:`Record` (its publish time is kept)."""
         if self._closed:
             raise InvalidInputError("the writer is closed")
+        validate_record(record)  # refuse it now, not when its batch is encoded
         self._batch.append(record)
         self._records += 1
         if record.key is None:
