@@ -70,6 +70,29 @@ class _Heartbeat:
         return time.monotonic() - self.last_ok < HEARTBEAT_MAX_GAP_S
 
 
+def _note_plan(summary: RunSummary, plan: Plan) -> None:
+    prev = plan.previous
+    summary.previous_horizon = str(prev.horizon) if prev.horizon else None
+    summary.horizon = str(plan.horizon) if plan.horizon else None
+    summary.epoch = prev.epoch
+    summary.compacted_ledger = prev.compacted_ledger
+    summary.dirty_ratio = plan.dirty_ratio
+    summary.held_back_records = plan.held_back_records
+    summary.ledgers_read = plan.ledgers_read
+    summary.keys = prev.keys
+    summary.tombstones_kept = prev.tombstones
+
+
+def _note_survivors(summary: RunSummary, survivors: Survivors) -> None:
+    summary.records_read = survivors.records_read
+    summary.bytes_read = survivors.footer_bytes
+    summary.keys = survivors.keys
+    summary.tombstones_kept = survivors.tombstones_kept
+    summary.tombstones_dropped = survivors.tombstones_dropped
+    summary.keyless_dropped = survivors.keyless_dropped
+    summary.keyless_kept = survivors.keyless_kept
+
+
 class Compactor:
     """Compacts one topic.
 
@@ -105,44 +128,30 @@ class Compactor:
         plan = make_plan(self.meta, now_ms=now_ms, min_compaction_lag_ms=self.config.min_compaction_lag_ms)
         t = phase("plan", t0)
         prev = plan.previous
-        summary.previous_horizon = str(prev.horizon) if prev.horizon else None
-        summary.horizon = str(plan.horizon) if plan.horizon else None
-        summary.epoch = prev.epoch
-        summary.compacted_ledger = prev.compacted_ledger
-        summary.dirty_ratio = plan.dirty_ratio
-        summary.held_back_records = plan.held_back_records
-        summary.ledgers_read = plan.ledgers_read
-        summary.keys = prev.keys
-        summary.tombstones_kept = prev.tombstones
+        _note_plan(summary, plan)
+
+        def done(status: str, message: str = "", *, gc: bool = True) -> RunSummary:
+            if gc:
+                self._gc(summary, now_ms)
+            summary.durations["total"] = time.perf_counter() - t0
+            return summary.finish(status, message)
 
         if plan.new_records == 0 and not self._tombstones_expire(plan, now_ms):
             why = "no records above the horizon"
             if plan.held_back_records:
                 why += f" old enough to compact ({plan.held_back_records} held back by the minimum lag)"
-            self._gc(summary, now_ms)
-            summary.durations["total"] = time.perf_counter() - t0
-            return summary.finish("nothing-to-do", why)
+            return done("nothing-to-do", why)
         if plan.new_records and plan.dirty_ratio < self.config.min_dirty_ratio:
-            self._gc(summary, now_ms)
-            summary.durations["total"] = time.perf_counter() - t0
-            return summary.finish("skipped", f"dirty ratio {plan.dirty_ratio:.3f} is below "
-                                  f"{self.config.min_dirty_ratio:.3f}")
+            return done("skipped", f"dirty ratio {plan.dirty_ratio:.3f} is below {self.config.min_dirty_ratio:.3f}")
 
         self.progress(f"pass one over {sum(s.records for s in plan.slices):,} records")
         survivors = pass_one(plan, self.config, now_ms)
         t = phase("pass_one", t)
-        summary.records_read = survivors.records_read
-        summary.bytes_read = survivors.footer_bytes
-        summary.keys = survivors.keys
-        summary.tombstones_kept = survivors.tombstones_kept
-        summary.tombstones_dropped = survivors.tombstones_dropped
-        summary.keyless_dropped = survivors.keyless_dropped
-        summary.keyless_kept = survivors.keyless_kept
+        _note_survivors(summary, survivors)
         if self.config.dry_run:
             summary.records_written = survivors.records_kept
             summary.epoch = prev.epoch + 1
-            summary.durations["total"] = time.perf_counter() - t0
-            return summary.finish("dry-run", "nothing written or published")
+            return done("dry-run", "nothing written or published", gc=False)
 
         epoch = prev.epoch + 1
         run_id = f"{epoch:012d}-{uuid.uuid4().hex[:12]}"
@@ -170,12 +179,9 @@ class Compactor:
                 self.meta.publish_compaction(new_state, prev)
             except ConflictError as e:
                 t = phase("publish", t)
-                summary.epoch = prev.epoch
                 summary.horizon = summary.previous_horizon
-                summary.compacted_ledger = prev.compacted_ledger
-                summary.durations["total"] = time.perf_counter() - t0
-                return summary.finish("conflict", f"another compactor published first ({e}); "
-                                      "this run's output was removed")
+                return done("conflict", f"another compactor published first ({e}); this run's output "
+                            "was removed", gc=False)
             published = True
             t = phase("publish", t)
             summary.epoch = epoch
@@ -187,8 +193,7 @@ class Compactor:
         self.meta.topic.store.delete(self.meta.topic.key(f"{run_dir}/{HEARTBEAT_NAME}"))
         self._gc(summary, now_ms)
         phase("gc", t)
-        summary.durations["total"] = time.perf_counter() - t0
-        return summary.finish("compacted")
+        return done("compacted", gc=False)
 
     def _new_state(self, plan: Plan, survivors: Survivors, out: PassTwoResult, run_id: str, epoch: int,
                    now_ms: int, summary: RunSummary) -> CompactionState:
