@@ -162,3 +162,23 @@ def test_cli_read_start_and_limit(disk_topic_uri: str) -> None:
     assert [g["id"] for g in got] == ["1:2:3", "1:2:4"] and got[0]["value"] == "v13"
     p = run_cli("read", topic_uri, "--start", "latest")
     assert p.returncode == 0 and p.stdout == ""
+
+
+def test_metadata_elsewhere(tmp_path: object, root_uri: str) -> None:
+    """``--metadata`` keeps the documents on another store; readers pass the same URI."""
+    import pathlib
+
+    meta_uri = str(pathlib.Path(str(tmp_path)) / "metadata-store")
+    topic = f"{root_uri}/topics/elsewhere"
+    with TopicWriter(topic, metadata_uri=meta_uri) as w:
+        w.append("k", "v1")
+        w.append("k", "v2")
+    from compactor import Compactor
+
+    assert Compactor(topic, metadata_uri=meta_uri).run().status == "compacted"
+    assert [m.value for m in TopicReader(topic, metadata_uri=meta_uri, read_compacted=True).read()] == [b"v2"]
+    meta = TopicMetadata.open(topic, meta_uri)
+    assert meta.meta.store.exists(meta.meta.key("topic.json"))
+    assert not meta.topic.store.exists(meta.topic.key("_meta/topic.json"))
+    with pytest.raises(FileNotFoundError):
+        TopicReader(topic)
