@@ -1,0 +1,625 @@
+"""A Hypothesis state machine that checks the compacted view of one topic against a plain model.
+
+Producing (one or two writers, batches, rolling ledgers, back-dated publish times),
+advancing a fake clock, compacting with per-run configurations, collecting garbage
+and reading (full, compacted, seeking, table view, a reader left open across
+compactions and garbage collection) are interleaved at random on one in-memory topic.
+Every read is compared with a model kept in plain Python lists and dicts:
+
+* the full (non-compacted) read is every sealed record, in order, with ids that
+  strictly increase and never change;
+* the compacted read is, for the records at or below the published horizon, what the
+  compaction rules leave (latest record of every key, tombstones kept for
+  ``delete_retention_ms`` after the first compaction that kept them, keyless records
+  only with ``retain_null_key``), followed by every record above the horizon once;
+* a compacted read started at any id is the suffix of that read from that id;
+* the table view is the latest non-tombstone value of every key;
+* the incremental result equals a from-scratch compaction of a copy of the records.
+
+Run long by hand with ``SHALE_LONG_TESTS=1`` (500 examples of up to 50 steps).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import hypothesis.strategies as st
+from hypothesis import HealthCheck, event, settings
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from compactor import CompactionConfig, Compactor, collect_garbage
+from ledger.errors import ObjectNotFoundError
+from ledger.ids import MIN_ID, MessageId
+from ledger.record import Message, Record
+from metadata.state import CompactionState
+from metadata.topic import TopicMetadata
+from reader import TableView, TopicReader
+from shale.producer import TopicWriter
+
+LONG = os.environ.get("SHALE_LONG_TESTS") == "1"
+
+SECOND = 1_000
+MINUTE = 60 * SECOND
+HOUR = 60 * MINUTE
+ORPHAN_GRACE = 15 * MINUTE
+KEYS = (None, "a", "b", "c", "d", "e", "f")
+RETENTIONS = (0, HOUR, 24 * HOUR)
+LAGS = (0, 30 * MINUTE)
+
+
+class FakeClock:
+    """Whole seconds only, so ``int(clock() * 1000)`` is exact."""
+
+    def __init__(self, start_s: int) -> None:
+        self.s = start_s
+
+    def __call__(self) -> float:
+        return float(self.s)
+
+    @property
+    def ms(self) -> int:
+        return self.s * 1000
+
+
+@dataclass
+class Rec:
+    """A produced record as the model knows it (``id`` is learned from the first read)."""
+
+    key: bytes | None
+    value: bytes | None
+    properties: dict[str, str]
+    publish_time: int
+    event_time: int | None
+    id: MessageId | None = None
+
+    @property
+    def tombstone(self) -> bool:
+        return self.key is not None and not self.value
+
+    def content(self) -> tuple[Any, ...]:
+        return (self.key, self.value, dict(self.properties), self.publish_time, self.event_time)
+
+
+def content(m: Message) -> tuple[Any, ...]:
+    return (m.key, m.value, dict(m.properties), m.publish_time, m.event_time)
+
+
+def show(items: list[Any]) -> list[str]:
+    out = []
+    for x in items:
+        out.append(f"{x.id} {x.key!r}={x.value!r}")
+    return out
+
+
+@dataclass
+class WriterSlot:
+    writer: TopicWriter
+    pending: list[Rec] = field(default_factory=list)
+    sealed_seen: int = 0
+    batch_size: int = 1
+    max_ledger_records: int = 1
+
+
+# now and then a big value, so reads and compaction go through several chunks and parts roll
+big_value = st.tuples(st.integers(1, 255), st.sampled_from([5_000, 40_000])).map(lambda t: bytes([t[0]]) * t[1])
+
+record_strategy = st.tuples(
+    st.sampled_from(KEYS),
+    st.one_of(st.none(), st.just(b""), st.binary(min_size=1, max_size=6), st.binary(min_size=1, max_size=6),
+              st.binary(min_size=1, max_size=6), big_value),
+    st.one_of(st.just({}), st.dictionaries(st.sampled_from(["p", "q"]), st.sampled_from(["x", "", "yy"]),
+                                           max_size=2)),
+    st.one_of(st.none(), st.integers(-2**40, 2**40)),
+    # None: append() at the clock's time; an int: send() back-dated by that many seconds
+    st.one_of(st.none(), st.none(), st.none(), st.integers(0, 4 * 3600)),
+)
+
+
+class ShaleModelMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.store_name = f"sm-{uuid.uuid4().hex[:16]}"
+        self.uri = f"memory://{self.store_name}/topic"
+        self.clock = FakeClock(int(time.time()))
+        self.meta = TopicMetadata.open(self.uri)
+        self.meta.create_topic()
+        self.slots: list[WriterSlot | None] = [None, None]
+        self.visible: list[Rec] = []  # sealed records, in id order
+        self.sealed_ranges: list[tuple[int, int, Any]] = []  # (first index, stop index, SealedLedger)
+        # compaction model
+        self.horizon: MessageId | None = None
+        self.kept: list[MessageId] = []
+        self.first_kept: dict[MessageId, int] = {}
+        self.epoch = 0
+        self.history: dict[int, tuple[MessageId | None, tuple[MessageId, ...]]] = {0: (None, ())}
+        self.retentions_used: set[int] = set()
+        self.retains_used: set[bool] = set()
+        self.fixed_config = True
+        self.retention = 0
+        self.retain_null_key = False
+        self.lingering: TopicReader | None = None
+        self.table_view: TableView | None = None
+
+    # ------------------------------------------------------------------ helpers
+
+    def _exists(self, obj: str) -> bool:
+        try:
+            self.meta.topic.store.stat(self.meta.topic.key(obj))
+        except ObjectNotFoundError:
+            return False
+        return True
+
+    def _collect_sealed(self, slot_no: int) -> None:
+        """Move the records of ledgers the writer sealed since last time into ``visible``."""
+        slot = self.slots[slot_no]
+        assert slot is not None
+        ledgers = slot.writer.result.ledgers
+        for lg in ledgers[slot.sealed_seen:]:
+            assert 1 <= lg.records <= slot.max_ledger_records, lg
+            assert lg.records <= len(slot.pending), (lg, len(slot.pending))
+            if slot.sealed_seen and self.sealed_ranges[-1][2] not in ledgers:
+                event("produce: a writer registered after another one did (relabel)")
+            first = len(self.visible)
+            self.visible.extend(slot.pending[:lg.records])
+            del slot.pending[:lg.records]
+            self.sealed_ranges.append((first, len(self.visible), lg))
+        slot.sealed_seen = len(ledgers)
+        self._check_full()
+
+    def _check_full(self) -> None:
+        """Guarantee 1: the full read is every sealed record in order; ids never change."""
+        msgs = TopicReader(self.uri, read_compacted=False).read()
+        assert len(msgs) == len(self.visible), (len(msgs), len(self.visible))
+        prev: MessageId | None = None
+        for m, r in zip(msgs, self.visible, strict=True):
+            if r.id is None:
+                r.id = m.id
+            assert m.id == r.id, f"id of a record changed: {r.id} -> {m.id}"
+            assert content(m) == r.content(), (m, r)
+            assert prev is None or m.id > prev, f"ids not increasing: {prev} then {m.id}"
+            prev = m.id
+        for first, stop, lg in self.sealed_ranges:
+            assert self.visible[first].id == lg.first_id, (lg, self.visible[first].id)
+            assert self.visible[stop - 1].id == lg.last_id, (lg, self.visible[stop - 1].id)
+            assert {r.id.ledger for r in self.visible[first:stop]} == {lg.id}  # type: ignore[union-attr]
+
+    def _expected(self, horizon: MessageId | None, kept: tuple[MessageId, ...] | list[MessageId],
+                  start: MessageId = MIN_ID) -> list[Rec]:
+        """The compacted read a state with ``horizon`` and compacted ids ``kept`` should give."""
+        keep = set(kept)
+        out = []
+        for r in self.visible:
+            assert r.id is not None
+            if r.id < start:
+                continue
+            if horizon is None or r.id > horizon or r.id in keep:
+                out.append(r)
+        return out
+
+    def _compare(self, got: list[Message], want: list[Rec], what: str) -> None:
+        assert [m.id for m in got] == [r.id for r in want], (
+            f"{what}: ids differ\n got  {show(got)}\n want {show(want)}\n horizon {self.horizon} "
+            f"kept {[str(i) for i in self.kept]}")
+        for m, r in zip(got, want, strict=True):
+            assert content(m) == r.content(), (what, m, r)
+
+    def _entries_after(self, after: MessageId | None) -> list[tuple[int, MessageId]]:
+        """``(entry publish time, last record id)`` of every entry with records above ``after``."""
+        entries: dict[tuple[int, int], tuple[int, MessageId]] = {}
+        for r in self.visible:
+            assert r.id is not None
+            k = (r.id.ledger, r.id.entry)
+            pub, last = entries.get(k, (0, r.id))
+            entries[k] = (max(pub, r.publish_time), max(last, r.id))
+        return [v for k, v in sorted(entries.items()) if after is None or v[1] > after]
+
+    def _horizon_bound(self, cutoff: int) -> tuple[MessageId | None, bool]:
+        """The furthest horizon a run with this cutoff may publish, and whether it is exact.
+
+        It is the last record before the first entry (above the current horizon) that is
+        younger than the cutoff.  When entry publish times never decrease along the
+        topic, the compactor must reach exactly that far.
+        """
+        bound = self.horizon
+        for pub, last in self._entries_after(self.horizon):
+            if pub > cutoff:
+                break
+            bound = last
+        pubs = [pub for pub, _ in self._entries_after(None)]
+        monotonic = all(a <= b for a, b in itertools.pairwise(pubs))
+        return bound, monotonic
+
+    def _would_expire(self, retention: int, now: int) -> bool:
+        by_id = {r.id: r for r in self.visible}
+        tombs = [i for i in self.kept if by_id[i].tombstone]
+        if retention == 0:
+            return bool(tombs)
+        return any(now - self.first_kept[i] >= retention for i in tombs)
+
+    def _apply_compaction(self, horizon: MessageId, now: int, retention: int, retain: bool) -> dict[str, int]:
+        """The model of one run: previous survivors plus the new records up to ``horizon``."""
+        prev_h = self.horizon
+        keep = set(self.kept)
+        cands = [r for r in self.visible
+                 if r.id in keep or (r.id <= horizon and (prev_h is None or r.id > prev_h))]  # type: ignore[operator]
+        latest: dict[bytes, MessageId] = {}
+        for r in cands:
+            if r.key is not None:
+                latest[r.key] = r.id  # type: ignore[assignment]
+        new_kept: list[MessageId] = []
+        new_first: dict[MessageId, int] = {}
+        stats = {"keys": 0, "tombstones_kept": 0, "tombstones_dropped": 0, "keyless": 0,
+                 "records_read": len(cands)}
+        for r in cands:
+            assert r.id is not None
+            if r.key is None:
+                stats["keyless"] += 1
+                if retain:
+                    new_kept.append(r.id)
+                continue
+            if latest[r.key] != r.id:
+                continue
+            if r.tombstone:
+                fk = self.first_kept.get(r.id, now)
+                if retention == 0 or now - fk >= retention:
+                    stats["tombstones_dropped"] += 1
+                    continue
+                stats["tombstones_kept"] += 1
+                new_first[r.id] = fk
+            else:
+                stats["keys"] += 1
+            new_kept.append(r.id)
+        self.horizon, self.kept, self.first_kept = horizon, new_kept, new_first
+        return stats
+
+    def _check_state_objects(self, state: CompactionState) -> None:
+        for obj in state.referenced_objects():
+            assert self._exists(obj), f"published state refers to a missing object {obj}"
+
+    # -------------------------------------------------------------------- rules
+
+    @initialize(fixed=st.booleans(), retention=st.sampled_from(RETENTIONS), retain=st.booleans())
+    def choose_config(self, fixed: bool, retention: int, retain: bool) -> None:
+        """Either one retention / null-key setting for every run, or a new one per run."""
+        self.fixed_config, self.retention, self.retain_null_key = fixed, retention, retain
+
+    @rule(slot_no=st.sampled_from([0, 0, 0, 1]), batch_size=st.integers(1, 6),
+          max_ledger_records=st.integers(1, 12), max_ledger_bytes=st.sampled_from([64 << 20, 64 << 20, 30_000]),
+          records=st.lists(record_strategy, min_size=1, max_size=15),
+          backdate=st.sampled_from([False, False, False, True]), flush=st.sampled_from([True, True, False]))
+    def produce(self, slot_no: int, batch_size: int, max_ledger_records: int, max_ledger_bytes: int,
+                records: list[tuple[Any, ...]], backdate: bool, flush: bool) -> None:
+        """Append a batch; with ``backdate`` some records are sent with an older publish time."""
+        slot = self.slots[slot_no]
+        if slot is None:
+            w = TopicWriter(self.uri, batch_size=batch_size, max_ledger_records=max_ledger_records,
+                            max_ledger_bytes=max_ledger_bytes, clock=self.clock)
+            slot = self.slots[slot_no] = WriterSlot(w, batch_size=batch_size, max_ledger_records=max_ledger_records)
+        for key, value, props, event_time, back_s in records:
+            k = key.encode() if key is not None else None
+            if back_s is None or not backdate:
+                slot.pending.append(Rec(k, value, dict(props), self.clock.ms, event_time))
+                slot.writer.append(key, value, props, event_time)
+            else:
+                pub = self.clock.ms - back_s * SECOND
+                slot.pending.append(Rec(k, value, dict(props), pub, event_time))
+                slot.writer.send(Record(k, value, dict(props), pub, event_time))
+        if flush:
+            slot.writer.flush()
+        self._collect_sealed(slot_no)
+        if flush:
+            assert not slot.pending, "flush left records unsealed"
+
+    @rule(slot_no=st.sampled_from([0, 1]), close=st.booleans())
+    def flush_writer(self, slot_no: int, close: bool) -> None:
+        slot = self.slots[slot_no]
+        if slot is None:
+            return
+        if close:
+            slot.writer.close()
+        else:
+            slot.writer.flush()
+        self._collect_sealed(slot_no)
+        assert not slot.pending
+        if close:
+            self.slots[slot_no] = None
+
+    @rule(seconds=st.one_of(st.integers(0, 3 * 3600),
+                            st.sampled_from([0, 1, 1799, 1800, 1801, 3599, 3600, 3601, 3 * 3600]),
+                            st.sampled_from([24 * 3600 - 1, 24 * 3600, 24 * 3600 + 1, 30 * 3600])))
+    def advance_clock(self, seconds: int) -> None:
+        """Mostly 0..3 hours; sometimes about a day, so the 24-hour retention comes into play."""
+        self.clock.s += seconds
+
+    @precondition(lambda self: bool(self.first_kept))
+    @rule(data=st.data(), delta=st.sampled_from([-1, 0, 0, 1]))
+    def advance_to_tombstone_expiry(self, data: st.DataObject, delta: int) -> None:
+        """Move the clock to just before, at or just after the moment a kept tombstone expires."""
+        first = data.draw(st.sampled_from(sorted(self.first_kept.values())), label="first kept")
+        retention = self.retention if self.fixed_config else data.draw(st.sampled_from(RETENTIONS[1:]))
+        target_s = (first + retention) // SECOND + delta
+        if target_s > self.clock.s:
+            event("clock: to a tombstone's expiry")
+            self.clock.s = target_s
+
+    @rule(lag=st.sampled_from(LAGS), retention=st.sampled_from(RETENTIONS), retain=st.booleans(),
+          collect=st.booleans(), gc_grace=st.sampled_from([0, 5 * MINUTE, 2 * HOUR]),
+          small_parts=st.booleans())
+    def compact(self, lag: int, retention: int, retain: bool, collect: bool, gc_grace: int,
+                small_parts: bool) -> None:
+        self._compact(lag, retention, retain, collect, gc_grace, small_parts)
+
+    @rule(lag=st.sampled_from(LAGS), retention=st.sampled_from(RETENTIONS), retain=st.booleans())
+    def dry_run(self, lag: int, retention: int, retain: bool) -> None:
+        """A dry run publishes and writes nothing, and reports what a real run would keep."""
+        if self.fixed_config:
+            retention, retain = self.retention, self.retain_null_key
+        store, loc = self.meta.topic.store, self.meta.topic
+        objects = [(o.key, o.token) for o in store.list(loc.prefix)]
+        before = self.meta.load_compaction()
+        config = CompactionConfig(min_compaction_lag_ms=lag, delete_retention_ms=retention, retain_null_key=retain,
+                                  orphan_grace_ms=ORPHAN_GRACE, dry_run=True)
+        summary = Compactor(self.uri, config, clock=self.clock).run()
+        assert summary.status in ("dry-run", "nothing-to-do"), summary
+        after = self.meta.load_compaction()
+        assert (after.version, after.epoch, after.horizon) == (before.version, before.epoch, before.horizon)
+        assert [(o.key, o.token) for o in store.list(loc.prefix)] == objects, "a dry run changed objects"
+        if summary.status == "dry-run":
+            h = MessageId.parse(summary.horizon) if summary.horizon else None
+            assert h is not None
+            saved = (self.horizon, self.kept, self.first_kept)
+            self._apply_compaction(h, self.clock.ms, retention, retain)
+            would_keep = len(self.kept)
+            self.horizon, self.kept, self.first_kept = saved
+            assert summary.records_written == would_keep, (summary, would_keep)
+
+    @rule(lag=st.sampled_from(LAGS), retention=st.sampled_from(RETENTIONS), retain=st.booleans(),
+          seconds=st.integers(0, 3 * 3600))
+    def compact_then_collect(self, lag: int, retention: int, retain: bool, seconds: int) -> None:
+        """A run that leaves its retired ledger for a separate collection (grace 0) later."""
+        self._compact(lag, retention, retain, False, 0, False)
+        self.clock.s += seconds
+        self.gc(0)
+
+    def _compact(self, lag: int, retention: int, retain: bool, collect: bool, gc_grace: int,
+                 small_parts: bool) -> None:
+        if self.fixed_config:
+            retention, retain = self.retention, self.retain_null_key
+        now = self.clock.ms
+        prev = self.meta.load_compaction()
+        assert prev.epoch == self.epoch and prev.horizon == self.horizon
+        bound, exact = self._horizon_bound(now - lag)
+        would_expire = self._would_expire(retention, now)
+        config = CompactionConfig(min_compaction_lag_ms=lag, delete_retention_ms=retention,
+                                  retain_null_key=retain, gc_grace_ms=gc_grace,
+                                  orphan_grace_ms=ORPHAN_GRACE, collect_garbage=collect,
+                                  max_part_bytes=1 << 16 if small_parts else 256 << 20,
+                                  chunk_bytes=1 << 12 if small_parts else 8 << 20)
+        summary = Compactor(self.uri, config, clock=self.clock).run()
+        state = self.meta.load_compaction()
+        assert summary.status in ("compacted", "nothing-to-do"), summary
+        event(f"compact: {summary.status}{' (tombstones expire)' if would_expire else ''}"
+              f"{'' if exact else ' (publish times not monotonic)'}")
+        if summary.status == "nothing-to-do":
+            assert state.epoch == self.epoch and state.horizon == self.horizon
+            if exact:
+                assert bound == self.horizon, f"records up to {bound} were old enough but nothing was done"
+            assert not would_expire, "expired tombstones were left in the compacted ledger"
+        else:
+            h = state.horizon
+            assert h is not None
+            assert state.epoch == self.epoch + 1
+            assert summary.horizon == str(h) and summary.epoch == state.epoch
+            assert h in {r.id for r in self.visible}, f"horizon {h} is not a record"
+            assert self.horizon is None or h >= self.horizon, (h, self.horizon)
+            assert bound is not None and h <= bound, f"horizon {h} passes a record younger than the lag ({bound})"
+            if exact:
+                assert h == bound, (h, bound)
+            self.retentions_used.add(retention)
+            self.retains_used.add(retain)
+            stats = self._apply_compaction(h, now, retention, retain)
+            if stats["tombstones_dropped"]:
+                event("compact: tombstones dropped")
+            if stats["tombstones_kept"]:
+                event("compact: tombstones kept")
+            if h != bound:
+                event("compact: horizon short of the bound")
+            self.epoch = state.epoch
+            self.history[self.epoch] = (h, tuple(self.kept))
+            assert summary.records_written == len(self.kept) == state.records, (summary, self.kept)
+            assert summary.parts == len(state.parts)
+            if len(state.parts) > 1:
+                event("compact: several parts")
+            ends: list[MessageId] = []
+            for part in state.parts:
+                assert part.records > 0 and part.first_id is not None and part.last_id is not None
+                assert part.first_id <= part.last_id
+                ends += [part.first_id, part.last_id]
+            assert ends == sorted(ends) and len(set(ends[1::2])) == len(ends[1::2]), state.parts
+            assert not ends or (ends[0] == self.kept[0] and ends[-1] == self.kept[-1])
+            assert summary.records_read == stats["records_read"]
+            assert summary.keys == stats["keys"] == state.keys
+            assert summary.tombstones_kept == stats["tombstones_kept"] == state.tombstones
+            assert summary.tombstones_dropped == stats["tombstones_dropped"]
+            assert summary.keyless_kept == (stats["keyless"] if retain else 0)
+            assert summary.keyless_dropped == (0 if retain else stats["keyless"])
+        assert summary.orphans_deleted == 0
+        # retired compacted ledgers: the replaced one joins the list; collection removes the due ones only
+        retired = [(r.objects, r.retired_ms) for r in prev.retired]
+        if summary.status == "compacted" and prev.parts:
+            retired.append((tuple(p.object for p in prev.parts), now))
+        if collect:
+            retired = [(objs, ms) for objs, ms in retired if now - ms < gc_grace]
+        assert [(r.objects, r.retired_ms) for r in state.retired] == retired, (state.retired, retired)
+        self._check_state_objects(state)
+
+    @rule(grace=st.sampled_from([0, 0, 10 * MINUTE, 5 * HOUR]))
+    def collect(self, grace: int) -> None:
+        self.gc(grace)
+
+    def gc(self, grace: int) -> None:
+        now = self.clock.ms
+        before = self.meta.load_compaction()
+        report = collect_garbage(self.meta, now_ms=now, grace_ms=grace, orphan_grace_ms=ORPHAN_GRACE)
+        after = self.meta.load_compaction()
+        assert (after.epoch, after.horizon, after.parts) == (before.epoch, before.horizon, before.parts)
+        due = [r for r in before.retired if now - r.retired_ms >= grace]
+        assert sorted(report.retired_deleted) == sorted(o for r in due for o in r.objects)
+        assert after.retired == tuple(r for r in before.retired if r not in due)
+        assert report.orphans_deleted == [], report.orphans_deleted
+        event(f"gc: deleted {'some' if report.retired_deleted else 'none'}")
+        for obj in report.retired_deleted:
+            assert not self._exists(obj)
+        self._check_state_objects(after)
+
+    @rule(data=st.data(), chunk_bytes=st.sampled_from([1, 4096, 8 << 20]))
+    def seek(self, data: st.DataObject, chunk_bytes: int) -> None:
+        """Guarantee 3: a read started at any id is the suffix of the read from earliest."""
+        ids = [r.id for r in self.visible if r.id is not None]
+        if ids:
+            base = data.draw(st.sampled_from(ids), label="base")
+            how = data.draw(st.sampled_from(["exact", "successor", "next-entry", "next-ledger", "zero",
+                                              "past-end"]), label="how")
+            pos = {"exact": base, "successor": base.successor(),
+                   "next-entry": MessageId(base.ledger, base.entry + 1, 0),
+                   "next-ledger": MessageId(base.ledger + 1, 0, 0), "zero": MIN_ID,
+                   "past-end": MessageId(ids[-1].ledger, ids[-1].entry + 1, 0)}[how]
+        else:
+            pos = data.draw(st.sampled_from([MIN_ID, MessageId(1, 0, 0), MessageId(3, 2, 1)]), label="pos")
+        got = TopicReader(self.uri, read_compacted=True, start=pos, chunk_bytes=chunk_bytes).read()
+        self._compare(got, self._expected(self.horizon, self.kept, pos), f"compacted read from {pos}")
+        got = TopicReader(self.uri, read_compacted=False, start=pos, chunk_bytes=chunk_bytes).read()
+        self._compare(got, [r for r in self.visible if r.id >= pos], f"full read from {pos}")  # type: ignore[operator]
+
+    @precondition(lambda self: self.lingering is None)
+    @rule(k=st.integers(0, 12))
+    def open_lingering_reader(self, k: int) -> None:
+        """Open a compacted reader and read a little; it continues later, across compactions and gc."""
+        r = TopicReader(self.uri, read_compacted=True)
+        assert r.compaction.epoch == self.epoch
+        got = r.read(limit=k)
+        self._compare(got, self._expected(self.horizon, self.kept)[:k], "lingering reader's first read")
+        self.lingering = r
+
+    @precondition(lambda self: self.lingering is not None)
+    @rule(even_if_current=st.booleans(), limit=st.one_of(st.none(), st.none(), st.integers(1, 8)))
+    def continue_lingering_reader(self, even_if_current: bool, limit: int | None) -> None:
+        r = self.lingering
+        assert r is not None
+        pos, state = r.position, r.compaction
+        if state.epoch == self.epoch and not even_if_current:
+            return  # mostly let it fall behind first
+        horizon, kept = self.history[state.epoch]
+        assert horizon == state.horizon
+        needed = [p for p in state.parts
+                  if state.horizon is not None and pos <= state.horizon and p.last_id is not None
+                  and p.last_id >= pos]
+        missing = [p for p in needed if not self._exists(p.object)]
+        event(f"lingering reader: {'collected' if missing else 'kept'}"
+              f"{' mid-compacted' if needed else ''}, {self.epoch - state.epoch} epochs behind")
+        if missing:
+            # its compacted ledger was collected: the reader moves to the newest state
+            assert len(missing) == len(needed)
+            horizon, kept = self.horizon, tuple(self.kept)
+        got = r.read(limit)
+        want = self._expected(horizon, kept, pos)
+        self._compare(got, want[:limit] if limit is not None else want,
+                      f"lingering reader from {pos} (epoch {state.epoch}, "
+                      f"{'collected' if missing else 'still there'})")
+        if missing:
+            assert r.compaction.epoch == self.epoch
+        if limit is None:
+            r.close()
+            self.lingering = None
+
+    @precondition(lambda self: self.lingering is None)
+    @rule(k=st.integers(0, 6), records=st.lists(record_strategy, min_size=0, max_size=6),
+          lag=st.sampled_from(LAGS), retention=st.sampled_from(RETENTIONS), retain=st.booleans(),
+          grace=st.sampled_from([0, 0, 10 * MINUTE]))
+    def read_across_compaction_and_gc(self, k: int, records: list[tuple[Any, ...]], lag: int, retention: int,
+                                      retain: bool, grace: int) -> None:
+        """A reader in the middle of the compacted ledger while it is replaced and collected."""
+        self.open_lingering_reader(k)
+        if records:
+            self.produce(0, 3, 12, 64 << 20, records, False, True)
+        self._compact(lag, retention, retain, False, 0, False)
+        self.gc(grace)
+        self.continue_lingering_reader(True, None)
+
+    @precondition(lambda self: self.horizon is not None)
+    @rule(retention=st.sampled_from(RETENTIONS))
+    def from_scratch(self, retention: int) -> None:
+        """Guarantee 5: the incremental result equals a fresh compaction of a copy of the records."""
+        assert self.horizon is not None
+        below = [r for r in self.visible if r.id <= self.horizon]  # type: ignore[operator]
+        if self.retentions_used == {0}:
+            retention = 0
+        retain = self.retains_used == {True}
+        copy_uri = f"memory://{self.store_name}/copy-{uuid.uuid4().hex[:8]}"
+        with TopicWriter(copy_uri, batch_size=4, max_ledger_records=9, clock=self.clock) as w:
+            for r in below:
+                w.send(Record(r.key, r.value, r.properties, r.publish_time, r.event_time))
+        summary = Compactor(copy_uri, CompactionConfig(delete_retention_ms=retention, retain_null_key=retain,
+                                                       orphan_grace_ms=ORPHAN_GRACE),
+                            clock=self.clock).run()
+        assert summary.status == ("compacted" if below else "nothing-to-do"), summary
+        fresh = [content(m) for m in TopicReader(copy_uri, read_compacted=True).read()]
+        ours = [content(m) for m in TopicReader(self.uri, read_compacted=True).read()
+                if m.id <= self.horizon]
+        if len(self.retains_used) > 1:
+            # keyless records depend on the history of the setting: compare keyed ones only
+            fresh = [c for c in fresh if c[0] is not None]
+            ours = [c for c in ours if c[0] is not None]
+        if retention or self.retentions_used != {0}:
+            # tombstones depend on when they were first kept (checked against the model)
+            fresh = [c for c in fresh if c[0] is None or c[1]]
+            ours = [c for c in ours if c[0] is None or c[1]]
+        assert ours == fresh, f"incremental {ours}\n from scratch {fresh}"
+
+    # --------------------------------------------------------------- invariants
+
+    @invariant()
+    def compacted_read_matches_model(self) -> None:
+        """Guarantees 1, 2 and 4 after every step."""
+        self._check_full()
+        reader = TopicReader(self.uri, read_compacted=True)
+        assert reader.compaction.horizon == self.horizon and reader.compaction.epoch == self.epoch
+        self._compare(reader.read(), self._expected(self.horizon, self.kept), "compacted read")
+        table: dict[bytes, bytes] = {}
+        for r in self.visible:
+            if r.key is None:
+                continue
+            if r.tombstone:
+                table.pop(r.key, None)
+            else:
+                assert r.value is not None
+                table[r.key] = r.value
+        view = TableView(self.uri)
+        assert dict(view) == table, (dict(view), table)
+        # a table view kept across steps catches up on refresh
+        if self.table_view is None:
+            self.table_view = view
+        else:
+            self.table_view.refresh()
+            assert dict(self.table_view) == table, (dict(self.table_view), table)
+
+    def teardown(self) -> None:
+        if self.lingering is not None:
+            self.lingering.close()
+        store = self.meta.topic.store
+        for info in list(store.list("")):
+            store.delete(info.key)
+
+
+ShaleModelMachine.TestCase.settings = settings(
+    max_examples=500 if LONG else 40,
+    stateful_step_count=50 if LONG else 25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
+TestModelStateMachine = ShaleModelMachine.TestCase
