@@ -22,7 +22,13 @@ from compactor.pass_one import Survivors, pass_one
 from compactor.pass_two import PassTwoResult, pass_two
 from compactor.plan import Plan, make_plan
 from compactor.summary import RunSummary
-from ledger.errors import ConflictError, ShaleError
+from ledger.errors import (
+    ConflictError,
+    ObjectNotFoundError,
+    ShaleError,
+    StateUnknownError,
+    TransientStorageError,
+)
 from ledger.format import FLAG_TOMBSTONE
 from metadata.state import CompactionState, RetiredSet
 from metadata.topic import TopicMetadata
@@ -42,6 +48,7 @@ class _Heartbeat:
         self.meta, self.key = meta, meta.topic.key(f"{run_dir}/{HEARTBEAT_NAME}")
         self.info = info
         self.last_ok = 0.0
+        self.went_stale = False  # sticky: a gap that was too long once cannot be undone
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="shale-heartbeat", daemon=True)
 
@@ -52,10 +59,12 @@ class _Heartbeat:
 
     def _loop(self) -> None:
         while not self._stop.wait(HEARTBEAT_INTERVAL_S):
+            if time.monotonic() - self.last_ok >= HEARTBEAT_MAX_GAP_S:
+                self.went_stale = True
             try:
                 self.beat()
             except ShaleError:
-                pass  # judged at publish time through last_ok
+                pass  # judged at publish time through last_ok and went_stale
 
     def start(self) -> None:
         self.beat()
@@ -67,7 +76,7 @@ class _Heartbeat:
             self._thread.join(timeout=5)
 
     def healthy(self) -> bool:
-        return time.monotonic() - self.last_ok < HEARTBEAT_MAX_GAP_S
+        return not self.went_stale and time.monotonic() - self.last_ok < HEARTBEAT_MAX_GAP_S
 
 
 def _note_plan(summary: RunSummary, plan: Plan) -> None:
@@ -159,12 +168,21 @@ class Compactor:
         written: list[str] = [f"{run_dir}/{HEARTBEAT_NAME}"]
         heartbeat = _Heartbeat(self.meta, run_dir, {"run": run_id, "epoch": epoch,
                                                     "horizon": summary.horizon, "started_ms": now_ms})
-        published = False
+        remove_output = True  # until the publish outcome says otherwise
         try:
             heartbeat.start()
             self.progress(f"pass two: writing {survivors.records_kept:,} records")
-            out = pass_two(plan, survivors, self.config, topic=self.meta.topic, run_dir=run_dir, epoch=epoch,
-                           now_ms=now_ms, on_object=written.append)
+            try:
+                out = pass_two(plan, survivors, self.config, topic=self.meta.topic, run_dir=run_dir, epoch=epoch,
+                               now_ms=now_ms, on_object=written.append)
+            except ObjectNotFoundError:
+                if self.meta.load_compaction().version == prev.version:
+                    raise
+                # Another compactor published and its garbage collection removed the
+                # compacted ledger this run was reading: the same race, lost earlier.
+                summary.horizon = summary.previous_horizon
+                return done("conflict", "another compactor replaced the compacted ledger this run was reading; "
+                            "this run's output was removed", gc=False)
             t = phase("pass_two", t)
             summary.bytes_read += out.bytes_read
             summary.records_written = out.records_written
@@ -172,23 +190,31 @@ class Compactor:
             summary.parts = len(out.parts)
             heartbeat.stop()
             if not heartbeat.healthy():
-                raise ConflictError("the run's heartbeat went stale; its output may have been collected")
+                summary.horizon = summary.previous_horizon
+                return done("conflict", "the run's heartbeat went stale, so garbage collection may have taken "
+                            "its output; nothing was published", gc=False)
             self.progress("publishing")
-            new_state = self._new_state(plan, survivors, out, run_id, epoch, now_ms, summary)
+            new_state = self._new_state(plan, survivors, out, run_id, epoch, summary)
+            remove_output = False
             try:
                 self.meta.publish_compaction(new_state, prev)
             except ConflictError as e:
+                remove_output = True
                 t = phase("publish", t)
                 summary.horizon = summary.previous_horizon
                 return done("conflict", f"another compactor published first ({e}); this run's output "
                             "was removed", gc=False)
-            published = True
+            except (StateUnknownError, TransientStorageError):
+                # The publish may have landed.  Only the state can tell; without an
+                # answer nothing is deleted (leftovers are garbage collection's job).
+                if self.meta.load_compaction().compacted_ledger != run_id:
+                    raise
             t = phase("publish", t)
             summary.epoch = epoch
             summary.compacted_ledger = run_id
         finally:
             heartbeat.stop()
-            if not published:
+            if remove_output:
                 self._remove(written)
         self.meta.topic.store.delete(self.meta.topic.key(f"{run_dir}/{HEARTBEAT_NAME}"))
         self._gc(summary, now_ms)
@@ -196,7 +222,10 @@ class Compactor:
         return done("compacted", gc=False)
 
     def _new_state(self, plan: Plan, survivors: Survivors, out: PassTwoResult, run_id: str, epoch: int,
-                   now_ms: int, summary: RunSummary) -> CompactionState:
+                   summary: RunSummary) -> CompactionState:
+        # Retirement is stamped at publish time: the grace period of readers of the old
+        # ledger starts when they can first see the new one, not when this run began.
+        now_ms = self._now_ms()
         prev = plan.previous
         retired = prev.retired
         if prev.parts:

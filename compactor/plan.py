@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ledger.format import KIND_COMPACTED, KIND_ORIGINAL
 from ledger.ids import MessageId
 from ledger.reader import LedgerFile
 from metadata.state import CompactionState, TopicState
@@ -76,17 +77,18 @@ class Plan:
 
 
 def make_plan(meta: TopicMetadata, *, now_ms: int, min_compaction_lag_ms: int,
-              open_file: Callable[[str], LedgerFile] | None = None) -> Plan:
+              open_file: Callable[[str, int | None, int], LedgerFile] | None = None) -> Plan:
     """Read both metadata documents and the footers needed to fix this run's range."""
     store, loc = meta.topic.store, meta.topic
-    opener = open_file or (lambda key: LedgerFile.open(store, key))
+    opener = open_file or (lambda key, lid, kind: LedgerFile.open(store, key, ledger_id=lid, kind=kind))
     previous = meta.load_compaction()
     topic = meta.load_topic()
     prev_h = previous.horizon
     cutoff = now_ms - min_compaction_lag_ms
 
     compacted = tuple(Slice(f, 0, f.n_records, True)
-                      for f in (opener(loc.key(p.object)) for p in previous.parts))
+                      for f in (opener(loc.key(p.object), previous.epoch, KIND_COMPACTED)
+                                for p in previous.parts))
     new: list[Slice] = []
     held_back = 0
     stopped = False
@@ -96,7 +98,7 @@ def make_plan(meta: TopicMetadata, *, now_ms: int, min_compaction_lag_ms: int,
         if stopped:
             held_back += lg.records
             continue
-        f = opener(loc.key(lg.object))
+        f = opener(loc.key(lg.object), lg.id, KIND_ORIGINAL)
         start = f.find(prev_h.successor()) if prev_h is not None and lg.id == prev_h.ledger else 0
         stop = f.n_records
         if lg.last_publish > cutoff:

@@ -6,7 +6,9 @@ fsspec offers no portable compare-and-swap, so these stores refuse
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import Any
 
 from ledger.errors import (
@@ -19,6 +21,28 @@ from ledger.errors import (
 from ledger.storage import ObjectInfo, ObjectStore, ObjectWriter
 
 __all__ = ["FsspecStore", "fsspec_factory"]
+
+
+def _mtime(info: dict[str, Any]) -> float:
+    """The object's modification time; "now" when the filesystem does not say.
+
+    Garbage collection deletes unreferenced objects only when they are old, so an
+    unknown age must count as young, never as infinitely old.
+    """
+    for name in ("mtime", "LastModified", "last_modified", "updated", "modified", "created", "creation_time"):
+        value = info.get(name)
+        if value is None:
+            continue
+        if hasattr(value, "timestamp"):
+            return float(value.timestamp())
+        if isinstance(value, int | float):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return time.time()
 
 
 class _FsspecWriter(ObjectWriter):
@@ -73,10 +97,7 @@ class FsspecStore(ObjectStore):
         info = self._wrap(key, lambda: self.fs.info(self._p(key)))
         if info.get("type") == "directory":
             raise ObjectNotFoundError(f"{self.url(key)}: is a folder, not an object")
-        mtime = info.get("mtime") or info.get("LastModified") or info.get("created") or 0.0
-        if hasattr(mtime, "timestamp"):
-            mtime = mtime.timestamp()
-        return ObjectInfo(key, int(info.get("size") or 0), float(mtime))
+        return ObjectInfo(key, int(info.get("size") or 0), _mtime(info))
 
     def put(self, key: str, data: bytes) -> None:
         self._wrap(key, lambda: self.fs.pipe_file(self._p(key), data))
@@ -118,10 +139,7 @@ class FsspecStore(ObjectStore):
         for path in sorted(found):
             info = found[path]
             key = path.lstrip("/")[len(head.lstrip("/")):] if head else path.lstrip("/")
-            mtime = info.get("mtime") or info.get("LastModified") or info.get("created") or 0.0
-            if hasattr(mtime, "timestamp"):
-                mtime = mtime.timestamp()
-            yield ObjectInfo(key, int(info.get("size") or 0), float(mtime))
+            yield ObjectInfo(key, int(info.get("size") or 0), _mtime(info))
 
 
 def fsspec_factory(scheme: str) -> Callable[[str], ObjectStore]:

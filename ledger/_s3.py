@@ -22,6 +22,7 @@ from ledger.errors import (
     ConflictError,
     ObjectNotFoundError,
     ShaleError,
+    StateUnknownError,
     StorageError,
     TransientStorageError,
     UnsupportedOperationError,
@@ -220,8 +221,10 @@ class S3Store(ObjectStore):
 
     def _conditional_put(self, key: str, data: bytes, **cond: str) -> str:
         # A retried conditional PUT may find its own earlier attempt already applied:
-        # then the precondition fails although the write succeeded.  Re-read and
-        # compare before calling it a conflict.
+        # then the precondition fails although the write succeeded.  If the object still
+        # holds our bytes it was our write; if it holds other bytes, ours may have landed
+        # and been replaced since, or never landed: the outcome is unknown, and callers
+        # must re-read before they decide (never delete on a guess).
         attempts = 0
 
         def once() -> str:
@@ -231,17 +234,24 @@ class S3Store(ObjectStore):
                 r = self._raw("put_object", key, Bucket=self.bucket, Key=key, Body=data, **cond)
                 return str(r["ETag"])
             except ConflictError:
-                if attempts > 1:
-                    try:
-                        current, token = self.get_with_token(key)
-                    except ObjectNotFoundError:
-                        current, token = b"", ""
-                    if current == data:
-                        return token
-                raise
+                if attempts == 1:
+                    raise
+                try:
+                    current, token = self.get_with_token(key)
+                except ObjectNotFoundError:
+                    current, token = b"", ""
+                if current == data:
+                    return token
+                raise StateUnknownError(
+                    f"{self.url(key)}: a retried conditional write failed its precondition; "
+                    "the first attempt may or may not have been applied") from None
 
-        return self._retrying(once)
-
+        try:
+            return self._retrying(once)
+        except TransientStorageError as e:
+            if attempts > 0:
+                raise StateUnknownError(f"{e}; the conditional write may or may not have been applied") from e
+            raise
     def put_if_absent(self, key: str, data: bytes) -> str:
         try:
             return self._conditional_put(key, data, IfNoneMatch="*")

@@ -60,6 +60,15 @@ class TransientStorageError(StorageError):
     """A storage request failed in a way that is worth retrying (5xx, throttling, reset)."""
 
 
+class StateUnknownError(StorageError):
+    """A conditional write may or may not have happened (the connection dropped, or a
+    retry found the object changed).
+
+    Distinct from :class:`ConflictError`: the caller must re-read before deciding, and
+    must never delete what it wrote on the assumption that it lost.
+    """
+
+
 class ObjectNotFoundError(StorageError, FileNotFoundError):
     """An object that should exist is missing."""
 
@@ -92,13 +101,6 @@ class ConflictError(ShaleError):
 
 class AlreadyExistsError(ConflictError, FileExistsError):
     """A create-if-absent found the object already there."""
-
-
-class StateUnknownError(ShaleError):
-    """A write may or may not have happened (e.g. the connection dropped after sending).
-
-    Distinct from :class:`ConflictError`: the caller must re-read before deciding.
-    """
 
 
 class CorruptLedgerError(ShaleError, ValueError):

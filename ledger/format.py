@@ -251,42 +251,58 @@ def decode_footer(data: bytes, trailer: Trailer, where: str) -> Footer:
     try:
         doc = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=MAX_FOOTER_BYTES)
         n_entries = int(doc["n_entries"])
-        raw_cols: dict[str, bytes] = doc["cols"]
-        meta: dict[str, Any] = doc.get("meta") or {}
-    except (ValueError, KeyError, TypeError, msgpack.UnpackException) as e:
+        raw_cols = doc["cols"]
+        meta = doc.get("meta") or {}
+    except (ValueError, KeyError, TypeError, AttributeError, msgpack.UnpackException) as e:
         raise CorruptLedgerError(f"{where}: undecodable footer at byte {pos}: {e}", path=where, position=pos) from e
 
     def bad(why: str) -> CorruptLedgerError:
         return CorruptLedgerError(f"{where}: inconsistent footer at byte {pos}: {why}", path=where, position=pos)
 
-    try:
-        raw_start = np.frombuffer(raw_cols["e_rec_start"], dtype="<u8")
-    except KeyError:
-        raise bad("column e_rec_start missing") from None
+    if not isinstance(raw_cols, dict) or not isinstance(meta, dict) or n_entries < 0:
+        raise bad("wrong structure")
+
+    def column(name: str, dtype: str) -> npt.NDArray[Any]:
+        raw = raw_cols.get(name)
+        if raw is None:
+            raise bad(f"column {name} missing")
+        if not isinstance(raw, bytes) or len(raw) % np.dtype(dtype).itemsize:
+            raise bad(f"column {name} is not a whole array of {dtype}")
+        return np.frombuffer(raw, dtype=dtype)
+
+    raw_start = column("e_rec_start", "<u8")
     if len(raw_start) != n_entries + 1 or raw_start[0] != 0 or raw_start[-1] >= 1 << 40:
         raise bad("entry record index has the wrong shape")
     e_rec_start = raw_start.astype(np.int64)
-    if n_entries and np.any(np.diff(e_rec_start) < 0):
-        raise bad("entry record index goes backwards")
+    counts = np.diff(e_rec_start)
+    if n_entries and np.any(counts < 1):
+        raise bad("an entry holds no records or the record index goes backwards")
     n_records = int(e_rec_start[-1])
     cols: dict[str, npt.NDArray[Any]] = {}
     for name, (dtype, per, in_original) in COLUMNS.items():
         if trailer.kind == KIND_ORIGINAL and not in_original:
             continue
-        if name not in raw_cols:
-            raise bad(f"column {name} missing")
-        arr = np.frombuffer(raw_cols[name], dtype=dtype)
+        arr = column(name, dtype)
         if len(arr) != (n_entries if per == "e" else n_records):
             raise bad(f"column {name} has {len(arr)} rows")
         cols[name] = arr
     offsets, lengths = cols["e_offset"], cols["e_length"].astype(np.uint64)
     if n_entries:
-        ends = offsets + lengths
-        if offsets[0] < HEADER_SIZE or ends[-1] > pos or np.any(offsets[1:] < ends[:-1]):
+        # Compared without adding, so huge offsets cannot wrap around.
+        if (offsets[0] < HEADER_SIZE or np.any(offsets > np.uint64(pos)) or np.any(lengths > np.uint64(pos) - offsets)
+                or np.any(offsets[1:] - offsets[:-1] < lengths[:-1]) or np.any(offsets[1:] < offsets[:-1])):
             raise bad("entry offsets overlap or leave the data region")
         if np.any(lengths < FRAME_HEADER.size):
             raise bad("entry shorter than its frame header")
-        payload_len = np.repeat(lengths - FRAME_HEADER.size, np.diff(e_rec_start))
-        if np.any(cols["r_offset"].astype(np.uint64) + cols["r_size"] > payload_len):
-            raise bad("record extends past its entry")
+        # Records tile their entry exactly: offsets are the running sum of sizes and the
+        # sizes add up to the payload.  Pass two copies by these columns, so a footer
+        # that lied about them would silently copy the wrong bytes.
+        sizes = cols["r_size"].astype(np.int64)
+        cs = np.zeros(n_records + 1, dtype=np.int64)
+        np.cumsum(sizes, out=cs[1:])
+        expected = cs[:-1] - np.repeat(cs[e_rec_start[:-1]], counts)
+        if np.any(cols["r_offset"].astype(np.int64) != expected):
+            raise bad("record offsets do not follow record sizes")
+        if np.any(cs[e_rec_start[1:]] - cs[e_rec_start[:-1]] != lengths.astype(np.int64) - FRAME_HEADER.size):
+            raise bad("record sizes do not add up to their entry")
     return Footer(trailer.kind, trailer.ledger_id, pos, e_rec_start, cols, meta)

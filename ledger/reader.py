@@ -46,11 +46,20 @@ class LedgerFile:
         self._batches: npt.NDArray[np.uint32] | None = None
 
     @classmethod
-    def open(cls, store: ObjectStore, key: str) -> LedgerFile:
-        """Read and check the trailer and footer of ``key`` (one ranged read when small)."""
+    def open(cls, store: ObjectStore, key: str, *, ledger_id: int | None = None,
+             kind: int | None = None) -> LedgerFile:
+        """Read and check the trailer and footer of ``key`` (one ranged read when small).
+
+        ``ledger_id`` and ``kind``, when given, must match what the object says it is:
+        an object registered under the wrong id would otherwise yield wrong message ids.
+        """
         where = store.url(key)
         tail, size = store.get_tail(key, _TAIL_BYTES)
         trailer = decode_trailer(tail, size, where)
+        if (ledger_id is not None and trailer.ledger_id != ledger_id) or (kind is not None and trailer.kind != kind):
+            raise CorruptLedgerError(
+                f"{where}: object is ledger {trailer.ledger_id} of kind {trailer.kind}, registered as ledger "
+                f"{ledger_id} of kind {kind}", path=where, position=size - len(tail))
         tail_start = size - len(tail)
         if trailer.footer_offset >= tail_start:
             rel = trailer.footer_offset - tail_start

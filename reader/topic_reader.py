@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Final, Literal
 
 from ledger.errors import ObjectNotFoundError
+from ledger.format import KIND_COMPACTED, KIND_ORIGINAL
 from ledger.ids import MIN_ID, MessageId
 from ledger.reader import DEFAULT_CHUNK_BYTES, LedgerFile
 from ledger.record import Message
@@ -106,10 +107,10 @@ class TopicReader:
                 break
         return out
 
-    def _open(self, key: str) -> LedgerFile:
+    def _open(self, key: str, ledger_id: int, kind: int) -> LedgerFile:
         f = self._files.get(key)
         if f is None:
-            f = LedgerFile.open(self.meta.topic.store, key)
+            f = LedgerFile.open(self.meta.topic.store, key, ledger_id=ledger_id, kind=kind)
             self._files[key] = f
             if len(self._files) > 64:
                 self._files.popitem(last=False)
@@ -136,7 +137,7 @@ class TopicReader:
                 for part in state.parts:
                     if part.last_id is None or part.last_id < self._next:
                         continue
-                    f = self._open(self.meta.topic.key(part.object))
+                    f = self._open(self.meta.topic.key(part.object), state.epoch, KIND_COMPACTED)
                     for m in f.messages(f.find(self._next), chunk_bytes=self.chunk_bytes):
                         self._next = m.id.successor()
                         yield m
@@ -154,7 +155,7 @@ class TopicReader:
         for lg in self._topic.ledgers:
             if lg.id < self._next.ledger or (lg.id == self._next.ledger and self._next.entry >= lg.entries):
                 continue
-            f = self._open(self.meta.topic.key(lg.object))
+            f = self._open(self.meta.topic.key(lg.object), lg.id, KIND_ORIGINAL)
             for m in f.messages(f.find(self._next), chunk_bytes=self.chunk_bytes):
                 self._next = m.id.successor()
                 yield m

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Final
 
-from ledger.errors import ConflictError, InvalidInputError
+from ledger.errors import ConflictError, InvalidInputError, StateUnknownError, TransientStorageError
 from ledger.format import KIND_ORIGINAL
 from ledger.ids import MessageId
 from ledger.record import DEFAULT_MAX_RECORD_BYTES, Record, validate_record
@@ -208,6 +208,14 @@ class TopicWriter:
                 self._state = self.meta.load_topic()
                 time.sleep(random.uniform(0, min(0.5, 0.005 * 2 ** attempt)))
                 continue
+            except (StateUnknownError, TransientStorageError):
+                # The registration may have landed: the ledger list says.  Never delete
+                # an object that might be registered; an unregistered one is left to
+                # garbage collection.
+                self._state = self.meta.load_topic()
+                if not any(lg.object == name for lg in self._state.ledgers):
+                    time.sleep(random.uniform(0, min(0.5, 0.005 * 2 ** attempt)))
+                    continue
             self._sealed.append(SealedLedger(
                 lid, name, ledger.n_records, ledger.n_entries, len(data), MessageId(lid, 0, 0),
                 MessageId(lid, ledger.n_entries - 1, ledger.last_entry_records - 1),

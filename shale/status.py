@@ -19,7 +19,7 @@ def topic_status(topic_uri: str, metadata_uri: str | None = None) -> dict[str, A
     if ledgers:
         from ledger.reader import LedgerFile
 
-        f = LedgerFile.open(meta.topic.store, meta.topic.key(ledgers[-1].object))
+        f = LedgerFile.open(meta.topic.store, meta.topic.key(ledgers[-1].object), ledger_id=ledgers[-1].id)
         last_id = f.last_id()
     dirty = sum(lg.bytes for lg in ledgers if comp.horizon is None or lg.id > comp.horizon.ledger)
     live = dirty + comp.bytes
