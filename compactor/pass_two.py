@@ -32,8 +32,6 @@ class PassTwoResult:
     records_written: int = 0
     bytes_written: int = 0
     bytes_read: int = 0
-    entries_copied_whole: int = 0
-    entries_rebuilt: int = 0
 
 
 class _PartSink:
@@ -156,7 +154,6 @@ def _copy_slice(s: Slice, keep: np.ndarray, since: np.ndarray, sink: _PartSink, 
                             records={k: v[r0:r1] for k, v in cols.items()},
                             ledger=int(ledgers[e]), entry_id=int(entries[e]),
                             batch=batches[r0:r1], delete_since=full_since[r0:r1])
-                result.entries_copied_whole += 1
             else:
                 offs, sizes = cols["r_offset"][idx], cols["r_size"][idx]
                 data = b"".join(payload[int(o):int(o) + int(z)] for o, z in zip(offs, sizes, strict=True))
@@ -167,7 +164,6 @@ def _copy_slice(s: Slice, keep: np.ndarray, since: np.ndarray, sink: _PartSink, 
                                      cols["r_hash_lo"][idx], cols["r_flags"][idx], int(publish[e]))
                 w.add_entry(entry, ledger=int(ledgers[e]), entry_id=int(entries[e]),
                             batch=batches[idx], delete_since=full_since[idx])
-                result.entries_rebuilt += 1
             sink.note_ids(first, last)
         if time.monotonic() - last_beat > 10:
             heartbeat()

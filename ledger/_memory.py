@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ledger.errors import AlreadyExistsError, ConflictError, ObjectNotFoundError
 from ledger.storage import ObjectInfo, ObjectStore, ObjectWriter, register_backend
 
-__all__ = ["MemoryStore", "clear_memory_stores"]
+__all__ = ["MemoryStore"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,11 +112,6 @@ class MemoryStore(ObjectStore):
         for k, o in items:
             yield ObjectInfo(k, len(o.data), o.mtime, o.token)
 
-    def backdate(self, key: str, seconds: float) -> None:
-        """Make an object look ``seconds`` older (tests of grace periods)."""
-        with self._lock:
-            o = self._objects[key]
-            self._objects[key] = _Obj(o.data, o.mtime - seconds, o.token)
 
 
 _STORES: dict[str, MemoryStore] = {}
@@ -126,14 +121,6 @@ _STORES_LOCK = threading.Lock()
 def _factory(netloc: str) -> MemoryStore:
     with _STORES_LOCK:
         return _STORES.setdefault(netloc, MemoryStore(netloc))
-
-
-def clear_memory_stores() -> None:
-    """Forget every in-memory object (test isolation)."""
-    with _STORES_LOCK:
-        for s in _STORES.values():
-            with s._lock:
-                s._objects.clear()
 
 
 register_backend("memory", _factory)
