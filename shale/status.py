@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+from compactor.plan import make_plan
 from metadata.topic import TopicMetadata
 
 __all__ = ["topic_status"]
@@ -12,8 +14,9 @@ __all__ = ["topic_status"]
 def topic_status(topic_uri: str, metadata_uri: str | None = None) -> dict[str, Any]:
     """Ledger count, records, bytes, first/last ids, and the compaction state."""
     meta = TopicMetadata.open(topic_uri, metadata_uri)
-    topic = meta.load_topic()
-    comp = meta.load_compaction()
+    # The dirty ratio is the one a compaction run would see (its own plan, no lag).
+    plan = make_plan(meta, now_ms=int(time.time() * 1000), min_compaction_lag_ms=0)
+    topic, comp = plan.topic, plan.previous
     ledgers = topic.ledgers
     last_id = None
     if ledgers:
@@ -21,8 +24,6 @@ def topic_status(topic_uri: str, metadata_uri: str | None = None) -> dict[str, A
 
         f = LedgerFile.open(meta.topic.store, meta.topic.key(ledgers[-1].object), ledger_id=ledgers[-1].id)
         last_id = f.last_id()
-    dirty = sum(lg.bytes for lg in ledgers if comp.horizon is None or lg.id > comp.horizon.ledger)
-    live = dirty + comp.bytes
     return {
         "topic": meta.uri,
         "ledgers": len(ledgers),
@@ -40,8 +41,8 @@ def topic_status(topic_uri: str, metadata_uri: str | None = None) -> dict[str, A
             "compacted_bytes": comp.bytes,
             "keys": comp.keys,
             "tombstones": comp.tombstones,
-            "dirty_bytes": dirty,
-            "dirty_ratio": round(dirty / live, 6) if live else 0.0,
+            "dirty_bytes": plan.dirty_bytes,
+            "dirty_ratio": round(plan.dirty_ratio, 6),
             "last_compaction_ms": comp.compacted_ms or None,
             "retired_pending": sum(len(r.objects) for r in comp.retired),
         },

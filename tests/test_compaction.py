@@ -390,3 +390,14 @@ def test_compact_several_topics_reports_worst(disk_topic_uri: str) -> None:
     out = [json.loads(x) for x in p.stdout.splitlines()]
     assert [o["status"] for o in out] == ["compacted", "error"]
     assert p.returncode == 2 and "no topic" in out[1]["error"]
+
+
+def test_status_dirty_ratio_is_the_one_compact_uses(topic_uri: str) -> None:
+    from shale.status import topic_status
+
+    produce(topic_uri, updates(200, 100))
+    Compactor(topic_uri).run()
+    produce(topic_uri, updates(7, 100))
+    shown = topic_status(topic_uri)["compaction"]["dirty_ratio"]
+    s = Compactor(topic_uri, CompactionConfig(min_dirty_ratio=1.0)).run()
+    assert s.status == "skipped" and 0 < shown < 1 and shown == round(s.dirty_ratio, 6)
