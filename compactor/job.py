@@ -17,9 +17,9 @@ from collections.abc import Callable
 from typing import Final
 
 from compactor.config import MIN_ORPHAN_GRACE_MS, CompactionConfig
+from compactor.engine import Engine, LocalEngine, SurvivorCounts
 from compactor.gc import COMPACTED_DIR, collect_garbage
-from compactor.pass_one import Survivors, pass_one
-from compactor.pass_two import PassTwoResult, pass_two
+from compactor.pass_two import PassTwoResult
 from compactor.plan import Plan, make_plan
 from compactor.summary import RunSummary
 from ledger.errors import (
@@ -92,7 +92,7 @@ def _note_plan(summary: RunSummary, plan: Plan) -> None:
     summary.tombstones_kept = prev.tombstones
 
 
-def _note_survivors(summary: RunSummary, survivors: Survivors) -> None:
+def _note_survivors(summary: RunSummary, survivors: SurvivorCounts) -> None:
     summary.records_read = survivors.records_read
     summary.bytes_read = survivors.footer_bytes
     summary.keys = survivors.keys
@@ -112,9 +112,10 @@ class Compactor:
 
     def __init__(self, topic_uri: str, config: CompactionConfig | None = None, *,
                  metadata_uri: str | None = None, clock: Callable[[], float] = time.time,
-                 progress: Callable[[str], None] | None = None) -> None:
+                 progress: Callable[[str], None] | None = None, engine: Engine | None = None) -> None:
         self.meta = TopicMetadata.open(topic_uri, metadata_uri)
         self.config = config or CompactionConfig()
+        self.engine: Engine = engine or LocalEngine()
         self.clock = clock
         self.progress = progress or (lambda _msg: None)
 
@@ -123,7 +124,7 @@ class Compactor:
 
     def run(self) -> RunSummary:
         """Run once; conflicts and skips are reported in the summary, errors are raised."""
-        summary = RunSummary(self.meta.uri)
+        summary = RunSummary(self.meta.uri, engine=self.engine.name)
         t0 = time.perf_counter()
         timings = summary.durations
 
@@ -136,7 +137,6 @@ class Compactor:
         self.progress("planning")
         plan = make_plan(self.meta, now_ms=now_ms, min_compaction_lag_ms=self.config.min_compaction_lag_ms)
         t = phase("plan", t0)
-        prev = plan.previous
         _note_plan(summary, plan)
 
         def done(status: str, message: str = "", *, gc: bool = True) -> RunSummary:
@@ -154,7 +154,16 @@ class Compactor:
             return done("skipped", f"dirty ratio {plan.dirty_ratio:.3f} is below {self.config.min_dirty_ratio:.3f}")
 
         self.progress(f"pass one over {sum(s.records for s in plan.slices):,} records")
-        survivors = pass_one(plan, self.config, now_ms)
+        survivors = self.engine.pass_one(plan, self.config, now_ms)
+        try:
+            return self._write_and_publish(plan, survivors, summary, now_ms, t, phase, done)
+        finally:
+            self.engine.release(survivors)
+
+    def _write_and_publish(self, plan: Plan, survivors: SurvivorCounts, summary: RunSummary, now_ms: int,
+                           t: float, phase: Callable[[str, float], float],
+                           done: Callable[..., RunSummary]) -> RunSummary:
+        prev = plan.previous
         t = phase("pass_one", t)
         _note_survivors(summary, survivors)
         if self.config.dry_run:
@@ -173,8 +182,8 @@ class Compactor:
             heartbeat.start()
             self.progress(f"pass two: writing {survivors.records_kept:,} records")
             try:
-                out = pass_two(plan, survivors, self.config, topic=self.meta.topic, run_dir=run_dir, epoch=epoch,
-                               now_ms=now_ms, on_object=written.append)
+                out = self.engine.pass_two(plan, survivors, self.config, topic=self.meta.topic, run_dir=run_dir,
+                                           epoch=epoch, now_ms=now_ms, on_object=written.append)
             except ObjectNotFoundError:
                 if self.meta.load_compaction().version == prev.version:
                     raise
@@ -215,13 +224,13 @@ class Compactor:
         finally:
             heartbeat.stop()
             if remove_output:
-                self._remove(written)
+                self._remove(run_dir, written)
         self.meta.topic.store.delete(self.meta.topic.key(f"{run_dir}/{HEARTBEAT_NAME}"))
         self._gc(summary, now_ms)
         phase("gc", t)
         return done("compacted", gc=False)
 
-    def _new_state(self, plan: Plan, survivors: Survivors, out: PassTwoResult, run_id: str, epoch: int,
+    def _new_state(self, plan: Plan, survivors: SurvivorCounts, out: PassTwoResult, run_id: str, epoch: int,
                    summary: RunSummary) -> CompactionState:
         # Retirement is stamped at publish time: the grace period of readers of the old
         # ledger starts when they can first see the new one, not when this run began.
@@ -239,8 +248,15 @@ class Compactor:
             retired=retired, keys=survivors.keys, tombstones=survivors.tombstones_kept,
             compacted_ms=now_ms, last_run=last_run)
 
-    def _remove(self, written: list[str]) -> None:
-        for obj in written:
+    def _remove(self, run_dir: str, written: list[str]) -> None:
+        # Everything a run writes lies under its own folder, whoever wrote it (Spark
+        # executors included), so the folder's listing is the complete list.
+        store, topic = self.meta.topic.store, self.meta.topic
+        try:
+            listed = [topic.relative(o.key) for o in store.list(topic.key(run_dir) + "/")]
+        except ShaleError:
+            listed = []
+        for obj in dict.fromkeys([*written, *listed]):
             try:
                 self.meta.topic.store.delete(self.meta.topic.key(obj))
             except ShaleError:

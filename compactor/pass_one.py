@@ -18,7 +18,7 @@ from compactor.config import CompactionConfig
 from compactor.plan import Plan
 from ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE
 
-__all__ = ["Survivors", "pass_one"]
+__all__ = ["Survivors", "latest_of_each_key", "pass_one", "tombstone_fate"]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -52,6 +52,34 @@ def _column(plan: Plan, name: str, dtype: Any) -> npt.NDArray[Any]:
     return np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype)
 
 
+def latest_of_each_key(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> npt.NDArray[np.intp]:
+    """Indexes of the last occurrence of every distinct 128-bit hash ``(hi, lo)``.
+
+    The sort is stable, so among equal hashes the one latest in the input comes last.
+    Both engines decide "latest" with this one function.
+    """
+    if not len(hi):
+        return np.empty(0, dtype=np.intp)
+    order = np.lexsort((lo, hi))
+    shi, slo = hi[order], lo[order]
+    last = np.ones(len(order), dtype=bool)
+    last[:-1] = (shi[1:] != shi[:-1]) | (slo[1:] != slo[:-1])
+    return order[last]
+
+
+def tombstone_fate(since: npt.NDArray[np.int64], now_ms: int,
+                   delete_retention_ms: int) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64]]:
+    """For tombstones that are the latest record of their key: which expire now, and
+    since when each is kept (KIP-534: counted from the first run that kept it).
+
+    ``since`` is the tombstone's recorded first-kept time, 0 when no run kept it yet.
+    """
+    if delete_retention_ms == 0:
+        return np.ones(len(since), dtype=bool), np.zeros(len(since), dtype=np.int64)
+    first_kept = np.where(since > 0, since, now_ms).astype(np.int64)
+    return now_ms - first_kept >= delete_retention_ms, first_kept
+
+
 def pass_one(plan: Plan, config: CompactionConfig, now_ms: int) -> Survivors:
     """Decide the survivors of ``plan`` under ``config`` at time ``now_ms``."""
     offsets = [0]
@@ -66,37 +94,23 @@ def pass_one(plan: Plan, config: CompactionConfig, now_ms: int) -> Survivors:
 
     keyed = np.nonzero(flags & FLAG_HAS_KEY)[0]
     keep = np.zeros(n, dtype=bool)
-    if len(keyed):
-        khi, klo = hi[keyed], lo[keyed]
-        order = np.lexsort((klo, khi))  # stable: equal hashes stay in position order
-        shi, slo = khi[order], klo[order]
-        last = np.ones(len(order), dtype=bool)
-        last[:-1] = (shi[1:] != shi[:-1]) | (slo[1:] != slo[:-1])
-        latest = keyed[order[last]]
-        keep[latest] = True
-        tomb = latest[(flags[latest] & FLAG_TOMBSTONE) != 0]
-    else:
-        tomb = np.empty(0, dtype=np.int64)
+    latest = keyed[latest_of_each_key(hi[keyed], lo[keyed])]
+    keep[latest] = True
+    tomb = latest[(flags[latest] & FLAG_TOMBSTONE) != 0]
 
     # Tombstones stay for delete_retention after the first run that kept them (KIP-534).
     new_since = np.zeros(n, dtype=np.int64)
-    if config.delete_retention_ms == 0:
-        drop = tomb
-    else:
-        first_kept = np.where(since[tomb] > 0, since[tomb], now_ms)
-        expired = now_ms - first_kept >= config.delete_retention_ms
-        drop = tomb[expired]
-        kept = tomb[~expired]
-        new_since[kept] = first_kept[~expired]
+    expired, first_kept = tombstone_fate(since[tomb], now_ms, config.delete_retention_ms)
+    drop = tomb[expired]
+    new_since[tomb[~expired]] = first_kept[~expired]
     keep[drop] = False
 
     keyless = n - len(keyed)
     if config.retain_null_key and keyless:
         keep[(flags & FLAG_HAS_KEY) == 0] = True
-    distinct = int(last.sum()) if len(keyed) else 0
     return Survivors(
         keep=keep, delete_since=new_since, offsets=tuple(offsets), records_read=n,
-        keys=distinct - len(tomb), tombstones_kept=len(tomb) - len(drop), tombstones_dropped=len(drop),
+        keys=len(latest) - len(tomb), tombstones_kept=len(tomb) - len(drop), tombstones_dropped=len(drop),
         keyless_kept=keyless if config.retain_null_key else 0,
         keyless_dropped=0 if config.retain_null_key else keyless,
         footer_bytes=sum(s.file.footer_bytes for s in plan.slices),

@@ -9,10 +9,11 @@ parts roll at ``max_part_bytes`` and stream to storage.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 from compactor.config import CompactionConfig
 from compactor.pass_one import Survivors
@@ -23,7 +24,7 @@ from ledger.storage import Location, ObjectWriter
 from ledger.writer import EncodedEntry, LedgerWriter
 from metadata.state import CompactedPart
 
-__all__ = ["PassTwoResult", "pass_two"]
+__all__ = ["PassTwoResult", "pass_two", "write_parts"]
 
 
 @dataclass(slots=True)
@@ -38,8 +39,9 @@ class _PartSink:
     """Writes compacted parts, rolling to a new object at ``max_part_bytes``."""
 
     def __init__(self, topic: Location, run_dir: str, epoch: int, now_ms: int, max_part_bytes: int,
-                 result: PassTwoResult, on_object: Callable[[str], None]) -> None:
+                 result: PassTwoResult, on_object: Callable[[str], None], name_prefix: str = "part-") -> None:
         self.topic, self.run_dir, self.epoch, self.now_ms = topic, run_dir, epoch, now_ms
+        self.name_prefix = name_prefix
         self.max_part_bytes = max_part_bytes
         self.result = result
         self.on_object = on_object
@@ -51,7 +53,7 @@ class _PartSink:
 
     def writer(self) -> LedgerWriter:
         if self._writer is None:
-            self._name = f"{self.run_dir}/part-{len(self.result.parts):05d}.ledger"
+            self._name = f"{self.run_dir}/{self.name_prefix}{len(self.result.parts):05d}.ledger"
             self.on_object(self._name)
             self._upload = self.topic.store.open_writer(self.topic.key(self._name))
             self._writer = LedgerWriter(self._upload, kind=KIND_COMPACTED, ledger_id=self.epoch,
@@ -90,12 +92,22 @@ def pass_two(plan: Plan, survivors: Survivors, config: CompactionConfig, *, topi
              heartbeat: Callable[[], None] = lambda: None) -> PassTwoResult:
     """Write the compacted ledger for ``plan``; ``on_object`` hears every object name
     before it is created (so a failed run can remove what it wrote)."""
+    work = ((s, survivors.slice_keep(i), survivors.slice_delete_since(i)) for i, s in enumerate(plan.slices))
+    return write_parts(work, config, topic=topic, run_dir=run_dir, epoch=epoch, now_ms=now_ms,
+                       on_object=on_object, heartbeat=heartbeat)
+
+
+def write_parts(work: Iterable[tuple[Slice, npt.NDArray[np.bool_], npt.NDArray[np.int64]]], config: CompactionConfig,
+                *, topic: Location, run_dir: str, epoch: int, now_ms: int, on_object: Callable[[str], None],
+                heartbeat: Callable[[], None] = lambda: None, name_prefix: str = "part-") -> PassTwoResult:
+    """Copy the kept records of each ``(slice, keep, delete_since)`` into parts named
+    ``<run_dir>/<name_prefix>NNNNN.ledger``, in order.  A failure aborts the part being
+    written; parts already closed are the caller's to remove."""
     result = PassTwoResult()
-    sink = _PartSink(topic, run_dir, epoch, now_ms, config.max_part_bytes, result, on_object)
+    sink = _PartSink(topic, run_dir, epoch, now_ms, config.max_part_bytes, result, on_object, name_prefix)
     try:
-        for i, s in enumerate(plan.slices):
-            _copy_slice(s, survivors.slice_keep(i), survivors.slice_delete_since(i), sink, config, result,
-                        heartbeat)
+        for s, keep, since in work:
+            _copy_slice(s, keep, since, sink, config, result, heartbeat)
         sink.close()
     except BaseException:
         sink.abort()

@@ -18,6 +18,7 @@ class RunSummary:
 
     topic: str
     status: str = "error"
+    engine: str = "local"
     epoch: int | None = None
     horizon: str | None = None
     previous_horizon: str | None = None

@@ -1,0 +1,81 @@
+"""Engines run the two passes of a planned compaction; the run around them is shared.
+
+Planning, the heartbeat, the publish and garbage collection happen in
+:class:`~compactor.job.Compactor` on one machine whatever the engine, so both engines
+publish through the same compare-and-swap and are judged by the same rules.  The local
+engine runs both passes in this process; the Spark engine
+(:mod:`compactor.spark`) runs them as Spark jobs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from compactor.config import CompactionConfig
+from compactor.pass_one import Survivors, pass_one
+from compactor.pass_two import PassTwoResult, pass_two
+from compactor.plan import Plan
+from ledger.storage import Location
+
+__all__ = ["Engine", "LocalEngine", "SurvivorCounts"]
+
+
+class SurvivorCounts(Protocol):
+    """What pass one reports, whatever engine ran it."""
+
+    @property
+    def records_read(self) -> int: ...
+    @property
+    def records_kept(self) -> int: ...
+    @property
+    def keys(self) -> int: ...
+    @property
+    def tombstones_kept(self) -> int: ...
+    @property
+    def tombstones_dropped(self) -> int: ...
+    @property
+    def keyless_kept(self) -> int: ...
+    @property
+    def keyless_dropped(self) -> int: ...
+    @property
+    def footer_bytes(self) -> int: ...
+
+
+class Engine(Protocol):
+    """Runs pass one and pass two of a plan."""
+
+    name: str
+
+    def pass_one(self, plan: Plan, config: CompactionConfig, now_ms: int) -> SurvivorCounts:
+        """Decide which records of ``plan`` survive; nothing is written."""
+
+    def pass_two(self, plan: Plan, survivors: SurvivorCounts, config: CompactionConfig, *, topic: Location,
+                 run_dir: str, epoch: int, now_ms: int, on_object: Callable[[str], None]) -> PassTwoResult:
+        """Write the survivors as compacted parts under ``run_dir``; return them in id order.
+
+        Every object written lies under ``run_dir``, so a failed run is cleaned up by
+        removing that folder.
+        """
+
+    def release(self, survivors: SurvivorCounts) -> None:
+        """Free what pass one holds (called once the run no longer needs it)."""
+
+
+class LocalEngine:
+    """Both passes in this process: NumPy over footers, then a raw byte copy."""
+
+    name = "local"
+
+    def pass_one(self, plan: Plan, config: CompactionConfig, now_ms: int) -> Survivors:
+        return pass_one(plan, config, now_ms)
+
+    def pass_two(self, plan: Plan, survivors: SurvivorCounts, config: CompactionConfig, *, topic: Location,
+                 run_dir: str, epoch: int, now_ms: int, on_object: Callable[[str], None]) -> PassTwoResult:
+        if not isinstance(survivors, Survivors):
+            raise TypeError("the local engine's pass two needs the local engine's pass one")
+        return pass_two(plan, survivors, config, topic=topic, run_dir=run_dir, epoch=epoch, now_ms=now_ms,
+                        on_object=on_object)
+
+    def release(self, survivors: SurvivorCounts) -> None:
+        pass
