@@ -16,6 +16,7 @@ import numpy as np
 from ledger.format import KIND_COMPACTED, KIND_ORIGINAL
 from ledger.ids import MessageId
 from ledger.reader import LedgerFile
+from ledger.storage import Location
 from metadata.state import CompactionState, TopicState
 from metadata.topic import TopicMetadata
 
@@ -58,6 +59,7 @@ class Plan:
     dirty_bytes: int
     live_bytes: int
     held_back_records: int  # above the horizon because of the minimum compaction lag
+    location: Location  # the topic's folder, where the run writes
 
     @property
     def new_records(self) -> int:
@@ -115,4 +117,4 @@ def make_plan(meta: TopicMetadata, *, now_ms: int, min_compaction_lag_ms: int,
     dirty = sum(s.data_bytes() for s in new)
     # Entry bytes on both sides (footers excluded), so the ratio compares like with like.
     live = dirty + sum(s.data_bytes() for s in compacted)
-    return Plan(topic, previous, compacted, tuple(new), horizon, dirty, live, held_back)
+    return Plan(topic, previous, compacted, tuple(new), horizon, dirty, live, held_back, loc)

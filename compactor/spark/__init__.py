@@ -1,0 +1,11 @@
+"""The Spark engine: pass one and pass two as Spark jobs, published by the driver.
+
+Import :class:`SparkEngine` from :mod:`compactor.spark.engine`; that module needs PySpark
+(``pip install 'shale[spark]'``).  This package itself imports without it, so the
+command line can say how to install it.
+"""
+
+from compactor.spark.environment import ForwardedEnvironment
+from compactor.spark.options import SparkOptions, SparkUnavailableError, require_pyspark
+
+__all__ = ["ForwardedEnvironment", "SparkOptions", "SparkUnavailableError", "require_pyspark"]

@@ -1,0 +1,313 @@
+"""The Spark engine (driver side): splits the plan, runs the jobs, gathers the parts.
+
+The driver plans, heartbeats and publishes exactly as the local engine does
+(:class:`~compactor.job.Compactor`); only the two passes run on executors.  Executors
+reach storage through Shale's own storage layer (boto3 for ``s3://``, fsspec for other
+schemes), so no Hadoop S3 connector is involved, and they write only under the run's
+folder, which the driver removes if the run fails.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+from pyspark import RDD, Broadcast, StorageLevel
+from pyspark.sql import SparkSession
+
+from compactor.config import CompactionConfig
+from compactor.engine import SurvivorCounts
+from compactor.pass_two import PassTwoResult
+from compactor.plan import Plan, Slice
+from compactor.spark.environment import ForwardedEnvironment
+from compactor.spark.options import REDUCE_RECORDS_PER_PARTITION, SparkOptions, SparkUnavailableError
+from compactor.spark.tasks import (
+    ERROR_KEY,
+    STATS_KEY,
+    SplitSpec,
+    TaskContext,
+    error_from_record,
+    map_split,
+    reduce_partition,
+    write_split,
+)
+from ledger.errors import InvalidInputError, ShaleError
+from ledger.format import FLAG_HAS_KEY, KIND_COMPACTED, KIND_ORIGINAL
+from ledger.storage import Location
+from metadata.state import CompactedPart
+
+__all__ = ["SparkEngine", "SparkJobError", "make_splits", "open_session"]
+
+T = TypeVar("T")
+_PACKAGES = ("ledger", "metadata", "compactor")
+
+
+class SparkJobError(ShaleError):
+    """A Spark job failed for a reason other than a Shale error in a task (an executor
+    lost, out of memory, a bad master URL ...)."""
+
+
+@dataclass(slots=True, eq=False)
+class SparkSurvivors:
+    """Pass one's counts, and the cached shuffle output pass two reads."""
+
+    records_read: int
+    keys: int
+    tombstones_kept: int
+    tombstones_dropped: int
+    keyless_kept: int
+    keyless_dropped: int
+    footer_bytes: int
+    kept_keyed: int
+    splits: int
+    rdd: RDD[tuple[int, bytes]] | None
+    context: Broadcast[TaskContext] | None
+
+    @property
+    def records_kept(self) -> int:
+        return self.kept_keyed + self.keyless_kept
+
+
+def make_splits(plan: Plan, split_bytes: int, split_records: int) -> list[SplitSpec]:
+    """Cut the plan's slices into splits of at most ``split_bytes`` of entries and
+    ``split_records`` records (at least one entry each), at entry boundaries, so each
+    entry is copied by exactly one task."""
+    out: list[SplitSpec] = []
+    base = 0
+    for s in plan.slices:
+        if s.records <= 0:
+            continue
+        out.extend(_split_slice(s, base, split_bytes, split_records))
+        base += s.records
+    return out
+
+
+def _split_slice(s: Slice, base: int, split_bytes: int, split_records: int) -> Iterator[SplitSpec]:
+    f = s.file
+    foot = f.footer
+    rec_start = foot.e_rec_start.astype(np.int64)
+    offs = foot.col("e_offset").astype(np.int64)
+    kind = KIND_COMPACTED if s.compacted else KIND_ORIGINAL
+    lid = f.ledger_id
+    e = int(np.searchsorted(rec_start, s.start, side="right")) - 1
+    e_end = int(np.searchsorted(rec_start, s.stop - 1, side="right"))  # one past the last entry
+    a = s.start
+    while a < s.stop:
+        # furthest entry boundary within both limits, but at least one entry further
+        by_bytes = int(np.searchsorted(offs, offs[e] + split_bytes, side="right")) - 1
+        by_records = int(np.searchsorted(rec_start, a + split_records, side="right")) - 1
+        nxt = min(max(min(by_bytes, by_records), e + 1), e_end)
+        b = min(int(rec_start[nxt]), s.stop)
+        yield SplitSpec(f.key, lid, kind, a, b, base + a - s.start)
+        a, e = b, nxt
+
+
+def _package_zip() -> str:
+    """Shale's own packages as one zip, for ``SparkContext.addPyFile``."""
+    fd, path = tempfile.mkstemp(prefix="shale-code-", suffix=".zip")
+    os.close(fd)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for name in _PACKAGES:
+            root = Path(sys.modules[name].__file__ or "").parent
+            for p in sorted(root.rglob("*")):
+                if p.suffix in (".py", ".typed", ".properties") and "__pycache__" not in p.parts:
+                    z.write(p, str(Path(name) / p.relative_to(root)))
+    return path
+
+
+def open_session(options: SparkOptions) -> SparkSession:
+    """Start (or join) the Spark session the engine runs in."""
+    builder = SparkSession.builder.master(options.master).appName(options.app_name)
+    if options.is_local:
+        # Python workers must run this interpreter, which has Shale and its dependencies.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        builder = builder.config("spark.ui.showConsoleProgress", "false")
+        if not any(k == "spark.driver.extraJavaOptions" for k, _ in options.conf):
+            log_conf = Path(__file__).with_name("log4j2.properties")
+            builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log_conf}")
+    for k, v in options.conf:
+        builder = builder.config(k, v)
+    try:
+        session = builder.getOrCreate()
+    except Exception as e:
+        raise SparkUnavailableError(f"cannot start Spark with master {options.master!r}: {_first_line(e)}") from None
+    if options.ship_code if options.ship_code is not None else not options.is_local:
+        session.sparkContext.addPyFile(_package_zip())
+    return session
+
+
+_EXCEPTION_LINE = re.compile(r"^\s*((?:\w+\.)*\w*(?:Error|Exception|Exit)\b:?.*)$")
+
+
+def _first_line(e: BaseException) -> str:
+    """The line that says what went wrong: the innermost Python exception a task raised
+    if there is one, else the first line."""
+    lines = str(e).splitlines()
+    found = [m.group(1) for m in map(_EXCEPTION_LINE.match, lines) if m and "Traceback" not in m.group(1)]
+    python = [f for f in found if not f.startswith(("org.", "java.", "py4j.", "scala."))]
+    if python:
+        return python[0][:300]
+    for line in lines:
+        line = line.strip()
+        if line:
+            return line[:300]
+    return type(e).__name__
+
+
+def _spark_call(fn: Callable[[], T]) -> T:
+    """Run a Spark action; a failed job becomes one :class:`SparkJobError` line."""
+    try:
+        return fn()
+    except ShaleError:
+        raise
+    except Exception as e:
+        raise SparkJobError(f"Spark job failed: {_first_line(e)}") from None
+
+
+def _identity(k: int) -> int:
+    return k
+
+
+def _is_report(kv: tuple[int, bytes]) -> bool:
+    return kv[0] in (STATS_KEY, ERROR_KEY)
+
+
+def _is_kept(kv: tuple[int, bytes]) -> bool:
+    return kv[0] >= 0
+
+
+def _run_map(bc: Broadcast[TaskContext], it: Iterable[int]) -> Iterator[tuple[int, bytes]]:
+    return map_split(bc.value, it)
+
+
+def _run_reduce(bc: Broadcast[TaskContext], it: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
+    return reduce_partition(bc.value, it)
+
+
+def _run_write(bc: Broadcast[TaskContext], run_dir: str, epoch: int, j: int,
+               it: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, Any]]:
+    return write_split(bc.value, run_dir, epoch, j, it)
+
+
+class SparkEngine:
+    """Runs pass one and pass two as Spark jobs.
+
+    >>> engine = SparkEngine(SparkOptions(master="local[2]"))     # doctest: +SKIP
+    >>> Compactor("s3://bucket/topics/users", engine=engine).run()   # doctest: +SKIP
+
+    Give it a ``session`` to run inside an existing Spark application; otherwise it
+    starts one on first use and :meth:`close` stops it.
+    """
+
+    name = "spark"
+
+    def __init__(self, options: SparkOptions | None = None, *, session: SparkSession | None = None) -> None:
+        self.options = options or SparkOptions()
+        self._session = session
+        self._owns_session = session is None
+
+    @property
+    def session(self) -> SparkSession:
+        if self._session is None:
+            self._session = open_session(self.options)
+        return self._session
+
+    def close(self) -> None:
+        """Stop the Spark session if this engine started it."""
+        if self._session is not None and self._owns_session:
+            self._session.stop()
+        self._session = None
+
+    def __enter__(self) -> SparkEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_reachable(self, topic: Location) -> None:
+        if topic.uri.startswith("memory://"):
+            raise InvalidInputError(f"{topic.uri}: the Spark engine needs storage its executors can reach; "
+                                    "memory:// lives inside one process")
+
+    def pass_one(self, plan: Plan, config: CompactionConfig, now_ms: int) -> SparkSurvivors:
+        topic = plan.location
+        self._check_reachable(topic)
+        splits = make_splits(plan, self.options.split_bytes, self.options.split_records)
+        records = sum(s.records for s in plan.slices)
+        keyless = 0
+        for s in plan.slices:
+            keyless += int(np.count_nonzero((s.file.footer.col("r_flags")[s.start:s.stop] & FLAG_HAS_KEY) == 0))
+        footer_bytes = sum(s.file.footer_bytes for s in plan.slices)
+        counts = {"keys": 0, "tombstones": 0, "dropped": 0, "kept": 0}
+        rdd: RDD[tuple[int, bytes]] | None = None
+        bc: Broadcast[TaskContext] | None = None
+        if splits:
+            sc = self.session.sparkContext
+            parts = self.options.reduce_partitions or max(
+                sc.defaultParallelism, math.ceil((records - keyless) / REDUCE_RECORDS_PER_PARTITION))
+            ctx = TaskContext(topic.uri, ForwardedEnvironment.capture(credentials=self.options.forward_credentials),
+                              tuple(splits), np.array([sp.base for sp in splits], dtype=np.int64), parts, now_ms,
+                              config)
+            bc = sc.broadcast(ctx)
+            sc.setJobDescription(f"shale pass one: {topic.uri}")
+            rdd = (sc.parallelize(range(len(splits)), len(splits))
+                   .mapPartitions(functools.partial(_run_map, bc))
+                   .partitionBy(parts, _identity)
+                   .mapPartitions(functools.partial(_run_reduce, bc))
+                   .persist(StorageLevel.MEMORY_AND_DISK))
+            reports = _spark_call(rdd.filter(_is_report).collect)
+            for key, raw in reports:
+                if key == ERROR_KEY:
+                    rdd.unpersist()
+                    bc.unpersist()
+                    raise error_from_record(raw)
+                for k, v in json.loads(raw).items():
+                    counts[k] += int(v)
+        retain = config.retain_null_key
+        return SparkSurvivors(
+            records_read=records, keys=counts["keys"] - counts["tombstones"],
+            tombstones_kept=counts["tombstones"] - counts["dropped"], tombstones_dropped=counts["dropped"],
+            keyless_kept=keyless if retain else 0, keyless_dropped=0 if retain else keyless,
+            footer_bytes=footer_bytes, kept_keyed=counts["kept"], splits=len(splits), rdd=rdd, context=bc)
+
+    def pass_two(self, plan: Plan, survivors: SurvivorCounts, config: CompactionConfig, *, topic: Location,
+                 run_dir: str, epoch: int, now_ms: int, on_object: Callable[[str], None]) -> PassTwoResult:
+        if not isinstance(survivors, SparkSurvivors):
+            raise TypeError("the Spark engine's pass two needs the Spark engine's pass one")
+        result = PassTwoResult()
+        if survivors.rdd is None or survivors.context is None:
+            return result
+        sc = self.session.sparkContext
+        sc.setJobDescription(f"shale pass two: {topic.uri}")
+        rdd = (survivors.rdd.filter(_is_kept)
+               .partitionBy(survivors.splits, _identity)
+               .mapPartitionsWithIndex(functools.partial(_run_write, survivors.context, run_dir, epoch)))
+        written = sorted(_spark_call(rdd.collect), key=lambda kv: int(kv[0]))
+        for key, d in written:
+            if key == ERROR_KEY:
+                raise error_from_record(d)
+        for _, d in written:
+            result.parts.extend(CompactedPart.from_json(p) for p in d["parts"])
+            result.records_written += int(d["records_written"])
+            result.bytes_written += int(d["bytes_written"])
+            result.bytes_read += int(d["bytes_read"])
+        return result
+
+    def release(self, survivors: SurvivorCounts) -> None:
+        if isinstance(survivors, SparkSurvivors):
+            if survivors.rdd is not None:
+                survivors.rdd.unpersist()
+            if survivors.context is not None:
+                survivors.context.unpersist()
+            survivors.rdd = survivors.context = None

@@ -1,0 +1,222 @@
+"""What the Spark engine's tasks run: NumPy over footer arrays, and the same raw copy as
+the local engine.  Nothing here imports PySpark.
+
+Records are addressed by their position in the run (previous compacted parts first,
+then new ledgers, in id order), exactly as the local engine numbers them:
+
+* **map** (one task per split): read the split's footer rows, keep the latest record of
+  each key within the split, and send each survivor ``(hash, position, flags,
+  first-kept time)`` — 33 bytes — to the reduce partition of its hash;
+* **reduce** (one task per hash partition): keep the latest position of each key, apply
+  the tombstone rules, and send each kept position to the split it came from;
+* **write** (one task per split): copy the kept records into parts named
+  ``part-<split>-<n>.ledger`` under the run folder.
+
+A Shale error inside a task (corrupt data, a missing object) does not fail the task:
+the task emits it as a record under :data:`ERROR_KEY`, which flows through to the
+driver, and the driver raises the same error.  So Spark neither retries a deterministic
+failure nor logs a traceback for it, and the command still prints one line.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from compactor.config import CompactionConfig
+from compactor.pass_one import latest_of_each_key, tombstone_fate
+from compactor.pass_two import write_parts
+from compactor.plan import Slice
+from compactor.spark.environment import ForwardedEnvironment
+from ledger.errors import ShaleError
+from ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, KIND_COMPACTED
+from ledger.reader import LedgerFile
+from ledger.storage import Location, resolve
+
+__all__ = [
+    "CANDIDATE",
+    "ERROR_KEY",
+    "KEPT",
+    "STATS_KEY",
+    "SplitSpec",
+    "TaskContext",
+    "error_from_record",
+    "map_split",
+    "reduce_partition",
+    "write_split",
+]
+
+#: One candidate survivor in pass one's shuffle.
+CANDIDATE: Final = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("pos", "<i8"), ("since", "<i8"), ("flags", "u1")])
+#: One kept record sent from a reduce task to the write task of its split.
+KEPT: Final = np.dtype([("pos", "<i8"), ("since", "<i8")])
+#: The key under which reduce tasks report their counts.
+STATS_KEY: Final = -1
+#: The key of a Shale error raised in a task, on its way to the driver.
+ERROR_KEY: Final = -2
+
+
+@dataclass(frozen=True, slots=True)
+class SplitSpec:
+    """Records ``[start, stop)`` of one ledger object; ``base`` is the run position of ``start``."""
+
+    key: str
+    ledger_id: int
+    kind: int
+    start: int
+    stop: int
+    base: int
+
+    @property
+    def records(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True, slots=True)
+class TaskContext:
+    """Everything a task needs, sent once to each executor as a broadcast."""
+
+    topic_uri: str
+    environment: ForwardedEnvironment
+    splits: tuple[SplitSpec, ...]
+    bases: npt.NDArray[np.int64]  # splits' first run positions, ascending
+    reduce_partitions: int
+    now_ms: int
+    config: CompactionConfig
+
+    def location(self) -> Location:
+        self.environment.apply()
+        return resolve(self.topic_uri)
+
+    def open(self, loc: Location, j: int) -> LedgerFile:
+        sp = self.splits[j]
+        return LedgerFile.open(loc.store, sp.key, ledger_id=sp.ledger_id, kind=sp.kind)
+
+
+def _task_errors(gen: Iterator[tuple[int, Any]]) -> Iterator[tuple[int, Any]]:
+    """Emit a Shale error as an ``ERROR_KEY`` record instead of failing the task."""
+    try:
+        yield from gen
+    except ShaleError as e:
+        detail = {"type": type(e).__name__, "exit_code": e.exit_code, "message": str(e)}
+        yield ERROR_KEY, json.dumps(detail).encode()
+
+
+def error_from_record(raw: bytes) -> ShaleError:
+    """The driver's copy of an error a task emitted."""
+    import ledger.errors as errors
+
+    detail = json.loads(raw)
+    cls = getattr(errors, str(detail.get("type", "")), None)
+    message = str(detail.get("message", "a task failed"))
+    if isinstance(cls, type) and issubclass(cls, ShaleError):
+        try:
+            return cls(message)
+        except TypeError:
+            pass
+    err = ShaleError(message)
+    err.exit_code = int(detail.get("exit_code", errors.EXIT_FAILURE))
+    return err
+
+
+def map_split(ctx: TaskContext, split_indexes: Iterable[int]) -> Iterator[tuple[int, bytes]]:
+    """Pass one, map side: candidates of each split, by reduce partition."""
+    return _task_errors(_map_split(ctx, split_indexes))
+
+
+def _map_split(ctx: TaskContext, split_indexes: Iterable[int]) -> Iterator[tuple[int, bytes]]:
+    loc = ctx.location()
+    parts = ctx.reduce_partitions
+    for j in split_indexes:
+        sp = ctx.splits[j]
+        foot = ctx.open(loc, j).footer
+        flags = foot.col("r_flags")[sp.start:sp.stop]
+        keyed = np.nonzero(flags & FLAG_HAS_KEY)[0]
+        hi = foot.col("r_hash_hi")[sp.start:sp.stop][keyed]
+        lo = foot.col("r_hash_lo")[sp.start:sp.stop][keyed]
+        # The latest of each key within the split is the only one that can win overall.
+        idx = keyed[latest_of_each_key(hi, lo)]
+        cand = np.empty(len(idx), dtype=CANDIDATE)
+        cand["hi"] = foot.col("r_hash_hi")[sp.start:sp.stop][idx]
+        cand["lo"] = foot.col("r_hash_lo")[sp.start:sp.stop][idx]
+        cand["pos"] = sp.base + idx
+        cand["since"] = foot.delete_since()[sp.start:sp.stop][idx]
+        cand["flags"] = flags[idx]
+        bucket = (cand["hi"] % np.uint64(parts)).astype(np.int64)
+        order = np.argsort(bucket, kind="stable")
+        cand, bucket = cand[order], bucket[order]
+        bounds = np.searchsorted(bucket, np.arange(parts + 1))
+        for r in range(parts):
+            if bounds[r + 1] > bounds[r]:
+                yield r, cand[bounds[r]:bounds[r + 1]].tobytes()
+
+
+def reduce_partition(ctx: TaskContext, items: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
+    """Pass one, reduce side: the latest record of each key in this hash partition,
+    minus expired tombstones, grouped by the split that holds it; then this task's counts."""
+    return _task_errors(_reduce_partition(ctx, items))
+
+
+def _reduce_partition(ctx: TaskContext, items: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
+    chunks = []
+    for k, v in items:
+        if k == ERROR_KEY:
+            yield k, v  # a map task's error, on its way to the driver
+        else:
+            chunks.append(np.frombuffer(v, dtype=CANDIDATE))
+    cand = np.concatenate(chunks) if chunks else np.empty(0, dtype=CANDIDATE)
+    # Positions are unique; sorted by position, the stable key sort puts the latest last.
+    cand = cand[np.argsort(cand["pos"], kind="stable")]
+    win = cand[latest_of_each_key(cand["hi"], cand["lo"])]
+    tomb = np.nonzero(win["flags"] & FLAG_TOMBSTONE)[0]
+    expired, first_kept = tombstone_fate(win["since"][tomb], ctx.now_ms, ctx.config.delete_retention_ms)
+    keep = np.ones(len(win), dtype=bool)
+    keep[tomb[expired]] = False
+    since = np.zeros(len(win), dtype=np.int64)
+    since[tomb[~expired]] = first_kept[~expired]
+    kept = np.empty(int(keep.sum()), dtype=KEPT)
+    kept["pos"] = win["pos"][keep]
+    kept["since"] = since[keep]
+    split_of = np.searchsorted(ctx.bases, kept["pos"], side="right") - 1
+    order = np.argsort(split_of, kind="stable")
+    kept, split_of = kept[order], split_of[order]
+    starts = np.nonzero(np.r_[True, split_of[1:] != split_of[:-1]])[0] if len(kept) else np.empty(0, np.intp)
+    for a, b in zip(starts, [*starts[1:], len(kept)], strict=True):
+        yield int(split_of[a]), kept[a:b].tobytes()
+    counts = {"keys": len(win), "tombstones": len(tomb), "dropped": int(expired.sum()), "kept": len(kept)}
+    yield STATS_KEY, json.dumps(counts).encode()
+
+
+def write_split(ctx: TaskContext, run_dir: str, epoch: int, j: int,
+                items: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, Any]]:
+    """Pass two for split ``j``: write its kept records; yield ``(j, what was written)``."""
+    return _task_errors(_write_split(ctx, run_dir, epoch, j, items))
+
+
+def _write_split(ctx: TaskContext, run_dir: str, epoch: int, j: int,
+                 items: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, Any]]:
+    chunks = [np.frombuffer(v, dtype=KEPT) for k, v in items if k == j]
+    kept = np.concatenate(chunks) if chunks else np.empty(0, dtype=KEPT)
+    if j >= len(ctx.splits) or (not len(kept) and not ctx.config.retain_null_key):
+        return
+    sp = ctx.splits[j]
+    loc = ctx.location()
+    f = ctx.open(loc, j)
+    keep = np.zeros(sp.records, dtype=bool)
+    keep[kept["pos"] - sp.base] = True
+    since = np.zeros(sp.records, dtype=np.int64)
+    since[kept["pos"] - sp.base] = kept["since"]
+    if ctx.config.retain_null_key:
+        keep[(f.footer.col("r_flags")[sp.start:sp.stop] & FLAG_HAS_KEY) == 0] = True
+    if not keep.any():
+        return
+    work = [(Slice(f, sp.start, sp.stop, sp.kind == KIND_COMPACTED), keep, since)]
+    out = write_parts(work, ctx.config, topic=loc, run_dir=run_dir, epoch=epoch, now_ms=ctx.now_ms,
+                      on_object=lambda _name: None, name_prefix=f"part-{j:06d}-")
+    yield j, {"parts": [p.to_json() for p in out.parts], "records_written": out.records_written,
+              "bytes_written": out.bytes_written, "bytes_read": out.bytes_read}
