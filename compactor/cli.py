@@ -17,7 +17,9 @@ from compactor.config import (
     CompactionConfig,
 )
 from compactor.durations import format_duration, parse_duration
+from compactor.engine import Engine, LocalEngine
 from compactor.job import Compactor
+from compactor.spark.options import DEFAULT_MASTER, DEFAULT_SPLIT_BYTES
 from compactor.summary import RunSummary
 from ledger.errors import EXIT_FAILURE, InvalidInputError, ShaleError
 
@@ -66,6 +68,16 @@ def _bytes(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 256MiB)") from None
 
 
+def _spark_conf(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    if not key.startswith("spark."):
+        raise argparse.ArgumentTypeError(f"{key!r} is not a Spark setting (they start with 'spark.')")
+    return key, value
+
+
 def add_compact_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("topics", nargs="+", metavar="TOPIC_URI",
                    help="topic folder(s): local path, file://, s3://bucket/prefix, memory://...")
@@ -92,6 +104,18 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-part-bytes", type=_bytes, default=256 << 20, metavar="SIZE",
                    help="roll the compacted ledger into a new part at this size (default 256MiB)")
     p.add_argument("--json", action="store_true", help="print one JSON line per topic instead of a summary")
+    s = p.add_argument_group("engine", "where the two passes run (planning and publishing always run here)")
+    s.add_argument("--engine", choices=("local", "spark"), default="local",
+                   help="local: in this process (default); spark: as Spark jobs (needs pip install 'shale[spark]')")
+    s.add_argument("--spark-master", metavar="URL", default=None,
+                   help="Spark master: local[*] (default), local[N], spark://HOST:PORT, k8s://https://HOST, yarn")
+    s.add_argument("--spark-conf", metavar="KEY=VALUE", action="append", type=_spark_conf, default=[],
+                   help="a Spark setting for the session Shale starts (repeatable)")
+    s.add_argument("--spark-split-size", metavar="SIZE", type=_bytes, default=None,
+                   help="entry bytes one Spark task handles at most (default 128MiB)")
+    s.add_argument("--no-forward-credentials", action="store_true",
+                   help="do not send the driver's AWS credential variables to executors with the tasks "
+                   "(use when executors have their own identity)")
 
 
 def build_compact_parser(prog: str = "compact") -> argparse.ArgumentParser:
@@ -113,6 +137,27 @@ def _config(args: argparse.Namespace) -> CompactionConfig:
         max_part_bytes=args.max_part_bytes)
 
 
+def _engine(args: argparse.Namespace) -> Engine:
+    """The engine the flags ask for; Spark flags without ``--engine spark`` are a usage error."""
+    spark_flags = [name for name, given in (("--spark-master", args.spark_master is not None),
+                                            ("--spark-conf", bool(args.spark_conf)),
+                                            ("--spark-split-size", args.spark_split_size is not None),
+                                            ("--no-forward-credentials", args.no_forward_credentials)) if given]
+    if args.engine == "local":
+        if spark_flags:
+            raise InvalidInputError(f"{spark_flags[0]} needs --engine spark")
+        return LocalEngine()
+    from compactor.spark import SparkOptions, require_pyspark
+
+    require_pyspark()
+    from compactor.spark.engine import SparkEngine
+
+    options = SparkOptions(master=args.spark_master or DEFAULT_MASTER, conf=tuple(args.spark_conf),
+                           split_bytes=args.spark_split_size or DEFAULT_SPLIT_BYTES,
+                           forward_credentials=not args.no_forward_credentials)
+    return SparkEngine(options)
+
+
 def _terminal_progress(err: TextIO, uri: str) -> Callable[[str], None]:
     def show(msg: str) -> None:
         err.write(f"\r{uri}: {msg}\x1b[K")
@@ -123,17 +168,30 @@ def _terminal_progress(err: TextIO, uri: str) -> Callable[[str], None]:
 def _run_compact(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -> int:
     err = err or sys.stderr
     config = _config(args)
+    engine = _engine(args)
+    try:
+        return _compact_topics(args, config, engine, out, err)
+    finally:
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()
+
+
+def _compact_topics(args: argparse.Namespace, config: CompactionConfig, engine: Engine, out: TextIO,
+                    err: TextIO) -> int:
+    # One engine for all topics: with Spark, one application compacts them all, and each
+    # topic is still planned and published on its own.
     worst = 0
     show_progress = not args.json and err.isatty()
     for uri in args.topics:
         start = time.perf_counter()
         try:
             progress = _terminal_progress(err, uri) if show_progress else None
-            summary = Compactor(uri, config, metadata_uri=args.metadata, progress=progress).run()
+            summary = Compactor(uri, config, metadata_uri=args.metadata, progress=progress, engine=engine).run()
             if show_progress:
                 err.write("\r\x1b[K")
         except ShaleError as e:
-            summary = RunSummary(uri, error=str(e), exit_code=e.exit_code)
+            summary = RunSummary(uri, engine=engine.name, error=str(e), exit_code=e.exit_code)
             summary.durations["total"] = time.perf_counter() - start
             summary.finish("error")
         if args.json:

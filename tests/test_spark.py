@@ -1,0 +1,322 @@
+"""The Spark engine, on real PySpark in local mode, against a local folder and the moto
+server: the same compacted content as the local engine, errors, cleanup, credentials."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from compactor import CompactionConfig, Compactor, RunSummary, collect_garbage
+from compactor.plan import make_plan
+from compactor.spark import ForwardedEnvironment, SparkOptions
+from compactor.spark.engine import SparkEngine, _package_zip, make_splits
+from ledger.errors import CorruptLedgerError, InvalidInputError
+from metadata.topic import TopicMetadata
+from reader.topic_reader import TopicReader
+from shale.producer import TopicWriter
+from tests.conftest import ROOT, make_root, run_cli
+
+pytestmark = pytest.mark.slow
+HOUR = 3600.0
+AWS_VARS = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
+            "AWS_SESSION_TOKEN", "AWS_REGION")
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[SparkEngine]:
+    """One local Spark application for the module, started with no AWS variables in its
+    environment: executors reach moto only through what the engine forwards."""
+    saved = {k: os.environ.pop(k) for k in AWS_VARS if k in os.environ}
+    eng = SparkEngine(SparkOptions(master="local[2]", split_bytes=1 << 16, reduce_partitions=3,
+                                   conf=(("spark.ui.enabled", "false"),)))
+    try:
+        eng.session  # noqa: B018  (starts the JVM and its Python workers now)
+    finally:
+        os.environ.update(saved)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(params=["local", "s3"])
+def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "s3":
+        request.applymarker(pytest.mark.s3)
+    return make_root(str(request.param), request, tmp_path)
+
+
+def produce(uri: str, seed: int, n: int, t: float, *, keys: int = 400, tomb: float = 0.1, keyless: float = 0.05,
+            batch: int = 7) -> None:
+    rnd = random.Random(seed)
+    with TopicWriter(uri, max_ledger_records=1_000, batch_size=batch, clock=lambda: t) as w:
+        for i in range(n):
+            key = None if rnd.random() < keyless else f"key-{rnd.randrange(keys)}"
+            value = None if key is not None and rnd.random() < tomb else f"value-{seed}-{i}-" + "x" * rnd.randrange(40)
+            w.append(key, value, properties={"i": str(i)} if i % 5 == 0 else None)
+
+
+def compacted(uri: str) -> list[tuple[str, Any, Any, Any]]:
+    with TopicReader(uri, read_compacted=True) as r:
+        return [(str(m.id), m.key, m.value, m.properties) for m in r.read()]
+
+
+FIGURES = ("status", "horizon", "records_read", "records_written", "keys", "tombstones_kept",
+           "tombstones_dropped", "keyless_kept", "keyless_dropped", "held_back_records")
+
+
+def figures(s: RunSummary) -> dict[str, Any]:
+    return {k: getattr(s, k) for k in FIGURES}
+
+
+SCENARIOS = {
+    "kafka-tombstones": dict(delete_retention_ms=int(2 * HOUR * 1000)),
+    "pulsar-no-retention": dict(delete_retention_ms=0),
+    "retain-null-key": dict(retain_null_key=True, delete_retention_ms=int(HOUR * 1000)),
+    "min-lag": dict(min_compaction_lag_ms=int(1.5 * HOUR * 1000)),
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_spark_and_local_engines_publish_the_same_content(engine: SparkEngine, root: str, scenario: str) -> None:
+    cfg = CompactionConfig(max_part_bytes=1 << 16, **SCENARIOS[scenario])  # type: ignore[arg-type]
+    local_uri, spark_uri = f"{root}/local", f"{root}/spark"
+    t = 1_700_000_000.0
+    totals = {"tombstones_dropped": 0, "tombstones_kept": 0, "keyless_kept": 0, "held_back_records": 0}
+    for rnd in range(3):
+        # every round: new records (some keys again), an hour later, then both engines
+        for uri in (local_uri, spark_uri):
+            produce(uri, seed=rnd, n=(2_500, 3_200, 300)[rnd], t=t, keys=2_000)
+        t += HOUR
+        a = Compactor(local_uri, cfg, clock=lambda t=t: t).run()
+        b = Compactor(spark_uri, cfg, clock=lambda t=t: t, engine=engine).run()
+        assert b.engine == "spark" and a.engine == "local"
+        assert b.status in ("compacted", "nothing-to-do"), b.error or b.message
+        assert figures(a) == figures(b)  # the status included
+        assert compacted(local_uri) == compacted(spark_uri)
+        if b.status == "compacted" and not b.held_back_records:  # else the reader adds the newer originals
+            assert b.records_written == len(compacted(spark_uri))
+        for k in totals:
+            totals[k] += getattr(b, k)
+    state = TopicMetadata.open(spark_uri).load_compaction()
+    # several splits per ledger were written as several parts, in id order
+    assert len(state.parts) > 3
+    assert all("/part-" in p.object for p in state.parts)
+    ids = [p.first_id for p in state.parts]
+    assert ids == sorted(ids)
+    # each scenario exercised what it is named after
+    if scenario == "kafka-tombstones":
+        assert totals["tombstones_dropped"] > 0 and totals["tombstones_kept"] > 0
+    if scenario == "pulsar-no-retention":
+        assert totals["tombstones_dropped"] > 0 and totals["tombstones_kept"] == 0
+    if scenario == "retain-null-key":
+        assert totals["keyless_kept"] > 0
+    if scenario == "min-lag":
+        assert totals["held_back_records"] > 0
+
+
+def test_engines_take_over_from_each_other(engine: SparkEngine, tmp_path: Path) -> None:
+    """Local, then Spark, then local again on one topic equals local all along."""
+    one, mixed = str(tmp_path / "one"), str(tmp_path / "mixed")
+    cfg = CompactionConfig(delete_retention_ms=int(HOUR * 1000))
+    t = 1_700_000_000.0
+    for rnd, eng in enumerate([None, engine, None, engine]):
+        for uri in (one, mixed):
+            produce(uri, seed=10 + rnd, n=1_500, t=t)
+        t += HOUR
+        Compactor(one, cfg, clock=lambda t=t: t).run()
+        s = Compactor(mixed, cfg, clock=lambda t=t: t, engine=eng).run()
+        assert s.status == "compacted"
+        assert compacted(one) == compacted(mixed)
+
+
+def test_splits_tile_the_plan_at_entry_boundaries(tmp_path: Path) -> None:
+    uri = str(tmp_path / "t")
+    produce(uri, seed=3, n=5_000, t=1_700_000_000.0, batch=13)
+    plan = make_plan(TopicMetadata.open(uri), now_ms=1_800_000_000_000, min_compaction_lag_ms=0)
+    splits = make_splits(plan, split_bytes=1 << 16, split_records=300)
+    assert sum(s.records for s in splits) == sum(s.records for s in plan.slices) == 5_000
+    assert [s.base for s in splits] == [sum(x.records for x in splits[:i]) for i in range(len(splits))]
+    for sp in splits:
+        f = next(s.file for s in plan.slices if s.file.key == sp.key)
+        starts = set(int(x) for x in f.footer.e_rec_start)
+        assert sp.start in starts and sp.stop in starts  # whole entries only
+        assert 0 < sp.records <= 300 or sp.stop == next(x for x in sorted(starts) if x > sp.start)
+    assert len(splits) > len(plan.slices)
+
+
+def test_corrupt_entry_found_by_spark_publishes_nothing_and_leaves_nothing(engine: SparkEngine,
+                                                                           tmp_path: Path) -> None:
+    uri = str(tmp_path / "t")
+    produce(uri, seed=4, n=3_000, t=1_700_000_000.0, keys=5_000, tomb=0.0, keyless=0.0)
+    meta = TopicMetadata.open(uri)
+    lg = meta.load_topic().ledgers[1]
+    path = Path(uri) / lg.object
+    data = bytearray(path.read_bytes())
+    data[len(data) // 3] ^= 0xFF  # inside an entry frame: pass one (footers only) cannot see it
+    path.write_bytes(bytes(data))
+    before = meta.load_compaction()
+    with pytest.raises(CorruptLedgerError, match=lg.object.split("/")[-1]):
+        Compactor(uri, clock=lambda: 1_700_000_000.0 + HOUR, engine=engine).run()
+    assert meta.load_compaction() == before
+    # other splits may have written parts before the error reached the driver; all are gone
+    assert not [p for p in (Path(uri) / "compacted").rglob("*") if p.is_file()]
+
+
+def test_spark_engine_refuses_a_memory_topic(engine: SparkEngine) -> None:
+    uri = "memory://spark-test/topics/t"
+    produce(uri, seed=5, n=10, t=1_700_000_000.0)
+    with pytest.raises(InvalidInputError, match="memory://"):
+        Compactor(uri, clock=lambda: 1_700_000_000.0 + HOUR, engine=engine).run()
+
+
+def test_executors_get_storage_settings_only_through_the_engine(engine: SparkEngine,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Spark workers were started without AWS variables; the forwarded environment
+    reaches them, and its repr names variables but never shows a value."""
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "token-value-8d1f")
+    env = ForwardedEnvironment.capture()
+    assert "AWS_SESSION_TOKEN" in env.names and "token-value-8d1f" not in repr(env) + str(env)
+    assert "AWS_SESSION_TOKEN" not in ForwardedEnvironment.capture(credentials=False).names
+    sc = engine.session.sparkContext
+
+    def probe(apply: bool) -> list[str | None]:
+        def task(_: Any) -> Iterator[str | None]:
+            if apply:
+                env.apply()
+            yield os.environ.get("AWS_SESSION_TOKEN")
+        return sc.parallelize([0], 1).mapPartitions(task).collect()
+
+    assert probe(False) == [None]
+    assert probe(True) == ["token-value-8d1f"]
+
+
+def test_shipped_code_zip_holds_every_module(tmp_path: Path) -> None:
+    path = _package_zip()
+    try:
+        names = set(zipfile.ZipFile(path).namelist())
+        for pkg in ("ledger", "metadata", "compactor"):
+            for py in (ROOT / pkg).rglob("*.py"):
+                assert str(py.relative_to(ROOT)) in names
+        assert "compactor/spark/log4j2.properties" in names
+        # importable from the zip alone, ahead of the source tree
+        out = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                              "import compactor.spark.tasks as t; print(t.__file__)", path],
+                             capture_output=True, text=True, cwd=tmp_path, check=True)
+        assert out.stdout.strip().startswith(path)
+    finally:
+        os.unlink(path)
+
+
+@pytest.mark.s3
+def test_cli_compacts_several_topics_in_one_application_without_leaking_credentials(
+        tmp_path: Path, s3_bucket: str) -> None:
+    secret = "Sup3rSecretValue-" + os.urandom(6).hex()
+    local_uri = str(tmp_path / "local-topic")
+    s3_uri = f"s3://{s3_bucket}/topics/t"
+    refs = [str(tmp_path / "ref-local"), str(tmp_path / "ref-s3")]
+    for uri in (local_uri, s3_uri, *refs):
+        produce(uri, seed=6, n=3_000, t=time.time() - HOUR)
+    for ref in refs:
+        Compactor(ref, CompactionConfig(delete_retention_ms=0)).run()
+    events = tmp_path / "events"
+    events.mkdir()
+    res = run_cli(local_uri, s3_uri, "--engine", "spark", "--spark-master", "local[2]", "--json",
+                  "--delete-retention", "0", "--spark-split-size", "64KiB",
+                  "--spark-conf", "spark.eventLog.enabled=true", "--spark-conf", f"spark.eventLog.dir=file:{events}",
+                  "--spark-conf", "spark.ui.enabled=false",
+                  script="compact", env={"AWS_SECRET_ACCESS_KEY": secret})
+    assert res.returncode == 0, res.stderr
+    lines = [json.loads(x) for x in res.stdout.splitlines()]
+    assert [x["topic"] for x in lines] == [local_uri, s3_uri]
+    assert all(x["status"] == "compacted" and x["engine"] == "spark" for x in lines)
+    assert compacted(local_uri) == compacted(refs[0])
+    assert compacted(s3_uri) == compacted(refs[1])
+    logged = res.stdout + res.stderr + "".join(p.read_text(errors="replace") for p in events.rglob("*")
+                                              if p.is_file())
+    assert "SparkListenerApplicationStart" in logged  # the event log was written and read
+    assert secret not in logged
+
+
+def test_cli_spark_corrupt_input_is_one_line_exit_4(tmp_path: Path) -> None:
+    uri = str(tmp_path / "t")
+    produce(uri, seed=7, n=500, t=time.time() - HOUR)
+    lg = TopicMetadata.open(uri).load_topic().ledgers[0]
+    path = Path(uri) / lg.object
+    data = bytearray(path.read_bytes())
+    data[-100] ^= 0xFF  # in the footer
+    path.write_bytes(bytes(data))
+    res = run_cli(uri, "--engine", "spark", "--spark-master", "local[1]", "--spark-conf", "spark.ui.enabled=false",
+                  script="compact")
+    assert res.returncode == 4
+    errors = [x for x in res.stderr.splitlines() if not x.startswith("WARNING: Using incubator modules")]
+    assert len(errors) == 1 and lg.object.split("/")[-1] in errors[0], res.stderr
+
+
+def test_cli_without_pyspark_says_how_to_install_it(tmp_path: Path) -> None:
+    code = ("import sys; sys.modules['pyspark'] = None\n"
+            "from compactor.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))")
+    res = subprocess.run([sys.executable, "-c", code, str(tmp_path / "t"), "--engine", "spark"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 2
+    assert res.stderr.count("\n") == 1 and "pip install 'shale[spark]'" in res.stderr
+
+
+def test_killed_spark_run_publishes_nothing_and_gc_removes_its_leftovers(tmp_path: Path) -> None:
+    uri = str(tmp_path / "t")
+    produce(uri, seed=8, n=40_000, t=time.time() - HOUR, keys=30_000)
+    meta = TopicMetadata.open(uri)
+    before = meta.load_compaction()
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "compact"), uri, "--engine", "spark",
+                             "--spark-master", "local[1]", "--spark-split-size", "64KiB",
+                             "--spark-conf", "spark.ui.enabled=false"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    compacted_dir = Path(uri) / "compacted"
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if any(compacted_dir.rglob("part-*.ledger")) if compacted_dir.exists() else False:
+                break
+            time.sleep(0.005)
+        assert proc.poll() is None, "the run ended before its first part appeared"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver, its JVM and the Python workers
+        proc.wait()
+    leftovers = [p for p in compacted_dir.rglob("*") if p.is_file()]
+    assert leftovers
+    assert meta.load_compaction() == before  # nothing published
+    assert len(compacted(uri)) == 40_000  # readers still see every original record
+    # too young to be an orphan now; past the orphan grace, gc removes every leftover
+    assert not collect_garbage(meta, now_ms=int(time.time() * 1000), grace_ms=0,
+                               orphan_grace_ms=CompactionConfig().orphan_grace_ms).orphans_deleted
+    report = collect_garbage(meta, now_ms=int((time.time() + 2 * HOUR) * 1000), grace_ms=0,
+                             orphan_grace_ms=CompactionConfig().orphan_grace_ms)
+    assert report.orphans_deleted
+    assert not [p for p in compacted_dir.rglob("*") if p.is_file()]
+    summary = Compactor(uri).run()
+    assert summary.status == "compacted" and len(compacted(uri)) == summary.records_written > 0
+
+
+def test_reduce_partitions_and_splits_do_not_change_the_result(engine: SparkEngine, tmp_path: Path) -> None:
+    ref = str(tmp_path / "ref")
+    produce(ref, seed=9, n=4_000, t=1_700_000_000.0)
+    Compactor(ref, clock=lambda: 1_700_000_000.0 + HOUR).run()
+    expected = compacted(ref)
+    for parts, split in ((1, 1 << 16), (7, 1 << 20)):
+        other = SparkEngine(SparkOptions(master="local[2]", reduce_partitions=parts, split_bytes=split),
+                            session=engine.session)
+        u = str(tmp_path / f"t{parts}")
+        produce(u, seed=9, n=4_000, t=1_700_000_000.0)
+        s = Compactor(u, clock=lambda: 1_700_000_000.0 + HOUR, engine=other).run()
+        assert s.status == "compacted"
+        assert compacted(u) == expected
