@@ -19,7 +19,7 @@ from compactor.config import (
 from compactor.durations import format_duration, parse_duration
 from compactor.engine import Engine, LocalEngine
 from compactor.job import Compactor
-from compactor.spark.options import DEFAULT_MASTER, DEFAULT_SPLIT_BYTES
+from compactor.spark.options import DEFAULT_SPLIT_BYTES
 from compactor.summary import RunSummary
 from ledger.errors import EXIT_FAILURE, InvalidInputError, ShaleError
 
@@ -108,7 +108,8 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--engine", choices=("local", "spark"), default="local",
                    help="local: in this process (default); spark: as Spark jobs (needs pip install 'shale[spark]')")
     s.add_argument("--spark-master", metavar="URL", default=None,
-                   help="Spark master: local[*] (default), local[N], spark://HOST:PORT, k8s://https://HOST, yarn")
+                   help="Spark master: local[N], spark://HOST:PORT, k8s://https://HOST, yarn (default: spark-submit's "
+                   "master under spark-submit, else local[*])")
     s.add_argument("--spark-conf", metavar="KEY=VALUE", action="append", type=_spark_conf, default=[],
                    help="a Spark setting for the session Shale starts (repeatable)")
     s.add_argument("--spark-split-size", metavar="SIZE", type=_bytes, default=None,
@@ -152,7 +153,7 @@ def _engine(args: argparse.Namespace) -> Engine:
     require_pyspark()
     from compactor.spark.engine import SparkEngine
 
-    options = SparkOptions(master=args.spark_master or DEFAULT_MASTER, conf=tuple(args.spark_conf),
+    options = SparkOptions(master=args.spark_master, conf=tuple(args.spark_conf),
                            split_bytes=args.spark_split_size or DEFAULT_SPLIT_BYTES,
                            forward_credentials=not args.no_forward_credentials)
     return SparkEngine(options)

@@ -233,6 +233,7 @@ def test_cli_compacts_several_topics_in_one_application_without_leaking_credenti
     res = run_cli(local_uri, s3_uri, "--engine", "spark", "--spark-master", "local[2]", "--json",
                   "--delete-retention", "0", "--spark-split-size", "64KiB",
                   "--spark-conf", "spark.eventLog.enabled=true", "--spark-conf", f"spark.eventLog.dir=file:{events}",
+                  "--spark-conf", "spark.eventLog.compress=false",
                   "--spark-conf", "spark.ui.enabled=false",
                   script="compact", env={"AWS_SECRET_ACCESS_KEY": secret})
     assert res.returncode == 0, res.stderr
@@ -320,3 +321,29 @@ def test_reduce_partitions_and_splits_do_not_change_the_result(engine: SparkEngi
         s = Compactor(u, clock=lambda: 1_700_000_000.0 + HOUR, engine=other).run()
         assert s.status == "compacted"
         assert compacted(u) == expected
+
+
+def test_runs_under_spark_submit_with_its_master(tmp_path: Path) -> None:
+    """``spark-submit infra/spark/compact_job.py`` joins the application spark-submit
+    made: its --master applies, and the result equals the local engine's."""
+    import pyspark
+
+    uri, ref = str(tmp_path / "t"), str(tmp_path / "ref")
+    for u in (uri, ref):
+        produce(u, seed=11, n=2_000, t=time.time() - HOUR)
+    Compactor(ref).run()
+    submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    events = tmp_path / "events"
+    events.mkdir()
+    res = subprocess.run([str(submit), "--master", "local[1]", "--conf", "spark.ui.enabled=false",
+                          "--conf", "spark.eventLog.enabled=true", "--conf", f"spark.eventLog.dir=file:{events}",
+                          "--conf", "spark.eventLog.compress=false",
+                          str(ROOT / "infra" / "spark" / "compact_job.py"), uri, "--engine", "spark", "--json"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                         env={**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable})
+    assert res.returncode == 0, res.stderr[-2000:]
+    summary = json.loads(res.stdout.splitlines()[-1])
+    assert summary["status"] == "compacted" and summary["engine"] == "spark"
+    assert compacted(uri) == compacted(ref)
+    log = "".join(p.read_text() for p in events.rglob("*") if p.is_file())
+    assert '"spark.master":"local[1]"' in log.replace(" ", "")

@@ -128,7 +128,10 @@ def _package_zip() -> str:
 
 def open_session(options: SparkOptions) -> SparkSession:
     """Start (or join) the Spark session the engine runs in."""
-    builder = SparkSession.builder.master(options.master).appName(options.app_name)
+    builder = SparkSession.builder.appName(options.app_name)
+    master = options.effective_master
+    if master is not None:
+        builder = builder.master(master)
     if options.is_local:
         # Python workers must run this interpreter, which has Shale and its dependencies.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -141,7 +144,8 @@ def open_session(options: SparkOptions) -> SparkSession:
     try:
         session = builder.getOrCreate()
     except Exception as e:
-        raise SparkUnavailableError(f"cannot start Spark with master {options.master!r}: {_first_line(e)}") from None
+        where = master or "from spark-submit"
+        raise SparkUnavailableError(f"cannot start Spark with master {where!r}: {_first_line(e)}") from None
     if options.ship_code if options.ship_code is not None else not options.is_local:
         session.sparkContext.addPyFile(_package_zip())
     return session

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Final
 
@@ -36,7 +37,8 @@ class SparkOptions:
     """Settings of the Spark engine.
 
     * ``master`` — any master Spark accepts: ``local[*]``, ``spark://host:7077``,
-      ``k8s://https://...``, ``yarn``.
+      ``k8s://https://...``, ``yarn``.  ``None``: the master ``spark-submit`` was given
+      when running under it, else ``local[*]``.
     * ``conf`` — extra Spark settings, ``(key, value)`` pairs, applied when the engine
       starts its own session.
     * ``split_bytes`` / ``split_records`` — the most one task handles; a big ledger is
@@ -51,7 +53,7 @@ class SparkOptions:
       dependencies installed.
     """
 
-    master: str = DEFAULT_MASTER
+    master: str | None = None
     conf: tuple[tuple[str, str], ...] = ()
     split_bytes: int = DEFAULT_SPLIT_BYTES
     split_records: int = DEFAULT_SPLIT_RECORDS
@@ -61,7 +63,7 @@ class SparkOptions:
     app_name: str = "shale-compact"
 
     def __post_init__(self) -> None:
-        if not self.master.strip():
+        if self.master is not None and not self.master.strip():
             raise InvalidInputError("the Spark master must not be empty")
         if self.split_bytes < 1 << 16:
             raise InvalidInputError("the Spark split size must be at least 64 KiB")
@@ -74,5 +76,18 @@ class SparkOptions:
                 raise InvalidInputError(f"Spark setting {k!r} must start with 'spark.'")
 
     @property
+    def under_spark_submit(self) -> bool:
+        """Whether this process was started by ``spark-submit`` (which sets the master)."""
+        return "PYSPARK_GATEWAY_PORT" in os.environ
+
+    @property
+    def effective_master(self) -> str | None:
+        """The master to ask for; ``None`` leaves it to ``spark-submit``."""
+        if self.master is not None:
+            return self.master
+        return None if self.under_spark_submit else DEFAULT_MASTER
+
+    @property
     def is_local(self) -> bool:
-        return self.master.startswith("local")
+        master = self.effective_master
+        return master is not None and master.startswith("local")
