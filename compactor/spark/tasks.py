@@ -140,14 +140,17 @@ def _map_split(ctx: TaskContext, split_indexes: Iterable[int]) -> Iterator[tuple
         hi = foot.col("r_hash_hi")[sp.start:sp.stop][keyed]
         lo = foot.col("r_hash_lo")[sp.start:sp.stop][keyed]
         # The latest of each key within the split is the only one that can win overall.
-        idx = keyed[latest_of_each_key(hi, lo)]
+        # In position order, so every chunk a reduce task receives is sorted by position.
+        idx = np.sort(keyed[latest_of_each_key(hi, lo)])
         cand = np.empty(len(idx), dtype=CANDIDATE)
         cand["hi"] = foot.col("r_hash_hi")[sp.start:sp.stop][idx]
         cand["lo"] = foot.col("r_hash_lo")[sp.start:sp.stop][idx]
         cand["pos"] = sp.base + idx
         cand["since"] = foot.delete_since()[sp.start:sp.stop][idx]
         cand["flags"] = flags[idx]
-        bucket = (cand["hi"] % np.uint64(parts)).astype(np.int64)
+        # 16-bit buckets sort by radix; stable keeps each bucket in position order
+        btype = np.uint16 if parts <= 1 << 16 else np.int64
+        bucket = (cand["hi"] % np.uint64(parts)).astype(btype)
         order = np.argsort(bucket, kind="stable")
         cand, bucket = cand[order], bucket[order]
         bounds = np.searchsorted(bucket, np.arange(parts + 1))
@@ -169,9 +172,13 @@ def _reduce_partition(ctx: TaskContext, items: Iterable[tuple[int, bytes]]) -> I
             yield k, v  # a map task's error, on its way to the driver
         else:
             chunks.append(np.frombuffer(v, dtype=CANDIDATE))
+    # Each chunk is sorted by position and chunks of different splits do not overlap,
+    # so ordering chunks by their first position sorts everything: the latest record of
+    # a key is then its last occurrence.
+    chunks.sort(key=lambda c: int(c["pos"][0]) if len(c) else -1)
     cand = np.concatenate(chunks) if chunks else np.empty(0, dtype=CANDIDATE)
-    # Positions are unique; sorted by position, the stable key sort puts the latest last.
-    cand = cand[np.argsort(cand["pos"], kind="stable")]
+    if len(cand) > 1 and not bool(np.all(cand["pos"][1:] > cand["pos"][:-1])):
+        cand = cand[np.argsort(cand["pos"], kind="stable")]  # never expected; cheap to be sure
     win = cand[latest_of_each_key(cand["hi"], cand["lo"])]
     tomb = np.nonzero(win["flags"] & FLAG_TOMBSTONE)[0]
     expired, first_kept = tombstone_fate(win["since"][tomb], ctx.now_ms, ctx.config.delete_retention_ms)
