@@ -20,7 +20,7 @@ import pytest
 from compactor import CompactionConfig, Compactor, RunSummary, collect_garbage
 from compactor.plan import make_plan
 from compactor.spark import ForwardedEnvironment, SparkOptions
-from compactor.spark.engine import SparkEngine, _package_zip, make_splits
+from compactor.spark.engine import SparkEngine, _package_zip, group_splits, make_splits
 from ledger.errors import CorruptLedgerError, InvalidInputError
 from metadata.topic import TopicMetadata
 from reader.topic_reader import TopicReader
@@ -38,7 +38,7 @@ def engine() -> Iterator[SparkEngine]:
     """One local Spark application for the module, started with no AWS variables in its
     environment: executors reach moto only through what the engine forwards."""
     saved = {k: os.environ.pop(k) for k in AWS_VARS if k in os.environ}
-    eng = SparkEngine(SparkOptions(master="local[2]", split_bytes=1 << 16, reduce_partitions=3,
+    eng = SparkEngine(SparkOptions(master="local[2]", split_bytes=1 << 16, split_records=300, reduce_partitions=3,
                                    conf=(("spark.ui.enabled", "false"),)))
     try:
         eng.session  # noqa: B018  (starts the JVM and its Python workers now)
@@ -139,19 +139,39 @@ def test_engines_take_over_from_each_other(engine: SparkEngine, tmp_path: Path) 
         assert compacted(one) == compacted(mixed)
 
 
-def test_splits_tile_the_plan_at_entry_boundaries(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("split_bytes", "split_records"), [(1 << 16, 300), (1 << 16, 10**9), (1 << 30, 10**9)])
+def test_splits_tile_the_plan_at_entry_boundaries(tmp_path: Path, split_bytes: int, split_records: int) -> None:
     uri = str(tmp_path / "t")
     produce(uri, seed=3, n=5_000, t=1_700_000_000.0, batch=13)
     plan = make_plan(TopicMetadata.open(uri), now_ms=1_800_000_000_000, min_compaction_lag_ms=0)
-    splits = make_splits(plan, split_bytes=1 << 16, split_records=300)
+    splits = make_splits(plan, split_bytes=split_bytes, split_records=split_records)
     assert sum(s.records for s in splits) == sum(s.records for s in plan.slices) == 5_000
     assert [s.base for s in splits] == [sum(x.records for x in splits[:i]) for i in range(len(splits))]
-    for sp in splits:
-        f = next(s.file for s in plan.slices if s.file.key == sp.key)
-        starts = set(int(x) for x in f.footer.e_rec_start)
+    for i, sp in enumerate(splits):
+        foot = next(s.file for s in plan.slices if s.file.key == sp.key).footer
+        starts = [int(x) for x in foot.e_rec_start]
         assert sp.start in starts and sp.stop in starts  # whole entries only
-        assert 0 < sp.records <= 300 or sp.stop == next(x for x in sorted(starts) if x > sp.start)
-    assert len(splits) > len(plan.slices)
+        e0, e1 = starts.index(sp.start), starts.index(sp.stop)
+        ends = [int(o) + int(n) for o, n in zip(foot.col("e_offset"), foot.col("e_length"), strict=True)]
+        assert sp.bytes == ends[e1 - 1] - int(foot.col("e_offset")[e0])
+        within = sp.bytes <= split_bytes and sp.records <= split_records
+        assert within or e1 - e0 == 1  # over a limit only when one entry alone is
+        nxt = splits[i + 1] if i + 1 < len(splits) else None
+        if nxt is not None and nxt.key == sp.key:
+            # maximal: one more entry would break a limit
+            grown_bytes = ends[e1] - int(foot.col("e_offset")[e0])
+            assert grown_bytes > split_bytes or starts[e1 + 1] - sp.start > split_records
+    if split_bytes >= 1 << 30:
+        assert len(splits) == len(plan.slices)  # one split per ledger when nothing limits
+    if split_records < 1_000:
+        assert len(splits) > len(plan.slices)  # ledgers of 1,000 records are cut
+    groups = group_splits(splits, split_bytes, split_records)
+    assert [j for g in groups for j in range(*g)] == list(range(len(splits)))
+    for j0, j1 in groups:
+        size = sum(s.bytes for s in splits[j0:j1])
+        assert j1 - j0 == 1 or (size <= split_bytes and sum(s.records for s in splits[j0:j1]) <= split_records)
+    if split_bytes >= 1 << 30:
+        assert len(groups) == 1  # small ledgers share a task
 
 
 def test_corrupt_entry_found_by_spark_publishes_nothing_and_leaves_nothing(engine: SparkEngine,

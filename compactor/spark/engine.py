@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 from pyspark import RDD, Broadcast, StorageLevel
 from pyspark.sql import SparkSession
 
@@ -38,16 +39,16 @@ from compactor.spark.tasks import (
     SplitSpec,
     TaskContext,
     error_from_record,
-    map_split,
+    map_task,
     reduce_partition,
-    write_split,
+    write_task,
 )
 from ledger.errors import InvalidInputError, ShaleError
 from ledger.format import FLAG_HAS_KEY, KIND_COMPACTED, KIND_ORIGINAL
 from ledger.storage import Location
 from metadata.state import CompactedPart
 
-__all__ = ["SparkEngine", "SparkJobError", "make_splits", "open_session"]
+__all__ = ["SparkEngine", "SparkJobError", "group_splits", "make_splits", "open_session"]
 
 T = TypeVar("T")
 _PACKAGES = ("ledger", "metadata", "compactor")
@@ -70,7 +71,8 @@ class SparkSurvivors:
     keyless_dropped: int
     footer_bytes: int
     kept_keyed: int
-    splits: int
+    tasks: int
+    task_of: npt.NDArray[np.int64]
     rdd: RDD[tuple[int, bytes]] | None
     context: Broadcast[TaskContext] | None
 
@@ -96,21 +98,37 @@ def make_splits(plan: Plan, split_bytes: int, split_records: int) -> list[SplitS
 def _split_slice(s: Slice, base: int, split_bytes: int, split_records: int) -> Iterator[SplitSpec]:
     f = s.file
     foot = f.footer
+    # boundary k: where entry k starts (k = n_entries: where the last one ends)
     rec_start = foot.e_rec_start.astype(np.int64)
     offs = foot.col("e_offset").astype(np.int64)
+    at = np.append(offs, offs[-1] + int(foot.col("e_length")[-1])) if len(offs) else np.zeros(1, np.int64)
     kind = KIND_COMPACTED if s.compacted else KIND_ORIGINAL
-    lid = f.ledger_id
-    e = int(np.searchsorted(rec_start, s.start, side="right")) - 1
-    e_end = int(np.searchsorted(rec_start, s.stop - 1, side="right"))  # one past the last entry
+    e = int(np.searchsorted(rec_start, s.start, side="right")) - 1  # entry holding the first record
+    e_end = int(np.searchsorted(rec_start, s.stop, side="left"))  # boundary at or after the last record
     a = s.start
     while a < s.stop:
-        # furthest entry boundary within both limits, but at least one entry further
-        by_bytes = int(np.searchsorted(offs, offs[e] + split_bytes, side="right")) - 1
+        by_bytes = int(np.searchsorted(at, at[e] + split_bytes, side="right")) - 1
         by_records = int(np.searchsorted(rec_start, a + split_records, side="right")) - 1
         nxt = min(max(min(by_bytes, by_records), e + 1), e_end)
         b = min(int(rec_start[nxt]), s.stop)
-        yield SplitSpec(f.key, lid, kind, a, b, base + a - s.start)
+        yield SplitSpec(f.key, f.ledger_id, kind, a, b, base + a - s.start, int(at[nxt] - at[e]))
         a, e = b, nxt
+
+
+def group_splits(splits: list[SplitSpec], split_bytes: int, split_records: int) -> list[tuple[int, int]]:
+    """Consecutive splits ``[j0, j1)`` that one task handles together: small ledgers
+    share a task up to the same limits as a split."""
+    groups: list[tuple[int, int]] = []
+    j0, size, recs = 0, 0, 0
+    for j, sp in enumerate(splits):
+        if j > j0 and (size + sp.bytes > split_bytes or recs + sp.records > split_records):
+            groups.append((j0, j))
+            j0, size, recs = j, 0, 0
+        size += sp.bytes
+        recs += sp.records
+    if splits:
+        groups.append((j0, len(splits)))
+    return groups
 
 
 def _package_zip() -> str:
@@ -192,16 +210,20 @@ def _is_kept(kv: tuple[int, bytes]) -> bool:
 
 
 def _run_map(bc: Broadcast[TaskContext], it: Iterable[int]) -> Iterator[tuple[int, bytes]]:
-    return map_split(bc.value, it)
+    return map_task(bc.value, it)
 
 
 def _run_reduce(bc: Broadcast[TaskContext], it: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
     return reduce_partition(bc.value, it)
 
 
-def _run_write(bc: Broadcast[TaskContext], run_dir: str, epoch: int, j: int,
+def _run_write(bc: Broadcast[TaskContext], run_dir: str, epoch: int, t: int,
                it: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, Any]]:
-    return write_split(bc.value, run_dir, epoch, j, it)
+    return write_task(bc.value, run_dir, epoch, t, it)
+
+
+def _task_partition(task_of: npt.NDArray[np.int64], j: int) -> int:
+    return int(task_of[j])
 
 
 class SparkEngine:
@@ -248,6 +270,10 @@ class SparkEngine:
         topic = plan.location
         self._check_reachable(topic)
         splits = make_splits(plan, self.options.split_bytes, self.options.split_records)
+        tasks = group_splits(splits, self.options.split_bytes, self.options.split_records)
+        task_of = np.zeros(len(splits), dtype=np.int64)
+        for t, (j0, j1) in enumerate(tasks):
+            task_of[j0:j1] = t
         records = sum(s.records for s in plan.slices)
         keyless = 0
         for s in plan.slices:
@@ -261,11 +287,11 @@ class SparkEngine:
             parts = self.options.reduce_partitions or max(
                 sc.defaultParallelism, math.ceil((records - keyless) / REDUCE_RECORDS_PER_PARTITION))
             ctx = TaskContext(topic.uri, ForwardedEnvironment.capture(credentials=self.options.forward_credentials),
-                              tuple(splits), np.array([sp.base for sp in splits], dtype=np.int64), parts, now_ms,
-                              config)
+                              tuple(splits), np.array([sp.base for sp in splits], dtype=np.int64), tuple(tasks),
+                              task_of, parts, now_ms, config)
             bc = sc.broadcast(ctx)
             sc.setJobDescription(f"shale pass one: {topic.uri}")
-            rdd = (sc.parallelize(range(len(splits)), len(splits))
+            rdd = (sc.parallelize(range(len(tasks)), len(tasks))
                    .mapPartitions(functools.partial(_run_map, bc))
                    .partitionBy(parts, _identity)
                    .mapPartitions(functools.partial(_run_reduce, bc))
@@ -283,7 +309,8 @@ class SparkEngine:
             records_read=records, keys=counts["keys"] - counts["tombstones"],
             tombstones_kept=counts["tombstones"] - counts["dropped"], tombstones_dropped=counts["dropped"],
             keyless_kept=keyless if retain else 0, keyless_dropped=0 if retain else keyless,
-            footer_bytes=footer_bytes, kept_keyed=counts["kept"], splits=len(splits), rdd=rdd, context=bc)
+            footer_bytes=footer_bytes, kept_keyed=counts["kept"], tasks=len(tasks), task_of=task_of, rdd=rdd,
+            context=bc)
 
     def pass_two(self, plan: Plan, survivors: SurvivorCounts, config: CompactionConfig, *, topic: Location,
                  run_dir: str, epoch: int, now_ms: int, on_object: Callable[[str], None]) -> PassTwoResult:
@@ -295,7 +322,7 @@ class SparkEngine:
         sc = self.session.sparkContext
         sc.setJobDescription(f"shale pass two: {topic.uri}")
         rdd = (survivors.rdd.filter(_is_kept)
-               .partitionBy(survivors.splits, _identity)
+               .partitionBy(survivors.tasks, functools.partial(_task_partition, survivors.task_of))
                .mapPartitionsWithIndex(functools.partial(_run_write, survivors.context, run_dir, epoch)))
         written = sorted(_spark_call(rdd.collect), key=lambda kv: int(kv[0]))
         for key, d in written:

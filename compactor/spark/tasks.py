@@ -4,13 +4,15 @@ the local engine.  Nothing here imports PySpark.
 Records are addressed by their position in the run (previous compacted parts first,
 then new ledgers, in id order), exactly as the local engine numbers them:
 
-* **map** (one task per split): read the split's footer rows, keep the latest record of
+Consecutive splits are grouped into tasks (small ledgers share one):
+
+* **map** (one task per group): read each split's footer rows, keep the latest record of
   each key within the split, and send each survivor ``(hash, position, flags,
   first-kept time)`` — 33 bytes — to the reduce partition of its hash;
 * **reduce** (one task per hash partition): keep the latest position of each key, apply
   the tombstone rules, and send each kept position to the split it came from;
-* **write** (one task per split): copy the kept records into parts named
-  ``part-<split>-<n>.ledger`` under the run folder.
+* **write** (one task per group): copy the kept records of its splits, in order, into
+  parts named ``part-<task>-<n>.ledger`` under the run folder.
 
 A Shale error inside a task (corrupt data, a missing object) does not fail the task:
 the task emits it as a record under :data:`ERROR_KEY`, which flows through to the
@@ -46,9 +48,9 @@ __all__ = [
     "SplitSpec",
     "TaskContext",
     "error_from_record",
-    "map_split",
+    "map_task",
     "reduce_partition",
-    "write_split",
+    "write_task",
 ]
 
 #: One candidate survivor in pass one's shuffle.
@@ -71,6 +73,7 @@ class SplitSpec:
     start: int
     stop: int
     base: int
+    bytes: int  # entry bytes the split covers
 
     @property
     def records(self) -> int:
@@ -85,6 +88,8 @@ class TaskContext:
     environment: ForwardedEnvironment
     splits: tuple[SplitSpec, ...]
     bases: npt.NDArray[np.int64]  # splits' first run positions, ascending
+    tasks: tuple[tuple[int, int], ...]  # the splits [j0, j1) each map and write task handles
+    task_of: npt.NDArray[np.int64]  # split -> task
     reduce_partitions: int
     now_ms: int
     config: CompactionConfig
@@ -124,15 +129,15 @@ def error_from_record(raw: bytes) -> ShaleError:
     return err
 
 
-def map_split(ctx: TaskContext, split_indexes: Iterable[int]) -> Iterator[tuple[int, bytes]]:
-    """Pass one, map side: candidates of each split, by reduce partition."""
-    return _task_errors(_map_split(ctx, split_indexes))
+def map_task(ctx: TaskContext, task_indexes: Iterable[int]) -> Iterator[tuple[int, bytes]]:
+    """Pass one, map side: candidates of each split of the tasks, by reduce partition."""
+    return _task_errors(_map_task(ctx, task_indexes))
 
 
-def _map_split(ctx: TaskContext, split_indexes: Iterable[int]) -> Iterator[tuple[int, bytes]]:
+def _map_task(ctx: TaskContext, task_indexes: Iterable[int]) -> Iterator[tuple[int, bytes]]:
     loc = ctx.location()
     parts = ctx.reduce_partitions
-    for j in split_indexes:
+    for j in (j for t in task_indexes for j in range(*ctx.tasks[t])):
         sp = ctx.splits[j]
         foot = ctx.open(loc, j).footer
         flags = foot.col("r_flags")[sp.start:sp.stop]
@@ -199,31 +204,42 @@ def _reduce_partition(ctx: TaskContext, items: Iterable[tuple[int, bytes]]) -> I
     yield STATS_KEY, json.dumps(counts).encode()
 
 
-def write_split(ctx: TaskContext, run_dir: str, epoch: int, j: int,
+def write_task(ctx: TaskContext, run_dir: str, epoch: int, t: int,
+               items: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, Any]]:
+    """Pass two for task ``t``: write the kept records of its splits, in order, into
+    parts ``part-<t>-<n>.ledger``; yield ``(t, what was written)``."""
+    return _task_errors(_write_task(ctx, run_dir, epoch, t, items))
+
+
+def _write_task(ctx: TaskContext, run_dir: str, epoch: int, t: int,
                 items: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, Any]]:
-    """Pass two for split ``j``: write its kept records; yield ``(j, what was written)``."""
-    return _task_errors(_write_split(ctx, run_dir, epoch, j, items))
-
-
-def _write_split(ctx: TaskContext, run_dir: str, epoch: int, j: int,
-                 items: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, Any]]:
-    chunks = [np.frombuffer(v, dtype=KEPT) for k, v in items if k == j]
-    kept = np.concatenate(chunks) if chunks else np.empty(0, dtype=KEPT)
-    if j >= len(ctx.splits) or (not len(kept) and not ctx.config.retain_null_key):
+    if t >= len(ctx.tasks):
         return
-    sp = ctx.splits[j]
+    by_split: dict[int, list[npt.NDArray[Any]]] = {}
+    for j, v in items:
+        by_split.setdefault(j, []).append(np.frombuffer(v, dtype=KEPT))
+    j0, j1 = ctx.tasks[t]
+    todo = [j for j in range(j0, j1) if j in by_split or ctx.config.retain_null_key]
+    if not todo:
+        return
     loc = ctx.location()
-    f = ctx.open(loc, j)
-    keep = np.zeros(sp.records, dtype=bool)
-    keep[kept["pos"] - sp.base] = True
-    since = np.zeros(sp.records, dtype=np.int64)
-    since[kept["pos"] - sp.base] = kept["since"]
-    if ctx.config.retain_null_key:
-        keep[(f.footer.col("r_flags")[sp.start:sp.stop] & FLAG_HAS_KEY) == 0] = True
-    if not keep.any():
-        return
-    work = [(Slice(f, sp.start, sp.stop, sp.kind == KIND_COMPACTED), keep, since)]
-    out = write_parts(work, ctx.config, topic=loc, run_dir=run_dir, epoch=epoch, now_ms=ctx.now_ms,
-                      on_object=lambda _name: None, name_prefix=f"part-{j:06d}-")
-    yield j, {"parts": [p.to_json() for p in out.parts], "records_written": out.records_written,
+    out = write_parts(_split_work(ctx, loc, todo, by_split), ctx.config, topic=loc, run_dir=run_dir, epoch=epoch,
+                      now_ms=ctx.now_ms, on_object=lambda _name: None, name_prefix=f"part-{t:06d}-")
+    yield t, {"parts": [p.to_json() for p in out.parts], "records_written": out.records_written,
               "bytes_written": out.bytes_written, "bytes_read": out.bytes_read}
+
+
+def _split_work(ctx: TaskContext, loc: Location, todo: list[int], by_split: dict[int, list[npt.NDArray[Any]]]
+                ) -> Iterator[tuple[Slice, npt.NDArray[np.bool_], npt.NDArray[np.int64]]]:
+    for j in todo:
+        sp = ctx.splits[j]
+        chunks = by_split.get(j, [])
+        kept = np.concatenate(chunks) if chunks else np.empty(0, dtype=KEPT)
+        f = ctx.open(loc, j)
+        keep = np.zeros(sp.records, dtype=bool)
+        keep[kept["pos"] - sp.base] = True
+        since = np.zeros(sp.records, dtype=np.int64)
+        since[kept["pos"] - sp.base] = kept["since"]
+        if ctx.config.retain_null_key:
+            keep[(f.footer.col("r_flags")[sp.start:sp.stop] & FLAG_HAS_KEY) == 0] = True
+        yield Slice(f, sp.start, sp.stop, sp.kind == KIND_COMPACTED), keep, since
