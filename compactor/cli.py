@@ -154,7 +154,7 @@ def _engine(args: argparse.Namespace) -> Engine:
     from compactor.spark.engine import SparkEngine
 
     options = SparkOptions(master=args.spark_master, conf=tuple(args.spark_conf),
-                           split_bytes=args.spark_split_size or DEFAULT_SPLIT_BYTES,
+                           split_bytes=DEFAULT_SPLIT_BYTES if args.spark_split_size is None else args.spark_split_size,
                            forward_credentials=not args.no_forward_credentials)
     return SparkEngine(options)
 

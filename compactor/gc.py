@@ -108,6 +108,16 @@ def _orphans(meta: TopicMetadata, state: CompactionState, now_ms: int, grace_ms:
                 store.delete(loc.key(rel))
             deleted.append(rel)
 
+    # Writes a killed writer never finished (temporary files, multipart uploads): no
+    # state can name them, so only their age matters.
+    for folder in (COMPACTED_DIR, LEDGER_DIR):
+        for info in list(store.unfinished_writes(loc.key(folder))):
+            if now_ms - info.mtime * 1000 < grace_ms:
+                continue
+            if not dry_run:
+                store.discard_write(info)
+            deleted.append(f"{loc.relative(info.key)} (unfinished write)")
+
     topic = meta.load_topic()
     registered = {lg.object for lg in topic.ledgers}
     for info in store.list(loc.key(LEDGER_DIR)):

@@ -154,7 +154,15 @@ class Compactor:
             return done("skipped", f"dirty ratio {plan.dirty_ratio:.3f} is below {self.config.min_dirty_ratio:.3f}")
 
         self.progress(f"pass one over {sum(s.records for s in plan.slices):,} records")
-        survivors = self.engine.pass_one(plan, self.config, now_ms)
+        try:
+            survivors = self.engine.pass_one(plan, self.config, now_ms)
+        except ObjectNotFoundError:
+            # An engine that re-reads footers (Spark) can meet the same race as pass two.
+            if self.meta.load_compaction().version == plan.previous.version:
+                raise
+            summary.horizon = summary.previous_horizon
+            return done("conflict", "another compactor replaced the compacted ledger this run was reading",
+                        gc=False)
         try:
             return self._write_and_publish(plan, survivors, summary, now_ms, t, phase, done)
         finally:
@@ -256,6 +264,11 @@ class Compactor:
             listed = [topic.relative(o.key) for o in store.list(topic.key(run_dir) + "/")]
         except ShaleError:
             listed = []
+        try:
+            for info in list(store.unfinished_writes(topic.key(run_dir) + "/")):
+                store.discard_write(info)  # a task killed mid-write (the run is over)
+        except ShaleError:
+            pass  # left for garbage collection
         for obj in dict.fromkeys([*written, *listed]):
             try:
                 self.meta.topic.store.delete(self.meta.topic.key(obj))

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import xxhash
 
-from ledger.errors import AlreadyExistsError, ConflictError, ObjectNotFoundError, StorageError
+from ledger.errors import AlreadyExistsError, ConflictError, InvalidInputError, ObjectNotFoundError, StorageError
 from ledger.storage import ObjectInfo, ObjectStore, ObjectWriter, register_backend
 
 __all__ = ["LocalStore"]
@@ -190,6 +190,27 @@ class LocalStore(ObjectStore):
                 found.append(ObjectInfo(full.lstrip("/"), st.st_size, st.st_mtime))
         found.sort(key=lambda o: o.key)
         yield from found
+
+
+    def unfinished_writes(self, prefix: str) -> Iterator[ObjectInfo]:
+        root = self._path(prefix.rstrip("/"))
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames.sort()
+            for name in sorted(filenames):
+                if not name.startswith(_HIDDEN + "tmp-"):
+                    continue
+                full = os.path.join(dirpath, name)
+                try:
+                    st = os.stat(full)
+                except FileNotFoundError:
+                    continue
+                yield ObjectInfo(full.lstrip("/"), st.st_size, st.st_mtime)
+
+    def discard_write(self, info: ObjectInfo) -> None:
+        if not os.path.basename(info.key).startswith(_HIDDEN + "tmp-"):
+            raise InvalidInputError(f"{info.key!r} is not an unfinished write")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._path(info.key))
 
 
 _STORE = LocalStore()

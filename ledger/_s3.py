@@ -38,7 +38,7 @@ _TRANSIENT_CODES = frozenset({
     "Throttling", "ThrottlingException", "RequestLimitExceeded", "ConditionalRequestConflict",
     "OperationAborted", "BadDigest", "IncompleteBody",
 })
-_MISSING_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
+_MISSING_CODES = frozenset({"NoSuchKey", "NotFound", "404", "NoSuchUpload"})
 _PART_SIZE = 16 * 1024 * 1024
 
 
@@ -271,6 +271,25 @@ class S3Store(ObjectStore):
             self._call("delete_object", key, Bucket=self.bucket, Key=key)
         except ObjectNotFoundError:
             pass
+
+    def unfinished_writes(self, prefix: str) -> Iterator[ObjectInfo]:
+        head = prefix.rstrip("/") + "/" if prefix else ""
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": head}
+        while True:
+            r = self._call("list_multipart_uploads", head, **kwargs)
+            for u in r.get("Uploads", []):
+                # the upload id travels as the token; mtime is when it was started
+                yield ObjectInfo(u["Key"], 0, u["Initiated"].timestamp(), u["UploadId"])
+            if not r.get("IsTruncated"):
+                return
+            kwargs["KeyMarker"] = r.get("NextKeyMarker", "")
+            kwargs["UploadIdMarker"] = r.get("NextUploadIdMarker", "")
+
+    def discard_write(self, info: ObjectInfo) -> None:
+        try:
+            self._call("abort_multipart_upload", info.key, Bucket=self.bucket, Key=info.key, UploadId=info.token)
+        except ObjectNotFoundError:
+            pass  # already completed or aborted
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         head = prefix.rstrip("/") + "/" if prefix else ""

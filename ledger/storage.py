@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from ledger.errors import InvalidURIError
+from ledger.errors import InvalidURIError, UnsupportedOperationError
 
 __all__ = [
     "Location",
@@ -142,6 +142,16 @@ class ObjectStore(ABC):
     @abstractmethod
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         """Every object under the folder ``prefix`` (recursively), in key order."""
+
+    def unfinished_writes(self, prefix: str) -> Iterator[ObjectInfo]:
+        """Writes under ``prefix`` that were started and never finished or aborted — a
+        killed writer's temporary file, an incomplete multipart upload.  ``mtime`` is
+        when the write started.  Stores without such leftovers list none."""
+        return iter(())
+
+    def discard_write(self, info: ObjectInfo) -> None:
+        """Remove one leftover listed by :meth:`unfinished_writes`."""
+        raise UnsupportedOperationError(f"{self.url(info.key)}: this store has no unfinished writes")
 
 
 # --------------------------------------------------------------------------- URIs

@@ -56,10 +56,13 @@ def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 def produce(uri: str, seed: int, n: int, t: float, *, keys: int = 400, tomb: float = 0.1, keyless: float = 0.05,
-            batch: int = 7) -> None:
+            batch: int = 7, step: float = 0.0) -> None:
+    """``n`` records from a seeded generator; record ``i`` is published at ``t + i * step``."""
     rnd = random.Random(seed)
-    with TopicWriter(uri, max_ledger_records=1_000, batch_size=batch, clock=lambda: t) as w:
+    now = [t]
+    with TopicWriter(uri, max_ledger_records=1_000, batch_size=batch, clock=lambda: now[0]) as w:
         for i in range(n):
+            now[0] = t + i * step
             key = None if rnd.random() < keyless else f"key-{rnd.randrange(keys)}"
             value = None if key is not None and rnd.random() < tomb else f"value-{seed}-{i}-" + "x" * rnd.randrange(40)
             w.append(key, value, properties={"i": str(i)} if i % 5 == 0 else None)
@@ -82,7 +85,8 @@ SCENARIOS = {
     "kafka-tombstones": dict(delete_retention_ms=int(2 * HOUR * 1000)),
     "pulsar-no-retention": dict(delete_retention_ms=0),
     "retain-null-key": dict(retain_null_key=True, delete_retention_ms=int(HOUR * 1000)),
-    "min-lag": dict(min_compaction_lag_ms=int(1.5 * HOUR * 1000)),
+    # records are published half a second apart, so the lag cuts inside a ledger
+    "min-lag": dict(min_compaction_lag_ms=50 * 60 * 1000),
 }
 
 
@@ -95,7 +99,8 @@ def test_spark_and_local_engines_publish_the_same_content(engine: SparkEngine, r
     for rnd in range(3):
         # every round: new records (some keys again), an hour later, then both engines
         for uri in (local_uri, spark_uri):
-            produce(uri, seed=rnd, n=(2_500, 3_200, 300)[rnd], t=t, keys=2_000)
+            produce(uri, seed=rnd, n=(2_500, 3_200, 300)[rnd], t=t, keys=2_000,
+                    step=0.5 if scenario == "min-lag" else 0.0)
         t += HOUR
         a = Compactor(local_uri, cfg, clock=lambda t=t: t).run()
         b = Compactor(spark_uri, cfg, clock=lambda t=t: t, engine=engine).run()
@@ -270,11 +275,11 @@ def test_cli_compacts_several_topics_in_one_application_without_leaking_credenti
 
 def test_cli_spark_corrupt_input_is_one_line_exit_4(tmp_path: Path) -> None:
     uri = str(tmp_path / "t")
-    produce(uri, seed=7, n=500, t=time.time() - HOUR)
-    lg = TopicMetadata.open(uri).load_topic().ledgers[0]
+    produce(uri, seed=7, n=3_000, t=time.time() - HOUR, keys=5_000, tomb=0.0, keyless=0.0)
+    lg = TopicMetadata.open(uri).load_topic().ledgers[1]
     path = Path(uri) / lg.object
     data = bytearray(path.read_bytes())
-    data[-100] ^= 0xFF  # in the footer
+    data[len(data) // 3] ^= 0xFF  # in an entry: found by a pass-two task, not by the driver
     path.write_bytes(bytes(data))
     res = run_cli(uri, "--engine", "spark", "--spark-master", "local[1]", "--spark-conf", "spark.ui.enabled=false",
                   script="compact")
@@ -367,3 +372,55 @@ def test_runs_under_spark_submit_with_its_master(tmp_path: Path) -> None:
     assert compacted(uri) == compacted(ref)
     log = "".join(p.read_text() for p in events.rglob("*") if p.is_file())
     assert '"spark.master":"local[1]"' in log.replace(" ", "")
+
+
+EDGE_TOPICS = {
+    # few keys, many reduce partitions: most reduce tasks receive nothing
+    "two-keys": dict(keys=2, tomb=0.0, keyless=0.0),
+    # every latest record a tombstone that expires at once: nothing survives
+    "all-tombstones": dict(keys=50, tomb=1.0, keyless=0.0),
+    # no keys at all, kept in place
+    "all-keyless": dict(keys=50, tomb=0.0, keyless=1.0),
+}
+
+
+@pytest.mark.parametrize("topic", sorted(EDGE_TOPICS))
+def test_edge_topics_match_the_local_engine(engine: SparkEngine, tmp_path: Path, topic: str) -> None:
+    cfg = CompactionConfig(delete_retention_ms=0, retain_null_key=True)
+    wide = SparkEngine(SparkOptions(reduce_partitions=16, split_bytes=1 << 16, split_records=300),
+                       session=engine.session)
+    ref, uri = str(tmp_path / "ref"), str(tmp_path / "t")
+    for u in (ref, uri):
+        produce(u, seed=12, n=1_500, t=1_700_000_000.0, **EDGE_TOPICS[topic])  # type: ignore[arg-type]
+    a = Compactor(ref, cfg, clock=lambda: 1_700_000_000.0 + HOUR).run()
+    b = Compactor(uri, cfg, clock=lambda: 1_700_000_000.0 + HOUR, engine=wide).run()
+    assert b.status == "compacted", b.error
+    assert figures(a) == figures(b)
+    assert compacted(ref) == compacted(uri)
+    expected = {"two-keys": 2, "all-tombstones": 0, "all-keyless": 1_500}[topic]
+    assert b.records_written == expected
+
+
+def test_dry_run_reports_what_the_local_engine_reports(engine: SparkEngine, tmp_path: Path) -> None:
+    ref, uri = str(tmp_path / "ref"), str(tmp_path / "t")
+    for u in (ref, uri):
+        produce(u, seed=13, n=2_000, t=1_700_000_000.0)
+    cfg = CompactionConfig(dry_run=True)
+    a = Compactor(ref, cfg, clock=lambda: 1_700_000_000.0 + HOUR).run()
+    b = Compactor(uri, cfg, clock=lambda: 1_700_000_000.0 + HOUR, engine=engine).run()
+    assert b.status == "dry-run" and figures(a) == figures(b) and b.records_written > 0
+    assert not (Path(uri) / "compacted").exists()
+    assert TopicMetadata.open(uri).load_compaction().epoch == 0
+
+
+def test_a_failed_spark_job_is_one_line_naming_the_python_error() -> None:
+    from compactor.spark.engine import _first_line
+
+    text = ("An error occurred while calling o123.collectAndServe.\n"
+            ": org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage 3.0 failed\n"
+            "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+            '  File "/x/worker.py", line 1, in main\n'
+            "MemoryError: cannot allocate 8 GiB\n"
+            "\tat org.apache.spark.api.python.BasePythonRunner.handlePythonException(PythonRunner.scala:1)\n")
+    assert _first_line(RuntimeError(text)) == "MemoryError: cannot allocate 8 GiB"
+    assert _first_line(RuntimeError("plain failure\nmore")) == "plain failure"

@@ -72,6 +72,27 @@ def test_streaming_writer_visible_only_after_close(loc: Location) -> None:
     assert not s.exists(loc.key("aborted"))
 
 
+def test_unfinished_writes_are_listed_and_discarded(loc: Location, backend: str) -> None:
+    """A writer killed mid-write (never closed nor aborted) leaves something only
+    ``unfinished_writes`` sees; ``discard_write`` removes it."""
+    s = loc.store
+    w = s.open_writer(loc.key("run/part-1"))
+    w.write(b"x" * (17 << 20))  # past one multipart part on S3
+    done = s.open_writer(loc.key("run/part-0"))
+    done.write(b"y")
+    done.close()
+    leftovers = list(s.unfinished_writes(loc.key("run")))
+    if backend == "memory":
+        assert leftovers == []  # nothing outlives a process there
+        w.abort()
+        return
+    assert len(leftovers) == 1 and "part-1" in leftovers[0].key
+    assert [o.key for o in s.list(loc.key("run"))] == [loc.key("run/part-0")]  # never in a listing
+    s.discard_write(leftovers[0])
+    assert list(s.unfinished_writes(loc.key("run"))) == []
+    assert s.get(loc.key("run/part-0")) == b"y"
+
+
 def test_put_if_absent(loc: Location) -> None:
     s, k = loc.store, loc.key("doc")
     token = s.put_if_absent(k, b"one")

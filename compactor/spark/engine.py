@@ -9,6 +9,7 @@ folder, which the driver removes if the run fails.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -144,8 +145,9 @@ def _package_zip() -> str:
     return path
 
 
-def open_session(options: SparkOptions) -> SparkSession:
-    """Start (or join) the Spark session the engine runs in."""
+def open_session(options: SparkOptions) -> tuple[SparkSession, str | None]:
+    """Start (or join) the Spark session the engine runs in; also return the code zip
+    shipped to executors, if any (the caller deletes it when done)."""
     builder = SparkSession.builder.appName(options.app_name)
     master = options.effective_master
     if master is not None:
@@ -164,9 +166,11 @@ def open_session(options: SparkOptions) -> SparkSession:
     except Exception as e:
         where = master or "from spark-submit"
         raise SparkUnavailableError(f"cannot start Spark with master {where!r}: {_first_line(e)}") from None
+    shipped = None
     if options.ship_code if options.ship_code is not None else not options.is_local:
-        session.sparkContext.addPyFile(_package_zip())
-    return session
+        shipped = _package_zip()
+        session.sparkContext.addPyFile(shipped)
+    return session, shipped
 
 
 _EXCEPTION_LINE = re.compile(r"^\s*((?:\w+\.)*\w*(?:Error|Exception|Exit)\b:?.*)$")
@@ -205,8 +209,8 @@ def _is_report(kv: tuple[int, bytes]) -> bool:
     return kv[0] in (STATS_KEY, ERROR_KEY)
 
 
-def _is_kept(kv: tuple[int, bytes]) -> bool:
-    return kv[0] >= 0
+def _is_not_stats(kv: tuple[int, bytes]) -> bool:
+    return kv[0] != STATS_KEY
 
 
 def _run_map(bc: Broadcast[TaskContext], it: Iterable[int]) -> Iterator[tuple[int, bytes]]:
@@ -223,7 +227,19 @@ def _run_write(bc: Broadcast[TaskContext], run_dir: str, epoch: int, t: int,
 
 
 def _task_partition(task_of: npt.NDArray[np.int64], j: int) -> int:
-    return int(task_of[j])
+    return int(task_of[j]) if j >= 0 else 0  # an error record goes to the first task
+
+
+def _release(rdd: RDD[Any] | None, bc: Broadcast[TaskContext] | None) -> None:
+    """Drop the cached shuffle output and destroy the broadcast (whose pickle, on the
+    driver's disk, holds the forwarded credentials).  Never raises: this runs while
+    another error may be on its way out."""
+    with contextlib.suppress(Exception):
+        if rdd is not None:
+            rdd.unpersist()
+    with contextlib.suppress(Exception):
+        if bc is not None:
+            bc.destroy()
 
 
 class SparkEngine:
@@ -241,19 +257,27 @@ class SparkEngine:
     def __init__(self, options: SparkOptions | None = None, *, session: SparkSession | None = None) -> None:
         self.options = options or SparkOptions()
         self._session = session
-        self._owns_session = session is None
+        self._owns_session = False
+        self._shipped: str | None = None
 
     @property
     def session(self) -> SparkSession:
         if self._session is None:
-            self._session = open_session(self.options)
+            # Joining a session someone else started means leaving it running at close.
+            self._owns_session = SparkSession.getActiveSession() is None
+            self._session, self._shipped = open_session(self.options)
         return self._session
 
     def close(self) -> None:
         """Stop the Spark session if this engine started it."""
         if self._session is not None and self._owns_session:
-            self._session.stop()
+            with contextlib.suppress(Exception):
+                self._session.stop()
         self._session = None
+        if self._shipped is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._shipped)
+            self._shipped = None
 
     def __enter__(self) -> SparkEngine:
         return self
@@ -290,18 +314,21 @@ class SparkEngine:
                               tuple(splits), np.array([sp.base for sp in splits], dtype=np.int64), tuple(tasks),
                               task_of, parts, now_ms, config)
             bc = sc.broadcast(ctx)
-            sc.setJobDescription(f"shale pass one: {topic.uri}")
-            rdd = (sc.parallelize(range(len(tasks)), len(tasks))
-                   .mapPartitions(functools.partial(_run_map, bc))
-                   .partitionBy(parts, _identity)
-                   .mapPartitions(functools.partial(_run_reduce, bc))
-                   .persist(StorageLevel.MEMORY_AND_DISK))
-            reports = _spark_call(rdd.filter(_is_report).collect)
-            for key, raw in reports:
-                if key == ERROR_KEY:
-                    rdd.unpersist()
-                    bc.unpersist()
-                    raise error_from_record(raw)
+            try:
+                sc.setJobDescription(f"shale pass one: {topic.uri}")
+                rdd = (sc.parallelize(range(len(tasks)), len(tasks))
+                       .mapPartitions(functools.partial(_run_map, bc))
+                       .partitionBy(parts, _identity)
+                       .mapPartitions(functools.partial(_run_reduce, bc))
+                       .persist(StorageLevel.MEMORY_AND_DISK))
+                reports = _spark_call(rdd.filter(_is_report).collect)
+                errors = [raw for key, raw in reports if key == ERROR_KEY]
+                if errors:
+                    raise error_from_record(errors[0])
+            except BaseException:
+                _release(rdd, bc)
+                raise
+            for _key, raw in reports:
                 for k, v in json.loads(raw).items():
                     counts[k] += int(v)
         retain = config.retain_null_key
@@ -321,7 +348,7 @@ class SparkEngine:
             return result
         sc = self.session.sparkContext
         sc.setJobDescription(f"shale pass two: {topic.uri}")
-        rdd = (survivors.rdd.filter(_is_kept)
+        rdd = (survivors.rdd.filter(_is_not_stats)
                .partitionBy(survivors.tasks, functools.partial(_task_partition, survivors.task_of))
                .mapPartitionsWithIndex(functools.partial(_run_write, survivors.context, run_dir, epoch)))
         written = sorted(_spark_call(rdd.collect), key=lambda kv: int(kv[0]))
@@ -333,12 +360,13 @@ class SparkEngine:
             result.records_written += int(d["records_written"])
             result.bytes_written += int(d["bytes_written"])
             result.bytes_read += int(d["bytes_read"])
+        if result.records_written != survivors.records_kept:
+            # Never publish a ledger that lost records, whatever happened in between.
+            raise SparkJobError(f"{topic.uri}: pass two wrote {result.records_written} records where pass one "
+                                f"kept {survivors.records_kept}; nothing was published")
         return result
 
     def release(self, survivors: SurvivorCounts) -> None:
         if isinstance(survivors, SparkSurvivors):
-            if survivors.rdd is not None:
-                survivors.rdd.unpersist()
-            if survivors.context is not None:
-                survivors.context.unpersist()
+            _release(survivors.rdd, survivors.context)
             survivors.rdd = survivors.context = None

@@ -22,6 +22,7 @@ failure nor logs a traceback for it, and the command still prints one line.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from compactor.pass_one import latest_of_each_key, tombstone_fate
 from compactor.pass_two import write_parts
 from compactor.plan import Slice
 from compactor.spark.environment import ForwardedEnvironment
-from ledger.errors import ShaleError
+from ledger.errors import ShaleError, TransientStorageError
 from ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, KIND_COMPACTED
 from ledger.reader import LedgerFile
 from ledger.storage import Location, resolve
@@ -100,13 +101,26 @@ class TaskContext:
 
     def open(self, loc: Location, j: int) -> LedgerFile:
         sp = self.splits[j]
-        return LedgerFile.open(loc.store, sp.key, ledger_id=sp.ledger_id, kind=sp.kind)
+        ident = (loc.store.url(sp.key), sp.ledger_id, sp.kind)
+        f = _LAST_OPENED.get(ident)
+        if f is None:
+            # Consecutive splits of one big ledger share its footer: keep the last one.
+            f = LedgerFile.open(loc.store, sp.key, ledger_id=sp.ledger_id, kind=sp.kind)
+            _LAST_OPENED.clear()
+            _LAST_OPENED[ident] = f
+        return f
+
+
+# Objects are immutable, so a footer read once stays right; one per worker process.
+_LAST_OPENED: dict[tuple[str, int, int], LedgerFile] = {}
 
 
 def _task_errors(gen: Iterator[tuple[int, Any]]) -> Iterator[tuple[int, Any]]:
     """Emit a Shale error as an ``ERROR_KEY`` record instead of failing the task."""
     try:
         yield from gen
+    except TransientStorageError:
+        raise  # Spark retries the task, as the local engine's storage layer retries a request
     except ShaleError as e:
         detail = {"type": type(e).__name__, "exit_code": e.exit_code, "message": str(e)}
         yield ERROR_KEY, json.dumps(detail).encode()
@@ -158,10 +172,10 @@ def _map_task(ctx: TaskContext, task_indexes: Iterable[int]) -> Iterator[tuple[i
         bucket = (cand["hi"] % np.uint64(parts)).astype(btype)
         order = np.argsort(bucket, kind="stable")
         cand, bucket = cand[order], bucket[order]
-        bounds = np.searchsorted(bucket, np.arange(parts + 1))
-        for r in range(parts):
-            if bounds[r + 1] > bounds[r]:
-                yield r, cand[bounds[r]:bounds[r + 1]].tobytes()
+        if len(bucket):
+            firsts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
+            for a, b in zip(firsts, np.r_[firsts[1:], len(bucket)], strict=True):
+                yield int(bucket[a]), cand[a:b].tobytes()
 
 
 def reduce_partition(ctx: TaskContext, items: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
@@ -197,9 +211,10 @@ def _reduce_partition(ctx: TaskContext, items: Iterable[tuple[int, bytes]]) -> I
     split_of = np.searchsorted(ctx.bases, kept["pos"], side="right") - 1
     order = np.argsort(split_of, kind="stable")
     kept, split_of = kept[order], split_of[order]
-    starts = np.nonzero(np.r_[True, split_of[1:] != split_of[:-1]])[0] if len(kept) else np.empty(0, np.intp)
-    for a, b in zip(starts, [*starts[1:], len(kept)], strict=True):
-        yield int(split_of[a]), kept[a:b].tobytes()
+    if len(kept):
+        bounds = np.r_[np.flatnonzero(np.r_[True, split_of[1:] != split_of[:-1]]), len(kept)]
+        for a, b in itertools.pairwise(bounds):
+            yield int(split_of[a]), kept[a:b].tobytes()
     counts = {"keys": len(win), "tombstones": len(tomb), "dropped": int(expired.sum()), "kept": len(kept)}
     yield STATS_KEY, json.dumps(counts).encode()
 
@@ -217,6 +232,10 @@ def _write_task(ctx: TaskContext, run_dir: str, epoch: int, t: int,
         return
     by_split: dict[int, list[npt.NDArray[Any]]] = {}
     for j, v in items:
+        if j == ERROR_KEY:
+            # a map task re-run for this job (lost shuffle files) failed: write nothing
+            yield ERROR_KEY, v
+            return
         by_split.setdefault(j, []).append(np.frombuffer(v, dtype=KEPT))
     j0, j1 = ctx.tasks[t]
     todo = [j for j in range(j0, j1) if j in by_split or ctx.config.retain_null_key]
