@@ -13,6 +13,7 @@ from typing import Any, TextIO
 from compactor.config import (
     DEFAULT_DELETE_RETENTION_MS,
     DEFAULT_GC_GRACE_MS,
+    DEFAULT_MAX_MAP_BYTES,
     DEFAULT_ORPHAN_GRACE_MS,
     CompactionConfig,
 )
@@ -103,6 +104,10 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-gc", action="store_true", help="do not collect garbage after the run")
     p.add_argument("--max-part-bytes", type=_bytes, default=256 << 20, metavar="SIZE",
                    help="roll the compacted ledger into a new part at this size (default 256MiB)")
+    p.add_argument("--max-map-bytes", type=_bytes, default=None, metavar="SIZE",
+                   help="memory for pass one's key map, 24 bytes per key written since the last run (default 1GiB, "
+                   "about 44 million keys); when the new keys need more, compact up to where they fit and let "
+                   "the next run continue (local engine)")
     p.add_argument("--json", action="store_true", help="print one JSON line per topic instead of a summary")
     s = p.add_argument_group("engine", "where the two passes run (planning and publishing always run here)")
     s.add_argument("--engine", choices=("local", "spark"), default="local",
@@ -135,11 +140,15 @@ def _config(args: argparse.Namespace) -> CompactionConfig:
         min_compaction_lag_ms=args.min_compaction_lag, delete_retention_ms=args.delete_retention,
         retain_null_key=args.retain_null_key, min_dirty_ratio=args.min_dirty_ratio, dry_run=args.dry_run,
         gc_grace_ms=args.gc_grace, orphan_grace_ms=args.orphan_grace, collect_garbage=not args.no_gc,
-        max_part_bytes=args.max_part_bytes)
+        max_part_bytes=args.max_part_bytes,
+        max_map_bytes=DEFAULT_MAX_MAP_BYTES if args.max_map_bytes is None else args.max_map_bytes)
 
 
 def _engine(args: argparse.Namespace) -> Engine:
     """The engine the flags ask for; Spark flags without ``--engine spark`` are a usage error."""
+    if args.engine == "spark" and args.max_map_bytes is not None:
+        raise InvalidInputError("--max-map-bytes applies to the local engine; the Spark engine spreads its key map "
+                                "over the reduce partitions")
     spark_flags = [name for name, given in (("--spark-master", args.spark_master is not None),
                                             ("--spark-conf", bool(args.spark_conf)),
                                             ("--spark-split-size", args.spark_split_size is not None),

@@ -7,12 +7,15 @@ from typing import Any, Final
 
 from ledger.errors import InvalidInputError
 
-__all__ = ["DEFAULT_DELETE_RETENTION_MS", "DEFAULT_GC_GRACE_MS", "DEFAULT_ORPHAN_GRACE_MS", "MIN_ORPHAN_GRACE_MS",
+__all__ = ["DEFAULT_DELETE_RETENTION_MS", "DEFAULT_GC_GRACE_MS", "DEFAULT_MAX_MAP_BYTES", "DEFAULT_ORPHAN_GRACE_MS",
+           "MIN_ORPHAN_GRACE_MS",
            "CompactionConfig"]
 
 DEFAULT_DELETE_RETENTION_MS: Final = 24 * 3_600_000  # Kafka's delete.retention.ms
 DEFAULT_GC_GRACE_MS: Final = 5 * 60_000  # Kafka waits 60 s (file.delete.delay.ms); readers of objects are slower
 DEFAULT_ORPHAN_GRACE_MS: Final = 3_600_000
+#: 1 GiB holds about 44.7 million keys at 24 bytes each (Kafka's default buffer is 128 MiB).
+DEFAULT_MAX_MAP_BYTES: Final = 1 << 30
 #: Writers give up on an upload older than a third of this before publishing it, and
 #: garbage collection never treats anything younger as an orphan.
 MIN_ORPHAN_GRACE_MS: Final = 15 * 60_000
@@ -28,6 +31,9 @@ class CompactionConfig:
     * ``retain_null_key`` — keep records without a key in place instead of dropping them.
     * ``min_dirty_ratio`` — skip the run when dirty bytes / live bytes is below this.
     * ``gc_grace_ms`` — retired compacted ledgers are deleted only after this long.
+    * ``max_map_bytes`` — the most pass one's key map may hold (24 bytes per key written
+      since the last run); when the new keys need more, the run compacts up to where
+      they fit and the next run continues (local engine).
     * ``orphan_grace_ms`` — unreferenced leftovers (crashed runs, lost races) are deleted
       only after this long; it must exceed the longest pause a writer can take between
       uploading and publishing.
@@ -42,6 +48,7 @@ class CompactionConfig:
     orphan_grace_ms: int = DEFAULT_ORPHAN_GRACE_MS
     collect_garbage: bool = True
     max_part_bytes: int = 256 * 1024 * 1024
+    max_map_bytes: int = DEFAULT_MAX_MAP_BYTES
     chunk_bytes: int = 8 * 1024 * 1024
 
     def __post_init__(self) -> None:
@@ -52,6 +59,8 @@ class CompactionConfig:
             raise InvalidInputError(f"orphan grace must be at least {MIN_ORPHAN_GRACE_MS // 60_000} minutes")
         if not 0.0 <= self.min_dirty_ratio <= 1.0:
             raise InvalidInputError(f"min dirty ratio {self.min_dirty_ratio} must be between 0 and 1")
+        if self.max_map_bytes < 1024:
+            raise InvalidInputError("max map bytes must be at least 1 KiB")
         if self.max_part_bytes < 1 << 16 or self.chunk_bytes < 1 << 12:
             raise InvalidInputError("max part bytes must be >= 64 KiB and chunk bytes >= 4 KiB")
 

@@ -22,8 +22,17 @@ __all__ = ["Engine", "LocalEngine", "SurvivorCounts"]
 
 
 class SurvivorCounts(Protocol):
-    """What pass one reports, whatever engine ran it."""
+    """What pass one reports, whatever engine ran it.
 
+    ``plan`` is the plan pass two must write and the run publishes: the one pass one was
+    given, or a shorter one when pass one could not take all of it (``deferred_records``
+    are then left above the new horizon for the next run).
+    """
+
+    @property
+    def plan(self) -> Plan: ...
+    @property
+    def deferred_records(self) -> int: ...
     @property
     def records_read(self) -> int: ...
     @property

@@ -93,6 +93,9 @@ def _note_plan(summary: RunSummary, plan: Plan) -> None:
 
 
 def _note_survivors(summary: RunSummary, survivors: SurvivorCounts) -> None:
+    summary.deferred_records = survivors.deferred_records
+    summary.map_keys = getattr(survivors, "map_keys", 0)
+    summary.map_bytes = getattr(survivors, "map_bytes", 0)
     summary.records_read = survivors.records_read
     summary.bytes_read = survivors.footer_bytes
     summary.keys = survivors.keys
@@ -171,9 +174,12 @@ class Compactor:
     def _write_and_publish(self, plan: Plan, survivors: SurvivorCounts, summary: RunSummary, now_ms: int,
                            t: float, phase: Callable[[str, float], float],
                            done: Callable[..., RunSummary]) -> RunSummary:
+        plan = survivors.plan  # shorter than asked when the key map filled up
         prev = plan.previous
         t = phase("pass_one", t)
         _note_survivors(summary, survivors)
+        summary.horizon = str(plan.horizon) if plan.horizon else None
+        summary.ledgers_read = plan.ledgers_read
         if self.config.dry_run:
             summary.records_written = survivors.records_kept
             summary.epoch = prev.epoch + 1
@@ -236,7 +242,9 @@ class Compactor:
         self.meta.topic.store.delete(self.meta.topic.key(f"{run_dir}/{HEARTBEAT_NAME}"))
         self._gc(summary, now_ms)
         phase("gc", t)
-        return done("compacted", gc=False)
+        more = (f"the key map was full: {summary.deferred_records:,} newer records are left for the next run"
+                if summary.deferred_records else "")
+        return done("compacted", more, gc=False)
 
     def _new_state(self, plan: Plan, survivors: SurvivorCounts, out: PassTwoResult, run_id: str, epoch: int,
                    summary: RunSummary) -> CompactionState:

@@ -1,21 +1,29 @@
 """Pass one: the latest position of every key, from footers only.
 
 Every ledger footer carries the 128-bit key hash and flags of each record as dense
-arrays, so this pass never reads a payload.  Positions are indexes into the run's
-records in id order (previous compacted parts first, then the new ledgers); a stable
-sort by key hash puts each key's latest position last in its group.
+arrays, so this pass never reads a payload.  Positions number the run's records in id
+order (previous compacted parts first, then the new ledgers).
+
+The keys above the previous horizon go into a bounded map (:mod:`compactor.keymap`, 24
+bytes per key).  A new record survives when it is its key's entry in the map; a record
+of the previous compacted ledger survives when its key is not in the map (nothing newer
+was written).  Tombstones then follow :func:`~compactor.rules.tombstone_fate`.  When the
+new keys outgrow ``max_map_bytes`` the run is cut short at an entry boundary (partial
+cleaning) and the plan it returns says so.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from compactor.config import CompactionConfig
-from compactor.plan import Plan
+from compactor.keymap import KEY_BYTES, KeyMapBuilder
+from compactor.plan import Plan, Slice
+from compactor.rules import latest_of_each_key, tombstone_fate
 from ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE
 
 __all__ = ["Survivors", "latest_of_each_key", "pass_one", "tombstone_fate"]
@@ -23,10 +31,17 @@ __all__ = ["Survivors", "latest_of_each_key", "pass_one", "tombstone_fate"]
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Survivors:
-    """Which of the run's records survive, and the counts a summary reports."""
+    """Which of the run's records survive, and the counts a summary reports.
 
+    ``plan`` is the plan the survivors belong to: the one given to :func:`pass_one`, or
+    a shorter one when the key map filled up (``deferred_records`` then counts what was
+    left for the next run).
+    """
+
+    plan: Plan
     keep: npt.NDArray[np.bool_]  # one flag per record read, in run order
-    delete_since: npt.NDArray[np.int64]  # per record: when a kept tombstone was first kept
+    since_at: npt.NDArray[np.int64]  # run positions of kept tombstones ...
+    since_ms: npt.NDArray[np.int64]  # ... and when each was first kept
     offsets: tuple[int, ...]  # where each slice of the plan starts in ``keep``
     records_read: int
     keys: int  # live keys (latest record is not a tombstone)
@@ -35,6 +50,9 @@ class Survivors:
     keyless_kept: int
     keyless_dropped: int
     footer_bytes: int
+    map_keys: int
+    map_bytes: int
+    deferred_records: int
 
     @property
     def records_kept(self) -> int:
@@ -44,92 +62,116 @@ class Survivors:
         return self.keep[self.offsets[i]:self.offsets[i + 1]]
 
     def slice_delete_since(self, i: int) -> npt.NDArray[np.int64]:
-        return self.delete_since[self.offsets[i]:self.offsets[i + 1]]
+        a, b = self.offsets[i], self.offsets[i + 1]
+        out = np.zeros(b - a, dtype=np.int64)
+        lo, hi = np.searchsorted(self.since_at, [a, b])
+        out[self.since_at[lo:hi] - a] = self.since_ms[lo:hi]
+        return out
 
 
-def _column(plan: Plan, name: str, dtype: Any) -> npt.NDArray[Any]:
-    parts = [s.file.footer.col(name)[s.start:s.stop] for s in plan.slices]
-    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype)
+def _slice_keys(s: Slice, base: int, stop: int | None = None) -> tuple[npt.NDArray[np.uint64],
+                                                                         npt.NDArray[np.uint64],
+                                                                         npt.NDArray[np.int64]]:
+    """The latest record of each key in records ``[s.start, stop)``, in position order."""
+    stop = s.stop if stop is None else stop
+    foot = s.file.footer
+    flags = foot.col("r_flags")[s.start:stop]
+    keyed = np.flatnonzero(flags & FLAG_HAS_KEY)
+    hi = foot.col("r_hash_hi")[s.start:stop][keyed]
+    lo = foot.col("r_hash_lo")[s.start:stop][keyed]
+    pick = np.sort(latest_of_each_key(hi, lo))
+    return hi[pick], lo[pick], (base + keyed[pick]).astype(np.int64)
 
 
-def latest_of_each_key(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> npt.NDArray[np.intp]:
-    """Indexes of the last occurrence of every distinct 128-bit hash ``(hi, lo)``, in no
-    particular order.  Both engines decide "latest" with this one function.
-
-    One unstable sort on the high 64 bits groups equal hashes; the greatest index of each
-    group is its latest occurrence.  Two keys sharing the high 64 bits but not the low
-    ones (about one chance in 10^7 for ten million keys) would share a group, so the
-    rare input where that happens takes the exact two-key sort instead.
-    """
-    n = len(hi)
-    if not n:
-        return np.empty(0, dtype=np.intp)
-    order = np.argsort(hi)
-    shi = hi[order]
-    first = np.empty(n, dtype=bool)
-    first[0] = True
-    np.not_equal(shi[1:], shi[:-1], out=first[1:])
-    starts = np.flatnonzero(first)
-    slo = lo[order]
-    group = np.cumsum(first) - 1
-    if not np.array_equal(slo, slo[starts][group]):
-        return _latest_exact(hi, lo)
-    return np.maximum.reduceat(order, starts).astype(np.intp, copy=False)
+def _fit_prefix(builder: KeyMapBuilder, s: Slice, base: int) -> int:
+    """The end record of the longest run of whole entries of ``s`` whose keys still fit
+    (at least one entry, so every run makes progress)."""
+    starts = s.file.footer.e_rec_start
+    bounds = [int(x) for x in starts if s.start < int(x) <= s.stop]
+    if not bounds or bounds[-1] != s.stop:
+        bounds.append(s.stop)
+    lo_i, hi_i = 0, len(bounds) - 1  # bounds[lo_i] is known to be kept (progress rule)
+    while lo_i < hi_i:
+        mid = (lo_i + hi_i + 1) // 2
+        khi, klo, _ = _slice_keys(s, base, bounds[mid])
+        if builder.fits(khi, klo):
+            lo_i = mid
+        else:
+            hi_i = mid - 1
+    return bounds[lo_i]
 
 
-def _latest_exact(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> npt.NDArray[np.intp]:
-    order = np.lexsort((lo, hi))  # stable: equal hashes stay in index order
-    shi, slo = hi[order], lo[order]
-    last = np.ones(len(order), dtype=bool)
-    last[:-1] = (shi[1:] != shi[:-1]) | (slo[1:] != slo[:-1])
-    return order[last]
-
-
-def tombstone_fate(since: npt.NDArray[np.int64], now_ms: int,
-                   delete_retention_ms: int) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64]]:
-    """For tombstones that are the latest record of their key: which expire now, and
-    since when each is kept (KIP-534: counted from the first run that kept it).
-
-    ``since`` is the tombstone's recorded first-kept time, 0 when no run kept it yet.
-    """
-    if delete_retention_ms == 0:
-        return np.ones(len(since), dtype=bool), np.zeros(len(since), dtype=np.int64)
-    first_kept = np.where(since > 0, since, now_ms).astype(np.int64)
-    return now_ms - first_kept >= delete_retention_ms, first_kept
+def _build_map(plan: Plan, config: CompactionConfig) -> tuple[Plan, KeyMapBuilder, int]:
+    """Put the new records' keys in a map; cut the plan where the map is full."""
+    builder = KeyMapBuilder(config.max_map_bytes // KEY_BYTES)
+    base = sum(s.records for s in plan.compacted)
+    for i, s in enumerate(plan.new):
+        hi, lo, pos = _slice_keys(s, base)
+        if builder.fits(hi, lo):
+            builder.add(hi, lo, pos)
+            base += s.records
+            continue
+        stop = _fit_prefix(builder, s, base)
+        if stop <= s.start:
+            kept_new = plan.new[:i]
+        else:
+            builder.add(*_slice_keys(s, base, stop))
+            kept_new = (*plan.new[:i], Slice(s.file, s.start, stop, False))
+        deferred = sum(x.records for x in plan.new) - sum(x.records for x in kept_new)
+        last = kept_new[-1] if kept_new else None
+        horizon = last.file.record_id(last.stop - 1) if last else plan.previous.horizon
+        return dataclasses.replace(plan, new=tuple(kept_new), horizon=horizon), builder, deferred
+    return plan, builder, 0
 
 
 def pass_one(plan: Plan, config: CompactionConfig, now_ms: int) -> Survivors:
     """Decide the survivors of ``plan`` under ``config`` at time ``now_ms``."""
+    plan, builder, deferred = _build_map(plan, config)
+    key_map = builder.build()
     offsets = [0]
     for s in plan.slices:
         offsets.append(offsets[-1] + s.records)
     n = offsets[-1]
-    flags = _column(plan, "r_flags", np.uint8)
-    hi = _column(plan, "r_hash_hi", np.uint64)
-    lo = _column(plan, "r_hash_lo", np.uint64)
-    since_parts = [s.file.footer.delete_since()[s.start:s.stop] for s in plan.slices]
-    since = np.concatenate(since_parts) if since_parts else np.empty(0, np.int64)
-
-    keyed = np.nonzero(flags & FLAG_HAS_KEY)[0]
     keep = np.zeros(n, dtype=bool)
-    latest = keyed[latest_of_each_key(hi[keyed], lo[keyed])]
-    keep[latest] = True
-    tomb = latest[(flags[latest] & FLAG_TOMBSTONE) != 0]
-
+    keep[key_map.pos] = True  # each new key's latest record
+    tomb_at: list[npt.NDArray[np.int64]] = []
+    tomb_since: list[npt.NDArray[np.int64]] = []
+    keyed_total = 0
+    unsuperseded = 0  # records of the previous compacted ledger whose key was not written again
+    for i, s in enumerate(plan.slices):
+        a, b = offsets[i], offsets[i + 1]
+        foot = s.file.footer
+        flags = foot.col("r_flags")[s.start:s.stop]
+        has_key = (flags & FLAG_HAS_KEY) != 0
+        keyed_total += int(has_key.sum())
+        k = keep[a:b]
+        if s.compacted:
+            keyed = np.flatnonzero(has_key)
+            newer = key_map.contains(foot.col("r_hash_hi")[s.start:s.stop][keyed],
+                                     foot.col("r_hash_lo")[s.start:s.stop][keyed])
+            k[keyed[~newer]] = True
+            unsuperseded += int(len(keyed) - newer.sum())
+            since = foot.delete_since()[s.start:s.stop]
+        else:
+            since = None
+        if config.retain_null_key:
+            k[~has_key] = True
+        tomb = np.flatnonzero(k & has_key & ((flags & FLAG_TOMBSTONE) != 0))
+        tomb_at.append(a + tomb)
+        tomb_since.append(since[tomb] if since is not None else np.zeros(len(tomb), dtype=np.int64))
+    tomb = np.concatenate(tomb_at) if tomb_at else np.empty(0, dtype=np.int64)
+    since_all = np.concatenate(tomb_since) if tomb_since else np.empty(0, dtype=np.int64)
     # Tombstones stay for delete_retention after the first run that kept them (KIP-534).
-    new_since = np.zeros(n, dtype=np.int64)
-    expired, first_kept = tombstone_fate(since[tomb], now_ms, config.delete_retention_ms)
-    drop = tomb[expired]
-    new_since[tomb[~expired]] = first_kept[~expired]
-    keep[drop] = False
-
-    keyless = n - len(keyed)
-    if config.retain_null_key and keyless:
-        keep[(flags & FLAG_HAS_KEY) == 0] = True
+    expired, first_kept = tombstone_fate(since_all, now_ms, config.delete_retention_ms)
+    keep[tomb[expired]] = False
+    distinct = len(key_map) + unsuperseded
+    keyless = n - keyed_total
     return Survivors(
-        keep=keep, delete_since=new_since, offsets=tuple(offsets), records_read=n,
-        keys=len(latest) - len(tomb), tombstones_kept=len(tomb) - len(drop), tombstones_dropped=len(drop),
+        plan=plan, keep=keep, since_at=tomb[~expired], since_ms=first_kept[~expired], offsets=tuple(offsets),
+        records_read=n, keys=distinct - len(tomb), tombstones_kept=len(tomb) - int(expired.sum()),
+        tombstones_dropped=int(expired.sum()),
         keyless_kept=keyless if config.retain_null_key else 0,
         keyless_dropped=0 if config.retain_null_key else keyless,
         footer_bytes=sum(s.file.footer_bytes for s in plan.slices),
+        map_keys=len(key_map), map_bytes=key_map.nbytes, deferred_records=deferred,
     )

@@ -35,6 +35,9 @@ class RunSummary:
     keyless_dropped: int = 0
     keyless_kept: int = 0
     held_back_records: int = 0
+    deferred_records: int = 0  # above the horizon because the key map was full (partial cleaning)
+    map_keys: int = 0
+    map_bytes: int = 0
     dirty_ratio: float = 0.0
     retired_deleted: int = 0
     orphans_deleted: int = 0
@@ -79,4 +82,4 @@ class RunSummary:
                 f"records ({mb_out:.1f} MB) in {self.parts} part(s), {smaller:.1f}% fewer records; "
                 f"{self.keys:,} keys, tombstones kept {self.tombstones_kept:,} dropped "
                 f"{self.tombstones_dropped:,}, keyless dropped {self.keyless_dropped:,}; "
-                f"{total:.2f}s ({phases})")
+                f"{total:.2f}s ({phases})" + (f"; {self.message}" if self.message else ""))

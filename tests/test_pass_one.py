@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compactor.pass_one import latest_of_each_key
+from compactor.rules import latest_of_each_key
 
 
 def naive(hi: list[int], lo: list[int]) -> set[int]:

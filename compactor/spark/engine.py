@@ -64,6 +64,7 @@ class SparkJobError(ShaleError):
 class SparkSurvivors:
     """Pass one's counts, and the cached shuffle output pass two reads."""
 
+    plan: Plan
     records_read: int
     keys: int
     tombstones_kept: int
@@ -80,6 +81,10 @@ class SparkSurvivors:
     @property
     def records_kept(self) -> int:
         return self.kept_keyed + self.keyless_kept
+
+    @property
+    def deferred_records(self) -> int:
+        return 0  # the key map is spread over the reduce partitions: the whole plan is taken
 
 
 def make_splits(plan: Plan, split_bytes: int, split_records: int) -> list[SplitSpec]:
@@ -333,7 +338,7 @@ class SparkEngine:
                     counts[k] += int(v)
         retain = config.retain_null_key
         return SparkSurvivors(
-            records_read=records, keys=counts["keys"] - counts["tombstones"],
+            plan=plan, records_read=records, keys=counts["keys"] - counts["tombstones"],
             tombstones_kept=counts["tombstones"] - counts["dropped"], tombstones_dropped=counts["dropped"],
             keyless_kept=keyless if retain else 0, keyless_dropped=0 if retain else keyless,
             footer_bytes=footer_bytes, kept_keyed=counts["kept"], tasks=len(tasks), task_of=task_of, rdd=rdd,

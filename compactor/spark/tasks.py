@@ -32,9 +32,9 @@ import numpy as np
 import numpy.typing as npt
 
 from compactor.config import CompactionConfig
-from compactor.pass_one import latest_of_each_key, tombstone_fate
 from compactor.pass_two import write_parts
 from compactor.plan import Slice
+from compactor.rules import latest_of_each_key, tombstone_fate
 from compactor.spark.environment import ForwardedEnvironment
 from ledger.errors import ShaleError, TransientStorageError
 from ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, KIND_COMPACTED

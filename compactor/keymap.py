@@ -1,0 +1,132 @@
+"""The latest-key map of pass one: 24 bytes per key, bounded.
+
+Only keys above the previous horizon (the dirty part of the run) go in the map, as
+three parallel NumPy arrays — 64-bit high hash, 64-bit low hash, 64-bit run position:
+24 bytes per key, the figure of Kafka's SkimpyOffsetMap, against 110-130 bytes for a
+Python dict.  Records of the previous compacted ledger are checked against the map
+(superseded or not) and never enter it, so the map grows with the keys written since the
+last run, not with the topic.
+
+When the dirty keys do not fit in ``--max-map-bytes``, pass one stops adding ledgers
+(cutting inside a ledger at an entry boundary) and the run publishes the horizon it
+reached; the next run continues from there — Kafka's partial cleaning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from compactor.rules import latest_of_each_key
+
+__all__ = ["KEY_BYTES", "KeyMap", "KeyMapBuilder"]
+
+KEY_BYTES: Final = 24
+
+U64 = npt.NDArray[np.uint64]
+I64 = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class KeyMap:
+    """Distinct keys with the run position of their latest record, sorted by hash."""
+
+    hi: U64
+    lo: U64
+    pos: I64
+    shared_high: bool  # two keys share the high 64 bits (lookups then take a slower path)
+
+    def __len__(self) -> int:
+        return len(self.hi)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.hi.nbytes + self.lo.nbytes + self.pos.nbytes)
+
+    def contains(self, hi: U64, lo: U64) -> npt.NDArray[np.bool_]:
+        """For each query hash, whether the map holds it."""
+        n = len(self.hi)
+        if not n or not len(hi):
+            return np.zeros(len(hi), dtype=bool)
+        idx = np.searchsorted(self.hi, hi)
+        safe = np.minimum(idx, n - 1)
+        same_hi = (idx < n) & (self.hi[safe] == hi)
+        found: npt.NDArray[np.bool_] = same_hi & (self.lo[safe] == lo)
+        if self.shared_high:
+            for q in np.flatnonzero(same_hi & ~found):
+                j = int(idx[q])
+                while j < n and self.hi[j] == hi[q]:
+                    if self.lo[j] == lo[q]:
+                        found[q] = True
+                        break
+                    j += 1
+        return found
+
+
+class KeyMapBuilder:
+    """Collects the latest position of each key, chunk by chunk, in position order.
+
+    Chunks are kept as they come (each already holds one record per key) and merged
+    only when their total could exceed the capacity, so memory stays within about
+    ``capacity`` keys plus the merge's temporaries.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(1, capacity)
+        self._hi: list[U64] = []
+        self._lo: list[U64] = []
+        self._pos: list[I64] = []
+        self._upper = 0  # distinct keys at most (exact right after a merge)
+
+    @property
+    def upper_bound(self) -> int:
+        return self._upper
+
+    def fits(self, hi: U64, lo: U64) -> bool:
+        """Whether adding these keys keeps the map within capacity (merging if needed)."""
+        if self._upper + len(hi) <= self.capacity:
+            return True
+        self.merge()
+        if self._upper + len(hi) <= self.capacity:
+            return True
+        return self._distinct_with(hi, lo) <= self.capacity
+
+    def add(self, hi: U64, lo: U64, pos: I64) -> None:
+        """Add one chunk: distinct keys, positions ascending and after every earlier chunk."""
+        self._hi.append(hi)
+        self._lo.append(lo)
+        self._pos.append(pos)
+        self._upper += len(hi)
+
+    def _distinct_with(self, hi: U64, lo: U64) -> int:
+        all_hi = np.concatenate([*self._hi, hi])
+        all_lo = np.concatenate([*self._lo, lo])
+        return len(latest_of_each_key(all_hi, all_lo))
+
+    def merge(self) -> None:
+        """Reduce the chunks to one record per key (the latest)."""
+        if len(self._hi) <= 1:
+            return
+        hi, lo, pos = np.concatenate(self._hi), np.concatenate(self._lo), np.concatenate(self._pos)
+        keep = np.sort(latest_of_each_key(hi, lo))  # chunks are in position order
+        self._hi, self._lo, self._pos = [hi[keep]], [lo[keep]], [pos[keep]]
+        self._upper = len(keep)
+
+    def build(self) -> KeyMap:
+        """The finished map, sorted by hash for lookups."""
+        self.merge()
+        if not self._hi:
+            empty = np.empty(0, dtype=np.uint64)
+            return KeyMap(empty, empty.copy(), np.empty(0, dtype=np.int64), False)
+        hi, lo, pos = self._hi[0], self._lo[0], self._pos[0]
+        order = np.argsort(hi)
+        hi, lo, pos = hi[order], lo[order], pos[order]
+        shared = bool(len(hi) > 1 and np.any(hi[1:] == hi[:-1]))
+        if shared:  # keys sharing the high half: order them by the low half too
+            order = np.lexsort((lo, hi))
+            hi, lo, pos = hi[order], lo[order], pos[order]
+        self._hi, self._lo, self._pos = [], [], []
+        return KeyMap(hi, lo, pos, shared)
