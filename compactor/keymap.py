@@ -25,6 +25,7 @@ from compactor.rules import latest_of_each_key
 __all__ = ["KEY_BYTES", "KeyMap", "KeyMapBuilder"]
 
 KEY_BYTES: Final = 24
+_MIN_MERGE: Final = 1 << 20  # below this many unmerged keys, merging is not worth its sort
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
@@ -80,6 +81,7 @@ class KeyMapBuilder:
         self._lo: list[U64] = []
         self._pos: list[I64] = []
         self._upper = 0  # distinct keys at most (exact right after a merge)
+        self._pending = 0  # entries added since the last merge
 
     @property
     def upper_bound(self) -> int:
@@ -100,6 +102,12 @@ class KeyMapBuilder:
         self._lo.append(lo)
         self._pos.append(pos)
         self._upper += len(hi)
+        self._pending += len(hi)
+        # Merge once the unmerged chunks outweigh the merged map, so chunks never hold
+        # much more than twice the distinct keys (and a merge's temporaries stay in
+        # proportion to the map, not to the records read).
+        if self._pending > max(self._upper - self._pending, _MIN_MERGE):
+            self.merge()
 
     def _distinct_with(self, hi: U64, lo: U64) -> int:
         all_hi = np.concatenate([*self._hi, hi])
@@ -109,11 +117,13 @@ class KeyMapBuilder:
     def merge(self) -> None:
         """Reduce the chunks to one record per key (the latest)."""
         if len(self._hi) <= 1:
+            self._pending = 0
             return
         hi, lo, pos = np.concatenate(self._hi), np.concatenate(self._lo), np.concatenate(self._pos)
         keep = np.sort(latest_of_each_key(hi, lo))  # chunks are in position order
         self._hi, self._lo, self._pos = [hi[keep]], [lo[keep]], [pos[keep]]
         self._upper = len(keep)
+        self._pending = 0
 
     def build(self) -> KeyMap:
         """The finished map, sorted by hash for lookups."""
