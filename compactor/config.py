@@ -59,8 +59,8 @@ class CompactionConfig:
             raise InvalidInputError(f"orphan grace must be at least {MIN_ORPHAN_GRACE_MS // 60_000} minutes")
         if not 0.0 <= self.min_dirty_ratio <= 1.0:
             raise InvalidInputError(f"min dirty ratio {self.min_dirty_ratio} must be between 0 and 1")
-        if self.max_map_bytes < 1024:
-            raise InvalidInputError("max map bytes must be at least 1 KiB")
+        if self.max_map_bytes < 24:
+            raise InvalidInputError("max map bytes must be at least 24 (one key)")
         if self.max_part_bytes < 1 << 16 or self.chunk_bytes < 1 << 12:
             raise InvalidInputError("max part bytes must be >= 64 KiB and chunk bytes >= 4 KiB")
 

@@ -400,8 +400,8 @@ class ShaleModelMachine(RuleBasedStateMachine):
                                   orphan_grace_ms=ORPHAN_GRACE, collect_garbage=collect,
                                   max_part_bytes=1 << 16 if small_parts else 256 << 20,
                                   chunk_bytes=1 << 12 if small_parts else 8 << 20,
-                                  # 1 KiB: 42 keys, so a run often stops short (partial cleaning)
-                                  max_map_bytes=1024 if small_map else 1 << 30)
+                                  # 3 keys, so a run often stops short (partial cleaning)
+                                  max_map_bytes=3 * 24 if small_map else 1 << 30)
         summary = Compactor(self.uri, config, clock=self.clock).run()
         state = self.meta.load_compaction()
         assert summary.status in ("compacted", "nothing-to-do"), summary

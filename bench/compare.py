@@ -1,0 +1,213 @@
+"""Shale beside DuckDB, Polars and a plain Python dict compactor, on the same records.
+
+    .venv/bin/pip install duckdb polars pyarrow      # the peers (not Shale's dependencies)
+    .venv/bin/python bench/compare.py --records 20000000 --keys 2000000
+
+Generates the data set once (kept under bench/data/ and reused): a Shale topic on a
+local folder and the very same records as a Parquet file (key, seq, value).  Then,
+each in its own process so that peak RSS is its own:
+
+* Shale: a full compaction, then an incremental one after 1 % new records;
+* DuckDB: ``arg_max(value, seq) ... GROUP BY key`` from Parquet back to Parquet;
+* Polars: ``unique(subset="key", keep="last")`` from Parquet back to Parquet;
+* dict: a two-pass compactor in plain Python over the same ledgers (pass one: a dict of
+  key -> latest position; pass two: re-read and write the survivors to a new ledger).
+
+Prints one JSON line per run (wall time, records/s, peak RSS) and then the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS (VmHWM starts afresh at exec; ru_maxrss would not)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def records(seed: int, n: int, keys: int, value_bytes: int, first: int = 0) -> Any:
+    """The data set, in batches of (keys, offsets, values)."""
+    rng = random.Random(seed)
+    pad = "x" * max(0, value_bytes - 12)
+    batch = 1_000_000
+    for start in range(0, n, batch):
+        stop = min(n, start + batch)
+        ks = [f"key-{rng.randrange(keys):09d}" for _ in range(start, stop)]
+        vs = [f"{first + i:012d}{pad}" for i in range(start, stop)]
+        yield ks, list(range(first + start, first + stop)), vs
+
+
+def generate(topic: str, parquet: str, seed: int, n: int, keys: int, value_bytes: int, first: int = 0) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from shale.producer import TopicWriter
+
+    schema = pa.schema([("key", pa.string()), ("seq", pa.int64()), ("value", pa.string())])
+    with TopicWriter(topic, batch_size=100, max_ledger_records=500_000) as w, \
+            pq.ParquetWriter(parquet, schema) as pw:
+        for ks, offs, vs in records(seed, n, keys, value_bytes, first):
+            for k, v in zip(ks, vs, strict=True):
+                w.append(k, v)
+            pw.write_table(pa.table({"key": ks, "seq": offs, "value": vs}, schema=schema))
+
+
+# ------------------------------------------------------------------ the runs (one process each)
+
+def run_shale(topic: str) -> dict[str, Any]:
+    from compactor import CompactionConfig, Compactor
+
+    s = Compactor(topic, CompactionConfig(delete_retention_ms=0, collect_garbage=False)).run()
+    return {"records": s.records_read, "written": s.records_written, "status": s.status,
+            "durations": {k: round(v, 2) for k, v in s.durations.items()}, "map_mb": round(s.map_bytes / 1e6, 1)}
+
+
+def run_duckdb(parquet: str, out: str) -> dict[str, Any]:
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute(f"COPY (SELECT key, max(seq) AS seq, arg_max(value, seq) AS value "
+                f"FROM read_parquet('{parquet}') GROUP BY key) TO '{out}' (FORMAT parquet)")
+    return {"written": con.execute(f"SELECT count(*) FROM read_parquet('{out}')").fetchone()[0]}  # type: ignore[index]
+
+
+def run_polars(parquet: str, out: str) -> dict[str, Any]:
+    import polars as pl
+
+    df = pl.read_parquet(parquet).unique(subset="key", keep="last", maintain_order=True)
+    df.write_parquet(out)
+    return {"written": df.height}
+
+
+def run_dict(topic: str, out_dir: str) -> dict[str, Any]:
+    """Two passes in plain Python: decode every record twice, a dict in between."""
+    from ledger.format import KIND_ORIGINAL
+    from ledger.reader import LedgerFile
+    from ledger.record import Record
+    from ledger.storage import resolve
+    from ledger.writer import LedgerWriter, encode_entry
+    from metadata.topic import TopicMetadata
+
+    meta = TopicMetadata.open(topic)
+    loc = meta.topic
+    files = [LedgerFile.open(loc.store, loc.key(lg.object)) for lg in meta.load_topic().ledgers]
+    latest: dict[bytes, int] = {}
+    pos = 0
+    for f in files:
+        for m in f.messages():
+            if m.key is not None:
+                latest[m.key] = pos
+            pos += 1
+    os.makedirs(out_dir, exist_ok=True)
+    out = resolve(out_dir)
+    written = 0
+    pos = 0
+    with out.store.open_writer(out.key("compacted.ledger")) as up:
+        w = LedgerWriter(up, kind=KIND_ORIGINAL, ledger_id=1, created_ms=0)
+        batch: list[Record] = []
+        for f in files:
+            for m in f.messages():
+                if m.key is not None and latest[m.key] == pos and m.value is not None:
+                    batch.append(Record(m.key, m.value, m.properties))
+                    if len(batch) == 100:
+                        w.add_entry(encode_entry(batch))
+                        written += len(batch)
+                        batch = []
+                pos += 1
+        if batch:
+            w.add_entry(encode_entry(batch))
+            written += len(batch)
+        w.finish()
+    return {"written": written, "map_entries": len(latest)}
+
+
+def child(kind: str, args: list[str]) -> None:
+    t = time.perf_counter()
+    fn = {"shale": run_shale, "duckdb": run_duckdb, "polars": run_polars, "dict": run_dict}[kind]
+    out = fn(*args)
+    out.update(seconds=round(time.perf_counter() - t, 2), peak_rss_mb=round(peak_rss_mb()))
+    print(json.dumps(out))
+
+
+def spawn(kind: str, *args: str) -> dict[str, Any]:
+    res = subprocess.run([sys.executable, __file__, "--child", kind, *args], capture_output=True, text=True,
+                         check=True)
+    return dict(json.loads(res.stdout.strip().splitlines()[-1]))
+
+
+# ------------------------------------------------------------------ driver
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--records", type=int, default=20_000_000)
+    p.add_argument("--keys", type=int, default=2_000_000)
+    p.add_argument("--value-bytes", type=int, default=64)
+    p.add_argument("--increment", type=float, default=0.01)
+    p.add_argument("--skip", action="append", default=[], choices=["duckdb", "polars", "dict"])
+    p.add_argument("--dir", default=str(ROOT / "bench" / "data"))
+    p.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.child:
+        child(a.child[0], a.child[1:])
+        return
+    base = Path(a.dir) / f"compare-{a.records}-{a.keys}-{a.value_bytes}"
+    topic, parquet = str(base / "topic"), str(base / "records.parquet")
+    if not (base / "ready").exists():
+        shutil.rmtree(base, ignore_errors=True)
+        base.mkdir(parents=True)
+        t = time.perf_counter()
+        generate(topic, parquet, 1, a.records, a.keys, a.value_bytes)
+        (base / "ready").write_text("")
+        print(json.dumps({"run": "generate", "seconds": round(time.perf_counter() - t, 1)}), flush=True)
+    # every run starts from the same uncompacted topic
+    shutil.rmtree(Path(topic) / "compacted", ignore_errors=True)
+    (Path(topic) / "_meta" / "compaction.json").unlink(missing_ok=True)
+    results: dict[str, dict[str, Any]] = {}
+
+    def show(name: str, r: dict[str, Any]) -> None:
+        results[name] = r
+        r = {"run": name, **r, "records_per_s": round(a.records / r["seconds"])}
+        print(json.dumps(r), flush=True)
+
+    show("shale full", spawn("shale", topic))
+    for peer in ("duckdb", "polars", "dict"):
+        if peer in a.skip:
+            continue
+        out = str(base / f"out-{peer}")
+        shutil.rmtree(out, ignore_errors=True)
+        show(peer, spawn(peer, topic if peer == "dict" else parquet, out + ("" if peer == "dict" else ".parquet")))
+    # 1 % new records, then an incremental run (the new records go to a scratch Parquet)
+    inc = int(a.records * a.increment)
+    generate(topic, str(base / "increment.parquet"), 2, inc, a.keys, a.value_bytes, first=a.records)
+    r = spawn("shale", topic)
+    results["shale incremental"] = r
+    print(json.dumps({"run": "shale incremental", "new_records": inc, **r,
+                      "ratio_to_full": round(r["seconds"] / results["shale full"]["seconds"], 3)}), flush=True)
+    full = results["shale full"]["seconds"]
+    print(json.dumps({"run": "ratios (peer time / shale full time)",
+                      **{k: round(v["seconds"] / full, 2) for k, v in results.items()
+                         if k in ("duckdb", "polars", "dict")}}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
