@@ -60,6 +60,16 @@ def _ratio(text: str) -> float:
     return value
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"{text!r} must be between 1 and 64")
+    return value
+
+
 def _bytes(text: str) -> int:
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
     t = text.strip().lower().removesuffix("ib").removesuffix("b")
@@ -104,6 +114,12 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-gc", action="store_true", help="do not collect garbage after the run")
     p.add_argument("--max-part-bytes", type=_bytes, default=256 << 20, metavar="SIZE",
                    help="roll the compacted ledger into a new part at this size (default 256MiB)")
+    p.add_argument("--read-parallelism", type=_count, default=4, metavar="N",
+                   help="ranged reads pass two keeps in flight, 8 MiB each (default 4)")
+    p.add_argument("--max-read-bytes-per-second", type=_bytes, default=0, metavar="SIZE",
+                   help="limit pass two's reads to SIZE per second (default: no limit; per task with Spark)")
+    p.add_argument("--max-write-bytes-per-second", type=_bytes, default=0, metavar="SIZE",
+                   help="limit pass two's writes to SIZE per second (default: no limit; per task with Spark)")
     p.add_argument("--max-map-bytes", type=_bytes, default=None, metavar="SIZE",
                    help="memory for pass one's key map, 24 bytes per key written since the last run (default 1GiB, "
                    "about 44 million keys); when the new keys need more, compact up to where they fit and let "
@@ -141,7 +157,9 @@ def _config(args: argparse.Namespace) -> CompactionConfig:
         retain_null_key=args.retain_null_key, min_dirty_ratio=args.min_dirty_ratio, dry_run=args.dry_run,
         gc_grace_ms=args.gc_grace, orphan_grace_ms=args.orphan_grace, collect_garbage=not args.no_gc,
         max_part_bytes=args.max_part_bytes,
-        max_map_bytes=DEFAULT_MAX_MAP_BYTES if args.max_map_bytes is None else args.max_map_bytes)
+        max_map_bytes=DEFAULT_MAX_MAP_BYTES if args.max_map_bytes is None else args.max_map_bytes,
+        read_parallelism=args.read_parallelism, max_read_bytes_per_s=args.max_read_bytes_per_second,
+        max_write_bytes_per_s=args.max_write_bytes_per_second)
 
 
 def _engine(args: argparse.Namespace) -> Engine:

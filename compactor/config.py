@@ -34,6 +34,10 @@ class CompactionConfig:
     * ``max_map_bytes`` — the most pass one's key map may hold (24 bytes per key written
       since the last run); when the new keys need more, the run compacts up to where
       they fit and the next run continues (local engine).
+    * ``read_parallelism`` — ranged reads pass two keeps in flight (chunks of
+      ``chunk_bytes``), so memory for reads is about their product.
+    * ``max_read_bytes_per_s`` / ``max_write_bytes_per_s`` — pass two's byte-rate limits
+      (0: none).
     * ``orphan_grace_ms`` — unreferenced leftovers (crashed runs, lost races) are deleted
       only after this long; it must exceed the longest pause a writer can take between
       uploading and publishing.
@@ -49,6 +53,9 @@ class CompactionConfig:
     collect_garbage: bool = True
     max_part_bytes: int = 256 * 1024 * 1024
     max_map_bytes: int = DEFAULT_MAX_MAP_BYTES
+    read_parallelism: int = 4
+    max_read_bytes_per_s: int = 0
+    max_write_bytes_per_s: int = 0
     chunk_bytes: int = 8 * 1024 * 1024
 
     def __post_init__(self) -> None:
@@ -59,6 +66,10 @@ class CompactionConfig:
             raise InvalidInputError(f"orphan grace must be at least {MIN_ORPHAN_GRACE_MS // 60_000} minutes")
         if not 0.0 <= self.min_dirty_ratio <= 1.0:
             raise InvalidInputError(f"min dirty ratio {self.min_dirty_ratio} must be between 0 and 1")
+        if not 1 <= self.read_parallelism <= 64:
+            raise InvalidInputError(f"read parallelism {self.read_parallelism} must be between 1 and 64")
+        if self.max_read_bytes_per_s < 0 or self.max_write_bytes_per_s < 0:
+            raise InvalidInputError("byte-rate limits must not be negative")
         if self.max_map_bytes < 24:
             raise InvalidInputError("max map bytes must be at least 24 (one key)")
         if self.max_part_bytes < 1 << 16 or self.chunk_bytes < 1 << 12:

@@ -9,7 +9,9 @@ parts roll at ``max_part_bytes`` and stream to storage.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,6 +20,7 @@ import numpy.typing as npt
 from compactor.config import CompactionConfig
 from compactor.pass_one import Survivors
 from compactor.plan import Plan, Slice
+from compactor.throttle import Throttle, ThrottledWriter
 from ledger.format import KIND_COMPACTED
 from ledger.ids import MessageId
 from ledger.storage import Location, ObjectWriter
@@ -39,9 +42,11 @@ class _PartSink:
     """Writes compacted parts, rolling to a new object at ``max_part_bytes``."""
 
     def __init__(self, topic: Location, run_dir: str, epoch: int, now_ms: int, max_part_bytes: int,
-                 result: PassTwoResult, on_object: Callable[[str], None], name_prefix: str = "part-") -> None:
+                 result: PassTwoResult, on_object: Callable[[str], None], name_prefix: str = "part-",
+                 throttle: Throttle | None = None) -> None:
         self.topic, self.run_dir, self.epoch, self.now_ms = topic, run_dir, epoch, now_ms
         self.name_prefix = name_prefix
+        self.throttle = throttle
         self.max_part_bytes = max_part_bytes
         self.result = result
         self.on_object = on_object
@@ -55,7 +60,8 @@ class _PartSink:
         if self._writer is None:
             self._name = f"{self.run_dir}/{self.name_prefix}{len(self.result.parts):05d}.ledger"
             self.on_object(self._name)
-            self._upload = self.topic.store.open_writer(self.topic.key(self._name))
+            upload = self.topic.store.open_writer(self.topic.key(self._name))
+            self._upload = ThrottledWriter(upload, self.throttle) if self.throttle else upload
             self._writer = LedgerWriter(self._upload, kind=KIND_COMPACTED, ledger_id=self.epoch,
                                         created_ms=self.now_ms)
         return self._writer
@@ -104,19 +110,26 @@ def write_parts(work: Iterable[tuple[Slice, npt.NDArray[np.bool_], npt.NDArray[n
     ``<run_dir>/<name_prefix>NNNNN.ledger``, in order.  A failure aborts the part being
     written; parts already closed are the caller's to remove."""
     result = PassTwoResult()
-    sink = _PartSink(topic, run_dir, epoch, now_ms, config.max_part_bytes, result, on_object, name_prefix)
+    reads = Throttle(config.max_read_bytes_per_s)
+    writes = Throttle(config.max_write_bytes_per_s)
+    sink = _PartSink(topic, run_dir, epoch, now_ms, config.max_part_bytes, result, on_object, name_prefix,
+                     writes if writes.rate else None)
+    pool = ThreadPoolExecutor(max_workers=config.read_parallelism, thread_name_prefix="shale-read")
     try:
         for s, keep, since in work:
-            _copy_slice(s, keep, since, sink, config, result, heartbeat)
+            _copy_slice(s, keep, since, sink, config, result, heartbeat, pool, reads)
         sink.close()
     except BaseException:
         sink.abort()
         raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
     return result
 
 
 def _copy_slice(s: Slice, keep: np.ndarray, since: np.ndarray, sink: _PartSink, config: CompactionConfig,
-                result: PassTwoResult, heartbeat: Callable[[], None]) -> None:
+                result: PassTwoResult, heartbeat: Callable[[], None], pool: ThreadPoolExecutor,
+                reads: Throttle) -> None:
     if not keep.any():
         return
     f = s.file
@@ -134,13 +147,27 @@ def _copy_slice(s: Slice, keep: np.ndarray, since: np.ndarray, sink: _PartSink, 
     cols = {name: foot.col(name) for name in ("r_hash_hi", "r_hash_lo", "r_flags", "r_offset", "r_size")}
     publish = foot.col("e_publish")
     last_beat = time.monotonic()
+    spans = []
     for c0, c1 in f.chunks(int(wanted[0]), int(wanted[-1]) + 1, config.chunk_bytes):
         sel = wanted[(wanted >= c0) & (wanted < c1)]
-        if not len(sel):
-            continue
-        # Read only the span of entries that hold survivors.
+        if len(sel):
+            spans.append(sel)  # read only the span of entries that hold survivors
+
+    def fetch(sel: np.ndarray) -> tuple[int, bytes]:
+        got = f.read_frames(int(sel[0]), int(sel[-1]) + 1)
+        reads(len(got[1]))
+        return got
+
+    # Several ranged reads in flight (object stores answer each with latency, not
+    # bandwidth), at most read_parallelism chunks ahead of the copy.
+    ahead: deque[Future[tuple[int, bytes]]] = deque()
+    nxt = 0
+    for sel in spans:
+        while nxt < len(spans) and len(ahead) < config.read_parallelism:
+            ahead.append(pool.submit(fetch, spans[nxt]))
+            nxt += 1
+        base, buf = ahead.popleft().result()
         lo_e, hi_e = int(sel[0]), int(sel[-1]) + 1
-        base, buf = f.read_frames(lo_e, hi_e)
         result.bytes_read += len(buf)
         view = memoryview(buf)
         # Every frame that was read is checked, survivors or not: checksums cost little
