@@ -34,6 +34,10 @@ class CompactionConfig:
     * ``max_map_bytes`` — the most pass one's key map may hold (24 bytes per key written
       since the last run); when the new keys need more, the run compacts up to where
       they fit and the next run continues (local engine).
+    * ``reuse_min_bytes`` / ``reuse_min_live`` — an incremental run keeps a previous
+      compacted part in place, with a deletion vector for its superseded records, when the
+      part has at least this many bytes and this share of its records still live; other
+      parts are copied (and small ones merged).  The local engine reuses; Spark copies.
     * ``read_parallelism`` — ranged reads pass two keeps in flight (chunks of
       ``chunk_bytes``), so memory for reads is about their product.
     * ``max_read_bytes_per_s`` / ``max_write_bytes_per_s`` — pass two's byte-rate limits
@@ -53,6 +57,8 @@ class CompactionConfig:
     collect_garbage: bool = True
     max_part_bytes: int = 256 * 1024 * 1024
     max_map_bytes: int = DEFAULT_MAX_MAP_BYTES
+    reuse_min_bytes: int = 16 * 1024 * 1024
+    reuse_min_live: float = 0.5
     read_parallelism: int = 4
     max_read_bytes_per_s: int = 0
     max_write_bytes_per_s: int = 0
@@ -66,6 +72,8 @@ class CompactionConfig:
             raise InvalidInputError(f"orphan grace must be at least {MIN_ORPHAN_GRACE_MS // 60_000} minutes")
         if not 0.0 <= self.min_dirty_ratio <= 1.0:
             raise InvalidInputError(f"min dirty ratio {self.min_dirty_ratio} must be between 0 and 1")
+        if not 0.0 <= self.reuse_min_live <= 1.0 or self.reuse_min_bytes < 0:
+            raise InvalidInputError("reuse limits must be a share between 0 and 1 and a size >= 0")
         if not 1 <= self.read_parallelism <= 64:
             raise InvalidInputError(f"read parallelism {self.read_parallelism} must be between 1 and 64")
         if self.max_read_bytes_per_s < 0 or self.max_write_bytes_per_s < 0:

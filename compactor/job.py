@@ -209,6 +209,7 @@ class Compactor:
             t = phase("pass_two", t)
             summary.bytes_read += out.bytes_read
             summary.records_written = out.records_written
+            summary.records_reused = out.records_reused
             summary.bytes_written = out.bytes_written
             summary.parts = len(out.parts)
             heartbeat.stop()
@@ -253,8 +254,13 @@ class Compactor:
         now_ms = self._now_ms()
         prev = plan.previous
         retired = prev.retired
-        if prev.parts:
-            retired = (*retired, RetiredSet(tuple(p.object for p in prev.parts), now_ms, prev.epoch))
+        # What the previous state published and the new one no longer names: parts that
+        # were copied or emptied, deletion vectors that were replaced.
+        kept = {p.object for p in out.parts} | {p.deletions for p in out.parts if p.deletions}
+        gone = [p.object for p in prev.parts if p.object not in kept]
+        gone += [p.deletions for p in prev.parts if p.deletions and p.deletions not in kept]
+        if gone:
+            retired = (*retired, RetiredSet(tuple(dict.fromkeys(gone)), now_ms, prev.epoch))
         last_run = {k: v for k, v in summary.to_json().items()
                     if k in ("records_read", "records_written", "bytes_read", "bytes_written",
                              "tombstones_dropped", "keyless_dropped", "dirty_ratio")}
@@ -291,6 +297,8 @@ class Compactor:
             since = s.file.footer.delete_since()
             flags = s.file.footer.col("r_flags")
             tomb = (flags & FLAG_TOMBSTONE) != 0
+            if s.gone is not None:
+                tomb &= ~s.gone
             if ((since > 0) & tomb & (now_ms - since >= self.config.delete_retention_ms)).any():
                 return True
         return False

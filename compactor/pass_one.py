@@ -138,11 +138,15 @@ def pass_one(plan: Plan, config: CompactionConfig, now_ms: int) -> Survivors:
     tomb_since: list[npt.NDArray[np.int64]] = []
     keyed_total = 0
     unsuperseded = 0  # records of the previous compacted ledger whose key was not written again
+    absent = 0  # records of previous parts that a deletion vector already removed
     for i, s in enumerate(plan.slices):
         a, b = offsets[i], offsets[i + 1]
         foot = s.file.footer
         flags = foot.col("r_flags")[s.start:s.stop]
-        has_key = (flags & FLAG_HAS_KEY) != 0
+        present = ~s.gone if s.gone is not None else np.ones(b - a, dtype=bool)
+        absent += b - a - int(present.sum())
+        has_key = ((flags & FLAG_HAS_KEY) != 0) & present
+        keyless_here = ((flags & FLAG_HAS_KEY) == 0) & present
         keyed_total += int(has_key.sum())
         k = keep[a:b]
         if s.compacted:
@@ -155,7 +159,7 @@ def pass_one(plan: Plan, config: CompactionConfig, now_ms: int) -> Survivors:
         else:
             since = None
         if config.retain_null_key:
-            k[~has_key] = True
+            k[keyless_here] = True
         tomb = np.flatnonzero(k & has_key & ((flags & FLAG_TOMBSTONE) != 0))
         tomb_at.append(a + tomb)
         tomb_since.append(since[tomb] if since is not None else np.zeros(len(tomb), dtype=np.int64))
@@ -165,10 +169,10 @@ def pass_one(plan: Plan, config: CompactionConfig, now_ms: int) -> Survivors:
     expired, first_kept = tombstone_fate(since_all, now_ms, config.delete_retention_ms)
     keep[tomb[expired]] = False
     distinct = len(key_map) + unsuperseded
-    keyless = n - keyed_total
+    keyless = n - absent - keyed_total
     return Survivors(
         plan=plan, keep=keep, since_at=tomb[~expired], since_ms=first_kept[~expired], offsets=tuple(offsets),
-        records_read=n, keys=distinct - len(tomb), tombstones_kept=len(tomb) - int(expired.sum()),
+        records_read=n - absent, keys=distinct - len(tomb), tombstones_kept=len(tomb) - int(expired.sum()),
         tombstones_dropped=int(expired.sum()),
         keyless_kept=keyless if config.retain_null_key else 0,
         keyless_dropped=0 if config.retain_null_key else keyless,

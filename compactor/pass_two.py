@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -21,6 +21,7 @@ from compactor.config import CompactionConfig
 from compactor.pass_one import Survivors
 from compactor.plan import Plan, Slice
 from compactor.throttle import Throttle, ThrottledWriter
+from ledger.deletions import encode_deletions
 from ledger.format import KIND_COMPACTED
 from ledger.ids import MessageId
 from ledger.storage import Location, ObjectWriter
@@ -34,6 +35,7 @@ __all__ = ["PassTwoResult", "pass_two", "write_parts"]
 class PassTwoResult:
     parts: list[CompactedPart] = field(default_factory=list)
     records_written: int = 0
+    records_reused: int = 0  # live records of previous parts kept in place
     bytes_written: int = 0
     bytes_read: int = 0
 
@@ -81,7 +83,7 @@ class _PartSink:
         size = w.finish()
         up.close()
         self.result.parts.append(CompactedPart(self._name, w.n_entries, w.n_records, size,
-                                               self._first, self._last))
+                                               self._first, self._last, ledger_id=self.epoch))
         self.result.bytes_written += size
         self.result.records_written += w.n_records
         self._writer = self._upload = None
@@ -98,12 +100,50 @@ def pass_two(plan: Plan, survivors: Survivors, config: CompactionConfig, *, topi
              heartbeat: Callable[[], None] = lambda: None) -> PassTwoResult:
     """Write the compacted ledger for ``plan``; ``on_object`` hears every object name
     before it is created (so a failed run can remove what it wrote)."""
-    work = ((s, survivors.slice_keep(i), survivors.slice_delete_since(i)) for i, s in enumerate(plan.slices))
-    return write_parts(work, config, topic=topic, run_dir=run_dir, epoch=epoch, now_ms=now_ms,
+    def work() -> Iterator[Work]:
+        n_deletions = 0
+        for i, s in enumerate(plan.slices):
+            keep = survivors.slice_keep(i)
+            if _reusable(s, keep, config):
+                assert s.part is not None
+                yield _reuse(plan, s, keep, topic, f"{run_dir}/deletions-{n_deletions:05d}.bin", on_object)
+                n_deletions += 1
+            else:
+                yield s, keep, survivors.slice_delete_since(i)
+
+    return write_parts(work(), config, topic=topic, run_dir=run_dir, epoch=epoch, now_ms=now_ms,
                        on_object=on_object, heartbeat=heartbeat)
 
 
-def write_parts(work: Iterable[tuple[Slice, npt.NDArray[np.bool_], npt.NDArray[np.int64]]], config: CompactionConfig,
+def _reusable(s: Slice, keep: npt.NDArray[np.bool_], config: CompactionConfig) -> bool:
+    """Keep a previous part in place (with a deletion vector) rather than copy it, when it
+    is big enough to be worth it and most of it is still live; small or mostly dead parts
+    are copied, which also merges small parts together."""
+    if not s.compacted or s.part is None or s.start != 0 or s.stop != s.file.n_records:
+        return False
+    live = int(keep.sum())
+    return live > 0 and s.part.bytes >= config.reuse_min_bytes and live >= config.reuse_min_live * s.part.records
+
+
+def _reuse(plan: Plan, s: Slice, keep: npt.NDArray[np.bool_], topic: Location, name: str,
+           on_object: Callable[[str], None]) -> CompactedPart:
+    part = s.part
+    assert part is not None
+    gone = ~keep
+    ledger_id = plan.previous.part_ledger_id(part)
+    if s.gone is not None and np.array_equal(gone, s.gone):
+        return replace(part, ledger_id=ledger_id)  # nothing new deleted: same vector
+    if not gone.any():
+        return replace(part, ledger_id=ledger_id, deletions=None, deleted=0)
+    on_object(name)
+    topic.store.put(topic.key(name), encode_deletions(np.flatnonzero(gone), len(gone)))
+    return replace(part, ledger_id=ledger_id, deletions=name, deleted=int(gone.sum()))
+
+
+Work = tuple[Slice, npt.NDArray[np.bool_], npt.NDArray[np.int64]] | CompactedPart
+
+
+def write_parts(work: Iterable[Work], config: CompactionConfig,
                 *, topic: Location, run_dir: str, epoch: int, now_ms: int, on_object: Callable[[str], None],
                 heartbeat: Callable[[], None] = lambda: None, name_prefix: str = "part-") -> PassTwoResult:
     """Copy the kept records of each ``(slice, keep, delete_since)`` into parts named
@@ -116,7 +156,13 @@ def write_parts(work: Iterable[tuple[Slice, npt.NDArray[np.bool_], npt.NDArray[n
                      writes if writes.rate else None)
     pool = ThreadPoolExecutor(max_workers=config.read_parallelism, thread_name_prefix="shale-read")
     try:
-        for s, keep, since in work:
+        for item in work:
+            if isinstance(item, CompactedPart):  # a previous part kept in place, in id order
+                sink.close()
+                result.parts.append(item)
+                result.records_reused += item.live
+                continue
+            s, keep, since = item
             _copy_slice(s, keep, since, sink, config, result, heartbeat, pool, reads)
         sink.close()
     except BaseException:

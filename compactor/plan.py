@@ -12,12 +12,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
+from ledger.deletions import read_deletions
 from ledger.format import KIND_COMPACTED, KIND_ORIGINAL
 from ledger.ids import MessageId
 from ledger.reader import LedgerFile
 from ledger.storage import Location
-from metadata.state import CompactionState, TopicState
+from metadata.state import CompactedPart, CompactionState, TopicState
 from metadata.topic import TopicMetadata
 
 __all__ = ["Plan", "Slice", "make_plan"]
@@ -31,6 +33,8 @@ class Slice:
     start: int
     stop: int
     compacted: bool  # a part of the previous compacted ledger
+    part: CompactedPart | None = None  # the part, when compacted
+    gone: npt.NDArray[np.bool_] | None = None  # per record of the slice: deleted by a deletion vector
 
     @property
     def records(self) -> int:
@@ -88,9 +92,11 @@ def make_plan(meta: TopicMetadata, *, now_ms: int, min_compaction_lag_ms: int,
     prev_h = previous.horizon
     cutoff = now_ms - min_compaction_lag_ms
 
-    compacted = tuple(Slice(f, 0, f.n_records, True)
-                      for f in (opener(loc.key(p.object), previous.epoch, KIND_COMPACTED)
-                                for p in previous.parts))
+    compacted = []
+    for p in previous.parts:
+        f = opener(loc.key(p.object), previous.part_ledger_id(p), KIND_COMPACTED)
+        gone = read_deletions(store, loc.key(p.deletions), f.n_records) if p.deletions else None
+        compacted.append(Slice(f, 0, f.n_records, True, p, gone))
     new: list[Slice] = []
     held_back = 0
     stopped = False
@@ -117,4 +123,4 @@ def make_plan(meta: TopicMetadata, *, now_ms: int, min_compaction_lag_ms: int,
     dirty = sum(s.data_bytes() for s in new)
     # Entry bytes on both sides (footers excluded), so the ratio compares like with like.
     live = dirty + sum(s.data_bytes() for s in compacted)
-    return Plan(topic, previous, compacted, tuple(new), horizon, dirty, live, held_back, loc)
+    return Plan(topic, previous, tuple(compacted), tuple(new), horizon, dirty, live, held_back, loc)

@@ -28,6 +28,7 @@ class RunSummary:
     records_read: int = 0
     bytes_read: int = 0
     records_written: int = 0
+    records_reused: int = 0  # live records of previous parts kept in place (not copied)
     bytes_written: int = 0
     keys: int = 0
     tombstones_kept: int = 0

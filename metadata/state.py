@@ -80,7 +80,12 @@ class TopicState:
 
 @dataclass(frozen=True, slots=True)
 class CompactedPart:
-    """One object of a compacted ledger, relative to the topic's folder."""
+    """One object of a compacted ledger, relative to the topic's folder.
+
+    ``ledger_id`` is the epoch of the run that wrote the object (a later run may keep it
+    instead of copying it); ``deletions`` names the deletion vector listing its records
+    that are no longer live, ``deleted`` of them.
+    """
 
     object: str
     entries: int
@@ -88,17 +93,32 @@ class CompactedPart:
     bytes: int
     first_id: MessageId | None
     last_id: MessageId | None
+    ledger_id: int | None = None
+    deletions: str | None = None
+    deleted: int = 0
+
+    @property
+    def live(self) -> int:
+        return self.records - self.deleted
 
     def to_json(self) -> dict[str, Any]:
-        return {"object": self.object, "entries": self.entries, "records": self.records, "bytes": self.bytes,
-                "first_id": str(self.first_id) if self.first_id else None,
-                "last_id": str(self.last_id) if self.last_id else None}
+        d: dict[str, Any] = {"object": self.object, "entries": self.entries, "records": self.records,
+                             "bytes": self.bytes, "first_id": str(self.first_id) if self.first_id else None,
+                             "last_id": str(self.last_id) if self.last_id else None}
+        if self.ledger_id is not None:
+            d["ledger_id"] = self.ledger_id
+        if self.deletions is not None:
+            d["deletions"] = self.deletions
+            d["deleted"] = self.deleted
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> CompactedPart:
         return cls(str(d["object"]), int(d["entries"]), int(d["records"]), int(d["bytes"]),
                    MessageId.parse(d["first_id"]) if d.get("first_id") else None,
-                   MessageId.parse(d["last_id"]) if d.get("last_id") else None)
+                   MessageId.parse(d["last_id"]) if d.get("last_id") else None,
+                   int(d["ledger_id"]) if d.get("ledger_id") is not None else None,
+                   str(d["deletions"]) if d.get("deletions") else None, int(d.get("deleted", 0)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +159,13 @@ class CompactionState:
 
     @property
     def records(self) -> int:
-        return sum(p.records for p in self.parts)
+        """Live records of the compacted ledger."""
+        return sum(p.live for p in self.parts)
+
+    def part_ledger_id(self, part: CompactedPart) -> int:
+        """The ledger id in the part's header (parts written before ids were recorded
+        belong to this state's epoch)."""
+        return self.epoch if part.ledger_id is None else part.ledger_id
 
     @property
     def bytes(self) -> int:
@@ -148,6 +174,7 @@ class CompactionState:
     def referenced_objects(self) -> set[str]:
         """Every object this state still needs (published or awaiting deletion)."""
         refs = {p.object for p in self.parts}
+        refs.update(p.deletions for p in self.parts if p.deletions)
         for r in self.retired:
             refs.update(r.objects)
         return refs

@@ -12,12 +12,16 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Final, Literal
 
+import numpy as np
+import numpy.typing as npt
+
+from ledger.deletions import read_deletions
 from ledger.errors import ObjectNotFoundError
 from ledger.format import KIND_COMPACTED, KIND_ORIGINAL
 from ledger.ids import MIN_ID, MessageId
 from ledger.reader import DEFAULT_CHUNK_BYTES, LedgerFile
 from ledger.record import Message
-from metadata.state import CompactionState, TopicState
+from metadata.state import CompactedPart, CompactionState, TopicState
 from metadata.topic import TopicMetadata
 
 __all__ = ["EARLIEST", "LATEST", "Position", "TopicReader", "parse_position"]
@@ -51,6 +55,7 @@ class TopicReader:
         self.read_compacted = read_compacted
         self.chunk_bytes = chunk_bytes
         self._files: OrderedDict[str, LedgerFile] = OrderedDict()
+        self._gone: tuple[str, npt.NDArray[np.bool_] | None] = ("", None)
         self._topic: TopicState = self.meta.load_topic()
         self._compaction: CompactionState = CompactionState()
         self._next: MessageId = MIN_ID
@@ -118,6 +123,15 @@ class TopicReader:
             self._files.move_to_end(key)
         return f
 
+    def _deletions(self, part: CompactedPart, records: int) -> npt.NDArray[np.bool_] | None:
+        """The part's deleted records (superseded since it was written), if any."""
+        if not part.deletions:
+            return None
+        key = self.meta.topic.key(part.deletions)
+        if self._gone[0] != key:
+            self._gone = (key, read_deletions(self.meta.topic.store, key, records))
+        return self._gone[1]
+
     def _messages(self) -> Iterator[Message]:
         if self.read_compacted:
             yield from self._compacted_part()
@@ -137,10 +151,13 @@ class TopicReader:
                 for part in state.parts:
                     if part.last_id is None or part.last_id < self._next:
                         continue
-                    f = self._open(self.meta.topic.key(part.object), state.epoch, KIND_COMPACTED)
-                    for m in f.messages(f.find(self._next), chunk_bytes=self.chunk_bytes):
+                    f = self._open(self.meta.topic.key(part.object), state.part_ledger_id(part), KIND_COMPACTED)
+                    gone = self._deletions(part, f.n_records)
+                    start = f.find(self._next)
+                    for i, m in enumerate(f.messages(start, chunk_bytes=self.chunk_bytes), start):
                         self._next = m.id.successor()
-                        yield m
+                        if gone is None or not gone[i]:
+                            yield m
             except ObjectNotFoundError:
                 # Retired and deleted under us: follow the newest state from where we are.
                 newer = self.meta.load_compaction()

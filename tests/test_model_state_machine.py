@@ -400,6 +400,8 @@ class ShaleModelMachine(RuleBasedStateMachine):
                                   orphan_grace_ms=ORPHAN_GRACE, collect_garbage=collect,
                                   max_part_bytes=1 << 16 if small_parts else 256 << 20,
                                   chunk_bytes=1 << 12 if small_parts else 8 << 20,
+                                  # keep previous parts in place with deletion vectors
+                                  reuse_min_bytes=0 if small_parts else 16 << 20,
                                   # 3 keys, so a run often stops short (partial cleaning)
                                   max_map_bytes=3 * 24 if small_map else 1 << 30)
         summary = Compactor(self.uri, config, clock=self.clock).run()
@@ -437,7 +439,12 @@ class ShaleModelMachine(RuleBasedStateMachine):
                 event("compact: horizon short of the bound")
             self.epoch = state.epoch
             self.history[self.epoch] = (h, tuple(self.kept))
-            assert summary.records_written == len(self.kept) == state.records, (summary, self.kept)
+            assert summary.records_written + summary.records_reused == len(self.kept) == state.records, \
+                (summary, self.kept)
+            if summary.records_reused:
+                event("compact: previous parts kept in place")
+            if any(p.deletions for p in state.parts):
+                event("compact: deletion vectors")
             assert summary.parts == len(state.parts)
             if len(state.parts) > 1:
                 event("compact: several parts")
@@ -447,7 +454,8 @@ class ShaleModelMachine(RuleBasedStateMachine):
                 assert part.first_id <= part.last_id
                 ends += [part.first_id, part.last_id]
             assert ends == sorted(ends) and len(set(ends[1::2])) == len(ends[1::2]), state.parts
-            assert not ends or (ends[0] == self.kept[0] and ends[-1] == self.kept[-1])
+            if not any(p.deletions for p in state.parts):  # else a part may start or end with a deleted record
+                assert not ends or (ends[0] == self.kept[0] and ends[-1] == self.kept[-1])
             assert summary.records_read == stats["records_read"]
             assert summary.keys == stats["keys"] == state.keys
             assert summary.tombstones_kept == stats["tombstones_kept"] == state.tombstones
@@ -457,8 +465,13 @@ class ShaleModelMachine(RuleBasedStateMachine):
         assert summary.orphans_deleted == 0
         # retired compacted ledgers: the replaced one joins the list; collection removes the due ones only
         retired = [(r.objects, r.retired_ms) for r in prev.retired]
-        if summary.status == "compacted" and prev.parts:
-            retired.append((tuple(p.object for p in prev.parts), now))
+        if summary.status == "compacted":
+            # what the previous state named and the new one does not (parts kept in place stay)
+            still = {p.object for p in state.parts} | {p.deletions for p in state.parts if p.deletions}
+            gone = [p.object for p in prev.parts if p.object not in still]
+            gone += [p.deletions for p in prev.parts if p.deletions and p.deletions not in still]
+            if gone:
+                retired.append((tuple(dict.fromkeys(gone)), now))
         if collect:
             retired = [(objs, ms) for objs, ms in retired if now - ms < gc_grace]
         assert [(r.objects, r.retired_ms) for r in state.retired] == retired, (state.retired, retired)

@@ -96,12 +96,13 @@ def make_splits(plan: Plan, split_bytes: int, split_records: int) -> list[SplitS
     for s in plan.slices:
         if s.records <= 0:
             continue
-        out.extend(_split_slice(s, base, split_bytes, split_records))
+        out.extend(_split_slice(s, base, split_bytes, split_records, plan.location))
         base += s.records
     return out
 
 
-def _split_slice(s: Slice, base: int, split_bytes: int, split_records: int) -> Iterator[SplitSpec]:
+def _split_slice(s: Slice, base: int, split_bytes: int, split_records: int,
+                 topic: Location) -> Iterator[SplitSpec]:
     f = s.file
     foot = f.footer
     # boundary k: where entry k starts (k = n_entries: where the last one ends)
@@ -109,6 +110,7 @@ def _split_slice(s: Slice, base: int, split_bytes: int, split_records: int) -> I
     offs = foot.col("e_offset").astype(np.int64)
     at = np.append(offs, offs[-1] + int(foot.col("e_length")[-1])) if len(offs) else np.zeros(1, np.int64)
     kind = KIND_COMPACTED if s.compacted else KIND_ORIGINAL
+    deletions = topic.key(s.part.deletions) if s.part is not None and s.part.deletions else None
     e = int(np.searchsorted(rec_start, s.start, side="right")) - 1  # entry holding the first record
     e_end = int(np.searchsorted(rec_start, s.stop, side="left"))  # boundary at or after the last record
     a = s.start
@@ -117,7 +119,7 @@ def _split_slice(s: Slice, base: int, split_bytes: int, split_records: int) -> I
         by_records = int(np.searchsorted(rec_start, a + split_records, side="right")) - 1
         nxt = min(max(min(by_bytes, by_records), e + 1), e_end)
         b = min(int(rec_start[nxt]), s.stop)
-        yield SplitSpec(f.key, f.ledger_id, kind, a, b, base + a - s.start, int(at[nxt] - at[e]))
+        yield SplitSpec(f.key, f.ledger_id, kind, a, b, base + a - s.start, int(at[nxt] - at[e]), deletions)
         a, e = b, nxt
 
 
@@ -303,10 +305,12 @@ class SparkEngine:
         task_of = np.zeros(len(splits), dtype=np.int64)
         for t, (j0, j1) in enumerate(tasks):
             task_of[j0:j1] = t
-        records = sum(s.records for s in plan.slices)
+        # records a deletion vector removed count as neither read nor keyless, as locally
+        records = sum(s.records - (int(s.gone.sum()) if s.gone is not None else 0) for s in plan.slices)
         keyless = 0
         for s in plan.slices:
-            keyless += int(np.count_nonzero((s.file.footer.col("r_flags")[s.start:s.stop] & FLAG_HAS_KEY) == 0))
+            no_key = (s.file.footer.col("r_flags")[s.start:s.stop] & FLAG_HAS_KEY) == 0
+            keyless += int(np.count_nonzero(no_key if s.gone is None else no_key & ~s.gone))
         footer_bytes = sum(s.file.footer_bytes for s in plan.slices)
         counts = {"keys": 0, "tombstones": 0, "dropped": 0, "kept": 0}
         rdd: RDD[tuple[int, bytes]] | None = None

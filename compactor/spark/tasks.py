@@ -36,6 +36,7 @@ from compactor.pass_two import write_parts
 from compactor.plan import Slice
 from compactor.rules import latest_of_each_key, tombstone_fate
 from compactor.spark.environment import ForwardedEnvironment
+from ledger.deletions import read_deletions
 from ledger.errors import ShaleError, TransientStorageError
 from ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, KIND_COMPACTED
 from ledger.reader import LedgerFile
@@ -75,6 +76,7 @@ class SplitSpec:
     stop: int
     base: int
     bytes: int  # entry bytes the split covers
+    deletions: str | None = None  # key of the part's deletion vector, if it has one
 
     @property
     def records(self) -> int:
@@ -111,6 +113,20 @@ class TaskContext:
         return f
 
 
+    def present(self, loc: Location, j: int, f: LedgerFile) -> npt.NDArray[np.bool_] | None:
+        """Records of split ``j`` that no deletion vector removed (None: all of them)."""
+        sp = self.splits[j]
+        if sp.deletions is None:
+            return None
+        gone = _LAST_DELETIONS.get(sp.deletions)
+        if gone is None:
+            gone = read_deletions(loc.store, sp.deletions, f.n_records)
+            _LAST_DELETIONS.clear()
+            _LAST_DELETIONS[sp.deletions] = gone
+        return ~gone[sp.start:sp.stop]
+
+
+_LAST_DELETIONS: dict[str, npt.NDArray[np.bool_]] = {}
 # Objects are immutable, so a footer read once stays right; one per worker process.
 _LAST_OPENED: dict[tuple[str, int, int], LedgerFile] = {}
 
@@ -153,9 +169,12 @@ def _map_task(ctx: TaskContext, task_indexes: Iterable[int]) -> Iterator[tuple[i
     parts = ctx.reduce_partitions
     for j in (j for t in task_indexes for j in range(*ctx.tasks[t])):
         sp = ctx.splits[j]
-        foot = ctx.open(loc, j).footer
+        f = ctx.open(loc, j)
+        foot = f.footer
         flags = foot.col("r_flags")[sp.start:sp.stop]
-        keyed = np.nonzero(flags & FLAG_HAS_KEY)[0]
+        present = ctx.present(loc, j, f)
+        has_key = (flags & FLAG_HAS_KEY) != 0
+        keyed = np.flatnonzero(has_key if present is None else has_key & present)
         hi = foot.col("r_hash_hi")[sp.start:sp.stop][keyed]
         lo = foot.col("r_hash_lo")[sp.start:sp.stop][keyed]
         # The latest of each key within the split is the only one that can win overall.
@@ -260,5 +279,7 @@ def _split_work(ctx: TaskContext, loc: Location, todo: list[int], by_split: dict
         since = np.zeros(sp.records, dtype=np.int64)
         since[kept["pos"] - sp.base] = kept["since"]
         if ctx.config.retain_null_key:
-            keep[(f.footer.col("r_flags")[sp.start:sp.stop] & FLAG_HAS_KEY) == 0] = True
+            keyless = (f.footer.col("r_flags")[sp.start:sp.stop] & FLAG_HAS_KEY) == 0
+            present = ctx.present(loc, j, f)
+            keep[keyless if present is None else keyless & present] = True
         yield Slice(f, sp.start, sp.stop, sp.kind == KIND_COMPACTED), keep, since

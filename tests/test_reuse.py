@@ -1,0 +1,123 @@
+"""Incremental runs keep previous compacted parts in place, with deletion vectors."""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from compactor import CompactionConfig, Compactor, collect_garbage
+from ledger.deletions import decode_deletions, encode_deletions
+from ledger.errors import CorruptLedgerError, UnsupportedVersionError
+from metadata.topic import TopicMetadata
+from reader import TableView, TopicReader
+from shale.producer import TopicWriter
+from tests.conftest import run_cli
+
+T0 = 1_700_000_000.0
+HOUR = 3600.0
+REUSE = dict(reuse_min_bytes=0, delete_retention_ms=int(2 * HOUR * 1000))
+
+
+def produce(uri: str, seed: int, n: int, keys: range, t: float) -> None:
+    rnd = random.Random(seed)
+    with TopicWriter(uri, max_ledger_records=5_000, batch_size=10, clock=lambda: t) as w:
+        for i in range(n):
+            k = rnd.choice(keys)
+            w.append(f"key-{k}", None if rnd.random() < 0.05 else f"{seed}-{i}")
+
+
+def compacted(uri: str) -> list[tuple[str, Any, Any]]:
+    return [(str(m.id), m.key, m.value) for m in TopicReader(uri, read_compacted=True)]
+
+
+def test_deletion_vector_format() -> None:
+    data = encode_deletions(np.array([1, 5, 9]), 10)
+    assert np.flatnonzero(decode_deletions(data, 10, "dv")).tolist() == [1, 5, 9]
+    with pytest.raises(CorruptLedgerError, match="checksum"):
+        decode_deletions(data[:-1] + bytes([data[-1] ^ 1]), 10, "dv")
+    with pytest.raises(CorruptLedgerError, match="bad magic"):
+        decode_deletions(b"X" + data[1:], 10, "dv")
+    with pytest.raises(UnsupportedVersionError):
+        decode_deletions(data[:8] + b"\x09\x00" + data[10:], 10, "dv")
+    with pytest.raises(CorruptLedgerError, match="part of 10"):
+        decode_deletions(data, 11, "dv")
+    with pytest.raises(CorruptLedgerError, match="out of order"):
+        decode_deletions(encode_deletions(np.array([5, 1]), 10), 10, "dv")
+    with pytest.raises(CorruptLedgerError, match="truncated"):
+        decode_deletions(data[:10], 10, "dv")
+
+
+def test_incremental_runs_keep_parts_and_equal_copying_runs(disk_topic_uri: str, tmp_path: Path) -> None:
+    """Every run is checked against the same runs on a copy that never keeps parts."""
+    uri, ref = disk_topic_uri, str(tmp_path / "ref")
+    copy_all = CompactionConfig(delete_retention_ms=int(2 * HOUR * 1000))  # parts are far below 16 MiB
+
+    def step(seed: int, n: int, hour: int) -> tuple[Any, Any]:
+        for u in (uri, ref):
+            produce(u, seed, n, range(10_000), T0 + (hour - 1) * HOUR)
+        s = Compactor(uri, CompactionConfig(**REUSE), clock=lambda: T0 + hour * HOUR).run()  # type: ignore[arg-type]
+        r = Compactor(ref, copy_all, clock=lambda: T0 + hour * HOUR).run()
+        assert s.status == r.status == "compacted"
+        assert compacted(uri) == compacted(ref)
+        assert (s.keys, s.tombstones_kept, s.tombstones_dropped) == (r.keys, r.tombstones_kept, r.tombstones_dropped)
+        return s, r
+
+    first, _ = step(1, 30_000, 1)
+    assert first.records_reused == 0
+    second, ref2 = step(2, 300, 2)  # 1 % new records
+    # the previous parts stay; only the new survivors are copied
+    assert second.records_reused > 0.9 * first.records_written
+    assert second.records_written <= 300
+    assert second.bytes_written < ref2.bytes_written / 20
+    state = TopicMetadata.open(uri).load_compaction()
+    assert any(p.deletions for p in state.parts)
+    assert state.records == second.records_written + second.records_reused == len(compacted(uri))
+    assert TableView(uri).refresh() == TableView(ref).refresh()
+    # a third run replaces a deletion vector (and tombstones expire); gc deletes the old
+    # vector, never a part still in use
+    third, _ = step(3, 300, 3)
+    assert third.records_reused > 0 and third.tombstones_dropped > 0
+    meta = TopicMetadata.open(uri)
+    report = collect_garbage(meta, now_ms=int((T0 + 4 * HOUR) * 1000), grace_ms=0,
+                             orphan_grace_ms=CompactionConfig().orphan_grace_ms)
+    assert any(o.endswith(".bin") for o in report.retired_deleted)
+    for obj in meta.load_compaction().referenced_objects():
+        assert meta.topic.store.exists(meta.topic.key(obj)), obj
+    assert compacted(uri) == compacted(ref)
+
+
+def test_a_mostly_superseded_part_is_copied_not_kept(tmp_path: Path) -> None:
+    uri = str(tmp_path / "t")
+    produce(uri, 1, 4_000, range(1_000), T0)
+    Compactor(uri, CompactionConfig(**REUSE), clock=lambda: T0 + HOUR).run()  # type: ignore[arg-type]
+    old = {p.object for p in TopicMetadata.open(uri).load_compaction().parts}
+    produce(uri, 2, 6_000, range(1_000), T0 + HOUR)  # nearly every key again
+    s = Compactor(uri, CompactionConfig(**REUSE), clock=lambda: T0 + 2 * HOUR).run()  # type: ignore[arg-type]
+    assert s.records_reused == 0
+    new = TopicMetadata.open(uri).load_compaction()
+    assert not old & {p.object for p in new.parts}
+    assert old <= set().union(*(r.objects for r in new.retired))
+
+
+def test_corrupt_deletion_vector_is_exit_4_for_compact_and_read(tmp_path: Path) -> None:
+    uri = str(tmp_path / "t")
+    produce(uri, 1, 5_000, range(2_000), T0)
+    Compactor(uri, CompactionConfig(**REUSE), clock=lambda: T0 + HOUR).run()  # type: ignore[arg-type]
+    produce(uri, 2, 100, range(2_000), T0 + HOUR)
+    Compactor(uri, CompactionConfig(**REUSE), clock=lambda: T0 + 2 * HOUR).run()  # type: ignore[arg-type]
+    dv = next(p.deletions for p in TopicMetadata.open(uri).load_compaction().parts if p.deletions)
+    path = Path(uri) / dv
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    shutil.copy(path, tmp_path / "evidence")
+    res = run_cli("read", uri, "--compacted")
+    assert res.returncode == 4 and dv.split("/")[-1] in res.stderr and res.stderr.count("\n") == 1
+    produce(uri, 3, 100, range(2_000), T0 + 2 * HOUR)
+    res = run_cli(uri, script="compact")
+    assert res.returncode == 4 and dv.split("/")[-1] in res.stderr
