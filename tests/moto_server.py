@@ -1,13 +1,15 @@
 """A real moto S3 server over HTTP on an ephemeral port, for the test suite.
 
 Run as a script: prints ``PORT <n>`` once listening.  Requests are served by threads
-but executed one at a time: moto checks a conditional write's precondition and then
-stores the object in two steps, and real S3 makes that pair atomic; serialising the
+but, unless ``--concurrent`` is given (benchmarks of parallel reads), executed one at a
+time: moto checks a conditional write's precondition and then stores the object in two
+steps, and real S3 makes that pair atomic; serialising the
 requests gives moto the same atomicity, so races in the tests test our code, not moto.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 from collections.abc import Callable, Iterable
@@ -21,8 +23,10 @@ def main() -> None:
     app = DomainDispatcherApplication(create_backend_app)
     lock = threading.Lock()
 
+    concurrent = "--concurrent" in sys.argv[1:]
+
     def serialized(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        with lock:
+        with lock if not concurrent else contextlib.nullcontext():
             result = app(environ, start_response)
             try:
                 body = b"".join(result)
