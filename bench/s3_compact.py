@@ -3,9 +3,11 @@ one ranged read in flight and with several.
 
     .venv/bin/python bench/s3_compact.py --records 1000000 --keys 100000
 
-Starts ``tests/moto_server.py --concurrent`` on an ephemeral port, produces the topic
+Starts ``tests/moto_server.py --concurrent`` on an ephemeral port (answering after
+``--latency-ms``, 20 ms by default, as object storage does), produces the topic
 into a bucket, then compacts it from scratch once per ``--parallelism`` value and prints
-one JSON line each: pass two's bytes read, MB/s, and the whole run.
+one JSON line each: bytes read (footers while planning, entries in pass two), read MB/s over
+those two phases, and the whole run.
 """
 
 from __future__ import annotations
@@ -29,8 +31,11 @@ def main() -> None:
     p.add_argument("--keys", type=int, default=100_000)
     p.add_argument("--value-bytes", type=int, default=64)
     p.add_argument("--parallelism", type=int, action="append", default=None)
+    p.add_argument("--latency-ms", type=int, default=20,
+                   help="delay moto adds before each answer, like object storage's time to first byte")
     a = p.parse_args()
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "moto_server.py"), "--concurrent"],
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "moto_server.py"), "--concurrent",
+                             f"--latency-ms={a.latency_ms}"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert proc.stdout is not None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -24,8 +25,12 @@ def main() -> None:
     lock = threading.Lock()
 
     concurrent = "--concurrent" in sys.argv[1:]
+    # --latency-ms N: wait before answering, as object storage's first byte does
+    latency = next((int(a.split("=", 1)[1]) for a in sys.argv[1:] if a.startswith("--latency-ms=")), 0) / 1000
 
     def serialized(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if latency:
+            time.sleep(latency)
         with lock if not concurrent else contextlib.nullcontext():
             result = app(environ, start_response)
             try:
