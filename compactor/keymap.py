@@ -70,29 +70,32 @@ class KeyMap:
 class KeyMapBuilder:
     """Collects the latest position of each key, chunk by chunk, in position order.
 
-    Chunks are kept as they come (each already holds one record per key) and merged
-    only when their total could exceed the capacity, so memory stays within about
-    ``capacity`` keys plus the merge's temporaries.
+    The merged map is kept sorted by hash.  New chunks (each already one record per key)
+    wait until they outweigh the map, then are reduced, sorted and merged into it in one
+    linear pass (a stable sort of two sorted runs), so memory stays within a small
+    multiple of the map and no merge re-sorts what is already sorted.
     """
 
     def __init__(self, capacity: int) -> None:
         self.capacity = max(1, capacity)
+        empty = np.empty(0, dtype=np.uint64)
+        self._map: tuple[U64, U64, I64] = (empty, empty.copy(), np.empty(0, dtype=np.int64))
         self._hi: list[U64] = []
         self._lo: list[U64] = []
         self._pos: list[I64] = []
-        self._upper = 0  # distinct keys at most (exact right after a merge)
         self._pending = 0  # entries added since the last merge
 
     @property
     def upper_bound(self) -> int:
-        return self._upper
+        """Distinct keys at most (exact right after a merge)."""
+        return len(self._map[0]) + self._pending
 
     def fits(self, hi: U64, lo: U64) -> bool:
         """Whether adding these keys keeps the map within capacity (merging if needed)."""
-        if self._upper + len(hi) <= self.capacity:
+        if self.upper_bound + len(hi) <= self.capacity:
             return True
         self.merge()
-        if self._upper + len(hi) <= self.capacity:
+        if self.upper_bound + len(hi) <= self.capacity:
             return True
         return self._distinct_with(hi, lo) <= self.capacity
 
@@ -101,42 +104,51 @@ class KeyMapBuilder:
         self._hi.append(hi)
         self._lo.append(lo)
         self._pos.append(pos)
-        self._upper += len(hi)
         self._pending += len(hi)
-        # Merge once the unmerged chunks outweigh the merged map, so chunks never hold
-        # much more than twice the distinct keys (and a merge's temporaries stay in
-        # proportion to the map, not to the records read).
-        if self._pending > max(self._upper - self._pending, _MIN_MERGE):
+        if self._pending > max(len(self._map[0]), _MIN_MERGE):
             self.merge()
 
     def _distinct_with(self, hi: U64, lo: U64) -> int:
-        all_hi = np.concatenate([*self._hi, hi])
-        all_lo = np.concatenate([*self._lo, lo])
+        all_hi = np.concatenate([self._map[0], *self._hi, hi])
+        all_lo = np.concatenate([self._map[1], *self._lo, lo])
         return len(latest_of_each_key(all_hi, all_lo))
 
     def merge(self) -> None:
-        """Reduce the chunks to one record per key (the latest)."""
-        if len(self._hi) <= 1:
-            self._pending = 0
+        """Fold the waiting chunks into the map, keeping the latest record of each key."""
+        if not self._hi:
             return
         hi, lo, pos = np.concatenate(self._hi), np.concatenate(self._lo), np.concatenate(self._pos)
-        keep = np.sort(latest_of_each_key(hi, lo))  # chunks are in position order
-        self._hi, self._lo, self._pos = [hi[keep]], [lo[keep]], [pos[keep]]
-        self._upper = len(keep)
-        self._pending = 0
+        self._hi, self._lo, self._pos, self._pending = [], [], [], 0
+        sel = latest_of_each_key(hi, lo)  # chunks are in position order
+        sel = sel[np.argsort(hi[sel])]
+        # map first: every waiting position is later than every merged one
+        hi = np.concatenate([self._map[0], hi[sel]])
+        lo = np.concatenate([self._map[1], lo[sel]])
+        pos = np.concatenate([self._map[2], pos[sel]])
+        order = np.argsort(hi, kind="stable")  # two sorted runs: one linear merge
+        shi, slo = hi[order], lo[order]
+        new_group = np.empty(len(order), dtype=bool)
+        if len(order):
+            new_group[0] = True
+            np.not_equal(shi[1:], shi[:-1], out=new_group[1:])
+        starts = np.flatnonzero(new_group)
+        if len(order) and not np.array_equal(slo, slo[starts][np.cumsum(new_group) - 1]):
+            # keys share a high half: order fully by (hi, lo, position) instead
+            order = np.lexsort((pos, lo, hi))
+            shi, slo = hi[order], lo[order]
+            last = np.ones(len(order), dtype=bool)
+            last[:-1] = (shi[1:] != shi[:-1]) | (slo[1:] != slo[:-1])
+        else:
+            last = np.ones(len(order), dtype=bool)
+            last[:-1] = new_group[1:]
+        keep = order[last]
+        self._map = (hi[keep], lo[keep], pos[keep])
 
     def build(self) -> KeyMap:
         """The finished map, sorted by hash for lookups."""
         self.merge()
-        if not self._hi:
-            empty = np.empty(0, dtype=np.uint64)
-            return KeyMap(empty, empty.copy(), np.empty(0, dtype=np.int64), False)
-        hi, lo, pos = self._hi[0], self._lo[0], self._pos[0]
-        order = np.argsort(hi)
-        hi, lo, pos = hi[order], lo[order], pos[order]
+        hi, lo, pos = self._map
         shared = bool(len(hi) > 1 and np.any(hi[1:] == hi[:-1]))
-        if shared:  # keys sharing the high half: order them by the low half too
-            order = np.lexsort((lo, hi))
-            hi, lo, pos = hi[order], lo[order], pos[order]
-        self._hi, self._lo, self._pos = [], [], []
+        empty = np.empty(0, dtype=np.uint64)
+        self._map = (empty, empty.copy(), np.empty(0, dtype=np.int64))
         return KeyMap(hi, lo, pos, shared)

@@ -40,3 +40,35 @@ def test_many_random_keys() -> None:
     pick = rng.integers(0, len(keys), size=50_000)
     hi, lo = keys[pick], keys[pick] ^ np.uint64(12345)
     assert sorted(latest_of_each_key(hi, lo).tolist()) == sorted(naive(hi.tolist(), lo.tolist()))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), max_size=12), st.booleans()),
+                max_size=8))
+def test_key_map_builder_matches_a_dict(chunks: list[tuple[list[tuple[int, int]], bool]]) -> None:
+    """Chunks merged at any moment, with high halves colliding all the time, give the
+    latest position of every key, sorted for lookups."""
+    from compactor.keymap import KeyMapBuilder
+
+    b = KeyMapBuilder(10**6)
+    want: dict[tuple[int, int], int] = {}
+    pos = 0
+    for pairs, merge_now in chunks:
+        hi = np.array([p[0] for p in pairs], dtype=np.uint64)
+        lo = np.array([p[1] for p in pairs], dtype=np.uint64)
+        sel = np.sort(latest_of_each_key(hi, lo))  # a chunk holds one record per key
+        for i, p in enumerate(pairs):
+            want[p] = pos + i
+        b.add(hi[sel], lo[sel], (pos + sel).astype(np.int64))
+        pos += len(pairs)
+        if merge_now:
+            b.merge()
+        assert b.upper_bound >= len(want)
+    m = b.build()
+    got = {(int(h), int(lo_)): int(p) for h, lo_, p in zip(m.hi, m.lo, m.pos, strict=True)}
+    assert got == want and len(m) == len(want)
+    assert list(zip(m.hi.tolist(), m.lo.tolist(), strict=True)) == sorted(want)
+    probe_hi = np.array([h for h in range(4) for _ in range(4)], dtype=np.uint64)
+    probe_lo = np.array([lo_ for _ in range(4) for lo_ in range(4)], dtype=np.uint64)
+    found = m.contains(probe_hi, probe_lo)
+    assert [bool(f) for f in found] == [(h, lo_) in want for h in range(4) for lo_ in range(4)]
