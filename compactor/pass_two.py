@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -22,10 +23,11 @@ from compactor.pass_one import Survivors
 from compactor.plan import Plan, Slice
 from compactor.throttle import Throttle, ThrottledWriter
 from ledger.deletions import encode_deletions
-from ledger.format import KIND_COMPACTED
+from ledger.format import FRAME_HEADER, KIND_COMPACTED, checksum
 from ledger.ids import MessageId
+from ledger.reader import LedgerFile
 from ledger.storage import Location, ObjectWriter
-from ledger.writer import EncodedEntry, LedgerWriter
+from ledger.writer import LedgerWriter
 from metadata.state import CompactedPart
 
 __all__ = ["PassTwoResult", "pass_two", "write_parts"]
@@ -189,9 +191,6 @@ def _copy_slice(s: Slice, keep: np.ndarray, since: np.ndarray, sink: _PartSink, 
     per_entry = np.add.reduceat(full_keep.astype(np.int64), rec_start[:-1]) if f.n_entries else np.zeros(0)
     # reduceat gives wrong sums for empty entries; entries always hold >= 1 record
     wanted = np.nonzero(per_entry > 0)[0]
-    ledgers, entries, batches = f.entry_ledgers, f.entry_ids, f.batch_indexes
-    cols = {name: foot.col(name) for name in ("r_hash_hi", "r_hash_lo", "r_flags", "r_offset", "r_size")}
-    publish = foot.col("e_publish")
     last_beat = time.monotonic()
     spans = []
     for c0, c1 in f.chunks(int(wanted[0]), int(wanted[-1]) + 1, config.chunk_bytes):
@@ -219,37 +218,79 @@ def _copy_slice(s: Slice, keep: np.ndarray, since: np.ndarray, sink: _PartSink, 
         # Every frame that was read is checked, survivors or not: checksums cost little
         # next to the read, and corruption should not go unnoticed just because it sits
         # next to obsolete records.
-        chosen = set(sel.tolist())
         for e in range(lo_e, hi_e):
-            if e not in chosen:
-                f.frame_payload(view, base, e)
-        for e in sel:
-            e = int(e)
-            r0, r1 = int(rec_start[e]), int(rec_start[e + 1])
-            mask = full_keep[r0:r1]
-            payload = f.frame_payload(view, base, e)  # checks the frame's checksum
-            w = sink.writer()
-            idx = np.arange(r0, r1)[mask]
-            first = MessageId(int(ledgers[e]), int(entries[e]), int(batches[idx[0]]))
-            last = MessageId(int(ledgers[e]), int(entries[e]), int(batches[idx[-1]]))
-            if mask.all():
-                off = int(foot.col("e_offset")[e]) - base
-                frame = view[off:off + int(foot.col("e_length")[e])]
-                w.add_frame(frame, publish_time=int(publish[e]),
-                            records={k: v[r0:r1] for k, v in cols.items()},
-                            ledger=int(ledgers[e]), entry_id=int(entries[e]),
-                            batch=batches[r0:r1], delete_since=full_since[r0:r1])
-            else:
-                offs, sizes = cols["r_offset"][idx], cols["r_size"][idx]
-                data = b"".join(payload[int(o):int(o) + int(z)] for o, z in zip(offs, sizes, strict=True))
-                new_offs = np.zeros(len(idx), dtype=np.uint32)
-                if len(idx) > 1:
-                    new_offs[1:] = np.cumsum(sizes[:-1], dtype=np.uint64).astype(np.uint32)
-                entry = EncodedEntry(data, new_offs, sizes.astype(np.uint32), cols["r_hash_hi"][idx],
-                                     cols["r_hash_lo"][idx], cols["r_flags"][idx], int(publish[e]))
-                w.add_entry(entry, ledger=int(ledgers[e]), entry_id=int(entries[e]),
-                            batch=batches[idx], delete_since=full_since[idx])
-            sink.note_ids(first, last)
+            f.frame_payload(view, base, e)
+        _copy_entries(f, sel, base, buf, full_keep, full_since, sink)
         if time.monotonic() - last_beat > 10:
             heartbeat()
             last_beat = time.monotonic()
+
+
+def _copy_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes, keep: npt.NDArray[np.bool_],
+                  since: npt.NDArray[np.int64], sink: _PartSink) -> None:
+    """Copy the kept records of entries ``sel`` (all checked, all in ``buf`` read from
+    ``base``) in one batch: whole frames where every record survives, otherwise new
+    frames of the surviving records' bytes, gathered with one vectorised index."""
+    foot = f.footer
+    rec_start = foot.e_rec_start.astype(np.int64)
+    e_off = foot.col("e_offset").astype(np.int64)[sel] - base
+    e_len = foot.col("e_length").astype(np.int64)[sel]
+    r0, r1 = rec_start[sel], rec_start[sel + 1]
+    lo_r, hi_r = int(r0[0]), int(r1[-1])
+    rec = lo_r + np.flatnonzero(keep[lo_r:hi_r])  # kept records, all inside entries of sel
+    which = np.searchsorted(r1, rec, side="right")  # index into sel of each kept record
+    kept = np.bincount(which, minlength=len(sel))
+    whole = kept == (r1 - r0)
+    sizes = foot.col("r_size").astype(np.int64)[rec]
+    offs = foot.col("r_offset").astype(np.int64)[rec]
+    partial_rec = ~whole[which]
+    # surviving bytes of partial entries, in order, as one gather
+    p_start = (e_off + FRAME_HEADER.size)[which[partial_rec]] + offs[partial_rec]
+    p_size = sizes[partial_rec]
+    total = int(p_size.sum())
+    data = np.frombuffer(buf, dtype=np.uint8)
+    if total:
+        excl = np.cumsum(p_size) - p_size
+        gathered = data[np.repeat(p_start - excl, p_size) + np.arange(total)].tobytes()
+    else:
+        gathered = b""
+    # new record offsets inside rebuilt frames
+    new_offs = offs.copy()
+    if partial_rec.any():
+        ends = np.cumsum(p_size)
+        entry_first = np.r_[True, which[partial_rec][1:] != which[partial_rec][:-1]]
+        run_base = np.maximum.accumulate(np.where(entry_first, ends - p_size, 0))
+        new_offs[partial_rec] = ends - p_size - run_base
+    p_len = np.bincount(which[partial_rec], weights=p_size, minlength=len(sel)).astype(np.int64)
+    lengths = np.where(whole, e_len, FRAME_HEADER.size + p_len)
+    frames: list[bytes | memoryview] = []
+    view = memoryview(buf)
+    g = 0
+    for i in range(len(sel)):
+        if whole[i]:
+            frames.append(view[int(e_off[i]):int(e_off[i] + e_len[i])])
+        else:
+            n = int(p_len[i])
+            payload = gathered[g:g + n]
+            g += n
+            frames.append(FRAME_HEADER.pack(n, checksum(payload), int(kept[i])) + payload)
+    ledgers, entries, batches = f.entry_ledgers[sel], f.entry_ids[sel], f.batch_indexes
+    publish = foot.col("e_publish")[sel]
+    cols = {"r_hash_hi": foot.col("r_hash_hi")[rec], "r_hash_lo": foot.col("r_hash_lo")[rec],
+            "r_flags": foot.col("r_flags")[rec], "r_offset": new_offs.astype(np.uint32),
+            "r_size": sizes.astype(np.uint32)}
+    r_batch, r_since = batches[rec], since[rec]
+    rb = np.concatenate([[0], np.cumsum(kept)])
+    i0 = 0
+    while i0 < len(sel):
+        # as many entries as the current part has room for (at least one)
+        w = sink.writer()
+        room = sink.max_part_bytes - w.estimated_size
+        i1 = i0 + max(1, int(np.searchsorted(np.cumsum(lengths[i0:]), room, side="right")))
+        a, b = int(rb[i0]), int(rb[i1])
+        w.add_frames(b"".join(frames[i0:i1]), lengths[i0:i1], kept[i0:i1].astype(np.int64), publish[i0:i1],
+                     {k: v[a:b] for k, v in cols.items()}, ledgers=ledgers[i0:i1], entry_ids=entries[i0:i1],
+                     batch=r_batch[a:b], delete_since=r_since[a:b])
+        sink.note_ids(MessageId(int(ledgers[i0]), int(entries[i0]), int(r_batch[a])),
+                      MessageId(int(ledgers[i1 - 1]), int(entries[i1 - 1]), int(r_batch[b - 1])))
+        i0 = i1

@@ -169,6 +169,44 @@ class LedgerWriter:
         n = len(records["r_offset"])
         self._add(b"", frame, n, publish_time, records, ledger, entry_id, batch, delete_since)
 
+    def add_frames(self, blob: bytes | bytearray, lengths: npt.NDArray[np.int64], counts: npt.NDArray[np.int64],
+                   publish: npt.NDArray[Any], records: dict[str, npt.NDArray[Any]], *,
+                   ledgers: npt.NDArray[Any] | None = None, entry_ids: npt.NDArray[Any] | None = None,
+                   batch: npt.NDArray[np.uint32] | None = None,
+                   delete_since: npt.NDArray[np.int64] | None = None) -> None:
+        """Append many complete, checksummed frames at once: ``blob`` is the frames back to
+        back, ``lengths`` their sizes, ``counts`` their record counts; ``records`` holds the
+        footer columns of all their records, in order."""
+        if self._finished:
+            raise InvalidInputError("ledger already finished")
+        n_entries, n = len(lengths), int(counts.sum())
+        if n_entries == 0:
+            return
+        if int(lengths.sum()) != len(blob) or len(counts) != n_entries or len(publish) != n_entries:
+            raise InvalidInputError("frames, lengths, counts and publish times disagree")
+        if int(lengths.max()) > self.max_entry_bytes:
+            raise RecordTooLargeError(f"entry of {int(lengths.max())} bytes exceeds the maximum of "
+                                      f"{self.max_entry_bytes}")
+        starts = self._pos + np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        self._e_scalars["e_offset"].extend(starts.tolist())
+        self._e_scalars["e_length"].extend(lengths.tolist())
+        self._e_scalars["e_publish"].extend(np.asarray(publish).tolist())
+        rcols = dict(records)
+        if self.kind == KIND_COMPACTED:
+            if ledgers is None or entry_ids is None or batch is None or delete_since is None:
+                raise InvalidInputError("compacted entries need their original ids")
+            self._e_scalars["e_ledger"].extend(np.asarray(ledgers).tolist())
+            self._e_scalars["e_entry"].extend(np.asarray(entry_ids).tolist())
+            rcols |= {"r_batch": batch, "r_delete_since": delete_since}
+        for name, chunks in self._r_chunks.items():
+            col = rcols[name]
+            if len(col) != n:
+                raise InvalidInputError(f"column {name} has {len(col)} rows for {n} records")
+            chunks.append(col)
+        self._write(blob)
+        self._e_rec_start.extend((self._n_records + np.cumsum(counts)).tolist())
+        self._n_records += n
+
     def _add(self, header: bytes, body: bytes | memoryview, n: int, publish_time: int,
              rcols: dict[str, npt.NDArray[Any]], ledger: int | None, entry_id: int | None,
              batch: npt.NDArray[np.uint32] | None, delete_since: npt.NDArray[np.int64] | None) -> None:
