@@ -70,10 +70,10 @@ class KeyMap:
 class KeyMapBuilder:
     """Collects the latest position of each key, chunk by chunk, in position order.
 
-    The merged map is kept sorted by hash.  New chunks (each already one record per key)
-    wait until they outweigh the map, then are reduced, sorted and merged into it in one
-    linear pass (a stable sort of two sorted runs), so memory stays within a small
-    multiple of the map and no merge re-sorts what is already sorted.
+    The merged map is kept sorted by hash.  New chunks (each one record per key, sorted
+    by hash) wait until they outweigh the map, then merge into it with one stable sort of
+    already sorted runs, so memory stays within a small multiple of the map and no merge
+    re-sorts what is already sorted.
     """
 
     def __init__(self, capacity: int) -> None:
@@ -100,7 +100,8 @@ class KeyMapBuilder:
         return self._distinct_with(hi, lo) <= self.capacity
 
     def add(self, hi: U64, lo: U64, pos: I64) -> None:
-        """Add one chunk: distinct keys, positions ascending and after every earlier chunk."""
+        """Add one chunk: distinct keys sorted by hash, every position after those of
+        earlier chunks."""
         self._hi.append(hi)
         self._lo.append(lo)
         self._pos.append(pos)
@@ -117,15 +118,14 @@ class KeyMapBuilder:
         """Fold the waiting chunks into the map, keeping the latest record of each key."""
         if not self._hi:
             return
-        hi, lo, pos = np.concatenate(self._hi), np.concatenate(self._lo), np.concatenate(self._pos)
+        # The map, then the chunks in the order they came: each a run sorted by hash, and
+        # a key's later record always in a later run.  A stable sort merges the runs
+        # (timsort finds them) and leaves each key's latest record last in its group.
+        hi = np.concatenate([self._map[0], *self._hi])
+        lo = np.concatenate([self._map[1], *self._lo])
+        pos = np.concatenate([self._map[2], *self._pos])
         self._hi, self._lo, self._pos, self._pending = [], [], [], 0
-        sel = latest_of_each_key(hi, lo)  # chunks are in position order
-        sel = sel[np.argsort(hi[sel])]
-        # map first: every waiting position is later than every merged one
-        hi = np.concatenate([self._map[0], hi[sel]])
-        lo = np.concatenate([self._map[1], lo[sel]])
-        pos = np.concatenate([self._map[2], pos[sel]])
-        order = np.argsort(hi, kind="stable")  # two sorted runs: one linear merge
+        order = np.argsort(hi, kind="stable")
         shi, slo = hi[order], lo[order]
         new_group = np.empty(len(order), dtype=bool)
         if len(order):

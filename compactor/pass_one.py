@@ -72,14 +72,14 @@ class Survivors:
 def _slice_keys(s: Slice, base: int, stop: int | None = None) -> tuple[npt.NDArray[np.uint64],
                                                                          npt.NDArray[np.uint64],
                                                                          npt.NDArray[np.int64]]:
-    """The latest record of each key in records ``[s.start, stop)``, in position order."""
+    """The latest record of each key in records ``[s.start, stop)``, sorted by hash."""
     stop = s.stop if stop is None else stop
     foot = s.file.footer
     flags = foot.col("r_flags")[s.start:stop]
     keyed = np.flatnonzero(flags & FLAG_HAS_KEY)
     hi = foot.col("r_hash_hi")[s.start:stop][keyed]
     lo = foot.col("r_hash_lo")[s.start:stop][keyed]
-    pick = np.sort(latest_of_each_key(hi, lo))
+    pick = latest_of_each_key(hi, lo)  # in hash order
     return hi[pick], lo[pick], (base + keyed[pick]).astype(np.int64)
 
 

@@ -56,7 +56,7 @@ def test_key_map_builder_matches_a_dict(chunks: list[tuple[list[tuple[int, int]]
     for pairs, merge_now in chunks:
         hi = np.array([p[0] for p in pairs], dtype=np.uint64)
         lo = np.array([p[1] for p in pairs], dtype=np.uint64)
-        sel = np.sort(latest_of_each_key(hi, lo))  # a chunk holds one record per key
+        sel = latest_of_each_key(hi, lo)  # a chunk: one record per key, sorted by hash
         for i, p in enumerate(pairs):
             want[p] = pos + i
         b.add(hi[sel], lo[sel], (pos + sel).astype(np.int64))
