@@ -14,7 +14,7 @@ reached; the next run continues from there — Kafka's partial cleaning.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 import numpy as np
@@ -39,6 +39,10 @@ class KeyMap:
     lo: U64
     pos: I64
     shared_high: bool  # two keys share the high 64 bits (lookups then take a slower path)
+    # A one-hash filter of 8 bits per key (1 byte per key, ~12 % false positives): most
+    # lookups of keys that are not in the map stop here instead of searching it.
+    filter_words: npt.NDArray[np.uint64] = field(default_factory=lambda: np.zeros(1, dtype=np.uint64))
+    filter_shift: int = 64
 
     def __len__(self) -> int:
         return len(self.hi)
@@ -47,11 +51,37 @@ class KeyMap:
     def nbytes(self) -> int:
         return int(self.hi.nbytes + self.lo.nbytes + self.pos.nbytes)
 
+    @classmethod
+    def of(cls, hi: U64, lo: U64, pos: I64, shared_high: bool) -> KeyMap:
+        """A map of hash-sorted arrays, with its filter."""
+        bits = max(10, int(np.ceil(np.log2(max(1, len(hi)) * 8))))
+        shift = 64 - bits
+        words = np.zeros(1 << (bits - 6), dtype=np.uint64)
+        if len(hi):
+            slot = hi >> np.uint64(shift)  # non-decreasing, since hi is sorted
+            word = (slot >> np.uint64(6)).astype(np.int64)
+            mask = np.left_shift(np.uint64(1), slot & np.uint64(63))
+            starts = np.flatnonzero(np.r_[True, word[1:] != word[:-1]])
+            words[word[starts]] = np.bitwise_or.reduceat(mask, starts)
+        return cls(hi, lo, pos, shared_high, words, shift)
+
     def contains(self, hi: U64, lo: U64) -> npt.NDArray[np.bool_]:
         """For each query hash, whether the map holds it."""
         n = len(self.hi)
         if not n or not len(hi):
             return np.zeros(len(hi), dtype=bool)
+        slot = hi >> np.uint64(self.filter_shift)
+        maybe = ((self.filter_words[(slot >> np.uint64(6)).astype(np.int64)] >> (slot & np.uint64(63)))
+                 & np.uint64(1)).astype(bool)
+        out = np.zeros(len(hi), dtype=bool)
+        q = np.flatnonzero(maybe)
+        out[q] = self._search(hi[q], lo[q])
+        return out
+
+    def _search(self, hi: U64, lo: U64) -> npt.NDArray[np.bool_]:
+        n = len(self.hi)
+        if not len(hi):
+            return np.zeros(0, dtype=bool)
         idx = np.searchsorted(self.hi, hi)
         safe = np.minimum(idx, n - 1)
         same_hi = (idx < n) & (self.hi[safe] == hi)
@@ -151,4 +181,4 @@ class KeyMapBuilder:
         shared = bool(len(hi) > 1 and np.any(hi[1:] == hi[:-1]))
         empty = np.empty(0, dtype=np.uint64)
         self._map = (empty, empty.copy(), np.empty(0, dtype=np.int64))
-        return KeyMap(hi, lo, pos, shared)
+        return KeyMap.of(hi, lo, pos, shared)

@@ -72,3 +72,23 @@ def test_key_map_builder_matches_a_dict(chunks: list[tuple[list[tuple[int, int]]
     probe_lo = np.array([lo_ for _ in range(4) for lo_ in range(4)], dtype=np.uint64)
     found = m.contains(probe_hi, probe_lo)
     assert [bool(f) for f in found] == [(h, lo_) in want for h in range(4) for lo_ in range(4)]
+
+
+def test_key_map_lookups_on_random_hashes() -> None:
+    """The filter in front of the search never hides a key that is there."""
+    from compactor.keymap import KeyMapBuilder
+
+    rng = np.random.default_rng(7)
+    hi = rng.integers(0, 2**63, size=20_000, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+    lo = rng.integers(0, 2**63, size=20_000, dtype=np.uint64)
+    b = KeyMapBuilder(10**6)
+    sel = latest_of_each_key(hi[:10_000], lo[:10_000])
+    b.add(hi[sel], lo[sel], sel.astype(np.int64))
+    m = b.build()
+    assert m.filter_words.nbytes <= 2 * len(m)  # about one byte per key
+    present = set(zip(hi[:10_000].tolist(), lo[:10_000].tolist(), strict=True))
+    q_hi = np.concatenate([hi, hi[:5_000] ^ np.uint64(2)])  # absent: other high halves
+    q_lo = np.concatenate([lo, lo[:5_000]])
+    want = [(h, x) in present for h, x in zip(q_hi.tolist(), q_lo.tolist(), strict=True)]
+    assert m.contains(q_hi, q_lo).tolist() == want
+    assert sum(want) == 10_000
