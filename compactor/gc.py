@@ -97,8 +97,16 @@ def _orphans(meta: TopicMetadata, state: CompactionState, now_ms: int, grace_ms:
     # Re-read: a run published after the first read must not look orphaned.
     fresh = meta.load_compaction()
     referenced_runs |= {run_dir_of(o) for o in fresh.referenced_objects()}
+    referenced = state.referenced_objects() | fresh.referenced_objects()
     for run, objs in sorted(runs.items()):
         if run in referenced_runs:
+            # A published run's folder is never written again, but a part kept in place
+            # can keep it referenced for ever: collect what no state names in it.
+            for rel, mtime in objs:
+                if rel not in referenced and now_ms - mtime * 1000 >= grace_ms:
+                    if not dry_run:
+                        store.delete(loc.key(rel))
+                    deleted.append(rel)
             continue
         newest = max(m for _, m in objs)
         if now_ms - newest * 1000 < grace_ms:

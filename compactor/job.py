@@ -153,7 +153,10 @@ class Compactor:
             if plan.held_back_records:
                 why += f" old enough to compact ({plan.held_back_records} held back by the minimum lag)"
             return done("nothing-to-do", why)
-        if plan.new_records and plan.dirty_ratio < self.config.min_dirty_ratio:
+        # A run that stopped short because its key map was full is continued whatever
+        # the ratio: the rest of its backlog is owed, not optional.
+        owed = bool(plan.previous.last_run.get("deferred_records"))
+        if plan.new_records and not owed and plan.dirty_ratio < self.config.min_dirty_ratio:
             return done("skipped", f"dirty ratio {plan.dirty_ratio:.3f} is below {self.config.min_dirty_ratio:.3f}")
 
         self.progress(f"pass one over {sum(s.records for s in plan.slices):,} records")
@@ -210,6 +213,11 @@ class Compactor:
             summary.bytes_read += out.bytes_read
             summary.records_written = out.records_written
             summary.records_reused = out.records_reused
+            if out.records_written + out.records_reused != survivors.records_kept:
+                # Never publish a ledger that lost (or gained) records.
+                raise ShaleError(f"{self.meta.uri}: pass two wrote {out.records_written} records and kept "
+                                 f"{out.records_reused} in place where pass one kept {survivors.records_kept}; "
+                                 "nothing was published")
             summary.bytes_written = out.bytes_written
             summary.parts = len(out.parts)
             heartbeat.stop()
@@ -240,7 +248,10 @@ class Compactor:
             heartbeat.stop()
             if remove_output:
                 self._remove(run_dir, written)
-        self.meta.topic.store.delete(self.meta.topic.key(f"{run_dir}/{HEARTBEAT_NAME}"))
+        try:
+            self.meta.topic.store.delete(self.meta.topic.key(f"{run_dir}/{HEARTBEAT_NAME}"))
+        except ShaleError:
+            pass  # published: the leftover is collected as an unreferenced object
         self._gc(summary, now_ms)
         phase("gc", t)
         more = (f"the key map was full: {summary.deferred_records:,} newer records are left for the next run"
@@ -262,7 +273,8 @@ class Compactor:
         if gone:
             retired = (*retired, RetiredSet(tuple(dict.fromkeys(gone)), now_ms, prev.epoch))
         last_run = {k: v for k, v in summary.to_json().items()
-                    if k in ("records_read", "records_written", "bytes_read", "bytes_written",
+                    if k in ("records_read", "records_written", "records_reused", "deferred_records",
+                             "bytes_read", "bytes_written",
                              "tombstones_dropped", "keyless_dropped", "dirty_ratio")}
         last_run["config"] = self.config.to_json()
         return CompactionState(

@@ -3,7 +3,8 @@
 Only keys above the previous horizon (the dirty part of the run) go in the map, as
 three parallel NumPy arrays — 64-bit high hash, 64-bit low hash, 64-bit run position:
 24 bytes per key, the figure of Kafka's SkimpyOffsetMap, against 110-130 bytes for a
-Python dict (the finished map adds a one-byte-per-key filter for lookups).  Records of the previous compacted ledger are checked against the map
+Python dict (the finished map adds a one-byte-per-key filter for lookups).  Records of
+the previous compacted ledger are checked against the map
 (superseded or not) and never enter it, so the map grows with the keys written since the
 last run, not with the topic.
 

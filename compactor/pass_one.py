@@ -83,14 +83,17 @@ def _slice_keys(s: Slice, base: int, stop: int | None = None) -> tuple[npt.NDArr
     return hi[pick], lo[pick], (base + keyed[pick]).astype(np.int64)
 
 
-def _fit_prefix(builder: KeyMapBuilder, s: Slice, base: int) -> int:
-    """The end record of the longest run of whole entries of ``s`` whose keys still fit
-    (at least one entry, so every run makes progress)."""
+def _fit_prefix(builder: KeyMapBuilder, s: Slice, base: int, must_progress: bool) -> int:
+    """The end record of the longest run of whole entries of ``s`` whose keys still fit.
+    When nothing was taken yet (``must_progress``) at least one entry is, so every run
+    makes progress; otherwise the answer may be ``s.start`` (nothing of ``s``)."""
     starts = s.file.footer.e_rec_start
     bounds = [int(x) for x in starts if s.start < int(x) <= s.stop]
     if not bounds or bounds[-1] != s.stop:
         bounds.append(s.stop)
-    lo_i, hi_i = 0, len(bounds) - 1  # bounds[lo_i] is known to be kept (progress rule)
+    if not must_progress:
+        bounds.insert(0, s.start)
+    lo_i, hi_i = 0, len(bounds) - 1  # bounds[lo_i] is known to be taken
     while lo_i < hi_i:
         mid = (lo_i + hi_i + 1) // 2
         khi, klo, _ = _slice_keys(s, base, bounds[mid])
@@ -111,7 +114,7 @@ def _build_map(plan: Plan, config: CompactionConfig) -> tuple[Plan, KeyMapBuilde
             builder.add(hi, lo, pos)
             base += s.records
             continue
-        stop = _fit_prefix(builder, s, base)
+        stop = _fit_prefix(builder, s, base, must_progress=i == 0)
         if stop <= s.start:
             kept_new = plan.new[:i]
         else:

@@ -122,5 +122,7 @@ def make_plan(meta: TopicMetadata, *, now_ms: int, min_compaction_lag_ms: int,
     horizon = new[-1].file.record_id(new[-1].stop - 1) if new else prev_h
     dirty = sum(s.data_bytes() for s in new)
     # Entry bytes on both sides (footers excluded), so the ratio compares like with like.
-    live = dirty + sum(s.data_bytes() for s in compacted)
+    # (records a deletion vector removed do not count as live)
+    live = dirty + sum(int(s.data_bytes() * (s.part.live / s.part.records if s.part and s.part.records else 1))
+                       for s in compacted)
     return Plan(topic, previous, tuple(compacted), tuple(new), horizon, dirty, live, held_back, loc)

@@ -74,7 +74,8 @@ class RunSummary:
         if self.status in ("nothing-to-do", "skipped", "conflict"):
             return f"{self.topic}: {self.status}: {self.message}"
         mb_in, mb_out = self.bytes_read / 1e6, self.bytes_written / 1e6
-        smaller = 100.0 * (1 - self.records_written / self.records_read) if self.records_read else 0.0
+        out = self.records_written + self.records_reused
+        smaller = 100.0 * (1 - out / self.records_read) if self.records_read else 0.0
         phases = ", ".join(f"{k.replace('_', ' ')} {v:.2f}s" for k, v in t.items() if k != "total")
         verb = "would compact" if self.status == "dry-run" else "compacted"
         return (f"{self.topic}: {verb} to horizon {self.horizon} (was {self.previous_horizon}), "

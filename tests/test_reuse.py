@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,21 @@ def test_incremental_runs_keep_parts_and_equal_copying_runs(disk_topic_uri: str,
     report = collect_garbage(meta, now_ms=int((T0 + 4 * HOUR) * 1000), grace_ms=0,
                              orphan_grace_ms=CompactionConfig().orphan_grace_ms)
     assert any(o.endswith(".bin") for o in report.retired_deleted)
+    for obj in meta.load_compaction().referenced_objects():
+        assert meta.topic.store.exists(meta.topic.key(obj)), obj
+    assert compacted(uri) == compacted(ref)
+    # a stray object in the folder of a part kept in place goes once past the orphan
+    # grace; the part and its deletion vector stay
+    state = meta.load_compaction()
+    kept_part = next(p for p in state.parts if p.deletions)
+    stray = kept_part.object.rsplit("/", 1)[0] + "/_run.json"
+    meta.topic.store.put(meta.topic.key(stray), b"{}")
+    grace = CompactionConfig().orphan_grace_ms
+    report = collect_garbage(meta, now_ms=int(time.time() * 1000), grace_ms=0, orphan_grace_ms=grace)
+    assert stray not in report.orphans_deleted
+    report = collect_garbage(meta, now_ms=int(time.time() * 1000) + grace + 60_000, grace_ms=0,
+                             orphan_grace_ms=grace)
+    assert stray in report.orphans_deleted
     for obj in meta.load_compaction().referenced_objects():
         assert meta.topic.store.exists(meta.topic.key(obj)), obj
     assert compacted(uri) == compacted(ref)

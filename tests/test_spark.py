@@ -139,10 +139,13 @@ def test_engines_take_over_from_each_other(engine: SparkEngine, tmp_path: Path) 
         for uri in (one, mixed):
             produce(uri, seed=10 + rnd, n=1_500, t=t, keys=5_000)
         t += HOUR
-        Compactor(one, cfg, clock=lambda t=t: t).run()
+        r = Compactor(one, cfg, clock=lambda t=t: t).run()
         s = Compactor(mixed, cfg, clock=lambda t=t: t, engine=eng).run()
         assert s.status == "compacted"
         assert compacted(one) == compacted(mixed)
+        same = ("records_read", "keys", "tombstones_kept", "tombstones_dropped", "keyless_dropped")
+        assert [getattr(s, k) for k in same] == [getattr(r, k) for k in same]
+        assert s.records_written + s.records_reused == r.records_written + r.records_reused
         if eng is None and rnd:
             assert s.records_reused > 0  # Spark's parts were kept, with deletion vectors
             assert any(p.deletions for p in TopicMetadata.open(mixed).load_compaction().parts)
