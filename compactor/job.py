@@ -94,8 +94,8 @@ def _note_plan(summary: RunSummary, plan: Plan) -> None:
 
 def _note_survivors(summary: RunSummary, survivors: SurvivorCounts) -> None:
     summary.deferred_records = survivors.deferred_records
-    summary.map_keys = getattr(survivors, "map_keys", 0)
-    summary.map_bytes = getattr(survivors, "map_bytes", 0)
+    summary.map_keys = survivors.map_keys
+    summary.map_bytes = survivors.map_bytes
     summary.records_read = survivors.records_read
     summary.bytes_read = survivors.footer_bytes
     summary.keys = survivors.keys

@@ -23,6 +23,7 @@ from ledger.storage import ObjectInfo, ObjectStore, ObjectWriter, register_backe
 __all__ = ["LocalStore"]
 
 _HIDDEN = ".shale-"
+_TMP = _HIDDEN + "tmp-"  # a write in progress (or left by a killed writer)
 
 
 def _token(data: bytes) -> str:
@@ -61,7 +62,7 @@ class _LocalWriter(ObjectWriter):
 
 def _tmp_name(path: str) -> str:
     d, name = os.path.split(path)
-    return os.path.join(d, f"{_HIDDEN}tmp-{uuid.uuid4().hex[:12]}-{name}")
+    return os.path.join(d, f"{_TMP}{uuid.uuid4().hex[:12]}-{name}")
 
 
 class LocalStore(ObjectStore):
@@ -174,13 +175,16 @@ class LocalStore(ObjectStore):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._path(key))
 
-    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+    def _walk(self, prefix: str, temporary: bool) -> list[ObjectInfo]:
+        """Files under ``prefix`` in key order: objects, or (``temporary``) the
+        temporary files of writes that were never finished."""
         root = self._path(prefix.rstrip("/"))
         found: list[ObjectInfo] = []
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames.sort()
             for name in filenames:
-                if name.startswith(_HIDDEN):
+                wanted = name.startswith(_TMP) if temporary else not name.startswith(_HIDDEN)
+                if not wanted:
                     continue
                 full = os.path.join(dirpath, name)
                 try:
@@ -189,25 +193,16 @@ class LocalStore(ObjectStore):
                     continue
                 found.append(ObjectInfo(full.lstrip("/"), st.st_size, st.st_mtime))
         found.sort(key=lambda o: o.key)
-        yield from found
+        return found
 
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        yield from self._walk(prefix, temporary=False)
 
     def unfinished_writes(self, prefix: str) -> Iterator[ObjectInfo]:
-        root = self._path(prefix.rstrip("/"))
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames.sort()
-            for name in sorted(filenames):
-                if not name.startswith(_HIDDEN + "tmp-"):
-                    continue
-                full = os.path.join(dirpath, name)
-                try:
-                    st = os.stat(full)
-                except FileNotFoundError:
-                    continue
-                yield ObjectInfo(full.lstrip("/"), st.st_size, st.st_mtime)
+        yield from self._walk(prefix, temporary=True)
 
     def discard_write(self, info: ObjectInfo) -> None:
-        if not os.path.basename(info.key).startswith(_HIDDEN + "tmp-"):
+        if not os.path.basename(info.key).startswith(_TMP):
             raise InvalidInputError(f"{info.key!r} is not an unfinished write")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._path(info.key))

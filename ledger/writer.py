@@ -161,14 +161,6 @@ class LedgerWriter:
                    "r_offset": entry.r_offset, "r_size": entry.r_size},
                   ledger, entry_id, batch, delete_since)
 
-    def add_frame(self, frame: bytes | memoryview, *, publish_time: int, records: dict[str, npt.NDArray[Any]],
-                  ledger: int | None = None, entry_id: int | None = None,
-                  batch: npt.NDArray[np.uint32] | None = None,
-                  delete_since: npt.NDArray[np.int64] | None = None) -> None:
-        """Append a whole, already checksummed entry frame copied from another ledger."""
-        n = len(records["r_offset"])
-        self._add(b"", frame, n, publish_time, records, ledger, entry_id, batch, delete_since)
-
     def add_frames(self, blob: bytes | bytearray, lengths: npt.NDArray[np.int64], counts: npt.NDArray[np.int64],
                    publish: npt.NDArray[Any], records: dict[str, npt.NDArray[Any]], *,
                    ledgers: npt.NDArray[Any] | None = None, entry_ids: npt.NDArray[Any] | None = None,

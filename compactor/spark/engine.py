@@ -86,6 +86,14 @@ class SparkSurvivors:
     def deferred_records(self) -> int:
         return 0  # the key map is spread over the reduce partitions: the whole plan is taken
 
+    @property
+    def map_keys(self) -> int:
+        return 0  # no single map: it lives in the reduce tasks
+
+    @property
+    def map_bytes(self) -> int:
+        return 0
+
 
 def make_splits(plan: Plan, split_bytes: int, split_records: int) -> list[SplitSpec]:
     """Cut the plan's slices into splits of at most ``split_bytes`` of entries and
