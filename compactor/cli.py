@@ -70,6 +70,10 @@ def _count(text: str) -> int:
     return value
 
 
+def _workers(text: str) -> int:
+    return 0 if text.strip() == "0" else _count(text)
+
+
 def _bytes(text: str) -> int:
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
     t = text.strip().lower().removesuffix("ib").removesuffix("b")
@@ -120,6 +124,9 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
                    help="limit pass two's reads to SIZE per second (default: no limit; per task with Spark)")
     p.add_argument("--max-write-bytes-per-second", type=_bytes, default=0, metavar="SIZE",
                    help="limit pass two's writes to SIZE per second (default: no limit; per task with Spark)")
+    p.add_argument("--workers", type=_workers, default=0, metavar="N",
+                   help="CPU cores the local engine uses: threads building pass one's key map, processes copying "
+                   "in pass two (default 0: every available CPU, at most 8; small runs use one)")
     p.add_argument("--max-map-bytes", type=_bytes, default=None, metavar="SIZE",
                    help="memory for pass one's key map, 24 bytes per key written since the last run (default 1GiB, "
                    "about 44 million keys); when the new keys need more, compact up to where they fit and let "
@@ -159,7 +166,7 @@ def _config(args: argparse.Namespace) -> CompactionConfig:
         max_part_bytes=args.max_part_bytes,
         max_map_bytes=DEFAULT_MAX_MAP_BYTES if args.max_map_bytes is None else args.max_map_bytes,
         read_parallelism=args.read_parallelism, max_read_bytes_per_s=args.max_read_bytes_per_second,
-        max_write_bytes_per_s=args.max_write_bytes_per_second)
+        max_write_bytes_per_s=args.max_write_bytes_per_second, workers=args.workers)
 
 
 def _engine(args: argparse.Namespace) -> Engine:

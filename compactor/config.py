@@ -42,6 +42,8 @@ class CompactionConfig:
       ``chunk_bytes``), so memory for reads is about their product.
     * ``max_read_bytes_per_s`` / ``max_write_bytes_per_s`` — pass two's byte-rate limits
       (0: none).
+    * ``workers`` — processes the local engine's pass two copies with (0: one per
+      available CPU, at most 8); small runs use one.
     * ``orphan_grace_ms`` — unreferenced leftovers (crashed runs, lost races) are deleted
       only after this long; it must exceed the longest pause a writer can take between
       uploading and publishing.
@@ -63,6 +65,7 @@ class CompactionConfig:
     max_read_bytes_per_s: int = 0
     max_write_bytes_per_s: int = 0
     chunk_bytes: int = 8 * 1024 * 1024
+    workers: int = 0
 
     def __post_init__(self) -> None:
         for name in ("min_compaction_lag_ms", "delete_retention_ms", "gc_grace_ms", "orphan_grace_ms"):
@@ -78,6 +81,8 @@ class CompactionConfig:
             raise InvalidInputError(f"read parallelism {self.read_parallelism} must be between 1 and 64")
         if self.max_read_bytes_per_s < 0 or self.max_write_bytes_per_s < 0:
             raise InvalidInputError("byte-rate limits must not be negative")
+        if not 0 <= self.workers <= 64:
+            raise InvalidInputError(f"workers {self.workers} must be between 0 (automatic) and 64")
         if self.max_map_bytes < 24:
             raise InvalidInputError("max map bytes must be at least 24 (one key)")
         if self.max_part_bytes < 1 << 16 or self.chunk_bytes < 1 << 12:

@@ -12,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from compactor import workers as pass_two_workers
 from compactor.config import CompactionConfig
+from compactor.cpus import available_cpus
 from compactor.pass_one import Survivors, pass_one
-from compactor.pass_two import PassTwoResult, pass_two
+from compactor.pass_two import PassTwoResult, plan_work, write_parts
 from compactor.plan import Plan
 from ledger.storage import Location
 
@@ -76,7 +78,8 @@ class Engine(Protocol):
 
 
 class LocalEngine:
-    """Both passes in this process: NumPy over footers, then a raw byte copy."""
+    """Pass one in this process (NumPy over footers), pass two a raw byte copy in this
+    process or, for big runs, in forked worker processes (:mod:`compactor.workers`)."""
 
     name = "local"
 
@@ -87,8 +90,14 @@ class LocalEngine:
                  run_dir: str, epoch: int, now_ms: int, on_object: Callable[[str], None]) -> PassTwoResult:
         if not isinstance(survivors, Survivors):
             raise TypeError("the local engine's pass two needs the local engine's pass one")
-        return pass_two(plan, survivors, config, topic=topic, run_dir=run_dir, epoch=epoch, now_ms=now_ms,
-                        on_object=on_object)
+        work = plan_work(plan, survivors, config, topic=topic, run_dir=run_dir, on_object=on_object)
+        processes = min(config.workers or available_cpus(), 8)
+        if (processes > 1 and topic.store.process_safe
+                and sum(map(pass_two_workers.work_bytes, work)) >= pass_two_workers.MIN_PARALLEL_BYTES):
+            return pass_two_workers.write_parts_in_workers(work, config, processes, topic=topic, run_dir=run_dir,
+                                                           epoch=epoch, now_ms=now_ms, on_object=on_object)
+        return write_parts(work, config, topic=topic, run_dir=run_dir, epoch=epoch, now_ms=now_ms,
+                           on_object=on_object)
 
     def release(self, survivors: SurvivorCounts) -> None:
         pass

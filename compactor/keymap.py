@@ -26,7 +26,11 @@ from compactor.rules import latest_of_each_key
 __all__ = ["KEY_BYTES", "KeyMap", "KeyMapBuilder"]
 
 KEY_BYTES: Final = 24
-_MIN_MERGE: Final = 1 << 20  # below this many unmerged keys, merging is not worth its sort
+# Waiting records are merged once they outnumber the map this many times (or reach
+# _MIN_MERGE): each merge costs a sort of map + waiting, so waiting longer means fewer
+# passes over the map, at up to this many times its memory in waiting records.
+_MERGE_FACTOR: Final = 3
+_MIN_MERGE: Final = 1 << 22
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
@@ -51,6 +55,11 @@ class KeyMap:
     @property
     def nbytes(self) -> int:
         return int(self.hi.nbytes + self.lo.nbytes + self.pos.nbytes)
+
+    @classmethod
+    def sorted(cls, hi: U64, lo: U64, pos: I64) -> KeyMap:
+        """A map of distinct keys sorted by hash."""
+        return cls.of(hi, lo, pos, bool(len(hi) > 1 and np.any(hi[1:] == hi[:-1])))
 
     @classmethod
     def of(cls, hi: U64, lo: U64, pos: I64, shared_high: bool) -> KeyMap:
@@ -101,11 +110,10 @@ class KeyMap:
 class KeyMapBuilder:
     """Collects the latest position of each key, chunk by chunk, in position order.
 
-    The merged map is kept sorted by hash.  New chunks (each one record per key, sorted
-    by hash) wait until they outweigh the map, then merge into it with one stable sort of
-    already sorted runs, so memory stays within a small multiple of the map and no merge
-    re-sorts what is already sorted.
-    """
+    The merged map is kept sorted by hash.  New chunks (records in position order, a key
+    possibly several times) wait until they outnumber the map a few times over, then
+    merge into it with one sort; what waits counts against the capacity like the map,
+    so map and waiting records together never exceed it."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = max(1, capacity)
@@ -131,13 +139,13 @@ class KeyMapBuilder:
         return self._distinct_with(hi, lo) <= self.capacity
 
     def add(self, hi: U64, lo: U64, pos: I64) -> None:
-        """Add one chunk: distinct keys sorted by hash, every position after those of
-        earlier chunks."""
+        """Add one chunk of records, in position order, every position after those of
+        earlier chunks (a key may appear several times)."""
         self._hi.append(hi)
         self._lo.append(lo)
         self._pos.append(pos)
         self._pending += len(hi)
-        if self._pending > max(len(self._map[0]), _MIN_MERGE):
+        if self._pending > max(_MERGE_FACTOR * len(self._map[0]), _MIN_MERGE):
             self.merge()
 
     def _distinct_with(self, hi: U64, lo: U64) -> int:
@@ -149,37 +157,24 @@ class KeyMapBuilder:
         """Fold the waiting chunks into the map, keeping the latest record of each key."""
         if not self._hi:
             return
-        # The map, then the chunks in the order they came: each a run sorted by hash, and
-        # a key's later record always in a later run.  A stable sort merges the runs
-        # (timsort finds them) and leaves each key's latest record last in its group.
         hi = np.concatenate([self._map[0], *self._hi])
         lo = np.concatenate([self._map[1], *self._lo])
         pos = np.concatenate([self._map[2], *self._pos])
         self._hi, self._lo, self._pos, self._pending = [], [], [], 0
-        order = np.argsort(hi, kind="stable")
-        shi, slo = hi[order], lo[order]
-        new_group = np.empty(len(order), dtype=bool)
-        if len(order):
-            new_group[0] = True
-            np.not_equal(shi[1:], shi[:-1], out=new_group[1:])
-        starts = np.flatnonzero(new_group)
-        if len(order) and not np.array_equal(slo, slo[starts][np.cumsum(new_group) - 1]):
-            # keys share a high half: order fully by (hi, lo, position) instead
-            order = np.lexsort((pos, lo, hi))
-            shi, slo = hi[order], lo[order]
-            last = np.ones(len(order), dtype=bool)
-            last[:-1] = (shi[1:] != shi[:-1]) | (slo[1:] != slo[:-1])
-        else:
-            last = np.ones(len(order), dtype=bool)
-            last[:-1] = new_group[1:]
-        keep = order[last]
+        # Later chunks hold later positions, so the last occurrence in this order is the
+        # latest record of each key.
+        keep = latest_of_each_key(hi, lo)
         self._map = (hi[keep], lo[keep], pos[keep])
+
+    def finish(self) -> tuple[U64, U64, I64]:
+        """The merged keys, sorted by hash, and their latest positions; the builder is
+        left empty."""
+        self.merge()
+        out = self._map
+        empty = np.empty(0, dtype=np.uint64)
+        self._map = (empty, empty.copy(), np.empty(0, dtype=np.int64))
+        return out
 
     def build(self) -> KeyMap:
         """The finished map, sorted by hash for lookups."""
-        self.merge()
-        hi, lo, pos = self._map
-        shared = bool(len(hi) > 1 and np.any(hi[1:] == hi[:-1]))
-        empty = np.empty(0, dtype=np.uint64)
-        self._map = (empty, empty.copy(), np.empty(0, dtype=np.int64))
-        return KeyMap.of(hi, lo, pos, shared)
+        return KeyMap.sorted(*self.finish())

@@ -15,18 +15,23 @@ cleaning) and the plan it returns says so.
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from compactor.config import CompactionConfig
-from compactor.keymap import KEY_BYTES, KeyMapBuilder
+from compactor.cpus import available_cpus
+from compactor.keymap import KEY_BYTES, KeyMap, KeyMapBuilder
 from compactor.plan import Plan, Slice
 from compactor.rules import latest_of_each_key, tombstone_fate
 from ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE
 
 __all__ = ["Survivors", "latest_of_each_key", "pass_one", "tombstone_fate"]
+
+#: Below this many new records, one thread builds the map (threads cost more than they save).
+_MIN_THREADED_RECORDS = 1 << 20
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -83,6 +88,20 @@ def _slice_keys(s: Slice, base: int, stop: int | None = None) -> tuple[npt.NDArr
     return hi[pick], lo[pick], (base + keyed[pick]).astype(np.int64)
 
 
+def _slice_records(s: Slice, base: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64],
+                                                  npt.NDArray[np.int64]]:
+    """Every keyed record of ``s``, in position order (hashes are views of the footer
+    when every record has a key)."""
+    foot = s.file.footer
+    hi = foot.col("r_hash_hi")[s.start:s.stop]
+    lo = foot.col("r_hash_lo")[s.start:s.stop]
+    keyed_mask = (foot.col("r_flags")[s.start:s.stop] & FLAG_HAS_KEY) != 0
+    if keyed_mask.all():
+        return hi, lo, np.arange(base, base + s.records, dtype=np.int64)
+    keyed = np.flatnonzero(keyed_mask)
+    return hi[keyed], lo[keyed], (base + keyed).astype(np.int64)
+
+
 def _fit_prefix(builder: KeyMapBuilder, s: Slice, base: int, must_progress: bool) -> int:
     """The end record of the longest run of whole entries of ``s`` whose keys still fit.
     When nothing was taken yet (``must_progress``) at least one entry is, so every run
@@ -104,12 +123,42 @@ def _fit_prefix(builder: KeyMapBuilder, s: Slice, base: int, must_progress: bool
     return bounds[lo_i]
 
 
-def _build_map(plan: Plan, config: CompactionConfig) -> tuple[Plan, KeyMapBuilder, int]:
+def _build_in_threads(plan: Plan, capacity: int, base: int, threads: int) -> KeyMap:
+    """The map of every new record, built by ``threads`` threads that each take the keys
+    of one range of hash values (NumPy's sorts and gathers run without the interpreter
+    lock, so the threads share the CPUs).  Only for runs whose records fit the map even
+    before duplicates are removed: no partial cleaning to decide."""
+    shift = np.uint64(64 - (threads - 1).bit_length())
+
+    def build(t: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
+        builder = KeyMapBuilder(capacity)
+        at = base
+        for s in plan.new:
+            hi, lo, pos = _slice_records(s, at)
+            mine = (hi >> shift) == t
+            builder.add(hi[mine], lo[mine], pos[mine])
+            at += s.records
+        return builder.finish()
+
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="shale-pass-one") as pool:
+        ranges = list(pool.map(build, range(1 << (threads - 1).bit_length())))
+    # ranges of hash values in order: the concatenation is sorted by hash
+    return KeyMap.sorted(*(np.concatenate(cols) for cols in zip(*ranges, strict=True)))
+
+
+def _build_map(plan: Plan, config: CompactionConfig) -> tuple[Plan, KeyMap, int]:
     """Put the new records' keys in a map; cut the plan where the map is full."""
-    builder = KeyMapBuilder(config.max_map_bytes // KEY_BYTES)
+    capacity = config.max_map_bytes // KEY_BYTES
     base = sum(s.records for s in plan.compacted)
+    new_records = sum(s.records for s in plan.new)
+    threads = min(config.workers or available_cpus(), 8)
+    if threads > 1 and _MIN_THREADED_RECORDS <= new_records <= capacity:
+        return plan, _build_in_threads(plan, capacity, base, threads), 0
+    builder = KeyMapBuilder(capacity)
     for i, s in enumerate(plan.new):
-        hi, lo, pos = _slice_keys(s, base)
+        # Whole records go in, not one per key: the builder dedups many slices in one
+        # sort, which beats a sort per slice followed by merges.
+        hi, lo, pos = _slice_records(s, base)
         if builder.fits(hi, lo):
             builder.add(hi, lo, pos)
             base += s.records
@@ -123,14 +172,13 @@ def _build_map(plan: Plan, config: CompactionConfig) -> tuple[Plan, KeyMapBuilde
         deferred = sum(x.records for x in plan.new) - sum(x.records for x in kept_new)
         last = kept_new[-1] if kept_new else None
         horizon = last.file.record_id(last.stop - 1) if last else plan.previous.horizon
-        return dataclasses.replace(plan, new=tuple(kept_new), horizon=horizon), builder, deferred
-    return plan, builder, 0
+        return dataclasses.replace(plan, new=tuple(kept_new), horizon=horizon), builder.build(), deferred
+    return plan, builder.build(), 0
 
 
 def pass_one(plan: Plan, config: CompactionConfig, now_ms: int) -> Survivors:
     """Decide the survivors of ``plan`` under ``config`` at time ``now_ms``."""
-    plan, builder, deferred = _build_map(plan, config)
-    key_map = builder.build()
+    plan, key_map, deferred = _build_map(plan, config)
     offsets = [0]
     for s in plan.slices:
         offsets.append(offsets[-1] + s.records)

@@ -10,28 +10,57 @@ __all__ = ["latest_of_each_key", "tombstone_fate"]
 
 
 def latest_of_each_key(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> npt.NDArray[np.intp]:
-    """Indexes of the last occurrence of every distinct 128-bit hash ``(hi, lo)``, in no
-    particular order.  Both engines decide "latest" with this one function.
+    """Indexes of the last occurrence of every distinct 128-bit hash ``(hi, lo)``, in
+    hash order (by ``hi``, then ``lo``).  Both engines decide "latest" with this one
+    function.
 
-    One unstable sort on the high 64 bits groups equal hashes; the greatest index of each
-    group is its latest occurrence.  Two keys sharing the high 64 bits but not the low
-    ones (about one chance in 10^7 for ten million keys) would share a group, so the
-    rare input where that happens takes the exact two-key sort instead.
+    Each record's index is packed into the low bits of its high hash and the packed
+    words are sorted with NumPy's plain (vectorised) sort, several times faster than an
+    argsort: equal hashes end up together in index order, and the last of each group is
+    the latest occurrence.  Keys whose high halves share the kept bits (a few per
+    million keys at ten million records) are found by comparing neighbours and sorted
+    out exactly.
     """
     n = len(hi)
     if not n:
         return np.empty(0, dtype=np.intp)
-    order = np.argsort(hi)
-    shi = hi[order]
-    first = np.empty(n, dtype=bool)
-    first[0] = True
-    np.not_equal(shi[1:], shi[:-1], out=first[1:])
-    starts = np.flatnonzero(first)
-    slo = lo[order]
-    group = np.cumsum(first) - 1
-    if not np.array_equal(slo, slo[starts][group]):
-        return _latest_exact(hi, lo)
-    return np.maximum.reduceat(order, starts).astype(np.intp, copy=False)
+    bits = max(1, (n - 1).bit_length())
+    low = np.uint64((1 << bits) - 1)
+    packed = hi & ~low
+    packed |= np.arange(n, dtype=np.uint64)
+    packed.sort()
+    idx = (packed & low).astype(np.intp)
+    packed >>= np.uint64(bits)  # now the group of each element
+    last = np.empty(n, dtype=bool)
+    last[-1] = True
+    np.not_equal(packed[1:], packed[:-1], out=last[:-1])
+    del packed
+    ends = np.flatnonzero(last)  # the last element of each group
+    if len(ends) == n:
+        return idx
+    # Neighbours in one group must hold the same key.  Gathering both halves in sorted
+    # order once and comparing neighbours costs half as much as gathering each pair.
+    shi, slo = hi[idx], lo[idx]
+    differs = shi[1:] != shi[:-1]
+    differs |= slo[1:] != slo[:-1]
+    del shi, slo
+    differs &= ~last[:-1]
+    mixed = np.flatnonzero(differs)
+    if not len(mixed):
+        return idx[ends]
+    return _sort_out_shared_groups(hi, lo, idx, ends, mixed)
+
+
+def _sort_out_shared_groups(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64], idx: npt.NDArray[np.intp],
+                            ends: npt.NDArray[np.intp], mixed: npt.NDArray[np.intp]) -> npt.NDArray[np.intp]:
+    """Groups that hold more than one key (``mixed`` points into them) are resolved with
+    an exact sort and spliced back in hash order."""
+    shared = np.unique(np.searchsorted(ends, mixed))  # group numbers
+    first = np.where(shared > 0, ends[shared - 1] + 1, 0)
+    members = np.concatenate([idx[f:e + 1] for f, e in zip(first.tolist(), ends[shared].tolist(), strict=True)])
+    plain = np.delete(idx[ends], shared)  # one key per group: hi strictly increasing
+    exact = members[_latest_exact(hi[members], lo[members])]  # sorted by (hi, lo)
+    return np.insert(plain, np.searchsorted(hi[plain], hi[exact]), exact)
 
 
 def _latest_exact(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> npt.NDArray[np.intp]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -142,8 +143,16 @@ class S3Store(ObjectStore):
         self.bucket = bucket
         self.retry = retry or RetryPolicy()
         self._client = client
+        self._injected = client is not None
         self._lock = threading.Lock()
         self.max_workers = max_workers
+        _STORES.add(self)
+
+    @property
+    def process_safe(self) -> bool:  # type: ignore[override]
+        # A forked child makes its own client (a client's pooled connections must not be
+        # shared between processes); one handed in from outside cannot be remade.
+        return not self._injected
 
     @property
     def client(self) -> Any:
@@ -327,4 +336,15 @@ def _make_client() -> Any:
     return session.client("s3", config=config)
 
 
+_STORES: weakref.WeakSet[S3Store] = weakref.WeakSet()
+
+
+def _forget_clients_after_fork() -> None:
+    for store in list(_STORES):
+        store._lock = threading.Lock()
+        if not store._injected:
+            store._client = None
+
+
+os.register_at_fork(after_in_child=_forget_clients_after_fork)
 register_backend("s3", lambda bucket: S3Store(bucket))

@@ -7,6 +7,8 @@ which exit code the command line maps it to.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "AlreadyExistsError",
     "ConflictError",
@@ -22,6 +24,8 @@ __all__ = [
     "TransientStorageError",
     "UnsupportedOperationError",
     "UnsupportedVersionError",
+    "error_detail",
+    "error_from_detail",
 ]
 
 #: Exit codes shared by every command (documented in the README).
@@ -119,3 +123,25 @@ class CorruptLedgerError(ShaleError, ValueError):
 
 class UnsupportedVersionError(CorruptLedgerError):
     """An object was written in a format version this build cannot read."""
+
+
+def error_detail(e: ShaleError) -> dict[str, Any]:
+    """What another process needs to raise the same error again (a pickle of a Shale
+    error would lose its keyword fields)."""
+    return {"type": type(e).__name__, "exit_code": e.exit_code, "message": str(e),
+            "path": getattr(e, "path", ""), "position": getattr(e, "position", None)}
+
+
+def error_from_detail(detail: dict[str, Any]) -> ShaleError:
+    """The error :func:`error_detail` described, as its own class where this module has it."""
+    cls = globals().get(str(detail.get("type", "")))
+    message = str(detail.get("message", "a worker failed"))
+    err: ShaleError
+    if isinstance(cls, type) and issubclass(cls, CorruptLedgerError):
+        err = cls(message, path=str(detail.get("path") or ""), position=detail.get("position"))
+    elif isinstance(cls, type) and issubclass(cls, ShaleError):
+        err = cls(message)
+    else:
+        err = ShaleError(message)
+    err.exit_code = int(detail.get("exit_code", EXIT_FAILURE))
+    return err

@@ -62,6 +62,7 @@ HEADER_SIZE: Final = _HEADER.size  # 32
 _TRAILER: Final = struct.Struct("<QQQqIHBB4xI8s")
 TRAILER_SIZE: Final = _TRAILER.size  # 56
 FRAME_HEADER: Final = struct.Struct("<III")  # payload length, CRC32C(payload), record count
+_BIN32: Final = struct.Struct(">BI")  # msgpack bin 32: marker, big-endian length
 
 #: Footers bigger than this are refused as corrupt rather than allocated.
 MAX_FOOTER_BYTES: Final = 1 << 31
@@ -231,16 +232,27 @@ class Footer:
 
 def encode_footer(
     kind: int, e_rec_start: npt.NDArray[Any], cols: dict[str, npt.NDArray[Any]], meta: dict[str, Any]
-) -> bytes:
-    out: dict[str, bytes] = {"e_rec_start": np.ascontiguousarray(e_rec_start, dtype="<u8").tobytes()}
+) -> list[bytes | memoryview]:
+    """The footer as pieces to write back to back: a msgpack map ``{"n_entries",
+    "cols": {name: raw little-endian bytes}, "meta"}``.  The map is framed by hand so
+    that each column goes out as a view of its array (a bin 32 header, then the array's
+    bytes) instead of being copied into one buffer; any msgpack reader decodes it."""
+    arrays = {"e_rec_start": np.ascontiguousarray(e_rec_start, dtype="<u8")}
     for name, (dtype, _, in_original) in COLUMNS.items():
         if kind == KIND_ORIGINAL and not in_original:
             continue
-        out[name] = np.ascontiguousarray(cols[name], dtype=dtype).tobytes()
-    packed: bytes = msgpack.packb(
-        {"n_entries": len(e_rec_start) - 1, "cols": out, "meta": meta}, use_bin_type=True
-    )
-    return packed
+        arrays[name] = np.ascontiguousarray(cols[name], dtype=dtype)
+    if len(arrays) > 15:
+        raise ValueError("too many footer columns for a fixmap")
+    pieces: list[bytes | memoryview] = [
+        b"\x83" + msgpack.packb("n_entries") + msgpack.packb(len(e_rec_start) - 1)
+        + msgpack.packb("cols") + bytes([0x80 | len(arrays)])]
+    for name, arr in arrays.items():
+        raw = arr.data.cast("B")
+        pieces.append(msgpack.packb(name) + _BIN32.pack(0xC6, len(raw)))
+        pieces.append(raw)
+    pieces.append(msgpack.packb("meta") + msgpack.packb(meta, use_bin_type=True))
+    return pieces
 
 
 def decode_footer(data: bytes, trailer: Trailer, where: str) -> Footer:

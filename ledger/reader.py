@@ -179,6 +179,28 @@ class LedgerFile:
                 path=self.url, position=offset)
         return payload
 
+    def check_frames(self, buf: bytes, base: int, first: int, stop: int) -> None:
+        """Check the frames of entries ``first..stop-1`` inside ``buf`` (read from
+        ``base``) all at once; the first bad one raises as :meth:`frame_payload` would."""
+        if stop <= first:
+            return
+        foot = self.footer
+        offs = foot.col("e_offset")[first:stop].astype(np.int64) - base
+        lens = foot.col("e_length")[first:stop].astype(np.int64)
+        data = np.frombuffer(buf, dtype=np.uint8)
+        head = data[offs[:, None] + np.arange(FRAME_HEADER.size)].view("<u4")  # (entries, 3)
+        counts = np.diff(foot.e_rec_start[first:stop + 1])
+        ok = (head[:, 0] == lens - FRAME_HEADER.size) & (head[:, 2] == counts)
+        view = memoryview(buf)
+        crcs = np.fromiter(map(checksum, map(view.__getitem__, map(
+            slice, (offs + FRAME_HEADER.size).tolist(), (offs + lens).tolist()))), dtype=np.uint32, count=len(offs))
+        ok &= crcs == head[:, 1]
+        if not ok.all():
+            bad = first + int(np.argmin(ok))
+            self.frame_payload(buf, base, bad)  # raises, naming the entry and what is wrong
+            raise CorruptLedgerError(f"{self.url}: entry {self._entry_name(bad)}: bad frame",
+                                     path=self.url, position=int(offs[bad - first]) + base)
+
     def _entry_name(self, entry: int) -> str:
         return f"{int(self.entry_ledgers[entry])}:{int(self.entry_ids[entry])}"
 

@@ -73,6 +73,9 @@ class ObjectStore(ABC):
     """A flat key space of objects (a bucket, a folder tree, a dict)."""
 
     scheme: str = ""
+    #: Whether a forked process may use this store (and see what it writes); pass two's
+    #: worker processes need it.
+    process_safe: bool = True
 
     @abstractmethod
     def url(self, key: str) -> str:

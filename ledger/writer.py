@@ -237,11 +237,13 @@ class LedgerWriter:
         for name, chunks in self._r_chunks.items():
             dtype = COLUMNS[name][0]
             cols[name] = np.concatenate(chunks).astype(dtype, copy=False) if chunks else np.empty(0, dtype)
-        footer = encode_footer(self.kind, np.asarray(self._e_rec_start, dtype=np.uint64), cols, meta or {})
         footer_offset = self._pos
-        self._write(footer)
+        crc = 0
+        for piece in encode_footer(self.kind, np.asarray(self._e_rec_start, dtype=np.uint64), cols, meta or {}):
+            crc = checksum(piece, crc)
+            self._write(piece)
         self._write(encode_trailer(Trailer(
-            footer_offset, len(footer), self.ledger_id, self.created_ms, checksum(footer),
+            footer_offset, self._pos - footer_offset, self.ledger_id, self.created_ms, crc,
             FORMAT_VERSION, self.kind,
         )))
         self._finished = True

@@ -37,7 +37,7 @@ from compactor.plan import Slice
 from compactor.rules import latest_of_each_key, tombstone_fate
 from compactor.spark.environment import ForwardedEnvironment
 from ledger.deletions import read_deletions
-from ledger.errors import ShaleError, TransientStorageError
+from ledger.errors import ShaleError, TransientStorageError, error_detail, error_from_detail
 from ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, KIND_COMPACTED
 from ledger.reader import LedgerFile
 from ledger.storage import Location, resolve
@@ -138,25 +138,12 @@ def _task_errors(gen: Iterator[tuple[int, Any]]) -> Iterator[tuple[int, Any]]:
     except TransientStorageError:
         raise  # Spark retries the task, as the local engine's storage layer retries a request
     except ShaleError as e:
-        detail = {"type": type(e).__name__, "exit_code": e.exit_code, "message": str(e)}
-        yield ERROR_KEY, json.dumps(detail).encode()
+        yield ERROR_KEY, json.dumps(error_detail(e)).encode()
 
 
 def error_from_record(raw: bytes) -> ShaleError:
     """The driver's copy of an error a task emitted."""
-    import ledger.errors as errors
-
-    detail = json.loads(raw)
-    cls = getattr(errors, str(detail.get("type", "")), None)
-    message = str(detail.get("message", "a task failed"))
-    if isinstance(cls, type) and issubclass(cls, ShaleError):
-        try:
-            return cls(message)
-        except TypeError:
-            pass
-    err = ShaleError(message)
-    err.exit_code = int(detail.get("exit_code", errors.EXIT_FAILURE))
-    return err
+    return error_from_detail(json.loads(raw))
 
 
 def map_task(ctx: TaskContext, task_indexes: Iterable[int]) -> Iterator[tuple[int, bytes]]:
