@@ -146,10 +146,18 @@ def child(kind: str, args: list[str]) -> None:
     fn = {"shale": run_shale, "duckdb": run_duckdb, "polars": run_polars, "dict": run_dict}[kind]
     out = fn(*args)
     out.update(seconds=round(time.perf_counter() - t, 2), peak_rss_mb=round(peak_rss_mb()))
+    # Shale's pass-two workers are forked processes: the largest one's peak, most of it
+    # pages shared copy-on-write with the parent (0 for the peers, which use threads).
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    if children:
+        out.update(worker_peak_rss_mb=round(children))
     print(json.dumps(out))
 
 
 def spawn(kind: str, *args: str) -> dict[str, Any]:
+    # Write back what setting up left dirty (the generated data, a copied topic) first, or
+    # the run's first fsync would pay for it.
+    os.sync()
     res = subprocess.run([sys.executable, __file__, "--child", kind, *args], capture_output=True, text=True,
                          check=True)
     return dict(json.loads(res.stdout.strip().splitlines()[-1]))

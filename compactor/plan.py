@@ -9,6 +9,7 @@ plus the compacted size, not with the topic's history.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,10 +20,13 @@ from ledger.format import KIND_COMPACTED, KIND_ORIGINAL
 from ledger.ids import MessageId
 from ledger.reader import LedgerFile
 from ledger.storage import Location
-from metadata.state import CompactedPart, CompactionState, TopicState
+from metadata.state import CompactedPart, CompactionState, LedgerInfo, TopicState
 from metadata.topic import TopicMetadata
 
 __all__ = ["Plan", "Slice", "make_plan"]
+
+#: Footers read at a time while planning.
+FOOTER_READS = 8
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -92,21 +96,30 @@ def make_plan(meta: TopicMetadata, *, now_ms: int, min_compaction_lag_ms: int,
     prev_h = previous.horizon
     cutoff = now_ms - min_compaction_lag_ms
 
-    compacted = []
-    for p in previous.parts:
-        f = opener(loc.key(p.object), previous.part_ledger_id(p), KIND_COMPACTED)
-        gone = read_deletions(store, loc.key(p.deletions), f.n_records) if p.deletions else None
-        compacted.append(Slice(f, 0, f.n_records, True, p, gone))
-    new: list[Slice] = []
+    # The ledgers this run reads: every previous part, then the ledgers above the
+    # previous horizon up to the first one holding a record too young to compact.
+    todo: list[LedgerInfo] = []
     held_back = 0
-    stopped = False
-    for lg in topic.ledgers:
+    for i, lg in enumerate(topic.ledgers):
         if prev_h is not None and lg.id < prev_h.ledger:
             continue
-        if stopped:
-            held_back += lg.records
-            continue
-        f = opener(loc.key(lg.object), lg.id, KIND_ORIGINAL)
+        todo.append(lg)
+        if lg.last_publish > cutoff:
+            held_back = sum(later.records for later in topic.ledgers[i + 1:])
+            break
+
+    def open_part(p: CompactedPart) -> Slice:
+        f = opener(loc.key(p.object), previous.part_ledger_id(p), KIND_COMPACTED)
+        gone = read_deletions(store, loc.key(p.deletions), f.n_records) if p.deletions else None
+        return Slice(f, 0, f.n_records, True, p, gone)
+
+    # Footers are read several at a time: object stores answer each read with latency,
+    # and decoding a big footer is mostly NumPy work that leaves the interpreter lock.
+    with ThreadPoolExecutor(max_workers=FOOTER_READS, thread_name_prefix="shale-footer") as pool:
+        compacted = list(pool.map(open_part, previous.parts))
+        files = list(pool.map(lambda lg: opener(loc.key(lg.object), lg.id, KIND_ORIGINAL), todo))
+    new: list[Slice] = []
+    for lg, f in zip(todo, files, strict=True):
         start = f.find(prev_h.successor()) if prev_h is not None and lg.id == prev_h.ledger else 0
         stop = f.n_records
         if lg.last_publish > cutoff:
@@ -116,7 +129,6 @@ def make_plan(meta: TopicMetadata, *, now_ms: int, min_compaction_lag_ms: int,
             first_young = int(young[0]) if len(young) else f.n_entries
             stop = max(start, int(f.footer.e_rec_start[first_young]))
             held_back += f.n_records - stop
-            stopped = True
         if stop > start:
             new.append(Slice(f, start, stop, False))
     horizon = new[-1].file.record_id(new[-1].stop - 1) if new else prev_h
