@@ -121,8 +121,14 @@ def split_work(work: Sequence[Work], workers: int) -> list[_Group]:
     return groups
 
 
-# What the forked workers read: set by the parent just before it forks them.
+# The job a worker process serves, set in each worker as it starts (forked, so the
+# arguments are inherited rather than pickled; a module global in the parent would be
+# shared by runs compacting other topics in other threads).
 _JOB: dict[str, Any] = {}
+
+
+def _serve(job: dict[str, Any]) -> None:
+    _JOB.update(job)
 
 
 def _copy_group(g: int) -> tuple[PassTwoResult | None, dict[str, Any] | None]:
@@ -146,38 +152,36 @@ def write_parts_in_workers(work: Sequence[Work], config: CompactionConfig, worke
     # Byte-rate limits hold for the run as a whole, so each worker gets its share.
     config = dataclasses.replace(config, max_read_bytes_per_s=-(-config.max_read_bytes_per_s // shared),
                                  max_write_bytes_per_s=-(-config.max_write_bytes_per_s // shared))
-    _JOB.update(groups=groups, config=config, topic=topic, run_dir=run_dir, epoch=epoch, now_ms=now_ms)
+    job = {"groups": groups, "config": config, "topic": topic, "run_dir": run_dir, "epoch": epoch, "now_ms": now_ms}
     result = PassTwoResult()
-    try:
-        with ProcessPoolExecutor(max_workers=shared, mp_context=multiprocessing.get_context("fork")) as pool:
-            futures: list[Future[tuple[PassTwoResult | None, dict[str, Any] | None]] | None] = [
-                pool.submit(_copy_group, g) if group.reused is None else None for g, group in enumerate(groups)]
-            try:
-                for group, fut in zip(groups, futures, strict=True):
-                    if group.reused is not None:
-                        result.parts.append(group.reused)
-                        result.records_reused += group.reused.live
-                        continue
-                    assert fut is not None
-                    try:
-                        out, error = fut.result()
-                    except BrokenProcessPool as e:
-                        raise ShaleError(f"{topic.store.url(topic.key(run_dir))}: a pass-two worker process "
-                                         "died (killed or out of memory); nothing was published") from e
-                    if error is not None:
-                        raise error_from_detail(error)
-                    assert out is not None
-                    for p in out.parts:
-                        on_object(p.object)
-                    result.parts.extend(out.parts)
-                    result.records_written += out.records_written
-                    result.bytes_written += out.bytes_written
-                    result.bytes_read += out.bytes_read
-            except BaseException:
-                # Let running workers finish before the run removes its folder, so none
-                # writes into it afterwards.
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise
-    finally:
-        _JOB.clear()
+    with ProcessPoolExecutor(max_workers=shared, mp_context=multiprocessing.get_context("fork"),
+                             initializer=_serve, initargs=(job,)) as pool:
+        futures: list[Future[tuple[PassTwoResult | None, dict[str, Any] | None]] | None] = [
+            pool.submit(_copy_group, g) if group.reused is None else None for g, group in enumerate(groups)]
+        try:
+            for group, fut in zip(groups, futures, strict=True):
+                if group.reused is not None:
+                    result.parts.append(group.reused)
+                    result.records_reused += group.reused.live
+                    continue
+                assert fut is not None
+                try:
+                    out, error = fut.result()
+                except BrokenProcessPool as e:
+                    raise ShaleError(f"{topic.store.url(topic.key(run_dir))}: a pass-two worker process "
+                                     "died (killed or out of memory); nothing was published") from e
+                if error is not None:
+                    raise error_from_detail(error)
+                assert out is not None
+                for p in out.parts:
+                    on_object(p.object)
+                result.parts.extend(out.parts)
+                result.records_written += out.records_written
+                result.bytes_written += out.bytes_written
+                result.bytes_read += out.bytes_read
+        except BaseException:
+            # Let running workers finish before the run removes its folder, so none
+            # writes into it afterwards.
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
     return result

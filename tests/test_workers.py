@@ -200,3 +200,19 @@ def test_frame_check_names_the_entry(tmp_path: Path) -> None:
         with pytest.raises(ShaleError, match=f"entry {f.ledger_id}:{entry} at byte"):
             f.check_frames(bytes(bad), base, 0, f.n_entries)
     shutil.rmtree(tmp_path / "t")
+
+
+def test_topics_compacted_in_threads_keep_their_workers_apart(parallel_everywhere: None, tmp_path: Path) -> None:
+    """Two runs in two threads, each forking its own workers, write each its own topic."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    uris = [str(tmp_path / name) for name in ("a", "b", "ref-a", "ref-b")]
+    for i, uri in enumerate(uris):
+        produce(uri, 1 + i % 2, 12_000, 1_500, T0)
+    with ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(lambda u: Compactor(u, CompactionConfig(workers=2)).run(), uris[:2]))
+    assert [r.status for r in runs] == ["compacted", "compacted"]
+    for uri, ref in ((uris[0], uris[2]), (uris[1], uris[3])):
+        assert Compactor(ref, CompactionConfig(workers=1)).run().status == "compacted"
+        assert view(uri) == view(ref)
+    assert view(uris[0]) != view(uris[1])
