@@ -253,8 +253,19 @@ def _run_gc(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _run_verify(args: argparse.Namespace, out: TextIO) -> int:
+    from compactor.verify import EXIT_MISMATCH, verify_topic
+    from metadata.topic import TopicMetadata
+
+    meta = TopicMetadata.open(args.topic, args.metadata)
+    meta.load_topic()  # a missing topic is an error, not an empty view
+    report = verify_topic(meta)
+    out.write((json.dumps(report.to_json(), separators=(",", ":")) if args.json else report.human()) + "\n")
+    return 0 if report.ok else EXIT_MISMATCH
+
+
 def register_subcommands(sub: Any) -> None:
-    """Add ``compact`` and ``gc`` to the ``shale`` command."""
+    """Add ``compact``, ``gc`` and ``verify`` to the ``shale`` command."""
     p = sub.add_parser("compact", help="compact topics (same as the compact command)",
                        description="Compact keyed topics and publish the result atomically.",
                        epilog=COMPACT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -275,6 +286,18 @@ def register_subcommands(sub: Any) -> None:
                    "at least 15m)")
     g.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
     g.set_defaults(func=_run_gc)
+
+    v = sub.add_parser("verify", help="recompute the compacted view from the original ledgers and compare",
+                       description="Recompute the latest record of every key up to the published horizon from "
+                       "the original ledgers that still exist (footers only), compare it with the published "
+                       "compacted view, and verify every compacted frame's checksum.",
+                       epilog="exit codes: 0 the view matches; 5 missing, extra or stale keys (listed); "
+                       "4 a compacted object is corrupt; 2 bad usage or missing topic",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    v.add_argument("topic", metavar="TOPIC_URI")
+    v.add_argument("--metadata", metavar="URI", default=os.environ.get("SHALE_METADATA"))
+    v.add_argument("--json", action="store_true", help="print the report as one JSON line")
+    v.set_defaults(func=_run_verify)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

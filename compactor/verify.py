@@ -1,0 +1,195 @@
+"""``shale verify``: recompute the compacted view from the original ledgers and compare.
+
+The published state promises that, below its horizon, the compacted parts hold exactly
+the latest record of every key (tombstones while their retention lasts; keyless records
+only when kept).  Verification recomputes "the latest record of every key up to the
+horizon" from the original ledgers that still exist, from footers only, and compares it
+with what the parts hold, after their deletion vectors:
+
+* **missing** — a key whose latest record is a value, absent from the compacted view;
+* **extra** — a key in the compacted view whose latest record is a tombstone that is not
+  there, or that no original record up to the horizon has;
+* **stale** — a key whose compacted record is not its latest one.
+
+Keys whose compacted record comes from a ledger retention has since removed cannot be
+recomputed; they are counted as unverifiable, not as errors, unless an existing ledger
+holds a newer record of the key (then they are stale).  Every frame of every compacted
+part is read and its checksum verified too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from compactor.rules import latest_of_each_key
+from ledger.deletions import read_deletions
+from ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, KIND_COMPACTED, KIND_ORIGINAL
+from ledger.ids import MessageId
+from ledger.reader import LedgerFile
+from metadata.topic import TopicMetadata
+
+__all__ = ["EXIT_MISMATCH", "VerifyReport", "verify_topic"]
+
+#: ``shale verify`` exits with this when the published view differs from the recomputed one.
+EXIT_MISMATCH = 5
+_EXAMPLES = 10
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    """What verification compared and found."""
+
+    topic: str
+    horizon: str | None
+    epoch: int
+    keys_expected: int = 0  # live keys (latest record a value) up to the horizon
+    records_checked: int = 0  # live records of the compacted parts compared
+    frames_checked: int = 0
+    missing: int = 0
+    extra: int = 0
+    stale: int = 0
+    unverifiable: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.extra or self.stale)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok}
+
+    def human(self) -> str:
+        verdict = "ok" if self.ok else "MISMATCH"
+        return (f"{self.topic}: {verdict}: horizon {self.horizon}, epoch {self.epoch}: "
+                f"{self.keys_expected:,} live keys recomputed, {self.records_checked:,} compacted records "
+                f"and {self.frames_checked:,} frames checked; missing {self.missing}, extra {self.extra}, "
+                f"stale {self.stale}, unverifiable {self.unverifiable}"
+                + "".join(f"\n  {e}" for e in self.examples))
+
+
+@dataclass(slots=True)
+class _Records:
+    """Keyed records as parallel arrays: hash, id (ledger, entry, batch), tombstone."""
+
+    hi: list[npt.NDArray[np.uint64]] = field(default_factory=list)
+    lo: list[npt.NDArray[np.uint64]] = field(default_factory=list)
+    ids: list[npt.NDArray[np.uint64]] = field(default_factory=list)  # (n, 3)
+    tomb: list[npt.NDArray[np.bool_]] = field(default_factory=list)
+
+    def add(self, f: LedgerFile, start: int, stop: int, present: npt.NDArray[np.bool_] | None = None) -> None:
+        foot = f.footer
+        flags = foot.col("r_flags")[start:stop]
+        keep = (flags & FLAG_HAS_KEY) != 0
+        if present is not None:
+            keep &= present[start:stop]
+        idx = start + np.flatnonzero(keep)
+        entry = np.searchsorted(foot.e_rec_start, idx, side="right") - 1
+        self.hi.append(foot.col("r_hash_hi")[idx])
+        self.lo.append(foot.col("r_hash_lo")[idx])
+        self.ids.append(np.stack([f.entry_ledgers[entry], f.entry_ids[entry],
+                                  f.batch_indexes[idx].astype(np.uint64)], axis=1))
+        self.tomb.append((foot.col("r_flags")[idx] & FLAG_TOMBSTONE) != 0)
+
+    def arrays(self) -> tuple[Any, Any, Any, Any]:
+        if not self.hi:
+            e = np.empty(0, dtype=np.uint64)
+            return e, e, np.empty((0, 3), dtype=np.uint64), np.empty(0, dtype=bool)
+        return (np.concatenate(self.hi), np.concatenate(self.lo), np.concatenate(self.ids),
+                np.concatenate(self.tomb))
+
+
+def _id(row: npt.NDArray[np.uint64]) -> str:
+    return str(MessageId(int(row[0]), int(row[1]), int(row[2])))
+
+
+def verify_topic(meta: TopicMetadata) -> VerifyReport:
+    """Compare the published compacted view of ``meta``'s topic with one recomputed from
+    its original ledgers."""
+    state = meta.load_compaction()
+    topic = meta.load_topic()
+    loc = meta.topic
+    h = state.horizon
+    report = VerifyReport(meta.uri, str(h) if h else None, state.epoch)
+    published = _Records()
+    for p in state.parts:
+        f = LedgerFile.open(loc.store, loc.key(p.object), ledger_id=state.part_ledger_id(p), kind=KIND_COMPACTED)
+        gone = read_deletions(loc.store, loc.key(p.deletions), f.n_records) if p.deletions else None
+        for c0, c1 in f.chunks(0, f.n_entries):
+            base, buf = f.read_frames(c0, c1)
+            f.check_frames(buf, base, c0, c1)
+            report.frames_checked += c1 - c0
+        published.add(f, 0, f.n_records, None if gone is None else ~gone)
+    existing = set()
+    original = _Records()
+    if h is not None:
+        for lg in topic.ledgers:
+            if lg.id > h.ledger:
+                break
+            existing.add(lg.id)
+            f = LedgerFile.open(loc.store, loc.key(lg.object), ledger_id=lg.id, kind=KIND_ORIGINAL)
+            stop = f.find(h.successor()) if lg.id == h.ledger else f.n_records
+            original.add(f, 0, stop)
+    p_hi, p_lo, p_ids, p_tomb = published.arrays()
+    o_hi, o_lo, o_ids, o_tomb = original.arrays()
+    report.records_checked = len(p_hi)
+    latest = latest_of_each_key(o_hi, o_lo)  # sorted by hash
+    e_hi, e_lo, e_ids, e_tomb = o_hi[latest], o_lo[latest], o_ids[latest], o_tomb[latest]
+    report.keys_expected = int((~e_tomb).sum())
+    # the compacted view holds one record per key; look each up among the expected ones
+    order = np.lexsort((p_lo, p_hi))
+    p_hi, p_lo, p_ids, p_tomb = p_hi[order], p_lo[order], p_ids[order], p_tomb[order]
+    at = _find(e_hi, e_lo, p_hi, p_lo)
+    found = at >= 0
+
+    def note(kind: str, what: str) -> None:
+        if len(report.examples) < _EXAMPLES:
+            report.examples.append(f"{kind}: {what}")
+
+    j = at[found]
+    differs = np.zeros(len(p_hi), dtype=bool)
+    differs[found] = np.any(p_ids[found] != e_ids[j], axis=1)
+    flag = np.zeros(len(p_hi), dtype=bool)
+    flag[found] = p_tomb[found] != e_tomb[j]
+    flag &= ~differs
+    gone_ledger = ~np.isin(p_ids[:, 0], np.fromiter(existing, dtype=np.uint64, count=len(existing)))
+    unverifiable = ~found & gone_ledger  # its ledger is gone: nothing newer exists either
+    orphan = ~found & ~gone_ledger & ~p_tomb
+    report.stale, report.unverifiable = int(differs.sum()), int(unverifiable.sum())
+    report.extra = int(flag.sum() + orphan.sum())
+    for i in np.flatnonzero(differs)[:_EXAMPLES]:
+        note("stale", f"compacted record {_id(p_ids[i])}, latest is {_id(e_ids[at[i]])}")
+    for i in np.flatnonzero(flag)[:_EXAMPLES]:
+        note("extra", f"record {_id(p_ids[i])} differs from the original in its tombstone flag")
+    for i in np.flatnonzero(orphan)[:_EXAMPLES]:
+        note("extra", f"compacted record {_id(p_ids[i])} has no original up to the horizon")
+    have = np.zeros(len(e_hi), dtype=bool)
+    have[at[found]] = True
+    lost = np.flatnonzero(~have & ~e_tomb)
+    report.missing = len(lost)
+    for j_ in lost[:_EXAMPLES]:
+        note("missing", f"the key of record {_id(e_ids[j_])} (its latest) is not in the compacted view")
+    return report
+
+
+def _find(hi: Any, lo: Any, q_hi: Any, q_lo: Any) -> npt.NDArray[np.int64]:
+    """Index in the hash-sorted ``(hi, lo)`` of each query hash, -1 where absent."""
+    out = np.full(len(q_hi), -1, dtype=np.int64)
+    if not len(hi) or not len(q_hi):
+        return out
+    i = np.searchsorted(hi, q_hi, side="left")
+    safe = np.minimum(i, len(hi) - 1)
+    same_hi = hi[safe] == q_hi
+    hit = same_hi & (lo[safe] == q_lo)
+    out[hit] = i[hit]
+    for q in np.flatnonzero(same_hi & ~hit):  # rare: several keys share a high half
+        j = int(i[q])
+        while j < len(hi) and hi[j] == q_hi[q]:
+            if lo[j] == q_lo[q]:
+                out[q] = j
+                break
+            j += 1
+    return out
