@@ -1,0 +1,104 @@
+"""Four ``compact`` processes started together on one topic, round after round, while a
+producer keeps appending: every epoch is published by exactly one of them, the others
+exit with the conflict code and leave nothing behind, and the final view equals one
+recomputed from scratch."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from compactor import CompactionConfig, Compactor
+from compactor.verify import verify_topic
+from ledger.errors import EXIT_CONFLICT
+from metadata.topic import TopicMetadata
+from shale.producer import TopicWriter
+
+LONG = os.environ.get("SHALE_LONG_TESTS") == "1"
+ROUNDS = 25 if LONG else 5
+PROCESSES = 4
+
+
+def produce_until(uri: str, stop: threading.Event, counts: Counter[str]) -> None:
+    rnd = random.Random(5)
+    while not stop.is_set():
+        with TopicWriter(uri, max_ledger_records=1_000, batch_size=50) as w:
+            for i in range(2_000):
+                w.append(f"key-{rnd.randrange(3_000)}", None if rnd.random() < 0.05 else f"v{counts['n'] + i}")
+        counts["n"] += 2_000
+
+
+def start_compactor(uri: str) -> subprocess.Popen[str]:
+    exe = Path(sys.executable).parent / "compact"
+    return subprocess.Popen([str(exe), uri, "--json", "--delete-retention", "0s"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def leftovers(uri: str) -> set[str]:
+    """Objects under compacted/ that no published state names, and unfinished writes."""
+    meta = TopicMetadata.open(uri)
+    store, topic = meta.topic.store, meta.topic
+    listed = {topic.relative(o.key) for o in store.list(topic.key("compacted") + "/")}
+    unfinished = {topic.relative(o.key) for o in store.unfinished_writes(topic.key("compacted") + "/")}
+    return (listed - meta.load_compaction().referenced_objects()) | unfinished
+
+
+def campaign(uri: str) -> Counter[str]:
+    with TopicWriter(uri) as w:
+        w.append("seed", "x")
+    stop, produced = threading.Event(), Counter[str]()
+    producer = threading.Thread(target=produce_until, args=(uri, stop, produced))
+    producer.start()
+    outcomes: Counter[str] = Counter()
+    try:
+        for _ in range(ROUNDS):
+            before = TopicMetadata.open(uri).load_compaction().epoch
+            procs = [start_compactor(uri) for _ in range(PROCESSES)]
+            epochs = []
+            for p in procs:
+                out, err = p.communicate(timeout=300)
+                summary = json.loads(out.strip().splitlines()[-1])
+                outcomes[summary["status"]] += 1
+                if summary["status"] == "compacted":
+                    assert p.returncode == 0
+                    epochs.append(summary["epoch"])
+                elif summary["status"] == "conflict":
+                    assert p.returncode == EXIT_CONFLICT, err
+                else:
+                    assert summary["status"] == "nothing-to-do" and p.returncode == 0, (summary, err)
+            # each epoch published once, by one process, with no epoch skipped
+            assert sorted(epochs) == list(range(before + 1, before + 1 + len(epochs)))
+            assert TopicMetadata.open(uri).load_compaction().epoch == before + len(epochs)
+            # the losers removed what they wrote; the winners left only published objects
+            assert not leftovers(uri), leftovers(uri)
+            assert verify_topic(TopicMetadata.open(uri)).ok
+    finally:
+        stop.set()
+        producer.join()
+    s = Compactor(uri, CompactionConfig(delete_retention_ms=0)).run()
+    assert s.status in ("compacted", "nothing-to-do")
+    report = verify_topic(TopicMetadata.open(uri))
+    assert report.ok and report.keys_expected > 1_000, report.human()
+    outcomes["records produced"] = produced["n"]
+    return outcomes
+
+
+def test_four_compactors_and_a_producer_local(tmp_path: Path) -> None:
+    outcomes = campaign(str(tmp_path / "topic"))
+    print(f"\n{ROUNDS} rounds of {PROCESSES} compactors on a local folder: {dict(outcomes)}")
+    assert outcomes["compacted"] >= ROUNDS and outcomes["conflict"] > 0
+
+
+@pytest.mark.s3
+def test_four_compactors_and_a_producer_moto(s3_bucket: str) -> None:
+    outcomes = campaign(f"s3://{s3_bucket}/topic")
+    print(f"\n{ROUNDS} rounds of {PROCESSES} compactors on the moto server: {dict(outcomes)}")
+    assert outcomes["compacted"] >= ROUNDS and outcomes["conflict"] > 0
