@@ -5,6 +5,7 @@ same records gives."""
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import time
@@ -70,7 +71,7 @@ def test_reader_survives_compaction_and_gc_underneath(disk_topic_uri: str) -> No
     assert rounds >= 3  # compactions really ran while it read
     assert reader.compaction.version > first_version  # it followed newer states
     ids = [m.id for m in seen]
-    assert all(a < b for a, b in zip(ids, ids[1:], strict=False))
+    assert all(a < b for a, b in itertools.pairwise(ids))
     last: MessageId = ids[-1]
     replay = [m for m in TopicReader(uri) if m.id <= last]
     assert table_of(seen) == table_of(replay)
