@@ -253,6 +253,17 @@ def _run_gc(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _run_truncate(args: argparse.Namespace, out: TextIO) -> int:
+    from metadata.topic import TopicMetadata
+
+    meta = TopicMetadata.open(args.topic, args.metadata)
+    meta.load_topic()  # a missing topic is an error
+    state, removed = meta.truncate(args.before_ledger)
+    out.write(json.dumps({"topic": meta.uri, "removed": [lg.id for lg in removed], "generation": state.generation,
+                          "ledgers": len(state.ledgers)}, separators=(",", ":")) + "\n")
+    return 0
+
+
 def _run_verify(args: argparse.Namespace, out: TextIO) -> int:
     from compactor.verify import EXIT_MISMATCH, verify_topic
     from metadata.topic import TopicMetadata
@@ -265,7 +276,7 @@ def _run_verify(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def register_subcommands(sub: Any) -> None:
-    """Add ``compact``, ``gc`` and ``verify`` to the ``shale`` command."""
+    """Add ``compact``, ``gc``, ``truncate`` and ``verify`` to the ``shale`` command."""
     p = sub.add_parser("compact", help="compact topics (same as the compact command)",
                        description="Compact keyed topics and publish the result atomically.",
                        epilog=COMPACT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -286,6 +297,17 @@ def register_subcommands(sub: Any) -> None:
                    "at least 15m)")
     g.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
     g.set_defaults(func=_run_gc)
+
+    t = sub.add_parser("truncate", help="retention: remove the oldest ledgers from a topic",
+                       description="Remove every ledger with an id below --before-ledger from the topic (retention "
+                       "by hand). A compaction that read them while they were removed publishes nothing and "
+                       "exits 3; their objects are deleted by gc once the orphan grace has passed. The compacted "
+                       "view keeps the latest record of every key, as a compacted topic does.")
+    t.add_argument("topic", metavar="TOPIC_URI")
+    t.add_argument("--metadata", metavar="URI", default=os.environ.get("SHALE_METADATA"))
+    t.add_argument("--before-ledger", type=int, required=True, metavar="ID",
+                   help="remove the ledgers whose id is below ID")
+    t.set_defaults(func=_run_truncate)
 
     v = sub.add_parser("verify", help="recompute the compacted view from the original ledgers and compare",
                        description="Recompute the latest record of every key up to the published horizon from "

@@ -5,7 +5,9 @@
   period, because readers that opened the older state may still be reading them.
 * Orphans: run folders under ``compacted/`` that no state refers to (a crashed or
   beaten compactor) and ledger objects under ``ledgers/`` that were never registered (a
-  crashed or beaten producer), once everything in them is older than the orphan grace.
+  crashed or beaten producer) or that a truncation removed from the topic, once
+  everything in them is older than the orphan grace (and, for truncated ledgers, the
+  last truncation is too).
 
 Nothing a published state refers to is ever deleted.
 """
@@ -127,6 +129,8 @@ def _orphans(meta: TopicMetadata, state: CompactionState, now_ms: int, grace_ms:
             deleted.append(f"{loc.relative(info.key)} (unfinished write)")
 
     topic = meta.load_topic()
+    if now_ms - topic.truncated_ms < grace_ms:
+        return deleted  # readers may still be reading the ledgers a truncation just removed
     registered = {lg.object for lg in topic.ledgers}
     for info in store.list(loc.key(LEDGER_DIR)):
         rel = loc.relative(info.key)

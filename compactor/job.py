@@ -234,6 +234,10 @@ class Compactor:
                 remove_output = True
                 t = phase("publish", t)
                 summary.horizon = summary.previous_horizon
+                now = self.meta.load_compaction()
+                if now.epoch == prev.epoch and now.topic_generation > prev.topic_generation:
+                    return done("conflict", "the topic was truncated while this run read it (retention); this "
+                                "run's output was removed and the next run plans again", gc=False)
                 return done("conflict", f"another compactor published first ({e}); this run's output "
                             "was removed", gc=False)
             except (StateUnknownError, TransientStorageError):
@@ -280,7 +284,8 @@ class Compactor:
         return CompactionState(
             epoch=epoch, horizon=plan.horizon, compacted_ledger=run_id, parts=tuple(out.parts),
             retired=retired, keys=survivors.keys, tombstones=survivors.tombstones_kept,
-            compacted_ms=now_ms, last_run=last_run)
+            compacted_ms=now_ms, last_run=last_run,
+            topic_generation=max(prev.topic_generation, plan.topic.generation))
 
     def _remove(self, run_dir: str, written: list[str]) -> None:
         # Everything a run writes lies under its own folder, whoever wrote it (Spark

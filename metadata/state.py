@@ -44,16 +44,25 @@ class LedgerInfo:
 
 @dataclass(frozen=True, slots=True)
 class TopicState:
-    """A topic's ordered ledger list.  Ledger ids strictly increase along the list."""
+    """A topic's ordered ledger list.  Ledger ids strictly increase along the list.
+
+    ``generation`` counts truncations (retention removing the oldest ledgers),
+    ``removed_through`` is the highest ledger id ever removed, so ids are never reused
+    even when every ledger is gone, and ``truncated_ms`` is when the last truncation
+    happened (readers may still be reading what it removed).
+    """
 
     ledgers: tuple[LedgerInfo, ...]
     created_ms: int
     version: int = 0
     token: str = ""
+    generation: int = 0
+    removed_through: int = 0
+    truncated_ms: int = 0
 
     @property
     def last_ledger_id(self) -> int:
-        return self.ledgers[-1].id if self.ledgers else 0
+        return max(self.ledgers[-1].id if self.ledgers else 0, self.removed_through)
 
     @property
     def records(self) -> int:
@@ -70,12 +79,19 @@ class TopicState:
         return None
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": 1, "created_ms": self.created_ms, "ledgers": [lg.to_json() for lg in self.ledgers]}
+        d: dict[str, Any] = {"format": 1, "created_ms": self.created_ms,
+                             "ledgers": [lg.to_json() for lg in self.ledgers]}
+        if self.generation:
+            d["generation"] = self.generation
+            d["removed_through"] = self.removed_through
+            d["truncated_ms"] = self.truncated_ms
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any], version: int, token: str) -> TopicState:
         return cls(tuple(LedgerInfo.from_json(x) for x in d.get("ledgers", [])),
-                   int(d.get("created_ms", 0)), version, token)
+                   int(d.get("created_ms", 0)), version, token, int(d.get("generation", 0)),
+                   int(d.get("removed_through", 0)), int(d.get("truncated_ms", 0)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +172,7 @@ class CompactionState:
     last_run: dict[str, Any] = field(default_factory=dict)
     version: int = 0
     token: str = ""
+    topic_generation: int = 0  # the topic's truncation count this state was last checked against
 
     @property
     def records(self) -> int:
@@ -189,7 +206,7 @@ class CompactionState:
                 "parts": [p.to_json() for p in self.parts],
                 "retired": [r.to_json() for r in self.retired],
                 "keys": self.keys, "tombstones": self.tombstones, "compacted_ms": self.compacted_ms,
-                "last_run": self.last_run}
+                "last_run": self.last_run, "topic_generation": self.topic_generation}
 
     @classmethod
     def from_json(cls, d: dict[str, Any], version: int, token: str) -> CompactionState:
@@ -199,4 +216,4 @@ class CompactionState:
                    tuple(CompactedPart.from_json(p) for p in d.get("parts", [])),
                    tuple(RetiredSet.from_json(r) for r in d.get("retired", [])),
                    int(d.get("keys", 0)), int(d.get("tombstones", 0)), int(d.get("compacted_ms", 0)),
-                   dict(d.get("last_run") or {}), version, token)
+                   dict(d.get("last_run") or {}), version, token, int(d.get("topic_generation", 0)))

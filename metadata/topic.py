@@ -9,8 +9,9 @@ conflict with each other.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
-from ledger.errors import AlreadyExistsError, InvalidInputError, InvalidURIError, TopicNotFoundError
+from ledger.errors import AlreadyExistsError, ConflictError, InvalidInputError, InvalidURIError, TopicNotFoundError
 from ledger.storage import Location, resolve
 from metadata.documents import DocumentStore, Versioned
 from metadata.state import CompactionState, LedgerInfo, TopicState
@@ -89,9 +90,47 @@ class TopicMetadata:
         if info.id <= expected.last_ledger_id:
             raise InvalidInputError(
                 f"ledger id {info.id} must be greater than the last one, {expected.last_ledger_id}")
-        new = TopicState((*expected.ledgers, info), expected.created_ms)
+        new = replace(expected, ledgers=(*expected.ledgers, info))
         v = self.docs.replace(TOPIC_DOC, new.to_json(), expected.version, token=expected.token or None)
-        return TopicState(new.ledgers, new.created_ms, v.version, v.token)
+        return replace(new, version=v.version, token=v.token)
+
+    def truncate(self, before_ledger: int, attempts: int = 20) -> tuple[TopicState, list[LedgerInfo]]:
+        """Retention: remove the ledgers with ids below ``before_ledger`` from the topic.
+
+        Two compare-and-swaps: the ledger list (the truncation count grows by one), then
+        the compaction state, stamped with the new count so that any compaction planned
+        before the truncation loses its publish race and plans again (Kafka's generation
+        check).  The objects stay until garbage collection finds them unregistered past
+        the orphan grace.  Returns the new topic state and the ledgers removed.
+        """
+        for _ in range(attempts):
+            current = self.load_topic()
+            removed = [lg for lg in current.ledgers if lg.id < before_ledger]
+            if not removed:
+                return current, []
+            new = TopicState(tuple(lg for lg in current.ledgers if lg.id >= before_ledger), current.created_ms,
+                             generation=current.generation + 1,
+                             removed_through=max(current.removed_through, removed[-1].id),
+                             truncated_ms=int(time.time() * 1000))
+            try:
+                v = self.docs.replace(TOPIC_DOC, new.to_json(), current.version, token=current.token or None)
+            except ConflictError:
+                continue  # a producer registered a ledger meanwhile: read again
+            self._stamp_generation(new.generation, attempts)
+            return replace(new, version=v.version, token=v.token), removed
+        raise ConflictError(f"{self.uri}: the topic kept changing; truncation gave up after {attempts} attempts")
+
+    def _stamp_generation(self, generation: int, attempts: int) -> None:
+        for _ in range(attempts):
+            state = self.load_compaction()
+            if state.topic_generation >= generation:
+                return
+            try:
+                self.publish_compaction(replace(state, topic_generation=generation), state)
+                return
+            except ConflictError:
+                continue
+        raise ConflictError(f"{self.uri}: could not stamp the compaction state after the truncation")
 
     # ----------------------------------------------------------- compaction document
 
