@@ -188,6 +188,10 @@ class TopicWriter:
         label = ledger.ledger_id
         store, topic = self.meta.topic.store, self.meta.topic
         nonce = uuid.uuid4().hex[:12]
+        # Names whose registration had an unknown outcome: that write may still land, even
+        # after a later read did not show it (a request can outlive the client's timeout),
+        # so such an object is never deleted here and a later listing of it counts as ours.
+        uncertain: set[str] = set()
         for attempt in range(self.register_attempts):
             state = self._state
             lid = state.last_ledger_id + 1
@@ -204,18 +208,26 @@ class TopicWriter:
                     raise ConflictError("upload too old to register safely")
                 self._state = self.meta.append_ledger(info, state)
             except ConflictError:
-                store.delete(key)
                 self._state = self.meta.load_topic()
-                time.sleep(random.uniform(0, min(0.5, 0.005 * 2 ** attempt)))
-                continue
+                if self._registered(uncertain | {name}) is None:
+                    if name not in uncertain:
+                        store.delete(key)
+                    time.sleep(random.uniform(0, min(0.5, 0.005 * 2 ** attempt)))
+                    continue
             except (StateUnknownError, TransientStorageError):
                 # The registration may have landed: the ledger list says.  Never delete
                 # an object that might be registered; an unregistered one is left to
                 # garbage collection.
+                uncertain.add(name)
                 self._state = self.meta.load_topic()
-                if not any(lg.object == name for lg in self._state.ledgers):
+                if self._registered(uncertain) is None:
                     time.sleep(random.uniform(0, min(0.5, 0.005 * 2 ** attempt)))
                     continue
+            got = self._registered(uncertain | {name})
+            if got is not None and got.object != name:
+                if name not in uncertain:
+                    store.delete(key)  # an earlier upload landed late; this one is not needed
+                lid, name = got.id, got.object
             self._sealed.append(SealedLedger(
                 lid, name, ledger.n_records, ledger.n_entries, len(data), MessageId(lid, 0, 0),
                 MessageId(lid, ledger.n_entries - 1, ledger.last_entry_records - 1),
@@ -225,6 +237,10 @@ class TopicWriter:
         raise ConflictError(
             f"{self.meta.uri}: could not register a ledger after {self.register_attempts} attempts; "
             "too many writers are appending to this topic at once")
+
+    def _registered(self, names: set[str]) -> LedgerInfo | None:
+        """The ledger list's entry for one of ``names`` (this writer's uploads), if any."""
+        return next((lg for lg in self._state.ledgers if lg.object in names), None)
 
     # --------------------------------------------------------------------- closing
 

@@ -38,6 +38,7 @@ class FlakyProxy:
         self.methods = methods
         self.injected: Counter[str] = Counter()
         self.requests = 0
+        self.trace: list[tuple[str, str, str, int]] = []  # method, path, fault, status (for debugging)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -108,6 +109,7 @@ class FlakyProxy:
             def _handle(self) -> None:
                 body = self._body()
                 fault = proxy._pick(self.command)
+                proxy.trace.append((self.command, self.path, fault, 0))
                 if fault in ("503", "500"):
                     self._send(int(fault), [("Content-Type", "application/xml")], _ERRORS[int(fault)])
                     return
@@ -115,6 +117,7 @@ class FlakyProxy:
                     self._reset()
                     return
                 status, headers, data = self._forward(body)
+                proxy.trace.append((self.command, self.path, fault, status))
                 if fault == "lost":
                     self._reset()
                     return

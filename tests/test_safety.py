@@ -119,6 +119,41 @@ def test_producer_retries_a_registration_that_did_not_land(uri: str) -> None:
     assert [m.value for m in TopicReader(uri).read()] == [b"1", b"2"]
 
 
+def test_producer_registration_that_lands_after_it_was_looked_for(uri: str) -> None:
+    """A registration whose outcome was unknown lands only later, after the producer
+    looked and did not find it (a request can outlive the client's timeout): the
+    producer's retry then conflicts with its own write.  The registered object must
+    survive, and the records must be registered once."""
+    with TopicWriter(uri, batch_size=2) as w:
+        w.append("a", "1")
+    meta = TopicMetadata.open(uri)
+    store = meta.meta.store
+    real = store.put_if_match
+    pending: list[tuple[Any, ...]] = []
+
+    def late(*args: Any) -> Any:
+        if not getattr(late, "done", False):
+            late.done = True  # type: ignore[attr-defined]
+            pending.append(args)
+            raise StateUnknownError("timed out; the request is still in flight (injected)")
+        if pending:
+            real(*pending.pop())  # the first request lands now, before the retry is handled
+        return real(*args)
+
+    store.put_if_match = late  # type: ignore[method-assign]
+    try:
+        with TopicWriter(uri, batch_size=2) as w:
+            w.append("b", "2")
+    finally:
+        del store.put_if_match  # type: ignore[attr-defined]
+    ledgers = meta.load_topic().ledgers
+    assert [lg.id for lg in ledgers] == [1, 2]
+    for lg in ledgers:
+        assert meta.topic.store.exists(meta.topic.key(lg.object)), lg.object
+    assert [m.value for m in TopicReader(uri).read()] == [b"1", b"2"]
+    assert Compactor(uri, CompactionConfig()).run().status == "compacted"
+
+
 def test_s3_retry_that_finds_another_body_is_unknown_not_a_conflict(s3_bucket: str) -> None:
     import boto3
 
