@@ -34,6 +34,7 @@ def produce_until(uri: str, stop: threading.Event, counts: Counter[str]) -> None
             for i in range(2_000):
                 w.append(f"key-{rnd.randrange(3_000)}", None if rnd.random() < 0.05 else f"v{counts['n'] + i}")
         counts["n"] += 2_000
+        stop.wait(0.2)  # a steady stream, not a flood: rounds must not slow to a crawl
 
 
 def start_compactor(uri: str) -> subprocess.Popen[str]:
@@ -91,12 +92,14 @@ def campaign(uri: str) -> Counter[str]:
     return outcomes
 
 
+@pytest.mark.timeout(3600 if LONG else 600)
 def test_four_compactors_and_a_producer_local(tmp_path: Path) -> None:
     outcomes = campaign(str(tmp_path / "topic"))
     print(f"\n{ROUNDS} rounds of {PROCESSES} compactors on a local folder: {dict(outcomes)}")
     assert outcomes["compacted"] >= ROUNDS and outcomes["conflict"] > 0
 
 
+@pytest.mark.timeout(3600 if LONG else 600)
 @pytest.mark.s3
 def test_four_compactors_and_a_producer_moto(s3_bucket: str) -> None:
     outcomes = campaign(f"s3://{s3_bucket}/topic")

@@ -30,6 +30,7 @@ def records(seed: int, n: int) -> str:
                    + "\n" for i in range(n))
 
 
+@pytest.mark.timeout(3600 if LONG else 600)
 def test_commands_succeed_through_a_flaky_proxy(moto_endpoint: str, s3_bucket: str) -> None:
     uri = f"s3://{s3_bucket}/topic"
     faults = {"503": 0.08, "500": 0.04, "reset": 0.04, "lost": 0.04, "slow": 0.01}

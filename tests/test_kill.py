@@ -108,6 +108,7 @@ def _report(where: str, outcomes: Counter[str]) -> None:
     print(f"\nSIGKILL campaign on {where}: {TRIALS} trials; " + ", ".join(f"{k}: {v}" for k, v in outcomes.items()))
 
 
+@pytest.mark.timeout(3600 if LONG else 600)
 def test_sigkill_campaign_local(tmp_path: Path) -> None:
     outcomes = campaign(str(tmp_path / "topic"), seed=11)
     _report("a local folder", outcomes)
@@ -115,6 +116,7 @@ def test_sigkill_campaign_local(tmp_path: Path) -> None:
     assert sum(v for k, v in outcomes.items() if k.startswith("killed")) >= TRIALS // 2
 
 
+@pytest.mark.timeout(3600 if LONG else 600)
 @pytest.mark.s3
 def test_sigkill_campaign_moto(s3_bucket: str) -> None:
     outcomes = campaign(f"s3://{s3_bucket}/topic", seed=12)
