@@ -70,6 +70,16 @@ def _count(text: str) -> int:
     return value
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
 def _workers(text: str) -> int:
     return 0 if text.strip() == "0" else _count(text)
 
@@ -94,8 +104,19 @@ def _spark_conf(text: str) -> tuple[str, str]:
 
 
 def add_compact_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("topics", nargs="+", metavar="TOPIC_URI",
+    p.add_argument("topics", nargs="*", metavar="TOPIC_URI",
                    help="topic folder(s): local path, file://, s3://bucket/prefix, memory://...")
+    p.add_argument("--all", metavar="PREFIX_URI", dest="all_prefix", default=None,
+                   help="compact every topic under this prefix (a topic is a folder holding _meta/topic.json)")
+    p.add_argument("--max-topics", type=_positive, default=None, metavar="N",
+                   help="compact at most N topics this run: overdue ones first, then the highest dirty ratio "
+                   "(--all, --max-topics and --max-compaction-lag order the topics so; otherwise they run in the "
+                   "order given)")
+    p.add_argument("--parallel", type=_count, default=1, metavar="N",
+                   help="compact N topics at a time (default 1); one topic's failure does not stop the others")
+    p.add_argument("--max-compaction-lag", type=_duration, default=None, metavar="DURATION",
+                   help="a topic whose oldest uncompacted record is older than this is compacted first, "
+                   "whatever its dirty ratio (Kafka's max.compaction.lag.ms)")
     p.add_argument("--metadata", metavar="URI", default=os.environ.get("SHALE_METADATA"),
                    help="where topic metadata lives (default: TOPIC_URI/_meta; env SHALE_METADATA)")
     p.add_argument("--min-compaction-lag", type=_duration, default=0, metavar="DURATION",
@@ -212,32 +233,73 @@ def _run_compact(args: argparse.Namespace, out: TextIO, err: TextIO | None = Non
             close()
 
 
+def _chosen_topics(args: argparse.Namespace) -> list[tuple[str, bool]]:
+    """The topics to compact, in order, each with whether it is overdue (compacted
+    whatever its dirty ratio)."""
+    from compactor.topics import choose, discover_topics
+
+    if args.all_prefix is not None and args.topics:
+        raise InvalidInputError("give topic URIs or --all PREFIX_URI, not both")
+    if args.all_prefix is not None and args.metadata is not None:
+        raise InvalidInputError("--all finds topics by their _meta folders, so it cannot be used with --metadata")
+    uris = discover_topics(args.all_prefix) if args.all_prefix is not None else list(args.topics)
+    if args.all_prefix is None and not uris:
+        raise InvalidInputError("no topic given: name TOPIC_URI(s) or --all PREFIX_URI")
+    if args.all_prefix is None and args.max_compaction_lag is None and args.max_topics is None:
+        return [(u, False) for u in uris]  # the order given
+    chosen = choose(uris, now_ms=int(time.time() * 1000), max_lag_ms=args.max_compaction_lag,
+                    max_topics=args.max_topics, metadata_uri=args.metadata)
+    return [(c.uri, c.overdue) for c in chosen]
+
+
 def _compact_topics(args: argparse.Namespace, config: CompactionConfig, engine: Engine, out: TextIO,
                     err: TextIO) -> int:
     # One engine for all topics: with Spark, one application compacts them all, and each
     # topic is still planned and published on its own.
-    worst = 0
-    show_progress = not args.json and err.isatty()
-    for uri in args.topics:
+    import dataclasses
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    topics = _chosen_topics(args)
+    if not topics:
+        err.write(f"compact: no topics under {args.all_prefix}\n")
+        return 0
+    show_progress = not args.json and err.isatty() and args.parallel == 1
+    lock = threading.Lock()  # whole lines, one topic at a time
+
+    def one(item: tuple[str, bool]) -> int:
+        uri, overdue = item
         start = time.perf_counter()
+        # an overdue topic is compacted whatever its dirty ratio
+        cfg = dataclasses.replace(config, min_dirty_ratio=0.0) if overdue else config
         try:
             progress = _terminal_progress(err, uri) if show_progress else None
-            summary = Compactor(uri, config, metadata_uri=args.metadata, progress=progress, engine=engine).run()
+            summary = Compactor(uri, cfg, metadata_uri=args.metadata, progress=progress, engine=engine).run()
             if show_progress:
                 err.write("\r\x1b[K")
         except ShaleError as e:
             summary = RunSummary(uri, engine=engine.name, error=str(e), exit_code=e.exit_code)
             summary.durations["total"] = time.perf_counter() - start
             summary.finish("error")
-        if args.json:
-            out.write(json.dumps(summary.to_json(), separators=(",", ":")) + "\n")
-        elif summary.status == "error":
-            err.write(f"compact: error: {summary.error}\n")
-        else:
-            out.write(summary.human() + "\n")
-        out.flush()
-        if _SEVERITY.get(summary.exit_code, 3) > _SEVERITY.get(worst, 3):
-            worst = summary.exit_code
+        with lock:
+            if args.json:
+                out.write(json.dumps(summary.to_json(), separators=(",", ":")) + "\n")
+            elif summary.status == "error":
+                err.write(f"compact: error: {summary.error}\n")
+            else:
+                out.write(summary.human() + "\n")
+            out.flush()
+        return summary.exit_code
+
+    if args.parallel > 1 and len(topics) > 1:
+        with ThreadPoolExecutor(max_workers=args.parallel, thread_name_prefix="shale-topic") as pool:
+            codes = list(pool.map(one, topics))
+    else:
+        codes = [one(t) for t in topics]
+    worst = 0
+    for code in codes:
+        if _SEVERITY.get(code, 3) > _SEVERITY.get(worst, 3):
+            worst = code
     return worst
 
 

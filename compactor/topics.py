@@ -1,0 +1,72 @@
+"""Many topics per run: find the topics under a prefix and pick the filthiest first.
+
+A topic is a folder holding ``_meta/topic.json``.  Choosing needs only the two metadata
+documents of each topic, never a footer: the dirty ratio is estimated from ledger sizes
+(bytes of the ledgers above the compaction horizon over those plus the live compacted
+bytes, the horizon's own ledger counted whole), and the age of the oldest uncompacted
+record is the first publish time of the first ledger above the horizon.  Kafka's
+cleaner picks the log with the highest dirty ratio the same way; a topic whose oldest
+uncompacted record is older than ``--max-compaction-lag`` goes first whatever its ratio
+(Kafka's ``max.compaction.lag.ms``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ledger.errors import InvalidURIError, ShaleError
+from ledger.storage import resolve
+from metadata.topic import META_DIR, TOPIC_DOC, TopicMetadata
+
+__all__ = ["TopicChoice", "choose", "discover_topics"]
+
+
+def discover_topics(prefix_uri: str) -> list[str]:
+    """URIs of every topic under ``prefix_uri``, sorted (the listing reads every object
+    name under the prefix once)."""
+    loc = resolve(prefix_uri)
+    marker = f"/{META_DIR}/{TOPIC_DOC}"
+    found = set()
+    for info in loc.store.list(f"{loc.prefix}/" if loc.prefix else ""):
+        rel = loc.relative(info.key)
+        if rel.endswith(marker) and rel != marker.lstrip("/"):
+            found.add(rel[: -len(marker)])
+        elif rel == marker.lstrip("/"):
+            raise InvalidURIError(f"{prefix_uri} is a topic itself, not a prefix of topics")
+    return [f"{loc.uri.rstrip('/')}/{t}" for t in sorted(found)]
+
+
+@dataclass(frozen=True, slots=True)
+class TopicChoice:
+    """One candidate topic and why it is where it is in the order."""
+
+    uri: str
+    dirty_ratio: float
+    oldest_uncompacted_ms: int | None  # first publish time above the horizon; None: nothing new
+    overdue: bool  # older than --max-compaction-lag: compacted whatever its ratio
+    error: str | None = None  # its metadata could not be read (it is still attempted, and fails clearly)
+
+
+def _assess(uri: str, now_ms: int, max_lag_ms: int | None, metadata_uri: str | None) -> TopicChoice:
+    try:
+        meta = TopicMetadata.open(uri, metadata_uri)
+        topic, state = meta.load_topic(), meta.load_compaction()
+    except ShaleError as e:
+        return TopicChoice(uri, 1.0, None, True, str(e))
+    h = state.horizon
+    above = [lg for lg in topic.ledgers if h is None or lg.id > h.ledger]
+    dirty = sum(lg.bytes for lg in above)
+    compacted = sum(p.bytes * (p.live / p.records) for p in state.parts if p.records)
+    ratio = dirty / (dirty + compacted) if dirty else 0.0
+    oldest = min((lg.first_publish for lg in above), default=None)
+    overdue = max_lag_ms is not None and oldest is not None and now_ms - oldest >= max_lag_ms
+    return TopicChoice(uri, ratio, oldest, overdue)
+
+
+def choose(uris: list[str], *, now_ms: int, max_lag_ms: int | None = None, max_topics: int | None = None,
+           metadata_uri: str | None = None) -> list[TopicChoice]:
+    """``uris`` in the order to compact them: overdue topics first (oldest first), then
+    the rest by dirty ratio, highest first; at most ``max_topics``."""
+    choices = [_assess(u, now_ms, max_lag_ms, metadata_uri) for u in uris]
+    choices.sort(key=lambda c: (not c.overdue, c.oldest_uncompacted_ms if c.overdue else 0, -c.dirty_ratio, c.uri))
+    return choices[:max_topics] if max_topics is not None else choices
