@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, TextIO
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TextIO
 
 from compactor.config import (
     DEFAULT_DELETE_RETENTION_MS,
@@ -20,13 +21,25 @@ from compactor.config import (
 from compactor.durations import format_duration, parse_duration
 from compactor.engine import Engine, LocalEngine
 from compactor.job import Compactor
+from compactor.metrics import DEFAULT_JOB
+from compactor.runlog import LOG_FORMATS, event, logging_to
+from compactor.settings import print_config, resolve, source_name, wrap_defaults
 from compactor.spark.options import DEFAULT_SPLIT_BYTES
 from compactor.summary import RunSummary
 from ledger.errors import EXIT_FAILURE, InvalidInputError, ShaleError
 
+if TYPE_CHECKING:
+    from compactor.progress import TopicProgress
+
 __all__ = ["build_compact_parser", "main", "register_subcommands"]
 
 COMPACT_HELP = """\
+environment:
+  every flag can be set by a variable instead: SHALE_ and the flag's name in capitals with
+  underscores (--max-topics: SHALE_MAX_TOPICS, --all: SHALE_ALL); SHALE_TOPICS lists topic
+  URIs; switches take 1/true/yes/on; SHALE_SPARK_CONF holds one KEY=VALUE per line. Flags
+  win. --print-config shows what a run would use.
+
 exit codes:
   0  compacted, nothing to do, or skipped (dirty ratio below --min-dirty-ratio)
   1  unexpected failure
@@ -117,8 +130,8 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-compaction-lag", type=_duration, default=None, metavar="DURATION",
                    help="a topic whose oldest uncompacted record is older than this is compacted first, "
                    "whatever its dirty ratio (Kafka's max.compaction.lag.ms)")
-    p.add_argument("--metadata", metavar="URI", default=os.environ.get("SHALE_METADATA"),
-                   help="where topic metadata lives (default: TOPIC_URI/_meta; env SHALE_METADATA)")
+    p.add_argument("--metadata", metavar="URI", default=None,
+                   help="where topic metadata lives (default: TOPIC_URI/_meta)")
     p.add_argument("--min-compaction-lag", type=_duration, default=0, metavar="DURATION",
                    help="records younger than this wait for a later run (default 0)")
     p.add_argument("--delete-retention", type=_duration, default=DEFAULT_DELETE_RETENTION_MS, metavar="DURATION",
@@ -153,6 +166,18 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
                    "about 44 million keys); when the new keys need more, compact up to where they fit and let "
                    "the next run continue (local engine)")
     p.add_argument("--json", action="store_true", help="print one JSON line per topic instead of a summary")
+    o = p.add_argument_group("operations", "logs, metrics and configuration for scheduled runs")
+    o.add_argument("--log-format", choices=LOG_FORMATS, default="text",
+                   help="text: errors and warnings as one line each (default); json: one JSON object per event "
+                   "on standard error, for log collectors (no progress display)")
+    o.add_argument("--pushgateway", metavar="URL", default=None,
+                   help="push each topic's run metrics to this Prometheus Pushgateway (e.g. http://pushgateway:9091); "
+                   "a failed push is a warning and does not change the exit code")
+    o.add_argument("--pushgateway-job", metavar="NAME", default=DEFAULT_JOB,
+                   help=f"the job label of pushed metrics (default {DEFAULT_JOB})")
+    o.add_argument("--print-config", action="store_true",
+                   help="print the effective settings (flags, SHALE_* variables, defaults) as JSON with secrets "
+                   "masked, and exit")
     s = p.add_argument_group("engine", "where the two passes run (planning and publishing always run here)")
     s.add_argument("--engine", choices=("local", "spark"), default="local",
                    help="local: in this process (default); spark: as Spark jobs (needs pip install 'shale[spark]')")
@@ -166,6 +191,8 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--no-forward-credentials", action="store_true",
                    help="do not send the driver's AWS credential variables to executors with the tasks "
                    "(use when executors have their own identity)")
+    # Last: every flag above also reads SHALE_<FLAG> from the environment (flags win).
+    wrap_defaults(p)
 
 
 def build_compact_parser(prog: str = "compact") -> argparse.ArgumentParser:
@@ -193,15 +220,15 @@ def _config(args: argparse.Namespace) -> CompactionConfig:
 def _engine(args: argparse.Namespace) -> Engine:
     """The engine the flags ask for; Spark flags without ``--engine spark`` are a usage error."""
     if args.engine == "spark" and args.max_map_bytes is not None:
-        raise InvalidInputError("--max-map-bytes applies to the local engine; the Spark engine spreads its key map "
-                                "over the reduce partitions")
-    spark_flags = [name for name, given in (("--spark-master", args.spark_master is not None),
-                                            ("--spark-conf", bool(args.spark_conf)),
-                                            ("--spark-split-size", args.spark_split_size is not None),
-                                            ("--no-forward-credentials", args.no_forward_credentials)) if given]
+        raise InvalidInputError(f"{source_name(args, 'max_map_bytes')} applies to the local engine; the Spark "
+                                "engine spreads its key map over the reduce partitions")
+    spark_flags = [name for name, given in (("spark_master", args.spark_master is not None),
+                                            ("spark_conf", bool(args.spark_conf)),
+                                            ("spark_split_size", args.spark_split_size is not None),
+                                            ("no_forward_credentials", args.no_forward_credentials)) if given]
     if args.engine == "local":
         if spark_flags:
-            raise InvalidInputError(f"{spark_flags[0]} needs --engine spark")
+            raise InvalidInputError(f"{source_name(args, spark_flags[0])} needs --engine spark")
         return LocalEngine()
     from compactor.spark import SparkOptions, require_pyspark
 
@@ -214,15 +241,12 @@ def _engine(args: argparse.Namespace) -> Engine:
     return SparkEngine(options)
 
 
-def _terminal_progress(err: TextIO, uri: str) -> Callable[[str], None]:
-    def show(msg: str) -> None:
-        err.write(f"\r{uri}: {msg}\x1b[K")
-        err.flush()
-    return show
-
-
 def _run_compact(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -> int:
     err = err or sys.stderr
+    settings = resolve(args)
+    if args.print_config:
+        out.write(json.dumps(print_config(settings), indent=2) + "\n")
+        return 0
     config = _config(args)
     engine = _engine(args)
     try:
@@ -254,41 +278,72 @@ def _chosen_topics(args: argparse.Namespace) -> list[tuple[str, bool]]:
 
 def _compact_topics(args: argparse.Namespace, config: CompactionConfig, engine: Engine, out: TextIO,
                     err: TextIO) -> int:
+    with logging_to(err, args.log_format, "compact"):
+        topics = _chosen_topics(args)
+        if not topics:
+            event(logging.WARNING, "run.done", f"no topics under {args.all_prefix}", topics=0, exit_code=0)
+            return 0
+        event(logging.INFO, "run.start", f"compacting {len(topics)} topic(s)", topics=len(topics),
+              engine=engine.name, parallel=args.parallel)
+        show_progress = args.log_format == "text" and err.isatty()
+        if not show_progress:
+            return _compact_each(args, config, engine, topics, out, None)
+        from compactor.progress import TopicProgress
+
+        with TopicProgress(err, len(topics)) as bar:
+            return _compact_each(args, config, engine, topics, out, bar)
+
+
+def _compact_each(args: argparse.Namespace, config: CompactionConfig, engine: Engine,
+                  topics: list[tuple[str, bool]], out: TextIO, bar: TopicProgress | None) -> int:
     # One engine for all topics: with Spark, one application compacts them all, and each
     # topic is still planned and published on its own.
     import dataclasses
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    topics = _chosen_topics(args)
-    if not topics:
-        err.write(f"compact: no topics under {args.all_prefix}\n")
-        return 0
-    show_progress = not args.json and err.isatty() and args.parallel == 1
     lock = threading.Lock()  # whole lines, one topic at a time
+    # summary lines bound for the terminal the progress display is on go above it
+    print_above = bar is not None and out.isatty()
 
     def one(item: tuple[str, bool]) -> int:
         uri, overdue = item
         start = time.perf_counter()
         # an overdue topic is compacted whatever its dirty ratio
         cfg = dataclasses.replace(config, min_dirty_ratio=0.0) if overdue else config
+        shown = bar.start(uri) if bar is not None else None
+
+        def progress(phase: str) -> None:
+            event(logging.INFO, "topic.phase", f"{uri}: {phase}", topic=uri, phase=phase)
+            if shown is not None:
+                shown(phase)
+
+        event(logging.INFO, "topic.start", f"{uri}: start", topic=uri, overdue=overdue)
         try:
-            progress = _terminal_progress(err, uri) if show_progress else None
             summary = Compactor(uri, cfg, metadata_uri=args.metadata, progress=progress, engine=engine).run()
-            if show_progress:
-                err.write("\r\x1b[K")
         except ShaleError as e:
             summary = RunSummary(uri, engine=engine.name, error=str(e), exit_code=e.exit_code)
             summary.durations["total"] = time.perf_counter() - start
             summary.finish("error")
+        finally:
+            if bar is not None:
+                bar.finish(uri)
+        if summary.status == "error":
+            event(logging.ERROR, "topic.error", str(summary.error), topic=uri, exit_code=summary.exit_code)
+        else:
+            event(logging.INFO, "topic.done", f"{uri}: {summary.status}", topic=uri, status=summary.status,
+                  exit_code=summary.exit_code, summary=summary.to_json())
         with lock:
-            if args.json:
-                out.write(json.dumps(summary.to_json(), separators=(",", ":")) + "\n")
-            elif summary.status == "error":
-                err.write(f"compact: error: {summary.error}\n")
-            else:
-                out.write(summary.human() + "\n")
-            out.flush()
+            line = json.dumps(summary.to_json(), separators=(",", ":")) if args.json else (
+                None if summary.status == "error" else summary.human())
+            if line is not None:
+                if print_above and bar is not None:
+                    bar.print(line)
+                else:
+                    out.write(line + "\n")
+                    out.flush()
+        if args.pushgateway:
+            _push(args, summary)
         return summary.exit_code
 
     if args.parallel > 1 and len(topics) > 1:
@@ -300,7 +355,31 @@ def _compact_topics(args: argparse.Namespace, config: CompactionConfig, engine: 
     for code in codes:
         if _SEVERITY.get(code, 3) > _SEVERITY.get(worst, 3):
             worst = code
+    event(logging.INFO, "run.done", f"{len(topics)} topic(s), exit code {worst}", topics=len(topics),
+          exit_code=worst, failed=sum(1 for c in codes if c != 0))
     return worst
+
+
+def _push(args: argparse.Namespace, summary: RunSummary) -> None:
+    """Push the topic's metrics; a failure is a warning, never a different exit code (the
+    run's outcome stands, and the missing push shows as a stale push_time_seconds)."""
+    from compactor.metrics import push_summary
+    from compactor.settings import mask_secrets
+    from compactor.topics import assess
+
+    after = None
+    if summary.status in ("compacted", "nothing-to-do", "skipped"):
+        choice = assess(summary.topic, now_ms=int(time.time() * 1000), metadata_uri=args.metadata)
+        after = None if choice.error else choice.dirty_ratio
+    try:
+        push_summary(args.pushgateway, summary, now_s=time.time(), dirty_ratio_after=after,
+                     job=args.pushgateway_job)
+    except Exception as e:  # any failure to reach the gateway
+        event(logging.WARNING, "metrics.error",
+              f"could not push metrics of {summary.topic} to {mask_secrets(args.pushgateway)}: "
+              f"{type(e).__name__}: {e}", topic=summary.topic)
+    else:
+        event(logging.INFO, "metrics.pushed", f"{summary.topic}: metrics pushed", topic=summary.topic)
 
 
 def _run_gc(args: argparse.Namespace, out: TextIO) -> int:

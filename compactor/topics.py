@@ -18,7 +18,7 @@ from ledger.errors import InvalidURIError, ShaleError
 from ledger.storage import resolve
 from metadata.topic import META_DIR, TOPIC_DOC, TopicMetadata
 
-__all__ = ["TopicChoice", "choose", "discover_topics"]
+__all__ = ["TopicChoice", "assess", "choose", "discover_topics"]
 
 
 def discover_topics(prefix_uri: str) -> list[str]:
@@ -47,7 +47,8 @@ class TopicChoice:
     error: str | None = None  # its metadata could not be read (it is still attempted, and fails clearly)
 
 
-def _assess(uri: str, now_ms: int, max_lag_ms: int | None, metadata_uri: str | None) -> TopicChoice:
+def assess(uri: str, *, now_ms: int, max_lag_ms: int | None = None, metadata_uri: str | None = None) -> TopicChoice:
+    """One topic's dirty ratio and age, from its two metadata documents."""
     try:
         meta = TopicMetadata.open(uri, metadata_uri)
         topic, state = meta.load_topic(), meta.load_compaction()
@@ -67,6 +68,6 @@ def choose(uris: list[str], *, now_ms: int, max_lag_ms: int | None = None, max_t
            metadata_uri: str | None = None) -> list[TopicChoice]:
     """``uris`` in the order to compact them: overdue topics first (oldest first), then
     the rest by dirty ratio, highest first; at most ``max_topics``."""
-    choices = [_assess(u, now_ms, max_lag_ms, metadata_uri) for u in uris]
+    choices = [assess(u, now_ms=now_ms, max_lag_ms=max_lag_ms, metadata_uri=metadata_uri) for u in uris]
     choices.sort(key=lambda c: (not c.overdue, c.oldest_uncompacted_ms if c.overdue else 0, -c.dirty_ratio, c.uri))
     return choices[:max_topics] if max_topics is not None else choices
