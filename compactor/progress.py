@@ -10,9 +10,26 @@ from types import TracebackType
 from typing import TextIO
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    Progress,
+    ProgressColumn,
+    SpinnerColumn,
+    Task,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.text import Text
 
 __all__ = ["TopicProgress"]
+
+
+class _Count(ProgressColumn):
+    """``done/total`` on the topics line; nothing on a topic's own line."""
+
+    def render(self, task: Task) -> Text:
+        return Text(f"{int(task.completed)}/{int(task.total)}" if task.total else "", style="green")
 
 
 class TopicProgress:
@@ -21,7 +38,7 @@ class TopicProgress:
     def __init__(self, stream: TextIO, total: int) -> None:
         self.console = Console(file=stream, stderr=True)
         self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                  MofNCompleteColumn(), TimeElapsedColumn(), console=self.console, transient=True,
+                                  _Count(), TimeElapsedColumn(), console=self.console, transient=True,
                                   redirect_stdout=False, redirect_stderr=False)
         self._overall = self._progress.add_task("topics", total=total)
         self._tasks: dict[str, TaskID] = {}

@@ -1,0 +1,255 @@
+"""Running ``compact`` on a platform: settings from ``SHALE_*`` variables (flags win),
+``--print-config`` with secrets masked, JSON logs, the terminal-only progress display and
+metrics pushed to a real local HTTP endpoint."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from compactor.settings import mask_secrets
+from tests.conftest import ROOT, run_cli
+from tests.test_many_topics import lines, produce
+
+
+def config(r: subprocess.CompletedProcess[str]) -> dict[str, dict[str, object]]:
+    assert r.returncode == 0, r.stderr
+    doc: dict[str, dict[str, object]] = json.loads(r.stdout)["settings"]
+    return doc
+
+
+# ------------------------------------------------------------ settings
+
+def test_variables_set_every_flag_and_flags_win() -> None:
+    env = {"SHALE_ALL": "/data/topics", "SHALE_MAX_TOPICS": "7", "SHALE_PARALLEL": "3", "SHALE_DRY_RUN": "yes",
+           "SHALE_MAX_COMPACTION_LAG": "2h", "SHALE_MAX_MAP_BYTES": "64MiB", "SHALE_LOG_FORMAT": "json",
+           "SHALE_NO_GC": "off", "SHALE_METADATA": ""}
+    got = config(run_cli("--print-config", "--parallel", "2", env=env, script="compact"))
+    assert got["--all"] == {"value": "/data/topics", "source": "env", "variable": "SHALE_ALL"}
+    assert got["--max-topics"]["value"] == 7 and got["--max-topics"]["source"] == "env"
+    assert got["--parallel"] == {"value": 2, "source": "flag", "variable": "SHALE_PARALLEL"}
+    assert got["--dry-run"]["value"] is True
+    assert got["--no-gc"] == {"value": False, "source": "env", "variable": "SHALE_NO_GC"}
+    assert got["--max-compaction-lag"]["value"] == 7_200_000
+    assert got["--max-map-bytes"]["value"] == 64 << 20
+    assert got["--log-format"]["value"] == "json"
+    assert got["--metadata"] == {"value": None, "source": "default", "variable": "SHALE_METADATA"}  # empty = unset
+    assert got["--workers"] == {"value": 0, "source": "default", "variable": "SHALE_WORKERS"}
+    # topic URIs on the command line replace SHALE_ALL (the topic list is one setting)
+    got = config(run_cli("--print-config", "/a", "/b", env=env, script="compact"))
+    assert got["TOPIC_URI"]["value"] == ["/a", "/b"] and got["--all"]["value"] is None
+
+
+def test_a_cronjob_needs_no_arguments(tmp_path: Path) -> None:
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    produce(a, 60)
+    produce(b, 80)
+    r = run_cli(env={"SHALE_TOPICS": f"{a}\n{b}", "SHALE_JSON": "1"}, script="compact")
+    assert r.returncode == 0, r.stderr
+    assert [(x["topic"], x["status"]) for x in lines(r.stdout)] == [(a, "compacted"), (b, "compacted")]
+    # SHALE_ALL finds both; flags win over SHALE_MAX_TOPICS
+    produce(a, 30, first=60)
+    produce(b, 30, first=80)
+    r = run_cli("--max-topics", "1", env={"SHALE_ALL": str(tmp_path), "SHALE_JSON": "true",
+                                                      "SHALE_MAX_TOPICS": "2"}, script="compact")
+    assert r.returncode == 0, r.stderr
+    assert len(lines(r.stdout)) == 1
+
+
+@pytest.mark.parametrize(("env", "named"), [
+    ({"SHALE_PARALLEL": "lots"}, "SHALE_PARALLEL"),
+    ({"SHALE_DRY_RUN": "maybe"}, "SHALE_DRY_RUN"),
+    ({"SHALE_ENGINE": "flink"}, "SHALE_ENGINE"),
+    ({"SHALE_MAX_COMPACTION_LAG": "soon"}, "SHALE_MAX_COMPACTION_LAG"),
+    ({"SHALE_SPARK_CONF": "executor.cores=2"}, "SHALE_SPARK_CONF"),
+    ({"SHALE_SPARK_CONF": "spark.executor.cores=2"}, "SHALE_SPARK_CONF needs --engine spark"),
+    ({"SHALE_LOG_FORMAT": "xml"}, "SHALE_LOG_FORMAT"),
+])
+def test_a_bad_variable_is_a_one_line_usage_error(env: dict[str, str], named: str, tmp_path: Path) -> None:
+    topic = str(tmp_path / "t")
+    produce(topic, 30)
+    r = run_cli(topic, env=env, script="compact")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and named in r.stderr, r.stderr
+    assert not (tmp_path / "t" / "compacted").exists()  # nothing ran
+
+
+def test_print_config_masks_secrets() -> None:
+    env = {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLEKEYID0001", "AWS_SECRET_ACCESS_KEY": "s3cr3t-value-777",
+           "AWS_SESSION_TOKEN": "tok-session-888", "AWS_REGION": "eu-west-1",
+           "SHALE_PUSHGATEWAY": "http://ops:pw-999@gateway:9091/?token=tok-query-555",
+           "SHALE_ENGINE": "spark",
+           "SHALE_SPARK_CONF": "spark.hadoop.fs.s3a.secret.key=sk-conf-666\nspark.executor.cores=2"}
+    r = run_cli("--print-config", "s3://bucket/t", env=env, script="compact")
+    assert r.returncode == 0, r.stderr
+    for secret in ("AKIAEXAMPLEKEYID0001", "s3cr3t-value-777", "tok-session-888", "pw-999", "tok-query-555",
+                   "sk-conf-666"):
+        assert secret not in r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["environment"]["AWS_REGION"] == "eu-west-1"
+    assert doc["environment"]["AWS_SECRET_ACCESS_KEY"] == "****"
+    assert doc["settings"]["--spark-conf"]["value"] == ["spark.hadoop.fs.s3a.secret.key=****",
+                                                        "spark.executor.cores=2"]
+    assert doc["settings"]["--pushgateway"]["value"].startswith("http://ops:****@gateway:9091/")
+    assert mask_secrets("s3://bucket/prefix") == "s3://bucket/prefix"
+
+
+# ------------------------------------------------------------ logs and progress
+
+def test_json_logs_are_one_object_per_event(tmp_path: Path) -> None:
+    good, missing = str(tmp_path / "good"), str(tmp_path / "missing")
+    produce(good, 200)
+    r = run_cli(good, missing, "--log-format", "json", script="compact")
+    assert r.returncode == 2, r.stderr
+    events = [json.loads(x) for x in r.stderr.splitlines()]  # every line is JSON
+    names = [e["event"] for e in events]
+    assert names[0] == "run.start" and names[-1] == "run.done"
+    phases = [e["phase"] for e in events if e["event"] == "topic.phase" and e["topic"] == good]
+    assert phases[0] == "planning" and phases[-1] == "publishing" and any(p.startswith("pass one") for p in phases)
+    done = next(e for e in events if e["event"] == "topic.done")
+    assert done["topic"] == good and done["summary"]["status"] == "compacted" and done["summary"]["keys"] == 17
+    error = next(e for e in events if e["event"] == "topic.error")
+    assert error["topic"] == missing and error["exit_code"] == 2 and error["level"] == "error"
+    assert events[-1]["exit_code"] == 2 and all(e["ts"].endswith("Z") for e in events)
+    assert "compacted to horizon" in r.stdout  # the summary still goes to standard output
+
+
+def _read_pty(fd: int) -> bytes:
+    chunks = []
+    while select.select([fd], [], [], 0.5)[0]:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:  # the other side closed
+            break
+        if not data:
+            break
+        chunks.append(data)
+    return b"".join(chunks)
+
+
+def test_progress_shows_on_a_terminal_only(tmp_path: Path) -> None:
+    topic = str(tmp_path / "t")
+    produce(topic, 3000)
+    exe = Path(sys.executable).parent / "compact"
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([str(exe), topic], stdout=subprocess.PIPE, stderr=slave, cwd=ROOT,
+                            env={**os.environ, "COLUMNS": "120", "TERM": "xterm"})
+    os.close(slave)
+    out, _ = proc.communicate(timeout=120)
+    shown = _read_pty(master).decode("utf-8", "replace")
+    os.close(master)
+    assert proc.returncode == 0
+    assert "\x1b[" in shown and topic in shown and "/1" in shown  # a live display with the topic count
+    assert b"\x1b" not in out and b"compacted to horizon" in out
+    # not a terminal: plain lines only
+    produce(topic, 100, first=3000)
+    r = run_cli(topic, script="compact")
+    assert r.returncode == 0 and "\x1b" not in r.stderr + r.stdout and r.stderr == ""
+
+
+# ------------------------------------------------------------ metrics
+
+class _Gateway(BaseHTTPRequestHandler):
+    received: list[tuple[str, str, str]]
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
+        self.received.append((self.command, self.path, body))
+        self.send_response(200)
+        self.end_headers()
+
+    do_PUT = do_POST
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def gateway() -> Iterator[tuple[str, list[tuple[str, str, str]]]]:
+    received: list[tuple[str, str, str]] = []
+    handler = type("Gateway", (_Gateway,), {"received": received})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", received
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _metrics(body: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(body) for s in fam.samples}
+
+
+def _group(path: str) -> str:
+    # /metrics/job/<job>/topic@base64/<urlsafe base64 of the topic>
+    parts = path.split("/")
+    assert parts[1:4] == ["metrics", "job", "shale_compact"] and parts[4] == "topic@base64"
+    return base64.urlsafe_b64decode(parts[5] + "=" * (-len(parts[5]) % 4)).decode()
+
+
+def test_metrics_reach_a_pushgateway(tmp_path: Path, gateway: tuple[str, list[tuple[str, str, str]]]) -> None:
+    url, received = gateway
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    produce(a, 300)
+    produce(b, 120)
+    r = run_cli(a, b, "--json", "--pushgateway", url, script="compact")
+    assert r.returncode == 0, r.stderr
+    summaries = {x["topic"]: x for x in lines(r.stdout)}
+    assert sorted(_group(p) for _, p, _ in received) == [a, b]
+    for method, path, body in received:
+        assert method == "POST"  # adds to the topic's group: a failed run keeps the last success time
+        topic = _group(path)
+        m, s = _metrics(body), summaries[topic]
+        assert m[("shale_compaction_records_read", ())] == s["records_read"]
+        assert m[("shale_compaction_bytes_written", ())] == s["bytes_written"] > 0
+        assert m[("shale_compaction_keys", ())] == s["keys"] == 17
+        assert m[("shale_compaction_status", (("status", "compacted"),))] == 1
+        assert m[("shale_compaction_status", (("status", "error"),))] == 0
+        assert m[("shale_compaction_exit_code", ())] == 0
+        assert m[("shale_compaction_duration_seconds", (("phase", "total"),))] > 0
+        assert ("shale_compaction_duration_seconds", (("phase", "pass_one"),)) in m
+        assert m[("shale_compaction_dirty_ratio_before", ())] == 1.0
+        assert m[("shale_compaction_dirty_ratio_after", ())] < 0.2
+        assert m[("shale_compaction_last_success_timestamp_seconds", ())] > 1.7e9
+    # a corrupt topic: exit 4, pushed as such, and no new success time
+    received.clear()
+    produce(a, 10, first=300)  # one entry whose records all survive, so pass two reads it
+    victim = sorted((tmp_path / "a" / "ledgers").glob("*.ledger"))[-1]
+    data = bytearray(victim.read_bytes())
+    data[60] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    r = run_cli(a, "--pushgateway", url, script="compact")
+    assert r.returncode == 4
+    [(_, path, body)] = received
+    m = _metrics(body)
+    assert _group(path) == a and m[("shale_compaction_exit_code", ())] == 4
+    assert m[("shale_compaction_status", (("status", "error"),))] == 1
+    assert ("shale_compaction_last_success_timestamp_seconds", ()) not in m
+
+
+def test_an_unreachable_gateway_is_a_warning(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    topic = str(tmp_path / "t")
+    produce(topic, 100)
+    r = run_cli(topic, "--pushgateway", f"http://127.0.0.1:{port}", script="compact")
+    assert r.returncode == 0  # the compaction was published; the push is not its outcome
+    assert r.stderr.count("\n") == 1 and "compact: warning: could not push metrics" in r.stderr
+    assert f"127.0.0.1:{port}" in r.stderr
