@@ -59,7 +59,7 @@ class CompactionConfig:
     collect_garbage: bool = True
     max_part_bytes: int = 256 * 1024 * 1024
     max_map_bytes: int = DEFAULT_MAX_MAP_BYTES
-    reuse_min_bytes: int = 16 * 1024 * 1024
+    reuse_min_bytes: int = 8 * 1024 * 1024
     reuse_min_live: float = 0.5
     read_parallelism: int = 4
     max_read_bytes_per_s: int = 0

@@ -56,7 +56,7 @@ def test_deletion_vector_format() -> None:
 def test_incremental_runs_keep_parts_and_equal_copying_runs(disk_topic_uri: str, tmp_path: Path) -> None:
     """Every run is checked against the same runs on a copy that never keeps parts."""
     uri, ref = disk_topic_uri, str(tmp_path / "ref")
-    copy_all = CompactionConfig(delete_retention_ms=int(2 * HOUR * 1000))  # parts are far below 16 MiB
+    copy_all = CompactionConfig(delete_retention_ms=int(2 * HOUR * 1000))  # parts are far below 8 MiB
 
     def step(seed: int, n: int, hour: int) -> tuple[Any, Any]:
         for u in (uri, ref):
