@@ -98,6 +98,23 @@ def test_rendered_documents_are_valid_kubernetes(overlay: str) -> None:
         kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_kubernetes_validate_command_accepts_the_rendered_overlay(overlay: str, tmp_path: Path) -> None:
+    # The command line a user would run (`kubectl kustomize ... > out.yaml` then this).
+    out = tmp_path / f"{overlay}.yaml"
+    out.write_text(yaml.safe_dump_all(rendered(overlay)))
+    exe = Path(sys.executable).parent / "kubernetes-validate"
+    r = subprocess.run([str(exe), "--strict", "-k", KUBERNETES_VERSION, str(out)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("INFO") == len(rendered(overlay)), r.stdout  # one line per valid document
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(out.read_text().replace("concurrencyPolicy:", "concurrencyPolicyy:"))
+    r = subprocess.run([str(exe), "--strict", "-k", KUBERNETES_VERSION, str(bad)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode != 0 and "concurrencyPolicyy" in r.stdout + r.stderr
+
+
 RAW_FILES = sorted([*(K8S / "base").glob("*.yaml"), K8S / "overlays" / "spark" / "rbac.yaml"])
 
 
