@@ -252,7 +252,15 @@ def _copy_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes, k
     # of every byte and memoryview slices at ~100-byte records)
     p_start = (e_off + FRAME_HEADER.size)[which[partial_rec]] + offs[partial_rec]
     p_size = sizes[partial_rec]
-    gathered = b"".join([buf[a:b] for a, b in zip(p_start.tolist(), (p_start + p_size).tolist(), strict=True)])
+    # Neighbouring survivors of an entry are adjacent in the buffer: one slice per run of
+    # them (survivors crowd together in the newest ledgers).
+    p_end = p_start + p_size
+    if len(p_start):
+        brk = np.flatnonzero(p_start[1:] != p_end[:-1]) + 1
+        run_lo, run_hi = p_start[np.r_[0, brk]], p_end[np.r_[brk - 1, len(p_end) - 1]]
+    else:
+        run_lo = run_hi = p_start
+    gathered = b"".join([buf[a:b] for a, b in zip(run_lo.tolist(), run_hi.tolist(), strict=True)])
     # new record offsets inside rebuilt frames
     new_offs = offs.copy()
     if partial_rec.any():
@@ -285,12 +293,15 @@ def _copy_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes, k
                                     strict=True):
             pieces[2 * i] = head
             pieces[2 * i + 1] = payload
-    ledgers, entries, batches = f.entry_ledgers[sel], f.entry_ids[sel], f.batch_indexes
+    ledgers, entries = f.entry_ledgers[sel], f.entry_ids[sel]
     publish = foot.col("e_publish")[sel]
     cols = {"r_hash_hi": foot.col("r_hash_hi")[rec], "r_hash_lo": foot.col("r_hash_lo")[rec],
             "r_flags": foot.col("r_flags")[rec], "r_offset": new_offs.astype(np.uint32),
             "r_size": sizes.astype(np.uint32)}
-    r_batch, r_since = batches[rec], since[rec]
+    # a record's batch index is its place in its entry, except in compacted ledgers (whose
+    # entries hold survivors of several batches): computed for the kept records only
+    r_batch = foot.col("r_batch")[rec] if foot.kind == KIND_COMPACTED else (rec - r0[which]).astype(np.uint32)
+    r_since = since[rec]
     rb = np.concatenate([[0], np.cumsum(kept)])
     i0 = 0
     while i0 < len(sel):
