@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import mmap
 import os
 import uuid
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ __all__ = ["LocalStore"]
 
 _HIDDEN = ".shale-"
 _TMP = _HIDDEN + "tmp-"  # a write in progress (or left by a killed writer)
+_MAP_MIN_BYTES = 1 << 20  # reads this big are mapped rather than copied
 
 
 def _token(data: bytes) -> str:
@@ -92,6 +94,29 @@ class LocalStore(ObjectStore):
                 return f.read(max(0, end - start))
         except FileNotFoundError:
             raise ObjectNotFoundError(f"{self.url(key)}: no such object") from None
+
+    def get_view(self, key: str, start: int, end: int) -> bytes | memoryview:
+        # Big reads map the file instead of copying it: objects are never changed in
+        # place (writes replace whole files), so a mapping stays valid as long as it is
+        # used, even after the file is deleted.
+        if end - start < _MAP_MIN_BYTES:
+            return self.get_range(key, start, end)
+        try:
+            with open(self._path(key), "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                end = min(end, size)
+                if end - start < _MAP_MIN_BYTES:
+                    f.seek(start)
+                    return f.read(max(0, end - start))
+                at = start - start % mmap.ALLOCATIONGRANULARITY
+                mapped = mmap.mmap(f.fileno(), end - at, access=mmap.ACCESS_READ, offset=at)
+        except FileNotFoundError:
+            raise ObjectNotFoundError(f"{self.url(key)}: no such object") from None
+        if hasattr(mmap, "MADV_POPULATE_READ"):
+            # one call maps every page (the data is read anyway), instead of a fault per page
+            with contextlib.suppress(OSError):
+                mapped.madvise(mmap.MADV_POPULATE_READ)
+        return memoryview(mapped)[start - at:]
 
     def get_tail(self, key: str, length: int) -> tuple[bytes, int]:
         try:

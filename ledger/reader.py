@@ -61,16 +61,17 @@ class LedgerFile:
                 f"{where}: object is ledger {trailer.ledger_id} of kind {trailer.kind}, registered as ledger "
                 f"{ledger_id} of kind {kind}", path=where, position=size - len(tail))
         tail_start = size - len(tail)
+        footer_bytes: bytes | memoryview
         if trailer.footer_offset >= tail_start:
             rel = trailer.footer_offset - tail_start
             footer_bytes = tail[rel:rel + trailer.footer_length]
         else:
-            footer_bytes = store.get_range(key, trailer.footer_offset,
-                                           trailer.footer_offset + trailer.footer_length)
+            footer_bytes = store.get_view(key, trailer.footer_offset,
+                                          trailer.footer_offset + trailer.footer_length)
             if len(footer_bytes) != trailer.footer_length:
                 raise CorruptLedgerError(f"{where}: truncated footer at byte {trailer.footer_offset}",
                                          path=where, position=trailer.footer_offset)
-        footer = decode_footer(bytes(footer_bytes), trailer, where)
+        footer = decode_footer(footer_bytes, trailer, where)
         fetched = len(tail) + (0 if trailer.footer_offset >= tail_start else trailer.footer_length)
         f = cls(store, key, footer, size, fetched)
         if tail_start == 0:

@@ -89,6 +89,12 @@ class ObjectStore(ABC):
     def get_range(self, key: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of the object (shorter only at the object's end)."""
 
+    def get_view(self, key: str, start: int, end: int) -> bytes | memoryview:
+        """Bytes ``[start, end)`` as :meth:`get_range` returns them, or a read-only view
+        sharing memory with the backend (a mapped file) where that saves copying a big
+        read."""
+        return self.get_range(key, start, end)
+
     def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         """Several ranges of one object; backends may fetch them in parallel."""
         return [self.get_range(key, s, e) for s, e in ranges]

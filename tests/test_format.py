@@ -781,3 +781,84 @@ def test_object_shrinking_after_open_is_reported_as_truncated(topic_uri: str) ->
         list(f.messages())
     msg = str(info.value)
     assert loc.store.url(key) in msg and "truncated" in msg and f"object ends at {off + 5}" in msg
+
+
+# ------------------------------------------------------------------- footer decoding fast path
+
+def _refooter(data: bytes, change: dict[str, np.ndarray], framing: bytes | None = None) -> bytes:
+    """``data`` with its footer re-encoded the way the writer frames it, some columns
+    replaced (and, with ``framing``, its first bytes replaced too)."""
+    from ledger.format import Trailer, decode_footer, encode_footer, encode_trailer
+    t = decode_trailer(data, len(data), "x")
+    foot = decode_footer(data[t.footer_offset:t.footer_offset + t.footer_length], t, "x")
+    cols = {**foot.cols, **change}
+    footer = b"".join(encode_footer(t.kind, foot.e_rec_start, cols, foot.meta))
+    if framing is not None:
+        footer = framing + footer[len(framing):]
+    trailer = encode_trailer(Trailer(t.footer_offset, len(footer), t.ledger_id, t.created_ms, checksum(footer),
+                                     FORMAT_VERSION, t.kind))
+    return data[:t.footer_offset] + footer + trailer
+
+
+def test_footer_columns_are_views_of_the_footer_and_equal_a_msgpack_decode() -> None:
+    """The writer's framing is split without copying the columns; any msgpack reader
+    gets the same arrays."""
+    from ledger.format import _split_footer, decode_footer
+    data = build(entries_of(40, 25))
+    t = decode_trailer(data, len(data), "x")
+    raw = data[t.footer_offset:t.footer_offset + t.footer_length]
+    assert _split_footer(memoryview(raw)) is not None
+    foot = decode_footer(raw, t, "x")
+    doc = msgpack.unpackb(raw, raw=False)
+    assert doc["n_entries"] == foot.n_entries == 40 and doc["meta"] == foot.meta == {"note": "test"}
+    whole = np.frombuffer(raw, dtype=np.uint8)
+    for name, arr in foot.cols.items():
+        assert arr.tobytes() == doc["cols"][name], name
+        assert np.shares_memory(arr, whole), f"{name} was copied"
+
+
+@pytest.mark.parametrize("framing,needle", [
+    (b"\x83\xa9n_entries\x28\xa4cols\x89\xabe_rec_start\xc6\x7f\xff\xff\xff", "undecodable"),  # bin past the end
+    (b"\x83\xa9n_entries\x28\xa4cols\x89\xabe_rec_stert", "e_rec_start missing"),  # renamed column
+    (b"\x83\xa9n_entries\x29", "wrong shape"),  # one entry too many
+])
+def test_hostile_footers_in_the_writers_framing(framing: bytes, needle: str) -> None:
+    data = _refooter(build(entries_of(40, 25)), {}, framing)
+    loc = mem()
+    loc.store.put(loc.key("l"), data)
+    with pytest.raises(CorruptLedgerError, match=needle):
+        LedgerFile.open(loc.store, loc.key("l"))
+
+
+def test_record_offsets_that_wrap_around_32_bits_are_refused() -> None:
+    """Sizes of 2**32 - 10, 20 and 5 bytes: the offsets agree with the sizes modulo 2**32
+    and the last record ends at the payload's end, yet the records overrun the entry."""
+    data = build([[Record(b"a", b"x" * 5, {}, 1), Record(b"b", b"y" * 5, {}, 1), Record(b"c", b"z" * 5, {}, 1)]])
+    loc = mem()
+    _, _, f = put_open(loc, data)
+    size = f.footer.col("r_size").copy()
+    end = int(f.footer.col("r_offset")[2]) + int(size[2])  # the payload's length
+    size[:] = [(1 << 32) - 10, 20, end - 10]
+    offset = np.array([0, (1 << 32) - 10, 10], dtype="<u4")
+    bad = _refooter(data, {"r_size": size, "r_offset": offset})
+    loc.store.put(loc.key("w"), bad)
+    with pytest.raises(CorruptLedgerError, match="record offsets do not follow record sizes"):
+        LedgerFile.open(loc.store, loc.key("w"))
+
+
+def test_local_big_reads_are_mapped_and_outlive_the_file(tmp_path: object) -> None:
+    """A big read of a local object is a view of the mapped file, equal to a copying read,
+    and stays readable after the object is deleted (gc while a run still reads it)."""
+    loc = resolve(str(tmp_path))
+    key = loc.key("big.ledger")
+    data = bytes(range(256)) * 12_000  # 3 MB
+    loc.store.put(key, data)
+    view = loc.store.get_view(key, 70_000, len(data) + 10)
+    assert isinstance(view, memoryview) and view.readonly
+    assert view == loc.store.get_range(key, 70_000, len(data))
+    small = loc.store.get_view(key, 5, 4000)
+    assert isinstance(small, bytes) and small == data[5:4000]
+    loc.store.delete(key)
+    assert bytes(view[-256:]) == bytes(range(256))
+    with pytest.raises(FileNotFoundError):
+        loc.store.get_view(key, 0, len(data))
