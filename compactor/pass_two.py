@@ -204,14 +204,14 @@ def _copy_slice(s: Slice, keep: np.ndarray, since: np.ndarray, sink: _PartSink, 
         if len(sel):
             spans.append(sel)  # read only the span of entries that hold survivors
 
-    def fetch(sel: np.ndarray) -> tuple[int, bytes]:
+    def fetch(sel: np.ndarray) -> tuple[int, bytes | memoryview]:
         got = f.read_frames(int(sel[0]), int(sel[-1]) + 1)
         reads(len(got[1]))
         return got
 
     # Several ranged reads in flight (object stores answer each with latency, not
     # bandwidth), at most read_parallelism chunks ahead of the copy.
-    ahead: deque[Future[tuple[int, bytes]]] = deque()
+    ahead: deque[Future[tuple[int, bytes | memoryview]]] = deque()
     nxt = 0
     for sel in spans:
         while nxt < len(spans) and len(ahead) < config.read_parallelism:
@@ -230,7 +230,7 @@ def _copy_slice(s: Slice, keep: np.ndarray, since: np.ndarray, sink: _PartSink, 
             last_beat = time.monotonic()
 
 
-def _copy_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes, keep: npt.NDArray[np.bool_],
+def _copy_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes | memoryview, keep: npt.NDArray[np.bool_],
                   since: npt.NDArray[np.int64], sink: _PartSink) -> None:
     """Copy the kept records of entries ``sel`` (all checked, all in ``buf`` read from
     ``base``) in one batch: whole frames where every record survives, otherwise new

@@ -78,7 +78,7 @@ class LedgerFile:
             f._check_header(tail)
         return f
 
-    def _check_header(self, data: bytes) -> None:
+    def _check_header(self, data: bytes | memoryview) -> None:
         header = decode_header(data[:HEADER_SIZE], self.url)
         if header.ledger_id != self.footer.ledger_id or header.kind != self.footer.kind:
             raise CorruptLedgerError(f"{self.url}: header and trailer disagree", path=self.url, position=0)
@@ -142,19 +142,20 @@ class LedgerFile:
         start, stop = int(self.footer.e_rec_start[e]), int(self.footer.e_rec_start[e + 1])
         return start + int(np.searchsorted(self.batch_indexes[start:stop], np.uint32(mid.batch), side="left"))
 
-    def read_frames(self, first: int, stop: int) -> tuple[int, bytes]:
-        """Raw bytes of entries ``first..stop-1`` in one ranged read, with their start offset."""
+    def read_frames(self, first: int, stop: int) -> tuple[int, bytes | memoryview]:
+        """Raw bytes of entries ``first..stop-1`` in one ranged read, with their start
+        offset (a view of a mapped file for big local reads)."""
         offs, lens = self.footer.col("e_offset"), self.footer.col("e_length")
         start = int(offs[first])
         end = int(offs[stop - 1]) + int(lens[stop - 1])
         if first == 0 and not self._header_checked:
             # Objects too big for the tail read get their header checked with the first
             # entries, in the same request.
-            raw = self.store.get_range(self.key, 0, end)
-            self._check_header(raw)
+            raw = self.store.get_view(self.key, 0, end)
+            self._check_header(raw[:HEADER_SIZE])
             data = raw[start:]
         else:
-            data = self.store.get_range(self.key, start, end)
+            data = self.store.get_view(self.key, start, end)
         if len(data) != end - start:
             raise CorruptLedgerError(
                 f"{self.url}: truncated: entries {first}..{stop - 1} need bytes {start}..{end}, "
@@ -180,7 +181,7 @@ class LedgerFile:
                 path=self.url, position=offset)
         return payload
 
-    def check_frames(self, buf: bytes, base: int, first: int, stop: int) -> None:
+    def check_frames(self, buf: bytes | memoryview, base: int, first: int, stop: int) -> None:
         """Check the frames of entries ``first..stop-1`` inside ``buf`` (read from
         ``base``) all at once; the first bad one raises as :meth:`frame_payload` would."""
         if stop <= first:
