@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from compactor.rules import latest_of_each_key
+from ledger.kernels import KeyTable, new_key_table
 
 __all__ = ["KEY_BYTES", "KeyMap", "KeyMapBuilder"]
 
@@ -110,13 +111,17 @@ class KeyMap:
 class KeyMapBuilder:
     """Collects the latest position of each key, chunk by chunk, in position order.
 
-    The merged map is kept sorted by hash.  New chunks (records in position order, a key
-    possibly several times) wait until they outnumber the map a few times over, then
-    merge into it with one sort; what waits counts against the capacity like the map,
-    so map and waiting records together never exceed it."""
+    With the C kernels every record goes straight into one hash table
+    (:func:`ledger.kernels.new_key_table`), read out sorted at the end.  Without them
+    (or when keys crafted to share their top hash bits crowd that table) the merged map
+    is kept sorted by hash and new chunks (records in position order, a key possibly
+    several times) wait until they outnumber the map a few times over, then merge into
+    it with one sort; what waits counts against the capacity like the map, so map and
+    waiting records together never exceed it."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = max(1, capacity)
+        self._table: KeyTable | None = new_key_table()
         empty = np.empty(0, dtype=np.uint64)
         self._map: tuple[U64, U64, I64] = (empty, empty.copy(), np.empty(0, dtype=np.int64))
         self._hi: list[U64] = []
@@ -126,27 +131,56 @@ class KeyMapBuilder:
 
     @property
     def upper_bound(self) -> int:
-        """Distinct keys at most (exact right after a merge)."""
-        return len(self._map[0]) + self._pending
+        """Distinct keys at most (exact right after a merge, and always with the table)."""
+        in_table = len(self._table) if self._table is not None else 0
+        return in_table + len(self._map[0]) + self._pending
 
     def fits(self, hi: U64, lo: U64) -> bool:
         """Whether adding these keys keeps the map within capacity (merging if needed)."""
         if self.upper_bound + len(hi) <= self.capacity:
             return True
+        if self._table is not None:
+            new = np.frombuffer(self._table.contains(hi, lo), dtype=np.bool_) == 0
+            return len(self._table) + len(latest_of_each_key(hi[new], lo[new])) <= self.capacity
         self.merge()
         if self.upper_bound + len(hi) <= self.capacity:
             return True
         return self._distinct_with(hi, lo) <= self.capacity
 
-    def add(self, hi: U64, lo: U64, pos: I64) -> None:
+    def add(self, hi: U64, lo: U64, pos: I64 | None = None, *, first: int = 0, part_shift: int = 64,
+            part: int = 0) -> None:
         """Add one chunk of records, in position order, every position after those of
-        earlier chunks (a key may appear several times)."""
+        earlier chunks (a key may appear several times).  ``pos`` is the records'
+        positions, or ``None`` for ``first, first + 1, ...``.  With ``part_shift`` < 64
+        only the records whose ``hi >> part_shift`` is ``part`` are added (one thread's
+        share of the hash range)."""
+        if self._table is not None:
+            taken = self._table.add(hi, lo, pos, first, part_shift, part)
+            if taken == len(hi):
+                return
+            # crafted keys crowd the table: go on merging sorted runs, from what it holds
+            self._map = self._read_table()
+            hi, lo = hi[taken:], lo[taken:]
+            pos, first = (pos[taken:], 0) if pos is not None else (None, first + taken)
+        if pos is None:
+            pos = np.arange(first, first + len(hi), dtype=np.int64)
+        if part_shift < 64:
+            mine = (hi >> np.uint64(part_shift)) == part
+            hi, lo, pos = hi[mine], lo[mine], pos[mine]
         self._hi.append(hi)
         self._lo.append(lo)
         self._pos.append(pos)
         self._pending += len(hi)
         if self._pending > max(_MERGE_FACTOR * len(self._map[0]), _MIN_MERGE):
             self.merge()
+
+    def _read_table(self) -> tuple[U64, U64, I64]:
+        table, self._table = self._table, None
+        if table is None:
+            return self._map
+        hi, lo, pos = table.finish()
+        return (np.frombuffer(hi, dtype=np.uint64), np.frombuffer(lo, dtype=np.uint64),
+                np.frombuffer(pos, dtype=np.int64))
 
     def _distinct_with(self, hi: U64, lo: U64) -> int:
         all_hi = np.concatenate([self._map[0], *self._hi, hi])
@@ -169,6 +203,9 @@ class KeyMapBuilder:
     def finish(self) -> tuple[U64, U64, I64]:
         """The merged keys, sorted by hash, and their latest positions; the builder is
         left empty."""
+        if self._table is not None:
+            self._map = self._read_table()
+            self._table = new_key_table()
         self.merge()
         out = self._map
         empty = np.empty(0, dtype=np.uint64)

@@ -89,17 +89,18 @@ def _slice_keys(s: Slice, base: int, stop: int | None = None) -> tuple[npt.NDArr
 
 
 def _slice_records(s: Slice, base: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64],
-                                                  npt.NDArray[np.int64]]:
-    """Every keyed record of ``s``, in position order (hashes are views of the footer
-    when every record has a key)."""
+                                                  npt.NDArray[np.int64] | None, int]:
+    """Every keyed record of ``s``, in position order, as ``(hi, lo, pos, first)``: when
+    every record has a key the hashes are views of the footer and ``pos`` is ``None``
+    (the positions are ``first, first + 1, ...``)."""
     foot = s.file.footer
     hi = foot.col("r_hash_hi")[s.start:s.stop]
     lo = foot.col("r_hash_lo")[s.start:s.stop]
     keyed_mask = (foot.col("r_flags")[s.start:s.stop] & FLAG_HAS_KEY) != 0
     if keyed_mask.all():
-        return hi, lo, np.arange(base, base + s.records, dtype=np.int64)
+        return hi, lo, None, base
     keyed = np.flatnonzero(keyed_mask)
-    return hi[keyed], lo[keyed], (base + keyed).astype(np.int64)
+    return hi[keyed], lo[keyed], (base + keyed).astype(np.int64), 0
 
 
 def _fit_prefix(builder: KeyMapBuilder, s: Slice, base: int, must_progress: bool) -> int:
@@ -128,15 +129,14 @@ def _build_in_threads(plan: Plan, capacity: int, base: int, threads: int) -> Key
     of one range of hash values (NumPy's sorts and gathers run without the interpreter
     lock, so the threads share the CPUs).  Only for runs whose records fit the map even
     before duplicates are removed: no partial cleaning to decide."""
-    shift = np.uint64(64 - (threads - 1).bit_length())
+    shift = 64 - (threads - 1).bit_length()
 
     def build(t: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
         builder = KeyMapBuilder(capacity)
         at = base
         for s in plan.new:
-            hi, lo, pos = _slice_records(s, at)
-            mine = (hi >> shift) == t
-            builder.add(hi[mine], lo[mine], pos[mine])
+            hi, lo, pos, first = _slice_records(s, at)
+            builder.add(hi, lo, pos, first=first, part_shift=shift, part=t)
             at += s.records
         return builder.finish()
 
@@ -158,9 +158,9 @@ def _build_map(plan: Plan, config: CompactionConfig) -> tuple[Plan, KeyMap, int]
     for i, s in enumerate(plan.new):
         # Whole records go in, not one per key: the builder dedups many slices in one
         # sort, which beats a sort per slice followed by merges.
-        hi, lo, pos = _slice_records(s, base)
+        hi, lo, pos, first = _slice_records(s, base)
         if builder.fits(hi, lo):
-            builder.add(hi, lo, pos)
+            builder.add(hi, lo, pos, first=first)
             base += s.records
             continue
         stop = _fit_prefix(builder, s, base, must_progress=i == 0)

@@ -23,8 +23,9 @@ from compactor.pass_one import Survivors
 from compactor.plan import Plan, Slice
 from compactor.throttle import Throttle, ThrottledWriter
 from ledger.deletions import encode_deletions
-from ledger.format import FRAME_HEADER, KIND_COMPACTED, checksum
+from ledger.format import FRAME_HEADER, KIND_COMPACTED
 from ledger.ids import MessageId
+from ledger.kernels import crc32c_ranges, gather_ranges
 from ledger.reader import LedgerFile
 from ledger.storage import Location, ObjectWriter
 from ledger.writer import LedgerWriter
@@ -234,7 +235,7 @@ def _copy_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes | 
                   since: npt.NDArray[np.int64], sink: _PartSink) -> None:
     """Copy the kept records of entries ``sel`` (all checked, all in ``buf`` read from
     ``base``) in one batch: whole frames where every record survives, otherwise new
-    frames of the surviving records' bytes, joined from views of ``buf``."""
+    frames of the surviving records' bytes (see :func:`_frames_blob`)."""
     foot = f.footer
     rec_start = foot.e_rec_start.astype(np.int64)
     e_off = foot.col("e_offset")[sel].astype(np.int64) - base
@@ -248,19 +249,19 @@ def _copy_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes | 
     sizes = foot.col("r_size")[rec].astype(np.int64)
     offs = foot.col("r_offset")[rec].astype(np.int64)
     partial_rec = ~whole[which]
-    # surviving bytes of partial entries, in order (slicing bytes beats a NumPy gather
-    # of every byte and memoryview slices at ~100-byte records)
+    # surviving bytes of partial entries, in order
     p_start = (e_off + FRAME_HEADER.size)[which[partial_rec]] + offs[partial_rec]
     p_size = sizes[partial_rec]
     # Neighbouring survivors of an entry are adjacent in the buffer: one slice per run of
     # them (survivors crowd together in the newest ledgers).
+    # (a frame header always lies between two entries, so runs never span entries).
     p_end = p_start + p_size
     if len(p_start):
         brk = np.flatnonzero(p_start[1:] != p_end[:-1]) + 1
         run_lo, run_hi = p_start[np.r_[0, brk]], p_end[np.r_[brk - 1, len(p_end) - 1]]
+        run_entry = which[partial_rec][np.r_[0, brk]]
     else:
-        run_lo = run_hi = p_start
-    gathered = b"".join([buf[a:b] for a, b in zip(run_lo.tolist(), run_hi.tolist(), strict=True)])
+        run_lo = run_hi = run_entry = p_start
     # new record offsets inside rebuilt frames
     new_offs = offs.copy()
     if partial_rec.any():
@@ -270,29 +271,8 @@ def _copy_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes | 
         new_offs[partial_rec] = ends - p_size - run_base
     p_len = np.bincount(which[partial_rec], weights=p_size, minlength=len(sel)).astype(np.int64)
     lengths = np.where(whole, e_len, FRAME_HEADER.size + p_len)
-    # Two pieces per entry: a whole frame as read (and nothing), or a new frame header
-    # and the entry's surviving bytes.
-    pieces: list[bytes | memoryview] = [b""] * (2 * len(sel))
-    view = memoryview(buf)
-    w_idx = np.flatnonzero(whole)
-    for i, frame in zip(w_idx.tolist(), map(view.__getitem__, map(slice, e_off[w_idx].tolist(),
-                                                                   (e_off + e_len)[w_idx].tolist())), strict=True):
-        pieces[2 * i] = frame
-    p_idx = np.flatnonzero(~whole)
-    if len(p_idx):
-        g_end = np.cumsum(p_len[p_idx])
-        payloads = [gathered[a:b] for a, b in zip((g_end - p_len[p_idx]).tolist(), g_end.tolist(),
-                                                             strict=True)]
-        heads = np.empty((len(p_idx), 3), dtype="<u4")
-        heads[:, 0] = p_len[p_idx]
-        heads[:, 1] = np.fromiter(map(checksum, payloads), dtype=np.uint32, count=len(payloads))
-        heads[:, 2] = kept[p_idx]
-        hb = heads.tobytes()
-        step = FRAME_HEADER.size
-        for i, head, payload in zip(p_idx.tolist(), [hb[j:j + step] for j in range(0, len(hb), step)], payloads,
-                                    strict=True):
-            pieces[2 * i] = head
-            pieces[2 * i + 1] = payload
+    blob = _frames_blob(buf, e_off, e_len, whole, run_lo, run_hi, run_entry, lengths, p_len, kept)
+    frame_at = np.concatenate([[0], np.cumsum(lengths)])
     ledgers, entries = f.entry_ledgers[sel], f.entry_ids[sel]
     publish = foot.col("e_publish")[sel]
     cols = {"r_hash_hi": foot.col("r_hash_hi")[rec], "r_hash_lo": foot.col("r_hash_lo")[rec],
@@ -310,9 +290,44 @@ def _copy_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes | 
         room = sink.max_part_bytes - w.estimated_size
         i1 = i0 + max(1, int(np.searchsorted(np.cumsum(lengths[i0:]), room, side="right")))
         a, b = int(rb[i0]), int(rb[i1])
-        w.add_frames(b"".join(pieces[2 * i0:2 * i1]), lengths[i0:i1], kept[i0:i1].astype(np.int64), publish[i0:i1],
-                     {k: v[a:b] for k, v in cols.items()}, ledgers=ledgers[i0:i1], entry_ids=entries[i0:i1],
-                     batch=r_batch[a:b], delete_since=r_since[a:b])
+        w.add_frames(blob[int(frame_at[i0]):int(frame_at[i1])], lengths[i0:i1], kept[i0:i1].astype(np.int64),
+                     publish[i0:i1], {k: v[a:b] for k, v in cols.items()}, ledgers=ledgers[i0:i1],
+                     entry_ids=entries[i0:i1], batch=r_batch[a:b], delete_since=r_since[a:b])
         sink.note_ids(MessageId(int(ledgers[i0]), int(entries[i0]), int(r_batch[a])),
                       MessageId(int(ledgers[i1 - 1]), int(entries[i1 - 1]), int(r_batch[b - 1])))
         i0 = i1
+
+
+def _frames_blob(buf: bytes | memoryview, e_off: npt.NDArray[np.int64], e_len: npt.NDArray[np.int64],
+                 whole: npt.NDArray[np.bool_], run_lo: npt.NDArray[np.int64], run_hi: npt.NDArray[np.int64],
+                 run_entry: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64], p_len: npt.NDArray[np.int64],
+                 kept: npt.NDArray[np.int64]) -> memoryview:
+    """The output frames of a batch of entries, back to back: a whole entry's frame as
+    read, or a new header and the runs of surviving bytes of a partly kept one.
+
+    Everything is gathered from ``buf`` in one pass (a rebuilt frame's header is first
+    copied from the old one, as a placeholder), then the rebuilt frames' checksums are
+    taken over their new payloads and their headers written in place."""
+    n = len(e_off)
+    runs_per_entry = np.bincount(run_entry, minlength=n)
+    count = np.where(whole, 1, 1 + runs_per_entry)  # ranges each entry contributes
+    first_slot = np.cumsum(count) - count
+    starts = np.empty(int(count.sum()), dtype=np.int64)
+    ends = np.empty_like(starts)
+    starts[first_slot] = e_off  # a whole frame, or the old header standing in for the new one
+    ends[first_slot] = np.where(whole, e_off + e_len, e_off + FRAME_HEADER.size)
+    if len(run_entry):
+        rank = np.arange(len(run_entry)) - np.searchsorted(run_entry, run_entry, side="left")
+        slot = first_slot[run_entry] + 1 + rank
+        starts[slot], ends[slot] = run_lo, run_hi
+    blob = gather_ranges(buf, starts, ends)
+    rebuilt = np.flatnonzero(~whole)
+    if len(rebuilt):
+        at = (np.cumsum(lengths) - lengths)[rebuilt]
+        heads = np.empty((len(rebuilt), 3), dtype="<u4")
+        heads[:, 0] = p_len[rebuilt]
+        heads[:, 1] = crc32c_ranges(blob, at + FRAME_HEADER.size, at + lengths[rebuilt])
+        heads[:, 2] = kept[rebuilt]
+        out = np.frombuffer(blob, dtype=np.uint8)
+        out[at[:, None] + np.arange(FRAME_HEADER.size)] = heads.view(np.uint8).reshape(-1, FRAME_HEADER.size)
+    return memoryview(blob)

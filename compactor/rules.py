@@ -6,13 +6,27 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["latest_of_each_key", "tombstone_fate"]
+from ledger.kernels import latest_positions
+
+__all__ = ["latest_by_sorting", "latest_of_each_key", "tombstone_fate"]
 
 
 def latest_of_each_key(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> npt.NDArray[np.intp]:
     """Indexes of the last occurrence of every distinct 128-bit hash ``(hi, lo)``, in
     hash order (by ``hi``, then ``lo``).  Both engines decide "latest" with this one
     function.
+
+    With the C kernels (:mod:`ledger.kernels`) each record goes once into a hash table
+    homed on the top bits of ``hi``, so reading the table out gives the keys nearly in
+    hash order; without them, or for keys crafted to crowd that table, the records are
+    sorted (:func:`latest_by_sorting`).
+    """
+    got = latest_positions(hi, lo)
+    return got if got is not None else latest_by_sorting(hi, lo)
+
+
+def latest_by_sorting(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> npt.NDArray[np.intp]:
+    """:func:`latest_of_each_key` by sorting, in NumPy alone.
 
     Each record's index is packed into the low bits of its high hash and the packed
     words are sorted with NumPy's plain (vectorised) sort, several times faster than an

@@ -19,6 +19,7 @@ from ledger.format import (
     decode_trailer,
 )
 from ledger.ids import MessageId
+from ledger.kernels import crc32c_ranges
 from ledger.record import DEFAULT_MAX_RECORD_BYTES, Message, decode_records
 from ledger.storage import ObjectStore
 
@@ -189,14 +190,14 @@ class LedgerFile:
         foot = self.footer
         offs = foot.col("e_offset")[first:stop].astype(np.int64) - base
         lens = foot.col("e_length")[first:stop].astype(np.int64)
+        if int(offs[0]) < 0 or int(offs[-1] + lens[-1]) > len(buf):
+            raise CorruptLedgerError(f"{self.url}: entries {first}..{stop - 1} lie outside the bytes read",
+                                     path=self.url, position=base)
         data = np.frombuffer(buf, dtype=np.uint8)
         head = data[offs[:, None] + np.arange(FRAME_HEADER.size)].view("<u4")  # (entries, 3)
         counts = np.diff(foot.e_rec_start[first:stop + 1])
         ok = (head[:, 0] == lens - FRAME_HEADER.size) & (head[:, 2] == counts)
-        view = memoryview(buf)
-        crcs = np.fromiter(map(checksum, map(view.__getitem__, map(
-            slice, (offs + FRAME_HEADER.size).tolist(), (offs + lens).tolist()))), dtype=np.uint32, count=len(offs))
-        ok &= crcs == head[:, 1]
+        ok &= crc32c_ranges(buf, offs + FRAME_HEADER.size, offs + lens) == head[:, 1]
         if not ok.all():
             bad = first + int(np.argmin(ok))
             self.frame_payload(buf, base, bad)  # raises, naming the entry and what is wrong

@@ -161,8 +161,8 @@ class LedgerWriter:
                    "r_offset": entry.r_offset, "r_size": entry.r_size},
                   ledger, entry_id, batch, delete_since)
 
-    def add_frames(self, blob: bytes | bytearray, lengths: npt.NDArray[np.int64], counts: npt.NDArray[np.int64],
-                   publish: npt.NDArray[Any], records: dict[str, npt.NDArray[Any]], *,
+    def add_frames(self, blob: bytes | bytearray | memoryview, lengths: npt.NDArray[np.int64],
+                   counts: npt.NDArray[np.int64], publish: npt.NDArray[Any], records: dict[str, npt.NDArray[Any]], *,
                    ledgers: npt.NDArray[Any] | None = None, entry_ids: npt.NDArray[Any] | None = None,
                    batch: npt.NDArray[np.uint32] | None = None,
                    delete_since: npt.NDArray[np.int64] | None = None) -> None:

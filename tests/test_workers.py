@@ -169,7 +169,8 @@ def test_threaded_map_equals_one_builder(threads: int, tmp_path: Path, monkeypat
     b = KeyMapBuilder(10**6)
     at = 0
     for s in plan.new:
-        b.add(*pass_one_module._slice_records(s, at))
+        hi, lo, pos, first = pass_one_module._slice_records(s, at)
+        b.add(hi, lo, pos, first=first)
         at += s.records
     want = b.build()
     assert len(want) == 2_500

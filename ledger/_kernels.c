@@ -1,0 +1,746 @@
+/*
+ * Shale's hot loops in C: CRC32C over many ranges of one buffer, gathering many ranges
+ * of one buffer into one, and "the latest record of every 128-bit key hash".
+ *
+ * Each of them is a loop NumPy can only express with a Python-level step per element
+ * (a memoryview per frame, a slice per survivor) or with random gathers over the whole
+ * input.  All three take and return plain buffers (no NumPy C API, so nothing but a C
+ * compiler and Python's headers is needed to build them) and run without the
+ * interpreter lock.  `ledger/kernels.py` wraps them and falls back to NumPy when this
+ * module was not built; both give the same results, which the tests check.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define SHALE_X86_CRC 1
+#include <nmmintrin.h>
+#endif
+
+/* Footer columns are views of an object's bytes and need not be 8-byte aligned. */
+static inline uint64_t ld64(const uint64_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* CRC32C (Castagnoli, reflected polynomial 0x82F63B78)                                  */
+
+#define POLY 0x82F63B78u
+#define SHORT_BLOCK 256
+#define LONG_BLOCK 8192
+
+static uint32_t crc_table[8][256];  /* slice-by-8 software tables */
+/* shift_*[k][b]: the register after running it through SHORT/LONG zero bytes, for the
+ * register holding byte b in position k (the operation is linear, so four lookups give
+ * the shift of any register). */
+static uint32_t shift_short[4][256];
+static uint32_t shift_long[4][256];
+static int have_hw_crc = 0;
+
+static uint32_t crc_sw(uint32_t reg, const uint8_t *p, size_t n) {
+    while (n && ((uintptr_t)p & 7)) {
+        reg = crc_table[0][(reg ^ *p++) & 0xff] ^ (reg >> 8);
+        n--;
+    }
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        w ^= reg;
+        reg = crc_table[7][w & 0xff] ^ crc_table[6][(w >> 8) & 0xff] ^ crc_table[5][(w >> 16) & 0xff] ^
+              crc_table[4][(w >> 24) & 0xff] ^ crc_table[3][(w >> 32) & 0xff] ^ crc_table[2][(w >> 40) & 0xff] ^
+              crc_table[1][(w >> 48) & 0xff] ^ crc_table[0][w >> 56];
+        p += 8;
+        n -= 8;
+    }
+    while (n--) reg = crc_table[0][(reg ^ *p++) & 0xff] ^ (reg >> 8);
+    return reg;
+}
+
+static uint32_t shift_reg(uint32_t t[4][256], uint32_t reg) {
+    return t[0][reg & 0xff] ^ t[1][(reg >> 8) & 0xff] ^ t[2][(reg >> 16) & 0xff] ^ t[3][reg >> 24];
+}
+
+static void init_shift(uint32_t t[4][256], size_t zeros) {
+    static const uint8_t zero[LONG_BLOCK];
+    uint32_t basis[32];
+    for (int b = 0; b < 32; b++) basis[b] = crc_sw(1u << b, zero, zeros);
+    for (int k = 0; k < 4; k++)
+        for (int v = 0; v < 256; v++) {
+            uint32_t r = 0;
+            for (int b = 0; b < 8; b++)
+                if (v & (1 << b)) r ^= basis[8 * k + b];
+            t[k][v] = r;
+        }
+}
+
+static void init_crc(void) {
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = n;
+        for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ POLY : c >> 1;
+        crc_table[0][n] = c;
+    }
+    for (uint32_t n = 0; n < 256; n++)
+        for (int k = 1; k < 8; k++) crc_table[k][n] = crc_table[0][crc_table[k - 1][n] & 0xff] ^ (crc_table[k - 1][n] >> 8);
+    init_shift(shift_short, SHORT_BLOCK);
+    init_shift(shift_long, LONG_BLOCK);
+#ifdef SHALE_X86_CRC
+    __builtin_cpu_init();
+    have_hw_crc = __builtin_cpu_supports("sse4.2");
+#endif
+}
+
+#ifdef SHALE_X86_CRC
+/* Three independent streams hide the instruction's latency (three cycles, one per cycle
+ * issued); their registers are joined by shifting over the blocks that follow. */
+__attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t reg, const uint8_t *p, size_t n) {
+    uint64_t c0 = reg;
+    while (n && ((uintptr_t)p & 7)) {
+        c0 = _mm_crc32_u8((uint32_t)c0, *p++);
+        n--;
+    }
+    while (n >= 3 * LONG_BLOCK) {
+        uint64_t c1 = 0, c2 = 0, w0, w1, w2;
+        const uint8_t *end = p + LONG_BLOCK;
+        do {
+            memcpy(&w0, p, 8);
+            memcpy(&w1, p + LONG_BLOCK, 8);
+            memcpy(&w2, p + 2 * LONG_BLOCK, 8);
+            c0 = _mm_crc32_u64(c0, w0);
+            c1 = _mm_crc32_u64(c1, w1);
+            c2 = _mm_crc32_u64(c2, w2);
+            p += 8;
+        } while (p < end);
+        c0 = shift_reg(shift_long, (uint32_t)c0) ^ (uint32_t)c1;
+        c0 = shift_reg(shift_long, (uint32_t)c0) ^ (uint32_t)c2;
+        p += 2 * LONG_BLOCK;
+        n -= 3 * LONG_BLOCK;
+    }
+    while (n >= 3 * SHORT_BLOCK) {
+        uint64_t c1 = 0, c2 = 0, w0, w1, w2;
+        const uint8_t *end = p + SHORT_BLOCK;
+        do {
+            memcpy(&w0, p, 8);
+            memcpy(&w1, p + SHORT_BLOCK, 8);
+            memcpy(&w2, p + 2 * SHORT_BLOCK, 8);
+            c0 = _mm_crc32_u64(c0, w0);
+            c1 = _mm_crc32_u64(c1, w1);
+            c2 = _mm_crc32_u64(c2, w2);
+            p += 8;
+        } while (p < end);
+        c0 = shift_reg(shift_short, (uint32_t)c0) ^ (uint32_t)c1;
+        c0 = shift_reg(shift_short, (uint32_t)c0) ^ (uint32_t)c2;
+        p += 2 * SHORT_BLOCK;
+        n -= 3 * SHORT_BLOCK;
+    }
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        c0 = _mm_crc32_u64(c0, w);
+        p += 8;
+        n -= 8;
+    }
+    while (n--) c0 = _mm_crc32_u8((uint32_t)c0, *p++);
+    return (uint32_t)c0;
+}
+#endif
+
+static uint32_t crc32c(uint32_t value, const uint8_t *p, size_t n) {
+    uint32_t reg = ~value;
+#ifdef SHALE_X86_CRC
+    if (have_hw_crc) return ~crc_hw(reg, p, n);
+#endif
+    return ~crc_sw(reg, p, n);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Buffer helpers                                                                        */
+
+static int get_ranges(PyObject *starts_obj, PyObject *ends_obj, Py_buffer *starts, Py_buffer *ends, Py_ssize_t *n) {
+    if (PyObject_GetBuffer(starts_obj, starts, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    if (PyObject_GetBuffer(ends_obj, ends, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(starts);
+        return -1;
+    }
+    if (starts->itemsize != 8 || ends->itemsize != 8 || starts->len != ends->len) {
+        PyErr_SetString(PyExc_ValueError, "starts and ends must be int64 buffers of one length");
+        PyBuffer_Release(starts);
+        PyBuffer_Release(ends);
+        return -1;
+    }
+    *n = starts->len / 8;
+    return 0;
+}
+
+/* Every range must lie inside the buffer: a bad footer must raise, never read astray. */
+static int check_ranges(const int64_t *s, const int64_t *e, Py_ssize_t n, Py_ssize_t size, int64_t *total) {
+    int64_t sum = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (s[i] < 0 || e[i] < s[i] || e[i] > size) {
+            PyErr_Format(PyExc_ValueError, "range %zd (%lld..%lld) lies outside the buffer of %zd bytes", i,
+                         (long long)s[i], (long long)e[i], size);
+            return -1;
+        }
+        sum += e[i] - s[i];
+    }
+    *total = sum;
+    return 0;
+}
+
+PyDoc_STRVAR(crc32c_doc, "crc32c(data, value=0) -> int\n\nCRC32C of data, continuing from value.");
+
+static PyObject *py_crc32c(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    unsigned int value = 0;
+    if (!PyArg_ParseTuple(args, "y*|I", &data, &value)) return NULL;
+    uint32_t crc;
+    if (data.len >= 65536) {
+        Py_BEGIN_ALLOW_THREADS
+        crc = crc32c(value, data.buf, (size_t)data.len);
+        Py_END_ALLOW_THREADS
+    } else {
+        crc = crc32c(value, data.buf, (size_t)data.len);
+    }
+    PyBuffer_Release(&data);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+PyDoc_STRVAR(crc32c_ranges_doc,
+             "crc32c_ranges(data, starts, ends) -> bytearray\n\n"
+             "The CRC32C of data[starts[i]:ends[i]] for every i, as little-endian uint32 values.");
+
+static PyObject *py_crc32c_ranges(PyObject *self, PyObject *args) {
+    PyObject *data_obj, *starts_obj, *ends_obj;
+    if (!PyArg_ParseTuple(args, "OOO", &data_obj, &starts_obj, &ends_obj)) return NULL;
+    Py_buffer data, starts, ends;
+    Py_ssize_t n;
+    int64_t total;
+    if (PyObject_GetBuffer(data_obj, &data, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (get_ranges(starts_obj, ends_obj, &starts, &ends, &n) < 0) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    PyObject *out = NULL;
+    const int64_t *s = starts.buf, *e = ends.buf;
+    if (check_ranges(s, e, n, data.len, &total) == 0 && (out = PyByteArray_FromStringAndSize(NULL, n * 4))) {
+        uint32_t *crcs = (uint32_t *)PyByteArray_AS_STRING(out);
+        const uint8_t *base = data.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint32_t c = crc32c(0, base + s[i], (size_t)(e[i] - s[i]));
+            memcpy(crcs + i, &c, 4);
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&starts);
+    PyBuffer_Release(&ends);
+    PyBuffer_Release(&data);
+    return out;
+}
+
+PyDoc_STRVAR(gather_ranges_doc,
+             "gather_ranges(data, starts, ends) -> bytearray\n\n"
+             "data[starts[0]:ends[0]] + data[starts[1]:ends[1]] + ... in one new buffer.");
+
+static PyObject *py_gather_ranges(PyObject *self, PyObject *args) {
+    PyObject *data_obj, *starts_obj, *ends_obj;
+    if (!PyArg_ParseTuple(args, "OOO", &data_obj, &starts_obj, &ends_obj)) return NULL;
+    Py_buffer data, starts, ends;
+    Py_ssize_t n;
+    int64_t total;
+    if (PyObject_GetBuffer(data_obj, &data, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (get_ranges(starts_obj, ends_obj, &starts, &ends, &n) < 0) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    PyObject *out = NULL;
+    const int64_t *s = starts.buf, *e = ends.buf;
+    if (check_ranges(s, e, n, data.len, &total) == 0 && (out = PyByteArray_FromStringAndSize(NULL, total))) {
+        uint8_t *dst = (uint8_t *)PyByteArray_AS_STRING(out);
+        const uint8_t *base = data.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            size_t len = (size_t)(e[i] - s[i]);
+            memcpy(dst, base + s[i], len);
+            dst += len;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&starts);
+    PyBuffer_Release(&ends);
+    PyBuffer_Release(&data);
+    return out;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* The latest record of every key                                                        */
+/*
+ * An open-addressing table whose home slot is the top bits of the high hash, probed
+ * linearly and never wrapped (an overflow area follows the last slot).  Hashes are
+ * uniform, so the table holds the keys almost in hash order: reading it out in slot
+ * order and finishing with an insertion sort gives them sorted, at a cost that grows
+ * with how far keys sit from their home slot (a slot or two at half load).  Records
+ * are visited in index order, so the index a key ends with is its last occurrence.
+ */
+
+typedef struct {
+    uint64_t hi, lo;
+    int64_t idx; /* -1: empty */
+} slot_t;
+
+typedef struct {
+    slot_t *slots;
+    size_t cap;  /* home slots: a power of two */
+    size_t size; /* cap plus the overflow area */
+    int shift;   /* 64 - log2(cap) */
+    int skip;    /* top bits every key shares (one thread's part of the hash range) */
+    size_t count;
+} table_t;
+
+/* The home slot: the hash bits right after those every key of the table shares, so
+ * that slot order is hash order and the whole table is used. */
+static inline size_t home(const table_t *t, uint64_t hi) { return (size_t)((hi << t->skip) >> t->shift); }
+
+#define PREFETCH_AHEAD 16
+
+#define HUGE_PAGE ((size_t)2 << 20)
+
+/* Big tables ask for huge pages: every insert lands on a random slot, and with 4 KiB
+ * pages nearly each one would also miss the TLB. */
+static void *table_alloc(size_t bytes) {
+    void *p = NULL;
+    if (bytes < 4 * HUGE_PAGE) return malloc(bytes);
+    if (posix_memalign(&p, HUGE_PAGE, bytes) != 0) return NULL;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
+static int table_init(table_t *t, int bits, int skip) {
+    t->skip = skip;
+    t->cap = (size_t)1 << bits;
+    t->size = t->cap + t->cap / 8 + 64;
+    t->shift = 64 - bits;
+    t->count = 0;
+    t->slots = table_alloc(t->size * sizeof(slot_t));
+    if (!t->slots) return -1;
+    for (size_t i = 0; i < t->size; i++) t->slots[i].idx = -1;
+    return 0;
+}
+
+/* Probes one key may take before the table is declared crowded.  Uniform hashes at half
+ * load need a couple; only keys crafted to share their top hash bits get here, and the
+ * caller then takes the sort-based path, whose cost does not depend on the keys. */
+#define MAX_PROBES 4096
+
+/* 1: placed or updated; 0: ran off the overflow area (the caller grows the table);
+ * -1: crowded. */
+static inline int table_put(table_t *t, uint64_t hi, uint64_t lo, int64_t idx) {
+    size_t s = home(t, hi);
+    size_t stop = s + MAX_PROBES < t->size ? s + MAX_PROBES : t->size;
+    slot_t *slots = t->slots;
+    for (; s < stop; s++) {
+        slot_t *x = slots + s;
+        if (x->idx < 0) {
+            x->hi = hi;
+            x->lo = lo;
+            x->idx = idx;
+            t->count++;
+            return 1;
+        }
+        if (x->hi == hi && x->lo == lo) {
+            if (idx > x->idx) x->idx = idx;
+            return 1;
+        }
+    }
+    return stop == t->size ? 0 : -1;
+}
+
+/* Re-insert everything into a table of the next size that takes it: 0 done, -1 out of
+ * memory, -2 crowded even at max_cap slots. */
+static int table_grow(table_t *t, size_t max_cap) {
+    for (int bits = 64 - t->shift + 1; ((size_t)1 << bits) <= max_cap; bits++) {
+        table_t bigger;
+        if (table_init(&bigger, bits, t->skip) < 0) return -1;
+        int ok = 1;
+        for (size_t i = 0; i < t->size && ok == 1; i++)
+            if (t->slots[i].idx >= 0) ok = table_put(&bigger, t->slots[i].hi, t->slots[i].lo, t->slots[i].idx);
+        if (ok == 1) {
+            free(t->slots);
+            *t = bigger;
+            return 0;
+        }
+        free(bigger.slots);
+    }
+    return -2;
+}
+
+static inline int slot_less(const slot_t *a, const slot_t *b) {
+    return a->hi < b->hi || (a->hi == b->hi && a->lo < b->lo);
+}
+
+static int slot_cmp(const void *a, const void *b) {
+    const slot_t *x = a, *y = b;
+    return slot_less(x, y) ? -1 : slot_less(y, x) ? 1 : 0;
+}
+
+/* Sorts the table's keys into slots[0 .. count): slot order, then an insertion sort
+ * that moves the few keys sitting past a bigger one (qsort if crafted keys make that
+ * long). */
+static void table_sort(table_t *t) {
+    slot_t *keys = t->slots;
+    size_t m = 0;
+    for (size_t i = 0; i < t->size; i++)
+        if (keys[i].idx >= 0) keys[m++] = keys[i];
+    size_t moves = 0, budget = 64 * m + 1024;
+    for (size_t i = 1; i < m && moves <= budget; i++) {
+        slot_t x = keys[i];
+        size_t j = i;
+        while (j > 0 && slot_less(&x, keys + j - 1)) {
+            keys[j] = keys[j - 1];
+            j--;
+            moves++;
+        }
+        keys[j] = x;
+    }
+    if (moves > budget) qsort(keys, m, sizeof(slot_t), slot_cmp);
+    t->count = m;
+}
+
+/* Fills t with the distinct keys (table_sort then puts them in order); -1 when memory
+ * ran out, -2 when the keys crowd one part of the table (nothing to free then). */
+static int latest_keys(const uint64_t *hi, const uint64_t *lo, Py_ssize_t n, table_t *t) {
+    int bits = 10;
+    /* small to begin with (a key map is often far smaller than its records), then doubled:
+     * growing re-inserts keys that are nearly in order, which costs little */
+    while (bits < 16 && ((size_t)1 << bits) < (size_t)n * 2) bits++;
+    if (table_init(t, bits, 0) < 0) return -1;
+    /* A crowded stretch of the table usually means sorted keys (a finished map merged
+     * with new records): doubling spreads them out.  Only once the table has room for
+     * every record as its own key is a crowd taken for crafted keys. */
+    size_t max_cap = (size_t)1 << 16;
+    while (max_cap < (size_t)n * 2) max_cap <<= 1;
+    int rc = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + PREFETCH_AHEAD < n) __builtin_prefetch(t->slots + home(t, ld64(hi + i + PREFETCH_AHEAD)), 1, 3);
+        while (table_put(t, ld64(hi + i), ld64(lo + i), i) != 1)
+            if ((rc = table_grow(t, max_cap)) < 0) goto fail;
+        if (t->count * 2 > t->cap && (rc = table_grow(t, max_cap)) < 0) goto fail;
+    }
+    return 0;
+fail:
+    free(t->slots);
+    t->slots = NULL;
+    return rc;
+}
+
+PyDoc_STRVAR(latest_of_each_key_doc,
+             "latest_of_each_key(hi, lo) -> bytearray\n\n"
+             "For uint64 buffers hi and lo (one 128-bit hash per record), the index of the last\n"
+             "occurrence of every distinct hash, ordered by (hi, lo), as native int64 values;\n"
+             "None when many keys share their top hash bits (crafted keys), for the caller to\n"
+             "sort instead.");
+
+static PyObject *py_latest_of_each_key(PyObject *self, PyObject *args) {
+    PyObject *hi_obj, *lo_obj;
+    if (!PyArg_ParseTuple(args, "OO", &hi_obj, &lo_obj)) return NULL;
+    Py_buffer hi, lo;
+    if (PyObject_GetBuffer(hi_obj, &hi, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+    if (PyObject_GetBuffer(lo_obj, &lo, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&hi);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (hi.itemsize != 8 || lo.itemsize != 8 || hi.len != lo.len) {
+        PyErr_SetString(PyExc_ValueError, "hi and lo must be uint64 buffers of one length");
+        goto done;
+    }
+    table_t t;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = latest_keys(hi.buf, lo.buf, hi.len / 8, &t);
+    if (rc == 0) table_sort(&t);
+    Py_END_ALLOW_THREADS
+    if (rc == -2) {
+        result = Py_NewRef(Py_None); /* crowded: the caller sorts instead */
+        goto done;
+    }
+    if (rc < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)t.count * 8);
+    if (result) {
+        int64_t *out = (int64_t *)PyByteArray_AS_STRING(result);
+        for (size_t i = 0; i < t.count; i++) out[i] = t.slots[i].idx;
+    }
+    free(t.slots);
+done:
+    PyBuffer_Release(&hi);
+    PyBuffer_Release(&lo);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* KeyTable: the same table, kept between calls                                          */
+/*
+ * Pass one adds the records of many ledgers, in position order, to one table and reads
+ * it out once, instead of merging sorted runs.  A record's position is given (or is
+ * `first` plus its index); the table keeps the greatest position of each key.
+ */
+
+typedef struct {
+    PyObject_HEAD
+    table_t t; /* t.slots is NULL until the first record arrives and after finish() */
+} KeyTableObject;
+
+static void keytable_dealloc(KeyTableObject *self) {
+    free(self->t.slots);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *keytable_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "", kwlist)) return NULL;
+    KeyTableObject *self = (KeyTableObject *)type->tp_alloc(type, 0);
+    if (self) memset(&self->t, 0, sizeof(table_t));
+    return (PyObject *)self;
+}
+
+static int get_u64(PyObject *obj, Py_buffer *view, const char *what) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    if (view->itemsize != 8) {
+        PyErr_Format(PyExc_ValueError, "%s must be a buffer of 64-bit values", what);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* Crowding in a stateful table can only come from keys crafted to share their top hash
+ * bits (records arrive in position order, hashes at random): the table may grow past
+ * half load to spread them, up to this many slots per key, then gives up. */
+#define CROWD_SLOTS_PER_KEY 8
+
+PyDoc_STRVAR(keytable_add_doc,
+             "add(hi, lo, pos=None, first=0, part_shift=64, part=0) -> int\n\n"
+             "Add records: uint64 hashes hi and lo, int64 positions pos (or first, first + 1,\n"
+             "... when pos is None).  With part_shift < 64 only records whose hi >> part_shift\n"
+             "equals part are added.  Returns how many records were taken: all of them, or\n"
+             "fewer when crafted keys crowd the table (the rest are for the caller to handle).");
+
+static PyObject *keytable_add(KeyTableObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"hi", "lo", "pos", "first", "part_shift", "part", NULL};
+    PyObject *hi_obj, *lo_obj, *pos_obj = Py_None;
+    long long first = 0;
+    int part_shift = 64;
+    unsigned long long part = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|OLiK", kwlist, &hi_obj, &lo_obj, &pos_obj, &first, &part_shift,
+                                     &part))
+        return NULL;
+    if (part_shift < 1 || part_shift > 64) {
+        PyErr_SetString(PyExc_ValueError, "part_shift must be between 1 and 64");
+        return NULL;
+    }
+    Py_buffer hi, lo, pos = {0};
+    if (get_u64(hi_obj, &hi, "hi") < 0) return NULL;
+    if (get_u64(lo_obj, &lo, "lo") < 0) {
+        PyBuffer_Release(&hi);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    int have_pos = pos_obj != Py_None;
+    if (have_pos && get_u64(pos_obj, &pos, "pos") < 0) goto done;
+    if (hi.len != lo.len || (have_pos && pos.len != hi.len)) {
+        PyErr_SetString(PyExc_ValueError, "hi, lo and pos must have one length");
+        goto done;
+    }
+    Py_ssize_t n = hi.len / 8, i = 0;
+    int rc = 0;
+    table_t *t = &self->t;
+    int skip = 64 - part_shift;
+    if (!t->slots && n && table_init(t, 16, skip) < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (t->slots && t->skip != skip) {
+        PyErr_SetString(PyExc_ValueError, "every add to one table must use the same part_shift");
+        goto done;
+    }
+    const uint64_t *h = hi.buf, *l = lo.buf;
+    const int64_t *ps = have_pos ? pos.buf : NULL;
+    Py_BEGIN_ALLOW_THREADS
+    for (; i < n; i++) {
+        uint64_t key_hi = ld64(h + i);
+        if (part_shift < 64 && (key_hi >> part_shift) != part) continue;
+        if (i + PREFETCH_AHEAD < n) {
+            uint64_t ahead = ld64(h + i + PREFETCH_AHEAD);
+            if (part_shift == 64 || (ahead >> part_shift) == part) __builtin_prefetch(t->slots + home(t, ahead), 1, 3);
+        }
+        int64_t at = ps ? (int64_t)ld64((const uint64_t *)(ps + i)) : (int64_t)first + i;
+        int put;
+        while ((put = table_put(t, key_hi, ld64(l + i), at)) != 1) {
+            size_t max_cap = (t->count + 1) * CROWD_SLOTS_PER_KEY + ((size_t)1 << 16);
+            if (put < 0 && t->cap >= max_cap) break;
+            if ((rc = table_grow(t, put < 0 ? max_cap * 2 : (size_t)1 << 62)) < 0) break;
+        }
+        if (put != 1) break;
+        if (t->count * 2 > t->cap && (rc = table_grow(t, (size_t)1 << 62)) < 0) break;
+    }
+    Py_END_ALLOW_THREADS
+    if (rc == -1)
+        PyErr_NoMemory();
+    else
+        result = PyLong_FromSsize_t(i);
+done:
+    PyBuffer_Release(&hi);
+    PyBuffer_Release(&lo);
+    if (have_pos && pos.obj) PyBuffer_Release(&pos);
+    return result;
+}
+
+PyDoc_STRVAR(keytable_contains_doc,
+             "contains(hi, lo) -> bytearray\n\nFor each (hi, lo), 1 when the table holds that key, else 0.");
+
+static PyObject *keytable_contains(KeyTableObject *self, PyObject *args) {
+    PyObject *hi_obj, *lo_obj;
+    if (!PyArg_ParseTuple(args, "OO", &hi_obj, &lo_obj)) return NULL;
+    Py_buffer hi, lo;
+    if (get_u64(hi_obj, &hi, "hi") < 0) return NULL;
+    if (get_u64(lo_obj, &lo, "lo") < 0) {
+        PyBuffer_Release(&hi);
+        return NULL;
+    }
+    PyObject *out = NULL;
+    if (hi.len != lo.len) {
+        PyErr_SetString(PyExc_ValueError, "hi and lo must have one length");
+    } else if ((out = PyByteArray_FromStringAndSize(NULL, hi.len / 8))) {
+        uint8_t *found = (uint8_t *)PyByteArray_AS_STRING(out);
+        const uint64_t *h = hi.buf, *l = lo.buf;
+        const table_t *t = &self->t;
+        Py_ssize_t n = hi.len / 8;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            found[i] = 0;
+            if (!t->slots) continue;
+            /* keys sit at most MAX_PROBES past their home slot, and no key is ever removed */
+            uint64_t key_hi = ld64(h + i), key_lo = ld64(l + i);
+            size_t s = home(t, key_hi);
+            size_t stop = s + MAX_PROBES < t->size ? s + MAX_PROBES : t->size;
+            for (; s < stop && t->slots[s].idx >= 0; s++)
+                if (t->slots[s].hi == key_hi && t->slots[s].lo == key_lo) {
+                    found[i] = 1;
+                    break;
+                }
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&hi);
+    PyBuffer_Release(&lo);
+    return out;
+}
+
+PyDoc_STRVAR(keytable_finish_doc,
+             "finish() -> (hi, lo, pos)\n\n"
+             "The keys sorted by (hi, lo) with their greatest position, as three bytearrays of\n"
+             "64-bit values; the table is left empty.");
+
+static PyObject *keytable_finish(KeyTableObject *self, PyObject *unused) {
+    table_t *t = &self->t;
+    size_t m = 0;
+    if (t->slots) {
+        Py_BEGIN_ALLOW_THREADS
+        table_sort(t);
+        Py_END_ALLOW_THREADS
+        m = t->count;
+    }
+    PyObject *hi = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)m * 8);
+    PyObject *lo = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)m * 8);
+    PyObject *pos = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)m * 8);
+    PyObject *result = NULL;
+    if (hi && lo && pos) {
+        uint64_t *h = (uint64_t *)PyByteArray_AS_STRING(hi), *l = (uint64_t *)PyByteArray_AS_STRING(lo);
+        int64_t *p = (int64_t *)PyByteArray_AS_STRING(pos);
+        for (size_t i = 0; i < m; i++) {
+            h[i] = t->slots[i].hi;
+            l[i] = t->slots[i].lo;
+            p[i] = t->slots[i].idx;
+        }
+        result = PyTuple_Pack(3, hi, lo, pos);
+    }
+    Py_XDECREF(hi);
+    Py_XDECREF(lo);
+    Py_XDECREF(pos);
+    free(t->slots);
+    memset(t, 0, sizeof(table_t));
+    return result;
+}
+
+static Py_ssize_t keytable_len(KeyTableObject *self) { return (Py_ssize_t)self->t.count; }
+
+static PyObject *keytable_nbytes(KeyTableObject *self, void *closure) {
+    return PyLong_FromSize_t(self->t.slots ? self->t.size * sizeof(slot_t) : 0);
+}
+
+static PyMethodDef keytable_methods[] = {
+    {"add", (PyCFunction)(void (*)(void))keytable_add, METH_VARARGS | METH_KEYWORDS, keytable_add_doc},
+    {"contains", (PyCFunction)keytable_contains, METH_VARARGS, keytable_contains_doc},
+    {"finish", (PyCFunction)keytable_finish, METH_NOARGS, keytable_finish_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef keytable_getset[] = {
+    {"nbytes", (getter)keytable_nbytes, NULL, "Bytes the table takes now.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PySequenceMethods keytable_as_sequence = {.sq_length = (lenfunc)keytable_len};
+
+static PyTypeObject KeyTableType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ledger._kernels.KeyTable",
+    .tp_basicsize = sizeof(KeyTableObject),
+    .tp_dealloc = (destructor)keytable_dealloc,
+    .tp_as_sequence = &keytable_as_sequence,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "KeyTable()\n\nThe latest position of every 128-bit key hash, built record by record.",
+    .tp_methods = keytable_methods,
+    .tp_getset = keytable_getset,
+    .tp_new = keytable_new,
+};
+
+/* ------------------------------------------------------------------------------------ */
+
+static PyMethodDef methods[] = {
+    {"crc32c", py_crc32c, METH_VARARGS, crc32c_doc},
+    {"crc32c_ranges", py_crc32c_ranges, METH_VARARGS, crc32c_ranges_doc},
+    {"gather_ranges", py_gather_ranges, METH_VARARGS, gather_ranges_doc},
+    {"latest_of_each_key", py_latest_of_each_key, METH_VARARGS, latest_of_each_key_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "ledger._kernels", "Shale's hot loops in C (see ledger/kernels.py).", -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__kernels(void) {
+    init_crc();
+    if (PyType_Ready(&KeyTableType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    if (PyModule_AddIntConstant(m, "HARDWARE_CRC", have_hw_crc != 0) < 0 ||
+        PyModule_AddObjectRef(m, "KeyTable", (PyObject *)&KeyTableType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,117 @@
+"""Shale's hot loops: in C (``ledger/_kernels.c``) where that extension was built, in
+NumPy and plain Python otherwise — the same results either way, which the tests check.
+
+The C versions exist because these loops are either one Python step per element
+(a memoryview and a checksum call per frame, a slice per surviving record) or, for the
+latest record of every key, random gathers over every record that no NumPy expression
+avoids.  ``SHALE_KERNELS=numpy`` in the environment forces the fallbacks (to compare, or
+to rule the extension out when chasing a problem); :data:`KERNELS` says which are used.
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+from typing import Final, Protocol
+
+import crc32c
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["KERNELS", "crc32c_ranges", "gather_ranges", "latest_positions", "new_key_table"]
+
+Buffer = bytes | bytearray | memoryview
+
+
+def _load() -> ModuleType | None:
+    if os.environ.get("SHALE_KERNELS", "").strip().lower() in ("numpy", "python"):
+        return None
+    try:
+        from ledger import _kernels
+    except ImportError:
+        return None
+    return _kernels
+
+
+_native: Final = _load()
+#: ``"native"`` when the C kernels are in use, ``"numpy"`` otherwise.
+KERNELS: Final = "native" if _native is not None else "numpy"
+# Without the CPU's CRC instruction the C table-driven CRC is slower than the crc32c
+# package's own (which also knows ARM's), so only the loop around it is saved then.
+_native_crc: Final = _native if _native is not None and _native.HARDWARE_CRC else None
+
+
+def _i64(a: npt.ArrayLike) -> npt.NDArray[np.int64]:
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def crc32c_ranges(buf: Buffer, starts: npt.ArrayLike, ends: npt.ArrayLike) -> npt.NDArray[np.uint32]:
+    """The CRC32C of ``buf[starts[i]:ends[i]]`` for every ``i``.  Ranges must lie inside
+    ``buf`` (:class:`ValueError` otherwise)."""
+    s, e = _i64(starts), _i64(ends)
+    if _native_crc is not None:
+        return np.frombuffer(_native_crc.crc32c_ranges(buf, s, e), dtype="<u4").astype(np.uint32, copy=False)
+    _check_ranges(len(buf), s, e)
+    view = memoryview(buf)
+    return np.fromiter(map(crc32c.crc32c, map(view.__getitem__, map(slice, s.tolist(), e.tolist()))),
+                       dtype=np.uint32, count=len(s))
+
+
+def gather_ranges(buf: Buffer, starts: npt.ArrayLike, ends: npt.ArrayLike) -> bytes | bytearray:
+    """``buf[starts[0]:ends[0]] + buf[starts[1]:ends[1]] + ...`` as one new buffer.
+    Ranges must lie inside ``buf`` (:class:`ValueError` otherwise)."""
+    s, e = _i64(starts), _i64(ends)
+    if _native is not None:
+        out: bytearray = _native.gather_ranges(buf, s, e)
+        return out
+    _check_ranges(len(buf), s, e)
+    view = memoryview(buf)
+    return b"".join([view[a:b] for a, b in zip(s.tolist(), e.tolist(), strict=True)])
+
+
+def latest_positions(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> npt.NDArray[np.intp] | None:
+    """Indexes of the last occurrence of every distinct ``(hi, lo)``, in hash order — or
+    ``None`` when the C kernels are not in use or the keys crowd its table (keys crafted
+    to share their top hash bits); the caller then sorts instead
+    (:func:`compactor.rules.latest_of_each_key`)."""
+    if _native is None:
+        return None
+    got = _native.latest_of_each_key(np.ascontiguousarray(hi, dtype=np.uint64),
+                                     np.ascontiguousarray(lo, dtype=np.uint64))
+    if got is None:
+        return None
+    return np.frombuffer(got, dtype=np.int64).astype(np.intp, copy=False)
+
+
+class KeyTable(Protocol):
+    """The C kernels' table of the latest position of every key (see ``_kernels.c``)."""
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def __len__(self) -> int: ...
+
+    def add(self, hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64], pos: npt.NDArray[np.int64] | None = None,
+            first: int = 0, part_shift: int = 64, part: int = 0) -> int: ...
+
+    def contains(self, hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> bytearray: ...
+
+    def finish(self) -> tuple[bytearray, bytearray, bytearray]: ...
+
+
+def new_key_table() -> KeyTable | None:
+    """An empty table for the latest position of every key, or ``None`` without the C
+    kernels (:class:`compactor.keymap.KeyMapBuilder` then merges sorted runs)."""
+    if _native is None:
+        return None
+    table: KeyTable = _native.KeyTable()
+    return table
+
+
+def _check_ranges(size: int, s: npt.NDArray[np.int64], e: npt.NDArray[np.int64]) -> None:
+    if len(s) != len(e):
+        raise ValueError("starts and ends must be int64 buffers of one length")
+    bad = (s < 0) | (e < s) | (e > size)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"range {i} ({int(s[i])}..{int(e[i])}) lies outside the buffer of {size} bytes")
