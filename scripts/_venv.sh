@@ -7,7 +7,8 @@ EXTRAS="${SHALE_EXTRAS:-dev,s3,spark}"
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-stamp=".venv/.shale-installed-$(cat pyproject.toml | cksum | cut -d' ' -f1)-${EXTRAS//,/_}"
+# pyproject.toml and the C kernels: a change to either reinstalls (and rebuilds them)
+stamp=".venv/.shale-installed-$(cat pyproject.toml ledger/_kernels.c | cksum | cut -d' ' -f1)-${EXTRAS//,/_}"
 if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
   .venv/bin/python -m pip install --quiet -e ".[${EXTRAS}]"
