@@ -16,7 +16,7 @@ reached; the next run continues from there — Kafka's partial cleaning.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -39,16 +39,17 @@ I64 = npt.NDArray[np.int64]
 
 @dataclass(frozen=True, slots=True, eq=False)
 class KeyMap:
-    """Distinct keys with the run position of their latest record, sorted by hash."""
+    """Distinct keys with the run position of their latest record, sorted by hash.
+
+    Lookups (:meth:`contains`) go through a hash table of the C kernels, or without them
+    through a one-byte-per-key filter in front of a binary search; either is built on
+    the first lookup (a full run never looks up)."""
 
     hi: U64
     lo: U64
     pos: I64
     shared_high: bool  # two keys share the high 64 bits (lookups then take a slower path)
-    # A one-hash filter of 8 bits per key (1 byte per key, ~12 % false positives): most
-    # lookups of keys that are not in the map stop here instead of searching it.
-    filter_words: npt.NDArray[np.uint64] = field(default_factory=lambda: np.zeros(1, dtype=np.uint64))
-    filter_shift: int = 64
+    _lookup: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
         return len(self.hi)
@@ -64,25 +65,50 @@ class KeyMap:
 
     @classmethod
     def of(cls, hi: U64, lo: U64, pos: I64, shared_high: bool) -> KeyMap:
-        """A map of hash-sorted arrays, with its filter."""
-        bits = max(10, int(np.ceil(np.log2(max(1, len(hi)) * 8))))
-        shift = 64 - bits
-        words = np.zeros(1 << (bits - 6), dtype=np.uint64)
-        if len(hi):
-            slot = hi >> np.uint64(shift)  # non-decreasing, since hi is sorted
-            word = (slot >> np.uint64(6)).astype(np.int64)
-            mask = np.left_shift(np.uint64(1), slot & np.uint64(63))
-            starts = np.flatnonzero(np.r_[True, word[1:] != word[:-1]])
-            words[word[starts]] = np.bitwise_or.reduceat(mask, starts)
-        return cls(hi, lo, pos, shared_high, words, shift)
+        """A map of hash-sorted arrays."""
+        return cls(hi, lo, pos, shared_high)
+
+    @property
+    def filter_words(self) -> npt.NDArray[np.uint64]:
+        """A one-hash filter of 8 bits per key (1 byte per key, ~12 % false positives):
+        most lookups of keys that are not in the map stop here instead of searching it."""
+        return self._filter()[0]
+
+    @property
+    def filter_shift(self) -> int:
+        return self._filter()[1]
+
+    def _filter(self) -> tuple[npt.NDArray[np.uint64], int]:
+        got: tuple[npt.NDArray[np.uint64], int] | None = self._lookup.get("filter")
+        if got is None:
+            bits = max(10, int(np.ceil(np.log2(max(1, len(self.hi)) * 8))))
+            shift = 64 - bits
+            words = np.zeros(1 << (bits - 6), dtype=np.uint64)
+            if len(self.hi):
+                slot = self.hi >> np.uint64(shift)  # non-decreasing, since hi is sorted
+                word = (slot >> np.uint64(6)).astype(np.int64)
+                mask = np.left_shift(np.uint64(1), slot & np.uint64(63))
+                starts = np.flatnonzero(np.r_[True, word[1:] != word[:-1]])
+                words[word[starts]] = np.bitwise_or.reduceat(mask, starts)
+            got = self._lookup["filter"] = (words, shift)
+        return got
 
     def contains(self, hi: U64, lo: U64) -> npt.NDArray[np.bool_]:
         """For each query hash, whether the map holds it."""
         n = len(self.hi)
         if not n or not len(hi):
             return np.zeros(len(hi), dtype=bool)
-        slot = hi >> np.uint64(self.filter_shift)
-        maybe = ((self.filter_words[(slot >> np.uint64(6)).astype(np.int64)] >> (slot & np.uint64(63)))
+        if "table" not in self._lookup:
+            table = new_key_table(n)
+            if table is not None and table.add(self.hi, self.lo, self.pos) != n:
+                table = None  # crafted keys crowd it: search instead
+            self._lookup["table"] = table
+        table = self._lookup["table"]
+        if table is not None:
+            return np.frombuffer(table.contains(hi, lo), dtype=np.bool_)
+        words, shift = self._filter()
+        slot = hi >> np.uint64(shift)
+        maybe = ((words[(slot >> np.uint64(6)).astype(np.int64)] >> (slot & np.uint64(63)))
                  & np.uint64(1)).astype(bool)
         out = np.zeros(len(hi), dtype=bool)
         q = np.flatnonzero(maybe)
@@ -119,9 +145,11 @@ class KeyMapBuilder:
     it with one sort; what waits counts against the capacity like the map, so map and
     waiting records together never exceed it."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, expected: int = 0) -> None:
+        """``expected``: how many keys to make room for from the start (a guess; the
+        table grows past it)."""
         self.capacity = max(1, capacity)
-        self._table: KeyTable | None = new_key_table()
+        self._table: KeyTable | None = new_key_table(min(expected, self.capacity))
         empty = np.empty(0, dtype=np.uint64)
         self._map: tuple[U64, U64, I64] = (empty, empty.copy(), np.empty(0, dtype=np.int64))
         self._hi: list[U64] = []
@@ -212,6 +240,16 @@ class KeyMapBuilder:
         self._map = (empty, empty.copy(), np.empty(0, dtype=np.int64))
         return out
 
-    def build(self) -> KeyMap:
-        """The finished map, sorted by hash for lookups."""
-        return KeyMap.sorted(*self.finish())
+    def build(self, for_lookups: bool = False) -> KeyMap:
+        """The finished map, sorted by hash.  ``for_lookups``: the map will be asked
+        :meth:`KeyMap.contains`, so the table it was built in is kept for that (instead
+        of being freed now and a new one built on the first lookup)."""
+        table = self._table
+        if not for_lookups or table is None or self._hi or len(self._map[0]):
+            return KeyMap.sorted(*self.finish())
+        self._table = new_key_table()
+        hi, lo, pos = table.finish(keep=True)
+        m = KeyMap.sorted(np.frombuffer(hi, dtype=np.uint64), np.frombuffer(lo, dtype=np.uint64),
+                          np.frombuffer(pos, dtype=np.int64))
+        m._lookup["table"] = table
+        return m

@@ -32,6 +32,8 @@ __all__ = ["Survivors", "latest_of_each_key", "pass_one", "tombstone_fate"]
 
 #: Below this many new records, one thread builds the map (threads cost more than they save).
 _MIN_THREADED_RECORDS = 1 << 20
+#: Keys the map's table makes room for before the first record (48 bytes each).
+_PRESIZE_KEYS = 1 << 20
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -154,7 +156,9 @@ def _build_map(plan: Plan, config: CompactionConfig) -> tuple[Plan, KeyMap, int]
     threads = min(config.workers or available_cpus(), 8)
     if threads > 1 and _MIN_THREADED_RECORDS <= new_records <= capacity:
         return plan, _build_in_threads(plan, capacity, base, threads), 0
-    builder = KeyMapBuilder(capacity)
+    # Room for every new record to be its own key, up to a size that costs little when
+    # most are not (the table grows from there).
+    builder = KeyMapBuilder(capacity, expected=min(new_records, _PRESIZE_KEYS))
     for i, s in enumerate(plan.new):
         # Whole records go in, not one per key: the builder dedups many slices in one
         # sort, which beats a sort per slice followed by merges.
@@ -172,8 +176,9 @@ def _build_map(plan: Plan, config: CompactionConfig) -> tuple[Plan, KeyMap, int]
         deferred = sum(x.records for x in plan.new) - sum(x.records for x in kept_new)
         last = kept_new[-1] if kept_new else None
         horizon = last.file.record_id(last.stop - 1) if last else plan.previous.horizon
-        return dataclasses.replace(plan, new=tuple(kept_new), horizon=horizon), builder.build(), deferred
-    return plan, builder.build(), 0
+        return (dataclasses.replace(plan, new=tuple(kept_new), horizon=horizon),
+                builder.build(for_lookups=bool(plan.compacted)), deferred)
+    return plan, builder.build(for_lookups=bool(plan.compacted)), 0
 
 
 def pass_one(plan: Plan, config: CompactionConfig, now_ms: int) -> Survivors:
@@ -190,28 +195,34 @@ def pass_one(plan: Plan, config: CompactionConfig, now_ms: int) -> Survivors:
     keyed_total = 0
     unsuperseded = 0  # records of the previous compacted ledger whose key was not written again
     absent = 0  # records of previous parts that a deletion vector already removed
+    tomb_bits = np.uint8(FLAG_HAS_KEY | FLAG_TOMBSTONE)
     for i, s in enumerate(plan.slices):
         a, b = offsets[i], offsets[i + 1]
         foot = s.file.footer
         flags = foot.col("r_flags")[s.start:s.stop]
-        present = ~s.gone if s.gone is not None else np.ones(b - a, dtype=bool)
-        absent += b - a - int(present.sum())
-        has_key = ((flags & FLAG_HAS_KEY) != 0) & present
-        keyless_here = ((flags & FLAG_HAS_KEY) == 0) & present
-        keyed_total += int(has_key.sum())
+        has_key = (flags & FLAG_HAS_KEY) != 0
+        if s.gone is not None:
+            has_key &= ~s.gone
+            absent += int(np.count_nonzero(s.gone))
+        n_keyed = int(np.count_nonzero(has_key))
+        keyed_total += n_keyed
         k = keep[a:b]
         if s.compacted:
-            keyed = np.flatnonzero(has_key)
-            newer = key_map.contains(foot.col("r_hash_hi")[s.start:s.stop][keyed],
-                                     foot.col("r_hash_lo")[s.start:s.stop][keyed])
-            k[keyed[~newer]] = True
-            unsuperseded += int(len(keyed) - newer.sum())
+            # every record is looked up (no gather of the keyed ones): the answer for a
+            # keyless or deleted one is masked out below
+            newer = key_map.contains(foot.col("r_hash_hi")[s.start:s.stop], foot.col("r_hash_lo")[s.start:s.stop])
+            live = has_key & ~newer
+            k |= live
+            unsuperseded += int(np.count_nonzero(live))
             since = foot.delete_since()[s.start:s.stop]
         else:
             since = None
-        if config.retain_null_key:
-            k[keyless_here] = True
-        tomb = np.flatnonzero(k & has_key & ((flags & FLAG_TOMBSTONE) != 0))
+        if config.retain_null_key and n_keyed < b - a:
+            keyless_here = (flags & FLAG_HAS_KEY) == 0
+            if s.gone is not None:
+                keyless_here &= ~s.gone
+            k |= keyless_here
+        tomb = np.flatnonzero(k & ((flags & tomb_bits) == tomb_bits))
         tomb_at.append(a + tomb)
         tomb_since.append(since[tomb] if since is not None else np.zeros(len(tomb), dtype=np.int64))
     tomb = np.concatenate(tomb_at) if tomb_at else np.empty(0, dtype=np.int64)

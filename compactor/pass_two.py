@@ -25,7 +25,7 @@ from compactor.throttle import Throttle, ThrottledWriter
 from ledger.deletions import encode_deletions
 from ledger.format import FRAME_HEADER, KIND_COMPACTED
 from ledger.ids import MessageId
-from ledger.kernels import crc32c_ranges, gather_ranges
+from ledger.kernels import Scratch, crc32c_ranges, gather_ranges
 from ledger.reader import LedgerFile
 from ledger.storage import Location, ObjectWriter
 from ledger.writer import LedgerWriter
@@ -60,6 +60,7 @@ class _PartSink:
         self._name = ""
         self._first: MessageId | None = None
         self._last: MessageId | None = None
+        self.scratch = Scratch()  # the batch being written, reused batch after batch
 
     def writer(self) -> LedgerWriter:
         if self._writer is None:
@@ -271,7 +272,7 @@ def _copy_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes | 
         new_offs[partial_rec] = ends - p_size - run_base
     p_len = np.bincount(which[partial_rec], weights=p_size, minlength=len(sel)).astype(np.int64)
     lengths = np.where(whole, e_len, FRAME_HEADER.size + p_len)
-    blob = _frames_blob(buf, e_off, e_len, whole, run_lo, run_hi, run_entry, lengths, p_len, kept)
+    blob = _frames_blob(buf, e_off, e_len, whole, run_lo, run_hi, run_entry, lengths, p_len, kept, sink.scratch)
     frame_at = np.concatenate([[0], np.cumsum(lengths)])
     ledgers, entries = f.entry_ledgers[sel], f.entry_ids[sel]
     publish = foot.col("e_publish")[sel]
@@ -301,7 +302,7 @@ def _copy_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes | 
 def _frames_blob(buf: bytes | memoryview, e_off: npt.NDArray[np.int64], e_len: npt.NDArray[np.int64],
                  whole: npt.NDArray[np.bool_], run_lo: npt.NDArray[np.int64], run_hi: npt.NDArray[np.int64],
                  run_entry: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64], p_len: npt.NDArray[np.int64],
-                 kept: npt.NDArray[np.int64]) -> memoryview:
+                 kept: npt.NDArray[np.int64], scratch: Scratch) -> memoryview:
     """The output frames of a batch of entries, back to back: a whole entry's frame as
     read, or a new header and the runs of surviving bytes of a partly kept one.
 
@@ -320,7 +321,7 @@ def _frames_blob(buf: bytes | memoryview, e_off: npt.NDArray[np.int64], e_len: n
         rank = np.arange(len(run_entry)) - np.searchsorted(run_entry, run_entry, side="left")
         slot = first_slot[run_entry] + 1 + rank
         starts[slot], ends[slot] = run_lo, run_hi
-    blob = gather_ranges(buf, starts, ends)
+    blob = gather_ranges(buf, starts, ends, scratch)
     rebuilt = np.flatnonzero(~whole)
     if len(rebuilt):
         at = (np.cumsum(lengths) - lengths)[rebuilt]
@@ -330,4 +331,4 @@ def _frames_blob(buf: bytes | memoryview, e_off: npt.NDArray[np.int64], e_len: n
         heads[:, 2] = kept[rebuilt]
         out = np.frombuffer(blob, dtype=np.uint8)
         out[at[:, None] + np.arange(FRAME_HEADER.size)] = heads.view(np.uint8).reshape(-1, FRAME_HEADER.size)
-    return memoryview(blob)
+    return blob

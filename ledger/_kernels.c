@@ -248,13 +248,14 @@ static PyObject *py_crc32c_ranges(PyObject *self, PyObject *args) {
 }
 
 PyDoc_STRVAR(gather_ranges_doc,
-             "gather_ranges(data, starts, ends) -> bytearray\n\n"
-             "data[starts[0]:ends[0]] + data[starts[1]:ends[1]] + ... in one new buffer.");
+             "gather_ranges(data, starts, ends, out=None) -> bytearray | int\n\n"
+             "data[starts[0]:ends[0]] + data[starts[1]:ends[1]] + ... in one new buffer, or\n"
+             "written to the start of the writable buffer out (then the byte count is returned).");
 
 static PyObject *py_gather_ranges(PyObject *self, PyObject *args) {
-    PyObject *data_obj, *starts_obj, *ends_obj;
-    if (!PyArg_ParseTuple(args, "OOO", &data_obj, &starts_obj, &ends_obj)) return NULL;
-    Py_buffer data, starts, ends;
+    PyObject *data_obj, *starts_obj, *ends_obj, *out_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "OOO|O", &data_obj, &starts_obj, &ends_obj, &out_obj)) return NULL;
+    Py_buffer data, starts, ends, out_view = {0};
     Py_ssize_t n;
     int64_t total;
     if (PyObject_GetBuffer(data_obj, &data, PyBUF_C_CONTIGUOUS) < 0) return NULL;
@@ -262,10 +263,22 @@ static PyObject *py_gather_ranges(PyObject *self, PyObject *args) {
         PyBuffer_Release(&data);
         return NULL;
     }
-    PyObject *out = NULL;
+    PyObject *result = NULL;
+    uint8_t *dst = NULL;
     const int64_t *s = starts.buf, *e = ends.buf;
-    if (check_ranges(s, e, n, data.len, &total) == 0 && (out = PyByteArray_FromStringAndSize(NULL, total))) {
-        uint8_t *dst = (uint8_t *)PyByteArray_AS_STRING(out);
+    if (check_ranges(s, e, n, data.len, &total) < 0) goto done;
+    if (out_obj != Py_None) {
+        if (PyObject_GetBuffer(out_obj, &out_view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) goto done;
+        if (out_view.len < total) {
+            PyErr_Format(PyExc_ValueError, "out holds %zd bytes, the ranges %lld", out_view.len, (long long)total);
+            goto done;
+        }
+        dst = out_view.buf;
+        result = PyLong_FromLongLong(total);
+    } else if ((result = PyByteArray_FromStringAndSize(NULL, total))) {
+        dst = (uint8_t *)PyByteArray_AS_STRING(result);
+    }
+    if (result) {
         const uint8_t *base = data.buf;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < n; i++) {
@@ -275,10 +288,12 @@ static PyObject *py_gather_ranges(PyObject *self, PyObject *args) {
         }
         Py_END_ALLOW_THREADS
     }
+done:
+    if (out_view.obj) PyBuffer_Release(&out_view);
     PyBuffer_Release(&starts);
     PyBuffer_Release(&ends);
     PyBuffer_Release(&data);
-    return out;
+    return result;
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -394,28 +409,30 @@ static int slot_cmp(const void *a, const void *b) {
     return slot_less(x, y) ? -1 : slot_less(y, x) ? 1 : 0;
 }
 
-/* Sorts the table's keys into slots[0 .. count): slot order, then an insertion sort
- * that moves the few keys sitting past a bigger one (qsort if crafted keys make that
- * long). */
-static void table_sort(table_t *t) {
-    slot_t *keys = t->slots;
+/* Copies the occupied slots of src[0 .. size) to dst in slot order (dst may be src) and
+ * sorts them: an insertion sort moves the few keys that sit past a bigger one (qsort if
+ * crafted keys make that long).  Returns how many there are. */
+static size_t sort_occupied(const slot_t *src, size_t size, slot_t *dst) {
     size_t m = 0;
-    for (size_t i = 0; i < t->size; i++)
-        if (keys[i].idx >= 0) keys[m++] = keys[i];
+    for (size_t i = 0; i < size; i++)
+        if (src[i].idx >= 0) dst[m++] = src[i];
     size_t moves = 0, budget = 64 * m + 1024;
     for (size_t i = 1; i < m && moves <= budget; i++) {
-        slot_t x = keys[i];
+        slot_t x = dst[i];
         size_t j = i;
-        while (j > 0 && slot_less(&x, keys + j - 1)) {
-            keys[j] = keys[j - 1];
+        while (j > 0 && slot_less(&x, dst + j - 1)) {
+            dst[j] = dst[j - 1];
             j--;
             moves++;
         }
-        keys[j] = x;
+        dst[j] = x;
     }
-    if (moves > budget) qsort(keys, m, sizeof(slot_t), slot_cmp);
-    t->count = m;
+    if (moves > budget) qsort(dst, m, sizeof(slot_t), slot_cmp);
+    return m;
 }
+
+/* Sorts the table's keys into slots[0 .. count) (the table is no longer a table then). */
+static void table_sort(table_t *t) { t->count = sort_occupied(t->slots, t->size, t->slots); }
 
 /* Fills t with the distinct keys (table_sort then puts them in order); -1 when memory
  * ran out, -2 when the keys crowd one part of the table (nothing to free then). */
@@ -510,10 +527,22 @@ static void keytable_dealloc(KeyTableObject *self) {
 }
 
 static PyObject *keytable_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "", kwlist)) return NULL;
+    static char *kwlist[] = {"expected", NULL};
+    Py_ssize_t expected = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|n", kwlist, &expected)) return NULL;
     KeyTableObject *self = (KeyTableObject *)type->tp_alloc(type, 0);
-    if (self) memset(&self->t, 0, sizeof(table_t));
+    if (!self) return NULL;
+    memset(&self->t, 0, sizeof(table_t));
+    if (expected > 0) {
+        /* sized for `expected` keys at half load: no growing, and sorted keys (a finished
+         * map) spread over the whole table instead of crowding its start */
+        int bits = 10;
+        while (bits < 48 && ((size_t)1 << bits) < (size_t)expected * 2) bits++;
+        if (table_init(&self->t, bits, 0) < 0) {
+            Py_DECREF(self);
+            return PyErr_NoMemory();
+        }
+    }
     return (PyObject *)self;
 }
 
@@ -633,6 +662,7 @@ static PyObject *keytable_contains(KeyTableObject *self, PyObject *args) {
         for (Py_ssize_t i = 0; i < n; i++) {
             found[i] = 0;
             if (!t->slots) continue;
+            if (i + PREFETCH_AHEAD < n) __builtin_prefetch(t->slots + home(t, ld64(h + i + PREFETCH_AHEAD)), 0, 3);
             /* keys sit at most MAX_PROBES past their home slot, and no key is ever removed */
             uint64_t key_hi = ld64(h + i), key_lo = ld64(l + i);
             size_t s = home(t, key_hi);
@@ -651,18 +681,23 @@ static PyObject *keytable_contains(KeyTableObject *self, PyObject *args) {
 }
 
 PyDoc_STRVAR(keytable_finish_doc,
-             "finish() -> (hi, lo, pos)\n\n"
+             "finish(keep=False) -> (hi, lo, pos)\n\n"
              "The keys sorted by (hi, lo) with their greatest position, as three bytearrays of\n"
-             "64-bit values; the table is left empty.");
+             "64-bit values.  The table is left empty, or with keep=True as it was (for lookups).");
 
-static PyObject *keytable_finish(KeyTableObject *self, PyObject *unused) {
+static PyObject *keytable_finish(KeyTableObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"keep", NULL};
+    int keep = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|p", kwlist, &keep)) return NULL;
     table_t *t = &self->t;
     size_t m = 0;
+    slot_t *sorted = NULL;
     if (t->slots) {
+        sorted = keep ? malloc((t->count ? t->count : 1) * sizeof(slot_t)) : t->slots;
+        if (!sorted) return PyErr_NoMemory();
         Py_BEGIN_ALLOW_THREADS
-        table_sort(t);
+        m = sort_occupied(t->slots, t->size, sorted);
         Py_END_ALLOW_THREADS
-        m = t->count;
     }
     PyObject *hi = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)m * 8);
     PyObject *lo = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)m * 8);
@@ -672,17 +707,21 @@ static PyObject *keytable_finish(KeyTableObject *self, PyObject *unused) {
         uint64_t *h = (uint64_t *)PyByteArray_AS_STRING(hi), *l = (uint64_t *)PyByteArray_AS_STRING(lo);
         int64_t *p = (int64_t *)PyByteArray_AS_STRING(pos);
         for (size_t i = 0; i < m; i++) {
-            h[i] = t->slots[i].hi;
-            l[i] = t->slots[i].lo;
-            p[i] = t->slots[i].idx;
+            h[i] = sorted[i].hi;
+            l[i] = sorted[i].lo;
+            p[i] = sorted[i].idx;
         }
         result = PyTuple_Pack(3, hi, lo, pos);
     }
     Py_XDECREF(hi);
     Py_XDECREF(lo);
     Py_XDECREF(pos);
-    free(t->slots);
-    memset(t, 0, sizeof(table_t));
+    if (keep) {
+        free(sorted);
+    } else {
+        free(t->slots);
+        memset(t, 0, sizeof(table_t));
+    }
     return result;
 }
 
@@ -695,7 +734,7 @@ static PyObject *keytable_nbytes(KeyTableObject *self, void *closure) {
 static PyMethodDef keytable_methods[] = {
     {"add", (PyCFunction)(void (*)(void))keytable_add, METH_VARARGS | METH_KEYWORDS, keytable_add_doc},
     {"contains", (PyCFunction)keytable_contains, METH_VARARGS, keytable_contains_doc},
-    {"finish", (PyCFunction)keytable_finish, METH_NOARGS, keytable_finish_doc},
+    {"finish", (PyCFunction)(void (*)(void))keytable_finish, METH_VARARGS | METH_KEYWORDS, keytable_finish_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -712,7 +751,8 @@ static PyTypeObject KeyTableType = {
     .tp_dealloc = (destructor)keytable_dealloc,
     .tp_as_sequence = &keytable_as_sequence,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "KeyTable()\n\nThe latest position of every 128-bit key hash, built record by record.",
+    .tp_doc = "KeyTable(expected=0)\n\nThe latest position of every 128-bit key hash, built record by record\n"
+              "(with room for `expected` keys from the start).",
     .tp_methods = keytable_methods,
     .tp_getset = keytable_getset,
     .tp_new = keytable_new,

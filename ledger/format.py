@@ -19,12 +19,12 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Final
 
-import crc32c
 import msgpack
 import numpy as np
 import numpy.typing as npt
 
 from ledger.errors import CorruptLedgerError, UnsupportedVersionError
+from ledger.kernels import crc32c
 
 __all__ = [
     "FLAG_HAS_KEY",
@@ -86,7 +86,7 @@ COLUMNS: Final[dict[str, tuple[str, str, bool]]] = {
 
 def checksum(data: bytes | bytearray | memoryview, value: int = 0) -> int:
     """CRC32C (Castagnoli), hardware accelerated where the CPU allows."""
-    return int(crc32c.crc32c(data, value))
+    return crc32c(data, value)
 
 
 def encode_header(kind: int, ledger_id: int, created_ms: int) -> bytes:

@@ -14,11 +14,11 @@ import os
 from types import ModuleType
 from typing import Final, Protocol
 
-import crc32c
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["KERNELS", "crc32c_ranges", "gather_ranges", "latest_positions", "new_key_table"]
+__all__ = ["KERNELS", "KeyTable", "Scratch", "crc32c", "crc32c_ranges", "gather_ranges", "latest_positions",
+           "new_key_table"]
 
 Buffer = bytes | bytearray | memoryview
 
@@ -41,6 +41,20 @@ KERNELS: Final = "native" if _native is not None else "numpy"
 _native_crc: Final = _native if _native is not None and _native.HARDWARE_CRC else None
 
 
+def _crc_package() -> ModuleType:
+    import crc32c as package  # only without the C kernels' CRC: its import is not free
+
+    return package
+
+
+def crc32c(data: Buffer, value: int = 0) -> int:
+    """CRC32C (Castagnoli) of ``data``, continuing from ``value``; hardware accelerated
+    where the CPU allows."""
+    if _native_crc is not None:
+        return int(_native_crc.crc32c(data, value))
+    return int(_crc_package().crc32c(data, value))
+
+
 def _i64(a: npt.ArrayLike) -> npt.NDArray[np.int64]:
     return np.ascontiguousarray(a, dtype=np.int64)
 
@@ -53,20 +67,45 @@ def crc32c_ranges(buf: Buffer, starts: npt.ArrayLike, ends: npt.ArrayLike) -> np
         return np.frombuffer(_native_crc.crc32c_ranges(buf, s, e), dtype="<u4").astype(np.uint32, copy=False)
     _check_ranges(len(buf), s, e)
     view = memoryview(buf)
-    return np.fromiter(map(crc32c.crc32c, map(view.__getitem__, map(slice, s.tolist(), e.tolist()))),
+    return np.fromiter(map(_crc_package().crc32c, map(view.__getitem__, map(slice, s.tolist(), e.tolist()))),
                        dtype=np.uint32, count=len(s))
 
 
-def gather_ranges(buf: Buffer, starts: npt.ArrayLike, ends: npt.ArrayLike) -> bytes | bytearray:
-    """``buf[starts[0]:ends[0]] + buf[starts[1]:ends[1]] + ...`` as one new buffer.
-    Ranges must lie inside ``buf`` (:class:`ValueError` otherwise)."""
+class Scratch:
+    """A buffer reused from batch to batch, so that each batch does not ask the system
+    for fresh pages (which costs more than the copy into them)."""
+
+    def __init__(self) -> None:
+        self._buf: npt.NDArray[np.uint8] = np.empty(0, dtype=np.uint8)
+
+    def take(self, n: int) -> memoryview:
+        """A writable view of ``n`` bytes, valid until the next call."""
+        if len(self._buf) < n:
+            # A new buffer rather than a resize (views of the old one may still be alive),
+            # and not zero-filled: every byte handed out is written before it is read.
+            self._buf = np.empty(max(n, 2 * len(self._buf)), dtype=np.uint8)
+        return memoryview(self._buf)[:n]
+
+
+def gather_ranges(buf: Buffer, starts: npt.ArrayLike, ends: npt.ArrayLike,
+                  scratch: Scratch | None = None) -> memoryview:
+    """``buf[starts[0]:ends[0]] + buf[starts[1]:ends[1]] + ...`` as one writable buffer
+    (in ``scratch`` when given, so valid until its next use).  Ranges must lie inside
+    ``buf`` (:class:`ValueError` otherwise)."""
     s, e = _i64(starts), _i64(ends)
+    if _native is None:
+        _check_ranges(len(buf), s, e)
+    total = int((e - s).sum())
+    out = scratch.take(total) if scratch is not None else memoryview(bytearray(total))
     if _native is not None:
-        out: bytearray = _native.gather_ranges(buf, s, e)
+        _native.gather_ranges(buf, s, e, out)
         return out
-    _check_ranges(len(buf), s, e)
     view = memoryview(buf)
-    return b"".join([view[a:b] for a, b in zip(s.tolist(), e.tolist(), strict=True)])
+    at = 0
+    for a, b in zip(s.tolist(), e.tolist(), strict=True):
+        out[at:at + b - a] = view[a:b]
+        at += b - a
+    return out
 
 
 def latest_positions(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> npt.NDArray[np.intp] | None:
@@ -96,15 +135,16 @@ class KeyTable(Protocol):
 
     def contains(self, hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> bytearray: ...
 
-    def finish(self) -> tuple[bytearray, bytearray, bytearray]: ...
+    def finish(self, keep: bool = False) -> tuple[bytearray, bytearray, bytearray]: ...
 
 
-def new_key_table() -> KeyTable | None:
-    """An empty table for the latest position of every key, or ``None`` without the C
-    kernels (:class:`compactor.keymap.KeyMapBuilder` then merges sorted runs)."""
+def new_key_table(expected: int = 0) -> KeyTable | None:
+    """An empty table for the latest position of every key (with room for ``expected``
+    keys from the start), or ``None`` without the C kernels
+    (:class:`compactor.keymap.KeyMapBuilder` then merges sorted runs)."""
     if _native is None:
         return None
-    table: KeyTable = _native.KeyTable()
+    table: KeyTable = _native.KeyTable(expected)
     return table
 
 

@@ -12,6 +12,7 @@ other scheme fsspec knows (data only; no compare-and-swap).
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 import urllib.parse
@@ -224,7 +225,14 @@ def clear_backend_cache() -> None:
         _CACHE.clear()
 
 
+# Built-in backends register themselves when imported; each is imported only when its
+# scheme is first used (the S3 one pulls in boto3's retry machinery).
+_BUILT_IN: Final = {"file": "ledger._local", "memory": "ledger._memory", "s3": "ledger._s3"}
+
+
 def _store_for(scheme: str, netloc: str) -> ObjectStore:
+    if scheme not in _REGISTRY and scheme in _BUILT_IN:
+        importlib.import_module(_BUILT_IN[scheme])
     with _CACHE_LOCK:
         store = _CACHE.get((scheme, netloc, os.getpid()))
         if store is None:
@@ -244,8 +252,6 @@ def resolve(uri: str) -> Location:
     ``/data/t``, ``./t``, ``file:///data/t`` → local folder; ``s3://bucket/t``;
     ``memory://name/t``; any other scheme fsspec supports.
     """
-    from ledger import _local, _memory, _s3  # noqa: F401  (registers the built-in backends)
-
     if not isinstance(uri, str) or not uri.strip():
         raise InvalidURIError("empty URI")
     if any(c in _CONTROL for c in uri):
