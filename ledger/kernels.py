@@ -84,7 +84,7 @@ class Scratch:
             # A new buffer rather than a resize (views of the old one may still be alive),
             # and not zero-filled: every byte handed out is written before it is read.
             self._buf = np.empty(max(n, 2 * len(self._buf)), dtype=np.uint8)
-        return memoryview(self._buf)[:n]
+        return self._buf.data[:n]
 
 
 def gather_ranges(buf: Buffer, starts: npt.ArrayLike, ends: npt.ArrayLike,
