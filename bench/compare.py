@@ -5,15 +5,22 @@
 
 Generates the data set once (kept under bench/data/ and reused): a Shale topic on a
 local folder and the very same records as a Parquet file (key, seq, value).  Then,
-each in its own process so that peak RSS is its own:
+each in its own process so that peak RSS is its own, ``--repeat`` times interleaved
+(this machine's speed drifts by tens of percent from minute to minute, so medians of
+interleaved runs are compared, never one run of each):
 
-* Shale: a full compaction, then an incremental one after 1 % new records;
+* Shale: a full compaction (on a hard-linked copy of the topic), then incremental ones
+  after 1 % new records;
 * DuckDB: ``arg_max(value, seq) ... GROUP BY key`` from Parquet back to Parquet;
 * Polars: ``unique(subset="key", keep="last")`` from Parquet back to Parquet;
 * dict: a two-pass compactor in plain Python over the same ledgers (pass one: a dict of
   key -> latest position; pass two: re-read and write the survivors to a new ledger).
 
-Prints one JSON line per run (wall time, records/s, peak RSS) and then the ratios.
+Prints one JSON line per run, then the median and best of each figure, then the ratios.
+Figures: ``seconds`` from the start of the run's imports to its end (interpreter start
+excluded); ``process_seconds`` the whole process; ``cpu_seconds`` user + system time of
+the process and its workers; ``run_seconds`` (Shale) the run as its own summary reports
+it, imports excluded; peak RSS from ``VmHWM``.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import os
 import random
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -79,6 +87,7 @@ def run_shale(topic: str) -> dict[str, Any]:
 
     s = Compactor(topic, CompactionConfig(delete_retention_ms=0, collect_garbage=False)).run()
     return {"records": s.records_read, "written": s.records_written, "status": s.status,
+            "run_seconds": round(s.durations["total"], 3),
             "durations": {k: round(v, 2) for k, v in s.durations.items()}, "map_mb": round(s.map_bytes / 1e6, 1)}
 
 
@@ -158,9 +167,37 @@ def spawn(kind: str, *args: str) -> dict[str, Any]:
     # Write back what setting up left dirty (the generated data, a copied topic) first, or
     # the run's first fsync would pay for it.
     os.sync()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
     res = subprocess.run([sys.executable, __file__, "--child", kind, *args], capture_output=True, text=True,
                          check=True)
-    return dict(json.loads(res.stdout.strip().splitlines()[-1]))
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = dict(json.loads(res.stdout.strip().splitlines()[-1]))
+    # the whole process, interpreter start-up included, and the CPU time it and its
+    # workers used (a steadier figure than wall time on a shared machine)
+    out.update(process_seconds=round(wall, 2),
+               cpu_seconds=round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 2))
+    return out
+
+
+def link_copy(src: Path, dst: Path) -> None:
+    """A copy of a topic folder made of hard links: objects are never changed in place
+    (every write makes a new file), so runs on the copy leave ``src`` as it was, and no
+    gigabytes are rewritten between runs."""
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(src, dst, copy_function=os.link)
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median and best of each figure over repeated runs."""
+    out: dict[str, Any] = {"runs": len(runs)}
+    for k in ("seconds", "process_seconds", "cpu_seconds", "run_seconds", "peak_rss_mb", "worker_peak_rss_mb"):
+        vals = [r[k] for r in runs if k in r]
+        if vals:
+            out[k] = round(statistics.median(vals), 2)
+            out[f"{k}_min"] = round(min(vals), 2)
+    return out
 
 
 # ------------------------------------------------------------------ driver
@@ -171,6 +208,7 @@ def main() -> None:
     p.add_argument("--keys", type=int, default=2_000_000)
     p.add_argument("--value-bytes", type=int, default=64)
     p.add_argument("--increment", type=float, default=0.01)
+    p.add_argument("--repeat", type=int, default=3, help="runs of each, interleaved; medians are compared")
     p.add_argument("--skip", action="append", default=[], choices=["duckdb", "polars", "dict"])
     p.add_argument("--dir", default=str(ROOT / "bench" / "data"))
     p.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
@@ -179,46 +217,62 @@ def main() -> None:
         child(a.child[0], a.child[1:])
         return
     base = Path(a.dir) / f"compare-{a.records}-{a.keys}-{a.value_bytes}"
-    topic, parquet = str(base / "topic"), str(base / "records.parquet")
+    topic, parquet = base / "topic", str(base / "records.parquet")
     if not (base / "ready").exists():
         shutil.rmtree(base, ignore_errors=True)
         base.mkdir(parents=True)
         t = time.perf_counter()
-        generate(topic, parquet, 1, a.records, a.keys, a.value_bytes)
+        generate(str(topic), parquet, 1, a.records, a.keys, a.value_bytes)
         (base / "ready").write_text("")
         print(json.dumps({"run": "generate", "seconds": round(time.perf_counter() - t, 1)}), flush=True)
-    # every run starts from the same uncompacted topic
-    shutil.rmtree(Path(topic) / "compacted", ignore_errors=True)
-    (Path(topic) / "_meta" / "compaction.json").unlink(missing_ok=True)
-    results: dict[str, dict[str, Any]] = {}
+    # every full run starts from the uncompacted topic as generated
+    shutil.rmtree(topic / "compacted", ignore_errors=True)
+    (topic / "_meta" / "compaction.json").unlink(missing_ok=True)
+    work = base / "full"
+    runs: dict[str, list[dict[str, Any]]] = {}
 
     def show(name: str, r: dict[str, Any]) -> None:
-        results[name] = r
-        r = {"run": name, **r, "records_per_s": round(a.records / r["seconds"])}
-        print(json.dumps(r), flush=True)
+        runs.setdefault(name, []).append(r)
+        print(json.dumps({"run": name, **r, "records_per_s": round(a.records / r["seconds"])}), flush=True)
 
-    show("shale full", spawn("shale", topic))
-    for peer in ("duckdb", "polars", "dict"):
-        if peer in a.skip:
-            continue
-        out = str(base / f"out-{peer}")
-        shutil.rmtree(out, ignore_errors=True)
-        show(peer, spawn(peer, topic if peer == "dict" else parquet, out + ("" if peer == "dict" else ".parquet")))
-    # 1 % new records on a copy of the compacted topic, then an incremental run (the
-    # data set itself stays as generated, so the bench can run again)
+    peers = [x for x in ("duckdb", "polars", "dict") if x not in a.skip]
+    for _ in range(a.repeat):  # interleaved, so that a slow spell of the machine hits everyone
+        link_copy(topic, work)
+        show("shale full", spawn("shale", str(work)))
+        for peer in peers:
+            if peer == "dict" and "dict" in runs:
+                continue  # minutes per run: once is enough
+            out = str(base / f"out-{peer}")
+            shutil.rmtree(out, ignore_errors=True)
+            show(peer, spawn(peer, str(topic) if peer == "dict" else parquet,
+                             out + ("" if peer == "dict" else ".parquet")))
+    # 1 % new records on top of the compacted topic, then incremental runs, each on a
+    # fresh link copy of that state
     inc = int(a.records * a.increment)
-    work = str(base / "incremental")
-    shutil.rmtree(work, ignore_errors=True)
-    shutil.copytree(topic, work)
-    generate(work, str(base / "increment.parquet"), 2, inc, a.keys, a.value_bytes, first=a.records)
-    r = spawn("shale", work)
-    results["shale incremental"] = r
-    print(json.dumps({"run": "shale incremental", "new_records": inc, **r,
-                      "ratio_to_full": round(r["seconds"] / results["shale full"]["seconds"], 3)}), flush=True)
-    full = results["shale full"]["seconds"]
-    print(json.dumps({"run": "ratios (peer time / shale full time)",
-                      **{k: round(v["seconds"] / full, 2) for k, v in results.items()
-                         if k in ("duckdb", "polars", "dict")}}), flush=True)
+    template = base / "incremental-template"
+    shutil.rmtree(template, ignore_errors=True)
+    shutil.copytree(work, template)
+    generate(str(template), str(base / "increment.parquet"), 2, inc, a.keys, a.value_bytes, first=a.records)
+    for _ in range(a.repeat):
+        link_copy(template, base / "incremental")
+        r = spawn("shale", str(base / "incremental"))
+        runs.setdefault("shale incremental", []).append(r)
+        print(json.dumps({"run": "shale incremental", "new_records": inc, **r}), flush=True)
+    summary = {name: summarize(rs) for name, rs in runs.items()}
+    for name, sm in summary.items():
+        print(json.dumps({"summary": name, **sm}), flush=True)
+    full, incr = summary["shale full"], summary["shale incremental"]
+    print(json.dumps({
+        "ratios": "peer median time / shale full median time (imports included, interpreter start not)",
+        **{k: round(v["seconds"] / full["seconds"], 2) for k, v in summary.items() if k in peers},
+        "cpu": {k: round(v["cpu_seconds"] / full["cpu_seconds"], 2) for k, v in summary.items() if k in peers},
+    }), flush=True)
+    print(json.dumps({
+        "incremental / full": "median times",
+        "run": round(incr["run_seconds"] / full["run_seconds"], 3),
+        "with_imports": round(incr["seconds"] / full["seconds"], 3),
+        "whole_process": round(incr["process_seconds"] / full["process_seconds"], 3),
+    }), flush=True)
 
 
 if __name__ == "__main__":
