@@ -192,17 +192,22 @@ def _copy_slice(s: Slice, keep: np.ndarray, since: np.ndarray, sink: _PartSink, 
     foot = f.footer
     rec_start = foot.e_rec_start
     # per-record survival over the whole object (the slice may start mid-object)
-    full_keep = np.zeros(f.n_records, dtype=bool)
-    full_keep[s.start:s.stop] = keep
-    full_since = np.zeros(f.n_records, dtype=np.int64)
-    full_since[s.start:s.stop] = since
-    per_entry = np.add.reduceat(full_keep.astype(np.int64), rec_start[:-1]) if f.n_entries else np.zeros(0)
+    if s.start == 0 and s.stop == f.n_records:
+        full_keep = keep
+    else:
+        full_keep = np.zeros(f.n_records, dtype=bool)
+        full_keep[s.start:s.stop] = keep
+    full_since: np.ndarray | None = None  # only tombstones kept by an earlier run have one
+    if since.any():
+        full_since = np.zeros(f.n_records, dtype=np.int64)
+        full_since[s.start:s.stop] = since
+    per_entry = np.add.reduceat(full_keep, rec_start[:-1], dtype=np.int64) if f.n_entries else np.zeros(0)
     # reduceat gives wrong sums for empty entries; entries always hold >= 1 record
-    wanted = np.nonzero(per_entry > 0)[0]
+    wanted = np.flatnonzero(per_entry > 0)
     last_beat = time.monotonic()
     spans = []
     for c0, c1 in f.chunks(int(wanted[0]), int(wanted[-1]) + 1, config.chunk_bytes):
-        sel = wanted[(wanted >= c0) & (wanted < c1)]
+        sel = wanted[np.searchsorted(wanted, c0):np.searchsorted(wanted, c1)]
         if len(sel):
             spans.append(sel)  # read only the span of entries that hold survivors
 
@@ -233,12 +238,12 @@ def _copy_slice(s: Slice, keep: np.ndarray, since: np.ndarray, sink: _PartSink, 
 
 
 def _copy_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes | memoryview, keep: npt.NDArray[np.bool_],
-                  since: npt.NDArray[np.int64], sink: _PartSink) -> None:
+                  since: npt.NDArray[np.int64] | None, sink: _PartSink) -> None:
     """Copy the kept records of entries ``sel`` (all checked, all in ``buf`` read from
     ``base``) in one batch: whole frames where every record survives, otherwise new
     frames of the surviving records' bytes (see :func:`_frames_blob`)."""
     foot = f.footer
-    rec_start = foot.e_rec_start.astype(np.int64)
+    rec_start = foot.e_rec_start
     e_off = foot.col("e_offset")[sel].astype(np.int64) - base
     e_len = foot.col("e_length")[sel].astype(np.int64)
     r0, r1 = rec_start[sel], rec_start[sel + 1]
@@ -282,7 +287,7 @@ def _copy_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes | 
     # a record's batch index is its place in its entry, except in compacted ledgers (whose
     # entries hold survivors of several batches): computed for the kept records only
     r_batch = foot.col("r_batch")[rec] if foot.kind == KIND_COMPACTED else (rec - r0[which]).astype(np.uint32)
-    r_since = since[rec]
+    r_since = since[rec] if since is not None else np.zeros(len(rec), dtype=np.int64)
     rb = np.concatenate([[0], np.cumsum(kept)])
     i0 = 0
     while i0 < len(sel):

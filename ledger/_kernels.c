@@ -20,6 +20,11 @@
 #include <sys/mman.h>
 #endif
 
+/* Frame headers and the outputs are read and written as host-order integers. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the kernels assume a little-endian CPU (ledger/kernels.py falls back to NumPy elsewhere)"
+#endif
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define SHALE_X86_CRC 1
 #include <nmmintrin.h>
@@ -245,6 +250,61 @@ static PyObject *py_crc32c_ranges(PyObject *self, PyObject *args) {
     PyBuffer_Release(&ends);
     PyBuffer_Release(&data);
     return out;
+}
+
+PyDoc_STRVAR(check_frames_doc,
+             "check_frames(data, offsets, lengths, counts) -> int\n\n"
+             "Check the frames at data[offsets[i]:offsets[i] + lengths[i]]: a 12-byte header of\n"
+             "little-endian uint32 payload length, CRC32C of the payload and record count, then the\n"
+             "payload.  Returns the index of the first frame whose header disagrees with lengths[i]\n"
+             "or counts[i] or whose checksum does not match, or -1 when all are sound.");
+
+static PyObject *py_check_frames(PyObject *self, PyObject *args) {
+    PyObject *data_obj, *offs_obj, *lens_obj, *counts_obj;
+    if (!PyArg_ParseTuple(args, "OOOO", &data_obj, &offs_obj, &lens_obj, &counts_obj)) return NULL;
+    Py_buffer data, offs, lens, counts;
+    Py_ssize_t n;
+    int64_t total;
+    if (PyObject_GetBuffer(data_obj, &data, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (get_ranges(offs_obj, lens_obj, &offs, &lens, &n) < 0) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(counts_obj, &counts, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto release;
+    if (counts.itemsize != 8 || counts.len != offs.len) {
+        PyErr_SetString(PyExc_ValueError, "counts must be an int64 buffer as long as offsets");
+        goto release_counts;
+    }
+    const int64_t *o = offs.buf, *l = lens.buf, *c = counts.buf;
+    int64_t *ends = malloc((size_t)(n ? n : 1) * 8);
+    if (!ends) {
+        PyErr_NoMemory();
+        goto release_counts;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) ends[i] = (l[i] >= 12 && o[i] <= INT64_MAX - l[i]) ? o[i] + l[i] : -1;
+    if (check_ranges(o, ends, n, data.len, &total) == 0) {
+        Py_ssize_t bad = -1;
+        const uint8_t *base = data.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n && bad < 0; i++) {
+            uint32_t head[3];
+            memcpy(head, base + o[i], 12);
+            if ((int64_t)head[0] != l[i] - 12 || (int64_t)head[2] != c[i] ||
+                crc32c(0, base + o[i] + 12, (size_t)(l[i] - 12)) != head[1])
+                bad = i;
+        }
+        Py_END_ALLOW_THREADS
+        result = PyLong_FromSsize_t(bad);
+    }
+    free(ends);
+release_counts:
+    PyBuffer_Release(&counts);
+release:
+    PyBuffer_Release(&offs);
+    PyBuffer_Release(&lens);
+    PyBuffer_Release(&data);
+    return result;
 }
 
 PyDoc_STRVAR(gather_ranges_doc,
@@ -763,6 +823,7 @@ static PyTypeObject KeyTableType = {
 static PyMethodDef methods[] = {
     {"crc32c", py_crc32c, METH_VARARGS, crc32c_doc},
     {"crc32c_ranges", py_crc32c_ranges, METH_VARARGS, crc32c_ranges_doc},
+    {"check_frames", py_check_frames, METH_VARARGS, check_frames_doc},
     {"gather_ranges", py_gather_ranges, METH_VARARGS, gather_ranges_doc},
     {"latest_of_each_key", py_latest_of_each_key, METH_VARARGS, latest_of_each_key_doc},
     {NULL, NULL, 0, NULL},

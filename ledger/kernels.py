@@ -17,8 +17,8 @@ from typing import Final, Protocol
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["KERNELS", "KeyTable", "Scratch", "crc32c", "crc32c_ranges", "gather_ranges", "latest_positions",
-           "new_key_table"]
+__all__ = ["KERNELS", "KeyTable", "Scratch", "check_frames", "crc32c", "crc32c_ranges", "gather_ranges",
+           "latest_positions", "new_key_table"]
 
 Buffer = bytes | bytearray | memoryview
 
@@ -85,6 +85,21 @@ class Scratch:
             # and not zero-filled: every byte handed out is written before it is read.
             self._buf = np.empty(max(n, 2 * len(self._buf)), dtype=np.uint8)
         return self._buf.data[:n]
+
+
+def check_frames(buf: Buffer, offsets: npt.ArrayLike, lengths: npt.ArrayLike, counts: npt.ArrayLike) -> int:
+    """Check the frames at ``buf[offsets[i]:offsets[i] + lengths[i]]`` (a 12-byte header:
+    payload length, CRC32C of the payload, record count; then the payload) against the
+    footer's ``lengths`` and ``counts``: the index of the first bad one, or -1."""
+    o, n, c = _i64(offsets), _i64(lengths), _i64(counts)
+    if _native_crc is not None:
+        return int(_native_crc.check_frames(buf, o, n, c))
+    _check_ranges(len(buf), o, o + n)
+    data = np.frombuffer(buf, dtype=np.uint8)
+    head = data[o[:, None] + np.arange(12)].view("<u4")  # (frames, 3)
+    ok = (head[:, 0] == n - 12) & (head[:, 2] == c)
+    ok &= crc32c_ranges(buf, o + 12, o + n) == head[:, 1]
+    return -1 if ok.all() else int(np.argmin(ok))
 
 
 def gather_ranges(buf: Buffer, starts: npt.ArrayLike, ends: npt.ArrayLike,

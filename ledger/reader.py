@@ -19,7 +19,7 @@ from ledger.format import (
     decode_trailer,
 )
 from ledger.ids import MessageId
-from ledger.kernels import crc32c_ranges
+from ledger.kernels import check_frames
 from ledger.record import DEFAULT_MAX_RECORD_BYTES, Message, decode_records
 from ledger.storage import ObjectStore
 
@@ -193,16 +193,12 @@ class LedgerFile:
         if int(offs[0]) < 0 or int(offs[-1] + lens[-1]) > len(buf):
             raise CorruptLedgerError(f"{self.url}: entries {first}..{stop - 1} lie outside the bytes read",
                                      path=self.url, position=base)
-        data = np.frombuffer(buf, dtype=np.uint8)
-        head = data[offs[:, None] + np.arange(FRAME_HEADER.size)].view("<u4")  # (entries, 3)
         counts = np.diff(foot.e_rec_start[first:stop + 1])
-        ok = (head[:, 0] == lens - FRAME_HEADER.size) & (head[:, 2] == counts)
-        ok &= crc32c_ranges(buf, offs + FRAME_HEADER.size, offs + lens) == head[:, 1]
-        if not ok.all():
-            bad = first + int(np.argmin(ok))
-            self.frame_payload(buf, base, bad)  # raises, naming the entry and what is wrong
-            raise CorruptLedgerError(f"{self.url}: entry {self._entry_name(bad)}: bad frame",
-                                     path=self.url, position=int(offs[bad - first]) + base)
+        bad = check_frames(buf, offs, lens, counts)
+        if bad >= 0:
+            self.frame_payload(buf, base, first + bad)  # raises, naming the entry and what is wrong
+            raise CorruptLedgerError(f"{self.url}: entry {self._entry_name(first + bad)}: bad frame",
+                                     path=self.url, position=int(offs[bad]) + base)
 
     def _entry_name(self, entry: int) -> str:
         return f"{int(self.entry_ledgers[entry])}:{int(self.entry_ids[entry])}"
