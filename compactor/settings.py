@@ -34,7 +34,8 @@ _FALSE: Final = frozenset({"0", "false", "no", "off"})
 #: Settings that are not flags but shape a run: shown by --print-config (secrets masked).
 _ENVIRONMENT: Final = ("AWS_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
                        "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-                       "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "GOOGLE_APPLICATION_CREDENTIALS", "SHALE_DEBUG")
+                       "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "GOOGLE_APPLICATION_CREDENTIALS", "SHALE_DEBUG",
+                       "SHALE_KERNELS")
 _SECRET_NAME: Final = re.compile(r"secret|password|passwd|token|credential|access[._-]?key|session", re.I)
 _MASK: Final = "****"
 
@@ -184,7 +185,10 @@ def _show(value: Any, name: str) -> Any:
 def print_config(settings: list[Setting], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The effective settings as a JSON-ready document, secrets masked."""
     environ = os.environ if environ is None else environ
-    doc: dict[str, Any] = {"settings": {}, "environment": {}}
+    from ledger.kernels import KERNELS
+
+    # which hot loops this process runs: "native" (the C kernels) or "numpy" (fallbacks)
+    doc: dict[str, Any] = {"settings": {}, "environment": {}, "kernels": KERNELS}
     for s in settings:
         value = s.value
         if s.dest == "spark_conf":

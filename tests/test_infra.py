@@ -549,6 +549,11 @@ def test_dockerfile_builder_makes_wheels() -> None:
     for stage, extras in (("venv-local", "[s3]"), ("venv-spark", "[s3,spark]")):
         install = " ".join(all_of(stages[stage][1], "RUN"))
         assert re.search(r"pip install --no-index --find-links /wheels [^&;]*" + re.escape(extras), install), stage
+        # the C kernels are optional for pip, not for the image: their import is checked
+        assert re.search(r"pip install .*&& /opt/shale/bin/python -c \"import ledger._kernels\"", install), stage
+    # ... and built, with a compiler the final stages do not copy
+    assert re.search(r"apt-get install -y --no-install-recommends gcc libc6-dev", runs)
+    assert runs.index("gcc") < runs.index("pip wheel")
 
 
 def test_dockerfile_copies_every_package_of_the_project() -> None:

@@ -105,6 +105,15 @@ def test_print_config_masks_secrets() -> None:
     assert mask_secrets("s3://bucket/prefix") == "s3://bucket/prefix"
 
 
+def test_print_config_says_which_kernels_run() -> None:
+    """The C kernels by default (the suite is run where they build), the NumPy
+    fallbacks when SHALE_KERNELS=numpy asks for them."""
+    assert json.loads(run_cli("--print-config", "/t", env={}, script="compact").stdout)["kernels"] == "native"
+    r = run_cli("--print-config", "/t", env={"SHALE_KERNELS": "numpy"}, script="compact")
+    doc = json.loads(r.stdout)
+    assert doc["kernels"] == "numpy" and doc["environment"]["SHALE_KERNELS"] == "numpy"
+
+
 # ------------------------------------------------------------ logs and progress
 
 def test_json_logs_are_one_object_per_event(tmp_path: Path) -> None:
