@@ -170,32 +170,80 @@ static uint32_t crc32c(uint32_t value, const uint8_t *p, size_t n) {
 /* ------------------------------------------------------------------------------------ */
 /* Buffer helpers                                                                        */
 
-static int get_ranges(PyObject *starts_obj, PyObject *ends_obj, Py_buffer *starts, Py_buffer *ends, Py_ssize_t *n) {
-    if (PyObject_GetBuffer(starts_obj, starts, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
-    if (PyObject_GetBuffer(ends_obj, ends, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
-        PyBuffer_Release(starts);
+/* Whether a buffer holds 64-bit integers in native order: itemsize 8 and a struct format
+ * of one integer code (signed 'q'/'l' or unsigned 'Q'/'L'), so that float64 or
+ * big-endian arrays are refused rather than reinterpreted. */
+static int is_int64(const Py_buffer *v, int want_signed) {
+    const char *f = v->format ? v->format : "B";
+    if (*f == '@' || *f == '=' || *f == '<') f++;
+    if (v->itemsize != 8 || f[0] == '\0' || f[1] != '\0') return 0;
+    return want_signed ? (f[0] == 'q' || f[0] == 'l') : (f[0] == 'q' || f[0] == 'l' || f[0] == 'Q' || f[0] == 'L');
+}
+
+/* The 64-bit integers of a buffer, copied into fresh memory (read at any alignment):
+ * the values checked are then the values used, whatever another thread does to the
+ * caller's array while the interpreter lock is released.  NULL with an exception set
+ * on error; free() the result. */
+static int64_t *copy_int64(PyObject *obj, const char *what, int want_signed, Py_ssize_t *n) {
+    Py_buffer v;
+    if (PyObject_GetBuffer(obj, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+    int64_t *out = NULL;
+    if (!is_int64(&v, want_signed)) {
+        PyErr_Format(PyExc_ValueError, "%s must be a buffer of %s 64-bit integers", what,
+                     want_signed ? "signed" : "");
+    } else if (!(out = malloc(v.len ? (size_t)v.len : 1))) {
+        PyErr_NoMemory();
+    } else {
+        memcpy(out, v.buf, (size_t)v.len);
+        *n = v.len / 8;
+    }
+    PyBuffer_Release(&v);
+    return out;
+}
+
+typedef struct {
+    int64_t *s, *e; /* private copies */
+    Py_ssize_t n;
+} ranges_t;
+
+static void free_ranges(ranges_t *r) {
+    free(r->s);
+    free(r->e);
+    r->s = r->e = NULL;
+}
+
+static int get_ranges(PyObject *starts_obj, PyObject *ends_obj, ranges_t *r) {
+    Py_ssize_t ns = 0, ne = 0;
+    r->s = r->e = NULL;
+    if (!(r->s = copy_int64(starts_obj, "starts", 1, &ns)) || !(r->e = copy_int64(ends_obj, "ends", 1, &ne))) {
+        free_ranges(r);
         return -1;
     }
-    if (starts->itemsize != 8 || ends->itemsize != 8 || starts->len != ends->len) {
-        PyErr_SetString(PyExc_ValueError, "starts and ends must be int64 buffers of one length");
-        PyBuffer_Release(starts);
-        PyBuffer_Release(ends);
+    if (ns != ne) {
+        PyErr_SetString(PyExc_ValueError, "starts and ends must have one length");
+        free_ranges(r);
         return -1;
     }
-    *n = starts->len / 8;
+    r->n = ns;
     return 0;
 }
 
-/* Every range must lie inside the buffer: a bad footer must raise, never read astray. */
-static int check_ranges(const int64_t *s, const int64_t *e, Py_ssize_t n, Py_ssize_t size, int64_t *total) {
+/* Every range must lie inside the buffer (a bad footer must raise, never read astray)
+ * and their total must be representable. */
+static int check_ranges(const ranges_t *r, Py_ssize_t size, int64_t *total) {
     int64_t sum = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (s[i] < 0 || e[i] < s[i] || e[i] > size) {
+    for (Py_ssize_t i = 0; i < r->n; i++) {
+        int64_t s = r->s[i], e = r->e[i];
+        if (s < 0 || e < s || e > size) {
             PyErr_Format(PyExc_ValueError, "range %zd (%lld..%lld) lies outside the buffer of %zd bytes", i,
-                         (long long)s[i], (long long)e[i], size);
+                         (long long)s, (long long)e, size);
             return -1;
         }
-        sum += e[i] - s[i];
+        if (e - s > INT64_MAX - sum) {
+            PyErr_SetString(PyExc_ValueError, "the ranges add up to more bytes than can be held");
+            return -1;
+        }
+        sum += e - s;
     }
     *total = sum;
     return 0;
@@ -226,28 +274,26 @@ PyDoc_STRVAR(crc32c_ranges_doc,
 static PyObject *py_crc32c_ranges(PyObject *self, PyObject *args) {
     PyObject *data_obj, *starts_obj, *ends_obj;
     if (!PyArg_ParseTuple(args, "OOO", &data_obj, &starts_obj, &ends_obj)) return NULL;
-    Py_buffer data, starts, ends;
-    Py_ssize_t n;
+    Py_buffer data;
+    ranges_t r;
     int64_t total;
     if (PyObject_GetBuffer(data_obj, &data, PyBUF_C_CONTIGUOUS) < 0) return NULL;
-    if (get_ranges(starts_obj, ends_obj, &starts, &ends, &n) < 0) {
+    if (get_ranges(starts_obj, ends_obj, &r) < 0) {
         PyBuffer_Release(&data);
         return NULL;
     }
     PyObject *out = NULL;
-    const int64_t *s = starts.buf, *e = ends.buf;
-    if (check_ranges(s, e, n, data.len, &total) == 0 && (out = PyByteArray_FromStringAndSize(NULL, n * 4))) {
-        uint32_t *crcs = (uint32_t *)PyByteArray_AS_STRING(out);
+    if (check_ranges(&r, data.len, &total) == 0 && (out = PyByteArray_FromStringAndSize(NULL, r.n * 4))) {
+        uint8_t *crcs = (uint8_t *)PyByteArray_AS_STRING(out);
         const uint8_t *base = data.buf;
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < n; i++) {
-            uint32_t c = crc32c(0, base + s[i], (size_t)(e[i] - s[i]));
-            memcpy(crcs + i, &c, 4);
+        for (Py_ssize_t i = 0; i < r.n; i++) {
+            uint32_t c = crc32c(0, base + r.s[i], (size_t)(r.e[i] - r.s[i]));
+            memcpy(crcs + 4 * i, &c, 4);
         }
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&starts);
-    PyBuffer_Release(&ends);
+    free_ranges(&r);
     PyBuffer_Release(&data);
     return out;
 }
@@ -262,47 +308,48 @@ PyDoc_STRVAR(check_frames_doc,
 static PyObject *py_check_frames(PyObject *self, PyObject *args) {
     PyObject *data_obj, *offs_obj, *lens_obj, *counts_obj;
     if (!PyArg_ParseTuple(args, "OOOO", &data_obj, &offs_obj, &lens_obj, &counts_obj)) return NULL;
-    Py_buffer data, offs, lens, counts;
-    Py_ssize_t n;
-    int64_t total;
+    Py_buffer data;
+    ranges_t r; /* offsets and lengths for now; ends below */
+    Py_ssize_t nc = 0;
+    int64_t total, *counts = NULL;
     if (PyObject_GetBuffer(data_obj, &data, PyBUF_C_CONTIGUOUS) < 0) return NULL;
-    if (get_ranges(offs_obj, lens_obj, &offs, &lens, &n) < 0) {
+    if (get_ranges(offs_obj, lens_obj, &r) < 0) {
         PyBuffer_Release(&data);
         return NULL;
     }
     PyObject *result = NULL;
-    if (PyObject_GetBuffer(counts_obj, &counts, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto release;
-    if (counts.itemsize != 8 || counts.len != offs.len) {
-        PyErr_SetString(PyExc_ValueError, "counts must be an int64 buffer as long as offsets");
-        goto release_counts;
+    if (!(counts = copy_int64(counts_obj, "counts", 1, &nc))) goto done;
+    if (nc != r.n) {
+        PyErr_SetString(PyExc_ValueError, "counts must be as long as offsets");
+        goto done;
     }
-    const int64_t *o = offs.buf, *l = lens.buf, *c = counts.buf;
-    int64_t *ends = malloc((size_t)(n ? n : 1) * 8);
-    if (!ends) {
-        PyErr_NoMemory();
-        goto release_counts;
+    for (Py_ssize_t i = 0; i < r.n; i++) {
+        int64_t o = r.s[i], l = r.e[i];
+        if (l < 12 || o < 0 || o > INT64_MAX - l) {
+            PyErr_Format(PyExc_ValueError, "frame %zd (%lld bytes at %lld) cannot hold its header", i, (long long)l,
+                         (long long)o);
+            goto done;
+        }
+        r.e[i] = o + l;
     }
-    for (Py_ssize_t i = 0; i < n; i++) ends[i] = (l[i] >= 12 && o[i] <= INT64_MAX - l[i]) ? o[i] + l[i] : -1;
-    if (check_ranges(o, ends, n, data.len, &total) == 0) {
+    if (check_ranges(&r, data.len, &total) == 0) {
         Py_ssize_t bad = -1;
         const uint8_t *base = data.buf;
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < n && bad < 0; i++) {
+        for (Py_ssize_t i = 0; i < r.n && bad < 0; i++) {
             uint32_t head[3];
-            memcpy(head, base + o[i], 12);
-            if ((int64_t)head[0] != l[i] - 12 || (int64_t)head[2] != c[i] ||
-                crc32c(0, base + o[i] + 12, (size_t)(l[i] - 12)) != head[1])
+            int64_t len = r.e[i] - r.s[i];
+            memcpy(head, base + r.s[i], 12);
+            if ((int64_t)head[0] != len - 12 || (int64_t)head[2] != counts[i] ||
+                crc32c(0, base + r.s[i] + 12, (size_t)(len - 12)) != head[1])
                 bad = i;
         }
         Py_END_ALLOW_THREADS
         result = PyLong_FromSsize_t(bad);
     }
-    free(ends);
-release_counts:
-    PyBuffer_Release(&counts);
-release:
-    PyBuffer_Release(&offs);
-    PyBuffer_Release(&lens);
+done:
+    free(counts);
+    free_ranges(&r);
     PyBuffer_Release(&data);
     return result;
 }
@@ -310,48 +357,52 @@ release:
 PyDoc_STRVAR(gather_ranges_doc,
              "gather_ranges(data, starts, ends, out=None) -> bytearray | int\n\n"
              "data[starts[0]:ends[0]] + data[starts[1]:ends[1]] + ... in one new buffer, or\n"
-             "written to the start of the writable buffer out (then the byte count is returned).");
+             "written to the start of the writable buffer out, which must not overlap data\n"
+             "(then the byte count is returned).");
 
 static PyObject *py_gather_ranges(PyObject *self, PyObject *args) {
     PyObject *data_obj, *starts_obj, *ends_obj, *out_obj = Py_None;
     if (!PyArg_ParseTuple(args, "OOO|O", &data_obj, &starts_obj, &ends_obj, &out_obj)) return NULL;
-    Py_buffer data, starts, ends, out_view = {0};
-    Py_ssize_t n;
+    Py_buffer data, out_view = {0};
+    ranges_t r;
     int64_t total;
     if (PyObject_GetBuffer(data_obj, &data, PyBUF_C_CONTIGUOUS) < 0) return NULL;
-    if (get_ranges(starts_obj, ends_obj, &starts, &ends, &n) < 0) {
+    if (get_ranges(starts_obj, ends_obj, &r) < 0) {
         PyBuffer_Release(&data);
         return NULL;
     }
     PyObject *result = NULL;
     uint8_t *dst = NULL;
-    const int64_t *s = starts.buf, *e = ends.buf;
-    if (check_ranges(s, e, n, data.len, &total) < 0) goto done;
+    if (check_ranges(&r, data.len, &total) < 0) goto done;
     if (out_obj != Py_None) {
         if (PyObject_GetBuffer(out_obj, &out_view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) goto done;
         if (out_view.len < total) {
             PyErr_Format(PyExc_ValueError, "out holds %zd bytes, the ranges %lld", out_view.len, (long long)total);
             goto done;
         }
+        const uint8_t *o0 = out_view.buf, *d0 = data.buf;
+        if (total && data.len && o0 < d0 + data.len && d0 < o0 + total) {
+            PyErr_SetString(PyExc_ValueError, "out overlaps data");
+            goto done;
+        }
         dst = out_view.buf;
         result = PyLong_FromLongLong(total);
-    } else if ((result = PyByteArray_FromStringAndSize(NULL, total))) {
+    } else if ((result = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)total))) {
         dst = (uint8_t *)PyByteArray_AS_STRING(result);
     }
     if (result) {
         const uint8_t *base = data.buf;
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < n; i++) {
-            size_t len = (size_t)(e[i] - s[i]);
-            memcpy(dst, base + s[i], len);
+        for (Py_ssize_t i = 0; i < r.n; i++) {
+            size_t len = (size_t)(r.e[i] - r.s[i]);
+            memcpy(dst, base + r.s[i], len);
             dst += len;
         }
         Py_END_ALLOW_THREADS
     }
 done:
     if (out_view.obj) PyBuffer_Release(&out_view);
-    PyBuffer_Release(&starts);
-    PyBuffer_Release(&ends);
+    free_ranges(&r);
     PyBuffer_Release(&data);
     return result;
 }
@@ -369,16 +420,18 @@ done:
 
 typedef struct {
     uint64_t hi, lo;
-    int64_t idx; /* -1: empty */
+    int64_t idx; /* -1: empty; positions are never negative */
 } slot_t;
 
 typedef struct {
     slot_t *slots;
-    size_t cap;  /* home slots: a power of two */
-    size_t size; /* cap plus the overflow area */
-    int shift;   /* 64 - log2(cap) */
-    int skip;    /* top bits every key shares (one thread's part of the hash range) */
-    size_t count;
+    size_t cap;     /* home slots: a power of two */
+    size_t size;    /* cap plus the overflow area */
+    int shift;      /* 64 - log2(cap) */
+    int skip;       /* top bits every key shares (one thread's part of the hash range) */
+    size_t count;   /* keys held */
+    size_t records; /* records put, for the probe budget */
+    size_t probes;  /* slots probed past the home slot, summed over those records */
 } table_t;
 
 /* The home slot: the hash bits right after those every key of the table shares, so
@@ -386,6 +439,19 @@ typedef struct {
 static inline size_t home(const table_t *t, uint64_t hi) { return (size_t)((hi << t->skip) >> t->shift); }
 
 #define PREFETCH_AHEAD 16
+
+/* Probes one key may take, and probes per record on average (beyond a start), before
+ * the table is declared crowded.  Uniform hashes at half load need a couple and leave
+ * no run of occupied slots near this long; only keys crafted to share their top hash
+ * bits get here, and the caller then sorts, at a cost that does not depend on the
+ * keys.  The limit also bounds a lookup. */
+#define MAX_PROBES 256
+#define PROBES_PER_RECORD 16
+#define PROBES_FREE ((size_t)1 << 20)
+
+static inline int over_budget(const table_t *t) {
+    return t->probes > PROBES_FREE + PROBES_PER_RECORD * t->records;
+}
 
 #define HUGE_PAGE ((size_t)2 << 20)
 
@@ -402,26 +468,21 @@ static void *table_alloc(size_t bytes) {
 }
 
 static int table_init(table_t *t, int bits, int skip) {
+    memset(t, 0, sizeof(table_t));
     t->skip = skip;
     t->cap = (size_t)1 << bits;
     t->size = t->cap + t->cap / 8 + 64;
     t->shift = 64 - bits;
-    t->count = 0;
     t->slots = table_alloc(t->size * sizeof(slot_t));
     if (!t->slots) return -1;
     for (size_t i = 0; i < t->size; i++) t->slots[i].idx = -1;
     return 0;
 }
 
-/* Probes one key may take before the table is declared crowded.  Uniform hashes at half
- * load need a couple; only keys crafted to share their top hash bits get here, and the
- * caller then takes the sort-based path, whose cost does not depend on the keys. */
-#define MAX_PROBES 4096
-
 /* 1: placed or updated; 0: ran off the overflow area (the caller grows the table);
- * -1: crowded. */
+ * -1: crowded (MAX_PROBES slots taken). */
 static inline int table_put(table_t *t, uint64_t hi, uint64_t lo, int64_t idx) {
-    size_t s = home(t, hi);
+    size_t s = home(t, hi), first = s;
     size_t stop = s + MAX_PROBES < t->size ? s + MAX_PROBES : t->size;
     slot_t *slots = t->slots;
     for (; s < stop; s++) {
@@ -431,26 +492,31 @@ static inline int table_put(table_t *t, uint64_t hi, uint64_t lo, int64_t idx) {
             x->lo = lo;
             x->idx = idx;
             t->count++;
+            t->probes += s - first;
             return 1;
         }
         if (x->hi == hi && x->lo == lo) {
             if (idx > x->idx) x->idx = idx;
+            t->probes += s - first;
             return 1;
         }
     }
+    t->probes += s - first;
     return stop == t->size ? 0 : -1;
 }
 
 /* Re-insert everything into a table of the next size that takes it: 0 done, -1 out of
  * memory, -2 crowded even at max_cap slots. */
 static int table_grow(table_t *t, size_t max_cap) {
-    for (int bits = 64 - t->shift + 1; ((size_t)1 << bits) <= max_cap; bits++) {
+    for (int bits = 64 - t->shift + 1; bits < 62 && ((size_t)1 << bits) <= max_cap; bits++) {
         table_t bigger;
         if (table_init(&bigger, bits, t->skip) < 0) return -1;
         int ok = 1;
         for (size_t i = 0; i < t->size && ok == 1; i++)
             if (t->slots[i].idx >= 0) ok = table_put(&bigger, t->slots[i].hi, t->slots[i].lo, t->slots[i].idx);
         if (ok == 1) {
+            bigger.records = t->records; /* re-inserting costs no budget */
+            bigger.probes = t->probes;
             free(t->slots);
             *t = bigger;
             return 0;
@@ -491,11 +557,8 @@ static size_t sort_occupied(const slot_t *src, size_t size, slot_t *dst) {
     return m;
 }
 
-/* Sorts the table's keys into slots[0 .. count) (the table is no longer a table then). */
-static void table_sort(table_t *t) { t->count = sort_occupied(t->slots, t->size, t->slots); }
-
-/* Fills t with the distinct keys (table_sort then puts them in order); -1 when memory
- * ran out, -2 when the keys crowd one part of the table (nothing to free then). */
+/* Fills t with the distinct keys; -1 when memory ran out, -2 when the keys crowd the
+ * table (nothing to free then). */
 static int latest_keys(const uint64_t *hi, const uint64_t *lo, Py_ssize_t n, table_t *t) {
     int bits = 10;
     /* small to begin with (a key map is often far smaller than its records), then doubled:
@@ -510,15 +573,45 @@ static int latest_keys(const uint64_t *hi, const uint64_t *lo, Py_ssize_t n, tab
     int rc = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (i + PREFETCH_AHEAD < n) __builtin_prefetch(t->slots + home(t, ld64(hi + i + PREFETCH_AHEAD)), 1, 3);
+        t->records++;
         while (table_put(t, ld64(hi + i), ld64(lo + i), i) != 1)
             if ((rc = table_grow(t, max_cap)) < 0) goto fail;
         if (t->count * 2 > t->cap && (rc = table_grow(t, max_cap)) < 0) goto fail;
+        if (over_budget(t)) {
+            rc = -2;
+            goto fail;
+        }
     }
     return 0;
 fail:
     free(t->slots);
     t->slots = NULL;
     return rc;
+}
+
+/* A buffer of 64-bit integers (hashes: any integer code; positions: signed). */
+static int get_int64_view(PyObject *obj, Py_buffer *view, const char *what, int want_signed) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    if (!is_int64(view, want_signed)) {
+        PyErr_Format(PyExc_ValueError, "%s must be a buffer of %s64-bit integers", what,
+                     want_signed ? "signed " : "");
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* The sorted keys of a table as three bytearrays (hi, lo, pos), from `sorted`, which
+ * holds m of them. */
+static PyObject *keys_tuple(const slot_t *sorted, size_t m, PyObject *hi, PyObject *lo, PyObject *pos) {
+    uint64_t *h = (uint64_t *)PyByteArray_AS_STRING(hi), *l = (uint64_t *)PyByteArray_AS_STRING(lo);
+    int64_t *p = (int64_t *)PyByteArray_AS_STRING(pos);
+    for (size_t i = 0; i < m; i++) {
+        h[i] = sorted[i].hi;
+        l[i] = sorted[i].lo;
+        p[i] = sorted[i].idx;
+    }
+    return PyTuple_Pack(3, hi, lo, pos);
 }
 
 PyDoc_STRVAR(latest_of_each_key_doc,
@@ -532,21 +625,21 @@ static PyObject *py_latest_of_each_key(PyObject *self, PyObject *args) {
     PyObject *hi_obj, *lo_obj;
     if (!PyArg_ParseTuple(args, "OO", &hi_obj, &lo_obj)) return NULL;
     Py_buffer hi, lo;
-    if (PyObject_GetBuffer(hi_obj, &hi, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
-    if (PyObject_GetBuffer(lo_obj, &lo, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+    if (get_int64_view(hi_obj, &hi, "hi", 0) < 0) return NULL;
+    if (get_int64_view(lo_obj, &lo, "lo", 0) < 0) {
         PyBuffer_Release(&hi);
         return NULL;
     }
     PyObject *result = NULL;
-    if (hi.itemsize != 8 || lo.itemsize != 8 || hi.len != lo.len) {
-        PyErr_SetString(PyExc_ValueError, "hi and lo must be uint64 buffers of one length");
+    if (hi.len != lo.len) {
+        PyErr_SetString(PyExc_ValueError, "hi and lo must have one length");
         goto done;
     }
     table_t t;
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = latest_keys(hi.buf, lo.buf, hi.len / 8, &t);
-    if (rc == 0) table_sort(&t);
+    if (rc == 0) t.count = sort_occupied(t.slots, t.size, t.slots);
     Py_END_ALLOW_THREADS
     if (rc == -2) {
         result = Py_NewRef(Py_None); /* crowded: the caller sorts instead */
@@ -573,12 +666,16 @@ done:
 /*
  * Pass one adds the records of many ledgers, in position order, to one table and reads
  * it out once, instead of merging sorted runs.  A record's position is given (or is
- * `first` plus its index); the table keeps the greatest position of each key.
+ * `first` plus its index); the table keeps the greatest position of each key.  One
+ * table serves one thread at a time: a call made while another is running on the same
+ * table (they run without the interpreter lock) raises instead of racing it.
  */
 
 typedef struct {
     PyObject_HEAD
-    table_t t; /* t.slots is NULL until the first record arrives and after finish() */
+    table_t t;    /* t.slots is NULL until the first record arrives and after finish() */
+    size_t bits0; /* the size asked for at creation, used by the first add */
+    int busy;
 } KeyTableObject;
 
 static void keytable_dealloc(KeyTableObject *self) {
@@ -593,26 +690,21 @@ static PyObject *keytable_new(PyTypeObject *type, PyObject *args, PyObject *kwds
     KeyTableObject *self = (KeyTableObject *)type->tp_alloc(type, 0);
     if (!self) return NULL;
     memset(&self->t, 0, sizeof(table_t));
-    if (expected > 0) {
-        /* sized for `expected` keys at half load: no growing, and sorted keys (a finished
-         * map) spread over the whole table instead of crowding its start */
-        int bits = 10;
-        while (bits < 48 && ((size_t)1 << bits) < (size_t)expected * 2) bits++;
-        if (table_init(&self->t, bits, 0) < 0) {
-            Py_DECREF(self);
-            return PyErr_NoMemory();
-        }
-    }
+    /* room for `expected` keys at half load from the first add: no growing, and sorted
+     * keys (a finished map) spread over the whole table instead of crowding its start */
+    int bits = 16;
+    while (bits < 48 && expected > 0 && ((size_t)1 << bits) < (size_t)expected * 2) bits++;
+    self->bits0 = (size_t)bits;
+    self->busy = 0;
     return (PyObject *)self;
 }
 
-static int get_u64(PyObject *obj, Py_buffer *view, const char *what) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
-    if (view->itemsize != 8) {
-        PyErr_Format(PyExc_ValueError, "%s must be a buffer of 64-bit values", what);
-        PyBuffer_Release(view);
+static int keytable_enter(KeyTableObject *self) {
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "KeyTable used by two threads at once");
         return -1;
     }
+    self->busy = 1;
     return 0;
 }
 
@@ -623,10 +715,11 @@ static int get_u64(PyObject *obj, Py_buffer *view, const char *what) {
 
 PyDoc_STRVAR(keytable_add_doc,
              "add(hi, lo, pos=None, first=0, part_shift=64, part=0) -> int\n\n"
-             "Add records: uint64 hashes hi and lo, int64 positions pos (or first, first + 1,\n"
+             "Add records: uint64 hashes hi and lo, int64 positions pos >= 0 (or first, first + 1,\n"
              "... when pos is None).  With part_shift < 64 only records whose hi >> part_shift\n"
-             "equals part are added.  Returns how many records were taken: all of them, or\n"
-             "fewer when crafted keys crowd the table (the rest are for the caller to handle).");
+             "equals part are added (every add to one table uses one part_shift).  Returns how\n"
+             "many records were taken: all of them, or fewer when crafted keys crowd the table\n"
+             "(the rest are for the caller to handle).");
 
 static PyObject *keytable_add(KeyTableObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"hi", "lo", "pos", "first", "part_shift", "part", NULL};
@@ -642,28 +735,38 @@ static PyObject *keytable_add(KeyTableObject *self, PyObject *args, PyObject *kw
         return NULL;
     }
     Py_buffer hi, lo, pos = {0};
-    if (get_u64(hi_obj, &hi, "hi") < 0) return NULL;
-    if (get_u64(lo_obj, &lo, "lo") < 0) {
+    if (get_int64_view(hi_obj, &hi, "hi", 0) < 0) return NULL;
+    if (get_int64_view(lo_obj, &lo, "lo", 0) < 0) {
         PyBuffer_Release(&hi);
         return NULL;
     }
     PyObject *result = NULL;
-    int have_pos = pos_obj != Py_None;
-    if (have_pos && get_u64(pos_obj, &pos, "pos") < 0) goto done;
+    int have_pos = pos_obj != Py_None, entered = 0;
+    if (have_pos && get_int64_view(pos_obj, &pos, "pos", 1) < 0) goto done;
     if (hi.len != lo.len || (have_pos && pos.len != hi.len)) {
         PyErr_SetString(PyExc_ValueError, "hi, lo and pos must have one length");
         goto done;
     }
     Py_ssize_t n = hi.len / 8, i = 0;
+    if (!have_pos && (first < 0 || first > INT64_MAX - n)) {
+        PyErr_SetString(PyExc_ValueError, "positions must lie between 0 and 2**63 - 1");
+        goto done;
+    }
+    if (keytable_enter(self) < 0) goto done;
+    entered = 1;
     int rc = 0;
     table_t *t = &self->t;
     int skip = 64 - part_shift;
-    if (!t->slots && n && table_init(t, 16, skip) < 0) {
-        PyErr_NoMemory();
-        goto done;
-    }
     if (t->slots && t->skip != skip) {
-        PyErr_SetString(PyExc_ValueError, "every add to one table must use the same part_shift");
+        if (t->count) {
+            PyErr_SetString(PyExc_ValueError, "every add to one table must use the same part_shift");
+            goto done;
+        }
+        free(t->slots); /* nothing in it yet: start again with this part_shift */
+        t->slots = NULL;
+    }
+    if (!t->slots && n && table_init(t, (int)self->bits0, skip) < 0) {
+        PyErr_NoMemory();
         goto done;
     }
     const uint64_t *h = hi.buf, *l = lo.buf;
@@ -677,21 +780,36 @@ static PyObject *keytable_add(KeyTableObject *self, PyObject *args, PyObject *kw
             if (part_shift == 64 || (ahead >> part_shift) == part) __builtin_prefetch(t->slots + home(t, ahead), 1, 3);
         }
         int64_t at = ps ? (int64_t)ld64((const uint64_t *)(ps + i)) : (int64_t)first + i;
+        if (at < 0) {
+            rc = -3;
+            break;
+        }
+        t->records++;
         int put;
         while ((put = table_put(t, key_hi, ld64(l + i), at)) != 1) {
             size_t max_cap = (t->count + 1) * CROWD_SLOTS_PER_KEY + ((size_t)1 << 16);
             if (put < 0 && t->cap >= max_cap) break;
-            if ((rc = table_grow(t, put < 0 ? max_cap * 2 : (size_t)1 << 62)) < 0) break;
+            if ((rc = table_grow(t, put < 0 ? max_cap * 2 : (size_t)1 << 61)) < 0) break;
         }
-        if (put != 1) break;
-        if (t->count * 2 > t->cap && (rc = table_grow(t, (size_t)1 << 62)) < 0) break;
+        if (put != 1) {
+            t->records--;
+            break;
+        }
+        if (t->count * 2 > t->cap && (rc = table_grow(t, (size_t)1 << 61)) < 0) break;
+        if (over_budget(t)) {
+            i++; /* this record is in */
+            break;
+        }
     }
     Py_END_ALLOW_THREADS
     if (rc == -1)
         PyErr_NoMemory();
+    else if (rc == -3)
+        PyErr_Format(PyExc_ValueError, "position %zd is negative", i);
     else
         result = PyLong_FromSsize_t(i);
 done:
+    if (entered) self->busy = 0;
     PyBuffer_Release(&hi);
     PyBuffer_Release(&lo);
     if (have_pos && pos.obj) PyBuffer_Release(&pos);
@@ -705,35 +823,38 @@ static PyObject *keytable_contains(KeyTableObject *self, PyObject *args) {
     PyObject *hi_obj, *lo_obj;
     if (!PyArg_ParseTuple(args, "OO", &hi_obj, &lo_obj)) return NULL;
     Py_buffer hi, lo;
-    if (get_u64(hi_obj, &hi, "hi") < 0) return NULL;
-    if (get_u64(lo_obj, &lo, "lo") < 0) {
+    if (get_int64_view(hi_obj, &hi, "hi", 0) < 0) return NULL;
+    if (get_int64_view(lo_obj, &lo, "lo", 0) < 0) {
         PyBuffer_Release(&hi);
         return NULL;
     }
     PyObject *out = NULL;
     if (hi.len != lo.len) {
         PyErr_SetString(PyExc_ValueError, "hi and lo must have one length");
-    } else if ((out = PyByteArray_FromStringAndSize(NULL, hi.len / 8))) {
-        uint8_t *found = (uint8_t *)PyByteArray_AS_STRING(out);
-        const uint64_t *h = hi.buf, *l = lo.buf;
-        const table_t *t = &self->t;
-        Py_ssize_t n = hi.len / 8;
-        Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < n; i++) {
-            found[i] = 0;
-            if (!t->slots) continue;
-            if (i + PREFETCH_AHEAD < n) __builtin_prefetch(t->slots + home(t, ld64(h + i + PREFETCH_AHEAD)), 0, 3);
-            /* keys sit at most MAX_PROBES past their home slot, and no key is ever removed */
-            uint64_t key_hi = ld64(h + i), key_lo = ld64(l + i);
-            size_t s = home(t, key_hi);
-            size_t stop = s + MAX_PROBES < t->size ? s + MAX_PROBES : t->size;
-            for (; s < stop && t->slots[s].idx >= 0; s++)
-                if (t->slots[s].hi == key_hi && t->slots[s].lo == key_lo) {
-                    found[i] = 1;
-                    break;
-                }
+    } else if (keytable_enter(self) == 0) {
+        if ((out = PyByteArray_FromStringAndSize(NULL, hi.len / 8))) {
+            uint8_t *found = (uint8_t *)PyByteArray_AS_STRING(out);
+            const uint64_t *h = hi.buf, *l = lo.buf;
+            const table_t *t = &self->t;
+            Py_ssize_t n = hi.len / 8;
+            Py_BEGIN_ALLOW_THREADS
+            for (Py_ssize_t i = 0; i < n; i++) {
+                found[i] = 0;
+                if (!t->slots) continue;
+                if (i + PREFETCH_AHEAD < n) __builtin_prefetch(t->slots + home(t, ld64(h + i + PREFETCH_AHEAD)), 0, 3);
+                /* keys sit at most MAX_PROBES past their home slot, and none is ever removed */
+                uint64_t key_hi = ld64(h + i), key_lo = ld64(l + i);
+                size_t s = home(t, key_hi);
+                size_t stop = s + MAX_PROBES < t->size ? s + MAX_PROBES : t->size;
+                for (; s < stop && t->slots[s].idx >= 0; s++)
+                    if (t->slots[s].hi == key_hi && t->slots[s].lo == key_lo) {
+                        found[i] = 1;
+                        break;
+                    }
+            }
+            Py_END_ALLOW_THREADS
         }
-        Py_END_ALLOW_THREADS
+        self->busy = 0;
     }
     PyBuffer_Release(&hi);
     PyBuffer_Release(&lo);
@@ -749,39 +870,38 @@ static PyObject *keytable_finish(KeyTableObject *self, PyObject *args, PyObject 
     static char *kwlist[] = {"keep", NULL};
     int keep = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "|p", kwlist, &keep)) return NULL;
+    if (keytable_enter(self) < 0) return NULL;
     table_t *t = &self->t;
-    size_t m = 0;
-    slot_t *sorted = NULL;
-    if (t->slots) {
-        sorted = keep ? malloc((t->count ? t->count : 1) * sizeof(slot_t)) : t->slots;
-        if (!sorted) return PyErr_NoMemory();
-        Py_BEGIN_ALLOW_THREADS
-        m = sort_occupied(t->slots, t->size, sorted);
-        Py_END_ALLOW_THREADS
-    }
+    size_t m = t->slots ? t->count : 0;
+    /* everything that can fail first, so that a failure leaves the table as it was */
     PyObject *hi = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)m * 8);
     PyObject *lo = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)m * 8);
     PyObject *pos = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)m * 8);
+    slot_t *sorted = NULL;
     PyObject *result = NULL;
-    if (hi && lo && pos) {
-        uint64_t *h = (uint64_t *)PyByteArray_AS_STRING(hi), *l = (uint64_t *)PyByteArray_AS_STRING(lo);
-        int64_t *p = (int64_t *)PyByteArray_AS_STRING(pos);
-        for (size_t i = 0; i < m; i++) {
-            h[i] = sorted[i].hi;
-            l[i] = sorted[i].lo;
-            p[i] = sorted[i].idx;
+    if (!hi || !lo || !pos) goto done;
+    if (t->slots) {
+        sorted = keep ? malloc((m ? m : 1) * sizeof(slot_t)) : t->slots;
+        if (!sorted) {
+            PyErr_NoMemory();
+            goto done;
         }
-        result = PyTuple_Pack(3, hi, lo, pos);
+        Py_BEGIN_ALLOW_THREADS
+        sort_occupied(t->slots, t->size, sorted);
+        Py_END_ALLOW_THREADS
     }
-    Py_XDECREF(hi);
-    Py_XDECREF(lo);
-    Py_XDECREF(pos);
+    result = keys_tuple(sorted, m, hi, lo, pos);
     if (keep) {
         free(sorted);
     } else {
         free(t->slots);
         memset(t, 0, sizeof(table_t));
     }
+done:
+    self->busy = 0;
+    Py_XDECREF(hi);
+    Py_XDECREF(lo);
+    Py_XDECREF(pos);
     return result;
 }
 
@@ -812,7 +932,7 @@ static PyTypeObject KeyTableType = {
     .tp_as_sequence = &keytable_as_sequence,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "KeyTable(expected=0)\n\nThe latest position of every 128-bit key hash, built record by record\n"
-              "(with room for `expected` keys from the start).",
+              "(with room for `expected` keys from the first add).",
     .tp_methods = keytable_methods,
     .tp_getset = keytable_getset,
     .tp_new = keytable_new,

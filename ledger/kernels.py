@@ -59,14 +59,20 @@ def _i64(a: npt.ArrayLike) -> npt.NDArray[np.int64]:
     return np.ascontiguousarray(a, dtype=np.int64)
 
 
+def _bytes(buf: Buffer) -> memoryview:
+    """``buf`` as bytes, whatever its item type: ranges count bytes, as in C."""
+    view = memoryview(buf)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
 def crc32c_ranges(buf: Buffer, starts: npt.ArrayLike, ends: npt.ArrayLike) -> npt.NDArray[np.uint32]:
     """The CRC32C of ``buf[starts[i]:ends[i]]`` for every ``i``.  Ranges must lie inside
     ``buf`` (:class:`ValueError` otherwise)."""
     s, e = _i64(starts), _i64(ends)
     if _native_crc is not None:
         return np.frombuffer(_native_crc.crc32c_ranges(buf, s, e), dtype="<u4").astype(np.uint32, copy=False)
-    _check_ranges(len(buf), s, e)
-    view = memoryview(buf)
+    view = _bytes(buf)
+    _check_ranges(len(view), s, e)
     return np.fromiter(map(_crc_package().crc32c, map(view.__getitem__, map(slice, s.tolist(), e.tolist()))),
                        dtype=np.uint32, count=len(s))
 
@@ -94,11 +100,14 @@ def check_frames(buf: Buffer, offsets: npt.ArrayLike, lengths: npt.ArrayLike, co
     o, n, c = _i64(offsets), _i64(lengths), _i64(counts)
     if _native_crc is not None:
         return int(_native_crc.check_frames(buf, o, n, c))
-    _check_ranges(len(buf), o, o + n)
-    data = np.frombuffer(buf, dtype=np.uint8)
+    view = _bytes(buf)
+    if np.any(n < 12):
+        raise ValueError("a frame is shorter than its header")
+    _check_ranges(len(view), o, o + n)
+    data = np.frombuffer(view, dtype=np.uint8)
     head = data[o[:, None] + np.arange(12)].view("<u4")  # (frames, 3)
     ok = (head[:, 0] == n - 12) & (head[:, 2] == c)
-    ok &= crc32c_ranges(buf, o + 12, o + n) == head[:, 1]
+    ok &= crc32c_ranges(view, o + 12, o + n) == head[:, 1]
     return -1 if ok.all() else int(np.argmin(ok))
 
 
@@ -108,14 +117,16 @@ def gather_ranges(buf: Buffer, starts: npt.ArrayLike, ends: npt.ArrayLike,
     (in ``scratch`` when given, so valid until its next use).  Ranges must lie inside
     ``buf`` (:class:`ValueError` otherwise)."""
     s, e = _i64(starts), _i64(ends)
-    if _native is None:
-        _check_ranges(len(buf), s, e)
-    total = int((e - s).sum())
+    view = _bytes(buf)
+    _check_ranges(len(view), s, e)
+    lens = e - s
+    if len(lens) and int(lens.max()) > 0 and len(lens) > (1 << 62) // int(lens.max()):
+        raise ValueError("the ranges add up to more bytes than can be held")
+    total = int(lens.sum())
     out = scratch.take(total) if scratch is not None else memoryview(bytearray(total))
     if _native is not None:
-        _native.gather_ranges(buf, s, e, out)
+        _native.gather_ranges(view, s, e, out)
         return out
-    view = memoryview(buf)
     at = 0
     for a, b in zip(s.tolist(), e.tolist(), strict=True):
         out[at:at + b - a] = view[a:b]

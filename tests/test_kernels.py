@@ -7,6 +7,7 @@ Checked here:
 * ``crc32c`` and ``crc32c_ranges`` against the ``crc32c`` package, at the lengths where the
   C code changes strategy, on unaligned views and with continuation values;
 * ``gather_ranges`` (with and without a :class:`~ledger.kernels.Scratch`) against slicing;
+* ``check_frames`` finds the first frame whose header or checksum is wrong;
 * out-of-range ranges raise :class:`ValueError` on the native and the fallback path;
 * ``latest_of_each_key`` / ``latest_by_sorting`` / ``latest_positions`` against a dict,
   including keys that collide in their high half and keys crafted to crowd the C table;
@@ -26,6 +27,7 @@ import itertools
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -258,6 +260,9 @@ def test_crc32c_ranges_match_the_package_per_range(kernel_path: str) -> None:
         view = memoryview(buf)
         want = [crc32c_package.crc32c(view[s:e]) for s, e in zip(starts.tolist(), ends.tolist(), strict=True)]
         assert got.dtype == np.uint32 and got.tolist() == want
+        if kernel_path == "native":  # the extension's own, used only with the CPU's CRC instruction
+            assert NATIVE is not None
+            assert np.frombuffer(NATIVE.crc32c_ranges(buf, starts, ends), dtype="<u4").tolist() == want
     # frame-like ranges of every CRC length, back to back, and an empty list
     lengths = np.array(CRC_LENGTHS, dtype=np.int64)
     ends = np.cumsum(lengths)
@@ -326,6 +331,75 @@ def test_gather_ranges_native_and_fallback_agree(data: bytes, pairs: list[tuple[
         assert kernels.crc32c_ranges(data, starts, ends).tolist() == crcs
 
 
+# ----------------------------------------------------------------------------- check_frames
+
+
+def frames(rng: np.random.Generator, sizes: list[int]) -> tuple[bytearray, I64, I64, I64]:
+    """Frames (12-byte header: payload length, CRC32C of the payload, record count; then the
+    payload) at unaligned offsets with gaps between them, and their footer columns."""
+    buf = bytearray(rng.bytes(3))
+    offsets, lengths, counts = [], [], []
+    for i, size in enumerate(sizes):
+        payload = rng.bytes(size)
+        offsets.append(len(buf))
+        lengths.append(12 + size)
+        counts.append(i % 5 + 1)
+        buf += struct.pack("<III", size, crc32c_package.crc32c(payload), counts[-1]) + payload
+        buf += rng.bytes(i % 3)
+    o, n, c = (np.array(x, dtype=np.int64) for x in (offsets, lengths, counts))
+    return buf, o, n, c
+
+
+def check_frames_everywhere(buf: bytes | bytearray, o: I64, n: I64, c: I64) -> int:
+    got = kernels.check_frames(buf, o, n, c)
+    if kernels._native_crc is not None:
+        assert kernels._native_crc.check_frames(buf, o, n, c) == got
+    return got
+
+
+def test_check_frames_finds_the_first_bad_frame(kernel_path: str) -> None:
+    rng = np.random.default_rng(9)
+    sizes = [0, 1, 7, 8, 9, 255, 256, 767, 768, 769, 5000, 24577, 3, 0, 100]
+    buf, o, n, c = frames(rng, sizes)
+    assert check_frames_everywhere(buf, o, n, c) == -1
+    assert check_frames_everywhere(memoryview(bytes(buf)), o, n, c) == -1
+    assert check_frames_everywhere(buf, o[:0], n[:0], c[:0]) == -1
+    for k in (0, 4, len(sizes) - 1):
+        wrong_count = c.copy()
+        wrong_count[k] += 1
+        assert check_frames_everywhere(buf, o, n, wrong_count) == k, "record count"
+        bad = bytearray(buf)
+        struct.pack_into("<I", bad, int(o[k]), sizes[k] + 1)  # header's payload length
+        assert check_frames_everywhere(bad, o, n, c) == k, "payload length"
+        bad = bytearray(buf)
+        bad[int(o[k]) + 4] ^= 0x01  # header's checksum
+        assert check_frames_everywhere(bad, o, n, c) == k, "checksum field"
+        if sizes[k]:
+            bad = bytearray(buf)
+            bad[int(o[k] + n[k]) - 1] ^= 0x80  # last payload byte
+            assert check_frames_everywhere(bad, o, n, c) == k, "payload"
+    bad = bytearray(buf)
+    bad[int(o[9]) + 12] ^= 0xFF
+    bad[int(o[5]) + 12] ^= 0xFF
+    assert check_frames_everywhere(bad, o, n, c) == 5  # the first of two
+
+
+@pytest.mark.parametrize("case", ["frame past the buffer", "negative offset", "shorter than its header",
+                                  "counts of another length"])
+def test_check_frames_refuses_impossible_frames(kernel_path: str, case: str) -> None:
+    buf, o, n, c = frames(np.random.default_rng(10), [10, 20, 30])
+    if case == "frame past the buffer":
+        n[2] += 1 + len(buf) - int(o[2] + n[2])
+    elif case == "negative offset":
+        o[0] = -1
+    elif case == "shorter than its header":
+        n[1] = 11
+    else:
+        c = c[:2]
+    with pytest.raises(ValueError):
+        kernels.check_frames(buf, o, n, c)
+
+
 # ------------------------------------------------------------------------ ranges out of bounds
 
 BAD_RANGES = {
@@ -350,6 +424,10 @@ def test_ranges_outside_the_buffer_raise_value_error(kernel_path: str, func: str
             kernels.crc32c_ranges(buf, starts, ends)
         else:
             kernels.gather_ranges(buf, starts, ends, kernels.Scratch() if func.endswith("scratch") else None)
+    if kernel_path == "native" and func == "crc32c_ranges":  # the extension's own check
+        assert NATIVE is not None
+        with pytest.raises(ValueError):
+            NATIVE.crc32c_ranges(buf, starts, ends)
 
 
 @needs_native
