@@ -712,6 +712,7 @@ static int keytable_enter(KeyTableObject *self) {
  * bits (records arrive in position order, hashes at random): the table may grow past
  * half load to spread them, up to this many slots per key, then gives up. */
 #define CROWD_SLOTS_PER_KEY 8
+#define PICK_BLOCK 4096
 
 PyDoc_STRVAR(keytable_add_doc,
              "add(hi, lo, pos=None, first=0, part_shift=64, part=0) -> int\n\n"
@@ -772,34 +773,51 @@ static PyObject *keytable_add(KeyTableObject *self, PyObject *args, PyObject *kw
     const uint64_t *h = hi.buf, *l = lo.buf;
     const int64_t *ps = have_pos ? pos.buf : NULL;
     Py_BEGIN_ALLOW_THREADS
-    for (; i < n; i++) {
-        uint64_t key_hi = ld64(h + i);
-        if (part_shift < 64 && (key_hi >> part_shift) != part) continue;
-        if (i + PREFETCH_AHEAD < n) {
-            uint64_t ahead = ld64(h + i + PREFETCH_AHEAD);
-            if (part_shift == 64 || (ahead >> part_shift) == part) __builtin_prefetch(t->slots + home(t, ahead), 1, 3);
+    /* Records go in block by block: first the indexes of the block's records that are
+     * in this table's part are picked without a branch (a branch on a random hash bit
+     * would be mispredicted every other record, and each miss would cancel the table
+     * reads already under way), then those are put, reading ahead of the one at hand. */
+    uint32_t mine[PICK_BLOCK];
+    for (Py_ssize_t b = 0; b < n && rc == 0; b += PICK_BLOCK) {
+        Py_ssize_t end = b + PICK_BLOCK < n ? b + PICK_BLOCK : n, m = 0;
+        if (part_shift < 64) {
+            for (Py_ssize_t j = b; j < end; j++) {
+                mine[m] = (uint32_t)(j - b);
+                m += (ld64(h + j) >> part_shift) == part;
+            }
+        } else {
+            for (Py_ssize_t j = b; j < end; j++) mine[m++] = (uint32_t)(j - b);
         }
-        int64_t at = ps ? (int64_t)ld64((const uint64_t *)(ps + i)) : (int64_t)first + i;
-        if (at < 0) {
-            rc = -3;
-            break;
+        for (Py_ssize_t k = 0; k < m; k++) {
+            i = b + mine[k];
+            if (k + PREFETCH_AHEAD < m)
+                __builtin_prefetch(t->slots + home(t, ld64(h + b + mine[k + PREFETCH_AHEAD])), 1, 3);
+            int64_t at = ps ? (int64_t)ld64((const uint64_t *)(ps + i)) : (int64_t)first + i;
+            if (at < 0) {
+                rc = -3;
+                break;
+            }
+            uint64_t key_hi = ld64(h + i);
+            t->records++;
+            int put;
+            while ((put = table_put(t, key_hi, ld64(l + i), at)) != 1) {
+                size_t max_cap = (t->count + 1) * CROWD_SLOTS_PER_KEY + ((size_t)1 << 16);
+                if (put < 0 && t->cap >= max_cap) break;
+                if ((rc = table_grow(t, put < 0 ? max_cap * 2 : (size_t)1 << 61)) < 0) break;
+            }
+            if (put != 1) {
+                t->records--;
+                rc = rc < 0 ? rc : -4; /* crowded: record i is not taken */
+                break;
+            }
+            if (t->count * 2 > t->cap && (rc = table_grow(t, (size_t)1 << 61)) < 0) break;
+            if (over_budget(t)) {
+                rc = -4;
+                i++; /* this record is in */
+                break;
+            }
         }
-        t->records++;
-        int put;
-        while ((put = table_put(t, key_hi, ld64(l + i), at)) != 1) {
-            size_t max_cap = (t->count + 1) * CROWD_SLOTS_PER_KEY + ((size_t)1 << 16);
-            if (put < 0 && t->cap >= max_cap) break;
-            if ((rc = table_grow(t, put < 0 ? max_cap * 2 : (size_t)1 << 61)) < 0) break;
-        }
-        if (put != 1) {
-            t->records--;
-            break;
-        }
-        if (t->count * 2 > t->cap && (rc = table_grow(t, (size_t)1 << 61)) < 0) break;
-        if (over_budget(t)) {
-            i++; /* this record is in */
-            break;
-        }
+        if (rc == 0) i = end;
     }
     Py_END_ALLOW_THREADS
     if (rc == -1)
@@ -807,7 +825,7 @@ static PyObject *keytable_add(KeyTableObject *self, PyObject *args, PyObject *kw
     else if (rc == -3)
         PyErr_Format(PyExc_ValueError, "position %zd is negative", i);
     else
-        result = PyLong_FromSsize_t(i);
+        result = PyLong_FromSsize_t(i); /* all taken (rc 0), or those before i (crowded) */
 done:
     if (entered) self->busy = 0;
     PyBuffer_Release(&hi);
