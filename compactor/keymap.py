@@ -15,6 +15,8 @@ reached; the next run continues from there — Kafka's partial cleaning.
 
 from __future__ import annotations
 
+import itertools
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -32,6 +34,8 @@ KEY_BYTES: Final = 24
 # passes over the map, at up to this many times its memory in waiting records.
 _MERGE_FACTOR: Final = 3
 _MIN_MERGE: Final = 1 << 22
+#: Fewer lookups than this per thread are not worth a thread.
+_MIN_LOOKUPS_PER_THREAD: Final = 1 << 17
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
@@ -93,8 +97,9 @@ class KeyMap:
             got = self._lookup["filter"] = (words, shift)
         return got
 
-    def contains(self, hi: U64, lo: U64) -> npt.NDArray[np.bool_]:
-        """For each query hash, whether the map holds it."""
+    def contains(self, hi: U64, lo: U64, threads: int = 1) -> npt.NDArray[np.bool_]:
+        """For each query hash, whether the map holds it (the table's lookups split over
+        up to ``threads`` threads when there are many)."""
         n = len(self.hi)
         if not n or not len(hi):
             return np.zeros(len(hi), dtype=bool)
@@ -105,7 +110,14 @@ class KeyMap:
             self._lookup["table"] = table
         table = self._lookup["table"]
         if table is not None:
-            return np.frombuffer(table.contains(hi, lo), dtype=np.bool_)
+            parts = min(threads, len(hi) // _MIN_LOOKUPS_PER_THREAD)
+            if parts <= 1:
+                return np.frombuffer(table.contains(hi, lo), dtype=np.bool_)
+            cuts = np.linspace(0, len(hi), parts + 1).astype(np.int64).tolist()
+            with ThreadPoolExecutor(max_workers=parts, thread_name_prefix="shale-lookup") as pool:
+                found = list(pool.map(lambda ab: table.contains(hi[ab[0]:ab[1]], lo[ab[0]:ab[1]]),
+                                      itertools.pairwise(cuts)))
+            return np.frombuffer(b"".join(found), dtype=np.bool_)
         words, shift = self._filter()
         slot = hi >> np.uint64(shift)
         maybe = ((words[(slot >> np.uint64(6)).astype(np.int64)] >> (slot & np.uint64(63)))

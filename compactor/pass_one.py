@@ -184,6 +184,7 @@ def _build_map(plan: Plan, config: CompactionConfig) -> tuple[Plan, KeyMap, int]
 def pass_one(plan: Plan, config: CompactionConfig, now_ms: int) -> Survivors:
     """Decide the survivors of ``plan`` under ``config`` at time ``now_ms``."""
     plan, key_map, deferred = _build_map(plan, config)
+    threads = min(config.workers or available_cpus(), 8)
     offsets = [0]
     for s in plan.slices:
         offsets.append(offsets[-1] + s.records)
@@ -210,7 +211,8 @@ def pass_one(plan: Plan, config: CompactionConfig, now_ms: int) -> Survivors:
         if s.compacted:
             # every record is looked up (no gather of the keyed ones): the answer for a
             # keyless or deleted one is masked out below
-            newer = key_map.contains(foot.col("r_hash_hi")[s.start:s.stop], foot.col("r_hash_lo")[s.start:s.stop])
+            newer = key_map.contains(foot.col("r_hash_hi")[s.start:s.stop], foot.col("r_hash_lo")[s.start:s.stop],
+                                     threads=threads)
             live = has_key & ~newer
             k |= live
             unsuperseded += int(np.count_nonzero(live))

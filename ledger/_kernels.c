@@ -666,16 +666,18 @@ done:
 /*
  * Pass one adds the records of many ledgers, in position order, to one table and reads
  * it out once, instead of merging sorted runs.  A record's position is given (or is
- * `first` plus its index); the table keeps the greatest position of each key.  One
- * table serves one thread at a time: a call made while another is running on the same
- * table (they run without the interpreter lock) raises instead of racing it.
+ * `first` plus its index); the table keeps the greatest position of each key.  Lookups
+ * may run in several threads at once; a call that changes the table (add, finish)
+ * made while any other call runs on it (they run without the interpreter lock) raises
+ * instead of racing it.
  */
 
 typedef struct {
     PyObject_HEAD
     table_t t;    /* t.slots is NULL until the first record arrives and after finish() */
     size_t bits0; /* the size asked for at creation, used by the first add */
-    int busy;
+    int busy;     /* an add or finish is running (they change the table) */
+    int readers;  /* lookups running (they may run side by side) */
 } KeyTableObject;
 
 static void keytable_dealloc(KeyTableObject *self) {
@@ -696,15 +698,20 @@ static PyObject *keytable_new(PyTypeObject *type, PyObject *args, PyObject *kwds
     while (bits < 48 && expected > 0 && ((size_t)1 << bits) < (size_t)expected * 2) bits++;
     self->bits0 = (size_t)bits;
     self->busy = 0;
+    self->readers = 0;
     return (PyObject *)self;
 }
 
-static int keytable_enter(KeyTableObject *self) {
-    if (self->busy) {
-        PyErr_SetString(PyExc_RuntimeError, "KeyTable used by two threads at once");
+/* Both run under the interpreter lock, so the flags need no atomics. */
+static int keytable_enter(KeyTableObject *self, int reading) {
+    if (self->busy || (!reading && self->readers)) {
+        PyErr_SetString(PyExc_RuntimeError, "KeyTable changed by one thread while another uses it");
         return -1;
     }
-    self->busy = 1;
+    if (reading)
+        self->readers++;
+    else
+        self->busy = 1;
     return 0;
 }
 
@@ -753,7 +760,7 @@ static PyObject *keytable_add(KeyTableObject *self, PyObject *args, PyObject *kw
         PyErr_SetString(PyExc_ValueError, "positions must lie between 0 and 2**63 - 1");
         goto done;
     }
-    if (keytable_enter(self) < 0) goto done;
+    if (keytable_enter(self, 0) < 0) goto done;
     entered = 1;
     int rc = 0;
     table_t *t = &self->t;
@@ -849,7 +856,7 @@ static PyObject *keytable_contains(KeyTableObject *self, PyObject *args) {
     PyObject *out = NULL;
     if (hi.len != lo.len) {
         PyErr_SetString(PyExc_ValueError, "hi and lo must have one length");
-    } else if (keytable_enter(self) == 0) {
+    } else if (keytable_enter(self, 1) == 0) {
         if ((out = PyByteArray_FromStringAndSize(NULL, hi.len / 8))) {
             uint8_t *found = (uint8_t *)PyByteArray_AS_STRING(out);
             const uint64_t *h = hi.buf, *l = lo.buf;
@@ -872,7 +879,7 @@ static PyObject *keytable_contains(KeyTableObject *self, PyObject *args) {
             }
             Py_END_ALLOW_THREADS
         }
-        self->busy = 0;
+        self->readers--;
     }
     PyBuffer_Release(&hi);
     PyBuffer_Release(&lo);
@@ -888,7 +895,7 @@ static PyObject *keytable_finish(KeyTableObject *self, PyObject *args, PyObject 
     static char *kwlist[] = {"keep", NULL};
     int keep = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "|p", kwlist, &keep)) return NULL;
-    if (keytable_enter(self) < 0) return NULL;
+    if (keytable_enter(self, 0) < 0) return NULL;
     table_t *t = &self->t;
     size_t m = t->slots ? t->count : 0;
     /* everything that can fail first, so that a failure leaves the table as it was */

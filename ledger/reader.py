@@ -12,6 +12,7 @@ from ledger.errors import CorruptLedgerError
 from ledger.format import (
     FRAME_HEADER,
     HEADER_SIZE,
+    KIND_ORIGINAL,
     Footer,
     checksum,
     decode_footer,
@@ -119,10 +120,16 @@ class LedgerFile:
             self._batches = self.footer.batch_indexes()
         return self._batches
 
+    def _batch_of(self, index: int, entry: int) -> int:
+        # in an original ledger a record's batch index is its place in its entry: no need
+        # to work out every record's (which costs a pass over the footer)
+        if self.footer.kind == KIND_ORIGINAL:
+            return index - int(self.footer.e_rec_start[entry])
+        return int(self.batch_indexes[index])
+
     def record_id(self, index: int) -> MessageId:
         entry = int(np.searchsorted(self.footer.e_rec_start, index, side="right")) - 1
-        return MessageId(int(self.entry_ledgers[entry]), int(self.entry_ids[entry]),
-                         int(self.batch_indexes[index]))
+        return MessageId(int(self.entry_ledgers[entry]), int(self.entry_ids[entry]), self._batch_of(index, entry))
 
     def first_id(self) -> MessageId | None:
         return self.record_id(0) if self.n_records else None
@@ -141,6 +148,8 @@ class LedgerFile:
         if e == hi or int(entries[e]) != mid.entry:
             return int(self.footer.e_rec_start[e])
         start, stop = int(self.footer.e_rec_start[e]), int(self.footer.e_rec_start[e + 1])
+        if self.footer.kind == KIND_ORIGINAL:  # batch indexes are 0, 1, ... within the entry
+            return min(start + mid.batch, stop)
         return start + int(np.searchsorted(self.batch_indexes[start:stop], np.uint32(mid.batch), side="left"))
 
     def read_frames(self, first: int, stop: int) -> tuple[int, bytes | memoryview]:
