@@ -27,13 +27,15 @@ from compactor.keymap import KEY_BYTES, KeyMap, KeyMapBuilder
 from compactor.plan import Plan, Slice
 from compactor.rules import latest_of_each_key, tombstone_fate
 from ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE
+from ledger.kernels import distinct_estimate
 
 __all__ = ["Survivors", "latest_of_each_key", "pass_one", "tombstone_fate"]
 
 #: Below this many new records, one thread builds the map (threads cost more than they save).
 _MIN_THREADED_RECORDS = 1 << 20
-#: Keys the map's table makes room for before the first record (48 bytes each).
-_PRESIZE_KEYS = 1 << 20
+#: Keys the map's table makes room for before the first record (48 bytes each) when
+#: there is no estimate of how many there will be.
+_PRESIZE_KEYS = 1 << 18
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -126,15 +128,27 @@ def _fit_prefix(builder: KeyMapBuilder, s: Slice, base: int, must_progress: bool
     return bounds[lo_i]
 
 
+def _expected_keys(plan: Plan) -> int:
+    """About how many distinct keys the new records hold (a little over, so that the
+    table need not grow), or a guess of at most ``_PRESIZE_KEYS`` without the C kernels."""
+    new = [s.file.footer.col("r_hash_hi")[s.start:s.stop] for s in plan.new]
+    estimate = distinct_estimate(new)
+    if estimate is None:
+        return min(sum(len(h) for h in new), _PRESIZE_KEYS)
+    return estimate + estimate // 16 + 1024
+
+
 def _build_in_threads(plan: Plan, capacity: int, base: int, threads: int) -> KeyMap:
     """The map of every new record, built by ``threads`` threads that each take the keys
     of one range of hash values (NumPy's sorts and gathers run without the interpreter
     lock, so the threads share the CPUs).  Only for runs whose records fit the map even
     before duplicates are removed: no partial cleaning to decide."""
     shift = 64 - (threads - 1).bit_length()
+    parts = 1 << (threads - 1).bit_length()
+    expected = _expected_keys(plan) // parts  # hashes are uniform: each part holds its share
 
     def build(t: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
-        builder = KeyMapBuilder(capacity)
+        builder = KeyMapBuilder(capacity, expected=expected)
         at = base
         for s in plan.new:
             hi, lo, pos, first = _slice_records(s, at)
@@ -143,7 +157,7 @@ def _build_in_threads(plan: Plan, capacity: int, base: int, threads: int) -> Key
         return builder.finish()
 
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="shale-pass-one") as pool:
-        ranges = list(pool.map(build, range(1 << (threads - 1).bit_length())))
+        ranges = list(pool.map(build, range(parts)))
     # ranges of hash values in order: the concatenation is sorted by hash
     return KeyMap.sorted(*(np.concatenate(cols) for cols in zip(*ranges, strict=True)))
 
@@ -156,9 +170,8 @@ def _build_map(plan: Plan, config: CompactionConfig) -> tuple[Plan, KeyMap, int]
     threads = min(config.workers or available_cpus(), 8)
     if threads > 1 and _MIN_THREADED_RECORDS <= new_records <= capacity:
         return plan, _build_in_threads(plan, capacity, base, threads), 0
-    # Room for every new record to be its own key, up to a size that costs little when
-    # most are not (the table grows from there).
-    builder = KeyMapBuilder(capacity, expected=min(new_records, _PRESIZE_KEYS))
+    # Room for the keys the new records hold, so that the table need not grow.
+    builder = KeyMapBuilder(capacity, expected=_expected_keys(plan))
     for i, s in enumerate(plan.new):
         # Whole records go in, not one per key: the builder dedups many slices in one
         # sort, which beats a sort per slice followed by merges.

@@ -11,14 +11,15 @@ to rule the extension out when chasing a problem); :data:`KERNELS` says which ar
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Final, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["KERNELS", "KeyTable", "Scratch", "check_frames", "crc32c", "crc32c_ranges", "gather_ranges",
-           "latest_positions", "new_key_table"]
+__all__ = ["KERNELS", "KeyTable", "Scratch", "check_frames", "crc32c", "crc32c_ranges", "distinct_estimate",
+           "gather_ranges", "latest_positions", "new_key_table"]
 
 Buffer = bytes | bytearray | memoryview
 
@@ -162,6 +163,14 @@ class KeyTable(Protocol):
     def contains(self, hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> bytearray: ...
 
     def finish(self, keep: bool = False) -> tuple[bytearray, bytearray, bytearray]: ...
+
+
+def distinct_estimate(his: Sequence[npt.NDArray[np.uint64]]) -> int | None:
+    """About how many distinct values the arrays hold together (HyperLogLog, within a
+    few per cent), or ``None`` without the C kernels."""
+    if _native is None:
+        return None
+    return int(_native.distinct_estimate([np.ascontiguousarray(h, dtype=np.uint64) for h in his]))
 
 
 def new_key_table(expected: int = 0) -> KeyTable | None:
