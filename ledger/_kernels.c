@@ -426,18 +426,38 @@ typedef struct {
 
 typedef struct {
     slot_t *slots;
-    size_t cap;     /* home slots: a power of two */
+    size_t cap;     /* home slots (any number: the table is sized to what it will hold) */
     size_t size;    /* cap plus the overflow area */
-    int shift;      /* 64 - log2(cap) */
     int skip;       /* top bits every key shares (one thread's part of the hash range) */
     size_t count;   /* keys held */
     size_t records; /* records put, for the probe budget */
     size_t probes;  /* slots probed past the home slot, summed over those records */
 } table_t;
 
-/* The home slot: the hash bits right after those every key of the table shares, so
- * that slot order is hash order and the whole table is used. */
-static inline size_t home(const table_t *t, uint64_t hi) { return (size_t)((hi << t->skip) >> t->shift); }
+/* The high 64 bits of a 64 x 64-bit product. */
+static inline uint64_t mul_high(uint64_t a, uint64_t b) {
+#if defined(__SIZEOF_INT128__)
+    return (uint64_t)(((unsigned __int128)a * b) >> 64);
+#else
+    uint64_t a0 = (uint32_t)a, a1 = a >> 32, b0 = (uint32_t)b, b1 = b >> 32;
+    uint64_t mid = a1 * b0 + ((a0 * b0) >> 32), mid2 = a0 * b1 + (uint32_t)mid;
+    return a1 * b1 + (mid >> 32) + (mid2 >> 32);
+#endif
+}
+
+/* The home slot: the hash bits right after those every key of the table shares, scaled
+ * to the table (multiply-shift), so that slot order is hash order, the whole table is
+ * used, and the table can have any size. */
+static inline size_t home(const table_t *t, uint64_t hi) { return (size_t)mul_high(hi << t->skip, t->cap); }
+
+/* The table grows when more than this share of its home slots hold a key. */
+#define LOAD_PERCENT 60
+static inline int too_full(const table_t *t) { return t->count * 100 > t->cap * LOAD_PERCENT; }
+/* Home slots for `keys` keys at that load. */
+static inline size_t cap_for(size_t keys) {
+    size_t cap = keys * 100 / LOAD_PERCENT + 1;
+    return cap < 1024 ? 1024 : cap;
+}
 
 #define PREFETCH_AHEAD 16
 
@@ -468,12 +488,11 @@ static void *table_alloc(size_t bytes) {
     return p;
 }
 
-static int table_init(table_t *t, int bits, int skip) {
+static int table_init(table_t *t, size_t cap, int skip) {
     memset(t, 0, sizeof(table_t));
     t->skip = skip;
-    t->cap = (size_t)1 << bits;
+    t->cap = cap;
     t->size = t->cap + t->cap / 8 + 64;
-    t->shift = 64 - bits;
     t->slots = table_alloc(t->size * sizeof(slot_t));
     if (!t->slots) return -1;
     for (size_t i = 0; i < t->size; i++) t->slots[i].idx = -1;
@@ -509,9 +528,9 @@ static inline int table_put(table_t *t, uint64_t hi, uint64_t lo, int64_t idx) {
 /* Re-insert everything into a table of the next size that takes it: 0 done, -1 out of
  * memory, -2 crowded even at max_cap slots. */
 static int table_grow(table_t *t, size_t max_cap) {
-    for (int bits = 64 - t->shift + 1; bits < 62 && ((size_t)1 << bits) <= max_cap; bits++) {
+    for (size_t cap = t->cap * 2; cap <= max_cap && cap < ((size_t)1 << 58); cap *= 2) {
         table_t bigger;
-        if (table_init(&bigger, bits, t->skip) < 0) return -1;
+        if (table_init(&bigger, cap, t->skip) < 0) return -1;
         int ok = 1;
         for (size_t i = 0; i < t->size && ok == 1; i++)
             if (t->slots[i].idx >= 0) ok = table_put(&bigger, t->slots[i].hi, t->slots[i].lo, t->slots[i].idx);
@@ -561,23 +580,21 @@ static size_t sort_occupied(const slot_t *src, size_t size, slot_t *dst) {
 /* Fills t with the distinct keys; -1 when memory ran out, -2 when the keys crowd the
  * table (nothing to free then). */
 static int latest_keys(const uint64_t *hi, const uint64_t *lo, Py_ssize_t n, table_t *t) {
-    int bits = 10;
     /* small to begin with (a key map is often far smaller than its records), then doubled:
      * growing re-inserts keys that are nearly in order, which costs little */
-    while (bits < 16 && ((size_t)1 << bits) < (size_t)n * 2) bits++;
-    if (table_init(t, bits, 0) < 0) return -1;
+    size_t cap0 = cap_for((size_t)n < ((size_t)1 << 15) ? (size_t)n : ((size_t)1 << 15));
+    if (table_init(t, cap0, 0) < 0) return -1;
     /* A crowded stretch of the table usually means sorted keys (a finished map merged
      * with new records): doubling spreads them out.  Only once the table has room for
      * every record as its own key is a crowd taken for crafted keys. */
-    size_t max_cap = (size_t)1 << 16;
-    while (max_cap < (size_t)n * 2) max_cap <<= 1;
+    size_t max_cap = cap_for((size_t)n) * 2 > cap0 ? cap_for((size_t)n) * 2 : cap0;
     int rc = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (i + PREFETCH_AHEAD < n) __builtin_prefetch(t->slots + home(t, ld64(hi + i + PREFETCH_AHEAD)), 1, 3);
         t->records++;
         while (table_put(t, ld64(hi + i), ld64(lo + i), i) != 1)
             if ((rc = table_grow(t, max_cap)) < 0) goto fail;
-        if (t->count * 2 > t->cap && (rc = table_grow(t, max_cap)) < 0) goto fail;
+        if (too_full(t) && (rc = table_grow(t, max_cap)) < 0) goto fail;
         if (over_budget(t)) {
             rc = -2;
             goto fail;
@@ -726,7 +743,7 @@ done:
 typedef struct {
     PyObject_HEAD
     table_t t;    /* t.slots is NULL until the first record arrives and after finish() */
-    size_t bits0; /* the size asked for at creation, used by the first add */
+    size_t cap0;  /* the size asked for at creation, used by the first add */
     int busy;     /* an add or finish is running (they change the table) */
     int readers;  /* lookups running (they may run side by side) */
 } KeyTableObject;
@@ -743,11 +760,9 @@ static PyObject *keytable_new(PyTypeObject *type, PyObject *args, PyObject *kwds
     KeyTableObject *self = (KeyTableObject *)type->tp_alloc(type, 0);
     if (!self) return NULL;
     memset(&self->t, 0, sizeof(table_t));
-    /* room for `expected` keys at half load from the first add: no growing, and sorted
-     * keys (a finished map) spread over the whole table instead of crowding its start */
-    int bits = 16;
-    while (bits < 48 && expected > 0 && ((size_t)1 << bits) < (size_t)expected * 2) bits++;
-    self->bits0 = (size_t)bits;
+    /* room for `expected` keys from the first add: no growing, and sorted keys (a
+     * finished map) spread over the whole table instead of crowding its start */
+    self->cap0 = cap_for(expected > 0 ? (size_t)expected : ((size_t)1 << 15));
     self->busy = 0;
     self->readers = 0;
     return (PyObject *)self;
@@ -824,7 +839,7 @@ static PyObject *keytable_add(KeyTableObject *self, PyObject *args, PyObject *kw
         free(t->slots); /* nothing in it yet: start again with this part_shift */
         t->slots = NULL;
     }
-    if (!t->slots && n && table_init(t, (int)self->bits0, skip) < 0) {
+    if (!t->slots && n && table_init(t, self->cap0, skip) < 0) {
         PyErr_NoMemory();
         goto done;
     }
@@ -861,14 +876,14 @@ static PyObject *keytable_add(KeyTableObject *self, PyObject *args, PyObject *kw
             while ((put = table_put(t, key_hi, ld64(l + i), at)) != 1) {
                 size_t max_cap = (t->count + 1) * CROWD_SLOTS_PER_KEY + ((size_t)1 << 16);
                 if (put < 0 && t->cap >= max_cap) break;
-                if ((rc = table_grow(t, put < 0 ? max_cap * 2 : (size_t)1 << 61)) < 0) break;
+                if ((rc = table_grow(t, put < 0 ? max_cap * 2 : (size_t)1 << 58)) < 0) break;
             }
             if (put != 1) {
                 t->records--;
                 rc = rc < 0 ? rc : -4; /* crowded: record i is not taken */
                 break;
             }
-            if (t->count * 2 > t->cap && (rc = table_grow(t, (size_t)1 << 61)) < 0) break;
+            if (too_full(t) && (rc = table_grow(t, (size_t)1 << 58)) < 0) break;
             if (over_budget(t)) {
                 rc = -4;
                 i++; /* this record is in */
