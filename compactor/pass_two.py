@@ -104,14 +104,22 @@ def plan_work(plan: Plan, survivors: Survivors, config: CompactionConfig, *, top
     """What pass two does with each slice, in order: copy its kept records, or keep the
     previous part in place (its deletion vector is written here)."""
     work: list[Work] = []
-    n_deletions = 0
+    vectors: list[tuple[str, bytes]] = []
     for i, s in enumerate(plan.slices):
         keep = survivors.slice_keep(i)
         if _reusable(s, keep, config):
-            work.append(_reuse(plan, s, keep, topic, f"{run_dir}/deletions-{n_deletions:05d}.bin", on_object))
-            n_deletions += 1
+            work.append(_reuse(plan, s, keep, f"{run_dir}/deletions-{len(vectors):05d}.bin", vectors))
         else:
             work.append((s, keep, survivors.slice_delete_since(i)))
+    for name, _ in vectors:
+        on_object(name)
+    if len(vectors) > 1:
+        # All at once: an object store answers each with latency, and a local folder
+        # commits several files' fsyncs together.
+        with ThreadPoolExecutor(max_workers=min(len(vectors), 8), thread_name_prefix="shale-deletions") as pool:
+            list(pool.map(lambda v: topic.store.put(topic.key(v[0]), v[1]), vectors))
+    elif vectors:
+        topic.store.put(topic.key(vectors[0][0]), vectors[0][1])
     return work
 
 
@@ -135,19 +143,21 @@ def _reusable(s: Slice, keep: npt.NDArray[np.bool_], config: CompactionConfig) -
     return live > 0 and s.part.bytes >= config.reuse_min_bytes and live >= config.reuse_min_live * s.part.records
 
 
-def _reuse(plan: Plan, s: Slice, keep: npt.NDArray[np.bool_], topic: Location, name: str,
-           on_object: Callable[[str], None]) -> CompactedPart:
+def _reuse(plan: Plan, s: Slice, keep: npt.NDArray[np.bool_], name: str,
+           vectors: list[tuple[str, bytes]]) -> CompactedPart:
+    """The previous part of ``s`` kept in place; its new deletion vector, if it needs
+    one, is added to ``vectors`` (name, bytes) for the caller to write."""
     part = s.part
     assert part is not None
     gone = ~keep
     ledger_id = plan.previous.part_ledger_id(part)
     if s.gone is not None and np.array_equal(gone, s.gone):
         return replace(part, ledger_id=ledger_id)  # nothing new deleted: same vector
-    if not gone.any():
+    positions = np.flatnonzero(gone)
+    if not len(positions):
         return replace(part, ledger_id=ledger_id, deletions=None, deleted=0)
-    on_object(name)
-    topic.store.put(topic.key(name), encode_deletions(np.flatnonzero(gone), len(gone)))
-    return replace(part, ledger_id=ledger_id, deletions=name, deleted=int(gone.sum()))
+    vectors.append((name, encode_deletions(positions, len(gone))))
+    return replace(part, ledger_id=ledger_id, deletions=name, deleted=len(positions))
 
 
 Work = tuple[Slice, npt.NDArray[np.bool_], npt.NDArray[np.int64]] | CompactedPart
