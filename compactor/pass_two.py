@@ -105,9 +105,17 @@ def plan_work(plan: Plan, survivors: Survivors, config: CompactionConfig, *, top
     previous part in place (its deletion vector is written here)."""
     work: list[Work] = []
     vectors: list[tuple[str, bytes]] = []
+    fates = [_fate(s, survivors.slice_keep(i), config) for i, s in enumerate(plan.slices)]
     for i, s in enumerate(plan.slices):
         keep = survivors.slice_keep(i)
-        if _reusable(s, keep, config):
+        if fates[i] == "small":
+            # Copying a small part merges it with a neighbour that is copied too; with
+            # none (its neighbours are kept in place), the copy would only rewrite it.
+            near = fates[max(0, i - 1):i] + fates[i + 1:i + 2]
+            reuse = not any(f in ("copy", "small") for f in near)
+        else:
+            reuse = fates[i] == "reuse"
+        if reuse:
             work.append(_reuse(plan, s, keep, f"{run_dir}/deletions-{len(vectors):05d}.bin", vectors))
         else:
             work.append((s, keep, survivors.slice_delete_since(i)))
@@ -133,14 +141,17 @@ def pass_two(plan: Plan, survivors: Survivors, config: CompactionConfig, *, topi
                        on_object=on_object, heartbeat=heartbeat)
 
 
-def _reusable(s: Slice, keep: npt.NDArray[np.bool_], config: CompactionConfig) -> bool:
-    """Keep a previous part in place (with a deletion vector) rather than copy it, when it
-    is big enough to be worth it and most of it is still live; small or mostly dead parts
-    are copied, which also merges small parts together."""
+def _fate(s: Slice, keep: npt.NDArray[np.bool_], config: CompactionConfig) -> str:
+    """``"reuse"``: keep a previous part in place (with a deletion vector) rather than copy
+    it, as it is big enough to be worth it and mostly live; ``"copy"``: copy it (mostly
+    dead, or not a whole previous part); ``"small"``: mostly live but small, so copied when
+    that merges it with a neighbour (see :func:`plan_work`)."""
     if not s.compacted or s.part is None or s.start != 0 or s.stop != s.file.n_records:
-        return False
-    live = int(keep.sum())
-    return live > 0 and s.part.bytes >= config.reuse_min_bytes and live >= config.reuse_min_live * s.part.records
+        return "copy"
+    live = int(np.count_nonzero(keep))
+    if live == 0 or live < config.reuse_min_live * s.part.records:
+        return "copy"
+    return "reuse" if s.part.bytes >= config.reuse_min_bytes else "small"
 
 
 def _reuse(plan: Plan, s: Slice, keep: npt.NDArray[np.bool_], name: str,

@@ -137,3 +137,43 @@ def test_corrupt_deletion_vector_is_exit_4_for_compact_and_read(tmp_path: Path) 
     produce(uri, 3, 100, range(2_000), T0 + 2 * HOUR)
     res = run_cli(uri, script="compact")
     assert res.returncode == 4 and dv.split("/")[-1] in res.stderr
+
+
+@pytest.mark.parametrize(("sizes", "kept_in_place"), [
+    ("BSB", [True, True, True]),  # a small part between two kept in place: copying it would only rewrite it
+    ("BSSB", [True, False, False, True]),  # two small neighbours: copied, so merged into one
+    ("BBS", [True, True, False]),  # the last part merges with the new records copied after it
+    ("SBB", [True, True, True]),  # first, with a kept neighbour
+])
+def test_small_parts_are_copied_only_to_merge(tmp_path: Path, sizes: str, kept_in_place: list[bool]) -> None:
+    import dataclasses
+
+    from compactor.pass_one import pass_one
+    from compactor.pass_two import plan_work
+    from compactor.plan import make_plan
+    from metadata.state import CompactedPart
+
+    uri = str(tmp_path / "t")
+    produce(uri, 1, 40_000, range(20_000), T0)
+    first = Compactor(uri, CompactionConfig(max_part_bytes=1 << 16, delete_retention_ms=0),
+                      clock=lambda: T0 + HOUR).run()
+    assert first.status == "compacted"
+    produce(uri, 2, 300, range(20_000), T0 + HOUR)
+    meta = TopicMetadata.open(uri)
+    plan = make_plan(meta, now_ms=int((T0 + 2 * HOUR) * 1000), min_compaction_lag_ms=0)
+    assert len(plan.compacted) >= len(sizes) and plan.new
+    # the parts' sizes as the case says (B: big, S: small); the rest big
+    labels = sizes + "B" * (len(plan.compacted) - len(sizes))
+    if sizes.endswith("S"):
+        labels = "B" * (len(plan.compacted) - len(sizes)) + sizes  # the case's last part is the last one
+    compacted = tuple(dataclasses.replace(s, part=dataclasses.replace(s.part, bytes=10**9 if c == "B" else 10))
+                      for s, c in zip(plan.compacted, labels, strict=True))
+    plan = dataclasses.replace(plan, compacted=compacted)
+    config = CompactionConfig(delete_retention_ms=0, reuse_min_bytes=1000)
+    survivors = pass_one(plan, config, int((T0 + 2 * HOUR) * 1000))
+    work = plan_work(plan, survivors, config, topic=meta.topic, run_dir="compacted/test-run", on_object=lambda _n: None)
+    got = [isinstance(w, CompactedPart) for w in work[:len(plan.compacted)]]
+    want = ([True] * (len(plan.compacted) - len(sizes)) + kept_in_place if sizes.endswith("S")
+            else kept_in_place + [True] * (len(plan.compacted) - len(sizes)))
+    assert got == want, (labels, got)
+    assert not any(isinstance(w, CompactedPart) for w in work[len(plan.compacted):])  # new records: copied
