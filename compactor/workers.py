@@ -96,20 +96,33 @@ class _Group:
     cost: int = 0
 
 
-def split_work(work: Sequence[Work], workers: int) -> list[_Group]:
+def _out_bytes(item: tuple[Slice, Any, Any]) -> int:
+    """About how many bytes copying ``item`` writes: its survivors at its mean record size."""
+    s, keep, _ = item
+    return int(np.count_nonzero(keep)) * s.data_bytes() // max(1, s.records)
+
+
+def split_work(work: Sequence[Work], workers: int, min_out_bytes: int = 0) -> list[_Group]:
     """Consecutive groups of about equal cost, in order; a part kept in place is a group
-    of its own (nothing to copy)."""
+    of its own (nothing to copy).  A group also writes about ``min_out_bytes`` at least
+    (but the last before a kept part, or the last of all; and never more than a share
+    that leaves every worker some groups): each group writes its own parts, and a part
+    smaller than the next run keeps in place would be copied again."""
     costs = [work_cost(w) for w in work]
     target = max(1, -(-sum(costs) // max(1, workers * GROUPS_PER_WORKER)))
+    if min_out_bytes:
+        # never so high that the workers would not all get something to do
+        writes = sum(_out_bytes(w) for w in work if not isinstance(w, CompactedPart))
+        min_out_bytes = min(min_out_bytes, writes // max(1, 2 * workers))
     groups: list[_Group] = []
     current: list[Work] = []
-    size = 0
+    size = out = 0
 
     def close() -> None:
-        nonlocal current, size
+        nonlocal current, size, out
         if current:
             groups.append(_Group(tuple(current), cost=size))
-        current, size = [], 0
+        current, size, out = [], 0, 0
 
     for item, cost in zip(work, costs, strict=True):
         if isinstance(item, CompactedPart):
@@ -120,7 +133,9 @@ def split_work(work: Sequence[Work], workers: int) -> list[_Group]:
         for piece in pieces:
             current.append(piece)
             size += work_cost(piece) if len(pieces) > 1 else cost
-            if size >= target:
+            if min_out_bytes and not isinstance(piece, CompactedPart):
+                out += _out_bytes(piece)
+            if size >= target and out >= min_out_bytes:
                 close()
     close()
     return groups
@@ -152,7 +167,7 @@ def write_parts_in_workers(work: Sequence[Work], config: CompactionConfig, worke
                            run_dir: str, epoch: int, now_ms: int,
                            on_object: Callable[[str], None]) -> PassTwoResult:
     """:func:`~compactor.pass_two.write_parts` over ``workers`` forked processes."""
-    groups = split_work(work, workers)
+    groups = split_work(work, workers, min_out_bytes=config.reuse_min_bytes)
     shared = max(1, min(workers, sum(g.reused is None for g in groups)))
     # Byte-rate limits hold for the run as a whole, so each worker gets its share.
     config = dataclasses.replace(config, max_read_bytes_per_s=-(-config.max_read_bytes_per_s // shared),

@@ -217,3 +217,23 @@ def test_topics_compacted_in_threads_keep_their_workers_apart(parallel_everywher
         assert Compactor(ref, CompactionConfig(workers=1)).run().status == "compacted"
         assert view(uri) == view(ref)
     assert view(uris[0]) != view(uris[1])
+
+
+def test_split_work_makes_no_part_too_small_to_keep(tmp_path: Path) -> None:
+    """With a minimum output, every group but the last writes at least about that much:
+    survivors are rare in the old ledgers, so those groups cover more of them."""
+    uri = str(tmp_path / "t")
+    produce(uri, 1, 30_000, 3_000, T0)
+    plan = make_plan(TopicMetadata.open(uri), now_ms=int(T0 * 1000) + 1, min_compaction_lag_ms=0)
+    rng = np.random.default_rng(1)
+    work = [(s, rng.random(s.records) < np.linspace(0.001, 0.9, s.records), np.zeros(s.records, dtype=np.int64))
+            for s in plan.slices]
+    loose = workers_module.split_work(work, 2)
+    total = sum(workers_module._out_bytes(w) for w in work)
+    floor = total // 6
+    groups = workers_module.split_work(work, 2, min_out_bytes=floor)
+    outs = [sum(workers_module._out_bytes(p) for p in g.items) for g in groups]
+    assert min(outs[:-1]) >= floor, outs
+    assert min(sum(workers_module._out_bytes(p) for p in g.items) for g in loose[:-1]) < floor  # it did matter
+    pieces = [p for g in groups for p in g.items]
+    assert sum(len(p[1]) for p in pieces) == sum(s.records for s in plan.slices)  # still every record, once
