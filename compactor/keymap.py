@@ -218,9 +218,7 @@ class KeyMapBuilder:
         table, self._table = self._table, None
         if table is None:
             return self._map
-        hi, lo, pos = table.finish()
-        return (np.frombuffer(hi, dtype=np.uint64), np.frombuffer(lo, dtype=np.uint64),
-                np.frombuffer(pos, dtype=np.int64))
+        return _arrays(table.finish())
 
     def _distinct_with(self, hi: U64, lo: U64) -> int:
         all_hi = np.concatenate([self._map[0], *self._hi, hi])
@@ -260,8 +258,12 @@ class KeyMapBuilder:
         if not for_lookups or table is None or self._hi or len(self._map[0]):
             return KeyMap.sorted(*self.finish())
         self._table = new_key_table()
-        hi, lo, pos = table.finish(keep=True)
-        m = KeyMap.sorted(np.frombuffer(hi, dtype=np.uint64), np.frombuffer(lo, dtype=np.uint64),
-                          np.frombuffer(pos, dtype=np.int64))
+        m = KeyMap.sorted(*_arrays(table.finish(keep=True)))
         m._lookup["table"] = table
         return m
+
+
+def _arrays(keys: tuple[bytearray, bytearray, bytearray]) -> tuple[U64, U64, I64]:
+    """A key table's read-out (hi, lo, pos buffers) as arrays."""
+    hi, lo, pos = keys
+    return np.frombuffer(hi, dtype=np.uint64), np.frombuffer(lo, dtype=np.uint64), np.frombuffer(pos, dtype=np.int64)

@@ -105,9 +105,9 @@ def plan_work(plan: Plan, survivors: Survivors, config: CompactionConfig, *, top
     previous part in place (its deletion vector is written here)."""
     work: list[Work] = []
     vectors: list[tuple[str, bytes]] = []
-    fates = [_fate(s, survivors.slice_keep(i), config) for i, s in enumerate(plan.slices)]
-    for i, s in enumerate(plan.slices):
-        keep = survivors.slice_keep(i)
+    keeps = [survivors.slice_keep(i) for i in range(len(plan.slices))]
+    fates = [_fate(s, keep, config) for s, keep in zip(plan.slices, keeps, strict=True)]
+    for i, (s, keep) in enumerate(zip(plan.slices, keeps, strict=True)):
         if fates[i] == "small":
             # Copying a small part merges it with a neighbour that is copied too; with
             # none (its neighbours are kept in place), the copy would only rewrite it.
@@ -298,8 +298,8 @@ def _copy_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes | 
         new_offs[partial_rec] = ends - p_size - run_base
     p_len = np.bincount(which[partial_rec], weights=p_size, minlength=len(sel)).astype(np.int64)
     lengths = np.where(whole, e_len, FRAME_HEADER.size + p_len)
-    blob = _frames_blob(buf, e_off, e_len, whole, run_lo, run_hi, run_entry, lengths, p_len, kept, sink.scratch)
-    frame_at = np.concatenate([[0], np.cumsum(lengths)])
+    frame_at = np.concatenate([[0], np.cumsum(lengths)])  # where each output frame starts, and the end
+    blob = _frames_blob(buf, e_off, e_len, whole, run_lo, run_hi, run_entry, frame_at, p_len, kept, sink.scratch)
     ledgers, entries = f.entry_ledgers[sel], f.entry_ids[sel]
     publish = foot.col("e_publish")[sel]
     cols = {"r_hash_hi": foot.col("r_hash_hi")[rec], "r_hash_lo": foot.col("r_hash_lo")[rec],
@@ -327,7 +327,7 @@ def _copy_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes | 
 
 def _frames_blob(buf: bytes | memoryview, e_off: npt.NDArray[np.int64], e_len: npt.NDArray[np.int64],
                  whole: npt.NDArray[np.bool_], run_lo: npt.NDArray[np.int64], run_hi: npt.NDArray[np.int64],
-                 run_entry: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64], p_len: npt.NDArray[np.int64],
+                 run_entry: npt.NDArray[np.int64], frame_at: npt.NDArray[np.int64], p_len: npt.NDArray[np.int64],
                  kept: npt.NDArray[np.int64], scratch: Scratch) -> memoryview:
     """The output frames of a batch of entries, back to back: a whole entry's frame as
     read, or a new header and the runs of surviving bytes of a partly kept one.
@@ -350,10 +350,10 @@ def _frames_blob(buf: bytes | memoryview, e_off: npt.NDArray[np.int64], e_len: n
     blob = gather_ranges(buf, starts, ends, scratch)
     rebuilt = np.flatnonzero(~whole)
     if len(rebuilt):
-        at = (np.cumsum(lengths) - lengths)[rebuilt]
+        at = frame_at[rebuilt]
         heads = np.empty((len(rebuilt), 3), dtype="<u4")
         heads[:, 0] = p_len[rebuilt]
-        heads[:, 1] = crc32c_ranges(blob, at + FRAME_HEADER.size, at + lengths[rebuilt])
+        heads[:, 1] = crc32c_ranges(blob, at + FRAME_HEADER.size, frame_at[rebuilt + 1])
         heads[:, 2] = kept[rebuilt]
         out = np.frombuffer(blob, dtype=np.uint8)
         out[at[:, None] + np.arange(FRAME_HEADER.size)] = heads.view(np.uint8).reshape(-1, FRAME_HEADER.size)

@@ -96,8 +96,10 @@ class _Group:
     cost: int = 0
 
 
-def _out_bytes(item: tuple[Slice, Any, Any]) -> int:
+def _out_bytes(item: Work) -> int:
     """About how many bytes copying ``item`` writes: its survivors at its mean record size."""
+    if isinstance(item, CompactedPart):
+        return 0
     s, keep, _ = item
     return int(np.count_nonzero(keep)) * s.data_bytes() // max(1, s.records)
 
@@ -110,10 +112,9 @@ def split_work(work: Sequence[Work], workers: int, min_out_bytes: int = 0) -> li
     smaller than the next run keeps in place would be copied again."""
     costs = [work_cost(w) for w in work]
     target = max(1, -(-sum(costs) // max(1, workers * GROUPS_PER_WORKER)))
-    if min_out_bytes:
-        # never so high that the workers would not all get something to do
-        writes = sum(_out_bytes(w) for w in work if not isinstance(w, CompactedPart))
-        min_out_bytes = min(min_out_bytes, writes // max(1, 2 * workers))
+    outs = [_out_bytes(w) if min_out_bytes else 0 for w in work]
+    # never so high that the workers would not all get something to do
+    min_out_bytes = min(min_out_bytes, sum(outs) // max(1, 2 * workers))
     groups: list[_Group] = []
     current: list[Work] = []
     size = out = 0
@@ -124,7 +125,7 @@ def split_work(work: Sequence[Work], workers: int, min_out_bytes: int = 0) -> li
             groups.append(_Group(tuple(current), cost=size))
         current, size, out = [], 0, 0
 
-    for item, cost in zip(work, costs, strict=True):
+    for item, cost, item_out in zip(work, costs, outs, strict=True):
         if isinstance(item, CompactedPart):
             close()
             groups.append(_Group((), item))
@@ -133,8 +134,8 @@ def split_work(work: Sequence[Work], workers: int, min_out_bytes: int = 0) -> li
         for piece in pieces:
             current.append(piece)
             size += work_cost(piece) if len(pieces) > 1 else cost
-            if min_out_bytes and not isinstance(piece, CompactedPart):
-                out += _out_bytes(piece)
+            if min_out_bytes:
+                out += _out_bytes(piece) if len(pieces) > 1 else item_out
             if size >= target and out >= min_out_bytes:
                 close()
     close()

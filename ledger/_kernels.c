@@ -106,6 +106,33 @@ static void init_crc(void) {
 }
 
 #ifdef SHALE_X86_CRC
+/* Runs of three blocks of `block` bytes, each block a stream of its own; the streams'
+ * registers are joined by shifting over the blocks that follow (`shift`: that shift for
+ * `block` zero bytes).  Advances *p and *n past the runs done. */
+__attribute__((target("sse4.2"))) static inline uint64_t crc_hw_streams(uint64_t c0, const uint8_t **p, size_t *n,
+                                                                        size_t block, uint32_t shift[4][256]) {
+    const uint8_t *q = *p;
+    while (*n >= 3 * block) {
+        uint64_t c1 = 0, c2 = 0, w0, w1, w2;
+        const uint8_t *end = q + block;
+        do {
+            memcpy(&w0, q, 8);
+            memcpy(&w1, q + block, 8);
+            memcpy(&w2, q + 2 * block, 8);
+            c0 = _mm_crc32_u64(c0, w0);
+            c1 = _mm_crc32_u64(c1, w1);
+            c2 = _mm_crc32_u64(c2, w2);
+            q += 8;
+        } while (q < end);
+        c0 = shift_reg(shift, (uint32_t)c0) ^ (uint32_t)c1;
+        c0 = shift_reg(shift, (uint32_t)c0) ^ (uint32_t)c2;
+        q += 2 * block;
+        *n -= 3 * block;
+    }
+    *p = q;
+    return c0;
+}
+
 /* Three independent streams hide the instruction's latency (three cycles, one per cycle
  * issued); their registers are joined by shifting over the blocks that follow. */
 __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t reg, const uint8_t *p, size_t n) {
@@ -114,40 +141,8 @@ __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t reg, const uin
         c0 = _mm_crc32_u8((uint32_t)c0, *p++);
         n--;
     }
-    while (n >= 3 * LONG_BLOCK) {
-        uint64_t c1 = 0, c2 = 0, w0, w1, w2;
-        const uint8_t *end = p + LONG_BLOCK;
-        do {
-            memcpy(&w0, p, 8);
-            memcpy(&w1, p + LONG_BLOCK, 8);
-            memcpy(&w2, p + 2 * LONG_BLOCK, 8);
-            c0 = _mm_crc32_u64(c0, w0);
-            c1 = _mm_crc32_u64(c1, w1);
-            c2 = _mm_crc32_u64(c2, w2);
-            p += 8;
-        } while (p < end);
-        c0 = shift_reg(shift_long, (uint32_t)c0) ^ (uint32_t)c1;
-        c0 = shift_reg(shift_long, (uint32_t)c0) ^ (uint32_t)c2;
-        p += 2 * LONG_BLOCK;
-        n -= 3 * LONG_BLOCK;
-    }
-    while (n >= 3 * SHORT_BLOCK) {
-        uint64_t c1 = 0, c2 = 0, w0, w1, w2;
-        const uint8_t *end = p + SHORT_BLOCK;
-        do {
-            memcpy(&w0, p, 8);
-            memcpy(&w1, p + SHORT_BLOCK, 8);
-            memcpy(&w2, p + 2 * SHORT_BLOCK, 8);
-            c0 = _mm_crc32_u64(c0, w0);
-            c1 = _mm_crc32_u64(c1, w1);
-            c2 = _mm_crc32_u64(c2, w2);
-            p += 8;
-        } while (p < end);
-        c0 = shift_reg(shift_short, (uint32_t)c0) ^ (uint32_t)c1;
-        c0 = shift_reg(shift_short, (uint32_t)c0) ^ (uint32_t)c2;
-        p += 2 * SHORT_BLOCK;
-        n -= 3 * SHORT_BLOCK;
-    }
+    c0 = crc_hw_streams(c0, &p, &n, LONG_BLOCK, shift_long);
+    c0 = crc_hw_streams(c0, &p, &n, SHORT_BLOCK, shift_short);
     while (n >= 8) {
         uint64_t w;
         memcpy(&w, p, 8);
