@@ -107,6 +107,8 @@ class KeyMap:
             table = new_key_table(n)
             if table is not None and table.add(self.hi, self.lo, self.pos) != n:
                 table = None  # crafted keys crowd it: search instead
+            if table is not None:
+                table.prepare_lookups()
             self._lookup["table"] = table
         table = self._lookup["table"]
         if table is not None:

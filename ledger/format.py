@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ledger.errors import CorruptLedgerError, UnsupportedVersionError
-from ledger.kernels import crc32c
+from ledger.kernels import crc32c, tiling_error
 
 __all__ = [
     "FLAG_HAS_KEY",
@@ -374,34 +374,19 @@ def decode_footer(data: bytes | memoryview, trailer: Trailer, where: str) -> Foo
         # Records tile their entry exactly: each starts where the one before it ends and
         # the last one ends where the payload does.  Pass two copies by these columns,
         # so a footer that lied about them would silently copy the wrong bytes.
-        why = _tiling_error(cols["r_offset"], cols["r_size"], e_rec_start, lengths)
+        why = _tiling_error(cols["r_offset"], cols["r_size"], e_rec_start, cols["e_length"])
         if why:
             raise bad(why)
     return Footer(trailer.kind, trailer.ledger_id, pos, e_rec_start, cols, meta)
 
 
 def _tiling_error(offset: npt.NDArray[np.uint32], size: npt.NDArray[np.uint32], e_rec_start: npt.NDArray[np.int64],
-                  lengths: npt.NDArray[np.uint64]) -> str:
+                  lengths: npt.NDArray[np.uint32]) -> str:
     """Why the records do not tile their entries' payloads ("" when they do): the first
     record of an entry starts at 0, each next one where the previous ends, and the last
-    ends at the payload's end.
+    ends at the payload's end (one pass in C, :func:`ledger.kernels.tiling_error`)."""
+    return _TILING_ERRORS[tiling_error(offset, size, e_rec_start, lengths)]
 
-    Worked in 32-bit words, a few passes over the columns (footers hold millions of
-    records).  A sum that wrapped past 2**32 would land below the offset it was added
-    to, so requiring offsets not to decrease inside an entry rules wrapping out.
-    """
-    n = len(offset)
-    if not n:
-        return ""
-    firsts, lasts = e_rec_start[:-1], e_rec_start[1:] - 1
-    follows = np.empty(n, dtype=bool)
-    follows[0] = True
-    np.equal(offset[1:], offset[:-1] + size[:-1], out=follows[1:])
-    follows[1:] &= offset[1:] >= offset[:-1]
-    follows[firsts] = offset[firsts] == 0  # entries start afresh
-    if not follows.all():
-        return "record offsets do not follow record sizes"
-    ends = offset[lasts].astype(np.int64) + size[lasts].astype(np.int64)
-    if np.any(ends != lengths.astype(np.int64) - FRAME_HEADER.size):
-        return "record sizes do not add up to their entry"
-    return ""
+
+_TILING_ERRORS: Final = ("", "record offsets do not follow record sizes", "record sizes do not add up to their entry",
+                         "the entry record index goes backwards")

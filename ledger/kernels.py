@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = ["KERNELS", "KeyTable", "Scratch", "check_frames", "crc32c", "crc32c_ranges", "distinct_estimate",
-           "gather_ranges", "latest_positions", "new_key_table"]
+           "gather_ranges", "latest_positions", "new_key_table", "tiling_error"]
 
 Buffer = bytes | bytearray | memoryview
 
@@ -135,6 +135,41 @@ def gather_ranges(buf: Buffer, starts: npt.ArrayLike, ends: npt.ArrayLike,
     return out
 
 
+def tiling_error(offsets: npt.NDArray[np.uint32], sizes: npt.NDArray[np.uint32], entry_starts: npt.NDArray[np.int64],
+                 lengths: npt.NDArray[np.uint32]) -> int:
+    """Whether the records of a footer tile their entries' payloads: 0 when they do (each
+    entry's first record starts at 0, each next one where the one before it ends, without
+    wrapping past 2**32, and the last ends where the 12-byte-headed frame of ``lengths``
+    does); 1 when offsets do not follow sizes; 2 when they do but some entry's sizes do
+    not add up to its payload; 3 when ``entry_starts`` (the first record of each entry,
+    then the record count) do not rise through the records."""
+    o = np.ascontiguousarray(offsets, dtype=np.uint32)
+    z = np.ascontiguousarray(sizes, dtype=np.uint32)
+    st = np.ascontiguousarray(entry_starts, dtype=np.int64)
+    n_len = np.ascontiguousarray(lengths, dtype=np.uint32)
+    if _native is not None:
+        return int(_native.tiling_error(o, z, st, n_len))
+    if len(z) != len(o) or len(st) != len(n_len) + 1:
+        raise ValueError("sizes must be as long as offsets, entry_starts one longer than lengths")
+    n = len(o)
+    if not len(n_len):
+        return 0
+    if st[0] < 0 or np.any(st[1:] <= st[:-1]) or st[-1] > n:
+        return 3
+    # a few passes over the columns, in 32-bit words: a sum that wrapped past 2**32 lands
+    # below the offset it was added to, so offsets may not fall inside an entry
+    firsts, lasts = st[:-1], st[1:] - 1
+    follows = np.empty(n, dtype=bool)
+    follows[0] = True
+    np.equal(o[1:], o[:-1] + z[:-1], out=follows[1:])
+    follows[1:] &= o[1:] >= o[:-1]
+    follows[firsts] = o[firsts] == 0  # entries start afresh
+    if not follows[st[0]:st[-1]].all():
+        return 1
+    ends = o[lasts].astype(np.int64) + z[lasts].astype(np.int64)
+    return 2 if np.any(ends != n_len.astype(np.int64) - 12) else 0
+
+
 def latest_positions(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> npt.NDArray[np.intp] | None:
     """Indexes of the last occurrence of every distinct ``(hi, lo)``, in hash order — or
     ``None`` when the C kernels are not in use or the keys crowd its table (keys crafted
@@ -163,6 +198,8 @@ class KeyTable(Protocol):
     def contains(self, hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> bytearray: ...
 
     def finish(self, keep: bool = False) -> tuple[bytearray, bytearray, bytearray]: ...
+
+    def prepare_lookups(self) -> None: ...
 
 
 def distinct_estimate(his: Sequence[npt.NDArray[np.uint64]]) -> int | None:

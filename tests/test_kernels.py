@@ -622,6 +622,55 @@ def test_key_table_lookups_and_finish_keep(expected: int) -> None:
 
 
 @needs_native
+def test_key_table_lookup_filter_answers_like_the_table() -> None:
+    """``prepare_lookups`` (and ``finish(keep=True)``) add a filter of the low hash's low
+    bits that answers most misses: keys that pass it but are absent (same low bits,
+    another high half) still answer no, and an ``add`` after it drops the filter, so keys
+    added later are found."""
+    rng = np.random.default_rng(41)
+    hi, lo = random_records(rng, 3_000, 6_000)
+    table = new_table(len(hi))
+    table.add(hi, lo)
+    want = latest_dict(hi, lo)
+    q_hi, q_lo = absent_queries(rng, hi, lo)
+    # absent keys that pass the filter: a present key's low half with another high half
+    q_hi = np.concatenate([q_hi, random_u64(rng, 2_000)])
+    q_lo = np.concatenate([q_lo, lo[:2_000]])
+    before = as_bools(table.contains(q_hi, q_lo))
+    assert before == membership(want, q_hi, q_lo)
+    bytes_without = table.nbytes
+    table.prepare_lookups()
+    assert table.nbytes > bytes_without  # the filter is there (16 to 32 bits a key)
+    assert table.nbytes - bytes_without <= len(want) * 4 + 512
+    assert as_bools(table.contains(q_hi, q_lo)) == before
+    # new keys after the filter was built: found (a stale filter would hide them)
+    more_hi, more_lo = random_u64(rng, 5_000), random_u64(rng, 5_000)
+    assert table.add(more_hi, more_lo, first=len(hi)) == 5_000
+    assert table.nbytes == bytes_without or len(table) > len(want)
+    all_hi, all_lo = np.concatenate([hi, more_hi]), np.concatenate([lo, more_lo])
+    want_all = latest_dict(all_hi, all_lo)
+    assert all(as_bools(table.contains(more_hi, more_lo)))
+    assert as_bools(table.contains(q_hi, q_lo)) == membership(want_all, q_hi, q_lo)
+    table.prepare_lookups()
+    assert all(as_bools(table.contains(all_hi, all_lo)))
+    assert as_bools(table.contains(q_hi, q_lo)) == membership(want_all, q_hi, q_lo)
+    assert_columns_equal(finished(table, keep=True), sorted_columns(want_all))
+    assert all(as_bools(table.contains(all_hi, all_lo)))
+
+
+@needs_native
+def test_key_table_lookup_filter_on_an_empty_table() -> None:
+    table = new_table()
+    table.prepare_lookups()  # nothing added: no filter, no error
+    q = u64([1, 2, 3])
+    assert as_bools(table.contains(q, q)) == [False] * 3
+    table.add(q, q)
+    table.prepare_lookups()
+    assert as_bools(table.contains(q, q)) == [True] * 3
+    assert as_bools(table.contains(q + np.uint64(1 << 40), q)) == [False] * 3
+
+
+@needs_native
 def test_key_table_refuses_mismatched_input() -> None:
     hi = u64([1, 2, 3])
     lo = u64([4, 5, 6])
@@ -932,3 +981,92 @@ def test_compaction_is_the_same_with_and_without_the_c_kernels(tmp_path: Path) -
     horizon = TopicMetadata.open(native_uri).load_compaction().horizon
     model = expected_view(everything, horizon, keep_tombstones=False)
     assert views["native"] == [(m.id, m.key, m.value) for m in model]
+
+
+# ------------------------------------------------------------------------------ tiling check
+
+
+def tiled_footer(rng: np.random.Generator, entries: int) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint32],
+                                                                   I64, npt.NDArray[np.uint32]]:
+    """Columns of a footer whose records tile their entries: (offsets, sizes, entry
+    starts, frame lengths)."""
+    counts = rng.integers(1, 6, size=entries)
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    sizes = rng.integers(0, 300, size=int(starts[-1])).astype(np.uint32)
+    offsets = np.zeros(len(sizes), dtype=np.uint32)
+    lengths = np.zeros(entries, dtype=np.uint32)
+    for j in range(entries):
+        a, b = int(starts[j]), int(starts[j + 1])
+        offsets[a:b] = np.concatenate([[0], np.cumsum(sizes[a:b])[:-1]])
+        lengths[j] = 12 + int(sizes[a:b].sum())
+    return offsets, sizes, starts, lengths
+
+
+def test_tiling_error_accepts_a_sound_footer(kernel_path: str) -> None:
+    rng = np.random.default_rng(5)
+    for entries in (0, 1, 2, 50, 3_000):
+        assert kernels.tiling_error(*tiled_footer(rng, entries)) == 0
+
+
+@pytest.mark.parametrize("case, code", [
+    ("first_not_zero", 1), ("gap", 1), ("overlap", 1), ("wraps", 1), ("short_entry", 2), ("long_entry", 2),
+    ("starts_backwards", 3), ("starts_past_the_end", 3), ("negative_start", 3),
+])
+def test_tiling_error_names_what_is_wrong(kernel_path: str, case: str, code: int) -> None:
+    rng = np.random.default_rng(6)
+    off, size, starts, lengths = tiled_footer(rng, 40)
+    size[size == 0] = 1  # every record holds bytes, so a shift shows
+    for j in range(40):
+        a, b = int(starts[j]), int(starts[j + 1])
+        off[a:b] = np.concatenate([[0], np.cumsum(size[a:b])[:-1]])
+        lengths[j] = 12 + int(size[a:b].sum())
+    multi = int(np.flatnonzero(np.diff(starts) >= 2)[0])  # an entry of two records or more
+    a = int(starts[multi])
+    if case == "first_not_zero":
+        off[a] = 1
+    elif case == "gap":
+        off[a + 1] += 1
+    elif case == "overlap":
+        off[a + 1] -= 1
+    elif case == "wraps":
+        # the second record's offset is where a huge first one would end, mod 2**32
+        size[a] = np.uint32(2**32 - 1)
+        off[a + 1] = np.uint32(2**32 - 1)
+    elif case == "short_entry":
+        lengths[multi] -= 1
+    elif case == "long_entry":
+        lengths[multi] += 1
+    elif case == "starts_backwards":
+        starts[multi + 1] = starts[multi]
+    elif case == "starts_past_the_end":
+        starts[-1] = len(off) + 1
+    else:
+        starts[0] = -1
+    assert kernels.tiling_error(off, size, starts, lengths) == code
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(0, 200), st.sampled_from(["off", "size", "len"]), st.integers(0, 2**32 - 1))
+def test_tiling_error_native_and_fallback_agree(seed: int, entries: int, column: str, value: int) -> None:
+    rng = np.random.default_rng(seed)
+    cols = list(tiled_footer(rng, entries))
+    target = {"off": 0, "size": 1, "len": 3}[column]
+    if len(cols[target]):
+        cols[target][int(rng.integers(0, len(cols[target])))] = np.uint32(value)
+    with fallback_kernels():
+        want = kernels.tiling_error(*cols)
+    if NATIVE is not None:
+        assert kernels.tiling_error(*cols) == want
+
+
+@needs_native
+def test_native_tiling_error_refuses_other_buffers() -> None:
+    off, size, starts, lengths = tiled_footer(np.random.default_rng(7), 5)
+    with pytest.raises(ValueError, match="uint32"):
+        NATIVE.tiling_error(off.astype(np.uint64), size, starts, lengths)
+    with pytest.raises(ValueError, match="one longer"):
+        NATIVE.tiling_error(off, size, starts[:-1], lengths)
+    # unaligned views of the columns (footers are views of an object's bytes) are read as they are
+    raw = bytearray(1) + off.tobytes()
+    unaligned = np.frombuffer(memoryview(raw)[1:], dtype=np.uint32)
+    assert NATIVE.tiling_error(unaligned, size, starts, lengths) == 0
