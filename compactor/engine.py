@@ -10,13 +10,14 @@ engine runs both passes in this process; the Spark engine
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from compactor import workers as pass_two_workers
 from compactor.config import CompactionConfig
 from compactor.cpus import available_cpus
 from compactor.pass_one import Survivors, pass_one
-from compactor.pass_two import PassTwoResult, plan_work, write_parts
+from compactor.pass_two import PassTwoResult, decide_work, write_parts, write_vectors
 from compactor.plan import Plan
 from ledger.storage import Location
 
@@ -90,14 +91,25 @@ class LocalEngine:
                  run_dir: str, epoch: int, now_ms: int, on_object: Callable[[str], None]) -> PassTwoResult:
         if not isinstance(survivors, Survivors):
             raise TypeError("the local engine's pass two needs the local engine's pass one")
-        work = plan_work(plan, survivors, config, topic=topic, run_dir=run_dir, on_object=on_object)
+        work, vectors = decide_work(plan, survivors, config, run_dir=run_dir, on_object=on_object)
         processes = min(config.workers or available_cpus(), 8)
         if (processes > 1 and topic.store.process_safe
                 and sum(map(pass_two_workers.work_bytes, work)) >= pass_two_workers.MIN_PARALLEL_BYTES):
+            write_vectors(topic, vectors)  # before forking: no thread may run across a fork
             return pass_two_workers.write_parts_in_workers(work, config, processes, topic=topic, run_dir=run_dir,
                                                            epoch=epoch, now_ms=now_ms, on_object=on_object)
-        return write_parts(work, config, topic=topic, run_dir=run_dir, epoch=epoch, now_ms=now_ms,
-                           on_object=on_object)
+        if not vectors:
+            return write_parts(work, config, topic=topic, run_dir=run_dir, epoch=epoch, now_ms=now_ms,
+                               on_object=on_object)
+        # The deletion vectors are written while the copy runs (an incremental run's
+        # writes are mostly these and the new survivors).  Whatever happens to the copy,
+        # they are waited for, so that a failed run's clean-up finds everything it wrote.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shale-deletions") as pool:
+            vectors_written = pool.submit(write_vectors, topic, vectors)
+            out = write_parts(work, config, topic=topic, run_dir=run_dir, epoch=epoch, now_ms=now_ms,
+                              on_object=on_object)
+        vectors_written.result()
+        return out
 
     def release(self, survivors: SurvivorCounts) -> None:
         pass

@@ -54,7 +54,9 @@ class _Heartbeat:
 
     def beat(self) -> None:
         body = json.dumps({**self.info, "heartbeat_ms": int(time.time() * 1000)}).encode()
-        self.meta.topic.store.put(self.key, body)
+        # Not synced: garbage collection reads only its age, and a crash that could lose
+        # it ends the run anyway.
+        self.meta.topic.store.put(self.key, body, durable=False)
         self.last_ok = time.monotonic()
 
     def _loop(self) -> None:

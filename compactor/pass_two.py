@@ -31,7 +31,7 @@ from ledger.storage import Location, ObjectWriter
 from ledger.writer import LedgerWriter
 from metadata.state import CompactedPart
 
-__all__ = ["PassTwoResult", "Work", "pass_two", "plan_work", "write_parts"]
+__all__ = ["PassTwoResult", "Work", "decide_work", "pass_two", "plan_work", "write_parts", "write_vectors"]
 
 
 @dataclass(slots=True)
@@ -103,6 +103,16 @@ def plan_work(plan: Plan, survivors: Survivors, config: CompactionConfig, *, top
               on_object: Callable[[str], None]) -> list[Work]:
     """What pass two does with each slice, in order: copy its kept records, or keep the
     previous part in place (its deletion vector is written here)."""
+    work, vectors = decide_work(plan, survivors, config, run_dir=run_dir, on_object=on_object)
+    write_vectors(topic, vectors)
+    return work
+
+
+def decide_work(plan: Plan, survivors: Survivors, config: CompactionConfig, *, run_dir: str,
+                on_object: Callable[[str], None]) -> tuple[list[Work], list[tuple[str, bytes]]]:
+    """:func:`plan_work` without the writing: the work, and the deletion vectors (name
+    under the topic, bytes) of the parts kept in place, for the caller to write before
+    the run publishes.  Every name has been passed to ``on_object``."""
     work: list[Work] = []
     vectors: list[tuple[str, bytes]] = []
     keeps = [survivors.slice_keep(i) for i in range(len(plan.slices))]
@@ -121,14 +131,17 @@ def plan_work(plan: Plan, survivors: Survivors, config: CompactionConfig, *, top
             work.append((s, keep, survivors.slice_delete_since(i)))
     for name, _ in vectors:
         on_object(name)
+    return work, vectors
+
+
+def write_vectors(topic: Location, vectors: list[tuple[str, bytes]]) -> None:
+    """Write deletion vectors, all at once: an object store answers each with latency,
+    and a local folder commits several files' syncs together."""
     if len(vectors) > 1:
-        # All at once: an object store answers each with latency, and a local folder
-        # commits several files' fsyncs together.
         with ThreadPoolExecutor(max_workers=min(len(vectors), 8), thread_name_prefix="shale-deletions") as pool:
             list(pool.map(lambda v: topic.store.put(topic.key(v[0]), v[1]), vectors))
     elif vectors:
         topic.store.put(topic.key(vectors[0][0]), vectors[0][1])
-    return work
 
 
 def pass_two(plan: Plan, survivors: Survivors, config: CompactionConfig, *, topic: Location, run_dir: str,

@@ -99,7 +99,7 @@ class FsspecStore(ObjectStore):
             raise ObjectNotFoundError(f"{self.url(key)}: is a folder, not an object")
         return ObjectInfo(key, int(info.get("size") or 0), _mtime(info))
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes, *, durable: bool = True) -> None:
         self._wrap(key, lambda: self.fs.pipe_file(self._p(key), data))
 
     def open_writer(self, key: str) -> ObjectWriter:

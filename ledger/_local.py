@@ -34,8 +34,9 @@ def _token(data: bytes) -> str:
 
 
 class _LocalWriter(ObjectWriter):
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, sync: bool = True) -> None:
         self._path = path
+        self._sync = sync
         self._tmp = _tmp_name(path)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self._f = open(self._tmp, "wb")  # noqa: SIM115  (closed in close/abort)
@@ -48,7 +49,8 @@ class _LocalWriter(ObjectWriter):
         if self._done:
             return
         self._f.flush()
-        os.fsync(self._f.fileno())
+        if self._sync:
+            os.fsync(self._f.fileno())
         self._f.close()
         os.replace(self._tmp, self._path)
         self._done = True
@@ -134,8 +136,8 @@ class LocalStore(ObjectStore):
             raise ObjectNotFoundError(f"{self.url(key)}: no such object") from None
         return ObjectInfo(key, st.st_size, st.st_mtime)
 
-    def put(self, key: str, data: bytes) -> None:
-        with self.open_writer(key) as w:
+    def put(self, key: str, data: bytes, *, durable: bool = True) -> None:
+        with _LocalWriter(self._path(key), sync=durable) as w:
             w.write(data)
 
     def open_writer(self, key: str) -> ObjectWriter:

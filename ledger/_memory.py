@@ -76,7 +76,7 @@ class MemoryStore(ObjectStore):
         o = self._obj(key)
         return ObjectInfo(key, len(o.data), o.mtime, o.token)
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes, *, durable: bool = True) -> None:
         with self._lock:
             self._objects[key] = self._new(data)
 

@@ -218,7 +218,7 @@ class S3Store(ObjectStore):
         r = self._call("head_object", key, Bucket=self.bucket, Key=key)
         return ObjectInfo(key, int(r["ContentLength"]), r["LastModified"].timestamp(), r["ETag"])
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes, *, durable: bool = True) -> None:
         self._call("put_object", key, Bucket=self.bucket, Key=key, Body=data)
 
     def open_writer(self, key: str) -> ObjectWriter:

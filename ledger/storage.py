@@ -120,8 +120,13 @@ class ObjectStore(ABC):
         return True
 
     @abstractmethod
-    def put(self, key: str, data: bytes) -> None:
-        """Write the object, replacing any previous one, atomically."""
+    def put(self, key: str, data: bytes, *, durable: bool = True) -> None:
+        """Write the object, replacing any previous one, atomically.
+
+        ``durable=False`` allows a store to skip waiting for the object to reach stable
+        storage (a local folder then does not sync it), for objects that only matter while
+        their writer lives: a machine crash may lose such an object or leave it empty, but
+        never half replaced.  Object stores write every object durably anyway."""
 
     @abstractmethod
     def open_writer(self, key: str) -> ObjectWriter:

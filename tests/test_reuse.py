@@ -177,3 +177,45 @@ def test_small_parts_are_copied_only_to_merge(tmp_path: Path, sizes: str, kept_i
             else kept_in_place + [True] * (len(plan.compacted) - len(sizes)))
     assert got == want, (labels, got)
     assert not any(isinstance(w, CompactedPart) for w in work[len(plan.compacted):])  # new records: copied
+
+
+@pytest.mark.parametrize("fail", ["vector", "copy"])
+def test_a_failed_write_during_an_incremental_run_publishes_nothing_and_leaves_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail: str) -> None:
+    """Deletion vectors are written while the new survivors are copied: when either
+    write fails the run fails, the other is waited for, and the run's folder is removed
+    with everything in it; the next run then succeeds."""
+    from ledger._local import LocalStore
+
+    uri = str(tmp_path / "t")
+    produce(uri, 1, 20_000, range(4_000), T0)
+    Compactor(uri, CompactionConfig(**REUSE), clock=lambda: T0 + HOUR).run()  # type: ignore[arg-type]
+    before = TopicMetadata.open(uri).load_compaction()
+    produce(uri, 2, 300, range(4_000), T0 + HOUR)
+    real_put, real_writer = LocalStore.put, LocalStore.open_writer
+
+    def put(self: LocalStore, key: str, data: bytes, *, durable: bool = True) -> None:
+        if fail == "vector" and "/deletions-" in key:
+            time.sleep(0.05)  # the copy is well under way by then
+            raise OSError(28, "No space left on device")
+        real_put(self, key, data, durable=durable)
+
+    def open_writer(self: LocalStore, key: str) -> Any:
+        if fail == "copy" and "/part-" in key:
+            raise OSError(28, "No space left on device")
+        return real_writer(self, key)
+
+    monkeypatch.setattr(LocalStore, "put", put)
+    monkeypatch.setattr(LocalStore, "open_writer", open_writer)
+    with pytest.raises(OSError, match="No space left"):
+        Compactor(uri, CompactionConfig(**REUSE), clock=lambda: T0 + 2 * HOUR).run()  # type: ignore[arg-type]
+    after = TopicMetadata.open(uri).load_compaction()
+    assert after.version == before.version  # nothing published
+    # the failed run's folder holds nothing (a local folder may stay, empty, as an
+    # object store's prefix would)
+    left = [p for p in (tmp_path / "t" / "compacted").rglob("*")
+            if p.is_file() and not p.is_relative_to(tmp_path / "t" / "compacted" / before.compacted_ledger)]
+    assert left == []
+    monkeypatch.undo()
+    s = Compactor(uri, CompactionConfig(**REUSE), clock=lambda: T0 + 2 * HOUR).run()  # type: ignore[arg-type]
+    assert s.status == "compacted" and s.records_reused > 0

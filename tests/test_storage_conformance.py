@@ -33,6 +33,26 @@ def test_put_get_range_tail_stat(loc: Location) -> None:
     assert s.get(k) == b"replaced"
 
 
+def test_put_not_durable_is_still_whole_and_replaces(loc: Location, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``durable=False`` (the run's heartbeat) writes and replaces like any put; a local
+    folder then skips the sync, which is all it may skip."""
+    import os
+
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    s, k = loc.store, loc.key("a/run/_run.json")
+    s.put(k, b'{"beat": 1}', durable=False)
+    assert s.get(k) == b'{"beat": 1}'
+    s.put(k, b'{"beat": 2}', durable=False)
+    assert s.get(k) == b'{"beat": 2}'
+    assert [o.key for o in s.list(loc.key("a/run") + "/")] == [k]  # no temporary file left
+    if loc.store.scheme == "file":
+        assert synced == []
+        s.put(k, b'{"beat": 3}')
+        assert len(synced) == 1  # a durable put syncs
+
+
 def test_missing_objects(loc: Location) -> None:
     s, k = loc.store, loc.key("nope")
     with pytest.raises(ObjectNotFoundError, match="nope"):
