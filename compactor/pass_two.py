@@ -27,7 +27,8 @@ from ledger.format import FRAME_HEADER, KIND_COMPACTED
 from ledger.ids import MessageId
 from ledger.kernels import Scratch, crc32c_ranges, gather_ranges
 from ledger.reader import LedgerFile
-from ledger.storage import Location, ObjectWriter
+from ledger.storage import Location
+from ledger.write_behind import WriteBehind
 from ledger.writer import LedgerWriter
 from metadata.state import CompactedPart
 
@@ -44,30 +45,52 @@ class PassTwoResult:
 
 
 class _PartSink:
-    """Writes compacted parts, rolling to a new object at ``max_part_bytes``."""
+    """Writes compacted parts, rolling to a new object at ``max_part_bytes``.
+
+    The writes go on in ``writes`` (one thread) while the next batch is built, so a
+    batch is built in one of two buffers taken in turn (:meth:`batch_buffer`), each
+    reused once the writes of the batch before last are done."""
 
     def __init__(self, topic: Location, run_dir: str, epoch: int, now_ms: int, max_part_bytes: int,
-                 result: PassTwoResult, on_object: Callable[[str], None], name_prefix: str = "part-",
-                 throttle: Throttle | None = None) -> None:
+                 result: PassTwoResult, on_object: Callable[[str], None], writes: ThreadPoolExecutor,
+                 name_prefix: str = "part-", throttle: Throttle | None = None) -> None:
         self.topic, self.run_dir, self.epoch, self.now_ms = topic, run_dir, epoch, now_ms
         self.name_prefix = name_prefix
         self.throttle = throttle
         self.max_part_bytes = max_part_bytes
         self.result = result
         self.on_object = on_object
+        self._writes = writes
         self._writer: LedgerWriter | None = None
-        self._upload: ObjectWriter | None = None
+        self._upload: WriteBehind | None = None
         self._name = ""
         self._first: MessageId | None = None
         self._last: MessageId | None = None
-        self.scratch = Scratch()  # the batch being written, reused batch after batch
+        self._buffers = (Scratch(), Scratch())  # reused batch after batch (fresh pages cost more than the copy)
+        self._in_use: list[tuple[WriteBehind, int] | None] = [None, None]  # writes still reading each buffer
+        self._turn = 0
+
+    def batch_buffer(self) -> Scratch:
+        """The buffer to build the next batch in; call :meth:`batch_done` once the batch
+        has been handed to the writer."""
+        held = self._in_use[self._turn]
+        if held is not None and held[0] is self._upload:
+            held[0].wait_for(held[1])  # (a part closed or aborted since has finished its writes)
+        self._in_use[self._turn] = None
+        return self._buffers[self._turn]
+
+    def batch_done(self) -> None:
+        up = self._upload
+        self._in_use[self._turn] = (up, up.submitted) if up is not None else None
+        self._turn ^= 1
 
     def writer(self) -> LedgerWriter:
         if self._writer is None:
             self._name = f"{self.run_dir}/{self.name_prefix}{len(self.result.parts):05d}.ledger"
             self.on_object(self._name)
             upload = self.topic.store.open_writer(self.topic.key(self._name))
-            self._upload = ThrottledWriter(upload, self.throttle) if self.throttle else upload
+            self._upload = WriteBehind(ThrottledWriter(upload, self.throttle) if self.throttle else upload,
+                                       self._writes)
             self._writer = LedgerWriter(self._upload, kind=KIND_COMPACTED, ledger_id=self.epoch,
                                         created_ms=self.now_ms)
         return self._writer
@@ -196,8 +219,9 @@ def write_parts(work: Iterable[Work], config: CompactionConfig,
     result = PassTwoResult()
     reads = Throttle(config.max_read_bytes_per_s)
     writes = Throttle(config.max_write_bytes_per_s)
-    sink = _PartSink(topic, run_dir, epoch, now_ms, config.max_part_bytes, result, on_object, name_prefix,
-                     writes if writes.rate else None)
+    writer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shale-write")
+    sink = _PartSink(topic, run_dir, epoch, now_ms, config.max_part_bytes, result, on_object, writer_thread,
+                     name_prefix, writes if writes.rate else None)
     pool = ThreadPoolExecutor(max_workers=config.read_parallelism, thread_name_prefix="shale-read")
     try:
         for item in work:
@@ -214,6 +238,7 @@ def write_parts(work: Iterable[Work], config: CompactionConfig,
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+        writer_thread.shutdown(wait=True)
     return result
 
 
@@ -312,7 +337,8 @@ def _copy_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes | 
     p_len = np.bincount(which[partial_rec], weights=p_size, minlength=len(sel)).astype(np.int64)
     lengths = np.where(whole, e_len, FRAME_HEADER.size + p_len)
     frame_at = np.concatenate([[0], np.cumsum(lengths)])  # where each output frame starts, and the end
-    blob = _frames_blob(buf, e_off, e_len, whole, run_lo, run_hi, run_entry, frame_at, p_len, kept, sink.scratch)
+    blob = _frames_blob(buf, e_off, e_len, whole, run_lo, run_hi, run_entry, frame_at, p_len, kept,
+                        sink.batch_buffer())
     ledgers, entries = f.entry_ledgers[sel], f.entry_ids[sel]
     publish = foot.col("e_publish")[sel]
     cols = {"r_hash_hi": foot.col("r_hash_hi")[rec], "r_hash_lo": foot.col("r_hash_lo")[rec],
@@ -336,6 +362,7 @@ def _copy_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes | 
         sink.note_ids(MessageId(int(ledgers[i0]), int(entries[i0]), int(r_batch[a])),
                       MessageId(int(ledgers[i1 - 1]), int(entries[i1 - 1]), int(r_batch[b - 1])))
         i0 = i1
+    sink.batch_done()
 
 
 def _frames_blob(buf: bytes | memoryview, e_off: npt.NDArray[np.int64], e_len: npt.NDArray[np.int64],

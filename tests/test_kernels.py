@@ -1046,7 +1046,8 @@ def test_tiling_error_names_what_is_wrong(kernel_path: str, case: str, code: int
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.integers(0, 200), st.sampled_from(["off", "size", "len"]), st.integers(0, 2**32 - 1))
+@given(st.integers(0, 2**32 - 1), st.integers(0, 200), st.sampled_from(["off", "size", "len"]),
+       st.integers(0, 2**32 - 1))
 def test_tiling_error_native_and_fallback_agree(seed: int, entries: int, column: str, value: int) -> None:
     rng = np.random.default_rng(seed)
     cols = list(tiled_footer(rng, entries))
