@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = ["KERNELS", "KeyTable", "Scratch", "check_frames", "crc32c", "crc32c_ranges", "distinct_estimate",
-           "gather_ranges", "latest_positions", "new_key_table", "tiling_error"]
+           "gather_ranges", "latest_positions", "new_key_table", "start_writeback", "tiling_error"]
 
 Buffer = bytes | bytearray | memoryview
 
@@ -168,6 +168,16 @@ def tiling_error(offsets: npt.NDArray[np.uint32], sizes: npt.NDArray[np.uint32],
         return 1
     ends = o[lasts].astype(np.int64) + z[lasts].astype(np.int64)
     return 2 if np.any(ends != n_len.astype(np.int64) - 12) else 0
+
+
+def start_writeback(fd: int, offset: int, nbytes: int) -> bool:
+    """Ask the system to start writing bytes ``[offset, offset + nbytes)`` of the open
+    file ``fd`` to disk without waiting (Linux ``sync_file_range``), so that the sync that
+    makes the file durable has less left to wait for.  A hint: ``False`` where it is not
+    supported (or without the C kernels); the file must still be synced."""
+    if _native is None:
+        return False
+    return bool(_native.start_writeback(fd, offset, nbytes))
 
 
 def latest_positions(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> npt.NDArray[np.intp] | None:

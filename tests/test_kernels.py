@@ -1071,3 +1071,48 @@ def test_native_tiling_error_refuses_other_buffers() -> None:
     raw = bytearray(1) + off.tobytes()
     unaligned = np.frombuffer(memoryview(raw)[1:], dtype=np.uint32)
     assert NATIVE.tiling_error(unaligned, size, starts, lengths) == 0
+
+
+# --------------------------------------------------------------------------- early writeback
+
+
+def test_start_writeback_is_a_hint(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    with open(path, "wb") as f:
+        f.write(b"x" * (1 << 16))
+        f.flush()
+        started = kernels.start_writeback(f.fileno(), 0, 1 << 16)
+        assert started is (NATIVE is not None and sys.platform == "linux")
+    assert path.read_bytes() == b"x" * (1 << 16)  # the data is untouched
+    r, w = os.pipe()
+    try:
+        assert kernels.start_writeback(w, 0, 10) is False  # not a file: refused, not raised
+    finally:
+        os.close(r)
+        os.close(w)
+    if NATIVE is not None:
+        with pytest.raises(ValueError, match="negative"):
+            NATIVE.start_writeback(0, -1, 10)
+
+
+def test_local_writes_start_writeback_as_they_go_and_still_sync(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import ledger._local as local
+
+    kicks: list[tuple[int, int]] = []
+    syncs: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(local, "start_writeback", lambda fd, off, n: kicks.append((off, n)) or True)
+    monkeypatch.setattr(os, "fsync", lambda fd: (syncs.append(fd), real_fsync(fd))[1])
+    store = local.LocalStore()
+    key = str(tmp_path / "obj").lstrip("/")
+    chunk = b"y" * (768 << 10)
+    with store.open_writer(key) as w:
+        for _ in range(4):
+            w.write(chunk)
+    assert kicks == [(0, 2 * len(chunk)), (2 * len(chunk), 2 * len(chunk))]  # every MiB or so, in order
+    assert len(syncs) == 1  # the close still syncs
+    assert store.get(key) == chunk * 4
+    kicks.clear()
+    store.put(key, chunk * 2, durable=False)
+    assert kicks == []  # nothing to hurry when nothing is synced
