@@ -17,13 +17,13 @@ Gauges (all per topic): ``shale_compaction_last_run_timestamp_seconds``,
 
 from __future__ import annotations
 
-from typing import Final
-
-from prometheus_client import CollectorRegistry, Gauge, pushadd_to_gateway
-from tenacity import retry, stop_after_attempt, wait_exponential
+from typing import TYPE_CHECKING, Final
 
 from compactor.settings import mask_secrets
 from compactor.summary import STATUSES, RunSummary
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 __all__ = ["DEFAULT_JOB", "build_registry", "push_summary"]
 
@@ -40,6 +40,9 @@ _COUNTS: Final = (("records_read", "records read from ledgers and previous compa
 
 def build_registry(summary: RunSummary, *, now_s: float, dirty_ratio_after: float | None) -> CollectorRegistry:
     """The gauges of one topic's run."""
+    # imported here: only a run that pushes metrics pays for the client's import
+    from prometheus_client import CollectorRegistry, Gauge
+
     reg = CollectorRegistry()
 
     def gauge(name: str, doc: str, value: float) -> None:
@@ -70,6 +73,9 @@ def push_summary(url: str, summary: RunSummary, *, now_s: float, dirty_ratio_aft
                  job: str = DEFAULT_JOB, timeout_s: float = 10.0, attempts: int = 3) -> None:
     """Push one topic's gauges to the Pushgateway at ``url`` (a few tries; raises the last
     error)."""
+    from prometheus_client import pushadd_to_gateway
+    from tenacity import retry, stop_after_attempt, wait_exponential
+
     reg = build_registry(summary, now_s=now_s, dirty_ratio_after=dirty_ratio_after)
     grouping = {"topic": mask_secrets(summary.topic)}
 

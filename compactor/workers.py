@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import multiprocessing
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,6 +166,11 @@ def write_parts_in_workers(work: Sequence[Work], config: CompactionConfig, worke
                            run_dir: str, epoch: int, now_ms: int,
                            on_object: Callable[[str], None]) -> PassTwoResult:
     """:func:`~compactor.pass_two.write_parts` over ``workers`` forked processes."""
+    # imported here: a run small enough for one process never pays for them
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
     groups = split_work(work, workers, min_out_bytes=config.reuse_min_bytes)
     shared = max(1, min(workers, sum(g.reused is None for g in groups)))
     # Byte-rate limits hold for the run as a whole, so each worker gets its share.
