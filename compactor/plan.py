@@ -116,8 +116,9 @@ def make_plan(meta: TopicMetadata, *, now_ms: int, min_compaction_lag_ms: int,
     # Footers are read several at a time: object stores answer each read with latency,
     # and decoding a big footer is mostly NumPy work that leaves the interpreter lock.
     with ThreadPoolExecutor(max_workers=FOOTER_READS, thread_name_prefix="shale-footer") as pool:
-        compacted = list(pool.map(open_part, previous.parts))
-        files = list(pool.map(lambda lg: opener(loc.key(lg.object), lg.id, KIND_ORIGINAL), todo))
+        parts_opened = pool.map(open_part, previous.parts)  # all submitted at once, both lists
+        ledgers_opened = pool.map(lambda lg: opener(loc.key(lg.object), lg.id, KIND_ORIGINAL), todo)
+        compacted, files = list(parts_opened), list(ledgers_opened)
     new: list[Slice] = []
     for lg, f in zip(todo, files, strict=True):
         start = f.find(prev_h.successor()) if prev_h is not None and lg.id == prev_h.ledger else 0
