@@ -723,6 +723,23 @@ static int get_int64_view(PyObject *obj, Py_buffer *view, const char *what, int 
     return 0;
 }
 
+/* The two halves of the hashes (hi, lo), as views of one length; -1 with an exception
+ * set and nothing held on error. */
+static int get_hash_views(PyObject *hi_obj, PyObject *lo_obj, Py_buffer *hi, Py_buffer *lo) {
+    if (get_int64_view(hi_obj, hi, "hi", 0) < 0) return -1;
+    if (get_int64_view(lo_obj, lo, "lo", 0) < 0) {
+        PyBuffer_Release(hi);
+        return -1;
+    }
+    if (hi->len != lo->len) {
+        PyErr_SetString(PyExc_ValueError, "hi and lo must have one length");
+        PyBuffer_Release(hi);
+        PyBuffer_Release(lo);
+        return -1;
+    }
+    return 0;
+}
+
 /* The sorted keys of a table as three bytearrays (hi, lo, pos), from `sorted`, which
  * holds m of them. */
 static PyObject *keys_tuple(const slot_t *sorted, size_t m, PyObject *hi, PyObject *lo, PyObject *pos) {
@@ -747,16 +764,8 @@ static PyObject *py_latest_of_each_key(PyObject *self, PyObject *args) {
     PyObject *hi_obj, *lo_obj;
     if (!PyArg_ParseTuple(args, "OO", &hi_obj, &lo_obj)) return NULL;
     Py_buffer hi, lo;
-    if (get_int64_view(hi_obj, &hi, "hi", 0) < 0) return NULL;
-    if (get_int64_view(lo_obj, &lo, "lo", 0) < 0) {
-        PyBuffer_Release(&hi);
-        return NULL;
-    }
+    if (get_hash_views(hi_obj, lo_obj, &hi, &lo) < 0) return NULL;
     PyObject *result = NULL;
-    if (hi.len != lo.len) {
-        PyErr_SetString(PyExc_ValueError, "hi and lo must have one length");
-        goto done;
-    }
     table_t t;
     int rc;
     Py_BEGIN_ALLOW_THREADS
@@ -914,15 +923,11 @@ static PyObject *keytable_add(KeyTableObject *self, PyObject *args, PyObject *kw
         return NULL;
     }
     Py_buffer hi, lo, pos = {0};
-    if (get_int64_view(hi_obj, &hi, "hi", 0) < 0) return NULL;
-    if (get_int64_view(lo_obj, &lo, "lo", 0) < 0) {
-        PyBuffer_Release(&hi);
-        return NULL;
-    }
+    if (get_hash_views(hi_obj, lo_obj, &hi, &lo) < 0) return NULL;
     PyObject *result = NULL;
     int have_pos = pos_obj != Py_None, entered = 0;
     if (have_pos && get_int64_view(pos_obj, &pos, "pos", 1) < 0) goto done;
-    if (hi.len != lo.len || (have_pos && pos.len != hi.len)) {
+    if (have_pos && pos.len != hi.len) {
         PyErr_SetString(PyExc_ValueError, "hi, lo and pos must have one length");
         goto done;
     }
@@ -1020,15 +1025,9 @@ static PyObject *keytable_contains(KeyTableObject *self, PyObject *args) {
     PyObject *hi_obj, *lo_obj;
     if (!PyArg_ParseTuple(args, "OO", &hi_obj, &lo_obj)) return NULL;
     Py_buffer hi, lo;
-    if (get_int64_view(hi_obj, &hi, "hi", 0) < 0) return NULL;
-    if (get_int64_view(lo_obj, &lo, "lo", 0) < 0) {
-        PyBuffer_Release(&hi);
-        return NULL;
-    }
+    if (get_hash_views(hi_obj, lo_obj, &hi, &lo) < 0) return NULL;
     PyObject *out = NULL;
-    if (hi.len != lo.len) {
-        PyErr_SetString(PyExc_ValueError, "hi and lo must have one length");
-    } else if (keytable_enter(self, 1) == 0) {
+    if (keytable_enter(self, 1) == 0) {
         if ((out = PyByteArray_FromStringAndSize(NULL, hi.len / 8))) {
             uint8_t *found = (uint8_t *)PyByteArray_AS_STRING(out);
             const uint64_t *h = hi.buf, *l = lo.buf;
