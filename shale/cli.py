@@ -6,9 +6,14 @@ Exit codes (every subcommand): 0 success, 1 unexpected failure, 2 bad usage or i
 
 from __future__ import annotations
 
+import os
+
+# As the compactor's package does (see compactor/__init__.py): one BLAS thread, set
+# before anything imports NumPy.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import argparse
 import json
-import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
