@@ -25,7 +25,7 @@ from compactor.throttle import Throttle, ThrottledWriter
 from ledger.deletions import encode_deletions
 from ledger.format import FRAME_HEADER, KIND_COMPACTED
 from ledger.ids import MessageId
-from ledger.kernels import Scratch, crc32c_ranges, gather_ranges
+from ledger.kernels import CopyPlan, Scratch, copy_plan, crc32c_ranges, gather_ranges
 from ledger.reader import LedgerFile
 from ledger.storage import Location
 from ledger.write_behind import WriteBehind
@@ -302,51 +302,19 @@ def _copy_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes | 
     ``base``) in one batch: whole frames where every record survives, otherwise new
     frames of the surviving records' bytes (see :func:`_frames_blob`)."""
     foot = f.footer
-    rec_start = foot.e_rec_start
-    e_off = foot.col("e_offset")[sel].astype(np.int64) - base
-    e_len = foot.col("e_length")[sel].astype(np.int64)
-    r0, r1 = rec_start[sel], rec_start[sel + 1]
-    lo_r, hi_r = int(r0[0]), int(r1[-1])
-    rec = lo_r + np.flatnonzero(keep[lo_r:hi_r])  # kept records, all inside entries of sel
-    which = np.searchsorted(r1, rec, side="right")  # index into sel of each kept record
-    kept = np.bincount(which, minlength=len(sel))
-    whole = kept == (r1 - r0)
-    sizes = foot.col("r_size")[rec].astype(np.int64)
-    offs = foot.col("r_offset")[rec].astype(np.int64)
-    partial_rec = ~whole[which]
-    # surviving bytes of partial entries, in order
-    p_start = (e_off + FRAME_HEADER.size)[which[partial_rec]] + offs[partial_rec]
-    p_size = sizes[partial_rec]
-    # Neighbouring survivors of an entry are adjacent in the buffer: one slice per run of
-    # them (survivors crowd together in the newest ledgers).
-    # (a frame header always lies between two entries, so runs never span entries).
-    p_end = p_start + p_size
-    if len(p_start):
-        brk = np.flatnonzero(p_start[1:] != p_end[:-1]) + 1
-        run_lo, run_hi = p_start[np.r_[0, brk]], p_end[np.r_[brk - 1, len(p_end) - 1]]
-        run_entry = which[partial_rec][np.r_[0, brk]]
-    else:
-        run_lo = run_hi = run_entry = p_start
-    # new record offsets inside rebuilt frames
-    new_offs = offs.copy()
-    if partial_rec.any():
-        ends = np.cumsum(p_size)
-        entry_first = np.r_[True, which[partial_rec][1:] != which[partial_rec][:-1]]
-        run_base = np.maximum.accumulate(np.where(entry_first, ends - p_size, 0))
-        new_offs[partial_rec] = ends - p_size - run_base
-    p_len = np.bincount(which[partial_rec], weights=p_size, minlength=len(sel)).astype(np.int64)
-    lengths = np.where(whole, e_len, FRAME_HEADER.size + p_len)
-    frame_at = np.concatenate([[0], np.cumsum(lengths)])  # where each output frame starts, and the end
-    blob = _frames_blob(buf, e_off, e_len, whole, run_lo, run_hi, run_entry, frame_at, p_len, kept,
-                        sink.batch_buffer())
+    plan = copy_plan(keep, foot.e_rec_start, sel, foot.col("e_offset")[sel].astype(np.int64) - base,
+                     foot.col("e_length")[sel].astype(np.int64), foot.col("r_offset"), foot.col("r_size"))
+    rec, kept, lengths = plan.rec, plan.kept, plan.lengths
+    frame_at = np.zeros(len(sel) + 1, dtype=np.int64)  # where each output frame starts, and the end
+    np.cumsum(lengths, out=frame_at[1:])
+    blob = _frames_blob(buf, plan, frame_at, sink.batch_buffer())
     ledgers, entries = f.entry_ledgers[sel], f.entry_ids[sel]
     publish = foot.col("e_publish")[sel]
     cols = {"r_hash_hi": foot.col("r_hash_hi")[rec], "r_hash_lo": foot.col("r_hash_lo")[rec],
-            "r_flags": foot.col("r_flags")[rec], "r_offset": new_offs.astype(np.uint32),
-            "r_size": sizes.astype(np.uint32)}
+            "r_flags": foot.col("r_flags")[rec], "r_offset": plan.new_off, "r_size": foot.col("r_size")[rec]}
     # a record's batch index is its place in its entry, except in compacted ledgers (whose
     # entries hold survivors of several batches): computed for the kept records only
-    r_batch = foot.col("r_batch")[rec] if foot.kind == KIND_COMPACTED else (rec - r0[which]).astype(np.uint32)
+    r_batch = foot.col("r_batch")[rec] if foot.kind == KIND_COMPACTED else plan.in_entry
     r_since = since[rec] if since is not None else np.zeros(len(rec), dtype=np.int64)
     rb = np.concatenate([[0], np.cumsum(kept)])
     i0 = 0
@@ -365,36 +333,22 @@ def _copy_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes | 
     sink.batch_done()
 
 
-def _frames_blob(buf: bytes | memoryview, e_off: npt.NDArray[np.int64], e_len: npt.NDArray[np.int64],
-                 whole: npt.NDArray[np.bool_], run_lo: npt.NDArray[np.int64], run_hi: npt.NDArray[np.int64],
-                 run_entry: npt.NDArray[np.int64], frame_at: npt.NDArray[np.int64], p_len: npt.NDArray[np.int64],
-                 kept: npt.NDArray[np.int64], scratch: Scratch) -> memoryview:
+def _frames_blob(buf: bytes | memoryview, plan: CopyPlan, frame_at: npt.NDArray[np.int64],
+                 scratch: Scratch) -> memoryview:
     """The output frames of a batch of entries, back to back: a whole entry's frame as
     read, or a new header and the runs of surviving bytes of a partly kept one.
 
     Everything is gathered from ``buf`` in one pass (a rebuilt frame's header is first
     copied from the old one, as a placeholder), then the rebuilt frames' checksums are
     taken over their new payloads and their headers written in place."""
-    n = len(e_off)
-    runs_per_entry = np.bincount(run_entry, minlength=n)
-    count = np.where(whole, 1, 1 + runs_per_entry)  # ranges each entry contributes
-    first_slot = np.cumsum(count) - count
-    starts = np.empty(int(count.sum()), dtype=np.int64)
-    ends = np.empty_like(starts)
-    starts[first_slot] = e_off  # a whole frame, or the old header standing in for the new one
-    ends[first_slot] = np.where(whole, e_off + e_len, e_off + FRAME_HEADER.size)
-    if len(run_entry):
-        rank = np.arange(len(run_entry)) - np.searchsorted(run_entry, run_entry, side="left")
-        slot = first_slot[run_entry] + 1 + rank
-        starts[slot], ends[slot] = run_lo, run_hi
-    blob = gather_ranges(buf, starts, ends, scratch)
-    rebuilt = np.flatnonzero(~whole)
+    blob = gather_ranges(buf, plan.starts, plan.ends, scratch)
+    rebuilt = np.flatnonzero(~plan.whole)
     if len(rebuilt):
         at = frame_at[rebuilt]
         heads = np.empty((len(rebuilt), 3), dtype="<u4")
-        heads[:, 0] = p_len[rebuilt]
+        heads[:, 0] = plan.lengths[rebuilt] - FRAME_HEADER.size
         heads[:, 1] = crc32c_ranges(blob, at + FRAME_HEADER.size, frame_at[rebuilt + 1])
-        heads[:, 2] = kept[rebuilt]
+        heads[:, 2] = plan.kept[rebuilt]
         out = np.frombuffer(blob, dtype=np.uint8)
         out[at[:, None] + np.arange(FRAME_HEADER.size)] = heads.view(np.uint8).reshape(-1, FRAME_HEADER.size)
     return blob

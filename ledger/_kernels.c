@@ -419,6 +419,145 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(copy_plan_doc,
+             "copy_plan(keep, entry_starts, sel, e_off, e_len, offsets, sizes)\n"
+             "    -> (rec, in_entry, new_off, kept, whole, lengths, starts, ends)\n\n"
+             "How pass two copies the kept records of entries sel (int64, rising) of one ledger:\n"
+             "keep (1 byte per record of the ledger), entry_starts (int64, the first record of\n"
+             "each entry, then the record count), e_off and e_len (int64 per entry of sel: where\n"
+             "its frame lies in the buffer read, and its length), offsets and sizes (uint32 per\n"
+             "record: where it lies in its entry's payload).  Returns buffers: the kept records\n"
+             "(int64), each one's place in its entry (uint32) and its offset in its output\n"
+             "frame's payload (uint32); per entry of sel the records kept (int64), whether all\n"
+             "were (1 byte) and the output frame's length (int64); and the byte ranges (int64\n"
+             "starts and ends) that make the output frames when joined: a whole frame, or the old\n"
+             "header (to be rewritten) followed by one range per run of adjacent kept records.");
+
+static int is_byte(const Py_buffer *v) {
+    const char *f = v->format ? v->format : "B";
+    return v->itemsize == 1 && (!strcmp(f, "?") || !strcmp(f, "B") || !strcmp(f, "b") || !strcmp(f, "c"));
+}
+
+static PyObject *py_copy_plan(PyObject *self, PyObject *args) {
+    enum { KEEP, STARTS, SEL, EOFF, ELEN, OFFS, SIZES, NBUF };
+    PyObject *objs[NBUF];
+    if (!PyArg_ParseTuple(args, "OOOOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &objs[6]))
+        return NULL;
+    Py_buffer v[NBUF];
+    int got = 0;
+    PyObject *out[8] = {NULL};
+    PyObject *result = NULL;
+    int64_t *span = NULL; /* per entry of sel: first record, end record, records kept (read once) */
+    for (; got < NBUF; got++)
+        if (PyObject_GetBuffer(objs[got], &v[got], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto done;
+    if (!is_byte(&v[KEEP]) || !is_int64(&v[STARTS], 1) || !is_int64(&v[SEL], 1) || !is_int64(&v[EOFF], 1) ||
+        !is_int64(&v[ELEN], 1) || !is_uint32(&v[OFFS]) || !is_uint32(&v[SIZES])) {
+        PyErr_SetString(PyExc_ValueError,
+                        "keep must be a 1-byte buffer, offsets and sizes uint32, the others int64");
+        goto done;
+    }
+    Py_ssize_t n_rec = v[KEEP].len, n_entries = v[STARTS].len / 8 - 1, n = v[SEL].len / 8;
+    if (v[OFFS].len / 4 != n_rec || v[SIZES].len / 4 != n_rec || n_entries < 0 || v[EOFF].len / 8 != n ||
+        v[ELEN].len / 8 != n) {
+        PyErr_SetString(PyExc_ValueError, "keep, offsets and sizes must have one length (the records), "
+                                          "entry_starts one more than the entries, sel, e_off and e_len one length");
+        goto done;
+    }
+    const uint8_t *keep = v[KEEP].buf;
+    const uint64_t *starts = v[STARTS].buf, *sel = v[SEL].buf, *e_off = v[EOFF].buf, *e_len = v[ELEN].buf;
+    const uint32_t *offs = v[OFFS].buf, *sizes = v[SIZES].buf;
+    if (!(span = malloc(3 * (size_t)(n ? n : 1) * sizeof(int64_t)))) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* First pass: check every entry's records lie inside the ledger and count the kept
+     * ones, so that every output is allocated at its size. */
+    int bad = 0;
+    int64_t m = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n && !bad; i++) {
+        int64_t e = (int64_t)ld64(sel + i);
+        if (e < 0 || e >= n_entries) {
+            bad = 1;
+            break;
+        }
+        int64_t a = (int64_t)ld64(starts + e), b = (int64_t)ld64(starts + e + 1);
+        if (a < 0 || b < a || b > n_rec) {
+            bad = 2;
+            break;
+        }
+        int64_t k = 0;
+        for (int64_t r = a; r < b; r++) k += keep[r] != 0;
+        span[3 * i] = a, span[3 * i + 1] = b, span[3 * i + 2] = k;
+        m += k;
+    }
+    Py_END_ALLOW_THREADS
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, bad == 1 ? "an entry of sel is not an entry of the ledger"
+                                                   : "entry_starts put an entry's records outside the ledger");
+        goto done;
+    }
+    const Py_ssize_t sizes_of[8] = {8 * m, 4 * m, 4 * m, 8 * n, n, 8 * n, 8 * (n + m), 8 * (n + m)};
+    for (int i = 0; i < 8; i++)
+        if (!(out[i] = PyByteArray_FromStringAndSize(NULL, sizes_of[i]))) goto done;
+    int64_t *rec = (int64_t *)PyByteArray_AS_STRING(out[0]);
+    uint32_t *in_entry = (uint32_t *)PyByteArray_AS_STRING(out[1]), *new_off = (uint32_t *)PyByteArray_AS_STRING(out[2]);
+    int64_t *kept = (int64_t *)PyByteArray_AS_STRING(out[3]);
+    uint8_t *whole = (uint8_t *)PyByteArray_AS_STRING(out[4]);
+    int64_t *lengths = (int64_t *)PyByteArray_AS_STRING(out[5]);
+    int64_t *rs = (int64_t *)PyByteArray_AS_STRING(out[6]), *re = (int64_t *)PyByteArray_AS_STRING(out[7]);
+    int64_t ranges = 0, mi = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t a = span[3 * i], b = span[3 * i + 1], k = span[3 * i + 2];
+        int64_t eo = (int64_t)ld64(e_off + i), el = (int64_t)ld64(e_len + i);
+        kept[i] = 0;
+        whole[i] = k == b - a;
+        if (whole[i]) {
+            /* the frame as it was read: header, checksum and payload */
+            rs[ranges] = eo, re[ranges] = eo + el, ranges++;
+            for (int64_t r = a; r < b && mi < m; r++, mi++) {
+                rec[mi] = r, in_entry[mi] = (uint32_t)(r - a), new_off[mi] = ld32(offs + r);
+                kept[i]++;
+            }
+            lengths[i] = el;
+            continue;
+        }
+        /* the old header stands in for the new one; then the runs of kept records */
+        rs[ranges] = eo, re[ranges] = eo + 12, ranges++;
+        int64_t payload = 0, prev_end = -1;
+        for (int64_t r = a; r < b && mi < m; r++) {
+            if (!keep[r]) continue;
+            int64_t s = eo + 12 + (int64_t)ld32(offs + r), z = (int64_t)ld32(sizes + r);
+            if (s == prev_end) {
+                re[ranges - 1] += z;
+            } else if (ranges < n + m) {
+                rs[ranges] = s, re[ranges] = s + z, ranges++;
+            }
+            prev_end = s + z;
+            rec[mi] = r, in_entry[mi] = (uint32_t)(r - a), new_off[mi] = (uint32_t)payload;
+            payload += z, mi++;
+            kept[i]++;
+        }
+        lengths[i] = 12 + payload;
+    }
+    Py_END_ALLOW_THREADS
+    if (mi != m) {
+        /* keep changed under us (another thread): the counts no longer hold */
+        PyErr_SetString(PyExc_RuntimeError, "keep changed while the copy was planned");
+        goto done;
+    }
+    if (PyByteArray_Resize(out[6], 8 * ranges) < 0 || PyByteArray_Resize(out[7], 8 * ranges) < 0) goto done;
+    result = PyTuple_New(8);
+    if (result)
+        for (int i = 0; i < 8; i++) PyTuple_SET_ITEM(result, i, out[i]), out[i] = NULL;
+done:
+    for (int i = 0; i < 8; i++) Py_XDECREF(out[i]);
+    free(span);
+    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
+    return result;
+}
+
 PyDoc_STRVAR(gather_ranges_doc,
              "gather_ranges(data, starts, ends, out=None) -> bytearray | int\n\n"
              "data[starts[0]:ends[0]] + data[starts[1]:ends[1]] + ... in one new buffer, or\n"
@@ -1198,6 +1337,7 @@ static PyMethodDef methods[] = {
     {"check_frames", py_check_frames, METH_VARARGS, check_frames_doc},
     {"gather_ranges", py_gather_ranges, METH_VARARGS, gather_ranges_doc},
     {"tiling_error", py_tiling_error, METH_VARARGS, tiling_error_doc},
+    {"copy_plan", py_copy_plan, METH_VARARGS, copy_plan_doc},
     {"start_writeback", py_start_writeback, METH_VARARGS, start_writeback_doc},
     {"latest_of_each_key", py_latest_of_each_key, METH_VARARGS, latest_of_each_key_doc},
     {"distinct_estimate", py_distinct_estimate, METH_O, distinct_estimate_doc},

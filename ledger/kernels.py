@@ -13,13 +13,13 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from types import ModuleType
-from typing import Final, Protocol
+from typing import Final, NamedTuple, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["KERNELS", "KeyTable", "Scratch", "check_frames", "crc32c", "crc32c_ranges", "distinct_estimate",
-           "gather_ranges", "latest_positions", "new_key_table", "start_writeback", "tiling_error"]
+__all__ = ["KERNELS", "CopyPlan", "KeyTable", "Scratch", "check_frames", "copy_plan", "crc32c", "crc32c_ranges",
+           "distinct_estimate", "gather_ranges", "latest_positions", "new_key_table", "start_writeback", "tiling_error"]
 
 Buffer = bytes | bytearray | memoryview
 
@@ -168,6 +168,97 @@ def tiling_error(offsets: npt.NDArray[np.uint32], sizes: npt.NDArray[np.uint32],
         return 1
     ends = o[lasts].astype(np.int64) + z[lasts].astype(np.int64)
     return 2 if np.any(ends != n_len.astype(np.int64) - 12) else 0
+
+
+class CopyPlan(NamedTuple):
+    """How the kept records of some entries of a ledger are copied (:func:`copy_plan`)."""
+
+    rec: npt.NDArray[np.int64]  # the kept records, in order
+    in_entry: npt.NDArray[np.uint32]  # each one's place in its entry
+    new_off: npt.NDArray[np.uint32]  # each one's offset in its output frame's payload
+    kept: npt.NDArray[np.int64]  # per entry: records kept
+    whole: npt.NDArray[np.bool_]  # per entry: all of them (the frame is copied as it is)
+    lengths: npt.NDArray[np.int64]  # per entry: the output frame's length, header included
+    starts: npt.NDArray[np.int64]  # byte ranges of the buffer read that, joined, make the
+    ends: npt.NDArray[np.int64]  # output frames (a rebuilt frame's header still to be written)
+
+
+def copy_plan(keep: npt.NDArray[np.bool_], entry_starts: npt.NDArray[np.int64], sel: npt.NDArray[np.int64],
+              e_off: npt.NDArray[np.int64], e_len: npt.NDArray[np.int64], offsets: npt.NDArray[np.uint32],
+              sizes: npt.NDArray[np.uint32]) -> CopyPlan:
+    """How to copy the kept records (``keep``, one flag per record of a ledger) of the
+    entries ``sel`` (rising), whose frames lie at ``e_off`` (``e_len`` bytes each) of the
+    buffer read: an entry whose records are all kept is copied whole, frame as it was;
+    otherwise its output frame is its old 12-byte header (for the caller to rewrite)
+    followed by its kept records' bytes, one range per run of adjacent ones.
+    ``entry_starts`` is the first record of each entry, then the record count;
+    ``offsets`` and ``sizes`` place each record in its entry's payload."""
+    k8 = np.ascontiguousarray(keep).view(np.uint8) if np.asarray(keep).dtype == np.bool_ else np.asarray(keep)
+    st, sl = _i64(entry_starts), _i64(sel)
+    eo, el = _i64(e_off), _i64(e_len)
+    o = np.ascontiguousarray(offsets, dtype=np.uint32)
+    z = np.ascontiguousarray(sizes, dtype=np.uint32)
+    if _native is not None:
+        got = _native.copy_plan(np.ascontiguousarray(k8, dtype=np.uint8), st, sl, eo, el, o, z)
+        dtypes = (np.int64, np.uint32, np.uint32, np.int64, np.bool_, np.int64, np.int64, np.int64)
+        return CopyPlan(*(np.frombuffer(b, dtype=d) for b, d in zip(got, dtypes, strict=True)))
+    return _copy_plan_numpy(np.asarray(k8) != 0, st, sl, eo, el, o, z)
+
+
+def _copy_plan_numpy(keep: npt.NDArray[np.bool_], st: npt.NDArray[np.int64], sel: npt.NDArray[np.int64],
+                     e_off: npt.NDArray[np.int64], e_len: npt.NDArray[np.int64], offsets: npt.NDArray[np.uint32],
+                     sizes: npt.NDArray[np.uint32]) -> CopyPlan:
+    n, n_entries = len(sel), len(st) - 1
+    if len(offsets) != len(keep) or len(sizes) != len(keep) or n_entries < 0 or len(e_off) != n or len(e_len) != n:
+        raise ValueError("keep, offsets and sizes must have one length (the records), entry_starts one more than "
+                         "the entries, sel, e_off and e_len one length")
+    if np.any((sel < 0) | (sel >= n_entries)):
+        raise ValueError("an entry of sel is not an entry of the ledger")
+    r0, r1 = st[sel], st[sel + 1]
+    if np.any((r0 < 0) | (r1 < r0) | (r1 > len(keep))):
+        raise ValueError("entry_starts put an entry's records outside the ledger")
+    counts = r1 - r0
+    # every record of the entries of sel, and the entry (index into sel) of each
+    owner = np.repeat(np.arange(n), counts)
+    every = np.arange(int(counts.sum()), dtype=np.int64) + np.repeat(r0 - (np.cumsum(counts) - counts), counts)
+    picked = keep[every]
+    rec, which = every[picked], owner[picked]
+    kept = np.bincount(which, minlength=n).astype(np.int64)
+    whole = kept == counts
+    in_entry = (rec - r0[which]).astype(np.uint32)
+    offs = offsets[rec].astype(np.int64)
+    size = sizes[rec].astype(np.int64)
+    partial = ~whole[which]
+    new_off = offs.copy()
+    # a partly kept entry's records follow one another in its new payload
+    p_which, p_size = which[partial], size[partial]
+    ends = np.cumsum(p_size)
+    first = np.r_[True, p_which[1:] != p_which[:-1]] if len(p_which) else np.zeros(0, dtype=bool)
+    entry_base = np.maximum.accumulate(np.where(first, ends - p_size, 0)) if len(p_which) else ends
+    new_off[partial] = ends - p_size - entry_base
+    p_len = np.bincount(p_which, weights=p_size, minlength=n).astype(np.int64) if n else np.zeros(0, np.int64)
+    lengths = np.where(whole, e_len, 12 + p_len)
+    # byte ranges: runs of adjacent kept records of each partly kept entry
+    p_start = e_off[p_which] + 12 + offs[partial]
+    p_end = p_start + p_size
+    if len(p_start):
+        brk = np.flatnonzero((p_start[1:] != p_end[:-1]) | (p_which[1:] != p_which[:-1])) + 1
+        run_lo, run_hi = p_start[np.r_[0, brk]], p_end[np.r_[brk - 1, len(p_end) - 1]]
+        run_entry = p_which[np.r_[0, brk]]
+    else:
+        run_lo = run_hi = run_entry = p_start
+    runs_per_entry = np.bincount(run_entry, minlength=n) if n else np.zeros(0, np.int64)
+    per = np.where(whole, 1, 1 + runs_per_entry)
+    slot0 = np.cumsum(per) - per
+    starts = np.empty(int(per.sum()), dtype=np.int64)
+    stops = np.empty_like(starts)
+    starts[slot0] = e_off
+    stops[slot0] = np.where(whole, e_off + e_len, e_off + 12)
+    if len(run_entry):
+        rank = np.arange(len(run_entry)) - np.searchsorted(run_entry, run_entry, side="left")
+        slot = slot0[run_entry] + 1 + rank
+        starts[slot], stops[slot] = run_lo, run_hi
+    return CopyPlan(rec, in_entry, new_off.astype(np.uint32), kept, whole, lengths.astype(np.int64), starts, stops)
 
 
 def start_writeback(fd: int, offset: int, nbytes: int) -> bool:

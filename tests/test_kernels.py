@@ -1116,3 +1116,116 @@ def test_local_writes_start_writeback_as_they_go_and_still_sync(tmp_path: Path,
     kicks.clear()
     store.put(key, chunk * 2, durable=False)
     assert kicks == []  # nothing to hurry when nothing is synced
+
+
+# ------------------------------------------------------------------------- copy planning
+
+
+def reference_copy(keep: npt.NDArray[np.bool_], starts: I64, sel: I64, offsets: npt.NDArray[np.uint32],
+                   sizes: npt.NDArray[np.uint32], payloads: bytes, frame_at: I64) -> tuple[list[int], bytes,
+                                                                                            list[int], list[int]]:
+    """The kept records of ``sel`` one by one: (records, joined output bytes without the
+    rebuilt headers' contents, new offsets, batch places), the way pass two means them."""
+    recs: list[int] = []
+    out = bytearray()
+    new_off: list[int] = []
+    places: list[int] = []
+    for e in sel.tolist():
+        a, b = int(starts[e]), int(starts[e + 1])
+        mine = [r for r in range(a, b) if keep[r]]
+        frame = payloads[int(frame_at[e]):int(frame_at[e + 1])]
+        if len(mine) == b - a:
+            out += frame
+            new_off += [int(offsets[r]) for r in mine]
+        else:
+            out += frame[:12]  # the old header, rewritten by the caller
+            at = 0
+            for r in mine:
+                out += frame[12 + int(offsets[r]):12 + int(offsets[r]) + int(sizes[r])]
+                new_off.append(at)
+                at += int(sizes[r])
+        recs += mine
+        places += [r - a for r in mine]
+    return recs, bytes(out), new_off, places
+
+
+def planned_ledger(rng: np.random.Generator, entries: int) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint32],
+                                                                   I64, npt.NDArray[np.uint32], bytes, I64]:
+    """A ledger's columns and its frames' bytes back to back (random contents)."""
+    off, size, starts, lengths = tiled_footer(rng, entries)
+    frame_at = np.concatenate([[0], np.cumsum(lengths.astype(np.int64))])
+    data = rng.integers(0, 256, size=int(frame_at[-1]), dtype=np.uint8).tobytes()
+    return off, size, starts, lengths, data, frame_at
+
+
+@pytest.mark.parametrize("share", [0.0, 0.3, 0.9, 1.0])
+def test_copy_plan_keeps_exactly_the_kept_bytes(kernel_path: str, share: float) -> None:
+    rng = np.random.default_rng(int(share * 10) + 3)
+    off, size, starts, lengths, data, frame_at = planned_ledger(rng, 400)
+    keep = rng.random(len(off)) < share
+    counts = np.add.reduceat(keep, starts[:-1]) if len(off) else np.zeros(0)
+    sel = np.flatnonzero(counts > 0).astype(np.int64)
+    base = int(frame_at[sel[0]]) if len(sel) else 0  # the buffer read starts at the first entry of sel
+    plan = kernels.copy_plan(keep, starts, sel, frame_at[sel] - base, lengths[sel].astype(np.int64), off, size)
+    recs, joined, new_off, places = reference_copy(keep, starts, sel, off, size, data, frame_at)
+    assert plan.rec.tolist() == recs
+    assert plan.new_off.tolist() == new_off
+    assert plan.in_entry.tolist() == places
+    assert plan.kept.tolist() == [int(keep[starts[e]:starts[e + 1]].sum()) for e in sel]
+    assert plan.whole.tolist() == [bool(keep[starts[e]:starts[e + 1]].all()) for e in sel]
+    assert int(plan.lengths.sum()) == len(joined)
+    assert kernels.gather_ranges(data[base:], plan.starts, plan.ends).tobytes() == joined
+    if 0 < share < 1:
+        assert len(plan.starts) < len(sel) + len(recs)  # adjacent kept records make one range
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(0, 60), st.floats(0, 1))
+def test_copy_plan_native_and_fallback_agree(seed: int, entries: int, share: float) -> None:
+    rng = np.random.default_rng(seed)
+    off, size, starts, lengths, _data, frame_at = planned_ledger(rng, entries)
+    keep = rng.random(len(off)) < share
+    # any rising choice of entries, kept records or not
+    sel = np.flatnonzero(rng.random(entries) < 0.7).astype(np.int64)
+    args = (keep, starts, sel, frame_at[sel] + 5, lengths[sel].astype(np.int64), off, size)
+    with fallback_kernels():
+        want = kernels.copy_plan(*args)
+    if NATIVE is not None:
+        got = kernels.copy_plan(*args)
+        for name, g, w in zip(want._fields, got, want, strict=True):
+            assert g.dtype == w.dtype, name
+            assert g.tolist() == w.tolist(), name
+
+
+@pytest.mark.parametrize("case, message", [
+    ("entry_outside", "not an entry of the ledger"), ("negative_entry", "not an entry of the ledger"),
+    ("records_outside", "outside the ledger"), ("short_sizes", "one length"), ("short_offsets", "one length"),
+])
+def test_copy_plan_refuses_impossible_input(kernel_path: str, case: str, message: str) -> None:
+    off, size, starts, lengths, _data, frame_at = planned_ledger(np.random.default_rng(8), 10)
+    keep = np.ones(len(off), dtype=bool)
+    sel = np.arange(10, dtype=np.int64)
+    if case == "entry_outside":
+        sel[-1] = 10
+    elif case == "negative_entry":
+        sel[0] = -1
+    elif case == "records_outside":
+        starts = starts.copy()
+        starts[-1] = len(off) + 1
+    elif case == "short_sizes":
+        size = size[:-1]
+    else:
+        off = off[:-1]
+    with pytest.raises(ValueError, match=message):
+        kernels.copy_plan(keep, starts, sel, frame_at[:-1], lengths.astype(np.int64), off, size)
+
+
+@needs_native
+def test_native_copy_plan_refuses_other_buffers() -> None:
+    off, size, starts, lengths, _data, frame_at = planned_ledger(np.random.default_rng(9), 4)
+    keep = np.ones(len(off), dtype=np.uint8)
+    sel = np.arange(4, dtype=np.int64)
+    with pytest.raises(ValueError, match="uint32"):
+        NATIVE.copy_plan(keep, starts, sel, frame_at[:-1], lengths.astype(np.int64), off.astype(np.int64), size)
+    with pytest.raises(ValueError, match="1-byte"):
+        NATIVE.copy_plan(keep.astype(np.int64), starts, sel, frame_at[:-1], lengths.astype(np.int64), off, size)
