@@ -16,6 +16,7 @@ payloads, and a reader seeks to any entry with one ranged read.
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -231,26 +232,31 @@ class Footer:
 
 
 def encode_footer(
-    kind: int, e_rec_start: npt.NDArray[Any], cols: dict[str, npt.NDArray[Any]], meta: dict[str, Any]
+    kind: int, e_rec_start: npt.NDArray[Any], cols: Mapping[str, npt.NDArray[Any] | Sequence[npt.NDArray[Any]]],
+    meta: dict[str, Any],
 ) -> list[bytes | memoryview]:
     """The footer as pieces to write back to back: a msgpack map ``{"n_entries",
     "cols": {name: raw little-endian bytes}, "meta"}``.  The map is framed by hand so
-    that each column goes out as a view of its array (a bin 32 header, then the array's
-    bytes) instead of being copied into one buffer; any msgpack reader decodes it."""
-    arrays = {"e_rec_start": np.ascontiguousarray(e_rec_start, dtype="<u8")}
+    that each column goes out as views of its arrays (a bin 32 header, then the bytes)
+    instead of being copied into one buffer; any msgpack reader decodes it.  A column
+    may be given as a list of chunks, which are then written one after another (a writer
+    that collected a column batch by batch need not join the batches first)."""
+    arrays: dict[str, list[npt.NDArray[Any]]] = {"e_rec_start": [np.ascontiguousarray(e_rec_start, dtype="<u8")]}
     for name, (dtype, _, in_original) in COLUMNS.items():
         if kind == KIND_ORIGINAL and not in_original:
             continue
-        arrays[name] = np.ascontiguousarray(cols[name], dtype=dtype)
+        col = cols[name]
+        chunks = [col] if isinstance(col, np.ndarray) else list(col)
+        arrays[name] = [np.ascontiguousarray(c, dtype=dtype) for c in chunks]
     if len(arrays) > 15:
         raise ValueError("too many footer columns for a fixmap")
     pieces: list[bytes | memoryview] = [
         b"\x83" + msgpack.packb("n_entries") + msgpack.packb(len(e_rec_start) - 1)
         + msgpack.packb("cols") + bytes([0x80 | len(arrays)])]
-    for name, arr in arrays.items():
-        raw = arr.data.cast("B")
-        pieces.append(msgpack.packb(name) + _BIN32.pack(0xC6, len(raw)))
-        pieces.append(raw)
+    for name, chunks in arrays.items():
+        raws = [c.data.cast("B") for c in chunks if c.nbytes]
+        pieces.append(msgpack.packb(name) + _BIN32.pack(0xC6, sum(len(r) for r in raws)))
+        pieces.extend(raws)
     pieces.append(msgpack.packb("meta") + msgpack.packb(meta, use_bin_type=True))
     return pieces
 

@@ -91,6 +91,10 @@ def encode_entry(records: Sequence[Record], *, max_record_bytes: int = DEFAULT_M
     return EncodedEntry(b"".join(parts), offsets, sizes, hi, lo, flags, publish)
 
 
+#: Footer column chunks at least this big on average are written without joining them.
+_BIG_CHUNK_BYTES = 64 << 10
+
+
 class LedgerWriter:
     """Writes one ledger object, entry by entry, into a :class:`Sink`.
 
@@ -231,12 +235,15 @@ class LedgerWriter:
         """Write footer and trailer; return the object's total size."""
         if self._finished:
             raise InvalidInputError("ledger already finished")
-        cols: dict[str, npt.NDArray[Any]] = {}
+        cols: dict[str, npt.NDArray[Any] | list[npt.NDArray[Any]]] = {}
         for name, values in self._e_scalars.items():
             cols[name] = np.asarray(values, dtype=COLUMNS[name][0])
         for name, chunks in self._r_chunks.items():
-            dtype = COLUMNS[name][0]
-            cols[name] = np.concatenate(chunks).astype(dtype, copy=False) if chunks else np.empty(0, dtype)
+            # Big chunks (batches of pass two) are written one by one: joining them would
+            # copy every column once more.  Small ones (an entry each) are joined, or each
+            # would be a write of its own.
+            big = bool(chunks) and sum(c.nbytes for c in chunks) >= _BIG_CHUNK_BYTES * len(chunks)
+            cols[name] = chunks if big else (np.concatenate(chunks) if chunks else np.empty(0, COLUMNS[name][0]))
         footer_offset = self._pos
         crc = 0
         for piece in encode_footer(self.kind, np.asarray(self._e_rec_start, dtype=np.uint64), cols, meta or {}):

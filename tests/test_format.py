@@ -4,11 +4,13 @@ truncated, foreign, future-version and hostile objects with a precise error."""
 from __future__ import annotations
 
 import io
+import itertools
 import random
 import struct
 import tracemalloc
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -862,3 +864,49 @@ def test_local_big_reads_are_mapped_and_outlive_the_file(tmp_path: object) -> No
     assert bytes(view[-256:]) == bytes(range(256))
     with pytest.raises(FileNotFoundError):
         loc.store.get_view(key, 0, len(data))
+
+
+def test_a_column_given_in_chunks_encodes_as_the_joined_column() -> None:
+    """The writer hands big batches of a column over as they are (no join): the footer's
+    bytes are exactly those of the joined column, including empty chunks."""
+    from ledger.format import decode_footer, encode_footer
+    data = build(entries_of(30, 20))
+    t = decode_trailer(data, len(data), "x")
+    foot = decode_footer(data[t.footer_offset:t.footer_offset + t.footer_length], t, "x")
+    cols = {name: np.asarray(col) for name, col in foot.cols.items()}
+    n = len(cols["r_hash_hi"])
+    cols |= {"e_ledger": np.zeros(len(foot.e_rec_start) - 1, np.uint64), "e_entry": np.zeros(len(foot.e_rec_start) - 1,
+             np.uint64), "r_batch": np.arange(n, dtype=np.uint32), "r_delete_since": np.arange(n, dtype=np.int64)}
+    joined = b"".join(encode_footer(KIND_COMPACTED, foot.e_rec_start, cols, foot.meta))
+    cuts = [0, 0, 7, n // 2, n]  # an empty chunk, then uneven ones
+    chunked = {name: ([col[a:b] for a, b in itertools.pairwise(cuts)] if len(col) == n else col)
+               for name, col in cols.items()}
+    assert b"".join(encode_footer(KIND_COMPACTED, foot.e_rec_start, chunked, foot.meta)) == joined
+
+
+@pytest.mark.parametrize("records_per_batch", [3, 20_000])
+def test_a_ledger_written_in_batches_reads_back_whole(tmp_path: Path, records_per_batch: int) -> None:
+    """Compacted ledgers written batch by batch (small batches joined, big ones written
+    chunk by chunk) read back with every column in order."""
+    loc = resolve(str(tmp_path))
+    rng = np.random.default_rng(3)
+    sink = loc.store.open_writer(loc.key("c.ledger"))
+    w = LedgerWriter(sink, kind=KIND_COMPACTED, ledger_id=9, created_ms=1)
+    his: list[np.ndarray] = []
+    for b in range(4):
+        n = records_per_batch
+        payload = rng.integers(0, 256, size=10 * n, dtype=np.uint8).tobytes()
+        header = FRAME_HEADER.pack(len(payload), checksum(payload), n)
+        hi = rng.integers(0, 2**63, size=n, dtype=np.uint64)
+        his.append(hi)
+        cols = {"r_hash_hi": hi, "r_hash_lo": hi ^ np.uint64(5), "r_flags": np.full(n, 1, np.uint8),
+                "r_offset": (np.arange(n) * 10).astype(np.uint32), "r_size": np.full(n, 10, np.uint32)}
+        w.add_frames(header + payload, np.array([len(header) + len(payload)]), np.array([n]), np.array([b]), cols,
+                     ledgers=np.array([1]), entry_ids=np.array([b]), batch=np.arange(n, dtype=np.uint32),
+                     delete_since=np.zeros(n, np.int64))
+    w.finish()
+    sink.close()
+    f = LedgerFile.open(loc.store, loc.key("c.ledger"), ledger_id=9, kind=KIND_COMPACTED)
+    assert f.n_records == 4 * records_per_batch
+    assert np.array_equal(f.footer.col("r_hash_hi"), np.concatenate(his))
+    assert f.footer.col("r_batch").tolist() == list(range(records_per_batch)) * 4
