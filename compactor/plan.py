@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from compactor.cpus import available_cpus
 from ledger.deletions import read_deletions
 from ledger.format import KIND_COMPACTED, KIND_ORIGINAL
 from ledger.ids import MessageId
@@ -25,7 +26,7 @@ from metadata.topic import TopicMetadata
 
 __all__ = ["Plan", "Slice", "make_plan"]
 
-#: Footers read at a time while planning.
+#: Footers read at a time while planning (at most one per CPU where reads are local).
 FOOTER_READS = 8
 
 
@@ -115,7 +116,8 @@ def make_plan(meta: TopicMetadata, *, now_ms: int, min_compaction_lag_ms: int,
 
     # Footers are read several at a time: object stores answer each read with latency,
     # and decoding a big footer is mostly NumPy work that leaves the interpreter lock.
-    with ThreadPoolExecutor(max_workers=FOOTER_READS, thread_name_prefix="shale-footer") as pool:
+    reads = min(FOOTER_READS, available_cpus()) if store.reads_are_local else FOOTER_READS
+    with ThreadPoolExecutor(max_workers=reads, thread_name_prefix="shale-footer") as pool:
         parts_opened = pool.map(open_part, previous.parts)  # all submitted at once, both lists
         ledgers_opened = pool.map(lambda lg: opener(loc.key(lg.object), lg.id, KIND_ORIGINAL), todo)
         compacted, files = list(parts_opened), list(ledgers_opened)

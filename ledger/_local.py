@@ -85,6 +85,7 @@ class LocalStore(ObjectStore):
     """Files on the local filesystem; keys are absolute paths without the leading slash."""
 
     scheme = "file"
+    reads_are_local = True
 
     def _path(self, key: str) -> str:
         return "/" + key

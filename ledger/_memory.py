@@ -45,6 +45,7 @@ class MemoryStore(ObjectStore):
     """A dict of objects guarded by one lock."""
 
     scheme = "memory"
+    reads_are_local = True
     process_safe = False  # a child process would write into its own copy
 
     def __init__(self, name: str) -> None:

@@ -77,6 +77,10 @@ class ObjectStore(ABC):
     #: Whether a forked process may use this store (and see what it writes); pass two's
     #: worker processes need it.
     process_safe: bool = True
+    #: Whether a read is CPU work in this process (a local folder, memory) rather than
+    #: a request answered with latency: then reading more objects at once than there are
+    #: CPUs only adds threads that contend.
+    reads_are_local: bool = False
 
     @abstractmethod
     def url(self, key: str) -> str:

@@ -401,3 +401,35 @@ def test_status_dirty_ratio_is_the_one_compact_uses(topic_uri: str) -> None:
     shown = topic_status(topic_uri)["compaction"]["dirty_ratio"]
     s = Compactor(topic_uri, CompactionConfig(min_dirty_ratio=1.0)).run()
     assert s.status == "skipped" and 0 < shown < 1 and shown == round(s.dirty_ratio, 6)
+
+
+@pytest.mark.parametrize("backend_local", [True, False])
+def test_planning_reads_footers_in_parallel_only_where_it_pays(tmp_path: object, backend_local: bool,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Footers of a local folder are read by at most one thread per CPU (the reads are
+    CPU work); an object store's are read several at a time (each read waits on latency)."""
+    import threading
+    import time as time_module
+
+    import compactor.plan as plan_module
+    from compactor.plan import make_plan
+    from ledger.reader import LedgerFile
+
+    uri = f"{tmp_path}/topics/orders"
+    produce(uri, updates(200, 10))  # 20 ledgers
+    meta = TopicMetadata.open(uri)
+    monkeypatch.setattr(type(meta.topic.store), "reads_are_local", backend_local)
+    monkeypatch.setattr(plan_module, "available_cpus", lambda: 1)
+    threads: set[str] = set()
+
+    def slow_open(key: str, lid: int | None, kind: int) -> LedgerFile:
+        threads.add(threading.current_thread().name)
+        time_module.sleep(0.02)  # a read that waits: idle threads would be taken if allowed
+        return LedgerFile.open(meta.topic.store, key, ledger_id=lid, kind=kind)
+
+    plan = make_plan(meta, now_ms=2_000_000_000_000, min_compaction_lag_ms=0, open_file=slow_open)
+    assert plan.ledgers_read == 20
+    if backend_local:
+        assert len(threads) == 1
+    else:
+        assert 1 < len(threads) <= plan_module.FOOTER_READS
