@@ -97,9 +97,11 @@ class KeyMap:
             got = self._lookup["filter"] = (words, shift)
         return got
 
-    def contains(self, hi: U64, lo: U64, threads: int = 1) -> npt.NDArray[np.bool_]:
+    def contains(self, hi: U64, lo: U64, threads: int = 1,
+                 pool: ThreadPoolExecutor | None = None) -> npt.NDArray[np.bool_]:
         """For each query hash, whether the map holds it (the table's lookups split over
-        up to ``threads`` threads when there are many)."""
+        up to ``threads`` threads when there are many, those of ``pool`` when given: a
+        caller with many calls to make starts its threads once)."""
         n = len(self.hi)
         if not n or not len(hi):
             return np.zeros(len(hi), dtype=bool)
@@ -116,9 +118,16 @@ class KeyMap:
             if parts <= 1:
                 return np.frombuffer(table.contains(hi, lo), dtype=np.bool_)
             cuts = np.linspace(0, len(hi), parts + 1).astype(np.int64).tolist()
-            with ThreadPoolExecutor(max_workers=parts, thread_name_prefix="shale-lookup") as pool:
-                found = list(pool.map(lambda ab: table.contains(hi[ab[0]:ab[1]], lo[ab[0]:ab[1]]),
-                                      itertools.pairwise(cuts)))
+
+            def look(ab: tuple[int, int]) -> bytearray:
+                got: bytearray = table.contains(hi[ab[0]:ab[1]], lo[ab[0]:ab[1]])
+                return got
+
+            if pool is not None:
+                found = list(pool.map(look, itertools.pairwise(cuts)))
+            else:
+                with ThreadPoolExecutor(max_workers=parts, thread_name_prefix="shale-lookup") as own:
+                    found = list(own.map(look, itertools.pairwise(cuts)))
             return np.frombuffer(b"".join(found), dtype=np.bool_)
         words, shift = self._filter()
         slot = hi >> np.uint64(shift)

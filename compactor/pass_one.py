@@ -198,6 +198,13 @@ def pass_one(plan: Plan, config: CompactionConfig, now_ms: int) -> Survivors:
     """Decide the survivors of ``plan`` under ``config`` at time ``now_ms``."""
     plan, key_map, deferred = _build_map(plan, config)
     threads = min(config.workers or available_cpus(), 8)
+    # One pool for the lookups of every previous part (threads started once, not per part).
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="shale-lookup") as lookups:
+        return _decide(plan, key_map, deferred, config, now_ms, threads, lookups)
+
+
+def _decide(plan: Plan, key_map: KeyMap, deferred: int, config: CompactionConfig, now_ms: int, threads: int,
+            lookups: ThreadPoolExecutor) -> Survivors:
     offsets = [0]
     for s in plan.slices:
         offsets.append(offsets[-1] + s.records)
@@ -225,7 +232,7 @@ def pass_one(plan: Plan, config: CompactionConfig, now_ms: int) -> Survivors:
             # every record is looked up (no gather of the keyed ones): the answer for a
             # keyless or deleted one is masked out below
             newer = key_map.contains(foot.col("r_hash_hi")[s.start:s.stop], foot.col("r_hash_lo")[s.start:s.stop],
-                                     threads=threads)
+                                     threads=threads, pool=lookups)
             live = has_key & ~newer
             k |= live
             unsuperseded += int(np.count_nonzero(live))

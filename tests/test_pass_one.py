@@ -107,3 +107,31 @@ def test_keys_differing_only_in_the_bits_that_hold_the_index() -> None:
     assert sorted(got.tolist()) == sorted(naive(hi.tolist(), lo.tolist()))
     pairs = list(zip(hi[got].tolist(), lo[got].tolist(), strict=True))
     assert pairs == sorted(pairs)
+
+
+def test_key_map_lookups_split_over_a_given_pool() -> None:
+    """Many lookups are split over threads: those of the caller's pool when it gives one
+    (started once for every part), with the same answers as one thread's."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from compactor.keymap import _MIN_LOOKUPS_PER_THREAD, KeyMapBuilder
+
+    rng = np.random.default_rng(11)
+    n = 3 * _MIN_LOOKUPS_PER_THREAD
+    hi = rng.integers(0, 2**63, size=n, dtype=np.uint64)
+    lo = rng.integers(0, 2**63, size=n, dtype=np.uint64)
+    b = KeyMapBuilder(10**7)
+    b.add(hi[: n // 3], lo[: n // 3])
+    m = b.build(for_lookups=True)
+    alone = m.contains(hi, lo)
+    assert int(alone.sum()) == n // 3 and bool(alone[: n // 3].all())
+    seen: set[str] = set()
+    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="given",
+                            initializer=lambda: seen.add(threading.current_thread().name)) as pool:
+        assert m.contains(hi, lo, threads=3, pool=pool).tolist() == alone.tolist()
+        assert m.contains(hi, lo, threads=3, pool=pool).tolist() == alone.tolist()
+    from ledger.kernels import KERNELS
+
+    if KERNELS == "native":  # (without the C table, lookups are one NumPy search)
+        assert seen and all(name.startswith("given") for name in seen)
