@@ -105,13 +105,7 @@ class KeyMap:
         n = len(self.hi)
         if not n or not len(hi):
             return np.zeros(len(hi), dtype=bool)
-        if "table" not in self._lookup:
-            table = new_key_table(n)
-            if table is not None and table.add(self.hi, self.lo, self.pos) != n:
-                table = None  # crafted keys crowd it: search instead
-            if table is not None:
-                table.prepare_lookups()
-            self._lookup["table"] = table
+        self.prepare_lookups()
         table = self._lookup["table"]
         if table is not None:
             parts = min(threads, len(hi) // _MIN_LOOKUPS_PER_THREAD)
@@ -137,6 +131,20 @@ class KeyMap:
         q = np.flatnonzero(maybe)
         out[q] = self._search(hi[q], lo[q])
         return out
+
+    def prepare_lookups(self) -> None:
+        """Build what :meth:`contains` needs now (it would on its first call): before
+        lookups from several threads at once, so that they do not each build it."""
+        if "table" not in self._lookup:
+            n = len(self.hi)
+            table = new_key_table(n) if n else None
+            if table is not None and table.add(self.hi, self.lo, self.pos) != n:
+                table = None  # crafted keys crowd it: search instead
+            if table is not None:
+                table.prepare_lookups()
+            else:
+                self._filter()
+            self._lookup["table"] = table
 
     def _search(self, hi: U64, lo: U64) -> npt.NDArray[np.bool_]:
         n = len(self.hi)

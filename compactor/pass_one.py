@@ -15,7 +15,7 @@ cleaning) and the plan it returns says so.
 from __future__ import annotations
 
 import dataclasses
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -217,6 +217,18 @@ def _decide(plan: Plan, key_map: KeyMap, deferred: int, config: CompactionConfig
     unsuperseded = 0  # records of the previous compacted ledger whose key was not written again
     absent = 0  # records of previous parts that a deletion vector already removed
     tomb_bits = np.uint8(FLAG_HAS_KEY | FLAG_TOMBSTONE)
+    previous = [i for i, s in enumerate(plan.slices) if s.compacted]
+    ahead: dict[int, Future[npt.NDArray[np.bool_]]] = {}
+    if len(previous) >= threads > 1:
+        # Enough previous parts to give every thread one: all their lookups are handed
+        # to the pool at once, and each part's answer is taken in order below, so the
+        # pool looks up the next parts while this thread finishes the part before.
+        key_map.prepare_lookups()
+        for i in previous:
+            s = plan.slices[i]
+            foot = s.file.footer
+            ahead[i] = lookups.submit(key_map.contains, foot.col("r_hash_hi")[s.start:s.stop],
+                                      foot.col("r_hash_lo")[s.start:s.stop])
     for i, s in enumerate(plan.slices):
         a, b = offsets[i], offsets[i + 1]
         foot = s.file.footer
@@ -231,8 +243,11 @@ def _decide(plan: Plan, key_map: KeyMap, deferred: int, config: CompactionConfig
         if s.compacted:
             # every record is looked up (no gather of the keyed ones): the answer for a
             # keyless or deleted one is masked out below
-            newer = key_map.contains(foot.col("r_hash_hi")[s.start:s.stop], foot.col("r_hash_lo")[s.start:s.stop],
-                                     threads=threads, pool=lookups)
+            if i in ahead:
+                newer = ahead.pop(i).result()
+            else:
+                newer = key_map.contains(foot.col("r_hash_hi")[s.start:s.stop],
+                                         foot.col("r_hash_lo")[s.start:s.stop], threads=threads, pool=lookups)
             live = has_key & ~newer
             k |= live
             unsuperseded += int(np.count_nonzero(live))

@@ -219,3 +219,39 @@ def test_a_failed_write_during_an_incremental_run_publishes_nothing_and_leaves_n
     monkeypatch.undo()
     s = Compactor(uri, CompactionConfig(**REUSE), clock=lambda: T0 + 2 * HOUR).run()  # type: ignore[arg-type]
     assert s.status == "compacted" and s.records_reused > 0
+
+
+def test_lookups_of_many_parts_run_ahead_with_the_same_answers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With several previous parts, pass one hands every part's lookups to its pool at
+    once; the survivors are those of one thread looking each part up in turn."""
+    import threading
+
+    from compactor.keymap import KeyMap
+    from compactor.pass_one import pass_one
+    from compactor.plan import make_plan
+
+    uri = str(tmp_path / "t")
+    produce(uri, 1, 20_000, range(4_000), T0)
+    first = Compactor(uri, CompactionConfig(max_part_bytes=1 << 16, **REUSE), clock=lambda: T0 + HOUR).run()
+    assert first.status == "compacted"
+    produce(uri, 2, 2_000, range(4_000), T0 + HOUR)
+    meta = TopicMetadata.open(uri)
+    plan = make_plan(meta, now_ms=int((T0 + 2 * HOUR) * 1000), min_compaction_lag_ms=0)
+    assert len(plan.compacted) >= 3  # one for each thread of the second pass one
+    callers: list[str] = []
+    contains = KeyMap.contains
+
+    def spy(self: KeyMap, *args: Any, **kw: Any) -> Any:
+        callers.append(threading.current_thread().name)
+        return contains(self, *args, **kw)
+
+    monkeypatch.setattr(KeyMap, "contains", spy)
+    now = int((T0 + 2 * HOUR) * 1000)
+    one = pass_one(plan, CompactionConfig(workers=1, **REUSE), now)
+    assert callers == ["MainThread"] * len(plan.compacted)
+    callers.clear()
+    ahead = pass_one(plan, CompactionConfig(workers=3, **REUSE), now)
+    assert len(callers) == len(plan.compacted) and all(c.startswith("shale-lookup") for c in callers)
+    assert np.array_equal(one.keep, ahead.keep)
+    assert (one.keys, one.tombstones_kept, one.records_read) == (ahead.keys, ahead.tombstones_kept, ahead.records_read)
+    assert 0 < int(one.keep[:sum(s.records for s in plan.compacted)].sum()) < sum(s.records for s in plan.compacted)
