@@ -200,7 +200,11 @@ def pass_one(plan: Plan, config: CompactionConfig, now_ms: int) -> Survivors:
     threads = min(config.workers or available_cpus(), 8)
     # One pool for the lookups of every previous part (threads started once, not per part).
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="shale-lookup") as lookups:
-        return _decide(plan, key_map, deferred, config, now_ms, threads, lookups)
+        try:
+            return _decide(plan, key_map, deferred, config, now_ms, threads, lookups)
+        except BaseException:
+            lookups.shutdown(cancel_futures=True)  # lookups handed ahead are no longer wanted
+            raise
 
 
 def _decide(plan: Plan, key_map: KeyMap, deferred: int, config: CompactionConfig, now_ms: int, threads: int,

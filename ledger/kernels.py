@@ -193,7 +193,9 @@ def copy_plan(keep: npt.NDArray[np.bool_], entry_starts: npt.NDArray[np.int64], 
     followed by its kept records' bytes, one range per run of adjacent ones.
     ``entry_starts`` is the first record of each entry, then the record count;
     ``offsets`` and ``sizes`` place each record in its entry's payload."""
-    k8 = np.ascontiguousarray(keep).view(np.uint8) if np.asarray(keep).dtype == np.bool_ else np.asarray(keep)
+    k = np.asarray(keep)
+    # one byte per record, non-zero for kept (any other item type is compared with 0 first)
+    k8 = np.ascontiguousarray(k).view(np.uint8) if k.dtype in (np.bool_, np.uint8) else (k != 0).view(np.uint8)
     st, sl = _i64(entry_starts), _i64(sel)
     eo, el = _i64(e_off), _i64(e_len)
     o = np.ascontiguousarray(offsets, dtype=np.uint32)

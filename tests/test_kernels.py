@@ -1229,3 +1229,15 @@ def test_native_copy_plan_refuses_other_buffers() -> None:
         NATIVE.copy_plan(keep, starts, sel, frame_at[:-1], lengths.astype(np.int64), off.astype(np.int64), size)
     with pytest.raises(ValueError, match="1-byte"):
         NATIVE.copy_plan(keep.astype(np.int64), starts, sel, frame_at[:-1], lengths.astype(np.int64), off, size)
+
+
+@pytest.mark.parametrize("dtype", [np.bool_, np.uint8, np.int64, np.float64])
+def test_copy_plan_reads_any_keep_as_kept_when_not_zero(kernel_path: str, dtype: type) -> None:
+    off, size, starts, lengths, _data, frame_at = planned_ledger(np.random.default_rng(10), 6)
+    flags = np.random.default_rng(11).random(len(off)) < 0.5
+    keep = flags.astype(dtype)
+    if dtype is np.int64:
+        keep = keep * 256  # not a byte: 256 is kept, as any non-zero
+    sel = np.arange(6, dtype=np.int64)
+    plan = kernels.copy_plan(keep, starts, sel, frame_at[:-1], lengths.astype(np.int64), off, size)
+    assert plan.rec.tolist() == np.flatnonzero(flags).tolist()
