@@ -97,14 +97,18 @@ def _slice_records(s: Slice, base: int) -> tuple[npt.NDArray[np.uint64], npt.NDA
     """Every keyed record of ``s``, in position order, as ``(hi, lo, pos, first)``: when
     every record has a key the hashes are views of the footer and ``pos`` is ``None``
     (the positions are ``first, first + 1, ...``)."""
-    foot = s.file.footer
-    hi = foot.col("r_hash_hi")[s.start:s.stop]
-    lo = foot.col("r_hash_lo")[s.start:s.stop]
-    keyed_mask = (foot.col("r_flags")[s.start:s.stop] & FLAG_HAS_KEY) != 0
+    hi, lo = _hashes(s)
+    keyed_mask = (s.file.footer.col("r_flags")[s.start:s.stop] & FLAG_HAS_KEY) != 0
     if keyed_mask.all():
         return hi, lo, None, base
     keyed = np.flatnonzero(keyed_mask)
     return hi[keyed], lo[keyed], (base + keyed).astype(np.int64), 0
+
+
+def _hashes(s: Slice) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
+    """The key hashes of every record of ``s`` (views of its footer)."""
+    foot = s.file.footer
+    return foot.col("r_hash_hi")[s.start:s.stop], foot.col("r_hash_lo")[s.start:s.stop]
 
 
 def _fit_prefix(builder: KeyMapBuilder, s: Slice, base: int, must_progress: bool) -> int:
@@ -229,10 +233,7 @@ def _decide(plan: Plan, key_map: KeyMap, deferred: int, config: CompactionConfig
         # pool looks up the next parts while this thread finishes the part before.
         key_map.prepare_lookups()
         for i in previous:
-            s = plan.slices[i]
-            foot = s.file.footer
-            ahead[i] = lookups.submit(key_map.contains, foot.col("r_hash_hi")[s.start:s.stop],
-                                      foot.col("r_hash_lo")[s.start:s.stop])
+            ahead[i] = lookups.submit(key_map.contains, *_hashes(plan.slices[i]))
     for i, s in enumerate(plan.slices):
         a, b = offsets[i], offsets[i + 1]
         foot = s.file.footer
@@ -250,8 +251,7 @@ def _decide(plan: Plan, key_map: KeyMap, deferred: int, config: CompactionConfig
             if i in ahead:
                 newer = ahead.pop(i).result()
             else:
-                newer = key_map.contains(foot.col("r_hash_hi")[s.start:s.stop],
-                                         foot.col("r_hash_lo")[s.start:s.stop], threads=threads, pool=lookups)
+                newer = key_map.contains(*_hashes(s), threads=threads, pool=lookups)
             live = has_key & ~newer
             k |= live
             unsuperseded += int(np.count_nonzero(live))

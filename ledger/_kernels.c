@@ -521,7 +521,6 @@ static PyObject *py_copy_plan(PyObject *self, PyObject *args) {
                 kept[i]++;
             }
             lengths[i] = el;
-            if (kept[i] != k) break; /* keep changed under us: caught below */
             continue;
         }
         /* the old header stands in for the new one; then the runs of kept records */
@@ -541,15 +540,13 @@ static PyObject *py_copy_plan(PyObject *self, PyObject *args) {
             kept[i]++;
         }
         lengths[i] = 12 + payload;
-        if (kept[i] != k) break;
     }
     Py_END_ALLOW_THREADS
-    /* every entry must have kept what the first pass counted: otherwise keep changed
-     * under us (another thread), and the plan would not match the counts */
-    int consistent = mi == m;
+    /* Every entry must have kept what the first pass counted; otherwise keep changed
+     * under us (another thread) and the plan would not match the counts. */
+    int consistent = 1;
     for (Py_ssize_t i = 0; i < n && consistent; i++) consistent = kept[i] == span[3 * i + 2];
     if (!consistent) {
-        /* keep changed under us (another thread): the counts no longer hold */
         PyErr_SetString(PyExc_RuntimeError, "keep changed while the copy was planned");
         goto done;
     }

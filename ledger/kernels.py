@@ -201,10 +201,10 @@ def copy_plan(keep: npt.NDArray[np.bool_], entry_starts: npt.NDArray[np.int64], 
     o = np.ascontiguousarray(offsets, dtype=np.uint32)
     z = np.ascontiguousarray(sizes, dtype=np.uint32)
     if _native is not None:
-        got = _native.copy_plan(np.ascontiguousarray(k8, dtype=np.uint8), st, sl, eo, el, o, z)
+        got = _native.copy_plan(k8, st, sl, eo, el, o, z)
         dtypes = (np.int64, np.uint32, np.uint32, np.int64, np.bool_, np.int64, np.int64, np.int64)
         return CopyPlan(*(np.frombuffer(b, dtype=d) for b, d in zip(got, dtypes, strict=True)))
-    return _copy_plan_numpy(np.asarray(k8) != 0, st, sl, eo, el, o, z)
+    return _copy_plan_numpy(k8 != 0, st, sl, eo, el, o, z)
 
 
 def _copy_plan_numpy(keep: npt.NDArray[np.bool_], st: npt.NDArray[np.int64], sel: npt.NDArray[np.int64],

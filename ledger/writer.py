@@ -242,8 +242,8 @@ class LedgerWriter:
             # Big chunks (batches of pass two) are written one by one: joining them would
             # copy every column once more.  Small ones (an entry each) are joined, or each
             # would be a write of its own.
-            big = bool(chunks) and sum(c.nbytes for c in chunks) >= _BIG_CHUNK_BYTES * len(chunks)
-            cols[name] = chunks if big else (np.concatenate(chunks) if chunks else np.empty(0, COLUMNS[name][0]))
+            big = sum(c.nbytes for c in chunks) >= _BIG_CHUNK_BYTES * len(chunks)  # (no chunks: an empty column)
+            cols[name] = chunks if big else np.concatenate(chunks)
         footer_offset = self._pos
         crc = 0
         for piece in encode_footer(self.kind, np.asarray(self._e_rec_start, dtype=np.uint64), cols, meta or {}):
