@@ -14,21 +14,26 @@ Nothing a published state refers to is ever deleted.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
+from typing import Final
 
 from ledger.errors import ConflictError
+from metadata.layout import COMPACTED_DIR, LEDGER_DIR, is_compacted_object, is_ledger_object, run_dir_of
 from metadata.state import CompactionState
 from metadata.topic import TopicMetadata
 
 __all__ = ["COMPACTED_DIR", "GcReport", "collect_garbage", "run_dir_of"]
 
-COMPACTED_DIR = "compacted"
-LEDGER_DIR = "ledgers"
+# A local folder's write in progress: ``.shale-tmp-<nonce>-<name>`` beside its object.
+_LOCAL_TMP: Final = re.compile(r"\.shale-tmp-[0-9a-f]{12}-(.+)")
 
 
-def run_dir_of(obj: str) -> str:
-    """``compacted/<run>/part-00000.ledger`` → ``compacted/<run>``."""
-    return "/".join(obj.split("/")[:2])
+def _written_name(rel: str) -> str:
+    """The object an unfinished write was writing (a temporary file names it)."""
+    head, _, base = rel.rpartition("/")
+    m = _LOCAL_TMP.fullmatch(base)
+    return f"{head}/{m.group(1)}" if m and head else (m.group(1) if m else rel)
 
 
 @dataclass(slots=True)
@@ -48,9 +53,12 @@ class GcReport:
                 "deleted": sorted(self.retired_deleted + self.orphans_deleted)}
 
 
-def collect_garbage(meta: TopicMetadata, *, now_ms: int, grace_ms: int, orphan_grace_ms: int,
+def collect_garbage(meta: TopicMetadata, *, now_ms: int | None = None, grace_ms: int, orphan_grace_ms: int,
                     dry_run: bool = False, attempts: int = 10) -> GcReport:
-    """Delete retired compacted ledgers past ``grace_ms`` and orphans past ``orphan_grace_ms``."""
+    """Delete retired compacted ledgers past ``grace_ms`` and orphans past ``orphan_grace_ms``.
+
+    Ages are judged by the store's clock (``now_ms`` defaults to
+    :meth:`TopicMetadata.now_ms`), as the objects' modification times are the store's."""
     from compactor.config import MIN_ORPHAN_GRACE_MS
     from ledger.errors import InvalidInputError
 
@@ -61,6 +69,8 @@ def collect_garbage(meta: TopicMetadata, *, now_ms: int, grace_ms: int, orphan_g
         raise InvalidInputError(f"orphan grace must be at least {MIN_ORPHAN_GRACE_MS // 60_000} minutes")
     report = GcReport(meta.uri, dry_run=dry_run)
     loc, store = meta.topic, meta.topic.store
+    if now_ms is None:
+        now_ms = meta.now_ms()
 
     state = meta.load_compaction()
     for _ in range(attempts):
@@ -77,10 +87,14 @@ def collect_garbage(meta: TopicMetadata, *, now_ms: int, grace_ms: int, orphan_g
         except ConflictError:
             state = meta.load_compaction()
             continue
+        published = state.referenced_objects()
         for r in due:
             for obj in r.objects:
-                store.delete(loc.key(obj))
-                report.retired_deleted.append(obj)
+                # (the state's schema already refuses anything else; checked again here,
+                # where deleting happens)
+                if is_compacted_object(obj) and obj not in published:
+                    store.delete(loc.key(obj))
+                    report.retired_deleted.append(obj)
         break
 
     report.orphans_deleted = _orphans(meta, state, now_ms, orphan_grace_ms, dry_run)
@@ -89,17 +103,19 @@ def collect_garbage(meta: TopicMetadata, *, now_ms: int, grace_ms: int, orphan_g
 
 def _orphans(meta: TopicMetadata, state: CompactionState, now_ms: int, grace_ms: int,
              dry_run: bool) -> list[str]:
+    """Leftovers: only objects named as this topic names what it writes, directly in its
+    own folders (another topic nested in them, or a stranger's file, is never one)."""
     loc, store = meta.topic, meta.topic.store
     deleted: list[str] = []
-    referenced_runs = {run_dir_of(o) for o in state.referenced_objects()}
     runs: dict[str, list[tuple[str, float]]] = {}
     for info in store.list(loc.key(COMPACTED_DIR)):
         rel = loc.relative(info.key)
-        runs.setdefault(run_dir_of(rel), []).append((rel, info.mtime))
+        if is_compacted_object(rel):
+            runs.setdefault(run_dir_of(rel), []).append((rel, info.mtime))
     # Re-read: a run published after the first read must not look orphaned.
     fresh = meta.load_compaction()
-    referenced_runs |= {run_dir_of(o) for o in fresh.referenced_objects()}
     referenced = state.referenced_objects() | fresh.referenced_objects()
+    referenced_runs = {run_dir_of(o) for o in referenced}
     for run, objs in sorted(runs.items()):
         if run in referenced_runs:
             # A published run's folder is never written again, but a part kept in place
@@ -119,14 +135,15 @@ def _orphans(meta: TopicMetadata, state: CompactionState, now_ms: int, grace_ms:
             deleted.append(rel)
 
     # Writes a killed writer never finished (temporary files, multipart uploads): no
-    # state can name them, so only their age matters.
-    for folder in (COMPACTED_DIR, LEDGER_DIR):
+    # state can name them, so only their age (and their name) matters.
+    for folder, ours in ((COMPACTED_DIR, is_compacted_object), (LEDGER_DIR, is_ledger_object)):
         for info in list(store.unfinished_writes(loc.key(folder))):
-            if now_ms - info.mtime * 1000 < grace_ms:
+            rel = loc.relative(info.key)
+            if not ours(_written_name(rel)) or now_ms - info.mtime * 1000 < grace_ms:
                 continue
             if not dry_run:
                 store.discard_write(info)
-            deleted.append(f"{loc.relative(info.key)} (unfinished write)")
+            deleted.append(f"{rel} (unfinished write)")
 
     topic = meta.load_topic()
     if now_ms - topic.truncated_ms < grace_ms:
@@ -134,7 +151,7 @@ def _orphans(meta: TopicMetadata, state: CompactionState, now_ms: int, grace_ms:
     registered = {lg.object for lg in topic.ledgers}
     for info in store.list(loc.key(LEDGER_DIR)):
         rel = loc.relative(info.key)
-        if rel in registered or now_ms - info.mtime * 1000 < grace_ms:
+        if not is_ledger_object(rel) or rel in registered or now_ms - info.mtime * 1000 < grace_ms:
             continue
         if not dry_run:
             store.delete(info.key)

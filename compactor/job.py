@@ -18,7 +18,7 @@ from typing import Final
 
 from compactor.config import MIN_ORPHAN_GRACE_MS, CompactionConfig
 from compactor.engine import Engine, LocalEngine, SurvivorCounts
-from compactor.gc import COMPACTED_DIR, collect_garbage
+from compactor.gc import collect_garbage
 from compactor.pass_two import PassTwoResult
 from compactor.plan import Plan, make_plan
 from compactor.summary import RunSummary
@@ -30,12 +30,12 @@ from ledger.errors import (
     TransientStorageError,
 )
 from ledger.format import FLAG_TOMBSTONE
+from metadata.layout import COMPACTED_DIR, HEARTBEAT_NAME
 from metadata.state import CompactionState, RetiredSet
 from metadata.topic import TopicMetadata
 
 __all__ = ["Compactor"]
 
-HEARTBEAT_NAME: Final = "_run.json"
 HEARTBEAT_INTERVAL_S: Final = 30.0
 #: A run whose heartbeat could not be refreshed for this long publishes nothing.
 HEARTBEAT_MAX_GAP_S: Final = MIN_ORPHAN_GRACE_MS / 1000 / 3
@@ -116,16 +116,32 @@ class Compactor:
     """
 
     def __init__(self, topic_uri: str, config: CompactionConfig | None = None, *,
-                 metadata_uri: str | None = None, clock: Callable[[], float] = time.time,
+                 metadata_uri: str | None = None, clock: Callable[[], float] | None = None,
                  progress: Callable[[str], None] | None = None, engine: Engine | None = None) -> None:
         self.meta = TopicMetadata.open(topic_uri, metadata_uri)
         self.config = config or CompactionConfig()
         self.engine: Engine = engine or LocalEngine()
         self.clock = clock
+        self._offset_ms: int | None = None
         self.progress = progress or (lambda _msg: None)
 
     def _now_ms(self) -> int:
-        return int(self.clock() * 1000)
+        """Now, by this machine's clock (or ``clock``): what the minimum compaction lag and
+        tombstone retention compare with the times producers and earlier runs stamped."""
+        return int((self.clock or time.time)() * 1000)
+
+    def _store_now_ms(self) -> int:
+        """Now, by the store's clock: this machine's clock corrected by the store's, which
+        is measured once per run.  Retirement stamps and garbage collection compare with
+        ages the store stamped, so a skewed local clock cannot make anything look old
+        (``clock``, when given, is used as it is)."""
+        if self.clock is not None:
+            return int(self.clock() * 1000)
+        if self._offset_ms is None:
+            before = time.time()
+            store_now = self.meta.now_ms()
+            self._offset_ms = store_now - int((before + time.time()) * 500)
+        return int(time.time() * 1000) + self._offset_ms
 
     def run(self) -> RunSummary:
         """Run once; conflicts and skips are reported in the summary, errors are raised."""
@@ -146,7 +162,7 @@ class Compactor:
 
         def done(status: str, message: str = "", *, gc: bool = True) -> RunSummary:
             if gc:
-                self._gc(summary, now_ms)
+                self._gc(summary)
             summary.durations["total"] = time.perf_counter() - t0
             return summary.finish(status, message)
 
@@ -258,7 +274,7 @@ class Compactor:
             self.meta.topic.store.delete(self.meta.topic.key(f"{run_dir}/{HEARTBEAT_NAME}"))
         except ShaleError:
             pass  # published: the leftover is collected as an unreferenced object
-        self._gc(summary, now_ms)
+        self._gc(summary)
         phase("gc", t)
         more = (f"the key map was full: {summary.deferred_records:,} newer records are left for the next run"
                 if summary.deferred_records else "")
@@ -268,6 +284,8 @@ class Compactor:
                    summary: RunSummary) -> CompactionState:
         # Retirement is stamped at publish time: the grace period of readers of the old
         # ledger starts when they can first see the new one, not when this run began.
+        # By the store's clock, as garbage collection judges it.
+        retired_ms = self._store_now_ms()
         now_ms = self._now_ms()
         prev = plan.previous
         retired = prev.retired
@@ -277,7 +295,7 @@ class Compactor:
         gone = [p.object for p in prev.parts if p.object not in kept]
         gone += [p.deletions for p in prev.parts if p.deletions and p.deletions not in kept]
         if gone:
-            retired = (*retired, RetiredSet(tuple(dict.fromkeys(gone)), now_ms, prev.epoch))
+            retired = (*retired, RetiredSet(tuple(dict.fromkeys(gone)), retired_ms, prev.epoch))
         last_run = {k: v for k, v in summary.to_json().items()
                     if k in ("records_read", "records_written", "records_reused", "deferred_records",
                              "bytes_read", "bytes_written",
@@ -322,10 +340,11 @@ class Compactor:
                 return True
         return False
 
-    def _gc(self, summary: RunSummary, now_ms: int) -> None:
+    def _gc(self, summary: RunSummary) -> None:
         if not self.config.collect_garbage or self.config.dry_run:
             return
-        report = collect_garbage(self.meta, now_ms=now_ms, grace_ms=self.config.gc_grace_ms,
+        # now, not the run's start: what this run retired is judged from when it was retired
+        report = collect_garbage(self.meta, now_ms=self._store_now_ms(), grace_ms=self.config.gc_grace_ms,
                                  orphan_grace_ms=self.config.orphan_grace_ms)
         summary.retired_deleted = len(report.retired_deleted)
         summary.orphans_deleted = len(report.orphans_deleted)

@@ -103,6 +103,9 @@ class MemoryStore(ObjectStore):
             o = self._objects[key] = self._new(data)
             return o.token
 
+    def now_ms(self, prefix: str) -> int:
+        return int(time.time() * 1000)  # objects are stamped with this process's clock
+
     def delete(self, key: str) -> None:
         with self._lock:
             self._objects.pop(key, None)

@@ -14,12 +14,15 @@ __all__ = [
     "ConflictError",
     "CorruptLedgerError",
     "InvalidInputError",
+    "InvalidMetadataError",
     "InvalidURIError",
+    "NotAnObjectError",
     "ObjectNotFoundError",
     "RecordTooLargeError",
     "ShaleError",
     "StateUnknownError",
     "StorageError",
+    "StoragePermissionError",
     "TopicNotFoundError",
     "TransientStorageError",
     "UnsupportedOperationError",
@@ -58,6 +61,21 @@ class RecordTooLargeError(InvalidInputError):
 
 class StorageError(ShaleError, OSError):
     """Storage failed in a way that is neither transient nor a conflict."""
+
+
+class StoragePermissionError(StorageError, PermissionError):
+    """The store refused access (a file's permissions, an access-denied answer): a matter
+    of how Shale is run, not of the data."""
+
+    exit_code = EXIT_USAGE
+
+
+class NotAnObjectError(StorageError):
+    """Where an object should be there is something else: a folder, a symbolic link, a
+    FIFO, a device.  A local store opens only regular files inside its root and never
+    follows a link, so a topic tampered with this way is refused like corrupt data."""
+
+    exit_code = EXIT_CORRUPT
 
 
 class TransientStorageError(StorageError):
@@ -119,6 +137,16 @@ class CorruptLedgerError(ShaleError, ValueError):
         super().__init__(message)
         self.path = path
         self.position = position
+
+
+class InvalidMetadataError(ShaleError, ValueError):
+    """A metadata document breaks its schema or its invariants (a wrong type, ledger ids
+    out of order, overlapping parts, a retired object that is still registered ...).
+
+    The message names the document and the field; nothing is acted on.
+    """
+
+    exit_code = EXIT_CORRUPT
 
 
 class UnsupportedVersionError(CorruptLedgerError):

@@ -162,6 +162,30 @@ class ObjectStore(ABC):
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         """Every object under the folder ``prefix`` (recursively), in key order."""
 
+    def now_ms(self, prefix: str) -> int:
+        """The store's own current time, in milliseconds since the epoch, as it would stamp
+        an object written under ``prefix`` now.
+
+        Ages of objects (``ObjectInfo.mtime``) are judged against this, never against this
+        machine's clock, so a skewed local clock cannot make an object look old.  The
+        default writes a small marker object under ``prefix``, reads its modification
+        time back and removes it; stores that can tell the time without writing override
+        it."""
+        import uuid
+
+        from ledger.errors import ShaleError
+
+        key = f"{prefix.rstrip('/')}/.shale-clock-{uuid.uuid4().hex[:12]}" if prefix else \
+            f".shale-clock-{uuid.uuid4().hex[:12]}"
+        self.put(key, b"", durable=False)
+        try:
+            return int(self.stat(key).mtime * 1000)
+        finally:
+            try:
+                self.delete(key)
+            except ShaleError:
+                pass  # a leftover marker is a hidden, empty object that nothing reads
+
     def unfinished_writes(self, prefix: str) -> Iterator[ObjectInfo]:
         """Writes under ``prefix`` that were started and never finished or aborted — a
         killed writer's temporary file, an incomplete multipart upload.  ``mtime`` is
@@ -272,7 +296,9 @@ def resolve(uri: str) -> Location:
         if scheme == "file" and parts.netloc not in ("", "localhost"):
             raise InvalidURIError(f"file URI {uri!r} names a host; use file:///path")
         _check_segments(path, uri)
-        abspath = os.path.abspath(os.path.expanduser(path))
+        # The operator's own path may pass through links (/data -> /mnt/volume); it is
+        # resolved once, here.  Below it the local store follows no link at all.
+        abspath = os.path.realpath(os.path.expanduser(path))
         return Location(_store_for("file", ""), abspath.strip("/"), abspath)
     if parts.query or parts.fragment:
         raise InvalidURIError(f"URI {uri!r} must not have a query or fragment")

@@ -17,8 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ledger.errors import AlreadyExistsError, ConflictError, ObjectNotFoundError, StorageError
+from ledger.errors import AlreadyExistsError, ConflictError, ObjectNotFoundError
 from ledger.storage import Location, validate_key_part
+from metadata.schema import decode_envelope
 
 __all__ = ["DocumentStore", "Versioned"]
 
@@ -52,11 +53,8 @@ class DocumentStore:
         return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
 
     def _decode(self, name: str, data: bytes, token: str) -> Versioned:
-        try:
-            body = json.loads(data)
-            return Versioned(body["value"], int(body["version"]), token, int(body.get("updated_ms", 0)))
-        except (ValueError, KeyError, TypeError) as e:
-            raise StorageError(f"{self.url(name)}: not a valid metadata document: {e}") from e
+        body = decode_envelope(data, self.url(name))
+        return Versioned(body.value, body.version, token, body.updated_ms)
 
     def read(self, name: str) -> Versioned | None:
         """The current value and version, or ``None`` if the document does not exist."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ledger.ids import MessageId
+from metadata.schema import CompactionDoc, LedgerDoc, PartDoc, RetiredDoc, TopicDoc, check_compaction, check_topic, validate
 
 __all__ = ["CompactedPart", "CompactionState", "LedgerInfo", "RetiredSet", "TopicState"]
 
@@ -37,9 +38,8 @@ class LedgerInfo:
                 "last_publish": self.last_publish, "sealed_ms": self.sealed_ms}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> LedgerInfo:
-        return cls(int(d["id"]), str(d["object"]), int(d["entries"]), int(d["records"]), int(d["bytes"]),
-                   int(d["first_publish"]), int(d["last_publish"]), int(d["sealed_ms"]))
+    def from_doc(cls, d: LedgerDoc) -> LedgerInfo:
+        return cls(d.id, d.object, d.entries, d.records, d.bytes, d.first_publish, d.last_publish, d.sealed_ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,10 +88,14 @@ class TopicState:
         return d
 
     @classmethod
-    def from_json(cls, d: dict[str, Any], version: int, token: str) -> TopicState:
-        return cls(tuple(LedgerInfo.from_json(x) for x in d.get("ledgers", [])),
-                   int(d.get("created_ms", 0)), version, token, int(d.get("generation", 0)),
-                   int(d.get("removed_through", 0)), int(d.get("truncated_ms", 0)))
+    def from_json(cls, d: Any, version: int, token: str, where: str = "topic.json") -> TopicState:
+        """The ledger list of a ``topic.json`` value, checked against its schema and
+        invariants (:class:`~ledger.errors.InvalidMetadataError` naming ``where`` and the
+        field otherwise)."""
+        doc = validate(d, TopicDoc, where)
+        check_topic(doc, where)
+        return cls(tuple(LedgerInfo.from_doc(x) for x in doc.ledgers), doc.created_ms, version, token,
+                   doc.generation, doc.removed_through, doc.truncated_ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,12 +133,8 @@ class CompactedPart:
         return d
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> CompactedPart:
-        return cls(str(d["object"]), int(d["entries"]), int(d["records"]), int(d["bytes"]),
-                   MessageId.parse(d["first_id"]) if d.get("first_id") else None,
-                   MessageId.parse(d["last_id"]) if d.get("last_id") else None,
-                   int(d["ledger_id"]) if d.get("ledger_id") is not None else None,
-                   str(d["deletions"]) if d.get("deletions") else None, int(d.get("deleted", 0)))
+    def from_doc(cls, d: PartDoc, first: MessageId | None, last: MessageId | None) -> CompactedPart:
+        return cls(d.object, d.entries, d.records, d.bytes, first, last, d.ledger_id, d.deletions, d.deleted)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,8 +149,8 @@ class RetiredSet:
         return {"objects": list(self.objects), "retired_ms": self.retired_ms, "epoch": self.epoch}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> RetiredSet:
-        return cls(tuple(str(o) for o in d["objects"]), int(d["retired_ms"]), int(d["epoch"]))
+    def from_doc(cls, d: RetiredDoc) -> RetiredSet:
+        return cls(tuple(d.objects), d.retired_ms, d.epoch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,11 +209,13 @@ class CompactionState:
                 "last_run": self.last_run, "topic_generation": self.topic_generation}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any], version: int, token: str) -> CompactionState:
-        return cls(int(d.get("epoch", 0)),
-                   MessageId.parse(d["horizon"]) if d.get("horizon") else None,
-                   d.get("compacted_ledger"),
-                   tuple(CompactedPart.from_json(p) for p in d.get("parts", [])),
-                   tuple(RetiredSet.from_json(r) for r in d.get("retired", [])),
-                   int(d.get("keys", 0)), int(d.get("tombstones", 0)), int(d.get("compacted_ms", 0)),
-                   dict(d.get("last_run") or {}), version, token, int(d.get("topic_generation", 0)))
+    def from_json(cls, d: Any, version: int, token: str, where: str = "compaction.json") -> CompactionState:
+        """The state of a ``compaction.json`` value, checked against its schema and
+        invariants (:class:`~ledger.errors.InvalidMetadataError` naming ``where`` and the
+        field otherwise)."""
+        doc = validate(d, CompactionDoc, where)
+        horizon, ids = check_compaction(doc, where)
+        parts = tuple(CompactedPart.from_doc(p, first, last) for p, (first, last) in zip(doc.parts, ids, strict=True))
+        return cls(doc.epoch, horizon, doc.compacted_ledger, parts, tuple(RetiredSet.from_doc(r) for r in doc.retired),
+                   doc.keys, doc.tombstones, doc.compacted_ms, dict(doc.last_run), version, token,
+                   doc.topic_generation)

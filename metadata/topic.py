@@ -14,13 +14,13 @@ from dataclasses import replace
 from ledger.errors import AlreadyExistsError, ConflictError, InvalidInputError, InvalidURIError, TopicNotFoundError
 from ledger.storage import Location, resolve
 from metadata.documents import DocumentStore, Versioned
+from metadata.layout import META_DIR
 from metadata.state import CompactionState, LedgerInfo, TopicState
 
 __all__ = ["TopicMetadata", "topic_locations"]
 
 TOPIC_DOC = "topic.json"
 COMPACTION_DOC = "compaction.json"
-META_DIR = "_meta"
 
 
 def topic_locations(topic_uri: str, metadata_uri: str | None = None) -> tuple[Location, Location]:
@@ -35,23 +35,38 @@ def topic_locations(topic_uri: str, metadata_uri: str | None = None) -> tuple[Lo
         raise InvalidURIError(f"topic URI {topic_uri!r} names a bucket or root, not a topic folder")
     if metadata_uri is None:
         return topic, topic.child(META_DIR)
+    return topic, _meta_location(topic, topic.prefix, metadata_uri)
+
+
+def _meta_location(topic: Location, prefix: str, metadata_uri: str | None) -> Location:
+    """Where the metadata of the topic at ``prefix`` on ``topic``'s store lives."""
+    if metadata_uri is None:
+        return Location(topic.store, f"{prefix}/{META_DIR}" if prefix else META_DIR,
+                        topic.store.url(f"{prefix}/{META_DIR}"))
     meta_root = resolve(metadata_uri)
     netloc = getattr(topic.store, "bucket", None) or getattr(topic.store, "name", None) or "local"
-    path = "/".join([topic.store.scheme, str(netloc), topic.prefix])
-    return topic, Location(meta_root.store, meta_root.key(path), f"{meta_root.uri.rstrip('/')}/{path}")
+    path = "/".join([topic.store.scheme, str(netloc), prefix])
+    return Location(meta_root.store, meta_root.key(path), f"{meta_root.uri.rstrip('/')}/{path}")
 
 
 class TopicMetadata:
     """Reads and writes one topic's metadata documents."""
 
-    def __init__(self, topic: Location, meta: Location) -> None:
+    def __init__(self, topic: Location, meta: Location, metadata_uri: str | None = None) -> None:
         self.topic = topic
         self.meta = meta
+        self.metadata_uri = metadata_uri
         self.docs = DocumentStore(meta)
 
     @classmethod
     def open(cls, topic_uri: str, metadata_uri: str | None = None) -> TopicMetadata:
-        return cls(*topic_locations(topic_uri, metadata_uri))
+        return cls(*topic_locations(topic_uri, metadata_uri), metadata_uri)
+
+    def now_ms(self) -> int:
+        """The time by the clock of the store holding the topic's objects: every age
+        garbage collection judges is judged by it, so stamps that it compares (a
+        truncation's, a retirement's) are taken by it too."""
+        return self.topic.store.now_ms(self.topic.prefix)
 
     @property
     def uri(self) -> str:
@@ -60,7 +75,7 @@ class TopicMetadata:
     # ---------------------------------------------------------------- topic document
 
     def _topic(self, doc: Versioned) -> TopicState:
-        return TopicState.from_json(doc.value, doc.version, doc.token)
+        return TopicState.from_json(doc.value, doc.version, doc.token, self.docs.url(TOPIC_DOC))
 
     def load_topic(self) -> TopicState:
         """The ledger list; :class:`TopicNotFoundError` if there is no topic here."""
@@ -77,12 +92,33 @@ class TopicMetadata:
         doc = self.docs.read(TOPIC_DOC)
         if doc is not None:
             return self._topic(doc)
+        nested = self.nesting()
+        if nested:
+            raise InvalidURIError(f"cannot create a topic at {self.topic.uri}: {nested}")
         state = TopicState((), int(time.time() * 1000))
         try:
             v = self.docs.create(TOPIC_DOC, state.to_json())
         except AlreadyExistsError:
             return self.load_topic()
         return TopicState(state.ledgers, state.created_ms, v.version, v.token)
+
+    def nesting(self) -> str:
+        """Why a topic here would nest with another ("" when it would not): a topic inside
+        another's folder, or around one, mixes their objects, and the outer topic's
+        garbage collection must never have to tell them apart."""
+        parts = self.topic.prefix.split("/")
+        for i in range(len(parts) - 1, 0, -1):
+            outer = _meta_location(self.topic, "/".join(parts[:i]), self.metadata_uri)
+            if outer.store.exists(outer.key(TOPIC_DOC)):
+                return f"it would lie inside the topic {self.topic.store.url('/'.join(parts[:i]))}"
+        own = self.meta.key(TOPIC_DOC)
+        inner_marker = f"/{TOPIC_DOC}" if self.metadata_uri is not None else f"/{META_DIR}/{TOPIC_DOC}"
+        under = self.meta if self.metadata_uri is not None else self.topic
+        for info in under.store.list(f"{under.prefix}/"):
+            if info.key != own and info.key.endswith(inner_marker):
+                inner = info.key[:-len(inner_marker)]
+                return f"the topic {under.store.url(inner)} lies inside it"
+        return ""
 
     def append_ledger(self, info: LedgerInfo, expected: TopicState) -> TopicState:
         """Register a sealed ledger after those of ``expected``; :class:`ConflictError` if the
@@ -103,15 +139,18 @@ class TopicMetadata:
         check).  The objects stay until garbage collection finds them unregistered past
         the orphan grace.  Returns the new topic state and the ledgers removed.
         """
+        now_ms = self.now_ms()
         for _ in range(attempts):
             current = self.load_topic()
             removed = [lg for lg in current.ledgers if lg.id < before_ledger]
             if not removed:
+                # An earlier truncation may have stopped between its two writes: finish it.
+                self._stamp_generation(current.generation, attempts)
                 return current, []
             new = TopicState(tuple(lg for lg in current.ledgers if lg.id >= before_ledger), current.created_ms,
                              generation=current.generation + 1,
                              removed_through=max(current.removed_through, removed[-1].id),
-                             truncated_ms=int(time.time() * 1000))
+                             truncated_ms=max(now_ms, current.truncated_ms))
             try:
                 v = self.docs.replace(TOPIC_DOC, new.to_json(), current.version, token=current.token or None)
             except ConflictError:
@@ -121,6 +160,8 @@ class TopicMetadata:
         raise ConflictError(f"{self.uri}: the topic kept changing; truncation gave up after {attempts} attempts")
 
     def _stamp_generation(self, generation: int, attempts: int) -> None:
+        if generation == 0:
+            return
         for _ in range(attempts):
             state = self.load_compaction()
             if state.topic_generation >= generation:
@@ -139,7 +180,7 @@ class TopicMetadata:
         doc = self.docs.read(COMPACTION_DOC)
         if doc is None:
             return CompactionState()
-        return CompactionState.from_json(doc.value, doc.version, doc.token)
+        return CompactionState.from_json(doc.value, doc.version, doc.token, self.docs.url(COMPACTION_DOC))
 
     def publish_compaction(self, new: CompactionState, expected: CompactionState) -> CompactionState:
         """One compare-and-swap from ``expected`` to ``new``; :class:`ConflictError` if another

@@ -25,19 +25,15 @@ from ledger.format import KIND_ORIGINAL
 from ledger.ids import MessageId
 from ledger.record import DEFAULT_MAX_RECORD_BYTES, Record, validate_record
 from ledger.writer import LedgerWriter, encode_entry, relabel_ledger
+from metadata.layout import ledger_object_name
 from metadata.state import LedgerInfo, TopicState
 from metadata.topic import TopicMetadata
 
 __all__ = ["ProduceResult", "SealedLedger", "TopicWriter"]
 
-LEDGER_DIR: Final = "ledgers"
 #: An uploaded ledger older than this is not registered any more (garbage collection may
 #: treat unregistered objects older than its orphan grace as leftovers); it is re-uploaded.
 UNREGISTERED_MAX_AGE_S: Final = 300.0
-
-
-def ledger_object_name(ledger_id: int, nonce: str) -> str:
-    return f"{LEDGER_DIR}/{ledger_id:020d}-{nonce}.ledger"
 
 
 @dataclass(frozen=True, slots=True)

@@ -330,10 +330,12 @@ def test_gc_discards_unfinished_writes_only_past_the_orphan_grace(disk_topic_uri
         w.append("k", "v")
     meta = TopicMetadata.open(disk_topic_uri)
     store, loc = meta.topic.store, meta.topic
-    for name in ("compacted/000000000001-abc/part-00000.ledger", "ledgers/00000000000000000002-abc.ledger"):
+    for name in ("compacted/000000000001-0123456789ab/part-00000.ledger",
+                 "ledgers/00000000000000000002-0123456789ab.ledger", "ledgers/not-ours.ledger"):
         w2 = store.open_writer(loc.key(name))
         w2.write(b"z" * (17 << 20))  # past one multipart part on S3; never closed
     assert len(list(store.unfinished_writes(loc.key("compacted")))) == 1
+    assert len(list(store.unfinished_writes(loc.key("ledgers")))) == 2
     grace = CompactionConfig().orphan_grace_ms
     now = int(time.time() * 1000)
     if disk_topic_uri.startswith("/"):
@@ -344,8 +346,10 @@ def test_gc_discards_unfinished_writes_only_past_the_orphan_grace(disk_topic_uri
     report = collect_garbage(meta, now_ms=now + grace + 60_000, grace_ms=0, orphan_grace_ms=grace)
     found = sorted(report.orphans_deleted)
     assert len(found) == 2 and all(x.endswith("(unfinished write)") for x in found)
-    assert found[0].startswith("compacted/000000000001-abc/") and "part-00000" in found[0]
-    assert found[1].startswith("ledgers/") and "00000000000000000002-abc" in found[1]
-    for folder in ("compacted", "ledgers"):
-        assert list(store.unfinished_writes(loc.key(folder))) == []
+    assert found[0].startswith("compacted/000000000001-0123456789ab/") and "part-00000" in found[0]
+    assert found[1].startswith("ledgers/") and "00000000000000000002-0123456789ab" in found[1]
+    assert list(store.unfinished_writes(loc.key("compacted"))) == []
+    # a name Shale never writes is not its to discard, however old
+    assert [loc.relative(i.key).endswith("not-ours.ledger") for i in store.unfinished_writes(loc.key("ledgers"))] \
+        == [True]
     assert [m.value for m in TopicReader(disk_topic_uri)] == [b"v"]

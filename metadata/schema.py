@@ -1,0 +1,232 @@
+"""The metadata documents' schemas and invariants, checked before anything acts on them.
+
+A metadata document may have been edited by hand, damaged, or written by a hostile
+writer of the same bucket.  Every document read is decoded against a strict schema
+(msgspec: exact types, bounded integers, no unknown field) and then checked against the
+invariants the rest of Shale relies on:
+
+* ``topic.json``: ledger ids strictly increasing, above every id a truncation removed;
+  each object named as the producer names it (``ledgers/<id>-<nonce>.ledger``, the id
+  its own), none twice;
+* ``compaction.json``: parts named as a compaction run names them, in id order and
+  disjoint, none past the horizon; deletion vectors beside their parts; retired objects
+  named as compacted objects (so never a registered ledger nor a metadata document),
+  none of them still published.
+
+A violation is an :class:`~ledger.errors.InvalidMetadataError` (exit 4) naming the
+document and the field; nothing is deleted or published on the strength of it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final, Literal, TypeVar
+
+import msgspec
+
+from ledger.errors import InvalidInputError, InvalidMetadataError
+from ledger.ids import MessageId
+from metadata.layout import is_compacted_object, is_ledger_object, is_run_dir, ledger_id_of
+
+__all__ = ["CompactionDoc", "Envelope", "LedgerDoc", "PartDoc", "RetiredDoc", "TopicDoc", "check_compaction",
+           "check_topic", "decode_envelope", "validate"]
+
+#: Ledger ids and epochs stay far below 2**63, so every reader (JSON tools included) and
+#: every ``+ 1`` holds them exactly.
+MAX_ID: Final = (1 << 62) - 1
+_MAX_COUNT: Final = (1 << 62) - 1
+_MAX_MS: Final = (1 << 62) - 1
+
+Id = Annotated[int, msgspec.Meta(ge=1, le=MAX_ID)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=_MAX_COUNT)]
+Millis = Annotated[int, msgspec.Meta(ge=0, le=_MAX_MS)]
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+
+
+class Envelope(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``{"version", "updated_ms", "writer", "value"}`` around every document."""
+
+    version: Annotated[int, msgspec.Meta(ge=1, le=_MAX_COUNT)]
+    value: dict[str, Any]
+    updated_ms: Millis = 0
+    writer: str = ""
+
+
+class LedgerDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    id: Id
+    object: Name
+    entries: Annotated[int, msgspec.Meta(ge=1, le=_MAX_COUNT)]
+    records: Annotated[int, msgspec.Meta(ge=1, le=_MAX_COUNT)]
+    bytes: Annotated[int, msgspec.Meta(ge=1, le=_MAX_COUNT)]
+    first_publish: Millis
+    last_publish: Millis
+    sealed_ms: Millis
+
+
+class TopicDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    format: Literal[1]
+    created_ms: Millis
+    ledgers: list[LedgerDoc]
+    generation: Count = 0
+    removed_through: Annotated[int, msgspec.Meta(ge=0, le=MAX_ID)] = 0
+    truncated_ms: Millis = 0
+
+
+class PartDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    object: Name
+    entries: Count
+    records: Count
+    bytes: Count
+    first_id: str | None
+    last_id: str | None
+    ledger_id: Id | None = None
+    deletions: Name | None = None
+    deleted: Count = 0
+
+
+class RetiredDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    objects: list[Name]
+    retired_ms: Millis
+    epoch: Annotated[int, msgspec.Meta(ge=0, le=MAX_ID)]
+
+
+class CompactionDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    format: Literal[1]
+    epoch: Annotated[int, msgspec.Meta(ge=0, le=MAX_ID)]
+    horizon: str | None
+    compacted_ledger: Name | None
+    parts: list[PartDoc]
+    retired: list[RetiredDoc]
+    keys: Count = 0
+    tombstones: Count = 0
+    compacted_ms: Millis = 0
+    last_run: dict[str, Any] = {}
+    topic_generation: Count = 0
+
+
+T = TypeVar("T")
+
+
+def _schema_error(where: str, e: msgspec.ValidationError) -> InvalidMetadataError:
+    text = str(e)
+    why, _, at = text.partition(" - at `$")
+    field = at.rstrip("`").lstrip(".")
+    why = why[:1].lower() + why[1:]
+    return InvalidMetadataError(f"{where}: {f'field {field}: ' if field else ''}{why}")
+
+
+def decode_envelope(data: bytes, where: str) -> Envelope:
+    """The document around a value; :class:`InvalidMetadataError` for anything else."""
+    try:
+        return msgspec.json.decode(data, type=Envelope)
+    except msgspec.ValidationError as e:
+        raise _schema_error(where, e) from None
+    except msgspec.DecodeError as e:
+        raise InvalidMetadataError(f"{where}: not a metadata document: {str(e)[:1].lower()}{str(e)[1:]}") from None
+    except RecursionError:
+        raise InvalidMetadataError(f"{where}: not a metadata document: nested too deeply") from None
+
+
+def validate(value: Any, kind: type[T], where: str) -> T:
+    """``value`` (decoded JSON) as a ``kind`` document, type-checked field by field."""
+    try:
+        return msgspec.convert(value, kind, strict=True)
+    except msgspec.ValidationError as e:
+        raise _schema_error(where, e) from None
+    except RecursionError:
+        raise InvalidMetadataError(f"{where}: nested too deeply") from None
+
+
+def _message_id(text: str | None, where: str, field: str) -> MessageId | None:
+    if text is None:
+        return None
+    try:
+        return MessageId.parse(text)
+    except InvalidInputError:
+        raise InvalidMetadataError(f"{where}: field {field}: {text!r} is not a message id LEDGER:ENTRY:BATCH") from None
+
+
+def check_topic(doc: TopicDoc, where: str) -> None:
+    """The ledger list's invariants (see the module's docstring)."""
+    last = doc.removed_through
+    seen: set[str] = set()
+    for i, lg in enumerate(doc.ledgers):
+        field = f"ledgers[{i}]"
+        if lg.id <= last:
+            raise InvalidMetadataError(
+                f"{where}: field {field}.id: ledger ids must rise strictly (and lie above removed_through "
+                f"{doc.removed_through}): {lg.id} follows {last}")
+        last = lg.id
+        if not is_ledger_object(lg.object) or ledger_id_of(lg.object) != lg.id:
+            raise InvalidMetadataError(
+                f"{where}: field {field}.object: {lg.object!r} is not the name of ledger {lg.id} "
+                f"(ledgers/{lg.id:020d}-<nonce>.ledger)")
+        if lg.object in seen:
+            raise InvalidMetadataError(f"{where}: field {field}.object: {lg.object!r} is registered twice")
+        seen.add(lg.object)
+        if lg.records < lg.entries:
+            raise InvalidMetadataError(f"{where}: field {field}.records: fewer records than entries")
+        if lg.first_publish > lg.last_publish:
+            raise InvalidMetadataError(f"{where}: field {field}.first_publish: after last_publish")
+
+
+def check_compaction(doc: CompactionDoc, where: str) -> tuple[MessageId | None, list[tuple[MessageId | None,
+                                                                                             MessageId | None]]]:
+    """The compaction state's invariants; returns the parsed horizon and each part's
+    first and last ids."""
+    horizon = _message_id(doc.horizon, where, "horizon")
+    if doc.compacted_ledger is not None and not is_run_dir(f"compacted/{doc.compacted_ledger}"):
+        raise InvalidMetadataError(f"{where}: field compacted_ledger: {doc.compacted_ledger!r} is not a run name")
+    if horizon is None and doc.parts:
+        raise InvalidMetadataError(f"{where}: field horizon: missing although parts are published")
+    if horizon is not None and doc.epoch == 0:
+        raise InvalidMetadataError(f"{where}: field epoch: 0 although a horizon is published")
+    ids = []
+    published: set[str] = set()
+    previous: MessageId | None = None
+    for i, p in enumerate(doc.parts):
+        field = f"parts[{i}]"
+        first = _message_id(p.first_id, where, f"{field}.first_id")
+        last = _message_id(p.last_id, where, f"{field}.last_id")
+        ids.append((first, last))
+        _check_part(p, i, first, last, horizon, doc.epoch, where)
+        if first is not None and previous is not None and first <= previous:
+            raise InvalidMetadataError(
+                f"{where}: field {field}.first_id: parts must be in id order and disjoint: {first} is not after "
+                f"{previous}")
+        previous = last if last is not None else previous
+        for name in (p.object, p.deletions):
+            if name is not None and name in published:
+                raise InvalidMetadataError(f"{where}: field {field}: {name!r} is published twice")
+            if name is not None:
+                published.add(name)
+    for i, r in enumerate(doc.retired):
+        if r.epoch > doc.epoch:
+            raise InvalidMetadataError(f"{where}: field retired[{i}].epoch: {r.epoch} is after the state's epoch")
+        for j, name in enumerate(r.objects):
+            field = f"retired[{i}].objects[{j}]"
+            if not is_compacted_object(name):
+                raise InvalidMetadataError(
+                    f"{where}: field {field}: {name!r} is not an object a compaction writes (only those are retired)")
+            if name in published:
+                raise InvalidMetadataError(f"{where}: field {field}: {name!r} is retired but still published")
+    return horizon, ids
+
+
+def _check_part(p: PartDoc, i: int, first: MessageId | None, last: MessageId | None, horizon: MessageId | None,
+                epoch: int, where: str) -> None:
+    field = f"parts[{i}]"
+    if not is_compacted_object(p.object) or not p.object.endswith(".ledger"):
+        raise InvalidMetadataError(f"{where}: field {field}.object: {p.object!r} is not a compacted part's name")
+    if p.deletions is not None and (not is_compacted_object(p.deletions) or not p.deletions.endswith(".bin")):
+        raise InvalidMetadataError(f"{where}: field {field}.deletions: {p.deletions!r} is not a deletion vector's name")
+    if p.deleted > p.records or (p.deletions is None) != (p.deleted == 0):
+        raise InvalidMetadataError(f"{where}: field {field}.deleted: {p.deleted} of {p.records} records")
+    if p.records < p.entries or (p.records > 0) != (first is not None and last is not None):
+        raise InvalidMetadataError(f"{where}: field {field}: records, entries and ids disagree")
+    if first is not None and last is not None:
+        if last < first:
+            raise InvalidMetadataError(f"{where}: field {field}.last_id: {last} is before first_id {first}")
+        if horizon is None or last > horizon:
+            raise InvalidMetadataError(f"{where}: field {field}.last_id: {last} is past the horizon {horizon}")
+    if p.ledger_id is not None and p.ledger_id > epoch:
+        raise InvalidMetadataError(f"{where}: field {field}.ledger_id: {p.ledger_id} is after the epoch {epoch}")
