@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import time
+import urllib.parse
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -26,7 +27,8 @@ from compactor.runlog import LOG_FORMATS, event, logging_to
 from compactor.settings import print_config, resolve, source_name, wrap_defaults
 from compactor.spark.options import DEFAULT_SPLIT_BYTES
 from compactor.summary import RunSummary
-from ledger.errors import EXIT_FAILURE, InvalidInputError, ShaleError
+from ledger.errors import EXIT_FAILURE, InvalidInputError, error_line, exit_code_of
+from ledger.storage import mask_uri
 
 if TYPE_CHECKING:
     from compactor.progress import TopicProgress
@@ -106,6 +108,19 @@ def _bytes(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 256MiB)") from None
 
 
+def _gateway(text: str) -> str:
+    """A Pushgateway URL, checked now: one that cannot be parsed is a usage error, not a
+    failed run after the work is done (and its password is never shown)."""
+    try:
+        u = urllib.parse.urlsplit(text.strip())
+        u.port  # noqa: B018  (raises for a port out of range)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{mask_uri(text)!r} is not a URL: {e}") from None
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise argparse.ArgumentTypeError(f"{mask_uri(text)!r} is not an http:// or https:// URL")
+    return text.strip()
+
+
 def _spark_conf(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     key = key.strip()
@@ -170,7 +185,7 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--log-format", choices=LOG_FORMATS, default="text",
                    help="text: errors and warnings as one line each (default); json: one JSON object per event "
                    "on standard error, for log collectors (no progress display)")
-    o.add_argument("--pushgateway", metavar="URL", default=None,
+    o.add_argument("--pushgateway", metavar="URL", default=None, type=_gateway,
                    help="push each topic's run metrics to this Prometheus Pushgateway (e.g. http://pushgateway:9091); "
                    "a failed push is a warning and does not change the exit code")
     o.add_argument("--pushgateway-job", metavar="NAME", default=DEFAULT_JOB,
@@ -308,30 +323,32 @@ def _compact_each(args: argparse.Namespace, config: CompactionConfig, engine: En
 
     def one(item: tuple[str, bool]) -> int:
         uri, overdue = item
+        shown_uri = mask_uri(uri)
         start = time.perf_counter()
         # an overdue topic is compacted whatever its dirty ratio
         cfg = dataclasses.replace(config, min_dirty_ratio=0.0) if overdue else config
-        shown = bar.start(uri) if bar is not None else None
+        shown = bar.start(shown_uri) if bar is not None else None
 
         def progress(phase: str) -> None:
-            event(logging.INFO, "topic.phase", f"{uri}: {phase}", topic=uri, phase=phase)
+            event(logging.INFO, "topic.phase", f"{shown_uri}: {phase}", topic=shown_uri, phase=phase)
             if shown is not None:
                 shown(phase)
 
-        event(logging.INFO, "topic.start", f"{uri}: start", topic=uri, overdue=overdue)
+        event(logging.INFO, "topic.start", f"{shown_uri}: start", topic=shown_uri, overdue=overdue)
         try:
             summary = Compactor(uri, cfg, metadata_uri=args.metadata, progress=progress, engine=engine).run()
-        except ShaleError as e:
-            summary = RunSummary(uri, engine=engine.name, error=str(e), exit_code=e.exit_code)
+        except Exception as e:  # one topic's failure, of any kind, never stops another's run
+            summary = RunSummary(shown_uri, engine=engine.name, error=mask_uri(error_line(e)),
+                                 exit_code=exit_code_of(e))
             summary.durations["total"] = time.perf_counter() - start
             summary.finish("error")
         finally:
             if bar is not None:
-                bar.finish(uri)
+                bar.finish(shown_uri)
         if summary.status == "error":
-            event(logging.ERROR, "topic.error", str(summary.error), topic=uri, exit_code=summary.exit_code)
+            event(logging.ERROR, "topic.error", str(summary.error), topic=shown_uri, exit_code=summary.exit_code)
         else:
-            event(logging.INFO, "topic.done", f"{uri}: {summary.status}", topic=uri, status=summary.status,
+            event(logging.INFO, "topic.done", f"{shown_uri}: {summary.status}", topic=shown_uri, status=summary.status,
                   exit_code=summary.exit_code, summary=summary.to_json())
         with lock:
             line = json.dumps(summary.to_json(), separators=(",", ":")) if args.json else (
@@ -376,8 +393,8 @@ def _push(args: argparse.Namespace, summary: RunSummary) -> None:
                      job=args.pushgateway_job)
     except Exception as e:  # any failure to reach the gateway
         event(logging.WARNING, "metrics.error",
-              f"could not push metrics of {summary.topic} to {mask_secrets(args.pushgateway)}: "
-              f"{type(e).__name__}: {e}", topic=summary.topic)
+              mask_uri(f"could not push metrics of {summary.topic} to {mask_secrets(args.pushgateway)}: "
+                       f"{error_line(e)}"), topic=summary.topic)
     else:
         event(logging.INFO, "metrics.pushed", f"{summary.topic}: metrics pushed", topic=summary.topic)
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ledger.errors import InvalidInputError
+from ledger.storage import mask_uri
 
 __all__ = ["ENV_PREFIX", "NotGiven", "Setting", "env_name", "mask_secrets", "print_config", "resolve",
            "source_name", "wrap_defaults"]
@@ -161,16 +162,14 @@ def mask_secrets(value: str, name: str = "") -> str:
     if sep and "://" not in key and _SECRET_NAME.search(key):
         return f"{key}={_MASK}"
     if "://" in value:
+        value = mask_uri(value)  # a text rewrite: safe on URIs no parser accepts
         try:
             u = urllib.parse.urlsplit(value)
+            query = urllib.parse.urlencode(
+                [(k, _MASK if _SECRET_NAME.search(k) else v) for k, v in urllib.parse.parse_qsl(u.query)], safe="*")
         except ValueError:
             return value
-        netloc = u.netloc
-        if u.password is not None:
-            netloc = f"{u.username}:{_MASK}@{u.hostname}" + (f":{u.port}" if u.port else "")
-        query = urllib.parse.urlencode(
-            [(k, _MASK if _SECRET_NAME.search(k) else v) for k, v in urllib.parse.parse_qsl(u.query)], safe="*")
-        return urllib.parse.urlunsplit((u.scheme, netloc, u.path, query, u.fragment))
+        return urllib.parse.urlunsplit((u.scheme, u.netloc, u.path, query, u.fragment))
     return value
 
 

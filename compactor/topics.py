@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ledger.errors import InvalidURIError, ShaleError
+from ledger.errors import InvalidURIError, error_line
 from ledger.storage import resolve
 from metadata.topic import META_DIR, TOPIC_DOC, TopicMetadata
 
@@ -52,8 +52,8 @@ def assess(uri: str, *, now_ms: int, max_lag_ms: int | None = None, metadata_uri
     try:
         meta = TopicMetadata.open(uri, metadata_uri)
         topic, state = meta.load_topic(), meta.load_compaction()
-    except ShaleError as e:
-        return TopicChoice(uri, 1.0, None, True, str(e))
+    except Exception as e:  # still attempted, and fails clearly on its own (never stops the others)
+        return TopicChoice(uri, 1.0, None, True, error_line(e))
     h = state.horizon
     above = [lg for lg in topic.ledgers if h is None or lg.id > h.ledger]
     dirty = sum(lg.bytes for lg in above)

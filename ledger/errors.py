@@ -7,6 +7,7 @@ which exit code the command line maps it to.
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 __all__ = [
@@ -29,6 +30,8 @@ __all__ = [
     "UnsupportedVersionError",
     "error_detail",
     "error_from_detail",
+    "error_line",
+    "exit_code_of",
 ]
 
 #: Exit codes shared by every command (documented in the README).
@@ -173,3 +176,40 @@ def error_from_detail(detail: dict[str, Any]) -> ShaleError:
         err = ShaleError(message)
     err.exit_code = int(detail.get("exit_code", EXIT_FAILURE))
     return err
+
+
+_OS_REASONS: dict[int, str] = {
+    errno.ENOSPC: "no space left on the device (disk full)",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.EROFS: "read-only file system",
+    errno.EMFILE: "too many open files",
+    errno.ENOMEM: "out of memory",
+}
+
+
+def error_line(e: BaseException) -> str:
+    """One line saying what went wrong, for a person: a Shale error's own message; for
+    anything else the cause in words, with the file it concerns when known, and the
+    Python class only for what nothing here foresaw (a bug to report)."""
+    if isinstance(e, ShaleError):
+        return str(e) or type(e).__name__
+    if isinstance(e, OSError) and e.errno in _OS_REASONS:
+        where = e.filename if isinstance(e.filename, str) else ""
+        return f"{where}: {_OS_REASONS[e.errno]}" if where else _OS_REASONS[e.errno]
+    if isinstance(e, MemoryError):
+        return "out of memory"
+    if isinstance(e, RecursionError):
+        return "input nested too deeply"
+    detail = " ".join(str(e).split())
+    return f"unexpected error: {type(e).__name__}{': ' + detail if detail else ''}"
+
+
+def exit_code_of(e: BaseException) -> int:
+    """The exit code a command ends with for ``e``."""
+    if isinstance(e, ShaleError):
+        return e.exit_code
+    if isinstance(e, PermissionError):
+        return EXIT_USAGE  # how it is run, not the data
+    return EXIT_FAILURE

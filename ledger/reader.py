@@ -243,8 +243,10 @@ class LedgerFile:
                 count = int(rec_start[e + 1]) - r0
                 led, ent = int(ledgers[e]), int(entries[e])
                 where = f"{self.url}: entry {led}:{ent}"
-                records = decode_records(payload, count, where=where, max_record_bytes=max_record_bytes,
-                                         path=self.url, position=int(self.footer.col("e_offset")[e]))
+                # Decoded whole before any record is yielded: an entry whose records do not
+                # match its footer must fail before a reader sees one of them with a wrong id.
+                records = list(decode_records(payload, count, where=where, max_record_bytes=max_record_bytes,
+                                              path=self.url, position=int(self.footer.col("e_offset")[e])))
                 for k, (key, value, props, pt, et) in enumerate(records):
                     r = r0 + k
                     if r < start_record:

@@ -157,7 +157,8 @@ def decode_records(
     except CorruptLedgerError as e:
         raise CorruptLedgerError(str(e), path=path, position=position) from None
     except (ValueError, msgpack.UnpackException, msgpack.ExtraData) as e:
-        raise CorruptLedgerError(f"{where}: undecodable record #{n}: {e}", path=path, position=position) from e
+        why = str(e) or ("ends in the middle of a record" if isinstance(e, msgpack.OutOfData) else "malformed msgpack")
+        raise CorruptLedgerError(f"{where}: undecodable record #{n}: {why}", path=path, position=position) from e
     if n != count:
         raise CorruptLedgerError(f"{where}: entry holds {n} records, footer says {count}",
                                  path=path, position=position)
@@ -177,4 +178,6 @@ def _check_record(
         or (event_time is not None and not isinstance(event_time, int))
     ):
         raise CorruptLedgerError(f"{where}: record fields have the wrong types")
+    if props and not all(isinstance(k, str) and isinstance(v, str) for k, v in props.items()):
+        raise CorruptLedgerError(f"{where}: record properties are not a map of text to text")
     return key, value, props if props is not None else _EMPTY, publish_time, event_time

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import threading
 import urllib.parse
 from abc import ABC, abstractmethod
@@ -29,6 +30,7 @@ __all__ = [
     "ObjectStore",
     "ObjectWriter",
     "clear_backend_cache",
+    "mask_uri",
     "register_backend",
     "resolve",
     "validate_key_part",
@@ -200,6 +202,22 @@ class ObjectStore(ABC):
 # --------------------------------------------------------------------------- URIs
 
 _CONTROL: Final = {chr(c) for c in range(32)} | {"\x7f"}
+# the user-info part of every URI in a text: scheme://USER[:PASSWORD]@
+_USERINFO: Final = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^/@\s:]*)(?::[^/@\s]*)?@")
+_MASK: Final = "***"
+
+
+def mask_uri(text: str) -> str:
+    """``text`` with the credentials of every URI in it hidden (``s3://KEY:SECRET@b/t``
+    becomes ``s3://***@b/t``, ``http://user:pw@host`` becomes ``http://user:***@host``).
+    A pure text rewrite, so it cannot fail on a URI no parser accepts."""
+    def hide(m: re.Match[str]) -> str:
+        has_password = m.group(0).count(":") > m.group("head").count(":")
+        user = m.group("user")
+        if has_password and user and not user.isupper():
+            return f"{m.group('head')}{user}:{_MASK}@"
+        return f"{m.group('head')}{_MASK}@"  # a lone token, or an access key id, is a secret too
+    return _USERINFO.sub(hide, text)
 
 
 def validate_key_part(part: str, what: str) -> str:
@@ -288,7 +306,7 @@ def resolve(uri: str) -> Location:
     if not isinstance(uri, str) or not uri.strip():
         raise InvalidURIError("empty URI")
     if any(c in _CONTROL for c in uri):
-        raise InvalidURIError(f"URI {uri!r} contains control characters")
+        raise InvalidURIError(f"URI {mask_uri(uri)!r} contains control characters")
     parts = urllib.parse.urlsplit(uri)
     scheme = parts.scheme.lower()
     if scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt"):
@@ -300,8 +318,11 @@ def resolve(uri: str) -> Location:
         # resolved once, here.  Below it the local store follows no link at all.
         abspath = os.path.realpath(os.path.expanduser(path))
         return Location(_store_for("file", ""), abspath.strip("/"), abspath)
+    if "@" in parts.netloc:
+        raise InvalidURIError(f"URI {mask_uri(uri)} carries credentials: Shale takes them only from the "
+                              "environment (AWS_ACCESS_KEY_ID, AWS_PROFILE, a web identity, an instance role)")
     if parts.query or parts.fragment:
-        raise InvalidURIError(f"URI {uri!r} must not have a query or fragment")
+        raise InvalidURIError(f"URI {mask_uri(uri)!r} must not have a query or fragment")
     if not parts.netloc:
         raise InvalidURIError(f"URI {uri!r} names no bucket or host")
     _check_segments(parts.path, uri)

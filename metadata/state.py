@@ -10,7 +10,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ledger.ids import MessageId
-from metadata.schema import CompactionDoc, LedgerDoc, PartDoc, RetiredDoc, TopicDoc, check_compaction, check_topic, validate
+from metadata.schema import (
+    CompactionDoc,
+    LedgerDoc,
+    PartDoc,
+    RetiredDoc,
+    TopicDoc,
+    check_compaction,
+    check_topic,
+    validate,
+)
 
 __all__ = ["CompactedPart", "CompactionState", "LedgerInfo", "RetiredSet", "TopicState"]
 

@@ -19,7 +19,8 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO, NoReturn, TextIO
 
-from ledger.errors import EXIT_FAILURE, EXIT_USAGE, InvalidInputError, ShaleError
+from ledger.errors import EXIT_USAGE, InvalidInputError, error_line, exit_code_of
+from ledger.storage import mask_uri
 
 __all__ = ["main", "run_command"]
 
@@ -202,19 +203,17 @@ def run_command(argv: Sequence[str] | None, parser: argparse.ArgumentParser,
     try:
         code: int = args.func(args, out)
         return code
-    except ShaleError as e:
-        err.write(f"{parser.prog}: error: {e}\n")
-        return e.exit_code
     except KeyboardInterrupt:
         err.write(f"{parser.prog}: interrupted\n")
         return 130
     except BrokenPipeError:
         return 0
     except Exception as e:
-        err.write(f"{parser.prog}: unexpected error: {type(e).__name__}: {e}\n")
+        # one line, credentials masked, whatever the error
+        err.write(f"{parser.prog}: error: {mask_uri(error_line(e))}\n")
         if os.environ.get("SHALE_DEBUG"):
             traceback.print_exc(file=err)
-        return EXIT_FAILURE
+        return exit_code_of(e)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
