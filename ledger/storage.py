@@ -204,7 +204,7 @@ class ObjectStore(ABC):
 _CONTROL: Final = {chr(c) for c in range(32)} | {"\x7f"}
 # the user-info part of every URI in a text: scheme://USER[:PASSWORD]@
 _USERINFO: Final = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^/@\s:]*)(?::[^/@\s]*)?@")
-_MASK: Final = "***"
+_MASK: Final = "****"
 
 
 def mask_uri(text: str) -> str:
