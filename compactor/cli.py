@@ -405,7 +405,7 @@ def _run_gc(args: argparse.Namespace, out: TextIO) -> int:
 
     meta = TopicMetadata.open(args.topic, args.metadata)
     meta.load_topic()  # a missing topic is an error, not an empty collection
-    report = collect_garbage(meta, now_ms=int(time.time() * 1000), grace_ms=args.grace,
+    report = collect_garbage(meta, grace_ms=args.grace,  # ages by the store's clock
                              orphan_grace_ms=args.orphan_grace, dry_run=args.dry_run)
     out.write(json.dumps(report.to_json(), separators=(",", ":")) + "\n")
     return 0
