@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from ledger.errors import InvalidURIError, error_line
 from ledger.storage import resolve
-from metadata.topic import META_DIR, TOPIC_DOC, TopicMetadata
+from metadata.layout import META_DIR
+from metadata.topic import TOPIC_DOC, TopicMetadata
 
 __all__ = ["TopicChoice", "assess", "choose", "discover_topics"]
 

@@ -14,7 +14,9 @@ with what the parts hold, after their deletion vectors:
 Keys whose compacted record comes from a ledger retention has since removed cannot be
 recomputed; they are counted as unverifiable, not as errors, unless an existing ledger
 holds a newer record of the key (then they are stale).  Every frame of every compacted
-part is read and its checksum verified too.
+part is read and its checksum verified too, and every record in it is checked to be one
+well-formed record exactly where the part's footer puts it, with the flags the footer
+gives it (exit 4 otherwise): what readers will decode.
 """
 
 from __future__ import annotations
@@ -118,9 +120,12 @@ def verify_topic(meta: TopicMetadata) -> VerifyReport:
     for p in state.parts:
         f = LedgerFile.open(loc.store, loc.key(p.object), ledger_id=state.part_ledger_id(p), kind=KIND_COMPACTED)
         gone = read_deletions(loc.store, loc.key(p.deletions), f.n_records) if p.deletions else None
+        starts = f.footer.e_rec_start
         for c0, c1 in f.chunks(0, f.n_entries):
             base, buf = f.read_frames(c0, c1)
             f.check_frames(buf, base, c0, c1)
+            # the records themselves, as readers will decode them
+            f.check_records(buf, base, np.arange(starts[c0], starts[c1], dtype=np.int64))
             report.frames_checked += c1 - c0
         published.add(f, 0, f.n_records, None if gone is None else ~gone)
     existing = set()

@@ -615,6 +615,298 @@ done:
 }
 
 /* ------------------------------------------------------------------------------------ */
+/* Record validation                                                                     */
+/*
+ * Pass two copies records by the offsets and sizes the footer claims, without decoding
+ * them.  A footer can move a boundary between two records (one size down a byte, the
+ * next up a byte) and still tile its entry, so each record copied is checked to be
+ * exactly one well-formed record,
+ *     [key: bin | nil, value: bin | nil, properties: map<str, str> | nil,
+ *      publish_time: int64, event_time: int64 | nil],
+ * filling its claimed size, with the footer's flags for it true.  A straight-line parser
+ * that reads only the type bytes and lengths (and a property's text, to check its
+ * UTF-8); every read is checked against the record's end.
+ */
+
+/* msgpack type bytes (github.com/msgpack/msgpack/blob/master/spec.md) */
+#define MP_POSFIXINT_MAX 0x7f
+#define MP_FIXMAP 0x80 /* 0x80-0x8f: the low four bits are the pair count */
+#define MP_FIXMAP_MASK 0xf0
+#define MP_FIXMAP_COUNT 0x0f
+#define MP_FIXARRAY 0x90 /* 0x90-0x9f: the low four bits are the element count */
+#define MP_FIXSTR 0xa0   /* 0xa0-0xbf: the low five bits are the length */
+#define MP_FIXSTR_MASK 0xe0
+#define MP_FIXSTR_LEN 0x1f
+#define MP_NIL 0xc0
+#define MP_BIN8 0xc4 /* bin8, bin16, bin32: a 1-, 2- or 4-byte length follows */
+#define MP_BIN32 0xc6
+#define MP_UINT8 0xcc /* uint8..uint64, then int8..int64: 1, 2, 4, 8 bytes follow */
+#define MP_UINT64 0xcf
+#define MP_INT64 0xd3
+#define MP_INT_WIDTH_BITS 0x03 /* the low two bits of those give the width's log2 */
+#define MP_STR8 0xd9           /* str8, str16, str32 */
+#define MP_STR32 0xdb
+#define MP_ARRAY16 0xdc
+#define MP_ARRAY32 0xdd
+#define MP_MAP16 0xde
+#define MP_MAP32 0xdf
+#define MP_WIDTH16 2 /* bytes of the count after array16 and map16 */
+#define MP_WIDTH32 4
+#define MP_NEGFIXINT_MIN 0xe0
+#define MP_SIGN_BIT 0x80 /* of a uint64's first byte: too large for an int64 */
+
+#define RECORD_FIELDS 5
+#define RECORD_HAS_KEY 0x01
+#define RECORD_TOMBSTONE 0x02
+
+/* Well-formed UTF-8 (The Unicode Standard, table 3-7), as Python's strict decoder takes
+ * it: for each range of lead bytes the sequence's length and the range of its second
+ * byte (which rules out overlong forms, surrogates and code points past U+10FFFF); every
+ * later byte is a plain continuation byte.  Bytes below 0x80 stand alone. */
+#define UTF8_ASCII_END 0x80
+#define UTF8_CONT_MASK 0xc0
+#define UTF8_CONT 0x80
+#define ASCII_WORD_HIGH_BITS 0x8080808080808080ull
+static const struct {
+    uint8_t lead_lo, lead_hi, len, second_lo, second_hi;
+} utf8_rows[] = {
+    {0xc2, 0xdf, 2, 0x80, 0xbf}, {0xe0, 0xe0, 3, 0xa0, 0xbf}, {0xe1, 0xec, 3, 0x80, 0xbf},
+    {0xed, 0xed, 3, 0x80, 0x9f}, {0xee, 0xef, 3, 0x80, 0xbf}, {0xf0, 0xf0, 4, 0x90, 0xbf},
+    {0xf1, 0xf3, 4, 0x80, 0xbf}, {0xf4, 0xf4, 4, 0x80, 0x8f},
+};
+
+/* The length of the well-formed multi-byte sequence at s (left bytes available), or 0. */
+static size_t utf8_sequence(const uint8_t *s, size_t left) {
+    for (size_t r = 0; r < sizeof(utf8_rows) / sizeof(utf8_rows[0]); r++) {
+        if (s[0] < utf8_rows[r].lead_lo || s[0] > utf8_rows[r].lead_hi) continue;
+        size_t n = utf8_rows[r].len;
+        if (left < n || s[1] < utf8_rows[r].second_lo || s[1] > utf8_rows[r].second_hi) return 0;
+        for (size_t k = 2; k < n; k++)
+            if ((s[k] & UTF8_CONT_MASK) != UTF8_CONT) return 0;
+        return n;
+    }
+    return 0;
+}
+
+static int utf8_valid(const uint8_t *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        uint64_t w;
+        if (n - i >= sizeof(w) && (memcpy(&w, s + i, sizeof(w)), !(w & ASCII_WORD_HIGH_BITS))) {
+            i += sizeof(w); /* eight ASCII bytes at once: property text is mostly ASCII */
+        } else if (s[i] < UTF8_ASCII_END) {
+            i++;
+        } else {
+            size_t len = utf8_sequence(s + i, n - i);
+            if (!len) return 0;
+            i += len;
+        }
+    }
+    return 1;
+}
+
+/* A big-endian unsigned integer of width 1, 2, 4 or 8 bytes. */
+static inline uint64_t load_be(const uint8_t *p, unsigned width) {
+    uint16_t h;
+    uint32_t w;
+    uint64_t d;
+    switch (width) {
+    case 1:
+        return p[0];
+    case 2:
+        memcpy(&h, p, 2);
+        return __builtin_bswap16(h);
+    case 4:
+        memcpy(&w, p, 4);
+        return __builtin_bswap32(w);
+    default:
+        memcpy(&d, p, 8);
+        return __builtin_bswap64(d);
+    }
+}
+
+/* The length that follows a type byte (width bytes), at *p, moved past it; 0 when it
+ * does not fit before end. */
+static inline int read_length(const uint8_t **p, const uint8_t *end, unsigned width, uint64_t *len) {
+    if ((size_t)(end - *p) < width) return 0;
+    *len = load_be(*p, width);
+    *p += width;
+    return 1;
+}
+
+/* The parsers below each take the element at p and return the position after it, or
+ * NULL when it is not of the kind wanted or does not end by end. */
+
+static inline const uint8_t *skip_record_head(const uint8_t *p, const uint8_t *end) {
+    if (p >= end) return NULL;
+    uint8_t t = *p++;
+    uint64_t n;
+    if (t == MP_FIXARRAY + RECORD_FIELDS) return p;
+    if (t != MP_ARRAY16 && t != MP_ARRAY32) return NULL;
+    if (!read_length(&p, end, t == MP_ARRAY16 ? MP_WIDTH16 : MP_WIDTH32, &n) || n != RECORD_FIELDS) return NULL;
+    return p;
+}
+
+/* nil or bin; *len is its length, -1 for nil */
+static inline const uint8_t *skip_bin(const uint8_t *p, const uint8_t *end, int64_t *len) {
+    if (p >= end) return NULL;
+    uint8_t t = *p++;
+    uint64_t n;
+    if (t == MP_NIL) {
+        *len = -1;
+        return p;
+    }
+    if (t == MP_BIN8 && p < end) /* keys and most values: a one-byte length */
+        n = *p++;
+    else if (t < MP_BIN8 || t > MP_BIN32 || !read_length(&p, end, 1u << (t - MP_BIN8), &n))
+        return NULL;
+    if ((uint64_t)(end - p) < n) return NULL;
+    *len = (int64_t)n;
+    return p + n;
+}
+
+static const uint8_t *skip_str(const uint8_t *p, const uint8_t *end) {
+    if (p >= end) return NULL;
+    uint8_t t = *p++;
+    uint64_t n;
+    if ((t & MP_FIXSTR_MASK) == MP_FIXSTR)
+        n = t & MP_FIXSTR_LEN;
+    else if (t < MP_STR8 || t > MP_STR32 || !read_length(&p, end, 1u << (t - MP_STR8), &n))
+        return NULL;
+    if ((uint64_t)(end - p) < n || !utf8_valid(p, (size_t)n)) return NULL;
+    return p + n;
+}
+
+/* nil or a map of str to str */
+static inline const uint8_t *skip_properties(const uint8_t *p, const uint8_t *end) {
+    if (p >= end) return NULL;
+    uint8_t t = *p++;
+    uint64_t pairs;
+    if (t == MP_NIL) return p;
+    if ((t & MP_FIXMAP_MASK) == MP_FIXMAP)
+        pairs = t & MP_FIXMAP_COUNT;
+    else if ((t != MP_MAP16 && t != MP_MAP32) || !read_length(&p, end, t == MP_MAP16 ? MP_WIDTH16 : MP_WIDTH32, &pairs))
+        return NULL;
+    /* a crafted count ends the loop at the record's end: each string takes a byte */
+    for (; pairs && p; pairs--)
+        if ((p = skip_str(p, end))) p = skip_str(p, end);
+    return p;
+}
+
+/* an integer that fits an int64 */
+static inline const uint8_t *skip_int(const uint8_t *p, const uint8_t *end) {
+    if (p >= end) return NULL;
+    uint8_t t = *p++;
+    if (t <= MP_POSFIXINT_MAX || t >= MP_NEGFIXINT_MIN) return p;
+    if (t < MP_UINT8 || t > MP_INT64) return NULL;
+    size_t width = (size_t)1 << (t & MP_INT_WIDTH_BITS);
+    if ((size_t)(end - p) < width || (t == MP_UINT64 && (p[0] & MP_SIGN_BIT))) return NULL;
+    return p + width;
+}
+
+/* Whether [p, end) is exactly one record and flags are its flags. */
+static inline int record_ok(const uint8_t *p, const uint8_t *end, uint8_t flags) {
+    int64_t key_len = -1, value_len = -1;
+    if (!(p = skip_record_head(p, end)) || !(p = skip_bin(p, end, &key_len)) ||
+        !(p = skip_bin(p, end, &value_len)) || !(p = skip_properties(p, end)) || !(p = skip_int(p, end)))
+        return 0;
+    if (p < end && *p == MP_NIL)
+        p++;
+    else if (!(p = skip_int(p, end)))
+        return 0;
+    uint8_t want = key_len < 0 ? 0 : value_len <= 0 ? RECORD_HAS_KEY | RECORD_TOMBSTONE : RECORD_HAS_KEY;
+    return p == end && flags == want;
+}
+
+PyDoc_STRVAR(check_records_doc,
+             "check_records(data, starts, sizes, flags) -> int\n\n"
+             "Check that data[starts[i]:starts[i] + sizes[i]] (int64 buffers) is exactly one record,\n"
+             "[key: bin | nil, value: bin | nil, properties: map<str, str> | nil, publish_time: int64,\n"
+             "event_time: int64 | nil], and that flags[i] (uint8) is its footer flags: bit 0 when it\n"
+             "has a key, bit 1 when it has a key and its value is nil or empty, no other bit.\n"
+             "Returns the index of the first record that is not, or -1.");
+
+/* What check_records works on.  starts and sizes are the caller's buffers, not copies
+ * (copying two 16 MB columns into fresh memory costs more than checking the records):
+ * like tiling_error, each value is read once into a local, checked, and then used. */
+typedef struct {
+    const uint8_t *base;
+    Py_ssize_t len;
+    const uint64_t *starts, *sizes; /* int64 values, at any alignment */
+    const uint8_t *flags;
+    Py_ssize_t n;
+} record_job_t;
+
+static inline int range_inside(int64_t s, int64_t z, Py_ssize_t len) { return s >= 0 && z >= 0 && s <= len - z; }
+
+/* The first record whose range leaves the buffer (its start and size in *s and *z), or -1. */
+static Py_ssize_t first_outside(const record_job_t *j, int64_t *s, int64_t *z) {
+    for (Py_ssize_t i = 0; i < j->n; i++) {
+        *s = (int64_t)ld64(j->starts + i), *z = (int64_t)ld64(j->sizes + i);
+        if (!range_inside(*s, *z, j->len)) return i;
+    }
+    return -1;
+}
+
+#define RECORDS_CHANGED (-2)
+
+/* The first record that is not exactly one record with its flags, or -1; RECORDS_CHANGED
+ * when a range that first_outside passed has left the buffer since (another thread
+ * writing to starts or sizes). */
+static Py_ssize_t first_bad_record(const record_job_t *j) {
+    for (Py_ssize_t i = 0; i < j->n; i++) {
+        int64_t s = (int64_t)ld64(j->starts + i), z = (int64_t)ld64(j->sizes + i);
+        if (!range_inside(s, z, j->len)) return RECORDS_CHANGED;
+        if (!record_ok(j->base + s, j->base + s + z, j->flags[i])) return i;
+    }
+    return -1;
+}
+
+/* The job for check_records' buffers, or -1 with an exception set. */
+static int get_record_job(Py_buffer v[4], record_job_t *j) {
+    if (!is_int64(&v[1], 1) || !is_int64(&v[2], 1) || !is_byte(&v[3])) {
+        PyErr_SetString(PyExc_ValueError, "starts and sizes must be buffers of signed 64-bit integers, flags of bytes");
+        return -1;
+    }
+    j->n = v[1].len / 8;
+    if (v[2].len / 8 != j->n || v[3].len != j->n) {
+        PyErr_SetString(PyExc_ValueError, "starts, sizes and flags must have one length");
+        return -1;
+    }
+    j->base = v[0].buf, j->len = v[0].len;
+    j->starts = v[1].buf, j->sizes = v[2].buf, j->flags = v[3].buf;
+    return 0;
+}
+
+static PyObject *py_check_records(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *objs[4];
+    if (!PyArg_ParseTuple(args, "OOOO", &objs[0], &objs[1], &objs[2], &objs[3])) return NULL;
+    Py_buffer v[4];
+    int got = 0;
+    PyObject *result = NULL;
+    record_job_t j;
+    for (; got < 4; got++)
+        if (PyObject_GetBuffer(objs[got], &v[got], PyBUF_C_CONTIGUOUS | (got ? PyBUF_FORMAT : 0)) < 0) goto done;
+    if (get_record_job(v, &j) < 0) goto done;
+    Py_ssize_t outside, bad = -1;
+    int64_t s = 0, z = 0;
+    Py_BEGIN_ALLOW_THREADS
+    outside = first_outside(&j, &s, &z);
+    if (outside < 0) bad = first_bad_record(&j);
+    Py_END_ALLOW_THREADS
+    if (outside >= 0)
+        PyErr_Format(PyExc_ValueError, "record %zd (%lld bytes at %lld) lies outside the buffer of %zd bytes", outside,
+                     (long long)z, (long long)s, j.len);
+    else if (bad == RECORDS_CHANGED)
+        PyErr_SetString(PyExc_RuntimeError, "starts or sizes changed while the records were checked");
+    else
+        result = PyLong_FromSsize_t(bad);
+done:
+    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------ */
 /* The latest record of every key                                                        */
 /*
  * An open-addressing table whose home slot is the top bits of the high hash, probed
@@ -1338,6 +1630,7 @@ static PyMethodDef methods[] = {
     {"crc32c", py_crc32c, METH_VARARGS, crc32c_doc},
     {"crc32c_ranges", py_crc32c_ranges, METH_VARARGS, crc32c_ranges_doc},
     {"check_frames", py_check_frames, METH_VARARGS, check_frames_doc},
+    {"check_records", py_check_records, METH_VARARGS, check_records_doc},
     {"gather_ranges", py_gather_ranges, METH_VARARGS, gather_ranges_doc},
     {"tiling_error", py_tiling_error, METH_VARARGS, tiling_error_doc},
     {"copy_plan", py_copy_plan, METH_VARARGS, copy_plan_doc},

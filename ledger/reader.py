@@ -20,7 +20,7 @@ from ledger.format import (
     decode_trailer,
 )
 from ledger.ids import MessageId
-from ledger.kernels import check_frames
+from ledger.kernels import check_frames, check_records, record_problem
 from ledger.record import DEFAULT_MAX_RECORD_BYTES, Message, decode_records
 from ledger.storage import ObjectStore
 
@@ -208,6 +208,34 @@ class LedgerFile:
             self.frame_payload(buf, base, first + bad)  # raises, naming the entry and what is wrong
             raise CorruptLedgerError(f"{self.url}: entry {self._entry_name(first + bad)}: bad frame",
                                      path=self.url, position=int(offs[bad]) + base)
+
+    def check_records(self, buf: bytes | memoryview, base: int, records: npt.NDArray[np.int64],
+                      entries: npt.NDArray[np.int64] | None = None) -> None:
+        """Check that each of ``records`` (indexes into this ledger, whose frames lie in
+        ``buf`` read from ``base`` and are checked already) is exactly one well-formed
+        record at the offset and of the size its footer gives, with the flags its footer
+        gives.  ``entries``, when known, is the entry of each record.
+
+        A footer may tile its entries exactly and still lie about where one record ends
+        and the next begins; whoever copies records by the footer (compaction) must
+        check this, or it would publish records nobody can read."""
+        if not len(records):
+            return
+        foot = self.footer
+        if entries is None:
+            entries = np.searchsorted(foot.e_rec_start, records, side="right") - 1
+        starts = (foot.col("e_offset")[entries].astype(np.int64) - base + FRAME_HEADER.size
+                  + foot.col("r_offset")[records].astype(np.int64))
+        sizes = foot.col("r_size")[records].astype(np.int64)
+        flags = foot.col("r_flags")[records]
+        bad = check_records(buf, starts, sizes, flags)
+        if bad < 0:
+            return
+        r, e, at, size = int(records[bad]), int(entries[bad]), int(starts[bad]), int(sizes[bad])
+        why = record_problem(memoryview(buf)[at:at + size], int(flags[bad])) or "malformed"
+        raise CorruptLedgerError(
+            f"{self.url}: entry {self._entry_name(e)}, record {self._batch_of(r, e)} at byte {base + at} "
+            f"({size} bytes by the footer): {why}", path=self.url, position=base + at)
 
     def _entry_name(self, entry: int) -> str:
         return f"{int(self.entry_ledgers[entry])}:{int(self.entry_ids[entry])}"

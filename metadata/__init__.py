@@ -2,8 +2,9 @@
 ledger list and compaction state kept in them."""
 
 from metadata.documents import DocumentStore, Versioned
+from metadata.layout import META_DIR
 from metadata.state import CompactedPart, CompactionState, LedgerInfo, RetiredSet, TopicState
-from metadata.topic import COMPACTION_DOC, META_DIR, TOPIC_DOC, TopicMetadata, topic_locations
+from metadata.topic import COMPACTION_DOC, TOPIC_DOC, TopicMetadata, topic_locations
 
 __all__ = [
     "COMPACTION_DOC",

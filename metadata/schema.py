@@ -28,7 +28,7 @@ from ledger.ids import MessageId
 from metadata.layout import is_compacted_object, is_ledger_object, is_run_dir, ledger_id_of
 
 __all__ = ["CompactionDoc", "Envelope", "LedgerDoc", "PartDoc", "RetiredDoc", "TopicDoc", "check_compaction",
-           "check_topic", "decode_envelope", "validate"]
+           "check_topic", "decode_envelope", "message_id", "validate"]
 
 #: Ledger ids and epochs stay far below 2**63, so every reader (JSON tools included) and
 #: every ``+ 1`` holds them exactly.
@@ -136,7 +136,8 @@ def validate(value: Any, kind: type[T], where: str) -> T:
         raise InvalidMetadataError(f"{where}: nested too deeply") from None
 
 
-def _message_id(text: str | None, where: str, field: str) -> MessageId | None:
+def message_id(text: str | None, where: str, field: str) -> MessageId | None:
+    """The message id ``text`` in field ``field`` of ``where`` (``None`` stays ``None``)."""
     if text is None:
         return None
     try:
@@ -173,7 +174,7 @@ def check_compaction(doc: CompactionDoc, where: str) -> tuple[MessageId | None, 
                                                                                              MessageId | None]]]:
     """The compaction state's invariants; returns the parsed horizon and each part's
     first and last ids."""
-    horizon = _message_id(doc.horizon, where, "horizon")
+    horizon = message_id(doc.horizon, where, "horizon")
     if doc.compacted_ledger is not None and not is_run_dir(f"compacted/{doc.compacted_ledger}"):
         raise InvalidMetadataError(f"{where}: field compacted_ledger: {doc.compacted_ledger!r} is not a run name")
     if horizon is None and doc.parts:
@@ -185,8 +186,8 @@ def check_compaction(doc: CompactionDoc, where: str) -> tuple[MessageId | None, 
     previous: MessageId | None = None
     for i, p in enumerate(doc.parts):
         field = f"parts[{i}]"
-        first = _message_id(p.first_id, where, f"{field}.first_id")
-        last = _message_id(p.last_id, where, f"{field}.last_id")
+        first = message_id(p.first_id, where, f"{field}.first_id")
+        last = message_id(p.last_id, where, f"{field}.last_id")
         ids.append((first, last))
         _check_part(p, i, first, last, horizon, doc.epoch, where)
         if first is not None and previous is not None and first <= previous:

@@ -18,6 +18,7 @@ from metadata.schema import (
     TopicDoc,
     check_compaction,
     check_topic,
+    message_id,
     validate,
 )
 
@@ -140,6 +141,12 @@ class CompactedPart:
             d["deletions"] = self.deletions
             d["deleted"] = self.deleted
         return d
+
+    @classmethod
+    def from_json(cls, d: Any, where: str = "compacted part") -> CompactedPart:
+        """One part as :meth:`to_json` wrote it, checked against the part schema."""
+        doc = validate(d, PartDoc, where)
+        return cls.from_doc(doc, message_id(doc.first_id, where, "first_id"), message_id(doc.last_id, where, "last_id"))
 
     @classmethod
     def from_doc(cls, d: PartDoc, first: MessageId | None, last: MessageId | None) -> CompactedPart:
