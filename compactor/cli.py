@@ -323,7 +323,7 @@ def _compact_each(args: argparse.Namespace, config: CompactionConfig, engine: En
 
     def one(item: tuple[str, bool]) -> int:
         uri, overdue = item
-        shown_uri = mask_uri(uri)
+        shown_uri = _shown(uri)
         start = time.perf_counter()
         # an overdue topic is compacted whatever its dirty ratio
         cfg = dataclasses.replace(config, min_dirty_ratio=0.0) if overdue else config
@@ -377,6 +377,17 @@ def _compact_each(args: argparse.Namespace, config: CompactionConfig, engine: En
     return worst
 
 
+def _shown(uri: str) -> str:
+    """A topic as summaries name it: its canonical URI, as a run names it, or the URI as
+    given (credentials masked) when it does not resolve."""
+    from ledger.storage import resolve
+
+    try:
+        return resolve(uri).uri
+    except Exception:
+        return mask_uri(uri)
+
+
 def _push(args: argparse.Namespace, summary: RunSummary) -> None:
     """Push the topic's metrics; a failure is a warning, never a different exit code (the
     run's outcome stands, and the missing push shows as a stale push_time_seconds)."""
@@ -394,7 +405,7 @@ def _push(args: argparse.Namespace, summary: RunSummary) -> None:
     except Exception as e:  # any failure to reach the gateway
         event(logging.WARNING, "metrics.error",
               mask_uri(f"could not push metrics of {summary.topic} to {mask_secrets(args.pushgateway)}: "
-                       f"{error_line(e)}"), topic=summary.topic)
+                       f"{getattr(e, 'reason', None) or error_line(e)}"), topic=summary.topic)
     else:
         event(logging.INFO, "metrics.pushed", f"{summary.topic}: metrics pushed", topic=summary.topic)
 

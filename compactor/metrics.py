@@ -17,7 +17,7 @@ Gauges (all per topic): ``shale_compaction_last_run_timestamp_seconds``,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from compactor.settings import mask_secrets
 from compactor.summary import STATUSES, RunSummary
@@ -72,15 +72,27 @@ def build_registry(summary: RunSummary, *, now_s: float, dirty_ratio_after: floa
 def push_summary(url: str, summary: RunSummary, *, now_s: float, dirty_ratio_after: float | None,
                  job: str = DEFAULT_JOB, timeout_s: float = 10.0, attempts: int = 3) -> None:
     """Push one topic's gauges to the Pushgateway at ``url`` (a few tries; raises the last
-    error)."""
+    error).  ``user:password@`` in the URL is sent as HTTP basic authentication."""
+    import urllib.parse
+
     from prometheus_client import pushadd_to_gateway
+    from prometheus_client.exposition import basic_auth_handler, default_handler
     from tenacity import retry, stop_after_attempt, wait_exponential
 
     reg = build_registry(summary, now_s=now_s, dirty_ratio_after=dirty_ratio_after)
     grouping = {"topic": mask_secrets(summary.topic)}
+    u = urllib.parse.urlsplit(url)
+    handler = default_handler
+    if u.username is not None:
+        user, password = urllib.parse.unquote(u.username), urllib.parse.unquote(u.password or "")
+        url = urllib.parse.urlunsplit((u.scheme, u.netloc.rpartition("@")[2], u.path, u.query, u.fragment))
+
+        def handler(url: str, method: str, timeout: float | None, headers: list[tuple[str, str]],
+                    data: bytes) -> Any:
+            return basic_auth_handler(url, method, timeout, headers, data, user, password)
 
     @retry(stop=stop_after_attempt(attempts), wait=wait_exponential(multiplier=0.5, max=4), reraise=True)
     def push() -> None:
-        pushadd_to_gateway(url, job=job, registry=reg, grouping_key=grouping, timeout=timeout_s)
+        pushadd_to_gateway(url, job=job, registry=reg, grouping_key=grouping, timeout=timeout_s, handler=handler)
 
     push()

@@ -202,22 +202,35 @@ class ObjectStore(ABC):
 # --------------------------------------------------------------------------- URIs
 
 _CONTROL: Final = {chr(c) for c in range(32)} | {"\x7f"}
-# the user-info part of every URI in a text: scheme://USER[:PASSWORD]@
-_USERINFO: Final = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^/@\s:]*)(?::[^/@\s]*)?@")
+# every URI in a text, up to the next white space or quote
+_URI_TOKEN: Final = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<rest>[^\s'\"]+)")
 _MASK: Final = "****"
+
+
+def _userinfo(rest: str) -> str:
+    """The credentials at the start of a URI's authority ("" when it has none): up to the
+    last ``@``, which parsers split at; secrets may hold ``/``, ``:`` and ``@``."""
+    at = rest.rfind("@")
+    if at < 0:
+        return ""
+    info = rest[:at]
+    return info if ":" in info or "/" not in info else ""
 
 
 def mask_uri(text: str) -> str:
     """``text`` with the credentials of every URI in it hidden (``s3://KEY:SECRET@b/t``
-    becomes ``s3://***@b/t``, ``http://user:pw@host`` becomes ``http://user:***@host``).
+    becomes ``s3://****@b/t``, ``http://user:pw@host`` becomes ``http://user:****@host``).
     A pure text rewrite, so it cannot fail on a URI no parser accepts."""
     def hide(m: re.Match[str]) -> str:
-        has_password = m.group(0).count(":") > m.group("head").count(":")
-        user = m.group("user")
-        if has_password and user and not user.isupper():
-            return f"{m.group('head')}{user}:{_MASK}@"
-        return f"{m.group('head')}{_MASK}@"  # a lone token, or an access key id, is a secret too
-    return _USERINFO.sub(hide, text)
+        head, rest = m.group("head"), m.group("rest")
+        info = _userinfo(rest)
+        if not info:
+            return m.group(0)
+        user, sep, _ = info.partition(":")
+        # a lone token, or an access key id (upper case), is a secret too
+        shown = f"{user}:{_MASK}" if sep and user and "/" not in user and not user.isupper() else _MASK
+        return f"{head}{shown}@{rest[len(info) + 1:]}"
+    return _URI_TOKEN.sub(hide, text)
 
 
 def validate_key_part(part: str, what: str) -> str:
@@ -318,7 +331,7 @@ def resolve(uri: str) -> Location:
         # resolved once, here.  Below it the local store follows no link at all.
         abspath = os.path.realpath(os.path.expanduser(path))
         return Location(_store_for("file", ""), abspath.strip("/"), abspath)
-    if "@" in parts.netloc:
+    if "@" in parts.netloc or _userinfo(uri.split("://", 1)[1]):
         raise InvalidURIError(f"URI {mask_uri(uri)} carries credentials: Shale takes them only from the "
                               "environment (AWS_ACCESS_KEY_ID, AWS_PROFILE, a web identity, an instance role)")
     if parts.query or parts.fragment:

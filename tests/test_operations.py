@@ -171,10 +171,12 @@ def test_progress_shows_on_a_terminal_only(tmp_path: Path) -> None:
 
 class _Gateway(BaseHTTPRequestHandler):
     received: list[tuple[str, str, str]]
+    authorization: list[str] = []
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
         self.received.append((self.command, self.path, body))
+        self.authorization.append(self.headers.get("Authorization", ""))
         self.send_response(200)
         self.end_headers()
 
@@ -208,6 +210,20 @@ def _group(path: str) -> str:
     parts = path.split("/")
     assert parts[1:4] == ["metrics", "job", "shale_compact"] and parts[4] == "topic@base64"
     return base64.urlsafe_b64decode(parts[5] + "=" * (-len(parts[5]) % 4)).decode()
+
+
+def test_pushgateway_credentials_in_the_url_are_basic_auth(tmp_path: Path,
+                                                          gateway: tuple[str, list[tuple[str, str, str]]]) -> None:
+    """``http://user:password@host`` authenticates (HTTP basic) and the password is shown
+    nowhere."""
+    url, received = gateway
+    _Gateway.authorization.clear()
+    a = str(tmp_path / "a")
+    produce(a, 50)
+    r = run_cli(a, "--json", "--pushgateway", url.replace("http://", "http://ops:pw%2F123@"), script="compact")
+    assert r.returncode == 0, r.stderr
+    assert len(received) == 1 and "pw" not in r.stdout + r.stderr
+    assert _Gateway.authorization == ["Basic " + base64.b64encode(b"ops:pw/123").decode()]
 
 
 def test_metrics_reach_a_pushgateway(tmp_path: Path, gateway: tuple[str, list[tuple[str, str, str]]]) -> None:
