@@ -49,7 +49,8 @@ exit codes:
   3  lost the publish race: another compactor published first (nothing was published
      by this run and its output was removed); safe to run again
   4  corrupt data found: a ledger object failed its checks (the object and position
-     are named); nothing was published
+     are named) or a metadata document broke its schema or invariants (the document
+     and field are named); nothing was published or deleted
 With several topics, each is compacted and published on its own; the exit code is the
 worst outcome (4, then 1, then 2, then 3).
 """

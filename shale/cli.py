@@ -30,7 +30,9 @@ exit codes:
   1  unexpected failure
   2  bad usage or input: bad flag, bad URI, missing topic, bad record
   3  lost a compare-and-swap race (another writer or compactor won)
-  4  corrupt data: bad checksum, truncated object, unknown format version
+  4  corrupt data: bad checksum, truncated object, unknown format version, a metadata
+     document that breaks its schema or invariants, a link or folder where an object
+     should be
 """
 
 
