@@ -814,7 +814,9 @@ static inline int record_ok(const uint8_t *p, const uint8_t *end, uint8_t flags)
         p++;
     else if (!(p = skip_int(p, end)))
         return 0;
-    uint8_t want = key_len < 0 ? 0 : value_len <= 0 ? RECORD_HAS_KEY | RECORD_TOMBSTONE : RECORD_HAS_KEY;
+    /* as the writer sets them: a key when there is one; "tombstone" whenever the value is
+       nil or empty (a keyless record's too: only with a key does it delete anything) */
+    uint8_t want = (uint8_t)((key_len < 0 ? 0 : RECORD_HAS_KEY) | (value_len <= 0 ? RECORD_TOMBSTONE : 0));
     return p == end && flags == want;
 }
 

@@ -1,9 +1,15 @@
 """Local-folder backend.
 
-Objects are files under ``/``.  Writes go to a hidden temporary file that is then
-renamed (replace) or hard-linked (create-only) into place, so no reader ever sees a
+Objects are regular files under ``/``.  Writes go to a hidden temporary file that is
+then renamed (replace) or hard-linked (create-only) into place, so no reader ever sees a
 half-written file.  Compare-and-swap holds an ``flock`` on a sidecar lock file, which
 makes it atomic against other processes on the same machine.
+
+The store follows no symbolic link, anywhere: every folder is opened one component at a
+time from ``/`` with ``O_NOFOLLOW`` and every file relative to its folder's descriptor,
+and only regular files are objects (a FIFO, a device, a folder or a link where an object
+should be is refused before it is opened).  The operator's own path may pass through
+links; :func:`ledger.storage.resolve` resolves it once, before it becomes a key.
 """
 
 from __future__ import annotations
@@ -13,12 +19,22 @@ import errno
 import fcntl
 import mmap
 import os
+import stat
 import uuid
 from collections.abc import Iterator
 
 import xxhash
 
-from ledger.errors import AlreadyExistsError, ConflictError, InvalidInputError, ObjectNotFoundError, StorageError
+from ledger.errors import (
+    AlreadyExistsError,
+    ConflictError,
+    InvalidInputError,
+    NotAnObjectError,
+    ObjectNotFoundError,
+    ShaleError,
+    StorageError,
+    StoragePermissionError,
+)
 from ledger.kernels import start_writeback
 from ledger.storage import ObjectInfo, ObjectStore, ObjectWriter, register_backend
 
@@ -28,6 +44,17 @@ _HIDDEN = ".shale-"
 _TMP = _HIDDEN + "tmp-"  # a write in progress (or left by a killed writer)
 _MAP_MIN_BYTES = 1 << 20  # reads this big are mapped rather than copied
 _WRITEBACK_BYTES = 1 << 20  # a streamed write starts writeback of every this many bytes
+_OPEN_ATTEMPTS = 8  # an object replaced between its lstat and its open is looked at again
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: should a FIFO be swapped in between the check and the open, the open
+# returns at once instead of waiting for a writer (it is then refused by its fstat).
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_LINK_MESSAGE = "is a symbolic link; the local store follows no links"
+_FOLDER_MESSAGE = "is a folder, not an object"
+_DISK_FULL = "no space left on the device (disk full)"
 
 
 def _token(data: bytes) -> str:
@@ -35,54 +62,306 @@ def _token(data: bytes) -> str:
     return xxhash.xxh3_128_hexdigest(data)
 
 
+# ------------------------------------------------------------------ errors, in one place
+
+_KINDS = {stat.S_IFLNK: "a symbolic link", stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO",
+          stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFREG: "a regular file"}
+
+
+def _kind(mode: int) -> str:
+    return _KINDS.get(stat.S_IFMT(mode), "an unknown kind of file")
+
+
+def _require_regular(mode: int, path: str) -> None:
+    """Refuse whatever is not a regular file, from its lstat, before it is ever opened."""
+    if not stat.S_ISREG(mode):
+        says = {stat.S_IFLNK: _LINK_MESSAGE, stat.S_IFDIR: _FOLDER_MESSAGE}.get(
+            stat.S_IFMT(mode), f"is {_kind(mode)}, not a regular file")
+        raise NotAnObjectError(f"{path}: {says}")
+
+
+_ERRNO_MESSAGES: dict[int, tuple[type[StorageError], str]] = {
+    errno.ENOENT: (ObjectNotFoundError, "no such object"), errno.ELOOP: (NotAnObjectError, _LINK_MESSAGE),
+    errno.EISDIR: (NotAnObjectError, _FOLDER_MESSAGE),
+    errno.ENOTDIR: (NotAnObjectError, "a folder on its way is not a folder"),
+    errno.EACCES: (StoragePermissionError, "permission denied"),
+    errno.EPERM: (StoragePermissionError, "permission denied"),
+    errno.ENOSPC: (StorageError, _DISK_FULL), errno.EDQUOT: (StorageError, _DISK_FULL),
+    errno.EROFS: (StorageError, "read-only file system"),
+}
+
+
+def _translate(e: OSError, path: str) -> StorageError:
+    """The Shale error for ``e`` met while working on the object at ``path`` (never the
+    temporary file's name: the operator knows the object, not our scratch names)."""
+    cls, says = _ERRNO_MESSAGES.get(e.errno or 0, (StorageError, e.strerror or str(e)))
+    return cls(f"{path}: {says}")
+
+
+@contextlib.contextmanager
+def _errors(path: str) -> Iterator[None]:
+    try:
+        yield
+    except ShaleError:
+        raise  # already says what happened (and AlreadyExistsError is an OSError too)
+    except OSError as e:
+        raise _translate(e, path) from e
+
+
+# ------------------------------------------------------------- opening without links
+
+def _not_a_folder(parent: int, name: str, where: str, cause: OSError) -> OSError:
+    """Why ``name`` (at ``where``) could not be opened as a folder: the folder itself is
+    named, since it, not the object below it, is what somebody replaced."""
+    try:
+        mode = os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode
+    except FileNotFoundError as gone:
+        return gone  # removed meanwhile: then the object is simply missing
+    if stat.S_ISLNK(mode):
+        return NotAnObjectError(f"{where}: {_LINK_MESSAGE}")
+    if stat.S_ISDIR(mode):
+        return cause  # put back meanwhile; too unusual to retry
+    return NotAnObjectError(f"{where}: is {_kind(mode)}, not a folder")
+
+
+def _open_dir(path: str, *, create: bool = False) -> int:
+    """A descriptor of the folder ``path`` (absolute), opened one component at a time from
+    ``/`` without following any link; missing folders are made when ``create``.  Raises
+    FileNotFoundError when missing, NotAnObjectError when a component is not a folder."""
+    fd = os.open("/", _DIR_FLAGS)
+    where = ""
+    try:
+        for name in path.split("/"):
+            if not name or name == ".":
+                continue
+            where += "/" + name
+            try:
+                try:
+                    sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    with contextlib.suppress(FileExistsError):  # another writer made it first
+                        os.mkdir(name, 0o777, dir_fd=fd)
+                    sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except OSError as e:
+                if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                raise _not_a_folder(fd, name, where, e) from None
+            os.close(fd)
+            fd = sub
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+@contextlib.contextmanager
+def _folder(path: str, *, create: bool = False) -> Iterator[int]:
+    fd = _open_dir(path, create=create)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _open_regular(dir_fd: int, name: str, path: str) -> tuple[int, os.stat_result]:
+    """A read descriptor of the regular file ``name`` and its fstat.  Its lstat is
+    checked first, so a FIFO or a device is never opened (opening a tape rewinds it); the
+    fstat of what was opened must then be the same file, which closes the race."""
+    for _ in range(_OPEN_ATTEMPTS):
+        before = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        _require_regular(before.st_mode, path)
+        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+        try:
+            st = os.fstat(fd)
+            _require_regular(st.st_mode, path)
+        except BaseException:
+            os.close(fd)
+            raise
+        if (st.st_dev, st.st_ino) == (before.st_dev, before.st_ino):
+            return fd, st
+        os.close(fd)  # replaced by a new version between the two: look again
+    raise StorageError(f"{path}: kept being replaced while it was opened")
+
+
+@contextlib.contextmanager
+def _reading(path: str) -> Iterator[tuple[int, os.stat_result]]:
+    folder, name = os.path.split(path)
+    with _folder(folder) as dir_fd:
+        fd, st = _open_regular(dir_fd, name, path)
+    try:
+        yield fd, st
+    finally:
+        os.close(fd)
+
+
+def _pread(fd: int, start: int, n: int) -> bytes:
+    parts = []  # one read but for very big ranges (a single read stops short of 2 GiB)
+    while n > 0 and (got := os.pread(fd, n, start)):
+        parts.append(got)
+        start, n = start + len(got), n - len(got)
+    return b"".join(parts)  # (one part is returned as it is, not copied)
+
+
+def _read_all(fd: int) -> bytes:
+    with open(fd, "rb", buffering=0, closefd=False) as f:
+        return f.readall()
+
+
+def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _tmp_name(name: str) -> str:
+    return f"{_TMP}{uuid.uuid4().hex[:12]}-{name}"
+
+
+def _unlink(dir_fd: int, name: str, path: str) -> None:
+    """Remove the entry ``name`` itself (a link is removed, never what it points at)."""
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass  # deleting what is not there is fine
+    except IsADirectoryError:
+        raise NotAnObjectError(f"{path}: {_FOLDER_MESSAGE}") from None
+    except PermissionError:
+        # POSIX lets unlink() of a folder fail with EPERM rather than EISDIR.
+        if stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+            raise NotAnObjectError(f"{path}: {_FOLDER_MESSAGE}") from None
+        raise
+
+
+@contextlib.contextmanager
+def _locked(dir_fd: int, folder: str, name: str) -> Iterator[None]:
+    """Hold an flock on the sidecar lock file of ``name`` (created if needed; never a
+    link or a FIFO)."""
+    lock = f"{_HIDDEN}lock-{name}"
+    where = f"{folder.rstrip('/')}/{lock}"
+    with contextlib.suppress(FileNotFoundError):
+        _require_regular(os.stat(lock, dir_fd=dir_fd, follow_symlinks=False).st_mode, where)
+    fd = os.open(lock, _LOCK_FLAGS, 0o644, dir_fd=dir_fd)
+    try:
+        _require_regular(os.fstat(fd).st_mode, where)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _scan(dir_fd: int, folder: str, temporary: bool, found: list[ObjectInfo]) -> None:
+    """Append the regular files below ``dir_fd`` (``folder``); never enters a link."""
+    subfolders: list[str] = []
+    with os.scandir(dir_fd) as entries:
+        for entry in entries:
+            wanted = entry.name.startswith(_TMP) if temporary else not entry.name.startswith(_HIDDEN)
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    subfolders.append(entry.name)
+                # links, FIFOs, sockets and devices are never objects: never listed, so
+                # nothing reads or deletes through them
+                elif wanted and entry.is_file(follow_symlinks=False):
+                    st = entry.stat(follow_symlinks=False)
+                    if stat.S_ISREG(st.st_mode):
+                        found.append(ObjectInfo(f"{folder}/{entry.name}".lstrip("/"), st.st_size, st.st_mtime))
+            except FileNotFoundError:
+                continue  # removed while listed
+    for name in subfolders:
+        try:
+            sub = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+        except OSError as e:
+            # gone, replaced by a link, or unreadable (lost+found): skipped, as os.walk did
+            if e.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.EACCES):
+                continue
+            raise
+        try:
+            _scan(sub, f"{folder}/{name}", temporary, found)
+        finally:
+            os.close(sub)
+
+
+# ------------------------------------------------------------------------- the store
+
 class _LocalWriter(ObjectWriter):
-    def __init__(self, path: str, *, sync: bool = True) -> None:
+    """Writes a temporary file in the target's folder (held open as ``dir_fd``, which
+    this writer owns), renamed over the target by :meth:`close`."""
+
+    def __init__(self, path: str, dir_fd: int, *, sync: bool = True) -> None:
         self._path = path
+        self._dir: int | None = dir_fd
+        self._name = os.path.basename(path)
+        self._tmp = _tmp_name(self._name)
         self._sync = sync
-        self._tmp = _tmp_name(path)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        self._f = open(self._tmp, "wb")  # noqa: SIM115  (closed in close/abort)
         self._done = False
         self._written = 0
         self._kicked = 0  # bytes whose writeback to disk has been started
+        try:
+            fd = os.open(self._tmp, _CREATE_FLAGS, 0o666, dir_fd=dir_fd)
+        except BaseException:
+            self._close_dir()
+            raise
+        self._f = os.fdopen(fd, "wb")
 
     def write(self, data: bytes | bytearray | memoryview, /) -> int:
-        n = self._f.write(data)
-        self._written += n
-        if self._sync and self._written - self._kicked >= _WRITEBACK_BYTES:
-            # Start writing to disk what is written so far, without waiting: the sync at
-            # close then has only the tail left (on a 25 MB part, 15 ms down to nearly 0).
-            self._f.flush()
-            start_writeback(self._f.fileno(), self._kicked, self._written - self._kicked)
-            self._kicked = self._written
+        try:
+            n = self._f.write(data)
+            self._written += n
+            if self._sync and self._written - self._kicked >= _WRITEBACK_BYTES:
+                # Start writing to disk what is written so far, without waiting: the sync at
+                # close then has only the tail left (on a 25 MB part, 15 ms down to nearly 0).
+                self._f.flush()
+                start_writeback(self._f.fileno(), self._kicked, self._written - self._kicked)
+                self._kicked = self._written
+        except OSError as e:
+            raise _translate(e, self._path) from e
         return n
 
     def close(self) -> None:
         if self._done:
             return
-        self._f.flush()
-        if self._sync:
-            os.fsync(self._f.fileno())
-        self._f.close()
-        os.replace(self._tmp, self._path)
+        try:
+            with _errors(self._path):
+                self._f.flush()
+                if self._sync:
+                    os.fsync(self._f.fileno())
+                self._f.close()
+                os.replace(self._tmp, self._name, src_dir_fd=self._dir, dst_dir_fd=self._dir)
+        except BaseException:
+            self.abort()  # a full disk leaves no temporary file behind
+            raise
         self._done = True
+        self._close_dir()
 
     def abort(self) -> None:
         if self._done:
             return
         self._done = True
-        self._f.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._tmp)
+        with contextlib.suppress(OSError):
+            self._f.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self._tmp, dir_fd=self._dir)
+        self._close_dir()
 
+    def _close_dir(self) -> None:
+        if self._dir is not None:
+            os.close(self._dir)
+            self._dir = None
 
-def _tmp_name(path: str) -> str:
-    d, name = os.path.split(path)
-    return os.path.join(d, f"{_TMP}{uuid.uuid4().hex[:12]}-{name}")
+    def __del__(self) -> None:
+        # A writer dropped without close or abort (a killed task) leaves its temporary
+        # file for gc, but not its folder's descriptor.
+        try:
+            self._close_dir()
+        except Exception:  # (at interpreter exit, modules may be gone)
+            pass
 
 
 class LocalStore(ObjectStore):
-    """Files on the local filesystem; keys are absolute paths without the leading slash."""
+    """Regular files on the local filesystem; keys are absolute paths without the leading
+    slash.  No symbolic link is ever followed and only regular files are objects."""
 
     scheme = "file"
     reads_are_local = True
@@ -94,39 +373,31 @@ class LocalStore(ObjectStore):
         return self._path(key)
 
     def get(self, key: str) -> bytes:
-        try:
-            with open(self._path(key), "rb") as f:
-                return f.read()
-        except FileNotFoundError:
-            raise ObjectNotFoundError(f"{self.url(key)}: no such object") from None
-        except IsADirectoryError:
-            raise ObjectNotFoundError(f"{self.url(key)}: is a folder, not an object") from None
+        """The whole object; NotAnObjectError if it is not a regular file."""
+        path = self._path(key)
+        with _errors(path), _reading(path) as (fd, _):
+            return _read_all(fd)
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
-        try:
-            with open(self._path(key), "rb") as f:
-                f.seek(start)
-                return f.read(max(0, end - start))
-        except FileNotFoundError:
-            raise ObjectNotFoundError(f"{self.url(key)}: no such object") from None
+        """Bytes ``[start, end)``, shorter only at the object's end."""
+        path = self._path(key)
+        with _errors(path), _reading(path) as (fd, st):
+            return _pread(fd, start, max(0, min(end, st.st_size) - start))
 
     def get_view(self, key: str, start: int, end: int) -> bytes | memoryview:
+        """Bytes ``[start, end)``; a big range is a read-only view of the mapped file."""
         # Big reads map the file instead of copying it: objects are never changed in
         # place (writes replace whole files), so a mapping stays valid as long as it is
         # used, even after the file is deleted.
         if end - start < _MAP_MIN_BYTES:
             return self.get_range(key, start, end)
-        try:
-            with open(self._path(key), "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                end = min(end, size)
-                if end - start < _MAP_MIN_BYTES:
-                    f.seek(start)
-                    return f.read(max(0, end - start))
-                at = start - start % mmap.ALLOCATIONGRANULARITY
-                mapped = mmap.mmap(f.fileno(), end - at, access=mmap.ACCESS_READ, offset=at)
-        except FileNotFoundError:
-            raise ObjectNotFoundError(f"{self.url(key)}: no such object") from None
+        path = self._path(key)
+        with _errors(path), _reading(path) as (fd, st):
+            end = min(end, st.st_size)
+            if end - start < _MAP_MIN_BYTES:
+                return _pread(fd, start, max(0, end - start))
+            at = start - start % mmap.ALLOCATIONGRANULARITY
+            mapped = mmap.mmap(fd, end - at, access=mmap.ACCESS_READ, offset=at)
         if hasattr(mmap, "MADV_POPULATE_READ"):
             # one call maps every page (the data is read anyway), instead of a fault per page
             with contextlib.suppress(OSError):
@@ -134,118 +405,134 @@ class LocalStore(ObjectStore):
         return memoryview(mapped)[start - at:]
 
     def get_tail(self, key: str, length: int) -> tuple[bytes, int]:
-        try:
-            with open(self._path(key), "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                f.seek(max(0, size - length))
-                return f.read(), size
-        except FileNotFoundError:
-            raise ObjectNotFoundError(f"{self.url(key)}: no such object") from None
+        """The last ``length`` bytes (all if smaller) and the object's size."""
+        path = self._path(key)
+        with _errors(path), _reading(path) as (fd, st):
+            start = max(0, st.st_size - length)
+            return _pread(fd, start, st.st_size - start), st.st_size
 
     def stat(self, key: str) -> ObjectInfo:
-        try:
-            st = os.stat(self._path(key))
-        except FileNotFoundError:
-            raise ObjectNotFoundError(f"{self.url(key)}: no such object") from None
+        """Size and modification time, from the entry itself (a link is refused)."""
+        path = self._path(key)
+        folder, name = os.path.split(path)
+        with _errors(path), _folder(folder) as dir_fd:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            _require_regular(st.st_mode, path)
         return ObjectInfo(key, st.st_size, st.st_mtime)
 
+    def _writer(self, key: str, *, sync: bool) -> _LocalWriter:
+        path = self._path(key)
+        with _errors(path):
+            return _LocalWriter(path, _open_dir(os.path.dirname(path), create=True), sync=sync)
+
     def put(self, key: str, data: bytes, *, durable: bool = True) -> None:
-        with _LocalWriter(self._path(key), sync=durable) as w:
+        """Write the object atomically (synced to disk unless ``durable=False``)."""
+        with self._writer(key, sync=durable) as w:
             w.write(data)
 
     def open_writer(self, key: str) -> ObjectWriter:
-        return _LocalWriter(self._path(key))
+        """A streamed write, visible under ``key`` only once closed."""
+        return self._writer(key, sync=True)
 
     def get_with_token(self, key: str) -> tuple[bytes, str]:
+        """The object and its content hash, the token compare-and-swap checks."""
         data = self.get(key)
         return data, _token(data)
 
     def put_if_absent(self, key: str, data: bytes) -> str:
+        """Create the object only if nothing has its name (AlreadyExistsError)."""
         path = self._path(key)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = _tmp_name(path)
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+        folder, name = os.path.split(path)
+        tmp = _tmp_name(name)
+        with _errors(path), _folder(folder, create=True) as dir_fd:
+            fd = os.open(tmp, _CREATE_FLAGS, 0o666, dir_fd=dir_fd)
             try:
-                # link() fails if the target exists and publishes the complete file at once.
-                os.link(tmp, path)
-            except FileExistsError:
-                raise AlreadyExistsError(f"{self.url(key)}: already exists") from None
-            except OSError as e:
-                if e.errno in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
-                    raise StorageError(f"{self.url(key)}: this filesystem has no hard links") from e
-                raise
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+                try:
+                    _write_all(fd, data)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                self._link(dir_fd, tmp, name, path)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp, dir_fd=dir_fd)
         return _token(data)
 
-    @contextlib.contextmanager
-    def _locked(self, key: str) -> Iterator[None]:
-        path = self._path(key)
-        d, name = os.path.split(path)
-        fd = os.open(os.path.join(d, f"{_HIDDEN}lock-{name}"), os.O_RDWR | os.O_CREAT, 0o644)
+    @staticmethod
+    def _link(dir_fd: int, tmp: str, name: str, path: str) -> None:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+            # link() fails if the target exists and publishes the complete file at once.
+            os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+        except FileExistsError:
+            raise AlreadyExistsError(f"{path}: already exists") from None
+        except OSError as e:
+            if e.errno in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
+                raise StorageError(f"{path}: this filesystem has no hard links") from e
+            raise
 
     def put_if_match(self, key: str, data: bytes, token: str) -> str:
+        """Replace the object only if its token is still ``token`` (ConflictError)."""
         path = self._path(key)
-        if not os.path.exists(os.path.dirname(path)):
-            raise ConflictError(f"{self.url(key)}: does not exist")
-        with self._locked(key):
+        folder, name = os.path.split(path)
+        with _errors(path):
             try:
-                current = self.get(key)
-            except ObjectNotFoundError:
-                raise ConflictError(f"{self.url(key)}: vanished") from None
-            if _token(current) != token:
-                raise ConflictError(f"{self.url(key)}: changed since it was read")
-            with self.open_writer(key) as w:
-                w.write(data)
+                with _folder(folder) as dir_fd, _locked(dir_fd, folder, name):
+                    self._swap(dir_fd, name, path, data, token)
+            except FileNotFoundError:
+                raise ConflictError(f"{path}: does not exist") from None
         return _token(data)
 
+    @staticmethod
+    def _swap(dir_fd: int, name: str, path: str, data: bytes, token: str) -> None:
+        """Under the lock: compare the current object with ``token``, then replace it."""
+        try:
+            fd, _ = _open_regular(dir_fd, name, path)
+        except FileNotFoundError:
+            raise ConflictError(f"{path}: vanished") from None
+        try:
+            current = _read_all(fd)
+        finally:
+            os.close(fd)
+        if _token(current) != token:
+            raise ConflictError(f"{path}: changed since it was read")
+        with _LocalWriter(path, os.dup(dir_fd)) as w:
+            w.write(data)
+
     def delete(self, key: str) -> None:
+        """Remove the object; missing is fine, a folder is refused (NotAnObjectError)."""
         # The sidecar lock file stays: removing it could let two processes lock
         # different inodes for the same key.
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._path(key))
+        self._remove(self._path(key))
+
+    def _remove(self, path: str) -> None:
+        folder, name = os.path.split(path)
+        with _errors(path), contextlib.suppress(FileNotFoundError), _folder(folder) as dir_fd:
+            _unlink(dir_fd, name, path)
 
     def _walk(self, prefix: str, temporary: bool) -> list[ObjectInfo]:
-        """Files under ``prefix`` in key order: objects, or (``temporary``) the
-        temporary files of writes that were never finished."""
+        """Regular files under ``prefix`` in key order: objects, or (``temporary``) the
+        temporary files of writes that were never finished.  A prefix that is missing,
+        or is (or passes through) a link, lists nothing: nothing is deleted through it."""
         root = self._path(prefix.rstrip("/"))
         found: list[ObjectInfo] = []
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames.sort()
-            for name in filenames:
-                wanted = name.startswith(_TMP) if temporary else not name.startswith(_HIDDEN)
-                if not wanted:
-                    continue
-                full = os.path.join(dirpath, name)
-                try:
-                    st = os.stat(full)
-                except FileNotFoundError:
-                    continue
-                found.append(ObjectInfo(full.lstrip("/"), st.st_size, st.st_mtime))
+        with _errors(root), contextlib.suppress(FileNotFoundError, NotAnObjectError), _folder(root) as dir_fd:
+            _scan(dir_fd, root.rstrip("/"), temporary, found)
         found.sort(key=lambda o: o.key)
         return found
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        """Every regular file under ``prefix`` (links are neither listed nor entered)."""
         yield from self._walk(prefix, temporary=False)
 
     def unfinished_writes(self, prefix: str) -> Iterator[ObjectInfo]:
+        """Temporary files of writes never finished under ``prefix``."""
         yield from self._walk(prefix, temporary=True)
 
     def discard_write(self, info: ObjectInfo) -> None:
+        """Remove one temporary file listed by :meth:`unfinished_writes`."""
         if not os.path.basename(info.key).startswith(_TMP):
             raise InvalidInputError(f"{info.key!r} is not an unfinished write")
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._path(info.key))
+        self._remove(self._path(info.key))
 
 
 _STORE = LocalStore()

@@ -269,7 +269,7 @@ def _record_problem(data: memoryview, pos: int, end: int, flags: int) -> str:
         return str(e)
     if (left := end - r.pos) > 0:
         return f"{left} byte{'s' if left > 1 else ''} left over after the record"
-    want = 0 if key < 0 else _HAS_KEY | _TOMBSTONE if value <= 0 else _HAS_KEY
+    want = (0 if key < 0 else _HAS_KEY) | (_TOMBSTONE if value <= 0 else 0)  # as the writer sets them
     if flags == want:
         return ""
     if flags & ~(_HAS_KEY | _TOMBSTONE):
