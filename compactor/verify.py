@@ -155,14 +155,18 @@ def verify_topic(meta: TopicMetadata) -> VerifyReport:
             report.examples.append(f"{kind}: {what}")
 
     j = at[found]
-    differs = np.zeros(len(p_hi), dtype=bool)
-    differs[found] = np.any(p_ids[found] != e_ids[j], axis=1)
+    gone_ledger = ~np.isin(p_ids[:, 0], np.fromiter(existing, dtype=np.uint64, count=len(existing)))
+    other = np.zeros(len(p_hi), dtype=bool)  # the compacted record is not the recomputed latest
+    other[found] = np.any(p_ids[found] != e_ids[j], axis=1)
+    newer = np.zeros(len(p_hi), dtype=bool)  # ... and an existing ledger holds a newer record
+    newer[found] = _later(e_ids[j], p_ids[found])
+    differs = other & newer
     flag = np.zeros(len(p_hi), dtype=bool)
     flag[found] = p_tomb[found] != e_tomb[j]
-    flag &= ~differs
-    gone_ledger = ~np.isin(p_ids[:, 0], np.fromiter(existing, dtype=np.uint64, count=len(existing)))
-    unverifiable = ~found & gone_ledger  # its ledger is gone: nothing newer exists either
-    orphan = ~found & ~gone_ledger & ~p_tomb
+    flag &= ~other
+    # its ledger is gone: nothing newer exists either (a newer one would be stale, above)
+    unverifiable = (~found | (other & ~newer)) & gone_ledger
+    orphan = (~found | (other & ~newer)) & ~gone_ledger & ~p_tomb
     report.stale, report.unverifiable = int(differs.sum()), int(unverifiable.sum())
     report.extra = int(flag.sum() + orphan.sum())
     for i in np.flatnonzero(differs)[:_EXAMPLES]:
@@ -178,6 +182,12 @@ def verify_topic(meta: TopicMetadata) -> VerifyReport:
     for j_ in lost[:_EXAMPLES]:
         note("missing", f"the key of record {_id(e_ids[j_])} (its latest) is not in the compacted view")
     return report
+
+
+def _later(a: npt.NDArray[np.uint64], b: npt.NDArray[np.uint64]) -> npt.NDArray[np.bool_]:
+    """Row by row, whether id ``a`` (ledger, entry, batch) comes after id ``b``."""
+    return np.asarray((a[:, 0] > b[:, 0]) | ((a[:, 0] == b[:, 0]) & (
+        (a[:, 1] > b[:, 1]) | ((a[:, 1] == b[:, 1]) & (a[:, 2] > b[:, 2])))))
 
 
 def _find(hi: Any, lo: Any, q_hi: Any, q_lo: Any) -> npt.NDArray[np.int64]:
