@@ -307,7 +307,7 @@ def _copy_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes | 
     rec, kept, lengths = plan.rec, plan.kept, plan.lengths
     # every record copied is one well-formed record where the footer puts it (frames are
     # checked already, but a footer can still move a boundary between two records)
-    f.check_records(buf, base, rec, np.repeat(np.asarray(sel, dtype=np.int64), kept))
+    f.check_kept(buf, base, sel, kept, rec)
     frame_at = np.zeros(len(sel) + 1, dtype=np.int64)  # where each output frame starts, and the end
     np.cumsum(lengths, out=frame_at[1:])
     blob = _frames_blob(buf, plan, frame_at, sink.batch_buffer())

@@ -32,6 +32,9 @@
 #include <nmmintrin.h>
 #endif
 
+/* An entry frame's header: payload length, CRC32C of the payload, record count (u32 each). */
+#define FRAME_HEADER_BYTES 12
+
 /* Footer columns are views of an object's bytes and need not be 8-byte aligned. */
 static inline uint64_t ld64(const uint64_t *p) {
     uint64_t v;
@@ -825,7 +828,7 @@ PyDoc_STRVAR(check_records_doc,
              "Check that data[starts[i]:starts[i] + sizes[i]] (int64 buffers) is exactly one record,\n"
              "[key: bin | nil, value: bin | nil, properties: map<str, str> | nil, publish_time: int64,\n"
              "event_time: int64 | nil], and that flags[i] (uint8) is its footer flags: bit 0 when it\n"
-             "has a key, bit 1 when it has a key and its value is nil or empty, no other bit.\n"
+             "has a key, bit 1 when its value is nil or empty, no other bit.\n"
              "Returns the index of the first record that is not, or -1.");
 
 /* What check_records works on.  starts and sizes are the caller's buffers, not copies
@@ -901,6 +904,87 @@ static PyObject *py_check_records(PyObject *Py_UNUSED(self), PyObject *args) {
                      (long long)z, (long long)s, j.len);
     else if (bad == RECORDS_CHANGED)
         PyErr_SetString(PyExc_RuntimeError, "starts or sizes changed while the records were checked");
+    else
+        result = PyLong_FromSsize_t(bad);
+done:
+    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
+    return result;
+}
+
+PyDoc_STRVAR(check_kept_doc,
+             "check_kept(data, frames, kept, rec, offsets, sizes, flags) -> int\n\n"
+             "check_records for the records compaction copies, without building their ranges first:\n"
+             "entry i of a batch has its frame at data[frames[i]:] and kept[i] of its records copied,\n"
+             "taken in order from rec (indexes into the ledger's footer columns offsets and sizes,\n"
+             "uint32, and flags, uint8); each is checked at frames[i] + 12 + offsets[r], sizes[r]\n"
+             "bytes long.  Returns the index into rec of the first bad record, or -1.");
+
+typedef struct {
+    const uint8_t *base;
+    Py_ssize_t len;
+    const uint64_t *frames, *kept, *rec; /* int64 values, at any alignment */
+    Py_ssize_t entries, n_rec;
+    const uint32_t *offsets, *sizes;
+    const uint8_t *flags;
+    Py_ssize_t records; /* rows of offsets, sizes and flags */
+} kept_job_t;
+
+#define KEPT_BAD_INPUT (-2)
+
+/* The first bad record of the job (an index into rec), -1, or KEPT_BAD_INPUT when an
+ * index, a count or a range does not fit (values are read once and checked before use). */
+static Py_ssize_t first_bad_kept(const kept_job_t *j) {
+    Py_ssize_t at = 0;
+    for (Py_ssize_t e = 0; e < j->entries; e++) {
+        int64_t frame = (int64_t)ld64(j->frames + e), count = (int64_t)ld64(j->kept + e);
+        if (frame < 0 || count < 0 || count > j->n_rec - at) return KEPT_BAD_INPUT;
+        for (int64_t k = 0; k < count; k++, at++) {
+            int64_t r = (int64_t)ld64(j->rec + at);
+            if (r < 0 || r >= j->records) return KEPT_BAD_INPUT;
+            int64_t s = frame + FRAME_HEADER_BYTES + (int64_t)ld32(j->offsets + r), z = (int64_t)ld32(j->sizes + r);
+            if (!range_inside(s, z, j->len)) return KEPT_BAD_INPUT;
+            if (!record_ok(j->base + s, j->base + s + z, j->flags[r])) return at;
+        }
+    }
+    return at == j->n_rec ? -1 : KEPT_BAD_INPUT;
+}
+
+/* The job for check_kept's buffers, or -1 with an exception set. */
+static int get_kept_job(Py_buffer v[7], kept_job_t *j) {
+    if (!is_int64(&v[1], 1) || !is_int64(&v[2], 1) || !is_int64(&v[3], 1) || !is_uint32(&v[4]) ||
+        !is_uint32(&v[5]) || !is_byte(&v[6])) {
+        PyErr_SetString(PyExc_ValueError, "frames, kept and rec must be int64 buffers, offsets and sizes uint32, "
+                                          "flags bytes");
+        return -1;
+    }
+    j->entries = v[1].len / 8, j->n_rec = v[3].len / 8, j->records = v[4].len / 4;
+    if (v[2].len / 8 != j->entries || v[5].len / 4 != j->records || v[6].len != j->records) {
+        PyErr_SetString(PyExc_ValueError, "frames and kept must have one length, offsets, sizes and flags another");
+        return -1;
+    }
+    j->base = v[0].buf, j->len = v[0].len;
+    j->frames = v[1].buf, j->kept = v[2].buf, j->rec = v[3].buf;
+    j->offsets = v[4].buf, j->sizes = v[5].buf, j->flags = v[6].buf;
+    return 0;
+}
+
+static PyObject *py_check_kept(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *objs[7];
+    if (!PyArg_ParseTuple(args, "OOOOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &objs[6]))
+        return NULL;
+    Py_buffer v[7];
+    int got = 0;
+    PyObject *result = NULL;
+    kept_job_t j;
+    for (; got < 7; got++)
+        if (PyObject_GetBuffer(objs[got], &v[got], PyBUF_C_CONTIGUOUS | (got ? PyBUF_FORMAT : 0)) < 0) goto done;
+    if (get_kept_job(v, &j) < 0) goto done;
+    Py_ssize_t bad;
+    Py_BEGIN_ALLOW_THREADS
+    bad = first_bad_kept(&j);
+    Py_END_ALLOW_THREADS
+    if (bad == KEPT_BAD_INPUT)
+        PyErr_SetString(PyExc_ValueError, "an index, a count or a record's range does not fit the buffers given");
     else
         result = PyLong_FromSsize_t(bad);
 done:
@@ -1633,6 +1717,7 @@ static PyMethodDef methods[] = {
     {"crc32c_ranges", py_crc32c_ranges, METH_VARARGS, crc32c_ranges_doc},
     {"check_frames", py_check_frames, METH_VARARGS, check_frames_doc},
     {"check_records", py_check_records, METH_VARARGS, check_records_doc},
+    {"check_kept", py_check_kept, METH_VARARGS, check_kept_doc},
     {"gather_ranges", py_gather_ranges, METH_VARARGS, gather_ranges_doc},
     {"tiling_error", py_tiling_error, METH_VARARGS, tiling_error_doc},
     {"copy_plan", py_copy_plan, METH_VARARGS, copy_plan_doc},

@@ -11,7 +11,6 @@ to rule the extension out when chasing a problem); :data:`KERNELS` says which ar
 from __future__ import annotations
 
 import os
-import struct
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Final, NamedTuple, Protocol
@@ -19,9 +18,11 @@ from typing import Final, NamedTuple, Protocol
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["KERNELS", "CopyPlan", "KeyTable", "Scratch", "check_frames", "check_records", "copy_plan", "crc32c",
-           "crc32c_ranges", "distinct_estimate", "gather_ranges", "latest_positions", "new_key_table", "record_problem",
-           "start_writeback", "tiling_error"]
+from ledger._record_parser import record_problem_at
+
+__all__ = ["KERNELS", "CopyPlan", "KeyTable", "Scratch", "check_frames", "check_kept", "check_records", "copy_plan",
+           "crc32c", "crc32c_ranges", "distinct_estimate", "gather_ranges", "latest_positions", "new_key_table",
+           "record_problem", "start_writeback", "tiling_error"]
 
 Buffer = bytes | bytearray | memoryview
 
@@ -146,139 +147,37 @@ def _check_records_python(buf: Buffer, s: npt.NDArray[np.int64], z: npt.NDArray[
         i = int(np.argmax(outside))
         raise ValueError(f"record {i} ({int(z[i])} bytes at {int(s[i])}) lies outside the buffer of {size} bytes")
     for i, (at, n, flag) in enumerate(zip(s.tolist(), z.tolist(), f.tolist(), strict=True)):
-        if _record_problem(view, at, at + n, flag):
+        if record_problem_at(view, at, at + n, flag):
             return i
     return -1
+
+
+def check_kept(buf: Buffer, frames: npt.ArrayLike, kept: npt.ArrayLike, rec: npt.ArrayLike,
+               offsets: npt.NDArray[np.uint32], sizes: npt.NDArray[np.uint32], flags: npt.NDArray[np.uint8]) -> int:
+    """:func:`check_records` for the records compaction copies from a batch of entries,
+    without building their ranges first: entry ``i`` of the batch has its frame at
+    ``buf[frames[i]:]`` and ``kept[i]`` of its records copied, taken in order from ``rec``
+    (indexes into the ledger's footer columns ``offsets``, ``sizes`` and ``flags``).
+    Returns the index into ``rec`` of the first bad record, or -1."""
+    f, k, r = _i64(frames), _i64(kept), _i64(rec)
+    o = np.ascontiguousarray(offsets, dtype=np.uint32)
+    z = np.ascontiguousarray(sizes, dtype=np.uint32)
+    fl = np.ascontiguousarray(flags, dtype=np.uint8)
+    if _native is not None:
+        return int(_native.check_kept(buf, f, k, r, o, z, fl))
+    if len(f) != len(k) or int(k.sum()) != len(r) or np.any(k < 0):
+        raise ValueError("frames and kept must have one length, and kept must add up to the records of rec")
+    if len(r) and (int(r.min()) < 0 or int(r.max()) >= len(o)):
+        raise ValueError("an index of rec is not a record of the footer columns")
+    starts = np.repeat(f, k) + 12 + o[r].astype(np.int64)
+    return check_records(buf, starts, z[r].astype(np.int64), fl[r])
 
 
 def record_problem(data: Buffer, flags: int) -> str:
     """What is wrong with one encoded record and its footer flags, in a few words (for an
     error message), or ``""`` when :func:`check_records` would accept them."""
     view = _bytes(data)
-    return _record_problem(view, 0, len(view), flags)
-
-
-# msgpack type bytes of a record's fields (see check_records in _kernels.c)
-_NIL: Final = 0xC0
-_FIELDS: Final = 5
-_FIXARRAY: Final = range(0x90, 0xA0)
-_FIXMAP: Final = range(0x80, 0x90)
-_FIXSTR: Final = range(0xA0, 0xC0)
-_FIX_COUNT: Final = 0x0F  # the low bits of a fixarray or fixmap type byte: its count
-_FIXSTR_LEN: Final = 0x1F
-_U8, _U16, _U32 = struct.Struct(">B"), struct.Struct(">H"), struct.Struct(">I")
-_BIN: Final = {0xC4: _U8, 0xC5: _U16, 0xC6: _U32}  # type byte: the length that follows it
-_STR: Final = {0xD9: _U8, 0xDA: _U16, 0xDB: _U32}
-_ARRAY: Final = {0xDC: _U16, 0xDD: _U32}
-_MAP: Final = {0xDE: _U16, 0xDF: _U32}
-# uint8, uint16, uint32, uint64, int8, int16, int32, int64: the integer that follows
-_INT: Final = {0xCC + i: struct.Struct(form) for i, form in enumerate((">B", ">H", ">I", ">Q", ">b", ">h", ">i", ">q"))}
-_POSFIXINT_END: Final = 0x80
-_NEGFIXINT: Final = 0xE0
-_I64_MAX: Final = (1 << 63) - 1
-_HAS_KEY: Final = 0x01
-_TOMBSTONE: Final = 0x02
-_NOT_TEXT: Final = "properties are not a map of text to text"
-
-
-class _Bad(Exception):
-    """What is wrong with a record, found while reading it."""
-
-
-class _RecordReader:
-    """Reads the msgpack elements of the record at ``data[pos:end]``, checking every read
-    against its end."""
-
-    __slots__ = ("data", "end", "pos")
-
-    def __init__(self, data: memoryview, pos: int, end: int) -> None:
-        self.data, self.pos, self.end = data, pos, end
-
-    def skip(self, n: int) -> int:
-        """Move past ``n`` bytes; where they start."""
-        at = self.pos
-        if n > self.end - at:
-            raise _Bad("record runs past its size")
-        self.pos = at + n
-        return at
-
-    def byte(self) -> int:
-        return self.data[self.skip(1)]
-
-    def number(self, form: struct.Struct) -> int:
-        value: int = form.unpack_from(self.data, self.skip(form.size))[0]
-        return value
-
-    def head(self) -> None:
-        t = self.byte()
-        n = t & _FIX_COUNT if t in _FIXARRAY else self.number(_ARRAY[t]) if t in _ARRAY else -1
-        if n != _FIELDS:
-            raise _Bad(f"not a {_FIELDS}-element array")
-
-    def bin(self, what: str) -> int:
-        """The length of a bin element, -1 for nil."""
-        t = self.byte()
-        if t == _NIL:
-            return -1
-        if t not in _BIN:
-            raise _Bad(f"{what} is neither bytes nor nil")
-        n = self.number(_BIN[t])
-        self.skip(n)
-        return n
-
-    def text(self) -> None:
-        t = self.byte()
-        if t not in _FIXSTR and t not in _STR:
-            raise _Bad(_NOT_TEXT)
-        n = t & _FIXSTR_LEN if t in _FIXSTR else self.number(_STR[t])
-        at = self.skip(n)
-        try:
-            str(self.data[at:at + n], "utf-8")  # strict: no overlong forms, surrogates, nor past U+10FFFF
-        except UnicodeDecodeError:
-            raise _Bad("a property is not valid UTF-8") from None
-
-    def properties(self) -> None:
-        t = self.byte()
-        if t == _NIL:
-            return
-        if t not in _FIXMAP and t not in _MAP:
-            raise _Bad(_NOT_TEXT)
-        # a crafted count runs past the record's end soon enough: each string takes a byte
-        for _ in range(2 * (t & _FIX_COUNT if t in _FIXMAP else self.number(_MAP[t]))):
-            self.text()
-
-    def integer(self, what: str, nil: bool = False) -> None:
-        t = self.byte()
-        if t < _POSFIXINT_END or t >= _NEGFIXINT or (nil and t == _NIL):
-            return
-        if t not in _INT:
-            raise _Bad(f"{what} is not an integer{' or nil' if nil else ''}")
-        if self.number(_INT[t]) > _I64_MAX:
-            raise _Bad(f"{what} does not fit a signed 64-bit integer")
-
-
-def _record_problem(data: memoryview, pos: int, end: int, flags: int) -> str:
-    r = _RecordReader(data, pos, end)
-    try:
-        r.head()
-        key, value = r.bin("key"), r.bin("value")
-        r.properties()
-        r.integer("publish time")
-        r.integer("event time", nil=True)
-    except _Bad as e:
-        return str(e)
-    if (left := end - r.pos) > 0:
-        return f"{left} byte{'s' if left > 1 else ''} left over after the record"
-    want = (0 if key < 0 else _HAS_KEY) | (_TOMBSTONE if value <= 0 else 0)  # as the writer sets them
-    if flags == want:
-        return ""
-    if flags & ~(_HAS_KEY | _TOMBSTONE):
-        return f"flags {flags:#04x} have bits other than key and tombstone set"
-    if (flags ^ want) & _HAS_KEY:
-        return "flags say no key but the record has one" if key >= 0 else "flags say a key but the record has none"
-    if flags & _TOMBSTONE:
-        return "flags say a tombstone but the record is not one"
-    return "flags say not a tombstone but the record is one"
+    return record_problem_at(view, 0, len(view), flags)
 
 
 def gather_ranges(buf: Buffer, starts: npt.ArrayLike, ends: npt.ArrayLike,

@@ -20,7 +20,7 @@ from ledger.format import (
     decode_trailer,
 )
 from ledger.ids import MessageId
-from ledger.kernels import check_frames, check_records, record_problem
+from ledger.kernels import check_frames, check_kept, record_problem
 from ledger.record import DEFAULT_MAX_RECORD_BYTES, Message, decode_records
 from ledger.storage import ObjectStore
 
@@ -209,30 +209,28 @@ class LedgerFile:
             raise CorruptLedgerError(f"{self.url}: entry {self._entry_name(first + bad)}: bad frame",
                                      path=self.url, position=int(offs[bad]) + base)
 
-    def check_records(self, buf: bytes | memoryview, base: int, records: npt.NDArray[np.int64],
-                      entries: npt.NDArray[np.int64] | None = None) -> None:
-        """Check that each of ``records`` (indexes into this ledger, whose frames lie in
-        ``buf`` read from ``base`` and are checked already) is exactly one well-formed
-        record at the offset and of the size its footer gives, with the flags its footer
-        gives.  ``entries``, when known, is the entry of each record.
+    def check_kept(self, buf: bytes | memoryview, base: int, sel: npt.NDArray[np.int64],
+                   kept: npt.NDArray[np.int64], records: npt.NDArray[np.int64]) -> None:
+        """Check that each of ``records`` (indexes into this ledger, in order: ``kept[i]``
+        of them from entry ``sel[i]``, whose frames lie in ``buf`` read from ``base`` and
+        are checked already) is exactly one well-formed record at the offset and of the
+        size its footer gives, with the flags its footer gives.
 
         A footer may tile its entries exactly and still lie about where one record ends
-        and the next begins; whoever copies records by the footer (compaction) must
-        check this, or it would publish records nobody can read."""
-        if not len(records):
-            return
+        and the next begins; whoever copies records by the footer (compaction) must check
+        this, or it would publish records nobody can read."""
         foot = self.footer
-        if entries is None:
-            entries = np.searchsorted(foot.e_rec_start, records, side="right") - 1
-        starts = (foot.col("e_offset")[entries].astype(np.int64) - base + FRAME_HEADER.size
-                  + foot.col("r_offset")[records].astype(np.int64))
-        sizes = foot.col("r_size")[records].astype(np.int64)
-        flags = foot.col("r_flags")[records]
-        bad = check_records(buf, starts, sizes, flags)
-        if bad < 0:
-            return
-        r, e, at, size = int(records[bad]), int(entries[bad]), int(starts[bad]), int(sizes[bad])
-        why = record_problem(memoryview(buf)[at:at + size], int(flags[bad])) or "malformed"
+        frames = foot.col("e_offset")[sel].astype(np.int64) - base
+        bad = check_kept(buf, frames, kept, records, foot.col("r_offset"), foot.col("r_size"), foot.col("r_flags"))
+        if bad >= 0:
+            entry = int(np.searchsorted(foot.e_rec_start, records[bad], side="right")) - 1
+            self._bad_record(buf, base, int(records[bad]), entry)
+
+    def _bad_record(self, buf: bytes | memoryview, base: int, r: int, e: int) -> None:
+        foot = self.footer
+        at = int(foot.col("e_offset")[e]) - base + FRAME_HEADER.size + int(foot.col("r_offset")[r])
+        size = int(foot.col("r_size")[r])
+        why = record_problem(memoryview(buf)[at:at + size], int(foot.col("r_flags")[r])) or "malformed"
         raise CorruptLedgerError(
             f"{self.url}: entry {self._entry_name(e)}, record {self._batch_of(r, e)} at byte {base + at} "
             f"({size} bytes by the footer): {why}", path=self.url, position=base + at)

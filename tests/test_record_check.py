@@ -450,3 +450,51 @@ def test_native_refuses_columns_of_other_types() -> None:
     with pytest.raises(TypeError):
         NATIVE.check_records(buf, s, z)
     assert NATIVE.check_records(buf, s, z, f.astype(np.int8)) == -1  # any 1-byte item type
+
+
+def _kept_case(records: list[Record], kept: list[list[int]], bad: int | None = None) -> tuple[Any, ...]:
+    """A buffer of frames (one per entry of ``kept``, each holding ``records``) and the
+    footer columns and copy selection check_kept takes; ``bad`` moves the boundary after
+    record ``bad`` of every entry by one byte."""
+    raws = [encode_record(r) for r in records]
+    sizes = [len(x) for x in raws]
+    offs = [sum(sizes[:i]) for i in range(len(raws))]
+    if bad is not None:
+        sizes[bad] -= 1
+        sizes[bad + 1] += 1
+        offs[bad + 1] -= 1
+    payload = b"".join(raws)
+    frame = struct.pack("<III", len(payload), 0, len(raws)) + payload
+    n = len(raws)
+    buf = frame * len(kept)
+    frames = np.array([i * len(frame) for i in range(len(kept))], dtype=np.int64)
+    rec = np.array([e * n + r for e, rs in enumerate(kept) for r in rs], dtype=np.int64)
+    col = lambda v, dt: np.array(v * len(kept), dtype=dt)  # noqa: E731
+    flags = [flags_of(r) for r in records]
+    return (buf, frames, np.array([len(rs) for rs in kept], dtype=np.int64), rec,
+            col(offs, np.uint32), col(sizes, np.uint32), col(flags, np.uint8))
+
+
+@pytest.mark.parametrize("use_native", [True, False])
+def test_check_kept_checks_the_copied_records_only(use_native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The records compaction copies, found through the copy plan (entry frames, kept
+    counts, record indexes): a moved boundary is found where it is copied, and not where
+    it is not; both implementations agree; bad selections are ValueErrors."""
+    if use_native and NATIVE is None:
+        pytest.skip("the C kernels are not in use")
+    if not use_native:
+        monkeypatch.setattr(kernels, "_native", None)
+    recs = [Record(b"k%d" % i, b"v" * (i + 1), {"p": "q"} if i % 2 else {}, 1, None) for i in range(5)]
+    assert kernels.check_kept(*_kept_case(recs, [[0, 1, 2, 3, 4], [1, 3]])) == -1
+    # the boundary after record 1 moved: records 1 and 2 are both wrong
+    assert kernels.check_kept(*_kept_case(recs, [[0, 3, 4], [0, 4]], bad=1)) == -1
+    assert kernels.check_kept(*_kept_case(recs, [[0, 3], [0, 2, 4]], bad=1)) == 3
+    assert kernels.check_kept(*_kept_case(recs, [[0, 1]], bad=1)) == 1
+    buf, frames, kept, rec, offs, sizes, flags = _kept_case(recs, [[0, 1]])
+    for wrong in (np.array([2, 1]), np.array([-1])):
+        with pytest.raises(ValueError):
+            kernels.check_kept(buf, frames, wrong, rec, offs, sizes, flags)
+    with pytest.raises(ValueError):
+        kernels.check_kept(buf, frames, kept, np.array([0, 99], dtype=np.int64), offs, sizes, flags)
+    with pytest.raises(ValueError):
+        kernels.check_kept(buf, frames + len(buf), kept, rec, offs, sizes, flags)
