@@ -12,6 +12,7 @@ import urllib.parse
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
+from compactor.commandline import OneLineParser, run_command
 from compactor.config import (
     DEFAULT_DELETE_RETENTION_MS,
     DEFAULT_GC_GRACE_MS,
@@ -212,8 +213,6 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_compact_parser(prog: str = "compact") -> argparse.ArgumentParser:
-    from shale.cli import OneLineParser
-
     p = OneLineParser(
         prog=prog, description="Compact keyed topics: keep the latest record of every key below a new "
         "horizon in a new compacted ledger, and publish it atomically.",
@@ -494,8 +493,6 @@ def register_subcommands(sub: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``compact`` console script."""
-    from shale.cli import run_command
-
     parser = build_compact_parser()
     parser.set_defaults(func=_run_compact)
     code = run_command(argv, parser)

@@ -4,4 +4,5 @@
 source "$(dirname "$0")/_venv.sh"
 ruff check .
 mypy
+lint-imports --no-cache
 exec python -m pytest "$@"

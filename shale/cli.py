@@ -15,14 +15,13 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import argparse
 import json
 import sys
-import traceback
 from collections.abc import Callable, Sequence
-from typing import Any, BinaryIO, NoReturn, TextIO
+from typing import Any, BinaryIO, TextIO
 
-from ledger.errors import EXIT_USAGE, InvalidInputError, error_line, exit_code_of
-from ledger.storage import mask_uri
+from compactor.commandline import OneLineParser, run_command
+from ledger.errors import EXIT_USAGE, InvalidInputError
 
-__all__ = ["main", "run_command"]
+__all__ = ["main"]
 
 EXIT_CODES_HELP = """\
 exit codes:
@@ -34,13 +33,6 @@ exit codes:
      document that breaks its schema or invariants, a link or folder where an object
      should be
 """
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """Usage errors are one line on stderr (and exit code 2), like every other error."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def positive_int(text: str) -> int:
@@ -191,31 +183,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _EXTRA_COMMANDS: list[Callable[[Any], None]] = []
-
-
-def run_command(argv: Sequence[str] | None, parser: argparse.ArgumentParser,
-                out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Parse ``argv`` and run the chosen command; map errors to one line and an exit code."""
-    out = out or sys.stdout
-    err = err or sys.stderr
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # argparse: --help (0) or bad usage (2)
-        return int(e.code or 0)
-    try:
-        code: int = args.func(args, out)
-        return code
-    except KeyboardInterrupt:
-        err.write(f"{parser.prog}: interrupted\n")
-        return 130
-    except BrokenPipeError:
-        return 0
-    except Exception as e:
-        # one line, credentials masked, whatever the error
-        err.write(f"{parser.prog}: error: {mask_uri(error_line(e))}\n")
-        if os.environ.get("SHALE_DEBUG"):
-            traceback.print_exc(file=err)
-        return exit_code_of(e)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
