@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["available_cpus"]
+__all__ = ["MAX_WORKERS", "available_cpus", "worker_count"]
+
+#: More processes or threads than this buy nothing on the machines a run is given.
+MAX_WORKERS = 8
 
 
 def available_cpus() -> int:
@@ -22,3 +25,9 @@ def available_cpus() -> int:
     except (OSError, ValueError):
         pass
     return max(1, cpus)
+
+
+def worker_count(requested: int = 0) -> int:
+    """Processes or threads a run uses: ``requested`` (0: one per available CPU), at most
+    :data:`MAX_WORKERS`."""
+    return min(requested or available_cpus(), MAX_WORKERS)

@@ -15,7 +15,7 @@ from typing import Protocol
 
 from compactor import workers as pass_two_workers
 from compactor.config import CompactionConfig
-from compactor.cpus import available_cpus
+from compactor.cpus import worker_count
 from compactor.pass_one import Survivors, pass_one
 from compactor.pass_two import PassTwoResult, decide_work, write_parts, write_vectors
 from compactor.plan import Plan
@@ -92,7 +92,7 @@ class LocalEngine:
         if not isinstance(survivors, Survivors):
             raise TypeError("the local engine's pass two needs the local engine's pass one")
         work, vectors = decide_work(plan, survivors, config, run_dir=run_dir, on_object=on_object)
-        processes = min(config.workers or available_cpus(), 8)
+        processes = worker_count(config.workers)
         if (processes > 1 and topic.store.process_safe
                 and sum(map(pass_two_workers.work_bytes, work)) >= pass_two_workers.MIN_PARALLEL_BYTES):
             write_vectors(topic, vectors)  # before forking: no thread may run across a fork

@@ -78,10 +78,6 @@ class KeyMap:
         most lookups of keys that are not in the map stop here instead of searching it."""
         return self._filter()[0]
 
-    @property
-    def filter_shift(self) -> int:
-        return self._filter()[1]
-
     def _filter(self) -> tuple[npt.NDArray[np.uint64], int]:
         got: tuple[npt.NDArray[np.uint64], int] | None = self._lookup.get("filter")
         if got is None:

@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from compactor.config import CompactionConfig
-from compactor.cpus import available_cpus
+from compactor.cpus import worker_count
 from compactor.keymap import KEY_BYTES, KeyMap, KeyMapBuilder
 from compactor.plan import Plan, Slice
 from compactor.rules import latest_of_each_key, tombstone_fate
@@ -171,7 +171,7 @@ def _build_map(plan: Plan, config: CompactionConfig) -> tuple[Plan, KeyMap, int]
     capacity = config.max_map_bytes // KEY_BYTES
     base = sum(s.records for s in plan.compacted)
     new_records = sum(s.records for s in plan.new)
-    threads = min(config.workers or available_cpus(), 8)
+    threads = worker_count(config.workers)
     if threads > 1 and _MIN_THREADED_RECORDS <= new_records <= capacity:
         return plan, _build_in_threads(plan, capacity, base, threads), 0
     # Room for the keys the new records hold, so that the table need not grow.
@@ -201,7 +201,7 @@ def _build_map(plan: Plan, config: CompactionConfig) -> tuple[Plan, KeyMap, int]
 def pass_one(plan: Plan, config: CompactionConfig, now_ms: int) -> Survivors:
     """Decide the survivors of ``plan`` under ``config`` at time ``now_ms``."""
     plan, key_map, deferred = _build_map(plan, config)
-    threads = min(config.workers or available_cpus(), 8)
+    threads = worker_count(config.workers)
     # One pool for the lookups of every previous part (threads started once, not per part).
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="shale-lookup") as lookups:
         try:

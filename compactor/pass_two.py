@@ -8,7 +8,6 @@ parts roll at ``max_part_bytes`` and stream to storage.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,7 +31,7 @@ from ledger.write_behind import WriteBehind
 from ledger.writer import LedgerWriter
 from metadata.state import CompactedPart
 
-__all__ = ["PassTwoResult", "Work", "decide_work", "pass_two", "plan_work", "write_parts", "write_vectors"]
+__all__ = ["PassTwoResult", "Work", "decide_work", "plan_work", "write_parts", "write_vectors"]
 
 
 @dataclass(slots=True)
@@ -167,16 +166,6 @@ def write_vectors(topic: Location, vectors: list[tuple[str, bytes]]) -> None:
         topic.store.put(topic.key(vectors[0][0]), vectors[0][1])
 
 
-def pass_two(plan: Plan, survivors: Survivors, config: CompactionConfig, *, topic: Location, run_dir: str,
-             epoch: int, now_ms: int, on_object: Callable[[str], None],
-             heartbeat: Callable[[], None] = lambda: None) -> PassTwoResult:
-    """Write the compacted ledger for ``plan`` in this process; ``on_object`` hears every
-    object name before it is created (so a failed run can remove what it wrote)."""
-    work = plan_work(plan, survivors, config, topic=topic, run_dir=run_dir, on_object=on_object)
-    return write_parts(work, config, topic=topic, run_dir=run_dir, epoch=epoch, now_ms=now_ms,
-                       on_object=on_object, heartbeat=heartbeat)
-
-
 def _fate(s: Slice, keep: npt.NDArray[np.bool_], config: CompactionConfig) -> str:
     """``"reuse"``: keep a previous part in place (with a deletion vector) rather than copy
     it, as it is big enough to be worth it and mostly live; ``"copy"``: copy it (mostly
@@ -212,7 +201,7 @@ Work = tuple[Slice, npt.NDArray[np.bool_], npt.NDArray[np.int64]] | CompactedPar
 
 def write_parts(work: Iterable[Work], config: CompactionConfig,
                 *, topic: Location, run_dir: str, epoch: int, now_ms: int, on_object: Callable[[str], None],
-                heartbeat: Callable[[], None] = lambda: None, name_prefix: str = "part-") -> PassTwoResult:
+                name_prefix: str = "part-") -> PassTwoResult:
     """Copy the kept records of each ``(slice, keep, delete_since)`` into parts named
     ``<run_dir>/<name_prefix>NNNNN.ledger``, in order.  A failure aborts the part being
     written; parts already closed are the caller's to remove."""
@@ -231,7 +220,7 @@ def write_parts(work: Iterable[Work], config: CompactionConfig,
                 result.records_reused += item.live
                 continue
             s, keep, since = item
-            _copy_slice(s, keep, since, sink, config, result, heartbeat, pool, reads)
+            _copy_slice(s, keep, since, sink, config, result, pool, reads)
         sink.close()
     except BaseException:
         sink.abort()
@@ -243,7 +232,7 @@ def write_parts(work: Iterable[Work], config: CompactionConfig,
 
 
 def _copy_slice(s: Slice, keep: np.ndarray, since: np.ndarray, sink: _PartSink, config: CompactionConfig,
-                result: PassTwoResult, heartbeat: Callable[[], None], pool: ThreadPoolExecutor,
+                result: PassTwoResult, pool: ThreadPoolExecutor,
                 reads: Throttle) -> None:
     if not keep.any():
         return
@@ -263,7 +252,6 @@ def _copy_slice(s: Slice, keep: np.ndarray, since: np.ndarray, sink: _PartSink, 
     per_entry = np.add.reduceat(full_keep, rec_start[:-1], dtype=np.int64) if f.n_entries else np.zeros(0)
     # reduceat gives wrong sums for empty entries; entries always hold >= 1 record
     wanted = np.flatnonzero(per_entry > 0)
-    last_beat = time.monotonic()
     spans = []
     for c0, c1 in f.chunks(int(wanted[0]), int(wanted[-1]) + 1, config.chunk_bytes):
         sel = wanted[np.searchsorted(wanted, c0):np.searchsorted(wanted, c1)]
@@ -291,9 +279,6 @@ def _copy_slice(s: Slice, keep: np.ndarray, since: np.ndarray, sink: _PartSink, 
         # next to obsolete records.
         f.check_frames(buf, base, lo_e, hi_e)
         _copy_entries(f, sel, base, buf, full_keep, full_since, sink)
-        if time.monotonic() - last_beat > 10:
-            heartbeat()
-            last_beat = time.monotonic()
 
 
 def _copy_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes | memoryview, keep: npt.NDArray[np.bool_],

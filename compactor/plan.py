@@ -50,10 +50,16 @@ class Slice:
         if self.stop <= self.start:
             return 0
         f = self.file.footer
-        e0 = int(np.searchsorted(f.e_rec_start, self.start, side="right")) - 1
-        e1 = int(np.searchsorted(f.e_rec_start, self.stop - 1, side="right")) - 1
+        e0, e1 = int(f.entry_of(self.start)), int(f.entry_of(self.stop - 1))
         offs, lens = f.col("e_offset"), f.col("e_length")
         return int(offs[e1]) + int(lens[e1]) - int(offs[e0])
+
+
+def dirty_ratio(dirty_bytes: float, compacted_live_bytes: float) -> float:
+    """Kafka's dirty ratio: bytes above the horizon over all live bytes (those plus the
+    live bytes of the compacted ledger); 0 when nothing is above the horizon."""
+    total = dirty_bytes + compacted_live_bytes
+    return dirty_bytes / total if dirty_bytes and total else 0.0
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -80,7 +86,7 @@ class Plan:
 
     @property
     def dirty_ratio(self) -> float:
-        return self.dirty_bytes / self.live_bytes if self.live_bytes else 0.0
+        return dirty_ratio(self.dirty_bytes, self.live_bytes - self.dirty_bytes)
 
     @property
     def ledgers_read(self) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from compactor.plan import dirty_ratio
 from ledger.errors import InvalidURIError, error_line
 from ledger.storage import resolve
 from metadata.layout import META_DIR
@@ -59,7 +60,7 @@ def assess(uri: str, *, now_ms: int, max_lag_ms: int | None = None, metadata_uri
     above = [lg for lg in topic.ledgers if h is None or lg.id > h.ledger]
     dirty = sum(lg.bytes for lg in above)
     compacted = sum(p.bytes * (p.live / p.records) for p in state.parts if p.records)
-    ratio = dirty / (dirty + compacted) if dirty else 0.0
+    ratio = dirty_ratio(dirty, compacted)
     oldest = min((lg.first_publish for lg in above), default=None)
     overdue = max_lag_ms is not None and oldest is not None and now_ms - oldest >= max_lag_ms
     return TopicChoice(uri, ratio, oldest, overdue)

@@ -89,7 +89,7 @@ class _Records:
         if present is not None:
             keep &= present[start:stop]
         idx = start + np.flatnonzero(keep)
-        entry = np.searchsorted(foot.e_rec_start, idx, side="right") - 1
+        entry = foot.entry_of(idx)
         self.hi.append(foot.col("r_hash_hi")[idx])
         self.lo.append(foot.col("r_hash_lo")[idx])
         self.ids.append(np.stack([f.entry_ledgers[entry], f.entry_ids[entry],

@@ -59,8 +59,8 @@ def _entry_costs(item: tuple[Slice, Any, Any]) -> tuple[int, Any]:
     s, keep, _ = item
     foot = s.file.footer
     starts = foot.e_rec_start
-    e0 = int(np.searchsorted(starts, s.start, side="right")) - 1
-    e1 = int(np.searchsorted(starts, s.stop - 1, side="right"))
+    e0 = int(foot.entry_of(s.start))
+    e1 = int(foot.entry_of(s.stop - 1)) + 1
     bounds = np.clip(starts[e0:e1 + 1], s.start, s.stop) - s.start
     kept = np.add.reduceat(keep, bounds[:-1], dtype=np.int64) if len(keep) else np.zeros(e1 - e0, np.int64)
     return e0, foot.col("e_length")[e0:e1].astype(np.int64) + KEPT_RECORD_COST * kept

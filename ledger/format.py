@@ -208,6 +208,10 @@ class Footer:
     def col(self, name: str) -> npt.NDArray[Any]:
         return self.cols[name]
 
+    def entry_of(self, records: Any) -> Any:
+        """The entry holding each of ``records`` (record indexes: one, or an array)."""
+        return np.searchsorted(self.e_rec_start, records, side="right") - 1
+
     def entry_ledgers(self) -> npt.NDArray[np.uint64]:
         if self.kind == KIND_COMPACTED:
             return self.cols["e_ledger"]

@@ -128,7 +128,7 @@ class LedgerFile:
         return int(self.batch_indexes[index])
 
     def record_id(self, index: int) -> MessageId:
-        entry = int(np.searchsorted(self.footer.e_rec_start, index, side="right")) - 1
+        entry = int(self.footer.entry_of(index))
         return MessageId(int(self.entry_ledgers[entry]), int(self.entry_ids[entry]), self._batch_of(index, entry))
 
     def first_id(self) -> MessageId | None:
@@ -223,7 +223,7 @@ class LedgerFile:
         frames = foot.col("e_offset")[sel].astype(np.int64) - base
         bad = check_kept(buf, frames, kept, records, foot.col("r_offset"), foot.col("r_size"), foot.col("r_flags"))
         if bad >= 0:
-            entry = int(np.searchsorted(foot.e_rec_start, records[bad], side="right")) - 1
+            entry = int(foot.entry_of(records[bad]))
             self._bad_record(buf, base, int(records[bad]), entry)
 
     def _bad_record(self, buf: bytes | memoryview, base: int, r: int, e: int) -> None:
@@ -258,8 +258,8 @@ class LedgerFile:
         stop_record = self.n_records if stop_record is None else min(stop_record, self.n_records)
         if start_record >= stop_record:
             return
-        first = int(np.searchsorted(rec_start, start_record, side="right")) - 1
-        last = int(np.searchsorted(rec_start, stop_record - 1, side="right")) - 1
+        first = int(self.footer.entry_of(start_record))
+        last = int(self.footer.entry_of(stop_record - 1))
         ledgers, entries, batches = self.entry_ledgers, self.entry_ids, self.batch_indexes
         for c0, c1 in self.chunks(first, last + 1, chunk_bytes):
             base, buf = self.read_frames(c0, c1)

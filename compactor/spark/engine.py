@@ -119,7 +119,7 @@ def _split_slice(s: Slice, base: int, split_bytes: int, split_records: int,
     at = np.append(offs, offs[-1] + int(foot.col("e_length")[-1])) if len(offs) else np.zeros(1, np.int64)
     kind = KIND_COMPACTED if s.compacted else KIND_ORIGINAL
     deletions = topic.key(s.part.deletions) if s.part is not None and s.part.deletions else None
-    e = int(np.searchsorted(rec_start, s.start, side="right")) - 1  # entry holding the first record
+    e = int(foot.entry_of(s.start))  # entry holding the first record
     e_end = int(np.searchsorted(rec_start, s.stop, side="left"))  # boundary at or after the last record
     a = s.start
     while a < s.stop:
@@ -301,9 +301,11 @@ class SparkEngine:
         self.close()
 
     def _check_reachable(self, topic: Location) -> None:
-        if topic.uri.startswith("memory://"):
+        # Executors are other processes, perhaps on other machines: they must see the
+        # same objects the driver does.
+        if not topic.store.shared_between_processes:
             raise InvalidInputError(f"{topic.uri}: the Spark engine needs storage its executors can reach; "
-                                    "memory:// lives inside one process")
+                                    f"{topic.store.scheme}:// lives inside one process")
 
     def pass_one(self, plan: Plan, config: CompactionConfig, now_ms: int) -> SparkSurvivors:
         topic = plan.location
