@@ -818,13 +818,11 @@ def test_the_topic_under_attack_is_what_the_fuzzer_expects(tmp_path: Path) -> No
     topic = TopicMetadata.open(w.uri).load_topic()
     assert state.horizon is not None and topic.ledgers[-1].id > state.horizon.ledger
     outside = snapshot(w.root, exclude=(w.topic, w.trash))
-    t0 = time.perf_counter()
     outcome = run_commands(w)
     assert outcome.compact_status == "compacted", outcome.results
     assert not outcome.unclassified and all(r.startswith("ok") for r in outcome.results.values()), outcome.results
     assert snapshot_diff(outside, snapshot(w.root, exclude=(w.topic, w.trash))) == []
     assert verify_topic(TopicMetadata.open(w.uri)).ok
-    assert time.perf_counter() - t0 < 10
 
 
 def test_verify_calls_a_record_of_a_ledger_gone_from_the_list_unverifiable(tmp_path: Path) -> None:

@@ -184,31 +184,71 @@ def test_a_failed_write_during_an_incremental_run_publishes_nothing_and_leaves_n
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail: str) -> None:
     """Deletion vectors are written while the new survivors are copied: when either
     write fails the run fails, the other is waited for, and the run's folder is removed
-    with everything in it; the next run then succeeds."""
-    from ledger._local import LocalStore
+    with everything in it; the next run then succeeds.
 
+    The two writes are made to overlap, whatever the machine's speed: a failing vector
+    fails only once the copy has a part open, and that part is closed (made visible)
+    only after the failure; a vector is written only once the copy has failed."""
+    import threading
+
+    from ledger._local import LocalStore
+    from ledger.storage import ObjectWriter
+
+    guard_s = 60  # only reached if the run does not overlap the two writes
     uri = str(tmp_path / "t")
     produce(uri, 1, 20_000, range(4_000), T0)
     Compactor(uri, CompactionConfig(**REUSE), clock=lambda: T0 + HOUR).run()  # type: ignore[arg-type]
     before = TopicMetadata.open(uri).load_compaction()
     produce(uri, 2, 300, range(4_000), T0 + HOUR)
     real_put, real_writer = LocalStore.put, LocalStore.open_writer
+    part_open, vector_failed, copy_failed = threading.Event(), threading.Event(), threading.Event()
+    written: list[str] = []  # objects made visible by the failing run
+
+    class HeldOpen(ObjectWriter):
+        """A part that is closed only once the vector has failed."""
+
+        def __init__(self, inner: ObjectWriter, key: str) -> None:
+            self.inner, self.key = inner, key
+
+        def write(self, data: bytes | bytearray | memoryview, /) -> int:
+            return self.inner.write(data)
+
+        def close(self) -> None:
+            assert vector_failed.wait(guard_s), "the vector was not written while the copy ran"
+            self.inner.close()
+            written.append(self.key)
+
+        def abort(self) -> None:
+            self.inner.abort()
 
     def put(self: LocalStore, key: str, data: bytes, *, durable: bool = True) -> None:
-        if fail == "vector" and "/deletions-" in key:
-            time.sleep(0.05)  # the copy is well under way by then
-            raise OSError(28, "No space left on device")
+        if "/deletions-" in key:
+            if fail == "vector":
+                assert part_open.wait(guard_s), "the copy did not run while the vector was written"
+                vector_failed.set()
+                raise OSError(28, "No space left on device")
+            assert copy_failed.wait(guard_s), "the copy did not run while the vector was written"
+            real_put(self, key, data, durable=durable)
+            written.append(key)
+            return
         real_put(self, key, data, durable=durable)
 
     def open_writer(self: LocalStore, key: str) -> Any:
-        if fail == "copy" and "/part-" in key:
-            raise OSError(28, "No space left on device")
+        if "/part-" in key:
+            if fail == "copy":
+                copy_failed.set()
+                raise OSError(28, "No space left on device")
+            part_open.set()
+            return HeldOpen(real_writer(self, key), key)
         return real_writer(self, key)
 
     monkeypatch.setattr(LocalStore, "put", put)
     monkeypatch.setattr(LocalStore, "open_writer", open_writer)
     with pytest.raises(OSError, match="No space left"):
         Compactor(uri, CompactionConfig(**REUSE), clock=lambda: T0 + 2 * HOUR).run()  # type: ignore[arg-type]
+    # the write that did not fail was waited for: it finished (then was removed, below)
+    survivor = "/part-" if fail == "vector" else "/deletions-"
+    assert written and all(survivor in k for k in written), written
     after = TopicMetadata.open(uri).load_compaction()
     assert after.version == before.version  # nothing published
     # the failed run's folder holds nothing (a local folder may stay, empty, as an
