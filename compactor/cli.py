@@ -27,7 +27,7 @@ from compactor.metrics import DEFAULT_JOB
 from compactor.runlog import LOG_FORMATS, event, logging_to
 from compactor.settings import print_config, resolve, source_name, wrap_defaults
 from compactor.spark.options import DEFAULT_SPLIT_BYTES
-from compactor.summary import RunSummary
+from compactor.summary import RunStatus, RunSummary
 from ledger.errors import EXIT_FAILURE, InvalidInputError, error_line, exit_code_of
 from ledger.storage import mask_uri
 
@@ -341,18 +341,18 @@ def _compact_each(args: argparse.Namespace, config: CompactionConfig, engine: En
             summary = RunSummary(shown_uri, engine=engine.name, error=mask_uri(error_line(e)),
                                  exit_code=exit_code_of(e))
             summary.durations["total"] = time.perf_counter() - start
-            summary.finish("error")
+            summary.finish(RunStatus.ERROR)
         finally:
             if bar is not None:
                 bar.finish(shown_uri)
-        if summary.status == "error":
+        if summary.status is RunStatus.ERROR:
             event(logging.ERROR, "topic.error", str(summary.error), topic=shown_uri, exit_code=summary.exit_code)
         else:
             event(logging.INFO, "topic.done", f"{shown_uri}: {summary.status}", topic=shown_uri, status=summary.status,
                   exit_code=summary.exit_code, summary=summary.to_json())
         with lock:
             line = json.dumps(summary.to_json(), separators=(",", ":")) if args.json else (
-                None if summary.status == "error" else summary.human())
+                None if summary.status is RunStatus.ERROR else summary.human())
             if line is not None:
                 if print_above and bar is not None:
                     bar.print(line)
@@ -396,7 +396,7 @@ def _push(args: argparse.Namespace, summary: RunSummary) -> None:
     from compactor.topics import assess
 
     after = None
-    if summary.status in ("compacted", "nothing-to-do", "skipped"):
+    if summary.status in (RunStatus.COMPACTED, RunStatus.NOTHING_TO_DO, RunStatus.SKIPPED):
         choice = assess(summary.topic, now_ms=int(time.time() * 1000), metadata_uri=args.metadata)
         after = None if choice.error else choice.dirty_ratio
     try:

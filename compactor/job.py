@@ -21,7 +21,7 @@ from compactor.engine import Engine, LocalEngine, SurvivorCounts
 from compactor.gc import collect_garbage
 from compactor.pass_two import PassTwoResult
 from compactor.plan import Plan, make_plan
-from compactor.summary import RunSummary
+from compactor.summary import RunStatus, RunSummary
 from ledger.errors import (
     ConflictError,
     ObjectNotFoundError,
@@ -160,7 +160,7 @@ class Compactor:
         t = phase("plan", t0)
         _note_plan(summary, plan)
 
-        def done(status: str, message: str = "", *, gc: bool = True) -> RunSummary:
+        def done(status: RunStatus, message: str = "", *, gc: bool = True) -> RunSummary:
             if gc:
                 self._gc(summary)
             summary.durations["total"] = time.perf_counter() - t0
@@ -170,12 +170,13 @@ class Compactor:
             why = "no records above the horizon"
             if plan.held_back_records:
                 why += f" old enough to compact ({plan.held_back_records} held back by the minimum lag)"
-            return done("nothing-to-do", why)
+            return done(RunStatus.NOTHING_TO_DO, why)
         # A run that stopped short because its key map was full is continued whatever
         # the ratio: the rest of its backlog is owed, not optional.
         owed = bool(plan.previous.last_run.get("deferred_records"))
         if plan.new_records and not owed and plan.dirty_ratio < self.config.min_dirty_ratio:
-            return done("skipped", f"dirty ratio {plan.dirty_ratio:.3f} is below {self.config.min_dirty_ratio:.3f}")
+            return done(RunStatus.SKIPPED,
+                        f"dirty ratio {plan.dirty_ratio:.3f} is below {self.config.min_dirty_ratio:.3f}")
 
         self.progress(f"pass one over {sum(s.records for s in plan.slices):,} records")
         try:
@@ -185,7 +186,7 @@ class Compactor:
             if self.meta.load_compaction().version == plan.previous.version:
                 raise
             summary.horizon = summary.previous_horizon
-            return done("conflict", "another compactor replaced the compacted ledger this run was reading",
+            return done(RunStatus.CONFLICT, "another compactor replaced the compacted ledger this run was reading",
                         gc=False)
         try:
             return self._write_and_publish(plan, survivors, summary, now_ms, t, phase, done)
@@ -204,7 +205,7 @@ class Compactor:
         if self.config.dry_run:
             summary.records_written = survivors.records_kept
             summary.epoch = prev.epoch + 1
-            return done("dry-run", "nothing written or published", gc=False)
+            return done(RunStatus.DRY_RUN, "nothing written or published", gc=False)
 
         epoch = prev.epoch + 1
         run_id = f"{epoch:012d}-{uuid.uuid4().hex[:12]}"
@@ -225,7 +226,7 @@ class Compactor:
                 # Another compactor published and its garbage collection removed the
                 # compacted ledger this run was reading: the same race, lost earlier.
                 summary.horizon = summary.previous_horizon
-                return done("conflict", "another compactor replaced the compacted ledger this run was reading; "
+                return done(RunStatus.CONFLICT, "another compactor replaced the compacted ledger this run was reading; "
                             "this run's output was removed", gc=False)
             t = phase("pass_two", t)
             summary.bytes_read += out.bytes_read
@@ -241,7 +242,7 @@ class Compactor:
             heartbeat.stop()
             if not heartbeat.healthy():
                 summary.horizon = summary.previous_horizon
-                return done("conflict", "the run's heartbeat went stale, so garbage collection may have taken "
+                return done(RunStatus.CONFLICT, "the run's heartbeat went stale, so garbage collection may have taken "
                             "its output; nothing was published", gc=False)
             self.progress("publishing")
             new_state = self._new_state(plan, survivors, out, run_id, epoch, summary)
@@ -254,9 +255,9 @@ class Compactor:
                 summary.horizon = summary.previous_horizon
                 now = self.meta.load_compaction()
                 if now.epoch == prev.epoch and now.topic_generation > prev.topic_generation:
-                    return done("conflict", "the topic was truncated while this run read it (retention); this "
+                    return done(RunStatus.CONFLICT, "the topic was truncated while this run read it (retention); this "
                                 "run's output was removed and the next run plans again", gc=False)
-                return done("conflict", f"another compactor published first ({e}); this run's output "
+                return done(RunStatus.CONFLICT, f"another compactor published first ({e}); this run's output "
                             "was removed", gc=False)
             except (StateUnknownError, TransientStorageError):
                 # The publish may have landed.  Only the state can tell; without an
@@ -278,7 +279,7 @@ class Compactor:
         phase("gc", t)
         more = (f"the key map was full: {summary.deferred_records:,} newer records are left for the next run"
                 if summary.deferred_records else "")
-        return done("compacted", more, gc=False)
+        return done(RunStatus.COMPACTED, more, gc=False)
 
     def _new_state(self, plan: Plan, survivors: SurvivorCounts, out: PassTwoResult, run_id: str, epoch: int,
                    summary: RunSummary) -> CompactionState:

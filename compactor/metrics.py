@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Final
 
 from compactor.settings import mask_secrets
-from compactor.summary import STATUSES, RunSummary
+from compactor.summary import STATUSES, RunStatus, RunSummary
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -49,7 +49,7 @@ def build_registry(summary: RunSummary, *, now_s: float, dirty_ratio_after: floa
         Gauge(f"shale_compaction_{name}", doc, registry=reg).set(value)
 
     gauge("last_run_timestamp_seconds", "when the last run of this topic ended (Unix time)", now_s)
-    if summary.exit_code == 0 and summary.status != "dry-run":
+    if summary.exit_code == 0 and summary.status is not RunStatus.DRY_RUN:
         gauge("last_success_timestamp_seconds", "when a run of this topic last succeeded (Unix time)", now_s)
     gauge("exit_code", "exit code of the last run (0 ok, 2 usage, 3 lost the publish race, 4 corrupt, 1 other)",
           summary.exit_code)

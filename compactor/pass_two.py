@@ -8,6 +8,7 @@ parts roll at ``max_part_bytes`` and stream to storage.
 
 from __future__ import annotations
 
+import enum
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -140,13 +141,13 @@ def decide_work(plan: Plan, survivors: Survivors, config: CompactionConfig, *, r
     keeps = [survivors.slice_keep(i) for i in range(len(plan.slices))]
     fates = [_fate(s, keep, config) for s, keep in zip(plan.slices, keeps, strict=True)]
     for i, (s, keep) in enumerate(zip(plan.slices, keeps, strict=True)):
-        if fates[i] == "small":
+        if fates[i] is Fate.SMALL:
             # Copying a small part merges it with a neighbour that is copied too; with
             # none (its neighbours are kept in place), the copy would only rewrite it.
             near = fates[max(0, i - 1):i] + fates[i + 1:i + 2]
-            reuse = not any(f in ("copy", "small") for f in near)
+            reuse = not any(f in (Fate.COPY, Fate.SMALL) for f in near)
         else:
-            reuse = fates[i] == "reuse"
+            reuse = fates[i] is Fate.REUSE
         if reuse:
             work.append(_reuse(plan, s, keep, f"{run_dir}/deletions-{len(vectors):05d}.bin", vectors))
         else:
@@ -166,17 +167,25 @@ def write_vectors(topic: Location, vectors: list[tuple[str, bytes]]) -> None:
         topic.store.put(topic.key(vectors[0][0]), vectors[0][1])
 
 
-def _fate(s: Slice, keep: npt.NDArray[np.bool_], config: CompactionConfig) -> str:
-    """``"reuse"``: keep a previous part in place (with a deletion vector) rather than copy
-    it, as it is big enough to be worth it and mostly live; ``"copy"``: copy it (mostly
-    dead, or not a whole previous part); ``"small"``: mostly live but small, so copied when
-    that merges it with a neighbour (see :func:`plan_work`)."""
+class Fate(enum.Enum):
+    """What pass two does with a slice."""
+
+    #: keep a previous part in place (with a deletion vector) rather than copy it: it is
+    #: big enough to be worth it and mostly live
+    REUSE = "reuse"
+    #: copy its kept records: mostly dead, or not a whole previous part
+    COPY = "copy"
+    #: mostly live but small: copied when that merges it with a neighbour (see :func:`decide_work`)
+    SMALL = "small"
+
+
+def _fate(s: Slice, keep: npt.NDArray[np.bool_], config: CompactionConfig) -> Fate:
     if not s.compacted or s.part is None or s.start != 0 or s.stop != s.file.n_records:
-        return "copy"
+        return Fate.COPY
     live = int(np.count_nonzero(keep))
     if live == 0 or live < config.reuse_min_live * s.part.records:
-        return "copy"
-    return "reuse" if s.part.bytes >= config.reuse_min_bytes else "small"
+        return Fate.COPY
+    return Fate.REUSE if s.part.bytes >= config.reuse_min_bytes else Fate.SMALL
 
 
 def _reuse(plan: Plan, s: Slice, keep: npt.NDArray[np.bool_], name: str,

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
 from ledger.errors import EXIT_CONFLICT, EXIT_FAILURE, EXIT_OK
 
-__all__ = ["STATUSES", "RunSummary"]
+__all__ = ["STATUSES", "RunStatus", "RunSummary"]
 
-STATUSES: Final = ("compacted", "nothing-to-do", "skipped", "conflict", "dry-run", "error")
+
+class RunStatus(enum.StrEnum):
+    """How a run ended (the ``status`` of its summary; text in JSON and metrics)."""
+
+    COMPACTED = "compacted"
+    NOTHING_TO_DO = "nothing-to-do"
+    SKIPPED = "skipped"  # dirty ratio below --min-dirty-ratio
+    CONFLICT = "conflict"  # lost the publish race; nothing published, output removed
+    DRY_RUN = "dry-run"
+    ERROR = "error"
+
+
+STATUSES: Final = tuple(RunStatus)
 
 
 @dataclass(slots=True)
@@ -17,7 +30,7 @@ class RunSummary:
     """The outcome and figures of one compaction run."""
 
     topic: str
-    status: str = "error"
+    status: RunStatus = RunStatus.ERROR
     engine: str = "local"
     epoch: int | None = None
     horizon: str | None = None
@@ -51,10 +64,10 @@ class RunSummary:
     def ok(self) -> bool:
         return self.exit_code == EXIT_OK
 
-    def finish(self, status: str, message: str = "") -> RunSummary:
-        self.status = status
+    def finish(self, status: RunStatus, message: str = "") -> RunSummary:
+        self.status = RunStatus(status)
         self.message = message
-        self.exit_code = {"conflict": EXIT_CONFLICT, "error": self.exit_code}.get(status, EXIT_OK)
+        self.exit_code = {RunStatus.CONFLICT: EXIT_CONFLICT, RunStatus.ERROR: self.exit_code}.get(self.status, EXIT_OK)
         return self
 
     def to_json(self) -> dict[str, Any]:
