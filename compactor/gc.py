@@ -68,37 +68,47 @@ def collect_garbage(meta: TopicMetadata, *, now_ms: int | None = None, grace_ms:
         # Producers and compactors publish within a third of this after uploading.
         raise InvalidInputError(f"orphan grace must be at least {MIN_ORPHAN_GRACE_MS // 60_000} minutes")
     report = GcReport(meta.uri, dry_run=dry_run)
-    loc, store = meta.topic, meta.topic.store
     if now_ms is None:
         now_ms = meta.now_ms()
 
-    state = meta.load_compaction()
-    for _ in range(attempts):
-        due = tuple(r for r in state.retired if now_ms - r.retired_ms >= grace_ms)
-        report.retired_waiting = sum(len(r.objects) for r in state.retired) - sum(len(r.objects) for r in due)
-        if not due or dry_run:
-            report.retired_deleted = [o for r in due for o in r.objects]
-            break
-        keep = tuple(r for r in state.retired if r not in due)
-        try:
-            # Unreference first, delete second: a crash in between leaves orphans, never
-            # a published state that points at a deleted object.
-            state = meta.publish_compaction(replace(state, retired=keep), state)
-        except ConflictError:
-            state = meta.load_compaction()
-            continue
-        published = state.referenced_objects()
-        for r in due:
-            for obj in r.objects:
-                # (the state's schema already refuses anything else; checked again here,
-                # where deleting happens)
-                if is_compacted_object(obj) and obj not in published:
-                    store.delete(loc.key(obj))
-                    report.retired_deleted.append(obj)
-        break
-
+    state = _unreference_retired(meta, report, now_ms, grace_ms, dry_run, attempts)
     report.orphans_deleted = _orphans(meta, state, now_ms, orphan_grace_ms, dry_run)
     return report
+
+
+def _unreference_retired(meta: TopicMetadata, report: GcReport, now_ms: int, grace_ms: int, dry_run: bool,
+                         attempts: int) -> CompactionState:
+    """Remove the retired sets past their grace from the state (one compare-and-swap),
+    then delete their objects; the state as it then stands.  A state that kept changing
+    for every attempt leaves them for the next collection."""
+    from ledger._retry import ConflictPolicy
+
+    loc, store = meta.topic, meta.topic.store
+    state = meta.load_compaction()
+    try:
+        for attempt in ConflictPolicy(attempts).retrying(f"{meta.uri}: garbage collection"):
+            with attempt:
+                state = meta.load_compaction() if attempt.retry_state.attempt_number > 1 else state
+                due = tuple(r for r in state.retired if now_ms - r.retired_ms >= grace_ms)
+                report.retired_waiting = sum(len(r.objects) for r in state.retired) - sum(len(r.objects) for r in due)
+                if not due or dry_run:
+                    report.retired_deleted = [o for r in due for o in r.objects]
+                    return state
+                keep = tuple(r for r in state.retired if r not in due)
+                # Unreference first, delete second: a crash in between leaves orphans,
+                # never a published state that points at a deleted object.
+                state = meta.publish_compaction(replace(state, retired=keep), state)
+    except ConflictError:
+        return meta.load_compaction()
+    published = state.referenced_objects()
+    for r in due:
+        for obj in r.objects:
+            # (the state's schema already refuses anything else; checked again here,
+            # where deleting happens)
+            if is_compacted_object(obj) and obj not in published:
+                store.delete(loc.key(obj))
+                report.retired_deleted.append(obj)
+    return state
 
 
 def _orphans(meta: TopicMetadata, state: CompactionState, now_ms: int, grace_ms: int,

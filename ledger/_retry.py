@@ -1,20 +1,23 @@
-"""The one retry policy for storage requests.
+"""The retry policies, defined once: storage requests and compare-and-swap loops.
 
-Only :class:`~ledger.errors.TransientStorageError` is retried; conflicts and missing
-objects never are.  ``sleep`` is injectable so tests do not wait.
+A storage request retries only a :class:`~ledger.errors.TransientStorageError`; conflicts
+and missing objects never are.  A compare-and-swap loop retries only a
+:class:`~ledger.errors.ConflictError`, re-reading the state on every attempt.  ``sleep``
+is injectable so tests do not wait.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import tenacity
 
-from ledger.errors import TransientStorageError
+from ledger.errors import ConflictError, TransientStorageError
 
-__all__ = ["RetryPolicy"]
+__all__ = ["ConflictPolicy", "RetryPolicy"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,3 +38,32 @@ class RetryPolicy:
             reraise=True,
             sleep=self.sleep,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ConflictPolicy:
+    """Every compare-and-swap loop's policy: retried only on a conflict (another writer
+    swapped first), with random exponential backoff so that contenders spread out, a
+    bounded number of times.  Each attempt must re-read the state it swaps from; the
+    last conflict is raised when the attempts run out."""
+
+    attempts: int = 20
+    initial_wait: float = 0.005
+    max_wait: float = 0.5
+    sleep: Callable[[float], None] = field(default=time.sleep)
+
+    def retrying(self, what: str = "") -> tenacity.Retrying:
+        def note(state: tenacity.RetryCallState) -> None:
+            _log.debug("%s: conflict on attempt %d, trying again", what or "compare-and-swap", state.attempt_number)
+
+        return tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(self.attempts),
+            wait=tenacity.wait_random_exponential(multiplier=self.initial_wait, max=self.max_wait),
+            retry=tenacity.retry_if_exception_type(ConflictError),
+            reraise=True,
+            sleep=self.sleep,
+            before_sleep=note,
+        )
+
+
+_log = logging.getLogger("shale")

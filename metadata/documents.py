@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,22 +100,6 @@ class DocumentStore:
         if expected is None:
             return self.create(name, value)
         return self.replace(name, value, expected.version, token=expected.token)
-
-    def update(self, name: str, fn: Callable[[Versioned | None], dict[str, Any]], *,
-               attempts: int = 20, backoff: float = 0.01) -> Versioned:
-        """Read-modify-write with retries: ``fn`` is re-applied to a fresh read after every
-        conflict, so it may refuse (raise) when the new state no longer allows the change."""
-        last = ConflictError(f"{self.url(name)}: no attempt made")
-        for i in range(attempts):
-            current = self.read(name)
-            value = fn(current)
-            try:
-                return self.write(name, value, current)
-            except ConflictError as e:
-                last = e
-                time.sleep(min(backoff * (2 ** i), 0.5) * (0.5 + uuid.uuid4().int % 1000 / 1000))
-        raise ConflictError(f"{self.url(name)}: gave up after {attempts} conflicting writes: {last}",
-                            expected=last.expected, found=last.found)
 
     def _conflict(self, name: str, expected: int, current: Versioned | None) -> ConflictError:
         found = current.version if current else None

@@ -139,39 +139,44 @@ class TopicMetadata:
         check).  The objects stay until garbage collection finds them unregistered past
         the orphan grace.  Returns the new topic state and the ledgers removed.
         """
+        from ledger._retry import ConflictPolicy
+
         now_ms = self.now_ms()
-        for _ in range(attempts):
-            current = self.load_topic()
-            removed = [lg for lg in current.ledgers if lg.id < before_ledger]
-            if not removed:
-                # An earlier truncation may have stopped between its two writes: finish it.
-                self._stamp_generation(current.generation, attempts)
-                return current, []
-            new = TopicState(tuple(lg for lg in current.ledgers if lg.id >= before_ledger), current.created_ms,
-                             generation=current.generation + 1,
-                             removed_through=max(current.removed_through, removed[-1].id),
-                             truncated_ms=max(now_ms, current.truncated_ms))
-            try:
-                v = self.docs.replace(TOPIC_DOC, new.to_json(), current.version, token=current.token or None)
-            except ConflictError:
-                continue  # a producer registered a ledger meanwhile: read again
+        try:
+            # a producer registering a ledger meanwhile is a conflict: read again
+            for attempt in ConflictPolicy(attempts).retrying(f"{self.uri}: truncation"):
+                with attempt:
+                    current = self.load_topic()
+                    removed = [lg for lg in current.ledgers if lg.id < before_ledger]
+                    if not removed:
+                        # An earlier truncation may have stopped between its two writes: finish it.
+                        self._stamp_generation(current.generation, attempts)
+                        return current, []
+                    new = TopicState(tuple(lg for lg in current.ledgers if lg.id >= before_ledger), current.created_ms,
+                                     generation=current.generation + 1,
+                                     removed_through=max(current.removed_through, removed[-1].id),
+                                     truncated_ms=max(now_ms, current.truncated_ms))
+                    v = self.docs.replace(TOPIC_DOC, new.to_json(), current.version, token=current.token or None)
             self._stamp_generation(new.generation, attempts)
             return replace(new, version=v.version, token=v.token), removed
-        raise ConflictError(f"{self.uri}: the topic kept changing; truncation gave up after {attempts} attempts")
+        except ConflictError as e:
+            raise ConflictError(f"{self.uri}: the topic kept changing; truncation gave up after {attempts} attempts "
+                                f"({e})") from e
 
     def _stamp_generation(self, generation: int, attempts: int) -> None:
+        from ledger._retry import ConflictPolicy
+
         if generation == 0:
             return
-        for _ in range(attempts):
-            state = self.load_compaction()
-            if state.topic_generation >= generation:
-                return
-            try:
-                self.publish_compaction(replace(state, topic_generation=generation), state)
-                return
-            except ConflictError:
-                continue
-        raise ConflictError(f"{self.uri}: could not stamp the compaction state after the truncation")
+        try:
+            for attempt in ConflictPolicy(attempts).retrying(f"{self.uri}: stamping the truncation"):
+                with attempt:
+                    state = self.load_compaction()
+                    if state.topic_generation >= generation:
+                        return
+                    self.publish_compaction(replace(state, topic_generation=generation), state)
+        except ConflictError as e:
+            raise ConflictError(f"{self.uri}: could not stamp the compaction state after the truncation ({e})") from e
 
     # ----------------------------------------------------------- compaction document
 

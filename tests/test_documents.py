@@ -74,22 +74,6 @@ def test_thread_race_one_winner_per_version(docs: DocumentStore) -> None:
         assert r is not None and r.version == round_ + 1 and r.value == {"winner": wins[0]}
 
 
-def test_update_counter_under_thread_contention(docs: DocumentStore) -> None:
-    docs.create("c.json", {"n": 0})
-
-    def bump() -> None:
-        for _ in range(10):
-            docs.update("c.json", lambda cur: {"n": cur.value["n"] + 1 if cur else 1}, attempts=200)
-
-    ts = [threading.Thread(target=bump) for _ in range(4)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    r = docs.read("c.json")
-    assert r is not None and r.value["n"] == 40 and r.version == 41
-
-
 def _process_bump(uri: str, n: int, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
     from ledger.storage import clear_backend_cache
 
