@@ -32,6 +32,7 @@ from ledger.deletions import read_deletions
 from ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, KIND_COMPACTED, KIND_ORIGINAL
 from ledger.ids import MessageId
 from ledger.reader import LedgerFile
+from metadata.state import CompactionState, TopicState
 from metadata.topic import TopicMetadata
 
 __all__ = ["EXIT_MISMATCH", "VerifyReport", "verify_topic"]
@@ -113,9 +114,17 @@ def verify_topic(meta: TopicMetadata) -> VerifyReport:
     its original ledgers."""
     state = meta.load_compaction()
     topic = meta.load_topic()
-    loc = meta.topic
     h = state.horizon
     report = VerifyReport(meta.uri, str(h) if h else None, state.epoch)
+    published = _published(meta, state, report)
+    original, existing = _recomputed(meta, topic, h)
+    _compare(report, published, original, existing)
+    return report
+
+
+def _published(meta: TopicMetadata, state: CompactionState, report: VerifyReport) -> _Records:
+    """The live records of the compacted parts, every frame and record checked on the way."""
+    loc = meta.topic
     published = _Records()
     for p in state.parts:
         f = LedgerFile.open(loc.store, loc.key(p.object), ledger_id=state.part_ledger_id(p), kind=KIND_COMPACTED)
@@ -129,7 +138,14 @@ def verify_topic(meta: TopicMetadata) -> VerifyReport:
                          np.arange(starts[c0], starts[c1], dtype=np.int64))
             report.frames_checked += c1 - c0
         published.add(f, 0, f.n_records, None if gone is None else ~gone)
-    existing = set()
+    return published
+
+
+def _recomputed(meta: TopicMetadata, topic: TopicState, h: MessageId | None) -> tuple[_Records, set[int]]:
+    """The keyed records of the original ledgers up to the horizon (footers only), and
+    the ids of the ledgers that still exist there."""
+    loc = meta.topic
+    existing: set[int] = set()
     original = _Records()
     if h is not None:
         for lg in topic.ledgers:
@@ -139,6 +155,12 @@ def verify_topic(meta: TopicMetadata) -> VerifyReport:
             f = LedgerFile.open(loc.store, loc.key(lg.object), ledger_id=lg.id, kind=KIND_ORIGINAL)
             stop = f.find(h.successor()) if lg.id == h.ledger else f.n_records
             original.add(f, 0, stop)
+    return original, existing
+
+
+def _compare(report: VerifyReport, published: _Records, original: _Records, existing: set[int]) -> None:
+    """Count and name, in ``report``, what the published view has that the recomputed
+    one has not, and the other way round."""
     p_hi, p_lo, p_ids, p_tomb = published.arrays()
     o_hi, o_lo, o_ids, o_tomb = original.arrays()
     report.records_checked = len(p_hi)
@@ -150,11 +172,6 @@ def verify_topic(meta: TopicMetadata) -> VerifyReport:
     p_hi, p_lo, p_ids, p_tomb = p_hi[order], p_lo[order], p_ids[order], p_tomb[order]
     at = _find(e_hi, e_lo, p_hi, p_lo)
     found = at >= 0
-
-    def note(kind: str, what: str) -> None:
-        if len(report.examples) < _EXAMPLES:
-            report.examples.append(f"{kind}: {what}")
-
     j = at[found]
     gone_ledger = ~np.isin(p_ids[:, 0], np.fromiter(existing, dtype=np.uint64, count=len(existing)))
     other = np.zeros(len(p_hi), dtype=bool)  # the compacted record is not the recomputed latest
@@ -168,21 +185,20 @@ def verify_topic(meta: TopicMetadata) -> VerifyReport:
     # its ledger is gone: nothing newer exists either (a newer one would be stale, above)
     unverifiable = (~found | (other & ~newer)) & gone_ledger
     orphan = (~found | (other & ~newer)) & ~gone_ledger & ~p_tomb
-    report.stale, report.unverifiable = int(differs.sum()), int(unverifiable.sum())
-    report.extra = int(flag.sum() + orphan.sum())
-    for i in np.flatnonzero(differs)[:_EXAMPLES]:
-        note("stale", f"compacted record {_id(p_ids[i])}, latest is {_id(e_ids[at[i]])}")
-    for i in np.flatnonzero(flag)[:_EXAMPLES]:
-        note("extra", f"record {_id(p_ids[i])} differs from the original in its tombstone flag")
-    for i in np.flatnonzero(orphan)[:_EXAMPLES]:
-        note("extra", f"compacted record {_id(p_ids[i])} has no original up to the horizon")
     have = np.zeros(len(e_hi), dtype=bool)
     have[at[found]] = True
     lost = np.flatnonzero(~have & ~e_tomb)
-    report.missing = len(lost)
-    for j_ in lost[:_EXAMPLES]:
-        note("missing", f"the key of record {_id(e_ids[j_])} (its latest) is not in the compacted view")
-    return report
+    report.stale, report.unverifiable = int(differs.sum()), int(unverifiable.sum())
+    report.extra, report.missing = int(flag.sum() + orphan.sum()), len(lost)
+    examples = [(f"stale: compacted record {_id(p_ids[i])}, latest is {_id(e_ids[at[i]])}")
+                for i in np.flatnonzero(differs)[:_EXAMPLES]]
+    examples += [f"extra: record {_id(p_ids[i])} differs from the original in its tombstone flag"
+                 for i in np.flatnonzero(flag)[:_EXAMPLES]]
+    examples += [f"extra: compacted record {_id(p_ids[i])} has no original up to the horizon"
+                 for i in np.flatnonzero(orphan)[:_EXAMPLES]]
+    examples += [f"missing: the key of record {_id(e_ids[i])} (its latest) is not in the compacted view"
+                 for i in lost[:_EXAMPLES]]
+    report.examples = examples[:_EXAMPLES]
 
 
 def _later(a: npt.NDArray[np.uint64], b: npt.NDArray[np.uint64]) -> npt.NDArray[np.bool_]:
