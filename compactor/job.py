@@ -229,16 +229,7 @@ class Compactor:
                 return done(RunStatus.CONFLICT, "another compactor replaced the compacted ledger this run was reading; "
                             "this run's output was removed", gc=False)
             t = phase("pass_two", t)
-            summary.bytes_read += out.bytes_read
-            summary.records_written = out.records_written
-            summary.records_reused = out.records_reused
-            if out.records_written + out.records_reused != survivors.records_kept:
-                # Never publish a ledger that lost (or gained) records.
-                raise ShaleError(f"{self.meta.uri}: pass two wrote {out.records_written} records and kept "
-                                 f"{out.records_reused} in place where pass one kept {survivors.records_kept}; "
-                                 "nothing was published")
-            summary.bytes_written = out.bytes_written
-            summary.parts = len(out.parts)
+            self._note_output(summary, out, survivors)
             heartbeat.stop()
             if not heartbeat.healthy():
                 summary.horizon = summary.previous_horizon
@@ -246,25 +237,13 @@ class Compactor:
                             "its output; nothing was published", gc=False)
             self.progress("publishing")
             new_state = self._new_state(plan, survivors, out, run_id, epoch, summary)
-            remove_output = False
-            try:
-                self.meta.publish_compaction(new_state, prev)
-            except ConflictError as e:
-                remove_output = True
-                t = phase("publish", t)
-                summary.horizon = summary.previous_horizon
-                now = self.meta.load_compaction()
-                if now.epoch == prev.epoch and now.topic_generation > prev.topic_generation:
-                    return done(RunStatus.CONFLICT, "the topic was truncated while this run read it (retention); this "
-                                "run's output was removed and the next run plans again", gc=False)
-                return done(RunStatus.CONFLICT, f"another compactor published first ({e}); this run's output "
-                            "was removed", gc=False)
-            except (StateUnknownError, TransientStorageError):
-                # The publish may have landed.  Only the state can tell; without an
-                # answer nothing is deleted (leftovers are garbage collection's job).
-                if self.meta.load_compaction().compacted_ledger != run_id:
-                    raise
+            remove_output = False  # from here a failure may have published: never remove on a guess
+            lost = self._publish(new_state, prev, run_id)
             t = phase("publish", t)
+            if lost:
+                remove_output = True
+                summary.horizon = summary.previous_horizon
+                return done(RunStatus.CONFLICT, lost, gc=False)
             summary.epoch = epoch
             summary.compacted_ledger = run_id
         finally:
@@ -280,6 +259,37 @@ class Compactor:
         more = (f"the key map was full: {summary.deferred_records:,} newer records are left for the next run"
                 if summary.deferred_records else "")
         return done(RunStatus.COMPACTED, more, gc=False)
+
+    def _note_output(self, summary: RunSummary, out: PassTwoResult, survivors: SurvivorCounts) -> None:
+        """What pass two wrote, in the summary; a count that differs from pass one's is
+        an error (never publish a ledger that lost, or gained, records)."""
+        summary.bytes_read += out.bytes_read
+        summary.records_written = out.records_written
+        summary.records_reused = out.records_reused
+        if out.records_written + out.records_reused != survivors.records_kept:
+            raise ShaleError(f"{self.meta.uri}: pass two wrote {out.records_written} records and kept "
+                             f"{out.records_reused} in place where pass one kept {survivors.records_kept}; "
+                             "nothing was published")
+        summary.bytes_written = out.bytes_written
+        summary.parts = len(out.parts)
+
+    def _publish(self, new_state: CompactionState, prev: CompactionState, run_id: str) -> str:
+        """One compare-and-swap from ``prev`` to ``new_state``: "" when it landed, why it
+        lost when another writer swapped first (the caller removes its output)."""
+        try:
+            self.meta.publish_compaction(new_state, prev)
+        except ConflictError as e:
+            now = self.meta.load_compaction()
+            if now.epoch == prev.epoch and now.topic_generation > prev.topic_generation:
+                return ("the topic was truncated while this run read it (retention); this run's output was removed "
+                        "and the next run plans again")
+            return f"another compactor published first ({e}); this run's output was removed"
+        except (StateUnknownError, TransientStorageError):
+            # The publish may have landed.  Only the state can tell; without an answer
+            # nothing is deleted (leftovers are garbage collection's job).
+            if self.meta.load_compaction().compacted_ledger != run_id:
+                raise
+        return ""
 
     def _new_state(self, plan: Plan, survivors: SurvivorCounts, out: PassTwoResult, run_id: str, epoch: int,
                    summary: RunSummary) -> CompactionState:

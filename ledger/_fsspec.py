@@ -1,11 +1,12 @@
 """Any other fsspec filesystem (gs://, az://, abfs://, ...) for ledger data.
 
-fsspec offers no portable compare-and-swap, so these stores refuse
-:meth:`put_if_match`; keep the metadata on S3 or a local folder with ``--metadata``.
+fsspec offers no portable compare-and-swap, so these stores declare no conditional
+writes and refuse them all; keep the metadata on S3 or a local folder with ``--metadata``.
 """
 
 from __future__ import annotations
 
+import posixpath
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -66,8 +67,17 @@ class _FsspecWriter(ObjectWriter):
 class FsspecStore(ObjectStore):
     """An fsspec filesystem rooted at ``scheme://netloc``."""
 
+    supports_conditional_writes = False
+
     def __init__(self, fs: Any, scheme: str, netloc: str) -> None:
         self.fs, self.scheme, self.netloc = fs, scheme, netloc
+        protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+        # fsspec's memory filesystem is a dict in this process, like memory://
+        in_process = "memory" in protocols
+        self.shared_between_processes = not in_process
+        # an asynchronous filesystem (gcs, azure, http) refuses to be used across a fork
+        self.process_safe = not in_process and not getattr(fs, "async_impl", False)
+        self.reads_are_local = in_process or bool(getattr(fs, "local_file", False))
 
     def _p(self, key: str) -> str:
         return f"{self.netloc}/{key}" if self.netloc else key
@@ -91,6 +101,8 @@ class FsspecStore(ObjectStore):
         return bytes(self._wrap(key, lambda: self.fs.cat_file(self._p(key))))
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
+        # a local file reads to its end for an end before the start: an empty range is asked as such
+        end = max(start, end)
         return bytes(self._wrap(key, lambda: self.fs.cat_file(self._p(key), start=start, end=end)))
 
     def stat(self, key: str) -> ObjectInfo:
@@ -100,28 +112,37 @@ class FsspecStore(ObjectStore):
         return ObjectInfo(key, int(info.get("size") or 0), _mtime(info))
 
     def put(self, key: str, data: bytes, *, durable: bool = True) -> None:
-        self._wrap(key, lambda: self.fs.pipe_file(self._p(key), data))
+        path = self._p(key)
+
+        def write() -> None:
+            try:
+                self.fs.pipe_file(path, data)
+            except FileNotFoundError:
+                # a filesystem with real folders (a local disk, SFTP, HDFS) needs the
+                # object's folder first; object stores have none and never get here
+                self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+                self.fs.pipe_file(path, data)
+        self._wrap(key, write)
 
     def open_writer(self, key: str) -> ObjectWriter:
         return _FsspecWriter(self, key)
 
-    def get_with_token(self, key: str) -> tuple[bytes, str]:
-        raise UnsupportedOperationError(
+    def _no_conditional_writes(self, key: str) -> UnsupportedOperationError:
+        return UnsupportedOperationError(
             f"{self.url(key)}: {self.scheme}:// has no compare-and-swap through fsspec; "
             "keep the metadata on s3:// or a local folder (--metadata)"
         )
 
+    # Create-only is refused too: fsspec's "xb" mode is not atomic on most filesystems,
+    # and the token it would return could not be compared against anyway.
+    def get_with_token(self, key: str) -> tuple[bytes, str]:
+        raise self._no_conditional_writes(key)
+
     def put_if_absent(self, key: str, data: bytes) -> str:
-        def create() -> str:
-            with self.fs.open(self._p(key), "xb") as f:
-                f.write(data)
-            return ""
-        result: str = self._wrap(key, create)
-        return result
+        raise self._no_conditional_writes(key)
 
     def put_if_match(self, key: str, data: bytes, token: str) -> str:
-        self.get_with_token(key)
-        raise AssertionError("unreachable")
+        raise self._no_conditional_writes(key)
 
     def delete(self, key: str) -> None:
         try:
@@ -136,10 +157,13 @@ class FsspecStore(ObjectStore):
         except FileNotFoundError:
             return
         head = f"{self.netloc}/" if self.netloc else ""
+        folder = prefix.rstrip("/") + "/" if prefix.rstrip("/") else ""
         for path in sorted(found):
             info = found[path]
             key = path.lstrip("/")[len(head.lstrip("/")):] if head else path.lstrip("/")
-            yield ObjectInfo(key, int(info.get("size") or 0), _mtime(info))
+            # find() of an object's own path returns the object; a folder listing does not
+            if key.startswith(folder):
+                yield ObjectInfo(key, int(info.get("size") or 0), _mtime(info))
 
 
 def fsspec_factory(scheme: str) -> Callable[[str], ObjectStore]:

@@ -45,8 +45,10 @@ class MemoryStore(ObjectStore):
     """A dict of objects guarded by one lock."""
 
     scheme = "memory"
-    reads_are_local = True
+    supports_conditional_writes = True
     process_safe = False  # a child process would write into its own copy
+    shared_between_processes = False  # the objects live in this process only
+    reads_are_local = True
 
     def __init__(self, name: str) -> None:
         self.name = name

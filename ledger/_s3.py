@@ -138,6 +138,8 @@ class S3Store(ObjectStore):
     """One S3 bucket (or S3-compatible store)."""
 
     scheme = "s3"
+    supports_conditional_writes = True  # If-None-Match: * and If-Match: <etag>
+    shared_between_processes = True
 
     def __init__(self, bucket: str, *, retry: RetryPolicy | None = None,
                  client: Any = None, max_workers: int = 8) -> None:
@@ -271,6 +273,10 @@ class S3Store(ObjectStore):
             raise AlreadyExistsError(f"{self.url(key)}: already exists") from e
 
     def put_if_match(self, key: str, data: bytes, token: str) -> str:
+        if not token:
+            # an empty If-Match is ignored by some S3 implementations: the write would be
+            # unconditional
+            raise ConflictError(f"{self.url(key)}: no token to compare against")
         try:
             return self._conditional_put(key, data, IfMatch=token)
         except ObjectNotFoundError as e:

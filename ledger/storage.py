@@ -7,7 +7,9 @@ conditional writes the metadata store is built on:
 * :meth:`ObjectStore.put_if_match` — compare-and-swap on an opaque token (S3 ``If-Match``).
 
 Backends: ``memory://`` (tests), local paths and ``file://``, ``s3://`` (boto3), and any
-other scheme fsspec knows (data only; no compare-and-swap).
+other scheme fsspec knows (data only; no compare-and-swap).  What a backend can do is
+declared by class-level flags (:data:`CAPABILITIES`), which callers check up front with
+:func:`require`.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from ledger.errors import InvalidURIError, UnsupportedOperationError
+from ledger.errors import InvalidInputError, InvalidURIError, UnsupportedOperationError
 
 __all__ = [
+    "CAPABILITIES",
     "Location",
     "ObjectInfo",
     "ObjectStore",
@@ -32,6 +35,7 @@ __all__ = [
     "clear_backend_cache",
     "mask_uri",
     "register_backend",
+    "require",
     "resolve",
     "validate_key_part",
 ]
@@ -76,9 +80,23 @@ class ObjectStore(ABC):
     """A flat key space of objects (a bucket, a folder tree, a dict)."""
 
     scheme: str = ""
-    #: Whether a forked process may use this store (and see what it writes); pass two's
-    #: worker processes need it.
+
+    # What a store can do is declared here, once, so that callers refuse early and say
+    # why (see :func:`require`) instead of failing half-way through a run.  Backends
+    # override the flags that differ; the table in :data:`CAPABILITIES` names them.
+
+    #: Whether :meth:`put_if_absent`, :meth:`put_if_match` and :meth:`get_with_token`
+    #: work: create-only and compare-and-swap on a token, atomic against every other
+    #: writer.  The metadata store is built on them.  A store without them refuses all
+    #: three with :class:`UnsupportedOperationError`.
+    supports_conditional_writes: bool = True
+    #: Whether a forked process may use this very store object, and this process then
+    #: sees what the child wrote; pass two's worker processes need it.
     process_safe: bool = True
+    #: Whether other processes, and other machines, that open the same URI see the same
+    #: objects (a local folder: those on this machine, or wherever it is mounted).
+    #: Spark's executors are other processes and need it.
+    shared_between_processes: bool = True
     #: Whether a read is CPU work in this process (a local folder, memory) rather than
     #: a request answered with latency: then reading more objects at once than there are
     #: CPUs only adds threads that contend.
@@ -197,6 +215,31 @@ class ObjectStore(ABC):
     def discard_write(self, info: ObjectInfo) -> None:
         """Remove one leftover listed by :meth:`unfinished_writes`."""
         raise UnsupportedOperationError(f"{self.url(info.key)}: this store has no unfinished writes")
+
+
+#: The capability flags of :class:`ObjectStore`, each with what it means in a message.
+CAPABILITIES: Final[dict[str, str]] = {
+    "supports_conditional_writes": "conditional writes (create-only and compare-and-swap)",
+    "process_safe": "use from forked processes",
+    "shared_between_processes": "objects that other processes and machines can see",
+    "reads_are_local": "reads served in this process",
+}
+
+
+def require(store: ObjectStore | Location, capability: str, what: str, *, hint: str = "") -> None:
+    """Refuse, with one clear line, to use ``store`` (or the folder ``store``) for
+    ``what`` when it does not declare ``capability``, one of :data:`CAPABILITIES`.
+
+    ``require(meta, "supports_conditional_writes", "a topic's metadata")`` raises
+    :class:`UnsupportedOperationError` on an fsspec store; ``hint`` is appended to
+    say what to do instead."""
+    if capability not in CAPABILITIES:
+        raise InvalidInputError(f"unknown store capability {capability!r}; one of {', '.join(CAPABILITIES)}")
+    where, obj = (store.uri, store.store) if isinstance(store, Location) else (store.url(""), store)
+    if getattr(obj, capability):
+        return
+    message = f"{where}: {what} needs {CAPABILITIES[capability]}, which {obj.scheme}:// storage does not offer"
+    raise UnsupportedOperationError(f"{message}; {hint}" if hint else message)
 
 
 # --------------------------------------------------------------------------- URIs

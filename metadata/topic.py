@@ -12,7 +12,7 @@ import time
 from dataclasses import replace
 
 from ledger.errors import AlreadyExistsError, ConflictError, InvalidInputError, InvalidURIError, TopicNotFoundError
-from ledger.storage import Location, resolve
+from ledger.storage import Location, require, resolve
 from metadata.documents import DocumentStore, Versioned
 from metadata.layout import META_DIR
 from metadata.state import CompactionState, LedgerInfo, TopicState
@@ -56,6 +56,8 @@ class TopicMetadata:
         self.topic = topic
         self.meta = meta
         self.metadata_uri = metadata_uri
+        require(meta, "supports_conditional_writes", "a topic's metadata",
+                hint="keep the metadata on s3:// or a local folder (--metadata)")
         self.docs = DocumentStore(meta)
 
     @classmethod
