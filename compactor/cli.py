@@ -345,11 +345,7 @@ def _compact_each(args: argparse.Namespace, config: CompactionConfig, engine: En
         finally:
             if bar is not None:
                 bar.finish(shown_uri)
-        if summary.status is RunStatus.ERROR:
-            event(logging.ERROR, "topic.error", str(summary.error), topic=shown_uri, exit_code=summary.exit_code)
-        else:
-            event(logging.INFO, "topic.done", f"{shown_uri}: {summary.status}", topic=shown_uri, status=summary.status,
-                  exit_code=summary.exit_code, summary=summary.to_json())
+        _log_outcome(shown_uri, summary)
         with lock:
             line = json.dumps(summary.to_json(), separators=(",", ":")) if args.json else (
                 None if summary.status is RunStatus.ERROR else summary.human())
@@ -368,12 +364,26 @@ def _compact_each(args: argparse.Namespace, config: CompactionConfig, engine: En
             codes = list(pool.map(one, topics))
     else:
         codes = [one(t) for t in topics]
+    worst = _worst(codes)
+    event(logging.INFO, "run.done", f"{len(topics)} topic(s), exit code {worst}", topics=len(topics),
+          exit_code=worst, failed=sum(1 for c in codes if c != 0))
+    return worst
+
+
+def _log_outcome(shown_uri: str, summary: RunSummary) -> None:
+    if summary.status is RunStatus.ERROR:
+        event(logging.ERROR, "topic.error", str(summary.error), topic=shown_uri, exit_code=summary.exit_code)
+    else:
+        event(logging.INFO, "topic.done", f"{shown_uri}: {summary.status}", topic=shown_uri, status=summary.status,
+              exit_code=summary.exit_code, summary=summary.to_json())
+
+
+def _worst(codes: list[int]) -> int:
+    """The exit code of several topics' runs: the worst outcome (4, then 1, 2, 3)."""
     worst = 0
     for code in codes:
         if _SEVERITY.get(code, 3) > _SEVERITY.get(worst, 3):
             worst = code
-    event(logging.INFO, "run.done", f"{len(topics)} topic(s), exit code {worst}", topics=len(topics),
-          exit_code=worst, failed=sum(1 for c in codes if c != 0))
     return worst
 
 

@@ -9,6 +9,7 @@ keeps garbage collection from mistaking the run for a crashed one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -203,16 +204,12 @@ class Compactor:
         summary.horizon = str(plan.horizon) if plan.horizon else None
         summary.ledgers_read = plan.ledgers_read
         if self.config.dry_run:
-            summary.records_written = survivors.records_kept
-            summary.epoch = prev.epoch + 1
+            summary.records_written, summary.epoch = survivors.records_kept, prev.epoch + 1
             return done(RunStatus.DRY_RUN, "nothing written or published", gc=False)
 
         epoch = prev.epoch + 1
-        run_id = f"{epoch:012d}-{uuid.uuid4().hex[:12]}"
-        run_dir = f"{COMPACTED_DIR}/{run_id}"
+        run_id, run_dir, heartbeat = self._new_run(epoch, summary.horizon, now_ms)
         written: list[str] = [f"{run_dir}/{HEARTBEAT_NAME}"]
-        heartbeat = _Heartbeat(self.meta, run_dir, {"run": run_id, "epoch": epoch,
-                                                    "horizon": summary.horizon, "started_ms": now_ms})
         remove_output = True  # until the publish outcome says otherwise
         try:
             heartbeat.start()
@@ -250,15 +247,21 @@ class Compactor:
             heartbeat.stop()
             if remove_output:
                 self._remove(run_dir, written)
-        try:
+        with contextlib.suppress(ShaleError):  # published: a leftover is collected as unreferenced
             self.meta.topic.store.delete(self.meta.topic.key(f"{run_dir}/{HEARTBEAT_NAME}"))
-        except ShaleError:
-            pass  # published: the leftover is collected as an unreferenced object
         self._gc(summary)
         phase("gc", t)
         more = (f"the key map was full: {summary.deferred_records:,} newer records are left for the next run"
                 if summary.deferred_records else "")
         return done(RunStatus.COMPACTED, more, gc=False)
+
+    def _new_run(self, epoch: int, horizon: str | None, now_ms: int) -> tuple[str, str, _Heartbeat]:
+        """A new run's id, its folder (nothing refers to it until the publish) and the
+        heartbeat that keeps garbage collection from taking it while it writes."""
+        run_id = f"{epoch:012d}-{uuid.uuid4().hex[:12]}"
+        run_dir = f"{COMPACTED_DIR}/{run_id}"
+        info = {"run": run_id, "epoch": epoch, "horizon": horizon, "started_ms": now_ms}
+        return run_id, run_dir, _Heartbeat(self.meta, run_dir, info)
 
     def _note_output(self, summary: RunSummary, out: PassTwoResult, survivors: SurvivorCounts) -> None:
         """What pass two wrote, in the summary; a count that differs from pass one's is

@@ -15,6 +15,7 @@ cleaning) and the plan it returns says so.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -211,11 +212,21 @@ def pass_one(plan: Plan, config: CompactionConfig, now_ms: int) -> Survivors:
             raise
 
 
+def _lookups_ahead(plan: Plan, key_map: KeyMap, threads: int,
+                   lookups: ThreadPoolExecutor) -> dict[int, Future[npt.NDArray[np.bool_]]]:
+    """With enough previous parts to give every thread one, all their lookups handed to
+    the pool at once (by slice): each part's answer is then taken in order, so the pool
+    looks up the next parts while the caller finishes the part before."""
+    previous = [i for i, s in enumerate(plan.slices) if s.compacted]
+    if len(previous) < threads or threads <= 1:
+        return {}
+    key_map.prepare_lookups()
+    return {i: lookups.submit(key_map.contains, *_hashes(plan.slices[i])) for i in previous}
+
+
 def _decide(plan: Plan, key_map: KeyMap, deferred: int, config: CompactionConfig, now_ms: int, threads: int,
             lookups: ThreadPoolExecutor) -> Survivors:
-    offsets = [0]
-    for s in plan.slices:
-        offsets.append(offsets[-1] + s.records)
+    offsets = list(itertools.accumulate((s.records for s in plan.slices), initial=0))
     n = offsets[-1]
     keep = np.zeros(n, dtype=bool)
     keep[key_map.pos] = True  # each new key's latest record
@@ -225,15 +236,7 @@ def _decide(plan: Plan, key_map: KeyMap, deferred: int, config: CompactionConfig
     unsuperseded = 0  # records of the previous compacted ledger whose key was not written again
     absent = 0  # records of previous parts that a deletion vector already removed
     tomb_bits = np.uint8(FLAG_HAS_KEY | FLAG_TOMBSTONE)
-    previous = [i for i, s in enumerate(plan.slices) if s.compacted]
-    ahead: dict[int, Future[npt.NDArray[np.bool_]]] = {}
-    if len(previous) >= threads > 1:
-        # Enough previous parts to give every thread one: all their lookups are handed
-        # to the pool at once, and each part's answer is taken in order below, so the
-        # pool looks up the next parts while this thread finishes the part before.
-        key_map.prepare_lookups()
-        for i in previous:
-            ahead[i] = lookups.submit(key_map.contains, *_hashes(plan.slices[i]))
+    ahead = _lookups_ahead(plan, key_map, threads, lookups)
     for i, s in enumerate(plan.slices):
         a, b = offsets[i], offsets[i + 1]
         foot = s.file.footer
@@ -248,10 +251,8 @@ def _decide(plan: Plan, key_map: KeyMap, deferred: int, config: CompactionConfig
         if s.compacted:
             # every record is looked up (no gather of the keyed ones): the answer for a
             # keyless or deleted one is masked out below
-            if i in ahead:
-                newer = ahead.pop(i).result()
-            else:
-                newer = key_map.contains(*_hashes(s), threads=threads, pool=lookups)
+            newer = ahead.pop(i).result() if i in ahead else key_map.contains(*_hashes(s), threads=threads,
+                                                                               pool=lookups)
             live = has_key & ~newer
             k |= live
             unsuperseded += int(np.count_nonzero(live))

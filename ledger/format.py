@@ -373,21 +373,28 @@ def decode_footer(data: bytes | memoryview, trailer: Trailer, where: str) -> Foo
         if len(arr) != (n_entries if per == "e" else n_records):
             raise bad(f"column {name} has {len(arr)} rows")
         cols[name] = arr
-    offsets, lengths = cols["e_offset"], cols["e_length"].astype(np.uint64)
-    if n_entries:
-        # Compared without adding, so huge offsets cannot wrap around.
-        if (offsets[0] < HEADER_SIZE or np.any(offsets > np.uint64(pos)) or np.any(lengths > np.uint64(pos) - offsets)
-                or np.any(offsets[1:] - offsets[:-1] < lengths[:-1]) or np.any(offsets[1:] < offsets[:-1])):
-            raise bad("entry offsets overlap or leave the data region")
-        if np.any(lengths < FRAME_HEADER.size):
-            raise bad("entry shorter than its frame header")
-        # Records tile their entry exactly: each starts where the one before it ends and
-        # the last one ends where the payload does.  Pass two copies by these columns,
-        # so a footer that lied about them would silently copy the wrong bytes.
-        why = _tiling_error(cols["r_offset"], cols["r_size"], e_rec_start, cols["e_length"])
-        if why:
-            raise bad(why)
+    why = _layout_error(cols, e_rec_start, pos) if n_entries else ""
+    if why:
+        raise bad(why)
     return Footer(trailer.kind, trailer.ledger_id, pos, e_rec_start, cols, meta)
+
+
+def _layout_error(cols: dict[str, npt.NDArray[Any]], e_rec_start: npt.NDArray[np.int64], data_end: int) -> str:
+    """Why the entries and records of a footer do not lay out the data region ("" when
+    they do): frames inside it, in order, not overlapping, each at least its header;
+    records tiling each entry's payload exactly."""
+    offsets, lengths = cols["e_offset"], cols["e_length"].astype(np.uint64)
+    # Compared without adding, so huge offsets cannot wrap around.
+    if (offsets[0] < HEADER_SIZE or np.any(offsets > np.uint64(data_end))
+            or np.any(lengths > np.uint64(data_end) - offsets)
+            or np.any(offsets[1:] - offsets[:-1] < lengths[:-1]) or np.any(offsets[1:] < offsets[:-1])):
+        return "entry offsets overlap or leave the data region"
+    if np.any(lengths < FRAME_HEADER.size):
+        return "entry shorter than its frame header"
+    # Records tile their entry exactly: each starts where the one before it ends and the
+    # last one ends where the payload does.  Pass two copies by these columns, so a
+    # footer that lied about them would silently copy the wrong bytes.
+    return _tiling_error(cols["r_offset"], cols["r_size"], e_rec_start, cols["e_length"])
 
 
 def _tiling_error(offset: npt.NDArray[np.uint32], size: npt.NDArray[np.uint32], e_rec_start: npt.NDArray[np.int64],
