@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import time
 import urllib.parse
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
-from compactor.commandline import OneLineParser, run_command
+from compactor.commandline import METADATA_HELP, OneLineParser, add_topic_arguments, run_command
 from compactor.config import (
     DEFAULT_DELETE_RETENTION_MS,
     DEFAULT_GC_GRACE_MS,
@@ -147,8 +146,7 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-compaction-lag", type=_duration, default=None, metavar="DURATION",
                    help="a topic whose oldest uncompacted record is older than this is compacted first, "
                    "whatever its dirty ratio (Kafka's max.compaction.lag.ms)")
-    p.add_argument("--metadata", metavar="URI", default=None,
-                   help="where topic metadata lives (default: TOPIC_URI/_meta)")
+    p.add_argument("--metadata", metavar="URI", default=None, help=METADATA_HELP)  # SHALE_METADATA: settings
     p.add_argument("--min-compaction-lag", type=_duration, default=0, metavar="DURATION",
                    help="records younger than this wait for a later run (default 0)")
     p.add_argument("--delete-retention", type=_duration, default=DEFAULT_DELETE_RETENTION_MS, metavar="DURATION",
@@ -467,8 +465,7 @@ def register_subcommands(sub: Any) -> None:
                        "(crashed or beaten runs, unregistered ledgers) older than --orphan-grace. "
                        "Never deletes anything a published state refers to.",
                        epilog=COMPACT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    g.add_argument("topic", metavar="TOPIC_URI")
-    g.add_argument("--metadata", metavar="URI", default=os.environ.get("SHALE_METADATA"))
+    add_topic_arguments(g)
     g.add_argument("--grace", type=_duration, default=DEFAULT_GC_GRACE_MS, metavar="DURATION",
                    help=f"retired compacted ledgers (default {format_duration(DEFAULT_GC_GRACE_MS)})")
     g.add_argument("--orphan-grace", type=_duration, default=DEFAULT_ORPHAN_GRACE_MS, metavar="DURATION",
@@ -482,8 +479,7 @@ def register_subcommands(sub: Any) -> None:
                        "by hand). A compaction that read them while they were removed publishes nothing and "
                        "exits 3; their objects are deleted by gc once the orphan grace has passed. The compacted "
                        "view keeps the latest record of every key, as a compacted topic does.")
-    t.add_argument("topic", metavar="TOPIC_URI")
-    t.add_argument("--metadata", metavar="URI", default=os.environ.get("SHALE_METADATA"))
+    add_topic_arguments(t)
     t.add_argument("--before-ledger", type=int, required=True, metavar="ID",
                    help="remove the ledgers whose id is below ID")
     t.set_defaults(func=_run_truncate)
@@ -495,8 +491,7 @@ def register_subcommands(sub: Any) -> None:
                        epilog="exit codes: 0 the view matches; 5 missing, extra or stale keys (listed); "
                        "4 a compacted object is corrupt; 2 bad usage or missing topic",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    v.add_argument("topic", metavar="TOPIC_URI")
-    v.add_argument("--metadata", metavar="URI", default=os.environ.get("SHALE_METADATA"))
+    add_topic_arguments(v)
     v.add_argument("--json", action="store_true", help="print the report as one JSON line")
     v.set_defaults(func=_run_verify)
 

@@ -13,7 +13,16 @@ from typing import NoReturn, TextIO
 from ledger.errors import error_line, exit_code_of
 from ledger.storage import mask_uri
 
-__all__ = ["OneLineParser", "run_command"]
+__all__ = ["METADATA_HELP", "OneLineParser", "add_topic_arguments", "run_command"]
+
+METADATA_HELP = "where the topic's metadata lives (default: TOPIC_URI/_meta; env SHALE_METADATA)"
+
+
+def add_topic_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of a command about one topic: its URI, and ``--metadata``."""
+    p.add_argument("topic", metavar="TOPIC_URI",
+                   help="topic folder: a local path, file://, s3://bucket/prefix, memory://...")
+    p.add_argument("--metadata", metavar="URI", default=os.environ.get("SHALE_METADATA"), help=METADATA_HELP)
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO, TextIO
 
-from compactor.commandline import OneLineParser, run_command
+from compactor.commandline import OneLineParser, add_topic_arguments, run_command
 from ledger.errors import EXIT_USAGE, InvalidInputError
 
 __all__ = ["main"]
@@ -43,13 +43,6 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
     return value
-
-
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("topic", metavar="TOPIC_URI",
-                   help="topic folder: a local path, file://, s3://bucket/prefix, memory://...")
-    p.add_argument("--metadata", metavar="URI", default=os.environ.get("SHALE_METADATA"),
-                   help="where the topic's metadata lives (default: TOPIC_URI/_meta; env SHALE_METADATA)")
 
 
 def _print_json(doc: Any, out: TextIO) -> None:
@@ -147,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
                        '"properties": {str: str}, "event_time": int}. A null or empty value '
                        "is a tombstone. Prints one JSON line with the ids and counts.",
                        epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _common(p)
+    add_topic_arguments(p)
     p.add_argument("--input", metavar="PATH|-", default="-", help="JSON-lines file (default: standard input)")
     p.add_argument("--max-ledger-records", type=positive_int, default=500_000, metavar="N",
                    help="seal a ledger after N records (default 500000)")
@@ -161,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Print records as JSON lines "
                        '{"id","key","value" (or "value_b64"),"properties","publish_time","event_time"}.',
                        epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _common(p)
+    add_topic_arguments(p)
     p.add_argument("--start", default="earliest", metavar="earliest|latest|ID",
                    help="where to start: earliest (default), latest, or a message id LEDGER:ENTRY:BATCH "
                    "(a missing id starts at the next existing one)")
@@ -174,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", help="print a topic's ledgers, records and compaction state as JSON",
                        epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _common(p)
+    add_topic_arguments(p)
     p.set_defaults(func=_cmd_status)
 
     for register in _EXTRA_COMMANDS:
