@@ -4,8 +4,8 @@ import os
 
 # Shale never calls BLAS, but NumPy's OpenBLAS starts a thread per core when NumPy is
 # imported, and each spins for a while before it sleeps: on a small machine that takes
-# a core from the run (about a tenth of a short run's time on 2 cores).  One thread,
-# unless the environment says otherwise; this only has an effect before NumPy's import.
+# a core from the run (bench/README.md).  One thread, unless the environment says
+# otherwise; this only has an effect before NumPy's import.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 # (NumPy is imported below this line, through the modules of the package.)

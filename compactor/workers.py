@@ -40,9 +40,9 @@ MIN_PARALLEL_BYTES = 64 << 20
 #: Groups per worker: more groups balance uneven work (the biggest go first, and what is
 #: left at the end is small), fewer make fewer parts.
 GROUPS_PER_WORKER = 6
-#: What copying one surviving record costs, in bytes read: measured ~250 ns a record
-#: (gathering its footer columns, writing it and its footer entry) against ~0.4 ns a
-#: byte read and checked.
+#: What copying one surviving record costs (gathering its footer columns, writing it and
+#: its footer entry), in bytes read and checked: a calibration, measured by
+#: ``bench/compare.py`` (see bench/README.md).
 KEPT_RECORD_COST = 600
 
 

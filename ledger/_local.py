@@ -147,7 +147,7 @@ class _LocalWriter(ObjectWriter):
             self._written += n
             if self._sync and self._written - self._kicked >= _WRITEBACK_BYTES:
                 # Start writing to disk what is written so far, without waiting: the sync at
-                # close then has only the tail left (on a 25 MB part, 15 ms down to nearly 0).
+                # close then has only the tail left.
                 self._f.flush()
                 start_writeback(self._f.fileno(), self._kicked, self._written - self._kicked)
                 self._kicked = self._written
