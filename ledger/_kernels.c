@@ -50,6 +50,12 @@ static inline uint32_t ld32(const uint32_t *p) {
 
 /* ------------------------------------------------------------------------------------ */
 /* CRC32C (Castagnoli, reflected polynomial 0x82F63B78)                                  */
+/*
+ * Why our own although the crc32c package is a dependency: check_frames and
+ * crc32c_ranges checksum thousands of frames per call in one loop without the
+ * interpreter lock, where the package takes one buffer per Python call (a memoryview and
+ * a call per frame).  tests/test_kernels.py checks it against the package.
+ */
 
 #define POLY 0x82F63B78u
 #define SHORT_BLOCK 256
@@ -257,7 +263,7 @@ static int check_ranges(const ranges_t *r, Py_ssize_t size, int64_t *total) {
 
 PyDoc_STRVAR(crc32c_doc, "crc32c(data, value=0) -> int\n\nCRC32C of data, continuing from value.");
 
-static PyObject *py_crc32c(PyObject *self, PyObject *args) {
+static PyObject *py_crc32c(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_buffer data;
     unsigned int value = 0;
     if (!PyArg_ParseTuple(args, "y*|I", &data, &value)) return NULL;
@@ -277,7 +283,7 @@ PyDoc_STRVAR(crc32c_ranges_doc,
              "crc32c_ranges(data, starts, ends) -> bytearray\n\n"
              "The CRC32C of data[starts[i]:ends[i]] for every i, as little-endian uint32 values.");
 
-static PyObject *py_crc32c_ranges(PyObject *self, PyObject *args) {
+static PyObject *py_crc32c_ranges(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *data_obj, *starts_obj, *ends_obj;
     if (!PyArg_ParseTuple(args, "OOO", &data_obj, &starts_obj, &ends_obj)) return NULL;
     Py_buffer data;
@@ -311,7 +317,7 @@ PyDoc_STRVAR(check_frames_doc,
              "payload.  Returns the index of the first frame whose header disagrees with lengths[i]\n"
              "or counts[i] or whose checksum does not match, or -1 when all are sound.");
 
-static PyObject *py_check_frames(PyObject *self, PyObject *args) {
+static PyObject *py_check_frames(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *data_obj, *offs_obj, *lens_obj, *counts_obj;
     if (!PyArg_ParseTuple(args, "OOOO", &data_obj, &offs_obj, &lens_obj, &counts_obj)) return NULL;
     Py_buffer data;
@@ -331,7 +337,7 @@ static PyObject *py_check_frames(PyObject *self, PyObject *args) {
     }
     for (Py_ssize_t i = 0; i < r.n; i++) {
         int64_t o = r.s[i], l = r.e[i];
-        if (l < 12 || o < 0 || o > INT64_MAX - l) {
+        if (l < FRAME_HEADER_BYTES || o < 0 || o > INT64_MAX - l) {
             PyErr_Format(PyExc_ValueError, "frame %zd (%lld bytes at %lld) cannot hold its header", i, (long long)l,
                          (long long)o);
             goto done;
@@ -345,9 +351,9 @@ static PyObject *py_check_frames(PyObject *self, PyObject *args) {
         for (Py_ssize_t i = 0; i < r.n && bad < 0; i++) {
             uint32_t head[3];
             int64_t len = r.e[i] - r.s[i];
-            memcpy(head, base + r.s[i], 12);
-            if ((int64_t)head[0] != len - 12 || (int64_t)head[2] != counts[i] ||
-                crc32c(0, base + r.s[i] + 12, (size_t)(len - 12)) != head[1])
+            memcpy(head, base + r.s[i], FRAME_HEADER_BYTES);
+            if ((int64_t)head[0] != len - FRAME_HEADER_BYTES || (int64_t)head[2] != counts[i] ||
+                crc32c(0, base + r.s[i] + FRAME_HEADER_BYTES, (size_t)(len - FRAME_HEADER_BYTES)) != head[1])
                 bad = i;
         }
         Py_END_ALLOW_THREADS
@@ -376,7 +382,17 @@ PyDoc_STRVAR(tiling_error_doc,
              "follow sizes; 2 when they do but the sizes do not add up to some entry; 3 when\n"
              "entry_starts do not rise through the records.");
 
-static PyObject *py_tiling_error(PyObject *self, PyObject *args) {
+/* tiling_error's answers.  ledger/format.py turns them into messages by these values
+ * (an index into _TILING_ERRORS) and the NumPy fallback in ledger/kernels.py returns the
+ * same ones: keep them. */
+enum {
+    TILING_OK = 0,
+    TILING_OFFSETS_DO_NOT_FOLLOW = 1, /* a record does not start where the one before it ends */
+    TILING_SIZES_DO_NOT_ADD_UP = 2,   /* an entry's last record does not end where its payload does */
+    TILING_BAD_ENTRY_STARTS = 3,      /* entry_starts do not rise through the records */
+};
+
+static PyObject *py_tiling_error(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *objs[4];
     if (!PyArg_ParseTuple(args, "OOOO", &objs[0], &objs[1], &objs[2], &objs[3])) return NULL;
     Py_buffer v[4];
@@ -412,11 +428,14 @@ static PyObject *py_tiling_error(PyObject *self, PyObject *args) {
             o = next;
             z = ld32(size + k);
         }
-        sums_bad |= (int64_t)o + (int64_t)z != (int64_t)ld32(len + j) - 12;
+        sums_bad |= (int64_t)o + (int64_t)z != (int64_t)ld32(len + j) - FRAME_HEADER_BYTES;
         a = b;
     }
     Py_END_ALLOW_THREADS
-    result = PyLong_FromLong(index_bad ? 3 : follows_bad ? 1 : sums_bad ? 2 : 0);
+    result = PyLong_FromLong(index_bad     ? TILING_BAD_ENTRY_STARTS
+                             : follows_bad ? TILING_OFFSETS_DO_NOT_FOLLOW
+                             : sums_bad    ? TILING_SIZES_DO_NOT_ADD_UP
+                                           : TILING_OK);
 done:
     for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
     return result;
@@ -441,124 +460,198 @@ static int is_byte(const Py_buffer *v) {
     return v->itemsize == 1 && (!strcmp(f, "?") || !strcmp(f, "B") || !strcmp(f, "b") || !strcmp(f, "c"));
 }
 
-static PyObject *py_copy_plan(PyObject *self, PyObject *args) {
-    enum { KEEP, STARTS, SEL, EOFF, ELEN, OFFS, SIZES, NBUF };
-    PyObject *objs[NBUF];
-    if (!PyArg_ParseTuple(args, "OOOOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &objs[6]))
-        return NULL;
-    Py_buffer v[NBUF];
-    int got = 0;
-    PyObject *out[8] = {NULL};
-    PyObject *result = NULL;
-    int64_t *span = NULL; /* per entry of sel: first record, end record, records kept (read once) */
-    for (; got < NBUF; got++)
-        if (PyObject_GetBuffer(objs[got], &v[got], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto done;
-    if (!is_byte(&v[KEEP]) || !is_int64(&v[STARTS], 1) || !is_int64(&v[SEL], 1) || !is_int64(&v[EOFF], 1) ||
-        !is_int64(&v[ELEN], 1) || !is_uint32(&v[OFFS]) || !is_uint32(&v[SIZES])) {
+/* copy_plan's arguments, in order, and its outputs, in order. */
+enum { PLAN_KEEP, PLAN_STARTS, PLAN_SEL, PLAN_EOFF, PLAN_ELEN, PLAN_OFFS, PLAN_SIZES, PLAN_ARGS };
+enum { OUT_REC, OUT_IN_ENTRY, OUT_NEW_OFF, OUT_KEPT, OUT_WHOLE, OUT_LENGTHS, OUT_STARTS, OUT_ENDS, PLAN_OUTPUTS };
+
+/* Why copy_plan's first pass refused its input. */
+enum {
+    PLAN_OK = 0,
+    PLAN_BAD_SEL = 1,         /* an entry of sel is not an entry of the ledger */
+    PLAN_RECORDS_OUTSIDE = 2, /* entry_starts put an entry's records outside the ledger */
+};
+
+/* What copy_plan works on: the caller's buffers, not copies (each value is read once,
+ * checked, then used, as in tiling_error). */
+typedef struct {
+    const uint8_t *keep;                          /* per record of the ledger */
+    const uint64_t *starts, *sel, *e_off, *e_len; /* int64 values, at any alignment */
+    const uint32_t *offs, *sizes;                 /* per record of the ledger */
+    Py_ssize_t n_rec, n_entries, n;               /* records and entries of the ledger, entries of sel */
+} plan_job_t;
+
+/* Where copy_plan writes: its outputs' memory (see copy_plan_doc). */
+typedef struct {
+    int64_t *rec;
+    uint32_t *in_entry, *new_off;
+    int64_t *kept;
+    uint8_t *whole;
+    int64_t *lengths;
+    int64_t *rs, *re; /* room for n + m ranges */
+} plan_out_t;
+
+/* The job for copy_plan's buffers, or -1 with an exception set. */
+static int get_plan_job(const Py_buffer v[PLAN_ARGS], plan_job_t *j) {
+    if (!is_byte(&v[PLAN_KEEP]) || !is_int64(&v[PLAN_STARTS], 1) || !is_int64(&v[PLAN_SEL], 1) ||
+        !is_int64(&v[PLAN_EOFF], 1) || !is_int64(&v[PLAN_ELEN], 1) || !is_uint32(&v[PLAN_OFFS]) ||
+        !is_uint32(&v[PLAN_SIZES])) {
         PyErr_SetString(PyExc_ValueError,
                         "keep must be a 1-byte buffer, offsets and sizes uint32, the others int64");
-        goto done;
+        return -1;
     }
-    Py_ssize_t n_rec = v[KEEP].len, n_entries = v[STARTS].len / 8 - 1, n = v[SEL].len / 8;
-    if (v[OFFS].len / 4 != n_rec || v[SIZES].len / 4 != n_rec || n_entries < 0 || v[EOFF].len / 8 != n ||
-        v[ELEN].len / 8 != n) {
+    j->n_rec = v[PLAN_KEEP].len, j->n_entries = v[PLAN_STARTS].len / 8 - 1, j->n = v[PLAN_SEL].len / 8;
+    if (v[PLAN_OFFS].len / 4 != j->n_rec || v[PLAN_SIZES].len / 4 != j->n_rec || j->n_entries < 0 ||
+        v[PLAN_EOFF].len / 8 != j->n || v[PLAN_ELEN].len / 8 != j->n) {
         PyErr_SetString(PyExc_ValueError, "keep, offsets and sizes must have one length (the records), "
                                           "entry_starts one more than the entries, sel, e_off and e_len one length");
-        goto done;
+        return -1;
     }
-    const uint8_t *keep = v[KEEP].buf;
-    const uint64_t *starts = v[STARTS].buf, *sel = v[SEL].buf, *e_off = v[EOFF].buf, *e_len = v[ELEN].buf;
-    const uint32_t *offs = v[OFFS].buf, *sizes = v[SIZES].buf;
-    if (!(span = malloc(3 * (size_t)(n ? n : 1) * sizeof(int64_t)))) {
+    j->keep = v[PLAN_KEEP].buf;
+    j->starts = v[PLAN_STARTS].buf, j->sel = v[PLAN_SEL].buf, j->e_off = v[PLAN_EOFF].buf, j->e_len = v[PLAN_ELEN].buf;
+    j->offs = v[PLAN_OFFS].buf, j->sizes = v[PLAN_SIZES].buf;
+    return 0;
+}
+
+/* Pass one: checks that every entry of sel is one of the ledger's with its records inside
+ * the ledger, and counts the kept ones, so that every output is allocated at its size.
+ * span gets, per entry of sel, its first record, its end record and the records kept
+ * (read once: pass two uses these), *m the records kept in all.  PLAN_OK or why not. */
+static int plan_count_kept(const plan_job_t *j, int64_t *span, int64_t *m) {
+    int64_t total = 0;
+    for (Py_ssize_t i = 0; i < j->n; i++) {
+        int64_t e = (int64_t)ld64(j->sel + i);
+        if (e < 0 || e >= j->n_entries) return PLAN_BAD_SEL;
+        int64_t a = (int64_t)ld64(j->starts + e), b = (int64_t)ld64(j->starts + e + 1);
+        if (a < 0 || b < a || b > j->n_rec) return PLAN_RECORDS_OUTSIDE;
+        int64_t k = 0;
+        for (int64_t r = a; r < b; r++) k += j->keep[r] != 0;
+        span[3 * i] = a, span[3 * i + 1] = b, span[3 * i + 2] = k;
+        total += k;
+    }
+    *m = total;
+    return PLAN_OK;
+}
+
+/* The outputs for n entries of sel and m kept records (the byte ranges at their most,
+ * n + m, cut to those used at the end), and o pointing into them; -1 with an exception
+ * set (out holds what was made, for the caller to release). */
+static int new_plan_outputs(PyObject *out[PLAN_OUTPUTS], plan_out_t *o, Py_ssize_t n, int64_t m) {
+    const Py_ssize_t sizes_of[PLAN_OUTPUTS] = {8 * m, 4 * m, 4 * m, 8 * n, n, 8 * n, 8 * (n + m), 8 * (n + m)};
+    for (int i = 0; i < PLAN_OUTPUTS; i++)
+        if (!(out[i] = PyByteArray_FromStringAndSize(NULL, sizes_of[i]))) return -1;
+    o->rec = (int64_t *)PyByteArray_AS_STRING(out[OUT_REC]);
+    o->in_entry = (uint32_t *)PyByteArray_AS_STRING(out[OUT_IN_ENTRY]);
+    o->new_off = (uint32_t *)PyByteArray_AS_STRING(out[OUT_NEW_OFF]);
+    o->kept = (int64_t *)PyByteArray_AS_STRING(out[OUT_KEPT]);
+    o->whole = (uint8_t *)PyByteArray_AS_STRING(out[OUT_WHOLE]);
+    o->lengths = (int64_t *)PyByteArray_AS_STRING(out[OUT_LENGTHS]);
+    o->rs = (int64_t *)PyByteArray_AS_STRING(out[OUT_STARTS]);
+    o->re = (int64_t *)PyByteArray_AS_STRING(out[OUT_ENDS]);
+    return 0;
+}
+
+/* Entry i of sel, records [a, b), all kept: the frame as it was read (header, checksum
+ * and payload) and its records at their old offsets.  *mi and *ranges count the records
+ * and ranges planned so far; no more than m records are planned, whatever another thread
+ * does to keep meanwhile (the caller then finds the counts differ). */
+static inline void plan_whole_entry(const plan_job_t *j, const plan_out_t *o, Py_ssize_t i, int64_t a, int64_t b,
+                                    int64_t m, int64_t *mi, int64_t *ranges) {
+    int64_t eo = (int64_t)ld64(j->e_off + i), el = (int64_t)ld64(j->e_len + i);
+    o->rs[*ranges] = eo, o->re[*ranges] = eo + el, (*ranges)++;
+    for (int64_t r = a; r < b && *mi < m; r++, (*mi)++) {
+        o->rec[*mi] = r, o->in_entry[*mi] = (uint32_t)(r - a), o->new_off[*mi] = ld32(j->offs + r);
+        o->kept[i]++;
+    }
+    o->lengths[i] = el;
+}
+
+/* Entry i of sel, records [a, b), some kept: the old header stands in for the new one,
+ * then one range per run of adjacent kept records, each record at its new offset.  The
+ * counts as for plan_whole_entry; at most n + m ranges (n: the entries of sel). */
+static inline void plan_kept_runs(const plan_job_t *j, const plan_out_t *o, Py_ssize_t i, int64_t a, int64_t b,
+                                  int64_t m, int64_t *mi, int64_t *ranges) {
+    int64_t eo = (int64_t)ld64(j->e_off + i);
+    o->rs[*ranges] = eo, o->re[*ranges] = eo + FRAME_HEADER_BYTES, (*ranges)++;
+    int64_t payload = 0, prev_end = -1;
+    for (int64_t r = a; r < b && *mi < m; r++) {
+        if (!j->keep[r]) continue;
+        int64_t s = eo + FRAME_HEADER_BYTES + (int64_t)ld32(j->offs + r), z = (int64_t)ld32(j->sizes + r);
+        if (s == prev_end) {
+            o->re[*ranges - 1] += z;
+        } else if (*ranges < j->n + m) {
+            o->rs[*ranges] = s, o->re[*ranges] = s + z, (*ranges)++;
+        }
+        prev_end = s + z;
+        o->rec[*mi] = r, o->in_entry[*mi] = (uint32_t)(r - a), o->new_off[*mi] = (uint32_t)payload;
+        payload += z, (*mi)++;
+        o->kept[i]++;
+    }
+    o->lengths[i] = FRAME_HEADER_BYTES + payload;
+}
+
+/* Pass two: fills the outputs from the spans of pass one (m records kept in all).
+ * Returns how many byte ranges were planned. */
+static int64_t plan_fill(const plan_job_t *j, const int64_t *span, int64_t m, const plan_out_t *out) {
+    const plan_out_t o = *out; /* a local copy: the byte stores below cannot alias it */
+    int64_t ranges = 0, mi = 0;
+    for (Py_ssize_t i = 0; i < j->n; i++) {
+        int64_t a = span[3 * i], b = span[3 * i + 1], k = span[3 * i + 2];
+        o.kept[i] = 0;
+        o.whole[i] = k == b - a;
+        if (o.whole[i])
+            plan_whole_entry(j, &o, i, a, b, m, &mi, &ranges);
+        else
+            plan_kept_runs(j, &o, i, a, b, m, &mi, &ranges);
+    }
+    return ranges;
+}
+
+static PyObject *py_copy_plan(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *objs[PLAN_ARGS];
+    if (!PyArg_ParseTuple(args, "OOOOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &objs[6]))
+        return NULL;
+    Py_buffer v[PLAN_ARGS];
+    int got = 0, bad;
+    PyObject *out[PLAN_OUTPUTS] = {NULL};
+    PyObject *result = NULL;
+    int64_t *span = NULL; /* per entry of sel: first record, end record, records kept (read once) */
+    int64_t m = 0, ranges;
+    plan_job_t j;
+    plan_out_t o;
+    for (; got < PLAN_ARGS; got++)
+        if (PyObject_GetBuffer(objs[got], &v[got], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto done;
+    if (get_plan_job(v, &j) < 0) goto done;
+    if (!(span = malloc(3 * (size_t)(j.n ? j.n : 1) * sizeof(int64_t)))) {
         PyErr_NoMemory();
         goto done;
     }
-    /* First pass: check every entry's records lie inside the ledger and count the kept
-     * ones, so that every output is allocated at its size. */
-    int bad = 0;
-    int64_t m = 0;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n && !bad; i++) {
-        int64_t e = (int64_t)ld64(sel + i);
-        if (e < 0 || e >= n_entries) {
-            bad = 1;
-            break;
-        }
-        int64_t a = (int64_t)ld64(starts + e), b = (int64_t)ld64(starts + e + 1);
-        if (a < 0 || b < a || b > n_rec) {
-            bad = 2;
-            break;
-        }
-        int64_t k = 0;
-        for (int64_t r = a; r < b; r++) k += keep[r] != 0;
-        span[3 * i] = a, span[3 * i + 1] = b, span[3 * i + 2] = k;
-        m += k;
-    }
+    bad = plan_count_kept(&j, span, &m);
     Py_END_ALLOW_THREADS
-    if (bad) {
-        PyErr_SetString(PyExc_ValueError, bad == 1 ? "an entry of sel is not an entry of the ledger"
-                                                   : "entry_starts put an entry's records outside the ledger");
+    if (bad != PLAN_OK) {
+        PyErr_SetString(PyExc_ValueError, bad == PLAN_BAD_SEL ? "an entry of sel is not an entry of the ledger"
+                                                              : "entry_starts put an entry's records outside the ledger");
         goto done;
     }
-    const Py_ssize_t sizes_of[8] = {8 * m, 4 * m, 4 * m, 8 * n, n, 8 * n, 8 * (n + m), 8 * (n + m)};
-    for (int i = 0; i < 8; i++)
-        if (!(out[i] = PyByteArray_FromStringAndSize(NULL, sizes_of[i]))) goto done;
-    int64_t *rec = (int64_t *)PyByteArray_AS_STRING(out[0]);
-    uint32_t *in_entry = (uint32_t *)PyByteArray_AS_STRING(out[1]), *new_off = (uint32_t *)PyByteArray_AS_STRING(out[2]);
-    int64_t *kept = (int64_t *)PyByteArray_AS_STRING(out[3]);
-    uint8_t *whole = (uint8_t *)PyByteArray_AS_STRING(out[4]);
-    int64_t *lengths = (int64_t *)PyByteArray_AS_STRING(out[5]);
-    int64_t *rs = (int64_t *)PyByteArray_AS_STRING(out[6]), *re = (int64_t *)PyByteArray_AS_STRING(out[7]);
-    int64_t ranges = 0, mi = 0;
+    if (new_plan_outputs(out, &o, j.n, m) < 0) goto done;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int64_t a = span[3 * i], b = span[3 * i + 1], k = span[3 * i + 2];
-        int64_t eo = (int64_t)ld64(e_off + i), el = (int64_t)ld64(e_len + i);
-        kept[i] = 0;
-        whole[i] = k == b - a;
-        if (whole[i]) {
-            /* the frame as it was read: header, checksum and payload */
-            rs[ranges] = eo, re[ranges] = eo + el, ranges++;
-            for (int64_t r = a; r < b && mi < m; r++, mi++) {
-                rec[mi] = r, in_entry[mi] = (uint32_t)(r - a), new_off[mi] = ld32(offs + r);
-                kept[i]++;
-            }
-            lengths[i] = el;
-            continue;
-        }
-        /* the old header stands in for the new one; then the runs of kept records */
-        rs[ranges] = eo, re[ranges] = eo + 12, ranges++;
-        int64_t payload = 0, prev_end = -1;
-        for (int64_t r = a; r < b && mi < m; r++) {
-            if (!keep[r]) continue;
-            int64_t s = eo + 12 + (int64_t)ld32(offs + r), z = (int64_t)ld32(sizes + r);
-            if (s == prev_end) {
-                re[ranges - 1] += z;
-            } else if (ranges < n + m) {
-                rs[ranges] = s, re[ranges] = s + z, ranges++;
-            }
-            prev_end = s + z;
-            rec[mi] = r, in_entry[mi] = (uint32_t)(r - a), new_off[mi] = (uint32_t)payload;
-            payload += z, mi++;
-            kept[i]++;
-        }
-        lengths[i] = 12 + payload;
-    }
+    ranges = plan_fill(&j, span, m, &o);
     Py_END_ALLOW_THREADS
     /* Every entry must have kept what the first pass counted; otherwise keep changed
      * under us (another thread) and the plan would not match the counts. */
     int consistent = 1;
-    for (Py_ssize_t i = 0; i < n && consistent; i++) consistent = kept[i] == span[3 * i + 2];
+    for (Py_ssize_t i = 0; i < j.n && consistent; i++) consistent = o.kept[i] == span[3 * i + 2];
     if (!consistent) {
         PyErr_SetString(PyExc_RuntimeError, "keep changed while the copy was planned");
         goto done;
     }
-    if (PyByteArray_Resize(out[6], 8 * ranges) < 0 || PyByteArray_Resize(out[7], 8 * ranges) < 0) goto done;
-    result = PyTuple_New(8);
+    if (PyByteArray_Resize(out[OUT_STARTS], 8 * ranges) < 0 || PyByteArray_Resize(out[OUT_ENDS], 8 * ranges) < 0)
+        goto done;
+    result = PyTuple_New(PLAN_OUTPUTS);
     if (result)
-        for (int i = 0; i < 8; i++) PyTuple_SET_ITEM(result, i, out[i]), out[i] = NULL;
+        for (int i = 0; i < PLAN_OUTPUTS; i++) PyTuple_SET_ITEM(result, i, out[i]), out[i] = NULL;
 done:
-    for (int i = 0; i < 8; i++) Py_XDECREF(out[i]);
+    for (int i = 0; i < PLAN_OUTPUTS; i++) Py_XDECREF(out[i]);
     free(span);
     for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
     return result;
@@ -570,7 +663,7 @@ PyDoc_STRVAR(gather_ranges_doc,
              "written to the start of the writable buffer out, which must not overlap data\n"
              "(then the byte count is returned).");
 
-static PyObject *py_gather_ranges(PyObject *self, PyObject *args) {
+static PyObject *py_gather_ranges(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *data_obj, *starts_obj, *ends_obj, *out_obj = Py_None;
     if (!PyArg_ParseTuple(args, "OOO|O", &data_obj, &starts_obj, &ends_obj, &out_obj)) return NULL;
     Py_buffer data, out_view = {0};
@@ -1021,6 +1114,17 @@ typedef struct {
     uint64_t fmask;   /* the filter's bits - 1 */
 } table_t;
 
+/* What the table operations that can fail report (table_init, table_grow, latest_keys
+ * and table_add_records, which KeyTable.add runs). */
+enum {
+    TABLE_OK = 0,
+    TABLE_NO_MEMORY = -1,         /* an allocation failed: the caller raises MemoryError */
+    TABLE_CROWDED = -2,           /* keys crafted to share their top hash bits crowd the table even at
+                                   * the largest size allowed, or the probes went over budget: the
+                                   * caller sorts instead (KeyTable.add stops taking records) */
+    TABLE_NEGATIVE_POSITION = -3, /* KeyTable.add was given a negative position: ValueError */
+};
+
 /* The high 64 bits of a 64 x 64-bit product. */
 static inline uint64_t mul_high(uint64_t a, uint64_t b) {
 #if defined(__SIZEOF_INT128__)
@@ -1075,19 +1179,26 @@ static void *table_alloc(size_t bytes) {
     return p;
 }
 
+/* An empty table: TABLE_OK or TABLE_NO_MEMORY. */
 static int table_init(table_t *t, size_t cap, int skip) {
     memset(t, 0, sizeof(table_t));
     t->skip = skip;
     t->cap = cap;
     t->size = t->cap + t->cap / 8 + 64;
     t->slots = table_alloc(t->size * sizeof(slot_t));
-    if (!t->slots) return -1;
+    if (!t->slots) return TABLE_NO_MEMORY;
     for (size_t i = 0; i < t->size; i++) t->slots[i].idx = -1;
-    return 0;
+    return TABLE_OK;
 }
 
-/* 1: placed or updated; 0: ran off the overflow area (the caller grows the table);
- * -1: crowded (MAX_PROBES slots taken). */
+/* What table_put did with a key. */
+enum {
+    PUT_CROWDED = -1,    /* the MAX_PROBES slots from its home slot on hold other keys */
+    PUT_OFF_THE_END = 0, /* it ran off the end of the overflow area: the caller grows the table */
+    PUT_DONE = 1,        /* placed, or its position raised (or kept) */
+};
+
+/* Puts a key (or raises its position); PUT_DONE, PUT_OFF_THE_END or PUT_CROWDED. */
 static inline int table_put(table_t *t, uint64_t hi, uint64_t lo, int64_t idx) {
     size_t s = home(t, hi), first = s;
     size_t stop = s + MAX_PROBES < t->size ? s + MAX_PROBES : t->size;
@@ -1100,37 +1211,37 @@ static inline int table_put(table_t *t, uint64_t hi, uint64_t lo, int64_t idx) {
             x->idx = idx;
             t->count++;
             t->probes += s - first;
-            return 1;
+            return PUT_DONE;
         }
         if (x->hi == hi && x->lo == lo) {
             if (idx > x->idx) x->idx = idx;
             t->probes += s - first;
-            return 1;
+            return PUT_DONE;
         }
     }
     t->probes += s - first;
-    return stop == t->size ? 0 : -1;
+    return stop == t->size ? PUT_OFF_THE_END : PUT_CROWDED;
 }
 
-/* Re-insert everything into a table of the next size that takes it: 0 done, -1 out of
- * memory, -2 crowded even at max_cap slots. */
+/* Re-insert everything into a table of the next size that takes it: TABLE_OK,
+ * TABLE_NO_MEMORY, or TABLE_CROWDED when none up to max_cap slots does. */
 static int table_grow(table_t *t, size_t max_cap) {
     for (size_t cap = t->cap * 2; cap <= max_cap && cap < ((size_t)1 << 58); cap *= 2) {
         table_t bigger;
-        if (table_init(&bigger, cap, t->skip) < 0) return -1;
-        int ok = 1;
-        for (size_t i = 0; i < t->size && ok == 1; i++)
-            if (t->slots[i].idx >= 0) ok = table_put(&bigger, t->slots[i].hi, t->slots[i].lo, t->slots[i].idx);
-        if (ok == 1) {
+        if (table_init(&bigger, cap, t->skip) != TABLE_OK) return TABLE_NO_MEMORY;
+        int put = PUT_DONE;
+        for (size_t i = 0; i < t->size && put == PUT_DONE; i++)
+            if (t->slots[i].idx >= 0) put = table_put(&bigger, t->slots[i].hi, t->slots[i].lo, t->slots[i].idx);
+        if (put == PUT_DONE) {
             bigger.records = t->records; /* re-inserting costs no budget */
             bigger.probes = t->probes;
             free(t->slots);
             *t = bigger;
-            return 0;
+            return TABLE_OK;
         }
         free(bigger.slots);
     }
-    return -2;
+    return TABLE_CROWDED;
 }
 
 static inline int slot_less(const slot_t *a, const slot_t *b) {
@@ -1201,30 +1312,30 @@ static inline int filter_may_hold(const uint64_t *f, uint64_t fmask, uint64_t lo
     return (int)((f[b >> 6] >> (b & 63)) & 1);
 }
 
-/* Fills t with the distinct keys; -1 when memory ran out, -2 when the keys crowd the
- * table (nothing to free then). */
+/* Fills t with the distinct keys: TABLE_OK, or TABLE_NO_MEMORY or TABLE_CROWDED with
+ * nothing left to free. */
 static int latest_keys(const uint64_t *hi, const uint64_t *lo, Py_ssize_t n, table_t *t) {
     /* small to begin with (a key map is often far smaller than its records), then doubled:
      * growing re-inserts keys that are nearly in order, which costs little */
     size_t cap0 = cap_for((size_t)n < ((size_t)1 << 15) ? (size_t)n : ((size_t)1 << 15));
-    if (table_init(t, cap0, 0) < 0) return -1;
+    if (table_init(t, cap0, 0) != TABLE_OK) return TABLE_NO_MEMORY;
     /* A crowded stretch of the table usually means sorted keys (a finished map merged
      * with new records): doubling spreads them out.  Only once the table has room for
      * every record as its own key is a crowd taken for crafted keys. */
     size_t max_cap = cap_for((size_t)n) * 2 > cap0 ? cap_for((size_t)n) * 2 : cap0;
-    int rc = 0;
+    int rc = TABLE_OK;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (i + PREFETCH_AHEAD < n) __builtin_prefetch(t->slots + home(t, ld64(hi + i + PREFETCH_AHEAD)), 1, 3);
         t->records++;
-        while (table_put(t, ld64(hi + i), ld64(lo + i), i) != 1)
-            if ((rc = table_grow(t, max_cap)) < 0) goto fail;
-        if (too_full(t) && (rc = table_grow(t, max_cap)) < 0) goto fail;
+        while (table_put(t, ld64(hi + i), ld64(lo + i), i) != PUT_DONE)
+            if ((rc = table_grow(t, max_cap)) != TABLE_OK) goto fail;
+        if (too_full(t) && (rc = table_grow(t, max_cap)) != TABLE_OK) goto fail;
         if (over_budget(t)) {
-            rc = -2;
+            rc = TABLE_CROWDED;
             goto fail;
         }
     }
-    return 0;
+    return TABLE_OK;
 fail:
     free(t->slots);
     t->slots = NULL;
@@ -1280,7 +1391,7 @@ PyDoc_STRVAR(latest_of_each_key_doc,
              "None when many keys share their top hash bits (crafted keys), for the caller to\n"
              "sort instead.");
 
-static PyObject *py_latest_of_each_key(PyObject *self, PyObject *args) {
+static PyObject *py_latest_of_each_key(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *hi_obj, *lo_obj;
     if (!PyArg_ParseTuple(args, "OO", &hi_obj, &lo_obj)) return NULL;
     Py_buffer hi, lo;
@@ -1290,13 +1401,13 @@ static PyObject *py_latest_of_each_key(PyObject *self, PyObject *args) {
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = latest_keys(hi.buf, lo.buf, hi.len / 8, &t);
-    if (rc == 0) t.count = sort_occupied(t.slots, t.size, t.slots);
+    if (rc == TABLE_OK) t.count = sort_occupied(t.slots, t.size, t.slots);
     Py_END_ALLOW_THREADS
-    if (rc == -2) {
-        result = Py_NewRef(Py_None); /* crowded: the caller sorts instead */
+    if (rc == TABLE_CROWDED) {
+        result = Py_NewRef(Py_None); /* the caller sorts instead */
         goto done;
     }
-    if (rc < 0) {
+    if (rc != TABLE_OK) {
         PyErr_NoMemory();
         goto done;
     }
@@ -1320,7 +1431,7 @@ PyDoc_STRVAR(distinct_estimate_doc,
 
 #define HLL_BITS 14
 
-static PyObject *py_distinct_estimate(PyObject *self, PyObject *arg) {
+static PyObject *py_distinct_estimate(PyObject *Py_UNUSED(self), PyObject *arg) {
     PyObject *seq = PySequence_Fast(arg, "his must be a sequence of buffers");
     if (!seq) return NULL;
     uint8_t *reg = calloc((size_t)1 << HLL_BITS, 1);
@@ -1429,6 +1540,115 @@ PyDoc_STRVAR(keytable_add_doc,
              "many records were taken: all of them, or fewer when crafted keys crowd the table\n"
              "(the rest are for the caller to handle).");
 
+/* KeyTable.add's records: the caller's buffers (each value read once, checked, then used). */
+typedef struct {
+    const uint64_t *hi, *lo; /* at any alignment */
+    const int64_t *pos;      /* at any alignment; NULL: positions first, first + 1, ... */
+    int64_t first;
+    Py_ssize_t n;
+    int part_shift; /* 64: every record; otherwise those whose hi >> part_shift is part */
+    uint64_t part;
+} add_job_t;
+
+/* The indexes (from b) of the records of [b, end) in this table's part, picked without
+ * a branch: a branch on a random hash bit would be mispredicted every other record, and
+ * each miss would cancel the table reads already under way.  Returns how many. */
+static inline Py_ssize_t pick_mine(const add_job_t *j, Py_ssize_t b, Py_ssize_t end, uint32_t *mine) {
+    Py_ssize_t m = 0;
+    if (j->part_shift < 64) {
+        const uint64_t *h = j->hi;
+        const int part_shift = j->part_shift;
+        const uint64_t part = j->part;
+        for (Py_ssize_t i = b; i < end; i++) {
+            mine[m] = (uint32_t)(i - b);
+            m += (ld64(h + i) >> part_shift) == part;
+        }
+    } else {
+        for (Py_ssize_t i = b; i < end; i++) mine[m++] = (uint32_t)(i - b);
+    }
+    return m;
+}
+
+/* Puts one record (key hi, lo at position at) into t, growing t when it runs out of room:
+ * TABLE_OK; TABLE_CROWDED when crafted keys crowd it (or the probes went over budget) and
+ * no more records are to be taken, with *in set when this one went in before that was
+ * found; TABLE_NO_MEMORY. */
+static inline int table_add_one(table_t *t, uint64_t hi, uint64_t lo, int64_t at, int *in) {
+    int rc = TABLE_OK, put;
+    *in = 0;
+    t->records++;
+    while ((put = table_put(t, hi, lo, at)) != PUT_DONE) {
+        size_t max_cap = (t->count + 1) * CROWD_SLOTS_PER_KEY + ((size_t)1 << 16);
+        if (put == PUT_CROWDED && t->cap >= max_cap) break;
+        if ((rc = table_grow(t, put == PUT_CROWDED ? max_cap * 2 : (size_t)1 << 58)) != TABLE_OK) break;
+    }
+    if (put != PUT_DONE) {
+        t->records--;
+        return rc != TABLE_OK ? rc : TABLE_CROWDED; /* not taken */
+    }
+    if (too_full(t) && (rc = table_grow(t, (size_t)1 << 58)) != TABLE_OK) return rc;
+    if (over_budget(t)) {
+        *in = 1;
+        return TABLE_CROWDED;
+    }
+    return TABLE_OK;
+}
+
+/* Adds the job's records to t, block by block: first the indexes of the block's records
+ * that are in this table's part are picked, then those are put, reading ahead of the one
+ * at hand.  TABLE_OK with *taken = n; otherwise why not, with *taken the records taken
+ * before (TABLE_CROWDED), or the index of the negative position (TABLE_NEGATIVE_POSITION). */
+static int table_add_records(table_t *t, const add_job_t *j, Py_ssize_t *taken) {
+    const uint64_t *h = j->hi, *l = j->lo;
+    const int64_t *ps = j->pos;
+    const int64_t first = j->first;
+    const Py_ssize_t n = j->n;
+    uint32_t mine[PICK_BLOCK];
+    int rc = TABLE_OK;
+    Py_ssize_t i = 0;
+    for (Py_ssize_t b = 0; b < n && rc == TABLE_OK; b += PICK_BLOCK) {
+        Py_ssize_t end = b + PICK_BLOCK < n ? b + PICK_BLOCK : n, m = pick_mine(j, b, end, mine);
+        for (Py_ssize_t k = 0; k < m; k++) {
+            i = b + mine[k];
+            if (k + PREFETCH_AHEAD < m)
+                __builtin_prefetch(t->slots + home(t, ld64(h + b + mine[k + PREFETCH_AHEAD])), 1, 3);
+            int64_t at = ps ? (int64_t)ld64((const uint64_t *)(ps + i)) : first + i;
+            if (at < 0) {
+                rc = TABLE_NEGATIVE_POSITION;
+                break;
+            }
+            int in;
+            if ((rc = table_add_one(t, ld64(h + i), ld64(l + i), at, &in)) != TABLE_OK) {
+                i += in;
+                break;
+            }
+        }
+        if (rc == TABLE_OK) i = end;
+    }
+    *taken = i;
+    return rc;
+}
+
+/* Readies the table for records of this part_shift (skip: 64 - part_shift) when there are
+ * n; -1 with an exception set. */
+static int keytable_prepare_add(KeyTableObject *self, int skip, Py_ssize_t n) {
+    table_t *t = &self->t;
+    table_drop_filter(t); /* the keys change; lookups after this add work without it */
+    if (t->slots && t->skip != skip) {
+        if (t->count) {
+            PyErr_SetString(PyExc_ValueError, "every add to one table must use the same part_shift");
+            return -1;
+        }
+        free(t->slots); /* nothing in it yet: start again with this part_shift */
+        t->slots = NULL;
+    }
+    if (!t->slots && n && table_init(t, self->cap0, skip) != TABLE_OK) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *keytable_add(KeyTableObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"hi", "lo", "pos", "first", "part_shift", "part", NULL};
     PyObject *hi_obj, *lo_obj, *pos_obj = Py_None;
@@ -1451,85 +1671,26 @@ static PyObject *keytable_add(KeyTableObject *self, PyObject *args, PyObject *kw
         PyErr_SetString(PyExc_ValueError, "hi, lo and pos must have one length");
         goto done;
     }
-    Py_ssize_t n = hi.len / 8, i = 0;
+    Py_ssize_t n = hi.len / 8, taken;
     if (!have_pos && (first < 0 || first > INT64_MAX - n)) {
         PyErr_SetString(PyExc_ValueError, "positions must lie between 0 and 2**63 - 1");
         goto done;
     }
     if (keytable_enter(self, 0) < 0) goto done;
     entered = 1;
-    int rc = 0;
-    table_t *t = &self->t;
-    table_drop_filter(t); /* the keys change; lookups after this add work without it */
-    int skip = 64 - part_shift;
-    if (t->slots && t->skip != skip) {
-        if (t->count) {
-            PyErr_SetString(PyExc_ValueError, "every add to one table must use the same part_shift");
-            goto done;
-        }
-        free(t->slots); /* nothing in it yet: start again with this part_shift */
-        t->slots = NULL;
-    }
-    if (!t->slots && n && table_init(t, self->cap0, skip) < 0) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    const uint64_t *h = hi.buf, *l = lo.buf;
-    const int64_t *ps = have_pos ? pos.buf : NULL;
+    if (keytable_prepare_add(self, 64 - part_shift, n) < 0) goto done;
+    const add_job_t job = {.hi = hi.buf, .lo = lo.buf, .pos = have_pos ? pos.buf : NULL, .first = (int64_t)first,
+                           .n = n, .part_shift = part_shift, .part = (uint64_t)part};
+    int rc;
     Py_BEGIN_ALLOW_THREADS
-    /* Records go in block by block: first the indexes of the block's records that are
-     * in this table's part are picked without a branch (a branch on a random hash bit
-     * would be mispredicted every other record, and each miss would cancel the table
-     * reads already under way), then those are put, reading ahead of the one at hand. */
-    uint32_t mine[PICK_BLOCK];
-    for (Py_ssize_t b = 0; b < n && rc == 0; b += PICK_BLOCK) {
-        Py_ssize_t end = b + PICK_BLOCK < n ? b + PICK_BLOCK : n, m = 0;
-        if (part_shift < 64) {
-            for (Py_ssize_t j = b; j < end; j++) {
-                mine[m] = (uint32_t)(j - b);
-                m += (ld64(h + j) >> part_shift) == part;
-            }
-        } else {
-            for (Py_ssize_t j = b; j < end; j++) mine[m++] = (uint32_t)(j - b);
-        }
-        for (Py_ssize_t k = 0; k < m; k++) {
-            i = b + mine[k];
-            if (k + PREFETCH_AHEAD < m)
-                __builtin_prefetch(t->slots + home(t, ld64(h + b + mine[k + PREFETCH_AHEAD])), 1, 3);
-            int64_t at = ps ? (int64_t)ld64((const uint64_t *)(ps + i)) : (int64_t)first + i;
-            if (at < 0) {
-                rc = -3;
-                break;
-            }
-            uint64_t key_hi = ld64(h + i);
-            t->records++;
-            int put;
-            while ((put = table_put(t, key_hi, ld64(l + i), at)) != 1) {
-                size_t max_cap = (t->count + 1) * CROWD_SLOTS_PER_KEY + ((size_t)1 << 16);
-                if (put < 0 && t->cap >= max_cap) break;
-                if ((rc = table_grow(t, put < 0 ? max_cap * 2 : (size_t)1 << 58)) < 0) break;
-            }
-            if (put != 1) {
-                t->records--;
-                rc = rc < 0 ? rc : -4; /* crowded: record i is not taken */
-                break;
-            }
-            if (too_full(t) && (rc = table_grow(t, (size_t)1 << 58)) < 0) break;
-            if (over_budget(t)) {
-                rc = -4;
-                i++; /* this record is in */
-                break;
-            }
-        }
-        if (rc == 0) i = end;
-    }
+    rc = table_add_records(&self->t, &job, &taken);
     Py_END_ALLOW_THREADS
-    if (rc == -1)
+    if (rc == TABLE_NO_MEMORY)
         PyErr_NoMemory();
-    else if (rc == -3)
-        PyErr_Format(PyExc_ValueError, "position %zd is negative", i);
+    else if (rc == TABLE_NEGATIVE_POSITION)
+        PyErr_Format(PyExc_ValueError, "position %zd is negative", taken);
     else
-        result = PyLong_FromSsize_t(i); /* all taken (rc 0), or those before i (crowded) */
+        result = PyLong_FromSsize_t(taken); /* all of them (TABLE_OK), or those before (TABLE_CROWDED) */
 done:
     if (entered) self->busy = 0;
     PyBuffer_Release(&hi);
@@ -1639,7 +1800,7 @@ PyDoc_STRVAR(keytable_prepare_lookups_doc,
              "Make later contains() calls faster when most keys looked up are not in the table\n"
              "(finish(keep=True) does this too).  Any add undoes it.");
 
-static PyObject *keytable_prepare_lookups(KeyTableObject *self, PyObject *unused) {
+static PyObject *keytable_prepare_lookups(KeyTableObject *self, PyObject *Py_UNUSED(args)) {
     if (keytable_enter(self, 0) < 0) return NULL;
     Py_BEGIN_ALLOW_THREADS
     table_build_filter(&self->t);
@@ -1650,7 +1811,7 @@ static PyObject *keytable_prepare_lookups(KeyTableObject *self, PyObject *unused
 
 static Py_ssize_t keytable_len(KeyTableObject *self) { return (Py_ssize_t)self->t.count; }
 
-static PyObject *keytable_nbytes(KeyTableObject *self, void *closure) {
+static PyObject *keytable_nbytes(KeyTableObject *self, void *Py_UNUSED(closure)) {
     size_t filter = self->t.filter ? ((size_t)self->t.fmask + 1) / 8 : 0;
     return PyLong_FromSize_t(self->t.slots ? self->t.size * sizeof(slot_t) + filter : 0);
 }
@@ -1692,7 +1853,7 @@ PyDoc_STRVAR(start_writeback_doc,
              "to disk, without waiting for them (Linux sync_file_range).  A hint: False where it\n"
              "is not supported or refused; the file must still be synced to be durable.");
 
-static PyObject *py_start_writeback(PyObject *self, PyObject *args) {
+static PyObject *py_start_writeback(PyObject *Py_UNUSED(self), PyObject *args) {
     int fd;
     long long offset, nbytes;
     if (!PyArg_ParseTuple(args, "iLL", &fd, &offset, &nbytes)) return NULL;
