@@ -5,4 +5,6 @@ source "$(dirname "$0")/_venv.sh"
 ruff check .
 mypy
 lint-imports --no-cache
+# the C kernels' tests again, built with AddressSanitizer and UBSan (fails without gcc's libasan)
+scripts/sanitize.sh
 exec python -m pytest "$@"
