@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -32,7 +32,7 @@ from ledger.write_behind import WriteBehind
 from ledger.writer import LedgerWriter
 from metadata.state import CompactedPart
 
-__all__ = ["PassTwoResult", "Work", "decide_work", "plan_work", "write_parts", "write_vectors"]
+__all__ = ["Copy", "PassTwoResult", "Work", "decide_work", "plan_work", "write_parts", "write_vectors"]
 
 
 @dataclass(slots=True)
@@ -151,7 +151,7 @@ def decide_work(plan: Plan, survivors: Survivors, config: CompactionConfig, *, r
         if reuse:
             work.append(_reuse(plan, s, keep, f"{run_dir}/deletions-{len(vectors):05d}.bin", vectors))
         else:
-            work.append((s, keep, survivors.slice_delete_since(i)))
+            work.append(Copy(s, keep, survivors.slice_delete_since(i)))
     for name, _ in vectors:
         on_object(name)
     return work, vectors
@@ -205,7 +205,16 @@ def _reuse(plan: Plan, s: Slice, keep: npt.NDArray[np.bool_], name: str,
     return replace(part, ledger_id=ledger_id, deletions=name, deleted=len(positions))
 
 
-Work = tuple[Slice, npt.NDArray[np.bool_], npt.NDArray[np.int64]] | CompactedPart
+class Copy(NamedTuple):
+    """Pass two's work on a slice: copy its kept records."""
+
+    slice: Slice
+    keep: npt.NDArray[np.bool_]  # one flag per record of the slice
+    since: npt.NDArray[np.int64]  # per record: when a kept tombstone was first kept (0: not one)
+
+
+#: One step of pass two, in id order: a copy, or a previous part kept in place.
+Work = Copy | CompactedPart
 
 
 def write_parts(work: Iterable[Work], config: CompactionConfig,

@@ -27,8 +27,7 @@ from typing import Any
 import numpy as np
 
 from compactor.config import CompactionConfig
-from compactor.pass_two import PassTwoResult, Work, write_parts
-from compactor.plan import Slice
+from compactor.pass_two import Copy, PassTwoResult, Work, write_parts
 from ledger.errors import ShaleError, error_detail, error_from_detail
 from ledger.storage import Location
 from metadata.state import CompactedPart
@@ -48,10 +47,10 @@ KEPT_RECORD_COST = 600
 
 def work_bytes(item: Work) -> int:
     """Bytes of entries pass two reads for ``item``."""
-    return 0 if isinstance(item, CompactedPart) else item[0].data_bytes()
+    return 0 if isinstance(item, CompactedPart) else item.slice.data_bytes()
 
 
-def _entry_costs(item: tuple[Slice, Any, Any]) -> tuple[int, Any]:
+def _entry_costs(item: Copy) -> tuple[int, Any]:
     """The first entry of the slice and the cost of copying each of its entries: its
     bytes (read and checked) plus a fixed cost per surviving record (sliced out and
     re-framed in Python).  Survivors crowd towards the newest records, so bytes alone
@@ -70,7 +69,7 @@ def work_cost(item: Work) -> int:
     return 0 if isinstance(item, CompactedPart) else int(_entry_costs(item)[1].sum())
 
 
-def _cut(item: tuple[Slice, Any, Any], target: int) -> list[Work]:
+def _cut(item: Copy, target: int) -> list[Work]:
     """Cut one slice's work at entry boundaries into pieces costing about ``target``."""
     s, keep, since = item
     e0, costs = _entry_costs(item)
@@ -83,7 +82,7 @@ def _cut(item: tuple[Slice, Any, Any], target: int) -> list[Work]:
     for a, b in itertools.pairwise(sorted(set(cuts))):
         i, j = a - s.start, b - s.start
         gone = s.gone[i:j] if s.gone is not None else None
-        out.append((dataclasses.replace(s, start=a, stop=b, gone=gone), keep[i:j], since[i:j]))
+        out.append(Copy(dataclasses.replace(s, start=a, stop=b, gone=gone), keep[i:j], since[i:j]))
     return out
 
 

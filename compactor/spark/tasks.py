@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from compactor.config import CompactionConfig
-from compactor.pass_two import write_parts
+from compactor.pass_two import Copy, write_parts
 from compactor.plan import Slice
 from compactor.rules import latest_of_each_key, tombstone_fate
 from compactor.spark.environment import ForwardedEnvironment
@@ -255,7 +255,7 @@ def _write_task(ctx: TaskContext, run_dir: str, epoch: int, t: int,
 
 
 def _split_work(ctx: TaskContext, loc: Location, todo: list[int], by_split: dict[int, list[npt.NDArray[Any]]]
-                ) -> Iterator[tuple[Slice, npt.NDArray[np.bool_], npt.NDArray[np.int64]]]:
+                ) -> Iterator[Copy]:
     for j in todo:
         sp = ctx.splits[j]
         chunks = by_split.get(j, [])
@@ -269,4 +269,4 @@ def _split_work(ctx: TaskContext, loc: Location, todo: list[int], by_split: dict
             keyless = (f.footer.col("r_flags")[sp.start:sp.stop] & FLAG_HAS_KEY) == 0
             present = ctx.present(loc, j, f)
             keep[keyless if present is None else keyless & present] = True
-        yield Slice(f, sp.start, sp.stop, sp.kind == KIND_COMPACTED), keep, since
+        yield Copy(Slice(f, sp.start, sp.stop, sp.kind == KIND_COMPACTED), keep, since)
