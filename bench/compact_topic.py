@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from compactor import CompactionConfig, Compactor
-from reader import TopicReader
+from shale.compactor import CompactionConfig, Compactor
 from shale.producer import TopicWriter
+from shale.reader import TopicReader
 
 
 def rss_mb() -> float:

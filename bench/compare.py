@@ -83,7 +83,7 @@ def generate(topic: str, parquet: str, seed: int, n: int, keys: int, value_bytes
 # ------------------------------------------------------------------ the runs (one process each)
 
 def run_shale(topic: str) -> dict[str, Any]:
-    from compactor import CompactionConfig, Compactor
+    from shale.compactor import CompactionConfig, Compactor
 
     s = Compactor(topic, CompactionConfig(delete_retention_ms=0, collect_garbage=False)).run()
     return {"records": s.records_read, "written": s.records_written, "status": s.status,
@@ -110,12 +110,12 @@ def run_polars(parquet: str, out: str) -> dict[str, Any]:
 
 def run_dict(topic: str, out_dir: str) -> dict[str, Any]:
     """Two passes in plain Python: decode every record twice, a dict in between."""
-    from ledger.format import KIND_ORIGINAL
-    from ledger.reader import LedgerFile
-    from ledger.record import Record
-    from ledger.storage import resolve
-    from ledger.writer import LedgerWriter, encode_entry
-    from metadata.topic import TopicMetadata
+    from shale.ledger.format import KIND_ORIGINAL
+    from shale.ledger.reader import LedgerFile
+    from shale.ledger.record import Record
+    from shale.ledger.storage import resolve
+    from shale.ledger.writer import LedgerWriter, encode_entry
+    from shale.metadata.topic import TopicMetadata
 
     meta = TopicMetadata.open(topic)
     loc = meta.topic
@@ -194,7 +194,7 @@ def child_env() -> dict[str, str]:
 def warm_up(peers: list[str]) -> None:
     """Import what each run imports once, untimed, to fill the compiled-module cache
     (the first full run, untimed too, then reads the topic into the page cache)."""
-    mods = ["compactor", *(p for p in peers if p in ("duckdb", "polars")), *(["pyarrow"] if peers else [])]
+    mods = ["shale.compactor", *(p for p in peers if p in ("duckdb", "polars")), *(["pyarrow"] if peers else [])]
     subprocess.run([sys.executable, "-c", "import " + ", ".join(mods)], check=True, env=child_env())
 
 

@@ -45,8 +45,8 @@ def main() -> None:
         import boto3
 
         boto3.client("s3").create_bucket(Bucket="bench")
-        from compactor import CompactionConfig, Compactor
-        from ledger.storage import resolve
+        from shale.compactor import CompactionConfig, Compactor
+        from shale.ledger.storage import resolve
         from shale.producer import TopicWriter
 
         uri = "s3://bench/topic"

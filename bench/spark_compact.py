@@ -25,11 +25,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from compactor import CompactionConfig, Compactor, RunSummary
-from compactor.engine import Engine, LocalEngine
-from compactor.spark import SparkOptions
-from compactor.spark.engine import SparkEngine
-from metadata.topic import TopicMetadata
+from shale.compactor import CompactionConfig, Compactor, RunSummary
+from shale.compactor.engine import Engine, LocalEngine
+from shale.compactor.spark import SparkOptions
+from shale.compactor.spark.engine import SparkEngine
+from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 
 

@@ -10,11 +10,11 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 # (NumPy is imported below this line, through the modules of the package.)
 
-from compactor.config import CompactionConfig
-from compactor.durations import format_duration, parse_duration
-from compactor.gc import GcReport, collect_garbage
-from compactor.job import Compactor
-from compactor.summary import RunSummary
+from shale.compactor.config import CompactionConfig
+from shale.compactor.durations import format_duration, parse_duration
+from shale.compactor.gc import GcReport, collect_garbage
+from shale.compactor.job import Compactor
+from shale.compactor.summary import RunSummary
 
 __all__ = [
     "CompactionConfig",

@@ -11,27 +11,27 @@ import urllib.parse
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
-from compactor.commandline import METADATA_HELP, OneLineParser, add_topic_arguments, run_command
-from compactor.config import (
+from shale.compactor.commandline import METADATA_HELP, OneLineParser, add_topic_arguments, run_command
+from shale.compactor.config import (
     DEFAULT_DELETE_RETENTION_MS,
     DEFAULT_GC_GRACE_MS,
     DEFAULT_MAX_MAP_BYTES,
     DEFAULT_ORPHAN_GRACE_MS,
     CompactionConfig,
 )
-from compactor.durations import format_duration, parse_duration
-from compactor.engine import Engine, LocalEngine
-from compactor.job import Compactor
-from compactor.metrics import DEFAULT_JOB
-from compactor.runlog import LOG_FORMATS, event, logging_to
-from compactor.settings import print_config, resolve, source_name, wrap_defaults
-from compactor.spark.options import DEFAULT_SPLIT_BYTES
-from compactor.summary import RunStatus, RunSummary
-from ledger.errors import EXIT_FAILURE, InvalidInputError, error_line, exit_code_of
-from ledger.storage import mask_uri
+from shale.compactor.durations import format_duration, parse_duration
+from shale.compactor.engine import Engine, LocalEngine
+from shale.compactor.job import Compactor
+from shale.compactor.metrics import DEFAULT_JOB
+from shale.compactor.runlog import LOG_FORMATS, event, logging_to
+from shale.compactor.settings import Setting, print_config, settings_of, source_name
+from shale.compactor.spark.options import DEFAULT_SPLIT_BYTES
+from shale.compactor.summary import RunStatus, RunSummary
+from shale.ledger.errors import EXIT_FAILURE, InvalidInputError, error_line, exit_code_of
+from shale.ledger.storage import mask_uri
 
 if TYPE_CHECKING:
-    from compactor.progress import TopicProgress
+    from shale.compactor.progress import TopicProgress
 
 __all__ = ["build_compact_parser", "main", "register_subcommands"]
 
@@ -146,7 +146,7 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-compaction-lag", type=_duration, default=None, metavar="DURATION",
                    help="a topic whose oldest uncompacted record is older than this is compacted first, "
                    "whatever its dirty ratio (Kafka's max.compaction.lag.ms)")
-    p.add_argument("--metadata", metavar="URI", default=None, help=METADATA_HELP)  # SHALE_METADATA: settings
+    p.add_argument("--metadata", metavar="URI", default=None, help=METADATA_HELP)
     p.add_argument("--min-compaction-lag", type=_duration, default=0, metavar="DURATION",
                    help="records younger than this wait for a later run (default 0)")
     p.add_argument("--delete-retention", type=_duration, default=DEFAULT_DELETE_RETENTION_MS, metavar="DURATION",
@@ -206,8 +206,6 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--no-forward-credentials", action="store_true",
                    help="do not send the driver's AWS credential variables to executors with the tasks "
                    "(use when executors have their own identity)")
-    # Last: every flag above also reads SHALE_<FLAG> from the environment (flags win).
-    wrap_defaults(p)
 
 
 def build_compact_parser(prog: str = "compact") -> argparse.ArgumentParser:
@@ -243,10 +241,10 @@ def _engine(args: argparse.Namespace) -> Engine:
         if spark_flags:
             raise InvalidInputError(f"{source_name(args, spark_flags[0])} needs --engine spark")
         return LocalEngine()
-    from compactor.spark import SparkOptions, require_pyspark
+    from shale.compactor.spark import SparkOptions, require_pyspark
 
     require_pyspark()
-    from compactor.spark.engine import SparkEngine
+    from shale.compactor.spark.engine import SparkEngine
 
     options = SparkOptions(master=args.spark_master, conf=tuple(args.spark_conf),
                            split_bytes=DEFAULT_SPLIT_BYTES if args.spark_split_size is None else args.spark_split_size,
@@ -256,7 +254,7 @@ def _engine(args: argparse.Namespace) -> Engine:
 
 def _run_compact(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -> int:
     err = err or sys.stderr
-    settings = resolve(args)
+    settings = _one_topic_list(args, settings_of(args))
     if args.print_config:
         out.write(json.dumps(print_config(settings), indent=2) + "\n")
         return 0
@@ -270,10 +268,25 @@ def _run_compact(args: argparse.Namespace, out: TextIO, err: TextIO | None = Non
             close()
 
 
+def _one_topic_list(args: argparse.Namespace, settings: list[Setting]) -> list[Setting]:
+    """The topic list is one setting: topic URIs or ``--all`` on the command line make
+    ``SHALE_TOPICS`` and ``SHALE_ALL`` both ignored."""
+    by_dest = {s.dest: s for s in settings}
+    if not any(by_dest[d].source == "flag" for d in ("topics", "all_prefix")):
+        return settings
+    out = []
+    for s in settings:
+        if s.dest in ("topics", "all_prefix") and s.source == "env":
+            s = Setting(s.dest, s.flag, s.variable, [] if s.dest == "topics" else None, "default")
+            setattr(args, s.dest, s.value)
+        out.append(s)
+    return out
+
+
 def _chosen_topics(args: argparse.Namespace) -> list[tuple[str, bool]]:
     """The topics to compact, in order, each with whether it is overdue (compacted
     whatever its dirty ratio)."""
-    from compactor.topics import choose, discover_topics
+    from shale.compactor.topics import choose, discover_topics
 
     if args.all_prefix is not None and args.topics:
         raise InvalidInputError("give topic URIs or --all PREFIX_URI, not both")
@@ -301,7 +314,7 @@ def _compact_topics(args: argparse.Namespace, config: CompactionConfig, engine: 
         show_progress = args.log_format == "text" and err.isatty()
         if not show_progress:
             return _compact_each(args, config, engine, topics, out, None)
-        from compactor.progress import TopicProgress
+        from shale.compactor.progress import TopicProgress
 
         with TopicProgress(err, len(topics)) as bar:
             return _compact_each(args, config, engine, topics, out, bar)
@@ -388,7 +401,7 @@ def _worst(codes: list[int]) -> int:
 def _shown(uri: str) -> str:
     """A topic as summaries name it: its canonical URI, as a run names it, or the URI as
     given (credentials masked) when it does not resolve."""
-    from ledger.storage import resolve
+    from shale.ledger.storage import resolve
 
     try:
         return resolve(uri).uri
@@ -399,9 +412,9 @@ def _shown(uri: str) -> str:
 def _push(args: argparse.Namespace, summary: RunSummary) -> None:
     """Push the topic's metrics; a failure is a warning, never a different exit code (the
     run's outcome stands, and the missing push shows as a stale push_time_seconds)."""
-    from compactor.metrics import push_summary
-    from compactor.settings import mask_secrets
-    from compactor.topics import assess
+    from shale.compactor.metrics import push_summary
+    from shale.compactor.settings import mask_secrets
+    from shale.compactor.topics import assess
 
     after = None
     if summary.status in (RunStatus.COMPACTED, RunStatus.NOTHING_TO_DO, RunStatus.SKIPPED):
@@ -419,8 +432,8 @@ def _push(args: argparse.Namespace, summary: RunSummary) -> None:
 
 
 def _run_gc(args: argparse.Namespace, out: TextIO) -> int:
-    from compactor.gc import collect_garbage
-    from metadata.topic import TopicMetadata
+    from shale.compactor.gc import collect_garbage
+    from shale.metadata.topic import TopicMetadata
 
     meta = TopicMetadata.open(args.topic, args.metadata)
     meta.load_topic()  # a missing topic is an error, not an empty collection
@@ -431,7 +444,7 @@ def _run_gc(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _run_truncate(args: argparse.Namespace, out: TextIO) -> int:
-    from metadata.topic import TopicMetadata
+    from shale.metadata.topic import TopicMetadata
 
     meta = TopicMetadata.open(args.topic, args.metadata)
     meta.load_topic()  # a missing topic is an error
@@ -442,8 +455,8 @@ def _run_truncate(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _run_verify(args: argparse.Namespace, out: TextIO) -> int:
-    from compactor.verify import EXIT_MISMATCH, verify_topic
-    from metadata.topic import TopicMetadata
+    from shale.compactor.verify import EXIT_MISMATCH, verify_topic
+    from shale.metadata.topic import TopicMetadata
 
     meta = TopicMetadata.open(args.topic, args.metadata)
     meta.load_topic()  # a missing topic is an error, not an empty view

@@ -10,23 +10,25 @@ import traceback
 from collections.abc import Sequence
 from typing import NoReturn, TextIO
 
-from ledger.errors import error_line, exit_code_of
-from ledger.storage import mask_uri
+from shale.compactor.settings import SettingsParser
+from shale.ledger.errors import error_line, exit_code_of
+from shale.ledger.storage import mask_uri
 
 __all__ = ["METADATA_HELP", "OneLineParser", "add_topic_arguments", "run_command"]
 
-METADATA_HELP = "where the topic's metadata lives (default: TOPIC_URI/_meta; env SHALE_METADATA)"
+METADATA_HELP = "where the topic's metadata lives (default: TOPIC_URI/_meta)"
 
 
 def add_topic_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of a command about one topic: its URI, and ``--metadata``."""
     p.add_argument("topic", metavar="TOPIC_URI",
                    help="topic folder: a local path, file://, s3://bucket/prefix, memory://...")
-    p.add_argument("--metadata", metavar="URI", default=os.environ.get("SHALE_METADATA"), help=METADATA_HELP)
+    p.add_argument("--metadata", metavar="URI", default=None, help=METADATA_HELP)
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """Usage errors are one line on stderr (and exit code 2), like every other error."""
+class OneLineParser(SettingsParser):
+    """Usage errors are one line on stderr (and exit code 2), like every other error; every
+    flag also reads its ``SHALE_*`` variable (:class:`~shale.compactor.settings.SettingsParser`)."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ledger.errors import InvalidInputError
+from shale.ledger.errors import InvalidInputError
 
 __all__ = ["DEFAULT_DELETE_RETENTION_MS", "DEFAULT_GC_GRACE_MS", "DEFAULT_MAX_MAP_BYTES", "DEFAULT_ORPHAN_GRACE_MS",
            "MIN_ORPHAN_GRACE_MS",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from ledger.errors import InvalidInputError
+from shale.ledger.errors import InvalidInputError
 
 __all__ = ["format_duration", "parse_duration"]
 

@@ -13,13 +13,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
-from compactor import workers as pass_two_workers
-from compactor.config import CompactionConfig
-from compactor.cpus import worker_count
-from compactor.pass_one import Survivors, pass_one
-from compactor.pass_two import PassTwoResult, decide_work, write_parts, write_vectors
-from compactor.plan import Plan
-from ledger.storage import Location
+from shale.compactor import workers as pass_two_workers
+from shale.compactor.config import CompactionConfig
+from shale.compactor.cpus import worker_count
+from shale.compactor.pass_one import Survivors, pass_one
+from shale.compactor.pass_two import PassTwoResult, decide_work, write_parts, write_vectors
+from shale.compactor.plan import Plan
+from shale.ledger.storage import Location
 
 __all__ = ["Engine", "LocalEngine", "SurvivorCounts"]
 

@@ -18,10 +18,10 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Final
 
-from ledger.errors import ConflictError
-from metadata.layout import COMPACTED_DIR, LEDGER_DIR, is_compacted_object, is_ledger_object, run_dir_of
-from metadata.state import CompactionState
-from metadata.topic import TopicMetadata
+from shale.ledger.errors import ConflictError
+from shale.metadata.layout import COMPACTED_DIR, LEDGER_DIR, is_compacted_object, is_ledger_object, run_dir_of
+from shale.metadata.state import CompactionState
+from shale.metadata.topic import TopicMetadata
 
 __all__ = ["COMPACTED_DIR", "GcReport", "collect_garbage", "run_dir_of"]
 
@@ -59,8 +59,8 @@ def collect_garbage(meta: TopicMetadata, *, now_ms: int | None = None, grace_ms:
 
     Ages are judged by the store's clock (``now_ms`` defaults to
     :meth:`TopicMetadata.now_ms`), as the objects' modification times are the store's."""
-    from compactor.config import MIN_ORPHAN_GRACE_MS
-    from ledger.errors import InvalidInputError
+    from shale.compactor.config import MIN_ORPHAN_GRACE_MS
+    from shale.ledger.errors import InvalidInputError
 
     if grace_ms < 0:
         raise InvalidInputError("grace must not be negative")
@@ -81,7 +81,7 @@ def _unreference_retired(meta: TopicMetadata, report: GcReport, now_ms: int, gra
     """Remove the retired sets past their grace from the state (one compare-and-swap),
     then delete their objects; the state as it then stands.  A state that kept changing
     for every attempt leaves them for the next collection."""
-    from ledger._retry import ConflictPolicy
+    from shale.ledger._retry import ConflictPolicy
 
     loc, store = meta.topic, meta.topic.store
     state = meta.load_compaction()

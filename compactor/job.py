@@ -17,23 +17,24 @@ import uuid
 from collections.abc import Callable
 from typing import Final
 
-from compactor.config import MIN_ORPHAN_GRACE_MS, CompactionConfig
-from compactor.engine import Engine, LocalEngine, SurvivorCounts
-from compactor.gc import collect_garbage
-from compactor.pass_two import PassTwoResult
-from compactor.plan import Plan, make_plan
-from compactor.summary import RunStatus, RunSummary
-from ledger.errors import (
+from shale.compactor.config import MIN_ORPHAN_GRACE_MS, CompactionConfig
+from shale.compactor.engine import Engine, LocalEngine, SurvivorCounts
+from shale.compactor.gc import collect_garbage
+from shale.compactor.pass_two import PassTwoResult
+from shale.compactor.plan import Plan, make_plan
+from shale.compactor.summary import RunStatus, RunSummary
+from shale.ledger.errors import (
     ConflictError,
     ObjectNotFoundError,
     ShaleError,
     StateUnknownError,
     TransientStorageError,
 )
-from ledger.format import FLAG_TOMBSTONE
-from metadata.layout import COMPACTED_DIR, HEARTBEAT_NAME
-from metadata.state import CompactionState, RetiredSet
-from metadata.topic import TopicMetadata
+from shale.ledger.format import FLAG_TOMBSTONE
+from shale.metadata.layout import COMPACTED_DIR, HEARTBEAT_NAME
+from shale.metadata.requirements import AssertEpoch, AssertTopicGeneration, RequirementFailedError
+from shale.metadata.state import CompactionState, RetiredSet
+from shale.metadata.topic import TopicMetadata
 
 __all__ = ["Compactor"]
 
@@ -279,14 +280,13 @@ class Compactor:
     def _publish(self, new_state: CompactionState, prev: CompactionState, run_id: str) -> str:
         """One compare-and-swap from ``prev`` to ``new_state``: "" when it landed, why it
         lost when another writer swapped first (the caller removes its output)."""
+        requirements = (AssertEpoch(prev.epoch), AssertTopicGeneration(new_state.topic_generation))
         try:
-            self.meta.publish_compaction(new_state, prev)
+            self.meta.publish_compaction(new_state, prev, requirements)
+        except RequirementFailedError as e:
+            return f"{e}; this run's output was removed and the next run plans again"
         except ConflictError as e:
-            now = self.meta.load_compaction()
-            if now.epoch == prev.epoch and now.topic_generation > prev.topic_generation:
-                return ("the topic was truncated while this run read it (retention); this run's output was removed "
-                        "and the next run plans again")
-            return f"another compactor published first ({e}); this run's output was removed"
+            return f"the compaction state changed while this run wrote ({e}); this run's output was removed"
         except (StateUnknownError, TransientStorageError):
             # The publish may have landed.  Only the state can tell; without an answer
             # nothing is deleted (leftovers are garbage collection's job).

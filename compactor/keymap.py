@@ -23,8 +23,8 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from compactor.rules import latest_of_each_key
-from ledger.kernels import KeyTable, new_key_table
+from shale.compactor.rules import latest_of_each_key
+from shale.ledger.kernels import KeyTable, new_key_table
 
 __all__ = ["KEY_BYTES", "KeyMap", "KeyMapBuilder"]
 

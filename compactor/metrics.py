@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
-from compactor.settings import mask_secrets
-from compactor.summary import STATUSES, RunStatus, RunSummary
+from shale.compactor.settings import mask_secrets
+from shale.compactor.summary import STATUSES, RunStatus, RunSummary
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry

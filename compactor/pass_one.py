@@ -22,13 +22,13 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from compactor.config import CompactionConfig
-from compactor.cpus import worker_count
-from compactor.keymap import KEY_BYTES, KeyMap, KeyMapBuilder
-from compactor.plan import Plan, Slice
-from compactor.rules import latest_of_each_key, tombstone_fate
-from ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE
-from ledger.kernels import distinct_estimate
+from shale.compactor.config import CompactionConfig
+from shale.compactor.cpus import worker_count
+from shale.compactor.keymap import KEY_BYTES, KeyMap, KeyMapBuilder
+from shale.compactor.plan import Plan, Slice
+from shale.compactor.rules import latest_of_each_key, tombstone_fate
+from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE
+from shale.ledger.kernels import distinct_estimate
 
 __all__ = ["Survivors", "latest_of_each_key", "pass_one", "tombstone_fate"]
 

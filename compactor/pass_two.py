@@ -18,19 +18,19 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from compactor.config import CompactionConfig
-from compactor.pass_one import Survivors
-from compactor.plan import Plan, Slice
-from compactor.throttle import Throttle, ThrottledWriter
-from ledger.deletions import encode_deletions
-from ledger.format import FRAME_HEADER, KIND_COMPACTED
-from ledger.ids import MessageId
-from ledger.kernels import CopyPlan, Scratch, copy_plan, crc32c_ranges, gather_ranges
-from ledger.reader import LedgerFile
-from ledger.storage import Location
-from ledger.write_behind import WriteBehind
-from ledger.writer import LedgerWriter
-from metadata.state import CompactedPart
+from shale.compactor.config import CompactionConfig
+from shale.compactor.pass_one import Survivors
+from shale.compactor.plan import Plan, Slice
+from shale.compactor.throttle import Throttle, ThrottledWriter
+from shale.ledger.deletions import encode_deletions
+from shale.ledger.format import FRAME_HEADER, KIND_COMPACTED
+from shale.ledger.ids import MessageId
+from shale.ledger.kernels import CopyPlan, Scratch, copy_plan, crc32c_ranges, gather_ranges
+from shale.ledger.reader import LedgerFile
+from shale.ledger.storage import Location
+from shale.ledger.write_behind import WriteBehind
+from shale.ledger.writer import LedgerWriter
+from shale.metadata.state import CompactedPart
 
 __all__ = ["Copy", "PassTwoResult", "Work", "decide_work", "plan_work", "write_parts", "write_vectors"]
 

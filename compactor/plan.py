@@ -15,14 +15,14 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from compactor.cpus import available_cpus
-from ledger.deletions import read_deletions
-from ledger.format import KIND_COMPACTED, KIND_ORIGINAL
-from ledger.ids import MessageId
-from ledger.reader import LedgerFile
-from ledger.storage import Location
-from metadata.state import CompactedPart, CompactionState, LedgerInfo, TopicState
-from metadata.topic import TopicMetadata
+from shale.compactor.cpus import available_cpus
+from shale.ledger.deletions import read_deletions
+from shale.ledger.format import KIND_COMPACTED, KIND_ORIGINAL
+from shale.ledger.ids import MessageId
+from shale.ledger.reader import LedgerFile
+from shale.ledger.storage import Location
+from shale.metadata.state import CompactedPart, CompactionState, LedgerInfo, TopicState
+from shale.metadata.topic import TopicMetadata
 
 __all__ = ["Plan", "Slice", "make_plan"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from ledger.kernels import latest_positions
+from shale.ledger.kernels import latest_positions
 
 __all__ = ["latest_by_sorting", "latest_of_each_key", "tombstone_fate"]
 

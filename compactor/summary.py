@@ -6,7 +6,7 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
-from ledger.errors import EXIT_CONFLICT, EXIT_FAILURE, EXIT_OK
+from shale.ledger.errors import EXIT_CONFLICT, EXIT_FAILURE, EXIT_OK
 
 __all__ = ["STATUSES", "RunStatus", "RunSummary"]
 

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ledger.storage import ObjectWriter
+from shale.ledger.storage import ObjectWriter
 
 __all__ = ["Throttle", "ThrottledWriter"]
 

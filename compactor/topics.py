@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compactor.plan import dirty_ratio
-from ledger.errors import InvalidURIError, error_line
-from ledger.storage import resolve
-from metadata.layout import META_DIR
-from metadata.topic import TOPIC_DOC, TopicMetadata
+from shale.compactor.plan import dirty_ratio
+from shale.ledger.errors import InvalidURIError, error_line
+from shale.ledger.storage import resolve
+from shale.metadata.layout import META_DIR
+from shale.metadata.topic import TOPIC_DOC, TopicMetadata
 
 __all__ = ["TopicChoice", "assess", "choose", "discover_topics"]
 

@@ -27,13 +27,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from compactor.rules import latest_of_each_key
-from ledger.deletions import read_deletions
-from ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, KIND_COMPACTED, KIND_ORIGINAL
-from ledger.ids import MessageId
-from ledger.reader import LedgerFile
-from metadata.state import CompactionState, TopicState
-from metadata.topic import TopicMetadata
+from shale.compactor.rules import latest_of_each_key
+from shale.ledger.deletions import read_deletions
+from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, KIND_COMPACTED, KIND_ORIGINAL
+from shale.ledger.ids import MessageId
+from shale.ledger.reader import LedgerFile
+from shale.metadata.state import CompactionState, TopicState
+from shale.metadata.topic import TopicMetadata
 
 __all__ = ["EXIT_MISMATCH", "VerifyReport", "verify_topic"]
 

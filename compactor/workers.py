@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from compactor.config import CompactionConfig
-from compactor.pass_two import Copy, PassTwoResult, Work, write_parts
-from ledger.errors import ShaleError, error_detail, error_from_detail
-from ledger.storage import Location
-from metadata.state import CompactedPart
+from shale.compactor.config import CompactionConfig
+from shale.compactor.pass_two import Copy, PassTwoResult, Work, write_parts
+from shale.ledger.errors import ShaleError, error_detail, error_from_detail
+from shale.ledger.storage import Location
+from shale.metadata.state import CompactedPart
 
 __all__ = ["MIN_PARALLEL_BYTES", "split_work", "work_bytes", "write_parts_in_workers"]
 

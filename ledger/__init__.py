@@ -3,7 +3,7 @@
 This package is the bottom layer: it imports nothing else of Shale's.
 """
 
-from ledger.errors import (
+from shale.ledger.errors import (
     AlreadyExistsError,
     ConflictError,
     CorruptLedgerError,
@@ -19,12 +19,12 @@ from ledger.errors import (
     UnsupportedOperationError,
     UnsupportedVersionError,
 )
-from ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, FORMAT_VERSION, KIND_COMPACTED, KIND_ORIGINAL
-from ledger.ids import MAX_ID, MIN_ID, MessageId
-from ledger.reader import LedgerFile
-from ledger.record import Message, Record, key_hash
-from ledger.storage import Location, ObjectInfo, ObjectStore, ObjectWriter, register_backend, resolve
-from ledger.writer import EncodedEntry, LedgerWriter, encode_entry, relabel_ledger
+from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, FORMAT_VERSION, KIND_COMPACTED, KIND_ORIGINAL
+from shale.ledger.ids import MAX_ID, MIN_ID, MessageId
+from shale.ledger.reader import LedgerFile
+from shale.ledger.record import Message, Record, key_hash
+from shale.ledger.storage import Location, ObjectInfo, ObjectStore, ObjectWriter, register_backend, resolve
+from shale.ledger.writer import EncodedEntry, LedgerWriter, encode_entry, relabel_ledger
 
 __all__ = [
     "FLAG_HAS_KEY",

@@ -12,14 +12,14 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
-from ledger.errors import (
+from shale.ledger.errors import (
     AlreadyExistsError,
     InvalidURIError,
     ObjectNotFoundError,
     StorageError,
     UnsupportedOperationError,
 )
-from ledger.storage import ObjectInfo, ObjectStore, ObjectWriter
+from shale.ledger.storage import ObjectInfo, ObjectStore, ObjectWriter
 
 __all__ = ["FsspecStore", "fsspec_factory"]
 

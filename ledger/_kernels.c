@@ -1832,7 +1832,7 @@ static PyGetSetDef keytable_getset[] = {
 static PySequenceMethods keytable_as_sequence = {.sq_length = (lenfunc)keytable_len};
 
 static PyTypeObject KeyTableType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ledger._kernels.KeyTable",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shale.ledger._kernels.KeyTable",
     .tp_basicsize = sizeof(KeyTableObject),
     .tp_dealloc = (destructor)keytable_dealloc,
     .tp_as_sequence = &keytable_as_sequence,
@@ -1889,7 +1889,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "ledger._kernels", "Shale's hot loops in C (see ledger/kernels.py).", -1, methods, NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT, "shale.ledger._kernels", "Shale's hot loops in C (see ledger/kernels.py).", -1, methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__kernels(void) {

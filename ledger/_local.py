@@ -25,7 +25,7 @@ from collections.abc import Iterator
 
 import xxhash
 
-from ledger._nofollow import (
+from shale.ledger._nofollow import (
     _DIR_FLAGS,
     _errors,
     _folder,
@@ -39,15 +39,15 @@ from ledger._nofollow import (
     _unlink,
     _write_all,
 )
-from ledger.errors import (
+from shale.ledger.errors import (
     AlreadyExistsError,
     ConflictError,
     InvalidInputError,
     NotAnObjectError,
     StorageError,
 )
-from ledger.kernels import start_writeback
-from ledger.storage import ObjectInfo, ObjectStore, ObjectWriter, register_backend
+from shale.ledger.kernels import start_writeback
+from shale.ledger.storage import ObjectInfo, ObjectStore, ObjectWriter, register_backend
 
 __all__ = ["LocalStore"]
 

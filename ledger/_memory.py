@@ -10,8 +10,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ledger.errors import AlreadyExistsError, ConflictError, ObjectNotFoundError
-from ledger.storage import ObjectInfo, ObjectStore, ObjectWriter, register_backend
+from shale.ledger.errors import AlreadyExistsError, ConflictError, ObjectNotFoundError
+from shale.ledger.storage import ObjectInfo, ObjectStore, ObjectWriter, register_backend
 
 __all__ = ["MemoryStore"]
 

@@ -15,7 +15,7 @@ import os
 import stat
 from collections.abc import Iterator
 
-from ledger.errors import NotAnObjectError, ObjectNotFoundError, ShaleError, StorageError, StoragePermissionError
+from shale.ledger.errors import NotAnObjectError, ObjectNotFoundError, ShaleError, StorageError, StoragePermissionError
 
 _OPEN_ATTEMPTS = 8  # an object replaced between its lstat and its open is looked at again
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

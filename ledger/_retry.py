@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import tenacity
 
-from ledger.errors import ConflictError, TransientStorageError
+from shale.ledger.errors import ConflictError, TransientStorageError
 
 __all__ = ["ConflictPolicy", "RetryPolicy"]
 

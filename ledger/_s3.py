@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from ledger._retry import RetryPolicy
-from ledger.errors import (
+from shale.ledger._retry import RetryPolicy
+from shale.ledger.errors import (
     AlreadyExistsError,
     ConflictError,
     ObjectNotFoundError,
@@ -29,7 +29,7 @@ from ledger.errors import (
     TransientStorageError,
     UnsupportedOperationError,
 )
-from ledger.storage import ObjectInfo, ObjectStore, ObjectWriter, register_backend
+from shale.ledger.storage import ObjectInfo, ObjectStore, ObjectWriter, register_backend
 
 __all__ = ["S3Store"]
 

@@ -19,9 +19,9 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from ledger.errors import CorruptLedgerError, UnsupportedVersionError
-from ledger.format import checksum
-from ledger.storage import ObjectStore
+from shale.ledger.errors import CorruptLedgerError, UnsupportedVersionError
+from shale.ledger.format import checksum
+from shale.ledger.storage import ObjectStore
 
 __all__ = ["DELETIONS_VERSION", "decode_deletions", "encode_deletions", "read_deletions"]
 

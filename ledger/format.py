@@ -24,8 +24,8 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
-from ledger.errors import CorruptLedgerError, UnsupportedVersionError
-from ledger.kernels import crc32c, tiling_error
+from shale.ledger.errors import CorruptLedgerError, UnsupportedVersionError
+from shale.ledger.kernels import crc32c, tiling_error
 
 __all__ = [
     "FLAG_HAS_KEY",

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from ledger.errors import InvalidInputError
+from shale.ledger.errors import InvalidInputError
 
 __all__ = ["MAX_ID", "MIN_ID", "MessageId"]
 

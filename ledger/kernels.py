@@ -18,7 +18,7 @@ from typing import Final, NamedTuple, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from ledger._record_parser import record_problem_at
+from shale.ledger._record_parser import record_problem_at
 
 __all__ = ["KERNELS", "CopyPlan", "KeyTable", "Scratch", "check_frames", "check_kept", "check_records", "copy_plan",
            "crc32c", "crc32c_ranges", "distinct_estimate", "gather_ranges", "latest_positions", "new_key_table",
@@ -31,7 +31,7 @@ def _load() -> ModuleType | None:
     if os.environ.get("SHALE_KERNELS", "").strip().lower() in ("numpy", "python"):
         return None
     try:
-        from ledger import _kernels
+        from shale.ledger import _kernels
     except ImportError:
         return None
     return _kernels

@@ -8,8 +8,8 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from ledger.errors import CorruptLedgerError
-from ledger.format import (
+from shale.ledger.errors import CorruptLedgerError
+from shale.ledger.format import (
     FRAME_HEADER,
     HEADER_SIZE,
     KIND_ORIGINAL,
@@ -19,10 +19,10 @@ from ledger.format import (
     decode_header,
     decode_trailer,
 )
-from ledger.ids import MessageId
-from ledger.kernels import check_frames, check_kept, record_problem
-from ledger.record import DEFAULT_MAX_RECORD_BYTES, Message, decode_records
-from ledger.storage import ObjectStore
+from shale.ledger.ids import MessageId
+from shale.ledger.kernels import check_frames, check_kept, record_problem
+from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES, Message, decode_records
+from shale.ledger.storage import ObjectStore
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "LedgerFile"]
 

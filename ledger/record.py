@@ -15,8 +15,8 @@ from typing import Any, Final
 import msgpack
 import xxhash
 
-from ledger.errors import CorruptLedgerError, InvalidInputError
-from ledger.ids import MessageId
+from shale.ledger.errors import CorruptLedgerError, InvalidInputError
+from shale.ledger.ids import MessageId
 
 __all__ = [
     "DEFAULT_MAX_RECORD_BYTES",

@@ -15,6 +15,7 @@ declared by class-level flags (:data:`CAPABILITIES`), which callers check up fro
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
 import re
 import threading
@@ -24,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from ledger.errors import InvalidInputError, InvalidURIError, UnsupportedOperationError
+from shale.ledger.errors import InvalidInputError, InvalidURIError, UnsupportedOperationError
 
 __all__ = [
     "CAPABILITIES",
@@ -135,7 +136,7 @@ class ObjectStore(ABC):
         """Size, modification time and token; :class:`ObjectNotFoundError` if missing."""
 
     def exists(self, key: str) -> bool:
-        from ledger.errors import ObjectNotFoundError
+        from shale.ledger.errors import ObjectNotFoundError
 
         try:
             self.stat(key)
@@ -193,7 +194,7 @@ class ObjectStore(ABC):
         it."""
         import uuid
 
-        from ledger.errors import ShaleError
+        from shale.ledger.errors import ShaleError
 
         key = f"{prefix.rstrip('/')}/.shale-clock-{uuid.uuid4().hex[:12]}" if prefix else \
             f".shale-clock-{uuid.uuid4().hex[:12]}"
@@ -334,18 +335,26 @@ def clear_backend_cache() -> None:
 
 # Built-in backends register themselves when imported; each is imported only when its
 # scheme is first used (the S3 one pulls in boto3's retry machinery).
-_BUILT_IN: Final = {"file": "ledger._local", "memory": "ledger._memory", "s3": "ledger._s3"}
+_BUILT_IN: Final = {"file": "shale.ledger._local", "memory": "shale.ledger._memory", "s3": "shale.ledger._s3"}
+
+
+#: The entry-point group through which an installed distribution adds a backend: the
+#: entry point's name is the URI scheme, its value a :data:`BackendFactory`, e.g. in the
+#: plugin's pyproject.toml ``[project.entry-points."shale.storage"] gcsx = "mypkg:open_store"``.
+ENTRY_POINT_GROUP: Final = "shale.storage"
 
 
 def _store_for(scheme: str, netloc: str) -> ObjectStore:
     if scheme not in _REGISTRY and scheme in _BUILT_IN:
         importlib.import_module(_BUILT_IN[scheme])
+    elif scheme not in _REGISTRY:
+        _register_entry_point(scheme)
     with _CACHE_LOCK:
         store = _CACHE.get((scheme, netloc, os.getpid()))
         if store is None:
             factory = _REGISTRY.get(scheme)
             if factory is None:
-                from ledger._fsspec import fsspec_factory
+                from shale.ledger._fsspec import fsspec_factory
 
                 factory = fsspec_factory(scheme)
             store = factory(netloc)
@@ -353,11 +362,25 @@ def _store_for(scheme: str, netloc: str) -> ObjectStore:
         return store
 
 
+def _register_entry_point(scheme: str) -> None:
+    # Looked up only for a scheme nothing registered: a plugin is imported when first used.
+    found = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP, name=scheme)
+    for entry in found:
+        try:
+            factory = entry.load()
+        except Exception as exc:
+            raise InvalidURIError(f"the storage backend for {scheme}:// ({entry.value}, entry point "
+                                  f"{ENTRY_POINT_GROUP!r}) cannot be loaded: {exc}") from exc
+        register_backend(scheme, factory)
+        return
+
+
 def resolve(uri: str) -> Location:
     """Turn a URI or local path into a :class:`Location`.
 
     ``/data/t``, ``./t``, ``file:///data/t`` → local folder; ``s3://bucket/t``;
-    ``memory://name/t``; any other scheme fsspec supports.
+    ``memory://name/t``; a scheme an installed plugin declares in the ``shale.storage``
+    entry-point group; any other scheme fsspec supports.
     """
     if not isinstance(uri, str) or not uri.strip():
         raise InvalidURIError("empty URI")

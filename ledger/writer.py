@@ -9,8 +9,8 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from ledger.errors import InvalidInputError, RecordTooLargeError
-from ledger.format import (
+from shale.ledger.errors import InvalidInputError, RecordTooLargeError
+from shale.ledger.format import (
     COLUMNS,
     FLAG_HAS_KEY,
     FLAG_TOMBSTONE,
@@ -27,7 +27,7 @@ from ledger.format import (
     encode_header,
     encode_trailer,
 )
-from ledger.record import DEFAULT_MAX_RECORD_BYTES, Record, encode_record, key_hash
+from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES, Record, encode_record, key_hash
 
 __all__ = ["EncodedEntry", "LedgerWriter", "Sink", "encode_entry", "relabel_ledger"]
 

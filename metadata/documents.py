@@ -16,9 +16,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from ledger.errors import AlreadyExistsError, ConflictError, ObjectNotFoundError
-from ledger.storage import Location, validate_key_part
-from metadata.schema import decode_envelope
+from shale.ledger.errors import AlreadyExistsError, ConflictError, ObjectNotFoundError
+from shale.ledger.storage import Location, validate_key_part
+from shale.metadata.schema import decode_envelope
 
 __all__ = ["DocumentStore", "Versioned"]
 

@@ -23,9 +23,9 @@ from typing import Annotated, Any, Final, Literal, TypeVar
 
 import msgspec
 
-from ledger.errors import InvalidInputError, InvalidMetadataError
-from ledger.ids import MessageId
-from metadata.layout import is_compacted_object, is_ledger_object, is_run_dir, ledger_id_of
+from shale.ledger.errors import InvalidInputError, InvalidMetadataError
+from shale.ledger.ids import MessageId
+from shale.metadata.layout import is_compacted_object, is_ledger_object, is_run_dir, ledger_id_of
 
 __all__ = ["CompactionDoc", "Envelope", "LedgerDoc", "PartDoc", "RetiredDoc", "TopicDoc", "check_compaction",
            "check_topic", "decode_envelope", "message_id", "validate"]

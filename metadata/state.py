@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ledger.ids import MessageId
-from metadata.schema import (
+from shale.ledger.ids import MessageId
+from shale.metadata.schema import (
     CompactionDoc,
     LedgerDoc,
     PartDoc,

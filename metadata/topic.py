@@ -11,11 +11,18 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from ledger.errors import AlreadyExistsError, ConflictError, InvalidInputError, InvalidURIError, TopicNotFoundError
-from ledger.storage import Location, require, resolve
-from metadata.documents import DocumentStore, Versioned
-from metadata.layout import META_DIR
-from metadata.state import CompactionState, LedgerInfo, TopicState
+from shale.ledger.errors import (
+    AlreadyExistsError,
+    ConflictError,
+    InvalidInputError,
+    InvalidURIError,
+    TopicNotFoundError,
+)
+from shale.ledger.storage import Location, require, resolve
+from shale.metadata.documents import DocumentStore, Versioned
+from shale.metadata.layout import META_DIR
+from shale.metadata.requirements import PublishRequirement, unmet
+from shale.metadata.state import CompactionState, LedgerInfo, TopicState
 
 __all__ = ["TopicMetadata", "topic_locations"]
 
@@ -141,7 +148,7 @@ class TopicMetadata:
         check).  The objects stay until garbage collection finds them unregistered past
         the orphan grace.  Returns the new topic state and the ledgers removed.
         """
-        from ledger._retry import ConflictPolicy
+        from shale.ledger._retry import ConflictPolicy
 
         now_ms = self.now_ms()
         try:
@@ -166,7 +173,7 @@ class TopicMetadata:
                                 f"({e})") from e
 
     def _stamp_generation(self, generation: int, attempts: int) -> None:
-        from ledger._retry import ConflictPolicy
+        from shale.ledger._retry import ConflictPolicy
 
         if generation == 0:
             return
@@ -189,12 +196,25 @@ class TopicMetadata:
             return CompactionState()
         return CompactionState.from_json(doc.value, doc.version, doc.token, self.docs.url(COMPACTION_DOC))
 
-    def publish_compaction(self, new: CompactionState, expected: CompactionState) -> CompactionState:
-        """One compare-and-swap from ``expected`` to ``new``; :class:`ConflictError` if another
-        writer got there first."""
-        if expected.version == 0:
-            v = self.docs.create(COMPACTION_DOC, new.to_json())
-        else:
-            v = self.docs.replace(COMPACTION_DOC, new.to_json(), expected.version,
-                                  token=expected.token or None)
+    def publish_compaction(self, new: CompactionState, expected: CompactionState,
+                           requirements: tuple[PublishRequirement, ...] = ()) -> CompactionState:
+        """One compare-and-swap from ``expected`` to ``new``.
+
+        ``requirements`` are checked against ``expected`` before anything is written, and
+        against the state found when the swap loses: :class:`RequirementFailedError` names
+        the first one that failed; a plain :class:`ConflictError` means the state changed
+        while every requirement still holds."""
+        where = self.docs.url(COMPACTION_DOC)
+        if (failed := unmet(requirements, expected, where)) is not None:
+            raise failed
+        try:
+            if expected.version == 0:
+                v = self.docs.create(COMPACTION_DOC, new.to_json())
+            else:
+                v = self.docs.replace(COMPACTION_DOC, new.to_json(), expected.version,
+                                      token=expected.token or None)
+        except ConflictError as e:
+            if requirements and (failed := unmet(requirements, self.load_compaction(), where)) is not None:
+                raise failed from e
+            raise
         return new.with_version(v.version, v.token)

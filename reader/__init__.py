@@ -1,6 +1,6 @@
 """The consumer library: read a topic in full or through its compacted view."""
 
-from reader.table import TableView
-from reader.topic_reader import EARLIEST, LATEST, Position, TopicReader, parse_position
+from shale.reader.table import TableView
+from shale.reader.topic_reader import EARLIEST, LATEST, Position, TopicReader, parse_position
 
 __all__ = ["EARLIEST", "LATEST", "Position", "TableView", "TopicReader", "parse_position"]

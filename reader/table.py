@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from ledger.record import Message
-from reader.topic_reader import EARLIEST, TopicReader
+from shale.ledger.record import Message
+from shale.reader.topic_reader import EARLIEST, TopicReader
 
 __all__ = ["TableView"]
 

@@ -15,14 +15,14 @@ from typing import Final, Literal
 import numpy as np
 import numpy.typing as npt
 
-from ledger.deletions import read_deletions
-from ledger.errors import ObjectNotFoundError
-from ledger.format import KIND_COMPACTED, KIND_ORIGINAL
-from ledger.ids import MIN_ID, MessageId
-from ledger.reader import DEFAULT_CHUNK_BYTES, LedgerFile
-from ledger.record import Message
-from metadata.state import CompactedPart, CompactionState, TopicState
-from metadata.topic import TopicMetadata
+from shale.ledger.deletions import read_deletions
+from shale.ledger.errors import ObjectNotFoundError
+from shale.ledger.format import KIND_COMPACTED, KIND_ORIGINAL
+from shale.ledger.ids import MIN_ID, MessageId
+from shale.ledger.reader import DEFAULT_CHUNK_BYTES, LedgerFile
+from shale.ledger.record import Message
+from shale.metadata.state import CompactedPart, CompactionState, TopicState
+from shale.metadata.topic import TopicMetadata
 
 __all__ = ["EARLIEST", "LATEST", "Position", "TopicReader", "parse_position"]
 

@@ -31,10 +31,12 @@ TMP="$(mktemp -d "${TMPDIR:-/tmp}/shale-sanitize.XXXXXX")"
 trap 'rm -rf "$TMP"' EXIT
 TMP="$(cd "$TMP" && pwd -P)"
 
-# A copy of the ledger package whose extension is the sanitized build, first on the path.
-cp -R ledger "$TMP/ledger"
-rm -rf "$TMP"/ledger/_kernels*.so "$TMP"/ledger/_kernels*.pyd "$TMP"/ledger/__pycache__
-SO="$TMP/ledger/_kernels$SUFFIX"
+# A copy of the shale package (its subpackages' links followed) whose extension is the
+# sanitized build, first on the path.
+cp -RL shale "$TMP/shale"
+find "$TMP/shale" -name __pycache__ -prune -exec rm -rf {} +
+rm -f "$TMP"/shale/ledger/_kernels*.so "$TMP"/shale/ledger/_kernels*.pyd
+SO="$TMP/shale/ledger/_kernels$SUFFIX"
 start=$SECONDS
 echo "scripts/sanitize.sh: building ledger/_kernels.c with -fsanitize=address,undefined"
 # -isystem: a warning in Python's own headers (a newer Python's) is not ours to fail on.
@@ -45,20 +47,20 @@ gcc -shared -fPIC -isystem "$INCLUDE" \
 
 # Loaded with pytest -p: imports the kernels before any conftest can put the repository
 # first on sys.path (pytest's default import mode prepends the folder above tests/, whose
-# ledger/ holds the normal build), and stops the run unless the tests use the sanitized one.
+# shale/ holds the normal build), and stops the run unless the tests use the sanitized one.
 cat >"$TMP/shale_sanitized_kernels.py" <<'EOF'
 import os
 import sys
 
 import pytest
 
-from ledger import _kernels, kernels
+from shale.ledger import _kernels, kernels
 
 WANT = os.environ["SHALE_SANITIZED_KERNELS"]
 
 
 def _problem() -> str | None:
-    used = getattr(sys.modules["ledger.kernels"], "_native", None)
+    used = getattr(sys.modules["shale.ledger.kernels"], "_native", None)
     if used is None or os.path.realpath(used.__file__) != WANT:
         return f"the tests use {getattr(used, '__file__', 'no C kernels')}, not the sanitized build {WANT}"
     return None
@@ -66,7 +68,7 @@ def _problem() -> str | None:
 
 def pytest_configure(config: pytest.Config) -> None:
     if kernels._native is not _kernels or (problem := _problem()):
-        raise pytest.UsageError(problem or "ledger.kernels does not use ledger._kernels")
+        raise pytest.UsageError(problem or "shale.ledger.kernels does not use shale.ledger._kernels")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -107,7 +109,7 @@ reports() {
 }
 cd "$TMP" # not the repository: `python -c`/`-m` put the working directory first on sys.path
 "$PY" -c '
-import os, ledger._kernels as k, ledger.kernels as kk
+import os, shale.ledger._kernels as k, shale.ledger.kernels as kk
 got = os.path.realpath(k.__file__)
 assert got == os.environ["SHALE_SANITIZED_KERNELS"] and kk.KERNELS == "native", (got, kk.KERNELS)
 print("scripts/sanitize.sh: testing", got)' || { reports; fail "the sanitized build is not the one imported"; }

@@ -3,8 +3,8 @@
 The public entry points:
 
 * :class:`TopicWriter` appends records to a topic;
-* :class:`reader.TopicReader` and :class:`reader.TableView` read it, in full or compacted;
-* :class:`compactor.Compactor` compacts it.
+* :class:`shale.reader.TopicReader` and :class:`shale.reader.TableView` read it, in full or compacted;
+* :class:`shale.compactor.Compactor` compacts it.
 """
 
 from __future__ import annotations

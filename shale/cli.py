@@ -18,8 +18,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO, TextIO
 
-from compactor.commandline import OneLineParser, add_topic_arguments, run_command
-from ledger.errors import EXIT_USAGE, InvalidInputError
+from shale.compactor.commandline import OneLineParser, add_topic_arguments, run_command
+from shale.ledger.errors import EXIT_USAGE, InvalidInputError
 
 __all__ = ["main"]
 
@@ -95,8 +95,8 @@ def _cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
 # ---------------------------------------------------------------------- read
 
 def _cmd_read(args: argparse.Namespace, out: TextIO) -> int:
-    from reader import TableView, TopicReader, parse_position
     from shale.jsonlines import message_to_json
+    from shale.reader import TableView, TopicReader, parse_position
 
     if args.table:
         if not args.compacted:
@@ -190,7 +190,7 @@ def _load_extra_commands() -> None:
     if _EXTRA_COMMANDS:
         return
     try:
-        from compactor.cli import register_subcommands
+        from shale.compactor.cli import register_subcommands
     except ImportError:  # the compactor is optional only in a broken install
         return
     _EXTRA_COMMANDS.append(register_subcommands)

@@ -7,8 +7,8 @@ import binascii
 import json
 from typing import Any
 
-from ledger.errors import InvalidInputError
-from ledger.record import Message
+from shale.ledger.errors import InvalidInputError
+from shale.ledger.record import Message
 
 __all__ = ["message_to_json", "parse_record_line"]
 

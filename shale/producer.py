@@ -12,28 +12,42 @@ interleaved.
 from __future__ import annotations
 
 import io
-import random
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Final
 
-from ledger.errors import ConflictError, InvalidInputError, StateUnknownError, TransientStorageError
-from ledger.format import KIND_ORIGINAL
-from ledger.ids import MessageId
-from ledger.record import DEFAULT_MAX_RECORD_BYTES, Record, validate_record
-from ledger.writer import LedgerWriter, encode_entry, relabel_ledger
-from metadata.layout import ledger_object_name
-from metadata.state import LedgerInfo, TopicState
-from metadata.topic import TopicMetadata
+from shale.ledger._retry import ConflictPolicy
+from shale.ledger.errors import ConflictError, InvalidInputError, StateUnknownError, TransientStorageError
+from shale.ledger.format import KIND_ORIGINAL
+from shale.ledger.ids import MessageId
+from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES, Record, validate_record
+from shale.ledger.writer import LedgerWriter, encode_entry, relabel_ledger
+from shale.metadata.layout import ledger_object_name
+from shale.metadata.state import LedgerInfo, TopicState
+from shale.metadata.topic import TopicMetadata
 
 __all__ = ["ProduceResult", "SealedLedger", "TopicWriter"]
 
 #: An uploaded ledger older than this is not registered any more (garbage collection may
 #: treat unregistered objects older than its orphan grace as leftovers); it is re-uploaded.
 UNREGISTERED_MAX_AGE_S: Final = 300.0
+
+
+@dataclass(slots=True)
+class _Upload:
+    """A sealed ledger between registration attempts: its bytes (re-labelled when another
+    writer took its id), its unique name suffix, and the names whose registration had an
+    unknown outcome: such a write may still land, even after a later read did not show it
+    (a request can outlive the client's timeout), so such an object is never deleted here
+    and a later listing of it counts as this writer's."""
+
+    data: bytes
+    label: int
+    nonce: str
+    uncertain: set[str] = field(default_factory=set)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,59 +194,57 @@ class TopicWriter:
         if ledger is None or buf is None:
             return
         ledger.finish()
-        data = buf.getvalue()
-        label = ledger.ledger_id
-        store, topic = self.meta.topic.store, self.meta.topic
-        nonce = uuid.uuid4().hex[:12]
-        # Names whose registration had an unknown outcome: that write may still land, even
-        # after a later read did not show it (a request can outlive the client's timeout),
-        # so such an object is never deleted here and a later listing of it counts as ours.
-        uncertain: set[str] = set()
-        for attempt in range(self.register_attempts):
-            state = self._state
-            lid = state.last_ledger_id + 1
-            if lid != label:
-                data, label = relabel_ledger(data, lid), lid
-            name = ledger_object_name(lid, nonce)
-            key = topic.key(name)
-            store.put(key, data)
-            uploaded = time.monotonic()
-            info = LedgerInfo(lid, name, ledger.n_entries, ledger.n_records, len(data),
-                              self._first_publish, self._last_publish, int(self._clock() * 1000))
-            try:
-                if time.monotonic() - uploaded > UNREGISTERED_MAX_AGE_S:
-                    raise ConflictError("upload too old to register safely")
-                self._state = self.meta.append_ledger(info, state)
-            except ConflictError:
-                self._state = self.meta.load_topic()
-                if self._registered(uncertain | {name}) is None:
-                    if name not in uncertain:
-                        store.delete(key)
-                    time.sleep(random.uniform(0, min(0.5, 0.005 * 2 ** attempt)))
-                    continue
-            except (StateUnknownError, TransientStorageError):
-                # The registration may have landed: the ledger list says.  Never delete
-                # an object that might be registered; an unregistered one is left to
-                # garbage collection.
-                uncertain.add(name)
-                self._state = self.meta.load_topic()
-                if self._registered(uncertain) is None:
-                    time.sleep(random.uniform(0, min(0.5, 0.005 * 2 ** attempt)))
-                    continue
-            got = self._registered(uncertain | {name})
-            if got is not None and got.object != name:
-                if name not in uncertain:
-                    store.delete(key)  # an earlier upload landed late; this one is not needed
-                lid, name = got.id, got.object
-            self._sealed.append(SealedLedger(
-                lid, name, ledger.n_records, ledger.n_entries, len(data), MessageId(lid, 0, 0),
-                MessageId(lid, ledger.n_entries - 1, ledger.last_entry_records - 1),
-            ))
-            self._ledger = self._buf = None
-            return
-        raise ConflictError(
-            f"{self.meta.uri}: could not register a ledger after {self.register_attempts} attempts; "
-            "too many writers are appending to this topic at once")
+        upload = _Upload(buf.getvalue(), ledger.ledger_id, uuid.uuid4().hex[:12])
+        retrying = ConflictPolicy(attempts=self.register_attempts).retrying(f"{self.meta.uri}: registering a ledger")
+        try:
+            lid, name = retrying(self._register_once, ledger, upload)
+        except ConflictError as exc:
+            raise ConflictError(
+                f"{self.meta.uri}: could not register a ledger after {self.register_attempts} attempts; "
+                "too many writers are appending to this topic at once") from exc
+        self._sealed.append(SealedLedger(
+            lid, name, ledger.n_records, ledger.n_entries, len(upload.data), MessageId(lid, 0, 0),
+            MessageId(lid, ledger.n_entries - 1, ledger.last_entry_records - 1),
+        ))
+        self._ledger = self._buf = None
+
+    def _register_once(self, ledger: LedgerWriter, upload: _Upload) -> tuple[int, str]:
+        """Upload the ledger as the next free id and register it with one compare-and-swap:
+        its id and object name, or :class:`ConflictError` to try again on a fresh state."""
+        state, store, topic = self._state, self.meta.topic.store, self.meta.topic
+        lid = state.last_ledger_id + 1
+        if lid != upload.label:
+            upload.data, upload.label = relabel_ledger(upload.data, lid), lid
+        name = ledger_object_name(lid, upload.nonce)
+        key = topic.key(name)
+        store.put(key, upload.data)
+        uploaded = time.monotonic()
+        info = LedgerInfo(lid, name, ledger.n_entries, ledger.n_records, len(upload.data),
+                          self._first_publish, self._last_publish, int(self._clock() * 1000))
+        try:
+            if time.monotonic() - uploaded > UNREGISTERED_MAX_AGE_S:
+                raise ConflictError("upload too old to register safely")
+            self._state = self.meta.append_ledger(info, state)
+        except ConflictError:
+            self._state = self.meta.load_topic()
+            if self._registered(upload.uncertain | {name}) is None:
+                if name not in upload.uncertain:
+                    store.delete(key)
+                raise
+        except (StateUnknownError, TransientStorageError) as exc:
+            # The registration may have landed: the ledger list says.  Never delete an
+            # object that might be registered; an unregistered one is left to garbage
+            # collection.
+            upload.uncertain.add(name)
+            self._state = self.meta.load_topic()
+            if self._registered(upload.uncertain) is None:
+                raise ConflictError(f"registering {name}: outcome unknown and not registered") from exc
+        got = self._registered(upload.uncertain | {name})
+        if got is not None and got.object != name:
+            if name not in upload.uncertain:
+                store.delete(key)  # an earlier upload landed late; this one is not needed
+            return got.id, got.object
+        return lid, name
 
     def _registered(self, names: set[str]) -> LedgerInfo | None:
         """The ledger list's entry for one of ``names`` (this writer's uploads), if any."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from compactor.plan import make_plan
-from metadata.topic import TopicMetadata
+from shale.compactor.plan import make_plan
+from shale.metadata.topic import TopicMetadata
 
 __all__ = ["topic_status"]
 
@@ -20,7 +20,7 @@ def topic_status(topic_uri: str, metadata_uri: str | None = None) -> dict[str, A
     ledgers = topic.ledgers
     last_id = None
     if ledgers:
-        from ledger.reader import LedgerFile
+        from shale.ledger.reader import LedgerFile
 
         f = LedgerFile.open(meta.topic.store, meta.topic.key(ledgers[-1].object), ledger_id=ledgers[-1].id)
         last_id = f.last_id()

@@ -34,7 +34,7 @@ def moto_endpoint() -> Iterator[str]:
                       AWS_SECRET_ACCESS_KEY="testing-secret-key", AWS_DEFAULT_REGION="us-east-1")
     os.environ.pop("AWS_SESSION_TOKEN", None)
     os.environ.pop("AWS_PROFILE", None)
-    from ledger.storage import clear_backend_cache
+    from shale.ledger.storage import clear_backend_cache
 
     clear_backend_cache()
     try:
@@ -100,6 +100,6 @@ def run_cli(*args: str, input: str | None = None, env: dict[str, str] | None = N
     """Run an installed console script (``shale`` or ``compact``) as a real process."""
     exe = Path(sys.executable).parent / script
     cmd = [str(exe), *args] if exe.exists() else [sys.executable, "-m",
-                                                   "shale.cli" if script == "shale" else "compactor.cli", *args]
+                                                   "shale.cli" if script == "shale" else "shale.compactor.cli", *args]
     return subprocess.run(cmd, input=input, capture_output=True, text=True, env={**os.environ, **(env or {})},
                           timeout=timeout, cwd=ROOT)

@@ -31,8 +31,8 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
-from compactor import CompactionConfig, Compactor
-from ledger.format import (
+from shale.compactor import CompactionConfig, Compactor
+from shale.ledger.format import (
     COLUMNS,
     KIND_COMPACTED,
     KIND_ORIGINAL,

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from ledger.format import FRAME_HEADER
-from ledger.reader import LedgerFile
-from ledger.storage import resolve
-from metadata.topic import TopicMetadata
-from reader import TopicReader
+from shale.ledger.format import FRAME_HEADER
+from shale.ledger.reader import LedgerFile
+from shale.ledger.storage import resolve
+from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
+from shale.reader import TopicReader
 from tests.conftest import run_cli
 
 

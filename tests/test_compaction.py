@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from compactor import CompactionConfig, Compactor, collect_garbage
-from ledger.errors import TopicNotFoundError
-from ledger.ids import MessageId
-from ledger.record import Message, Record
-from metadata.topic import TopicMetadata
-from reader import TableView, TopicReader
+from shale.compactor import CompactionConfig, Compactor, collect_garbage
+from shale.ledger.errors import TopicNotFoundError
+from shale.ledger.ids import MessageId
+from shale.ledger.record import Message, Record
+from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
+from shale.reader import TableView, TopicReader
 from tests.conftest import run_cli
 
 HOUR = 3_600_000
@@ -411,9 +411,9 @@ def test_planning_reads_footers_in_parallel_only_where_it_pays(tmp_path: object,
     import threading
     import time as time_module
 
-    import compactor.plan as plan_module
-    from compactor.plan import make_plan
-    from ledger.reader import LedgerFile
+    import shale.compactor.plan as plan_module
+    from shale.compactor.plan import make_plan
+    from shale.ledger.reader import LedgerFile
 
     uri = f"{tmp_path}/topics/orders"
     produce(uri, updates(200, 10))  # 20 ledgers

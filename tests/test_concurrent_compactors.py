@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from compactor import CompactionConfig, Compactor
-from compactor.verify import verify_topic
-from ledger.errors import EXIT_CONFLICT
-from metadata.topic import TopicMetadata
+from shale.compactor import CompactionConfig, Compactor
+from shale.compactor.verify import verify_topic
+from shale.ledger.errors import EXIT_CONFLICT
+from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 
 LONG = os.environ.get("SHALE_LONG_TESTS") == "1"

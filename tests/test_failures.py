@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from compactor import Compactor, parse_duration
-from compactor.durations import format_duration
-from ledger._retry import RetryPolicy
-from ledger._s3 import S3Store
-from ledger.errors import (
+from shale.compactor import Compactor, parse_duration
+from shale.compactor.durations import format_duration
+from shale.ledger._retry import RetryPolicy
+from shale.ledger._s3 import S3Store
+from shale.ledger.errors import (
     AlreadyExistsError,
     ConflictError,
     CorruptLedgerError,
@@ -22,8 +22,8 @@ from ledger.errors import (
     ObjectNotFoundError,
     TransientStorageError,
 )
-from ledger.reader import LedgerFile
-from metadata.topic import TopicMetadata
+from shale.ledger.reader import LedgerFile
+from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from tests.conftest import run_cli
 

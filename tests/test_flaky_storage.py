@@ -12,8 +12,8 @@ import random
 
 import pytest
 
-from compactor.verify import verify_topic
-from metadata.topic import TopicMetadata
+from shale.compactor.verify import verify_topic
+from shale.metadata.topic import TopicMetadata
 from tests.conftest import run_cli
 from tests.flaky_proxy import FlakyProxy
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from compactor import CompactionConfig, Compactor
-from ledger.format import (
+from shale.compactor import CompactionConfig, Compactor
+from shale.ledger.format import (
     FRAME_HEADER,
     TRAILER_SIZE,
     Trailer,
@@ -22,7 +22,7 @@ from ledger.format import (
     encode_footer,
     encode_trailer,
 )
-from metadata.topic import TopicMetadata
+from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from tests.conftest import run_cli
 
@@ -101,7 +101,7 @@ def test_bytes_in_properties_are_refused_and_never_published(tmp_path: Path) -> 
     it is a clean exit 4, and compaction refuses to copy it."""
     import msgpack
 
-    from ledger.writer import LedgerWriter
+    from shale.ledger.writer import LedgerWriter
 
     uri, ledger = _topic(tmp_path)
     # rebuild the ledger with one record's properties as bytes (same sizes: b"test" for "test")

@@ -16,13 +16,13 @@ import msgpack
 import numpy as np
 import pytest
 
-from ledger.errors import (
+from shale.ledger.errors import (
     CorruptLedgerError,
     InvalidInputError,
     RecordTooLargeError,
     UnsupportedVersionError,
 )
-from ledger.format import (
+from shale.ledger.format import (
     END_MAGIC,
     FLAG_HAS_KEY,
     FLAG_TOMBSTONE,
@@ -36,11 +36,11 @@ from ledger.format import (
     checksum,
     decode_trailer,
 )
-from ledger.ids import MAX_ID, MIN_ID, MessageId
-from ledger.reader import LedgerFile
-from ledger.record import Message, Record, decode_records, encode_record, key_hash
-from ledger.storage import Location, ObjectStore, resolve
-from ledger.writer import EncodedEntry, LedgerWriter, encode_entry, relabel_ledger
+from shale.ledger.ids import MAX_ID, MIN_ID, MessageId
+from shale.ledger.reader import LedgerFile
+from shale.ledger.record import Message, Record, decode_records, encode_record, key_hash
+from shale.ledger.storage import Location, ObjectStore, resolve
+from shale.ledger.writer import EncodedEntry, LedgerWriter, encode_entry, relabel_ledger
 
 _HEADER_FMT = "<8sHBBQqI"
 _TRAILER_FMT = "<QQQqIHBB4xI8s"
@@ -790,7 +790,7 @@ def test_object_shrinking_after_open_is_reported_as_truncated(topic_uri: str) ->
 def _refooter(data: bytes, change: dict[str, np.ndarray], framing: bytes | None = None) -> bytes:
     """``data`` with its footer re-encoded the way the writer frames it, some columns
     replaced (and, with ``framing``, its first bytes replaced too)."""
-    from ledger.format import Trailer, decode_footer, encode_footer, encode_trailer
+    from shale.ledger.format import Trailer, decode_footer, encode_footer, encode_trailer
     t = decode_trailer(data, len(data), "x")
     foot = decode_footer(data[t.footer_offset:t.footer_offset + t.footer_length], t, "x")
     cols = {**foot.cols, **change}
@@ -805,7 +805,7 @@ def _refooter(data: bytes, change: dict[str, np.ndarray], framing: bytes | None 
 def test_footer_columns_are_views_of_the_footer_and_equal_a_msgpack_decode() -> None:
     """The writer's framing is split without copying the columns; any msgpack reader
     gets the same arrays."""
-    from ledger.format import _split_footer, decode_footer
+    from shale.ledger.format import _split_footer, decode_footer
     data = build(entries_of(40, 25))
     t = decode_trailer(data, len(data), "x")
     raw = data[t.footer_offset:t.footer_offset + t.footer_length]
@@ -869,7 +869,7 @@ def test_local_big_reads_are_mapped_and_outlive_the_file(tmp_path: object) -> No
 def test_a_column_given_in_chunks_encodes_as_the_joined_column() -> None:
     """The writer hands big batches of a column over as they are (no join): the footer's
     bytes are exactly those of the joined column, including empty chunks."""
-    from ledger.format import decode_footer, encode_footer
+    from shale.ledger.format import decode_footer, encode_footer
     data = build(entries_of(30, 20))
     t = decode_trailer(data, len(data), "x")
     foot = decode_footer(data[t.footer_offset:t.footer_offset + t.footer_length], t, "x")

@@ -81,15 +81,15 @@ from hypothesis import note as hypothesis_note
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from compactor import CompactionConfig, Compactor, collect_garbage
-from compactor.verify import verify_topic
-from ledger.errors import InvalidMetadataError, ShaleError
-from ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, FRAME_HEADER
-from ledger.ids import MessageId
-from ledger.record import Message
-from metadata.state import CompactionState, TopicState
-from metadata.topic import TopicMetadata
-from reader import TableView, TopicReader
+from shale.compactor import CompactionConfig, Compactor, collect_garbage
+from shale.compactor.verify import verify_topic
+from shale.ledger.errors import InvalidMetadataError, ShaleError
+from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, FRAME_HEADER
+from shale.ledger.ids import MessageId
+from shale.ledger.record import Message
+from shale.metadata.state import CompactionState, TopicState
+from shale.metadata.topic import TopicMetadata
+from shale.reader import TableView, TopicReader
 from tests.craft import (
     build_topic,
     delete_at,

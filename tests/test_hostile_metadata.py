@@ -25,11 +25,11 @@ from typing import Any
 
 import pytest
 
-import compactor.cli
-from compactor import CompactionConfig, Compactor
-from metadata.topic import TopicMetadata
-from reader import TopicReader
+from shale.compactor import CompactionConfig, Compactor
+from shale.compactor import cli as compact_cli
+from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
+from shale.reader import TopicReader
 from tests.conftest import make_root, run_cli
 from tests.tamper import edit, read_raw, snapshot, write_raw
 
@@ -306,7 +306,7 @@ def test_any_failure_of_one_topic_in_process(tmp_path: Path, monkeypatch: pytest
         return real(self)
 
     monkeypatch.setattr(Compactor, "run", run)
-    assert compactor.cli.main([a, b, "--json", "--parallel", parallel]) == code
+    assert compact_cli.main([a, b, "--json", "--parallel", parallel]) == code
     out, err = capsys.readouterr()
     got = _by_topic(out)
     assert got["A"]["status"] == "error" and got["A"]["exit_code"] == code, got["A"]

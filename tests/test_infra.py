@@ -23,7 +23,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from compactor.cli import build_compact_parser
+from shale.compactor.cli import build_compact_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "infra" / "k8s"
@@ -389,8 +389,8 @@ def test_compact_accepts_the_settings(overlay: str, rendered: Render) -> None:
     non-empty SHALE_* variable is taken."""
     environ = container_environment(rendered(overlay))
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("SHALE_", "AWS_"))}
-    proc = subprocess.run([sys.executable, "-m", "compactor.cli", "--print-config"], capture_output=True, text=True,
-                          env={**clean, **environ}, cwd=ROOT, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "shale.compactor.cli", "--print-config"], capture_output=True,
+                          text=True, env={**clean, **environ}, cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
     settings = json.loads(proc.stdout)["settings"]
     by_variable = {s["variable"]: s for s in settings.values()}

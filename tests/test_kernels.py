@@ -41,13 +41,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import compactor.keymap
-from compactor.keymap import KeyMap, KeyMapBuilder
-from compactor.rules import latest_by_sorting, latest_of_each_key
-from ledger import kernels
-from metadata.topic import TopicMetadata
-from reader import TopicReader
+from shale.compactor import keymap as keymap_module
+from shale.compactor.keymap import KeyMap, KeyMapBuilder
+from shale.compactor.rules import latest_by_sorting, latest_of_each_key
+from shale.ledger import kernels
+from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
+from shale.reader import TopicReader
 from tests.conftest import run_cli
 from tests.test_compaction import expected_view
 
@@ -83,7 +83,7 @@ def fallback_kernels() -> Iterator[None]:
 def numpy_keymap() -> Iterator[None]:
     """:mod:`compactor.keymap` without the C table (sorted runs, filter + binary search)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(compactor.keymap, "new_key_table", lambda expected=0: None)
+        mp.setattr(keymap_module, "new_key_table", lambda expected=0: None)
         yield
 
 
@@ -941,7 +941,7 @@ def compact(uri: str, kernels_env: str, *args: str) -> dict[str, object]:
 
 
 def kernels_in_subprocess(kernels_env: str) -> str:
-    res = subprocess.run([sys.executable, "-c", "from ledger import kernels; print(kernels.KERNELS)"],
+    res = subprocess.run([sys.executable, "-c", "from shale.ledger import kernels; print(kernels.KERNELS)"],
                          capture_output=True, text=True, env={**os.environ, "SHALE_KERNELS": kernels_env},
                          timeout=60, check=True)
     return res.stdout.strip()
@@ -1097,7 +1097,7 @@ def test_start_writeback_is_a_hint(tmp_path: Path) -> None:
 
 def test_local_writes_start_writeback_as_they_go_and_still_sync(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    import ledger._local as local
+    import shale.ledger._local as local
 
     kicks: list[tuple[int, int]] = []
     syncs: list[int] = []

@@ -31,11 +31,11 @@ from pathlib import Path
 
 import pytest
 
-from compactor import CompactionConfig, Compactor, collect_garbage
-from compactor.verify import verify_topic
-from metadata.topic import TopicMetadata
-from reader import TopicReader
+from shale.compactor import CompactionConfig, Compactor, collect_garbage
+from shale.compactor.verify import verify_topic
+from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
+from shale.reader import TopicReader
 
 LONG = os.environ.get("SHALE_LONG_TESTS") == "1"
 TRIALS = 60 if LONG else 12

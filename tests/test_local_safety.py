@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from compactor import CompactionConfig, Compactor, collect_garbage
-from ledger._local import LocalStore
-from ledger.errors import NotAnObjectError, ObjectNotFoundError, StorageError, StoragePermissionError
-from ledger.storage import Location, ObjectInfo, resolve
-from metadata.topic import TopicMetadata
+from shale.compactor import CompactionConfig, Compactor, collect_garbage
+from shale.ledger._local import LocalStore
+from shale.ledger.errors import NotAnObjectError, ObjectNotFoundError, StorageError, StoragePermissionError
+from shale.ledger.storage import Location, ObjectInfo, resolve
+from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -218,8 +218,8 @@ def test_a_link_to_dev_zero_is_refused_without_reading_it(base: Path) -> None:
     key = str(base / "zero.ledger").lstrip("/")
     code = textwrap.dedent(f"""
         import resource
-        from ledger._local import LocalStore
-        from ledger.errors import NotAnObjectError
+        from shale.ledger._local import LocalStore
+        from shale.ledger.errors import NotAnObjectError
         used = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
         resource.setrlimit(resource.RLIMIT_AS, (used + (1 << 30), used + (1 << 30)))
         s = LocalStore()

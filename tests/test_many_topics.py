@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from compactor import CompactionConfig, Compactor
-from compactor.topics import choose, discover_topics
-from compactor.verify import verify_topic
-from metadata.topic import TopicMetadata
+from shale.compactor import CompactionConfig, Compactor
+from shale.compactor.topics import choose, discover_topics
+from shale.compactor.verify import verify_topic
+from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from tests.conftest import make_root, run_cli
 

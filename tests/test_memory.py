@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from compactor import CompactionConfig, Compactor
-from metadata.topic import TopicMetadata
-from reader import TopicReader
+from shale.compactor import CompactionConfig, Compactor
+from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
+from shale.reader import TopicReader
 from tests.conftest import make_root, run_cli
 
 T0 = 1_700_000_000.0

@@ -32,14 +32,14 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, event, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from compactor import CompactionConfig, Compactor, collect_garbage
-from ledger.errors import ObjectNotFoundError
-from ledger.ids import MIN_ID, MessageId
-from ledger.record import Message, Record
-from metadata.state import CompactionState
-from metadata.topic import TopicMetadata
-from reader import TableView, TopicReader
+from shale.compactor import CompactionConfig, Compactor, collect_garbage
+from shale.ledger.errors import ObjectNotFoundError
+from shale.ledger.ids import MIN_ID, MessageId
+from shale.ledger.record import Message, Record
+from shale.metadata.state import CompactionState
+from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
+from shale.reader import TableView, TopicReader
 
 LONG = os.environ.get("SHALE_LONG_TESTS") == "1"
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from compactor.settings import mask_secrets
+from shale.compactor.settings import mask_secrets
+from shale.metadata.topic import TopicMetadata
 from tests.conftest import ROOT, run_cli
 from tests.test_many_topics import lines, produce
 
@@ -83,6 +84,60 @@ def test_a_bad_variable_is_a_one_line_usage_error(env: dict[str, str], named: st
     r = run_cli(topic, env=env, script="compact")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and named in r.stderr, r.stderr
     assert not (tmp_path / "t" / "compacted").exists()  # nothing ran
+
+
+def test_print_config_from_a_variable_is_refused(tmp_path: Path) -> None:
+    """Set in a ConfigMap, it would turn every scheduled run into a silent no-op."""
+    topic = str(tmp_path / "t")
+    produce(topic, 30)
+    for script in ("compact", "shale"):
+        args = (topic,) if script == "compact" else ("compact", topic)
+        r = run_cli(*args, env={"SHALE_PRINT_CONFIG": "1"}, script=script)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "SHALE_PRINT_CONFIG" in r.stderr, r.stderr
+    assert not (tmp_path / "t" / "compacted").exists()
+
+
+def test_every_subcommand_reads_its_variables(tmp_path: Path) -> None:
+    topic = str(tmp_path / "t")
+    produce(topic, 30)
+    # read: SHALE_LIMIT and SHALE_COMPACTED; a flag still wins
+    r = run_cli("read", topic, env={"SHALE_LIMIT": "3"})
+    assert r.returncode == 0 and len(lines(r.stdout)) == 3, r.stderr
+    r = run_cli("read", topic, "--limit", "5", env={"SHALE_LIMIT": "3"})
+    assert len(lines(r.stdout)) == 5
+    # produce: SHALE_BATCH_SIZE and SHALE_MAX_LEDGER_RECORDS shape the ledgers written
+    records = "".join(json.dumps({"key": f"k{i}", "value": "v"}) + "\n" for i in range(10))
+    r = run_cli("produce", str(tmp_path / "p"), input=records,
+                env={"SHALE_MAX_LEDGER_RECORDS": "4", "SHALE_BATCH_SIZE": "2"})
+    assert r.returncode == 0, r.stderr
+    ledgers = TopicMetadata.open(str(tmp_path / "p")).load_topic().ledgers
+    assert [(lg.records, lg.entries) for lg in ledgers] == [(4, 2), (4, 2), (2, 1)]
+    # verify: SHALE_JSON; gc: SHALE_DRY_RUN; a bad value of a subcommand's variable is named
+    assert run_cli("compact", topic).returncode == 0
+    r = run_cli("verify", topic, env={"SHALE_JSON": "yes"})
+    assert r.returncode == 0 and json.loads(r.stdout)["ok"] is True, r.stdout
+    r = run_cli("gc", topic, env={"SHALE_GRACE": "a while"})
+    assert r.returncode == 2 and "SHALE_GRACE" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    # truncate's required --before-ledger may come from its variable too
+    r = run_cli("truncate", topic, env={"SHALE_BEFORE_LEDGER": "1"})
+    assert r.returncode == 0 and json.loads(r.stdout)["removed"] == [], r.stderr
+
+
+@pytest.mark.parametrize("command", [("read", "--limit"), ("produce", "--batch-size"), ("gc", "--grace"),
+                                     ("verify", "--json"), ("compact", "--max-topics")])
+def test_help_names_each_flags_variable(command: tuple[str, str]) -> None:
+    name, flag = command
+    r = run_cli(name, "--help")
+    assert r.returncode == 0, r.stderr
+    variable = "SHALE_" + flag[2:].upper().replace("-", "_")
+    assert f"[env var: {variable}]" in " ".join(r.stdout.split())
+
+
+def test_abbreviated_flags_are_refused(tmp_path: Path) -> None:
+    """A flag is spelt in full: whether it came from the command line or a variable must
+    be certain."""
+    r = run_cli("read", str(tmp_path / "t"), "--lim", "3")
+    assert r.returncode == 2 and "--lim" in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
 def test_print_config_masks_secrets() -> None:

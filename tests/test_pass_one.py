@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compactor.rules import latest_of_each_key
+from shale.compactor.rules import latest_of_each_key
 
 
 def naive(hi: list[int], lo: list[int]) -> set[int]:
@@ -48,7 +48,7 @@ def test_many_random_keys() -> None:
 def test_key_map_builder_matches_a_dict(chunks: list[tuple[list[tuple[int, int]], bool]]) -> None:
     """Chunks merged at any moment, with high halves colliding all the time, give the
     latest position of every key, sorted for lookups."""
-    from compactor.keymap import KeyMapBuilder
+    from shale.compactor.keymap import KeyMapBuilder
 
     b = KeyMapBuilder(10**6)
     want: dict[tuple[int, int], int] = {}
@@ -76,7 +76,7 @@ def test_key_map_builder_matches_a_dict(chunks: list[tuple[list[tuple[int, int]]
 
 def test_key_map_lookups_on_random_hashes() -> None:
     """The filter in front of the search never hides a key that is there."""
-    from compactor.keymap import KeyMapBuilder
+    from shale.compactor.keymap import KeyMapBuilder
 
     rng = np.random.default_rng(7)
     hi = rng.integers(0, 2**63, size=20_000, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
@@ -115,7 +115,7 @@ def test_key_map_lookups_split_over_a_given_pool() -> None:
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from compactor.keymap import _MIN_LOOKUPS_PER_THREAD, KeyMapBuilder
+    from shale.compactor.keymap import _MIN_LOOKUPS_PER_THREAD, KeyMapBuilder
 
     rng = np.random.default_rng(11)
     n = 3 * _MIN_LOOKUPS_PER_THREAD
@@ -131,7 +131,7 @@ def test_key_map_lookups_split_over_a_given_pool() -> None:
                             initializer=lambda: seen.add(threading.current_thread().name)) as pool:
         assert m.contains(hi, lo, threads=3, pool=pool).tolist() == alone.tolist()
         assert m.contains(hi, lo, threads=3, pool=pool).tolist() == alone.tolist()
-    from ledger.kernels import KERNELS
+    from shale.ledger.kernels import KERNELS
 
     if KERNELS == "native":  # (without the C table, lookups are one NumPy search)
         assert seen and all(name.startswith("given") for name in seen)

@@ -30,14 +30,14 @@ def _blas_threads_by_default() -> int:
     return _threads_after("json")[0]
 
 
-@pytest.mark.parametrize("module", ["compactor", "compactor.cli", "shale.cli"])
+@pytest.mark.parametrize("module", ["shale.compactor", "shale.compactor.cli", "shale.cli"])
 def test_entry_points_keep_numpy_to_one_thread(module: str) -> None:
     threads, setting = _threads_after(module)
     assert (threads, setting) == (1, "1")
 
 
 def test_a_setting_from_the_environment_is_kept() -> None:
-    threads, setting = _threads_after("compactor", OPENBLAS_NUM_THREADS="2")
+    threads, setting = _threads_after("shale.compactor", OPENBLAS_NUM_THREADS="2")
     assert setting == "2"
     if (os.cpu_count() or 1) > 1:
         assert threads == 2  # OpenBLAS started the threads it was told to

@@ -8,10 +8,10 @@ import threading
 
 import pytest
 
-from ledger.ids import MessageId
-from metadata.topic import TopicMetadata
-from reader import LATEST, TopicReader
+from shale.ledger.ids import MessageId
+from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
+from shale.reader import LATEST, TopicReader
 from tests.conftest import run_cli
 
 
@@ -173,7 +173,7 @@ def test_metadata_elsewhere(tmp_path: object, root_uri: str) -> None:
     with TopicWriter(topic, metadata_uri=meta_uri) as w:
         w.append("k", "v1")
         w.append("k", "v2")
-    from compactor import Compactor
+    from shale.compactor import Compactor
 
     assert Compactor(topic, metadata_uri=meta_uri).run().status == "compacted"
     assert [m.value for m in TopicReader(topic, metadata_uri=meta_uri, read_compacted=True).read()] == [b"v2"]

@@ -11,11 +11,11 @@ import threading
 import time
 from typing import Any
 
-from compactor import CompactionConfig, Compactor
-from ledger.ids import MessageId
-from metadata.topic import TopicMetadata
-from reader import TopicReader
+from shale.compactor import CompactionConfig, Compactor
+from shale.ledger.ids import MessageId
+from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
+from shale.reader import TopicReader
 
 T0 = 1_700_000_000.0
 

@@ -32,8 +32,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger import kernels
-from ledger.record import Record, encode_record
+from shale.ledger import kernels
+from shale.ledger.record import Record, encode_record
 
 NATIVE = kernels._native
 needs_native = pytest.mark.skipif(NATIVE is None, reason="the C kernels are not in use")

@@ -12,11 +12,11 @@ import random
 import time
 from pathlib import Path
 
-from compactor import CompactionConfig, Compactor, collect_garbage
-from compactor.verify import verify_topic
-from metadata.topic import TopicMetadata
-from reader import TopicReader
+from shale.compactor import CompactionConfig, Compactor, collect_garbage
+from shale.compactor.verify import verify_topic
+from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
+from shale.reader import TopicReader
 from tests.conftest import run_cli
 
 

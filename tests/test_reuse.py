@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from compactor import CompactionConfig, Compactor, collect_garbage
-from ledger.deletions import decode_deletions, encode_deletions
-from ledger.errors import CorruptLedgerError, UnsupportedVersionError
-from metadata.topic import TopicMetadata
-from reader import TableView, TopicReader
+from shale.compactor import CompactionConfig, Compactor, collect_garbage
+from shale.ledger.deletions import decode_deletions, encode_deletions
+from shale.ledger.errors import CorruptLedgerError, UnsupportedVersionError
+from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
+from shale.reader import TableView, TopicReader
 from tests.conftest import run_cli
 
 T0 = 1_700_000_000.0
@@ -148,10 +148,10 @@ def test_corrupt_deletion_vector_is_exit_4_for_compact_and_read(tmp_path: Path) 
 def test_small_parts_are_copied_only_to_merge(tmp_path: Path, sizes: str, kept_in_place: list[bool]) -> None:
     import dataclasses
 
-    from compactor.pass_one import pass_one
-    from compactor.pass_two import plan_work
-    from compactor.plan import make_plan
-    from metadata.state import CompactedPart
+    from shale.compactor.pass_one import pass_one
+    from shale.compactor.pass_two import plan_work
+    from shale.compactor.plan import make_plan
+    from shale.metadata.state import CompactedPart
 
     uri = str(tmp_path / "t")
     produce(uri, 1, 40_000, range(20_000), T0)
@@ -191,8 +191,8 @@ def test_a_failed_write_during_an_incremental_run_publishes_nothing_and_leaves_n
     only after the failure; a vector is written only once the copy has failed."""
     import threading
 
-    from ledger._local import LocalStore
-    from ledger.storage import ObjectWriter
+    from shale.ledger._local import LocalStore
+    from shale.ledger.storage import ObjectWriter
 
     guard_s = 60  # only reached if the run does not overlap the two writes
     uri = str(tmp_path / "t")
@@ -266,9 +266,9 @@ def test_lookups_of_many_parts_run_ahead_with_the_same_answers(tmp_path: Path, m
     once; the survivors are those of one thread looking each part up in turn."""
     import threading
 
-    from compactor.keymap import KeyMap
-    from compactor.pass_one import pass_one
-    from compactor.plan import make_plan
+    from shale.compactor.keymap import KeyMap
+    from shale.compactor.pass_one import pass_one
+    from shale.compactor.plan import make_plan
 
     uri = str(tmp_path / "t")
     produce(uri, 1, 20_000, range(4_000), T0)

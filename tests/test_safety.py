@@ -11,18 +11,18 @@ import msgpack
 import numpy as np
 import pytest
 
-from compactor import CompactionConfig, Compactor, collect_garbage
-from compactor.job import HEARTBEAT_MAX_GAP_S, _Heartbeat
-from ledger._fsspec import _mtime
-from ledger.errors import CorruptLedgerError, StateUnknownError
-from ledger.format import FORMAT_VERSION, KIND_ORIGINAL, Trailer, checksum, decode_trailer, encode_trailer
-from ledger.reader import LedgerFile
-from ledger.record import Record
-from ledger.storage import ObjectStore, resolve
-from ledger.writer import LedgerWriter, encode_entry
-from metadata.topic import TopicMetadata
-from reader import TopicReader
+from shale.compactor import CompactionConfig, Compactor, collect_garbage
+from shale.compactor.job import HEARTBEAT_MAX_GAP_S, _Heartbeat
+from shale.ledger._fsspec import _mtime
+from shale.ledger.errors import CorruptLedgerError, StateUnknownError
+from shale.ledger.format import FORMAT_VERSION, KIND_ORIGINAL, Trailer, checksum, decode_trailer, encode_trailer
+from shale.ledger.reader import LedgerFile
+from shale.ledger.record import Record
+from shale.ledger.storage import ObjectStore, resolve
+from shale.ledger.writer import LedgerWriter, encode_entry
+from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
+from shale.reader import TopicReader
 
 
 def _produce(uri: str, n: int = 60, keys: int = 6) -> None:
@@ -157,8 +157,8 @@ def test_producer_registration_that_lands_after_it_was_looked_for(uri: str) -> N
 def test_s3_retry_that_finds_another_body_is_unknown_not_a_conflict(s3_bucket: str) -> None:
     import boto3
 
-    from ledger._retry import RetryPolicy
-    from ledger._s3 import S3Store
+    from shale.ledger._retry import RetryPolicy
+    from shale.ledger._s3 import S3Store
 
     raw = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name="us-east-1")
 

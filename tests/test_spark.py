@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 
-from compactor import CompactionConfig, Compactor, RunSummary, collect_garbage
-from compactor.plan import make_plan
-from compactor.spark import ForwardedEnvironment, SparkOptions
-from compactor.spark.engine import SparkEngine, _package_zip, group_splits, make_splits
-from ledger.errors import CorruptLedgerError, InvalidInputError
-from metadata.topic import TopicMetadata
-from reader.topic_reader import TopicReader
+from shale.compactor import CompactionConfig, Compactor, RunSummary, collect_garbage
+from shale.compactor.plan import make_plan
+from shale.compactor.spark import ForwardedEnvironment, SparkOptions
+from shale.compactor.spark.engine import SparkEngine, _package_zip, group_splits, make_splits
+from shale.ledger.errors import CorruptLedgerError, InvalidInputError
+from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
+from shale.reader.topic_reader import TopicReader
 from tests.conftest import ROOT, make_root, run_cli
 
 pytestmark = pytest.mark.slow
@@ -236,13 +236,13 @@ def test_shipped_code_zip_holds_every_module(tmp_path: Path) -> None:
     path = _package_zip()
     try:
         names = set(zipfile.ZipFile(path).namelist())
-        for pkg in ("ledger", "metadata", "compactor"):
+        for pkg in ("ledger", "metadata", "compactor", "reader"):
             for py in (ROOT / pkg).rglob("*.py"):
-                assert str(py.relative_to(ROOT)) in names
-        assert "compactor/spark/log4j2.properties" in names
+                assert f"shale/{py.relative_to(ROOT)}" in names
+        assert "shale/__init__.py" in names and "shale/compactor/spark/log4j2.properties" in names
         # importable from the zip alone, ahead of the source tree
         out = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
-                              "import compactor.spark.tasks as t; print(t.__file__)", path],
+                              "import shale.compactor.spark.tasks as t; print(t.__file__)", path],
                              capture_output=True, text=True, cwd=tmp_path, check=True)
         assert out.stdout.strip().startswith(path)
     finally:
@@ -297,7 +297,7 @@ def test_cli_spark_corrupt_input_is_one_line_exit_4(tmp_path: Path) -> None:
 
 def test_cli_without_pyspark_says_how_to_install_it(tmp_path: Path) -> None:
     code = ("import sys; sys.modules['pyspark'] = None\n"
-            "from compactor.cli import main\n"
+            "from shale.compactor.cli import main\n"
             "sys.exit(main(sys.argv[1:]))")
     res = subprocess.run([sys.executable, "-c", code, str(tmp_path / "t"), "--engine", "spark"],
                          capture_output=True, text=True, cwd=ROOT)
@@ -421,7 +421,7 @@ def test_dry_run_reports_what_the_local_engine_reports(engine: SparkEngine, tmp_
 
 
 def test_a_failed_spark_job_is_one_line_naming_the_python_error() -> None:
-    from compactor.spark.engine import _first_line
+    from shale.compactor.spark.engine import _first_line
 
     text = ("An error occurred while calling o123.collectAndServe.\n"
             ": org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage 3.0 failed\n"

@@ -13,7 +13,10 @@ file.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import random
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -23,7 +26,7 @@ from typing import ClassVar
 
 import pytest
 
-from ledger.errors import (
+from shale.ledger.errors import (
     AlreadyExistsError,
     ConflictError,
     InvalidInputError,
@@ -31,7 +34,7 @@ from ledger.errors import (
     ObjectNotFoundError,
     UnsupportedOperationError,
 )
-from ledger.storage import CAPABILITIES, Location, ObjectStore, require, resolve
+from shale.ledger.storage import CAPABILITIES, Location, ObjectStore, require, resolve
 
 MiB = 1 << 20
 
@@ -521,7 +524,7 @@ class TestFsspecMemoryStore(StoreConformance):
     def store(self) -> Iterator[ObjectStore]:
         import fsspec
 
-        from ledger._fsspec import FsspecStore
+        from shale.ledger._fsspec import FsspecStore
 
         fs = fsspec.filesystem("memory")
         netloc = f"conformance-{uuid.uuid4().hex[:12]}"
@@ -547,7 +550,7 @@ class TestFsspecLocalStore(StoreConformance):
     def store(self, tmp_path: Path) -> ObjectStore:
         import fsspec
 
-        from ledger._fsspec import FsspecStore
+        from shale.ledger._fsspec import FsspecStore
 
         return FsspecStore(fsspec.filesystem("file"), "fsspecfile", str(tmp_path))
 
@@ -577,3 +580,46 @@ def test_unsafe_object_names_are_refused() -> None:
     for bad in ("..", "a/../b", "x\ny", ""):
         with pytest.raises(InvalidURIError):
             loc.key(bad)
+
+
+PLUGIN = '''
+from shale.ledger._memory import MemoryStore
+
+def open_store(netloc):
+    store = MemoryStore("plugin-" + netloc)
+    store.opened_by_plugin = True
+    return store
+'''
+
+
+def _with_plugin(tmp_path: Path, code: str, value: str = "shale_test_plugin:open_store") -> dict[str, str]:
+    """A folder holding a plugin module and a distribution that declares it under the
+    ``shale.storage`` entry-point group, for scheme ``plugged``."""
+    (tmp_path / "shale_test_plugin.py").write_text(code)
+    info = tmp_path / "shale_test_plugin-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: shale-test-plugin\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[shale.storage]\nplugged = {value}\n")
+    return {**os.environ, "PYTHONPATH": str(tmp_path)}
+
+
+def test_a_backend_registers_through_the_entry_point_group(tmp_path: Path) -> None:
+    probe = ("from shale.ledger.storage import resolve\n"
+             "loc = resolve('plugged://host/topics/t')\n"
+             "loc.store.put(loc.key('a'), b'x')\n"
+             "print(type(loc.store).__name__, loc.store.opened_by_plugin, loc.uri, loc.store.get(loc.key('a')))\n")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path,
+                          env=_with_plugin(tmp_path, PLUGIN), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["MemoryStore", "True", "plugged://host/topics/t", "b'x'"]
+
+
+def test_a_broken_plugin_is_named_in_one_line(tmp_path: Path) -> None:
+    env = _with_plugin(tmp_path, "raise ImportError('needs libfoo')\n")
+    shale = str(Path(sys.executable).parent / "shale")
+    proc = subprocess.run([shale, "status", "plugged://host/topics/t"], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert "plugged://" in line and "shale_test_plugin:open_store" in line and "needs libfoo" in line

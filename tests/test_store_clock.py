@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from compactor import CompactionConfig, Compactor
-from compactor.gc import collect_garbage
-from ledger.reader import LedgerFile
-from metadata.layout import ledger_object_name
-from metadata.state import LedgerInfo
-from metadata.topic import TopicMetadata
-from reader import TopicReader
+from shale.compactor import CompactionConfig, Compactor
+from shale.compactor.gc import collect_garbage
+from shale.ledger.reader import LedgerFile
+from shale.metadata.layout import ledger_object_name
+from shale.metadata.state import LedgerInfo
+from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
+from shale.reader import TopicReader
 from tests.conftest import run_cli
 
 SKEW_S = 20 * 60  # the gc's clock runs 20 minutes ahead
@@ -33,7 +33,7 @@ def _topic(uri: str) -> TopicMetadata:
 def _upload_in_flight(meta: TopicMetadata) -> tuple[LedgerInfo, bytes]:
     """A ledger uploaded by a producer that has not registered it yet (as between its
     upload and its compare-and-swap), built from a copy of ledger 1 relabelled as 2."""
-    from ledger.writer import relabel_ledger
+    from shale.ledger.writer import relabel_ledger
 
     first = meta.load_topic().ledgers[0]
     data = relabel_ledger(meta.topic.store.get(meta.topic.key(first.object)), 2)

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from compactor import CompactionConfig, Compactor, pass_two
-from compactor.throttle import Throttle
-from reader import TopicReader
+from shale.compactor import CompactionConfig, Compactor, pass_two
+from shale.compactor.throttle import Throttle
 from shale.producer import TopicWriter
+from shale.reader import TopicReader
 from tests.conftest import run_cli
 
 

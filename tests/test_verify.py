@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from compactor import CompactionConfig, Compactor
-from compactor.verify import EXIT_MISMATCH, verify_topic
-from metadata.topic import TopicMetadata
+from shale.compactor import CompactionConfig, Compactor
+from shale.compactor.verify import EXIT_MISMATCH, verify_topic
+from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from tests.conftest import run_cli
 

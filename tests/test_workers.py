@@ -15,17 +15,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from compactor import CompactionConfig, Compactor
-from compactor import pass_one as pass_one_module
-from compactor import workers as workers_module
-from compactor.cpus import available_cpus
-from compactor.keymap import KeyMapBuilder
-from compactor.plan import make_plan
-from ledger.errors import EXIT_CORRUPT, CorruptLedgerError, ShaleError
-from ledger.format import FRAME_HEADER
-from metadata.topic import TopicMetadata
-from reader import TopicReader
+from shale.compactor import CompactionConfig, Compactor
+from shale.compactor import pass_one as pass_one_module
+from shale.compactor import workers as workers_module
+from shale.compactor.cpus import available_cpus
+from shale.compactor.keymap import KeyMapBuilder
+from shale.compactor.plan import make_plan
+from shale.ledger.errors import EXIT_CORRUPT, CorruptLedgerError, ShaleError
+from shale.ledger.format import FRAME_HEADER
+from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
+from shale.reader import TopicReader
 
 T0 = 1_700_000_000.0
 HOUR = 3600.0
@@ -184,8 +184,8 @@ def test_available_cpus_is_at_least_one() -> None:
 
 def test_frame_check_names_the_entry(tmp_path: Path) -> None:
     """The vectorised frame check finds a flipped byte in any entry of a chunk."""
-    from ledger.reader import LedgerFile
-    from ledger.storage import resolve
+    from shale.ledger.reader import LedgerFile
+    from shale.ledger.storage import resolve
 
     uri = str(tmp_path / "t")
     produce(uri, 1, 2_000, 100, T0)

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from ledger.storage import ObjectWriter
-from ledger.write_behind import WriteBehind
+from shale.ledger.storage import ObjectWriter
+from shale.ledger.write_behind import WriteBehind
 
 DEADLOCK_GUARD_S = 30  # only ever reached when the code under test is broken
 

@@ -28,13 +28,13 @@ import numpy.typing as npt
 from pyspark import RDD, Broadcast, StorageLevel
 from pyspark.sql import SparkSession
 
-from compactor.config import CompactionConfig
-from compactor.engine import SurvivorCounts
-from compactor.pass_two import PassTwoResult
-from compactor.plan import Plan, Slice
-from compactor.spark.environment import ForwardedEnvironment
-from compactor.spark.options import REDUCE_RECORDS_PER_PARTITION, SparkOptions, SparkUnavailableError
-from compactor.spark.tasks import (
+from shale.compactor.config import CompactionConfig
+from shale.compactor.engine import SurvivorCounts
+from shale.compactor.pass_two import PassTwoResult
+from shale.compactor.plan import Plan, Slice
+from shale.compactor.spark.environment import ForwardedEnvironment
+from shale.compactor.spark.options import REDUCE_RECORDS_PER_PARTITION, SparkOptions, SparkUnavailableError
+from shale.compactor.spark.tasks import (
     ERROR_KEY,
     STATS_KEY,
     SplitSpec,
@@ -44,15 +44,14 @@ from compactor.spark.tasks import (
     reduce_partition,
     write_task,
 )
-from ledger.errors import InvalidInputError, ShaleError
-from ledger.format import FLAG_HAS_KEY, KIND_COMPACTED, KIND_ORIGINAL
-from ledger.storage import Location
-from metadata.state import CompactedPart
+from shale.ledger.errors import InvalidInputError, ShaleError
+from shale.ledger.format import FLAG_HAS_KEY, KIND_COMPACTED, KIND_ORIGINAL
+from shale.ledger.storage import Location
+from shale.metadata.state import CompactedPart
 
 __all__ = ["SparkEngine", "SparkJobError", "group_splits", "make_splits", "open_session"]
 
 T = TypeVar("T")
-_PACKAGES = ("ledger", "metadata", "compactor")
 
 
 class SparkJobError(ShaleError):
@@ -148,15 +147,18 @@ def group_splits(splits: list[SplitSpec], split_bytes: int, split_records: int) 
 
 
 def _package_zip() -> str:
-    """Shale's own packages as one zip, for ``SparkContext.addPyFile``."""
+    """The ``shale`` package as one zip, for ``SparkContext.addPyFile`` (its subpackages
+    are links in a source tree, hence a walk that follows them)."""
     fd, path = tempfile.mkstemp(prefix="shale-code-", suffix=".zip")
     os.close(fd)
+    root = Path(sys.modules["shale"].__file__ or "").parent
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
-        for name in _PACKAGES:
-            root = Path(sys.modules[name].__file__ or "").parent
-            for p in sorted(root.rglob("*")):
-                if p.suffix in (".py", ".typed", ".properties") and "__pycache__" not in p.parts:
-                    z.write(p, str(Path(name) / p.relative_to(root)))
+        for folder, dirs, files in os.walk(root, followlinks=True):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for name in sorted(files):
+                p = Path(folder) / name
+                if p.suffix in (".py", ".typed", ".properties"):
+                    z.write(p, str(Path("shale") / p.relative_to(root)))
     return path
 
 

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import Final
 
-from ledger.errors import InvalidInputError
+from shale.ledger.errors import InvalidInputError
 
 __all__ = ["DEFAULT_MASTER", "DEFAULT_SPLIT_BYTES", "SparkOptions", "SparkUnavailableError", "require_pyspark"]
 

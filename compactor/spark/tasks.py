@@ -31,16 +31,16 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from compactor.config import CompactionConfig
-from compactor.pass_two import Copy, write_parts
-from compactor.plan import Slice
-from compactor.rules import latest_of_each_key, tombstone_fate
-from compactor.spark.environment import ForwardedEnvironment
-from ledger.deletions import read_deletions
-from ledger.errors import ShaleError, TransientStorageError, error_detail, error_from_detail
-from ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, KIND_COMPACTED
-from ledger.reader import LedgerFile
-from ledger.storage import Location, resolve
+from shale.compactor.config import CompactionConfig
+from shale.compactor.pass_two import Copy, write_parts
+from shale.compactor.plan import Slice
+from shale.compactor.rules import latest_of_each_key, tombstone_fate
+from shale.compactor.spark.environment import ForwardedEnvironment
+from shale.ledger.deletions import read_deletions
+from shale.ledger.errors import ShaleError, TransientStorageError, error_detail, error_from_detail
+from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, KIND_COMPACTED
+from shale.ledger.reader import LedgerFile
+from shale.ledger.storage import Location, resolve
 
 __all__ = [
     "CANDIDATE",

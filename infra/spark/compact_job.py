@@ -7,7 +7,7 @@ spark-submit starts (its ``--master`` and ``--conf`` apply).
 
 import sys
 
-from compactor.cli import main
+from shale.compactor.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())
