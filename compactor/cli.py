@@ -444,13 +444,13 @@ def _run_gc(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _run_truncate(args: argparse.Namespace, out: TextIO) -> int:
+    from shale.compactor.retention import truncate
     from shale.metadata.topic import TopicMetadata
 
     meta = TopicMetadata.open(args.topic, args.metadata)
     meta.load_topic()  # a missing topic is an error
-    state, removed = meta.truncate(args.before_ledger)
-    out.write(json.dumps({"topic": meta.uri, "removed": [lg.id for lg in removed], "generation": state.generation,
-                          "ledgers": len(state.ledgers)}, separators=(",", ":")) + "\n")
+    done = truncate(meta, args.before_ledger, allow_uncompacted=args.allow_uncompacted, dry_run=args.dry_run)
+    out.write((json.dumps(done.to_json(), separators=(",", ":")) if args.json else done.human()) + "\n")
     return 0
 
 
@@ -463,6 +463,16 @@ def _run_verify(args: argparse.Namespace, out: TextIO) -> int:
     report = verify_topic(meta)
     out.write((json.dumps(report.to_json(), separators=(",", ":")) if args.json else report.human()) + "\n")
     return 0 if report.ok else EXIT_MISMATCH
+
+
+_TRUNCATE_HELP = """\
+exit codes:
+  0  removed (or, with --dry-run, listed) the ledgers below ID
+  2  bad usage or input: missing topic, ID out of range, or ledgers above the horizon
+     without --allow-uncompacted (nothing is removed)
+  3  the topic kept changing (other writers); safe to run again
+  4  a ledger footer or metadata document is corrupt
+"""
 
 
 def register_subcommands(sub: Any) -> None:
@@ -489,12 +499,19 @@ def register_subcommands(sub: Any) -> None:
 
     t = sub.add_parser("truncate", help="retention: remove the oldest ledgers from a topic",
                        description="Remove every ledger with an id below --before-ledger from the topic (retention "
-                       "by hand). A compaction that read them while they were removed publishes nothing and "
-                       "exits 3; their objects are deleted by gc once the orphan grace has passed. The compacted "
-                       "view keeps the latest record of every key, as a compacted topic does.")
+                       "by hand). By default only ledgers wholly at or below the compaction horizon go: the "
+                       "compacted view keeps the latest record of every key, so nothing a compacted reader sees "
+                       "is lost. A compaction that read them while they were removed publishes nothing and exits "
+                       "3; their objects are deleted by gc once the orphan grace has passed.",
+                       epilog=_TRUNCATE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_topic_arguments(t)
     t.add_argument("--before-ledger", type=int, required=True, metavar="ID",
-                   help="remove the ledgers whose id is below ID")
+                   help="remove the ledgers whose id is below ID (at most the last ledger's id + 1)")
+    t.add_argument("--allow-uncompacted", action="store_true",
+                   help="also remove ledgers with records above the horizon, which no compaction has kept: those "
+                   "records are lost (the report says how many)")
+    t.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
+    t.add_argument("--json", action="store_true", help="print one JSON line instead of text")
     t.set_defaults(func=_run_truncate)
 
     v = sub.add_parser("verify", help="recompute the compacted view from the original ledgers and compare",

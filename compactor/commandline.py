@@ -8,11 +8,11 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import NoReturn, TextIO
+from typing import Final, NoReturn, TextIO
 
 from shale.compactor.settings import SettingsParser
-from shale.ledger.errors import error_line, exit_code_of
-from shale.ledger.storage import mask_uri
+from shale.ledger.errors import ShaleError, error_line, exit_code_of
+from shale.ledger.storage import mask_uri, require, resolve
 
 __all__ = ["METADATA_HELP", "OneLineParser", "add_topic_arguments", "run_command"]
 
@@ -34,6 +34,25 @@ class OneLineParser(SettingsParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+#: The arguments that name storage a command reads or writes.
+_STORAGE_ARGUMENTS: Final = ("topic", "topics", "all_prefix", "metadata")
+
+
+def refuse_in_process_storage(args: argparse.Namespace) -> None:
+    """A command's topics outlive it: storage that lives in one process (``memory://``)
+    is refused in one line (exit 2); the Python API keeps it."""
+    for dest in _STORAGE_ARGUMENTS:
+        given = getattr(args, dest, None)
+        for uri in ([given] if isinstance(given, str) else given or []):
+            try:
+                loc = resolve(uri)
+            except ShaleError:
+                continue  # the command itself says what is wrong with it, where it should
+            require(loc, "shared_between_processes", "a command",
+                    hint=f"{loc.store.scheme}:// storage lives only as long as the process that made it; "
+                    "use a folder or s3://")
+
+
 def run_command(argv: Sequence[str] | None, parser: argparse.ArgumentParser,
                 out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Parse ``argv`` and run the chosen command; map errors to one line and an exit code."""
@@ -44,6 +63,7 @@ def run_command(argv: Sequence[str] | None, parser: argparse.ArgumentParser,
     except SystemExit as e:  # argparse: --help (0) or bad usage (2)
         return int(e.code or 0)
     try:
+        refuse_in_process_storage(args)
         code: int = args.func(args, out)
         return code
     except KeyboardInterrupt:

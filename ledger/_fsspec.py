@@ -70,7 +70,7 @@ class FsspecStore(ObjectStore):
     supports_conditional_writes = False
 
     def __init__(self, fs: Any, scheme: str, netloc: str) -> None:
-        self.fs, self.scheme, self.netloc = fs, scheme, netloc
+        self.fs, self.scheme, self.netloc, self.authority = fs, scheme, netloc, netloc
         protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
         # fsspec's memory filesystem is a dict in this process, like memory://
         in_process = "memory" in protocols

@@ -51,7 +51,7 @@ class MemoryStore(ObjectStore):
     reads_are_local = True
 
     def __init__(self, name: str) -> None:
-        self.name = name
+        self.name = self.authority = name
         self._objects: dict[str, _Obj] = {}
         self._lock = threading.Lock()
         self._counter = 0

@@ -143,7 +143,7 @@ class S3Store(ObjectStore):
 
     def __init__(self, bucket: str, *, retry: RetryPolicy | None = None,
                  client: Any = None, max_workers: int = 8) -> None:
-        self.bucket = bucket
+        self.bucket = self.authority = bucket
         self.retry = retry or RetryPolicy()
         self._client = client
         self._injected = client is not None

@@ -15,7 +15,7 @@ from typing import Any, Final
 import msgpack
 import xxhash
 
-from shale.ledger.errors import CorruptLedgerError, InvalidInputError
+from shale.ledger.errors import CorruptLedgerError, InvalidInputError, RecordTooLargeError
 from shale.ledger.ids import MessageId
 
 __all__ = [
@@ -92,6 +92,22 @@ def validate_record(record: Record) -> None:
         raise InvalidInputError(f"bad publish time {pt!r}")
     if et is not None and (not isinstance(et, int) or isinstance(et, bool) or not _I64_MIN <= et <= _I64_MAX):
         raise InvalidInputError(f"event time {et!r} is not a 64-bit integer (milliseconds)")
+
+
+def check_record_size(record: Record, max_record_bytes: int) -> None:
+    """Refuse a record whose encoding would exceed ``max_record_bytes``, before it is
+    accepted into a batch (a cheap upper bound first; the exact size only near the limit)."""
+    def size(b: bytes | bytearray | memoryview | None) -> int:
+        return 0 if b is None else b.nbytes if isinstance(b, memoryview) else len(b)
+
+    # msgpack adds at most 5 bytes per field and 9 per integer; text is at most 4 bytes a character
+    bound = 64 + size(record.key) + size(record.value) + sum(
+        4 * (len(k) + len(v)) + 10 for k, v in (record.properties or {}).items())
+    if bound <= max_record_bytes:
+        return
+    n = len(encode_record(record))
+    if n > max_record_bytes:
+        raise RecordTooLargeError(f"record of {n} bytes exceeds the maximum of {max_record_bytes} bytes")
 
 
 def encode_record(record: Record) -> bytes:

@@ -81,6 +81,11 @@ class ObjectStore(ABC):
     """A flat key space of objects (a bucket, a folder tree, a dict)."""
 
     scheme: str = ""
+    #: The bucket or host this store serves ("" for the local file system): with
+    #: :attr:`scheme` it names the storage, so that two topics with the same path on two
+    #: buckets or hosts are never taken for one (a shared ``--metadata`` folder keys each
+    #: topic's documents by scheme, authority and path).
+    authority: str = ""
 
     # What a store can do is declared here, once, so that callers refuse early and say
     # why (see :func:`require`) instead of failing half-way through a run.  Backends

@@ -51,8 +51,7 @@ def _meta_location(topic: Location, prefix: str, metadata_uri: str | None) -> Lo
         return Location(topic.store, f"{prefix}/{META_DIR}" if prefix else META_DIR,
                         topic.store.url(f"{prefix}/{META_DIR}"))
     meta_root = resolve(metadata_uri)
-    netloc = getattr(topic.store, "bucket", None) or getattr(topic.store, "name", None) or "local"
-    path = "/".join([topic.store.scheme, str(netloc), prefix])
+    path = "/".join([topic.store.scheme, topic.store.authority or "local", prefix])
     return Location(meta_root.store, meta_root.key(path), f"{meta_root.uri.rstrip('/')}/{path}")
 
 

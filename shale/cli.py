@@ -119,9 +119,15 @@ def _cmd_read(args: argparse.Namespace, out: TextIO) -> int:
 # -------------------------------------------------------------------- status
 
 def _cmd_status(args: argparse.Namespace, out: TextIO) -> int:
-    from shale.status import topic_status
+    from shale.status import status_text, topic_status
 
-    _print_json(topic_status(args.topic, args.metadata), out)
+    doc = topic_status(args.topic, args.metadata)
+    for d in doc["damaged"]:
+        sys.stderr.write(f"shale: warning: {doc['topic']}: damaged object {d['object']}: {d['error']}\n")
+    if args.json:
+        _print_json(doc, out)
+    else:
+        out.write(status_text(doc) + "\n")
     return 0
 
 
@@ -165,9 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --compacted: print only the latest record of every live key")
     p.set_defaults(func=_cmd_read)
 
-    p = sub.add_parser("status", help="print a topic's ledgers, records and compaction state as JSON",
+    p = sub.add_parser("status", help="print a topic's ledgers, records and compaction state",
+                       description="Print a topic's ledgers, its compaction state and its dirty ratio. A damaged "
+                       "ledger or part does not stop it: each is named (on standard error too) and the dirty "
+                       "ratio is then estimated from the metadata; `shale verify --scrub` is the check.",
                        epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_topic_arguments(p)
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     p.set_defaults(func=_cmd_status)
 
     for register in _EXTRA_COMMANDS:

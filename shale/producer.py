@@ -23,7 +23,7 @@ from shale.ledger._retry import ConflictPolicy
 from shale.ledger.errors import ConflictError, InvalidInputError, StateUnknownError, TransientStorageError
 from shale.ledger.format import KIND_ORIGINAL
 from shale.ledger.ids import MessageId
-from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES, Record, validate_record
+from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES, Record, check_record_size, validate_record
 from shale.ledger.writer import LedgerWriter, encode_entry, relabel_ledger
 from shale.metadata.layout import ledger_object_name
 from shale.metadata.state import LedgerInfo, TopicState
@@ -152,7 +152,9 @@ class TopicWriter:
         """Append a prepared :class:`Record` (its publish time is kept)."""
         if self._closed:
             raise InvalidInputError("the writer is closed")
-        validate_record(record)  # refuse it now, not when its batch is encoded
+        # refuse it now, not when its batch is encoded: the records before it stay good
+        validate_record(record)
+        check_record_size(record, self.max_record_bytes)
         self._batch.append(record)
         self._records += 1
         if record.key is None:

@@ -1,38 +1,59 @@
-"""``shale status``: one JSON document describing a topic and its compaction state."""
+"""``shale status``: a topic's ledgers and compaction state, as text or one JSON document.
+
+Status reports what it can: a damaged ledger or compacted part does not stop it (it is the
+topic that needs attention that an operator looks at); the damaged objects are listed,
+and the dirty ratio is then estimated from the metadata alone, as ``compact --all``
+orders topics.  ``shale verify --scrub`` is the check that fails on damage.
+"""
 
 from __future__ import annotations
 
+import datetime
 import time
+from collections.abc import Sequence
 from typing import Any
 
-from shale.compactor.plan import make_plan
+from shale.compactor.plan import dirty_ratio, make_plan
+from shale.ledger.errors import ShaleError, error_line
+from shale.ledger.format import KIND_COMPACTED
+from shale.ledger.reader import LedgerFile
+from shale.metadata.state import CompactionState, TopicState
 from shale.metadata.topic import TopicMetadata
 
-__all__ = ["topic_status"]
+__all__ = ["status_text", "topic_status"]
 
 
 def topic_status(topic_uri: str, metadata_uri: str | None = None) -> dict[str, Any]:
-    """Ledger count, records, bytes, first/last ids, and the compaction state."""
+    """Ledger count, records, bytes, first/last ids, every ledger and compacted part, the
+    compaction state, and the objects found damaged."""
     meta = TopicMetadata.open(topic_uri, metadata_uri)
-    # The dirty ratio is the one a compaction run would see (its own plan, no lag).
-    plan = make_plan(meta, now_ms=int(time.time() * 1000), min_compaction_lag_ms=0)
-    topic, comp = plan.topic, plan.previous
-    ledgers = topic.ledgers
+    topic, comp = meta.load_topic(), meta.load_compaction()
+    damaged: list[dict[str, str]] = []
+    try:
+        # The dirty ratio a compaction run would see (its own plan, no lag).
+        plan = make_plan(meta, now_ms=int(time.time() * 1000), min_compaction_lag_ms=0)
+        dirty, ratio = plan.dirty_bytes, plan.dirty_ratio
+    except ShaleError:
+        damaged = _damaged(meta, topic, comp)
+        if not damaged:
+            raise  # not damage: the store or the metadata failed, and the error says so
+        dirty, ratio = _estimated_dirt(topic, comp)
     last_id = None
-    if ledgers:
-        from shale.ledger.reader import LedgerFile
-
-        f = LedgerFile.open(meta.topic.store, meta.topic.key(ledgers[-1].object), ledger_id=ledgers[-1].id)
-        last_id = f.last_id()
+    if topic.ledgers and not any(d["object"] == topic.ledgers[-1].object for d in damaged):
+        lg = topic.ledgers[-1]
+        last_id = LedgerFile.open(meta.topic.store, meta.topic.key(lg.object), ledger_id=lg.id).last_id()
     return {
         "topic": meta.uri,
-        "ledgers": len(ledgers),
+        "ledgers": len(topic.ledgers),
         "records": topic.records,
         "bytes": topic.bytes,
-        "first_id": str(ledgers[0].first_id) if ledgers else None,
+        "first_id": str(topic.ledgers[0].first_id) if topic.ledgers else None,
         "last_id": str(last_id) if last_id else None,
         "created_ms": topic.created_ms,
         "metadata_version": topic.version,
+        "ledger_list": [{"id": lg.id, "object": lg.object, "records": lg.records, "bytes": lg.bytes,
+                         "first_publish_ms": lg.first_publish, "last_publish_ms": lg.last_publish}
+                        for lg in topic.ledgers],
         "compaction": {
             "epoch": comp.epoch,
             "horizon": str(comp.horizon) if comp.horizon else None,
@@ -41,9 +62,84 @@ def topic_status(topic_uri: str, metadata_uri: str | None = None) -> dict[str, A
             "compacted_bytes": comp.bytes,
             "keys": comp.keys,
             "tombstones": comp.tombstones,
-            "dirty_bytes": plan.dirty_bytes,
-            "dirty_ratio": round(plan.dirty_ratio, 6),
+            "dirty_bytes": dirty,
+            "dirty_ratio": round(ratio, 6),
             "last_compaction_ms": comp.compacted_ms or None,
             "retired_pending": sum(len(r.objects) for r in comp.retired),
+            "parts": [{"object": p.object, "records": p.records, "live": p.live, "bytes": p.bytes}
+                      for p in comp.parts],
         },
+        "damaged": damaged,
     }
+
+
+def _damaged(meta: TopicMetadata, topic: TopicState, comp: CompactionState) -> list[dict[str, str]]:
+    """Every ledger and compacted part whose footer cannot be read, with why."""
+    store, loc = meta.topic.store, meta.topic
+    found = []
+    h = comp.horizon
+    for lg in topic.ledgers:
+        if h is not None and lg.id < h.ledger:
+            continue  # below the horizon: a run never reads it, and status does not either
+        try:
+            LedgerFile.open(store, loc.key(lg.object), ledger_id=lg.id)
+        except ShaleError as e:
+            found.append({"object": lg.object, "error": error_line(e)})
+    for p in comp.parts:
+        try:
+            LedgerFile.open(store, loc.key(p.object), ledger_id=comp.part_ledger_id(p), kind=KIND_COMPACTED)
+        except ShaleError as e:
+            found.append({"object": p.object, "error": error_line(e)})
+    return found
+
+
+def _estimated_dirt(topic: TopicState, comp: CompactionState) -> tuple[int, float]:
+    h = comp.horizon
+    dirty = sum(lg.bytes for lg in topic.ledgers if h is None or lg.id > h.ledger)
+    live = sum(p.bytes * (p.live / p.records) for p in comp.parts if p.records)
+    return dirty, dirty_ratio(dirty, live)
+
+
+def _when(ms: int | None) -> str:
+    if not ms:
+        return "-"
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _table(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [indent + "  ".join(c.rjust(w) if c[:1].isdigit() else c.ljust(w)
+                               for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def status_text(doc: dict[str, Any]) -> str:
+    """``doc`` (from :func:`topic_status`) for a person to read."""
+    c = doc["compaction"]
+    n = doc["ledgers"]
+    lines = [f"topic     {doc['topic']}",
+             f"ledgers   {n} ledger{'s' if n != 1 else ''}, {doc['records']:,} records, {doc['bytes']:,} bytes"
+             + (f", ids {doc['first_id']} to {doc['last_id'] or '?'}" if n else "")]
+    if n:
+        rows: list[tuple[str, ...]] = [("id", "records", "bytes", "first publish (UTC)", "last publish (UTC)")]
+        rows += [(str(lg["id"]), f"{lg['records']:,}", f"{lg['bytes']:,}", _when(lg["first_publish_ms"]),
+                  _when(lg["last_publish_ms"])) for lg in doc["ledger_list"]]
+        lines += _table(rows)
+    if c["horizon"] is None:
+        lines.append("horizon   none: never compacted")
+    else:
+        lines.append(f"horizon   {c['horizon']} (epoch {c['epoch']}, compacted {_when(c['last_compaction_ms'])} UTC)")
+        parts = c["parts"]
+        plural = "s" if len(parts) != 1 else ""
+        lines.append(f"compacted {c['keys']:,} keys ({c['tombstones']:,} tombstones), {c['compacted_records']:,} "
+                     f"live records, {c['compacted_bytes']:,} bytes in {len(parts)} part{plural}")
+        if parts:
+            rows = [("object", "records", "live", "bytes")]
+            rows += [(str(p["object"]), f"{p['records']:,}", f"{p['live']:,}", f"{p['bytes']:,}") for p in parts]
+            lines += _table(rows)
+    lines.append(f"dirty     {c['dirty_bytes']:,} bytes above the horizon, dirty ratio {c['dirty_ratio']:.3f}")
+    if c["retired_pending"]:
+        k = c["retired_pending"]
+        lines.append(f"retired   {k} object{'s' if k != 1 else ''} waiting for gc")
+    for d in doc["damaged"]:
+        lines.append(f"damaged   {d['object']}: {d['error']}")
+    return "\n".join(lines)

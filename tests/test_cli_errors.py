@@ -275,10 +275,14 @@ def test_truncated_ledger_object(tmp_path: Path) -> None:
     topic, ledger, meta = _topic_with_ledger(tmp_path)
     size = ledger.stat().st_size
     ledger.write_bytes(ledger.read_bytes()[:-25])
-    for command in ("read", "status"):
-        p = run_cli(command, topic)
-        one_line_error(p, 4, str(ledger), "truncated", f"size {size - 25}")
-        assert p.stdout == ""
+    p = run_cli("read", topic)
+    one_line_error(p, 4, str(ledger), "truncated", f"size {size - 25}")
+    assert p.stdout == ""
+    # status reports the damaged topic (the one that needs attention) and names the object
+    p = run_cli("status", topic, "--json")
+    assert p.returncode == 0 and p.stderr.count("\n") == 1, p.stderr
+    assert str(ledger) in p.stderr and "truncated" in p.stderr and f"size {size - 25}" in p.stderr
+    assert json.loads(p.stdout)["damaged"][0]["object"] == f"ledgers/{ledger.name}"
     assert (tmp_path / "t" / "_meta" / "topic.json").read_bytes() == meta
 
 

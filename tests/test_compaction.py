@@ -361,7 +361,7 @@ def test_compact_cli_json_and_status(disk_topic_uri: str) -> None:
     assert set(summary["durations"]) >= {"plan", "pass_one", "pass_two", "publish", "total"}
     p = run_cli("compact", disk_topic_uri, "--json")
     assert json.loads(p.stdout)["status"] == "nothing-to-do" and p.returncode == 0
-    st = json.loads(run_cli("status", disk_topic_uri).stdout)
+    st = json.loads(run_cli("status", disk_topic_uri, "--json").stdout)
     c = st["compaction"]
     assert c["horizon"] == "5:0:99" and c["epoch"] == 1 and c["keys"] == 10 and c["dirty_ratio"] == 0.0
     assert c["last_compaction_ms"] and c["compacted_ledger"]

@@ -485,7 +485,7 @@ def test_truncate_finishes_a_truncation_killed_between_its_two_writes(disk_topic
     state = meta.load_compaction()
     assert state.topic_generation < topic.generation and state.epoch == 1
 
-    p = shale("truncate", uri, "--before-ledger", "2")
+    p = shale("truncate", uri, "--before-ledger", "2", "--json")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["removed"] == []
     assert doc(uri, "compaction.json")["topic_generation"] == doc(uri, "topic.json")["generation"] == 1

@@ -119,7 +119,7 @@ def test_every_subcommand_reads_its_variables(tmp_path: Path) -> None:
     r = run_cli("gc", topic, env={"SHALE_GRACE": "a while"})
     assert r.returncode == 2 and "SHALE_GRACE" in r.stderr and r.stderr.count("\n") == 1, r.stderr
     # truncate's required --before-ledger may come from its variable too
-    r = run_cli("truncate", topic, env={"SHALE_BEFORE_LEDGER": "1"})
+    r = run_cli("truncate", topic, "--json", env={"SHALE_BEFORE_LEDGER": "1"})
     assert r.returncode == 0 and json.loads(r.stdout)["removed"] == [], r.stderr
 
 

@@ -148,7 +148,7 @@ def test_cli_round_trip_100k_records_byte_exact(disk_topic_uri: str, tmp_path: o
             assert got["value_b64"] == src["value_b64"]
         else:
             assert got["value"] == src["value"]
-    st = run_cli("status", disk_topic_uri)
+    st = run_cli("status", disk_topic_uri, "--json")
     status = json.loads(st.stdout)
     assert status["records"] == 100_000 and status["ledgers"] == 4 and status["last_id"] == summary["last_id"]
 

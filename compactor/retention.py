@@ -1,0 +1,118 @@
+"""Retention by ledger: ``shale truncate``, which never removes what no compaction has seen
+unless told to.
+
+Removing a ledger whose records all lie at or below the compaction horizon loses
+nothing a compacted reader sees: the compacted ledger keeps the latest record of every
+key.  Removing one with records above the horizon loses those records for good; that
+takes ``allow_uncompacted``, and the plan says how many records it costs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from shale.ledger.errors import InvalidInputError
+from shale.ledger.ids import MessageId
+from shale.ledger.reader import LedgerFile
+from shale.metadata.state import LedgerInfo
+from shale.metadata.topic import TopicMetadata
+
+__all__ = ["TruncationPlan", "plan_truncation", "truncate"]
+
+
+@dataclass(frozen=True, slots=True)
+class TruncationPlan:
+    """What removing the ledgers below ``before_ledger`` does."""
+
+    topic: str
+    before_ledger: int
+    horizon: MessageId | None
+    removed: tuple[LedgerInfo, ...]
+    #: removed ledgers holding records above the horizon, and how many such records
+    uncompacted: tuple[int, ...]
+    records_lost: int
+    dry_run: bool = False
+    generation: int | None = None
+    ledgers_left: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"topic": self.topic, "dry_run": self.dry_run, "before_ledger": self.before_ledger,
+                "horizon": str(self.horizon) if self.horizon else None,
+                "removed": [lg.id for lg in self.removed], "records_removed": sum(lg.records for lg in self.removed),
+                "bytes_removed": sum(lg.bytes for lg in self.removed), "uncompacted": list(self.uncompacted),
+                "records_lost": self.records_lost, "generation": self.generation, "ledgers": self.ledgers_left}
+
+    def human(self) -> str:
+        verb = "would remove" if self.dry_run else "removed"
+        if not self.removed:
+            return f"{self.topic}: no ledger below {self.before_ledger}; nothing {verb.split()[-1]}"
+        ids = f"{self.removed[0].id}" if len(self.removed) == 1 else f"{self.removed[0].id}-{self.removed[-1].id}"
+        text = (f"{self.topic}: {verb} {len(self.removed)} ledger{'s' if len(self.removed) != 1 else ''} ({ids}), "
+                f"{sum(lg.records for lg in self.removed):,} records, {sum(lg.bytes for lg in self.removed):,} bytes")
+        if self.records_lost:
+            text += f"; {self.records_lost:,} of them above the horizon, never compacted"
+        return text
+
+
+def plan_truncation(meta: TopicMetadata, before_ledger: int) -> TruncationPlan:
+    """What removing the ledgers with ids below ``before_ledger`` would remove and lose."""
+    topic, state = meta.load_topic(), meta.load_compaction()
+    last = topic.last_ledger_id
+    if before_ledger < 1:
+        raise InvalidInputError(f"--before-ledger {before_ledger}: ledger ids start at 1")
+    if before_ledger > last + 1:
+        raise InvalidInputError(f"{meta.uri}: --before-ledger {before_ledger} is past the last ledger ({last}); "
+                                f"{last + 1} would remove every ledger")
+    removed = tuple(lg for lg in topic.ledgers if lg.id < before_ledger)
+    horizon = state.horizon
+    uncompacted, lost = [], 0
+    for lg in removed:
+        above = _records_above(meta, lg, horizon)
+        if above:
+            uncompacted.append(lg.id)
+            lost += above
+    return TruncationPlan(meta.uri, before_ledger, horizon, removed, tuple(uncompacted), lost)
+
+
+def _records_above(meta: TopicMetadata, lg: LedgerInfo, horizon: MessageId | None) -> int:
+    if horizon is None or lg.id > horizon.ledger:
+        return lg.records
+    if lg.id < horizon.ledger:
+        return 0
+    # the horizon falls in this ledger: its footer says where
+    f = LedgerFile.open(meta.topic.store, meta.topic.key(lg.object), ledger_id=lg.id)
+    return max(0, f.n_records - f.find(horizon) - 1)
+
+
+def truncate(meta: TopicMetadata, before_ledger: int, *, allow_uncompacted: bool = False,
+             dry_run: bool = False) -> TruncationPlan:
+    """Remove the ledgers below ``before_ledger``; refuse, unless ``allow_uncompacted``,
+    when that removes records above the compaction horizon.  With ``dry_run`` only plan.
+
+    The horizon only moves up, so a plan that found every removed record compacted stays
+    true until the removal lands."""
+    plan = plan_truncation(meta, before_ledger)
+    if plan.records_lost and not allow_uncompacted:
+        h = f"the horizon {plan.horizon}" if plan.horizon else "no compaction yet"
+        raise InvalidInputError(
+            f"{meta.uri}: removing the ledgers below {before_ledger} would lose {plan.records_lost:,} records no "
+            f"compaction has kept (ledger{'s' if len(plan.uncompacted) > 1 else ''} "
+            f"{', '.join(map(str, plan.uncompacted))}; {h}): compact first, or pass --allow-uncompacted")
+    if dry_run:
+        return TruncationPlan(plan.topic, plan.before_ledger, plan.horizon, plan.removed, plan.uncompacted,
+                              plan.records_lost, dry_run=True)
+    state, removed = meta.truncate(before_ledger)
+    done = plan_of_removed(plan, tuple(removed))
+    return TruncationPlan(done.topic, done.before_ledger, done.horizon, done.removed, done.uncompacted,
+                          done.records_lost, generation=state.generation, ledgers_left=len(state.ledgers))
+
+
+def plan_of_removed(plan: TruncationPlan, removed: tuple[LedgerInfo, ...]) -> TruncationPlan:
+    """``plan`` restricted to what the truncation actually removed (another truncation may
+    have removed some of them first)."""
+    ids = {lg.id for lg in removed}
+    uncompacted = tuple(i for i in plan.uncompacted if i in ids)
+    lost = plan.records_lost if uncompacted == plan.uncompacted else sum(
+        lg.records for lg in removed if lg.id in uncompacted)
+    return TruncationPlan(plan.topic, plan.before_ledger, plan.horizon, removed, uncompacted, lost)
