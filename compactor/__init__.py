@@ -11,10 +11,10 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # (NumPy is imported below this line, through the modules of the package.)
 
 from shale.compactor.config import CompactionConfig
-from shale.compactor.durations import format_duration, parse_duration
 from shale.compactor.gc import GcReport, collect_garbage
 from shale.compactor.job import Compactor
 from shale.compactor.summary import RunSummary
+from shale.compactor.units import format_duration, format_size, parse_duration, parse_size
 
 __all__ = [
     "CompactionConfig",
@@ -23,5 +23,7 @@ __all__ = [
     "RunSummary",
     "collect_garbage",
     "format_duration",
+    "format_size",
     "parse_duration",
+    "parse_size",
 ]

@@ -11,7 +11,14 @@ import urllib.parse
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
-from shale.compactor.commandline import METADATA_HELP, OneLineParser, add_topic_arguments, run_command
+from shale.compactor.commandline import (
+    METADATA_HELP,
+    OneLineParser,
+    add_topic_arguments,
+    duration_arg,
+    run_command,
+    size_arg,
+)
 from shale.compactor.config import (
     DEFAULT_DELETE_RETENTION_MS,
     DEFAULT_GC_GRACE_MS,
@@ -19,7 +26,6 @@ from shale.compactor.config import (
     DEFAULT_ORPHAN_GRACE_MS,
     CompactionConfig,
 )
-from shale.compactor.durations import format_duration, parse_duration
 from shale.compactor.engine import Engine, LocalEngine
 from shale.compactor.job import Compactor
 from shale.compactor.metrics import DEFAULT_JOB
@@ -27,7 +33,8 @@ from shale.compactor.runlog import LOG_FORMATS, event, logging_to
 from shale.compactor.settings import Setting, print_config, settings_of, source_name
 from shale.compactor.spark.options import DEFAULT_SPLIT_BYTES
 from shale.compactor.summary import RunStatus, RunSummary
-from shale.ledger.errors import EXIT_FAILURE, InvalidInputError, error_line, exit_code_of
+from shale.compactor.units import format_duration
+from shale.ledger.errors import EXIT_FAILURE, EXIT_USAGE, InvalidInputError, error_line, exit_code_of
 from shale.ledger.storage import mask_uri
 
 if TYPE_CHECKING:
@@ -57,13 +64,6 @@ worst outcome (4, then 1, then 2, then 3).
 
 # worst first when several topics end differently
 _SEVERITY = {0: 0, 3: 1, 2: 2, 1: 3, 4: 4}
-
-
-def _duration(text: str) -> int:
-    try:
-        return parse_duration(text)
-    except InvalidInputError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _ratio(text: str) -> float:
@@ -100,15 +100,6 @@ def _workers(text: str) -> int:
     return 0 if text.strip() == "0" else _count(text)
 
 
-def _bytes(text: str) -> int:
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    t = text.strip().lower().removesuffix("ib").removesuffix("b")
-    try:
-        return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 256MiB)") from None
-
-
 def _gateway(text: str) -> str:
     """A Pushgateway URL, checked now: one that cannot be parsed is a usage error, not a
     failed run after the work is done (and its password is never shown)."""
@@ -143,13 +134,13 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
                    "order given)")
     p.add_argument("--parallel", type=_count, default=1, metavar="N",
                    help="compact N topics at a time (default 1); one topic's failure does not stop the others")
-    p.add_argument("--max-compaction-lag", type=_duration, default=None, metavar="DURATION",
+    p.add_argument("--max-compaction-lag", type=duration_arg, default=None, metavar="DURATION",
                    help="a topic whose oldest uncompacted record is older than this is compacted first, "
                    "whatever its dirty ratio (Kafka's max.compaction.lag.ms)")
     p.add_argument("--metadata", metavar="URI", default=None, help=METADATA_HELP)
-    p.add_argument("--min-compaction-lag", type=_duration, default=0, metavar="DURATION",
+    p.add_argument("--min-compaction-lag", type=duration_arg, default=0, metavar="DURATION",
                    help="records younger than this wait for a later run (default 0)")
-    p.add_argument("--delete-retention", type=_duration, default=DEFAULT_DELETE_RETENTION_MS, metavar="DURATION",
+    p.add_argument("--delete-retention", type=duration_arg, default=DEFAULT_DELETE_RETENTION_MS, metavar="DURATION",
                    help="keep tombstones this long after the first compaction that kept them "
                    f"(default {format_duration(DEFAULT_DELETE_RETENTION_MS)}; 0 drops them at once)")
     p.add_argument("--retain-null-key", action="store_true",
@@ -158,25 +149,25 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip when bytes above the horizon / live bytes is below R (default 0)")
     p.add_argument("--dry-run", action="store_true",
                    help="plan and run pass one only; report what would be written; publish nothing")
-    p.add_argument("--gc-grace", type=_duration, default=DEFAULT_GC_GRACE_MS, metavar="DURATION",
+    p.add_argument("--gc-grace", type=duration_arg, default=DEFAULT_GC_GRACE_MS, metavar="DURATION",
                    help="delete a retired compacted ledger only after this long "
                    f"(default {format_duration(DEFAULT_GC_GRACE_MS)})")
-    p.add_argument("--orphan-grace", type=_duration, default=DEFAULT_ORPHAN_GRACE_MS, metavar="DURATION",
+    p.add_argument("--orphan-grace", type=duration_arg, default=DEFAULT_ORPHAN_GRACE_MS, metavar="DURATION",
                    help="delete leftovers of crashed runs only after this long "
                    f"(default {format_duration(DEFAULT_ORPHAN_GRACE_MS)}, at least 15m)")
     p.add_argument("--no-gc", action="store_true", help="do not collect garbage after the run")
-    p.add_argument("--max-part-bytes", type=_bytes, default=256 << 20, metavar="SIZE",
+    p.add_argument("--max-part-bytes", type=size_arg, default=256 << 20, metavar="SIZE",
                    help="roll the compacted ledger into a new part at this size (default 256MiB)")
     p.add_argument("--read-parallelism", type=_count, default=4, metavar="N",
                    help="ranged reads pass two keeps in flight, 8 MiB each (default 4)")
-    p.add_argument("--max-read-bytes-per-second", type=_bytes, default=0, metavar="SIZE",
+    p.add_argument("--max-read-bytes-per-second", type=size_arg, default=0, metavar="SIZE",
                    help="limit pass two's reads to SIZE per second (default: no limit; per task with Spark)")
-    p.add_argument("--max-write-bytes-per-second", type=_bytes, default=0, metavar="SIZE",
+    p.add_argument("--max-write-bytes-per-second", type=size_arg, default=0, metavar="SIZE",
                    help="limit pass two's writes to SIZE per second (default: no limit; per task with Spark)")
     p.add_argument("--workers", type=_workers, default=0, metavar="N",
                    help="CPU cores the local engine uses: threads building pass one's key map, processes copying "
                    "in pass two (default 0: every available CPU, at most 8; small runs use one)")
-    p.add_argument("--max-map-bytes", type=_bytes, default=None, metavar="SIZE",
+    p.add_argument("--max-map-bytes", type=size_arg, default=None, metavar="SIZE",
                    help="memory for pass one's key map, 24 bytes per key written since the last run (default 1GiB, "
                    "about 44 million keys); when the new keys need more, compact up to where they fit and let "
                    "the next run continue (local engine)")
@@ -201,7 +192,7 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
                    "master under spark-submit, else local[*])")
     s.add_argument("--spark-conf", metavar="KEY=VALUE", action="append", type=_spark_conf, default=[],
                    help="a Spark setting for the session Shale starts (repeatable)")
-    s.add_argument("--spark-split-size", metavar="SIZE", type=_bytes, default=None,
+    s.add_argument("--spark-split-size", metavar="SIZE", type=size_arg, default=None,
                    help="entry bytes one Spark task handles at most (default 128MiB)")
     s.add_argument("--no-forward-credentials", action="store_true",
                    help="do not send the driver's AWS credential variables to executors with the tasks "
@@ -268,6 +259,10 @@ def _run_compact(args: argparse.Namespace, out: TextIO, err: TextIO | None = Non
             close()
 
 
+def _plural(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def _one_topic_list(args: argparse.Namespace, settings: list[Setting]) -> list[Setting]:
     """The topic list is one setting: topic URIs or ``--all`` on the command line make
     ``SHALE_TOPICS`` and ``SHALE_ALL`` both ignored."""
@@ -307,9 +302,11 @@ def _compact_topics(args: argparse.Namespace, config: CompactionConfig, engine: 
     with logging_to(err, args.log_format, "compact"):
         topics = _chosen_topics(args)
         if not topics:
-            event(logging.WARNING, "run.done", f"no topics under {args.all_prefix}", topics=0, exit_code=0)
-            return 0
-        event(logging.INFO, "run.start", f"compacting {len(topics)} topic(s)", topics=len(topics),
+            # a typo in a scheduled run's prefix must not succeed quietly forever
+            event(logging.ERROR, "run.done", f"no topics under {args.all_prefix} (a topic is a folder holding "
+                  "_meta/topic.json): check the prefix", topics=0, exit_code=EXIT_USAGE)
+            return EXIT_USAGE
+        event(logging.INFO, "run.start", f"compacting {_plural(len(topics), 'topic')}", topics=len(topics),
               engine=engine.name, parallel=args.parallel)
         show_progress = args.log_format == "text" and err.isatty()
         if not show_progress:
@@ -376,7 +373,7 @@ def _compact_each(args: argparse.Namespace, config: CompactionConfig, engine: En
     else:
         codes = [one(t) for t in topics]
     worst = _worst(codes)
-    event(logging.INFO, "run.done", f"{len(topics)} topic(s), exit code {worst}", topics=len(topics),
+    event(logging.INFO, "run.done", f"{_plural(len(topics), 'topic')}, exit code {worst}", topics=len(topics),
           exit_code=worst, failed=sum(1 for c in codes if c != 0))
     return worst
 
@@ -465,6 +462,15 @@ def _run_verify(args: argparse.Namespace, out: TextIO) -> int:
     return 0 if report.ok else EXIT_MISMATCH
 
 
+_GC_HELP = """\
+exit codes:
+  0  collected (or, with --dry-run, listed) what was past its grace
+  1  unexpected failure (storage unreachable after retries)
+  2  bad usage or input: bad flag or variable, bad URI, missing topic
+  3  the compaction state kept changing (other writers); safe to run again
+  4  a metadata document breaks its schema or invariants (nothing is deleted)
+"""
+
 _TRUNCATE_HELP = """\
 exit codes:
   0  removed (or, with --dry-run, listed) the ledgers below ID
@@ -487,11 +493,12 @@ def register_subcommands(sub: Any) -> None:
                        description="Delete retired compacted ledgers older than --grace and orphaned objects "
                        "(crashed or beaten runs, unregistered ledgers) older than --orphan-grace. "
                        "Never deletes anything a published state refers to.",
-                       epilog=COMPACT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=_GC_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_topic_arguments(g)
-    g.add_argument("--grace", type=_duration, default=DEFAULT_GC_GRACE_MS, metavar="DURATION",
-                   help=f"retired compacted ledgers (default {format_duration(DEFAULT_GC_GRACE_MS)})")
-    g.add_argument("--orphan-grace", type=_duration, default=DEFAULT_ORPHAN_GRACE_MS, metavar="DURATION",
+    # --gc-grace, as compact names it (--grace is its former name, still accepted)
+    g.add_argument("--gc-grace", "--grace", type=duration_arg, default=DEFAULT_GC_GRACE_MS, metavar="DURATION",
+                   dest="grace", help=f"retired compacted ledgers (default {format_duration(DEFAULT_GC_GRACE_MS)})")
+    g.add_argument("--orphan-grace", type=duration_arg, default=DEFAULT_ORPHAN_GRACE_MS, metavar="DURATION",
                    help=f"unreferenced leftovers (default {format_duration(DEFAULT_ORPHAN_GRACE_MS)}, "
                    "at least 15m)")
     g.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")

@@ -11,10 +11,12 @@ from collections.abc import Sequence
 from typing import Final, NoReturn, TextIO
 
 from shale.compactor.settings import SettingsParser
-from shale.ledger.errors import ShaleError, error_line, exit_code_of
+from shale.compactor.units import parse_duration, parse_size
+from shale.ledger.errors import InvalidInputError, ShaleError, error_line, exit_code_of
 from shale.ledger.storage import mask_uri, require, resolve
 
-__all__ = ["METADATA_HELP", "OneLineParser", "add_topic_arguments", "run_command"]
+__all__ = ["METADATA_HELP", "OneLineParser", "add_topic_arguments", "duration_arg", "positive_size_arg", "run_command",
+           "size_arg"]
 
 METADATA_HELP = "where the topic's metadata lives (default: TOPIC_URI/_meta)"
 
@@ -24,6 +26,31 @@ def add_topic_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("topic", metavar="TOPIC_URI",
                    help="topic folder: a local path, file://, s3://bucket/prefix, memory://...")
     p.add_argument("--metadata", metavar="URI", default=None, help=METADATA_HELP)
+
+
+def size_arg(text: str) -> int:
+    """A size flag's value (``64MiB``, ``1GB``: :func:`~shale.compactor.units.parse_size`)."""
+    try:
+        return parse_size(text)
+    except InvalidInputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def positive_size_arg(text: str) -> int:
+    """A size of at least one byte."""
+    value = size_arg(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1 byte")
+    return value
+
+
+def duration_arg(text: str) -> int:
+    """A duration flag's value in milliseconds (``30s``, ``1h30m``, ``PT1H``:
+    :func:`~shale.compactor.units.parse_duration`)."""
+    try:
+        return parse_duration(text)
+    except InvalidInputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 class OneLineParser(SettingsParser):

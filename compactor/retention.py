@@ -18,7 +18,7 @@ from shale.ledger.reader import LedgerFile
 from shale.metadata.state import LedgerInfo
 from shale.metadata.topic import TopicMetadata
 
-__all__ = ["TruncationPlan", "plan_truncation", "truncate"]
+__all__ = ["TruncationPlan", "plan_truncation", "retention_cut", "truncate"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +83,27 @@ def _records_above(meta: TopicMetadata, lg: LedgerInfo, horizon: MessageId | Non
     # the horizon falls in this ledger: its footer says where
     f = LedgerFile.open(meta.topic.store, meta.topic.key(lg.object), ledger_id=lg.id)
     return max(0, f.n_records - f.find(horizon) - 1)
+
+
+def retention_cut(meta: TopicMetadata, *, older_than_ms: int | None = None, keep_bytes: int | None = None,
+                  allow_uncompacted: bool = False, now_ms: int | None = None) -> int:
+    """The ``before_ledger`` that removes the oldest ledgers a retention rule lets go
+    (Kafka's ``retention.ms`` and ``retention.bytes``): those whose last record is older
+    than ``older_than_ms``, or beyond the newest ``keep_bytes`` of ledgers.  It stops at
+    the first ledger with records above the horizon unless ``allow_uncompacted``."""
+    if (older_than_ms is None) == (keep_bytes is None):
+        raise InvalidInputError("give one retention rule: --older-than DURATION or --keep-bytes SIZE")
+    topic, state = meta.load_topic(), meta.load_compaction()
+    now = meta.now_ms() if now_ms is None else now_ms
+    left = topic.bytes
+    cut = topic.ledgers[0].id if topic.ledgers else topic.last_ledger_id + 1
+    for lg in topic.ledgers:
+        expired = (now - lg.last_publish > older_than_ms) if older_than_ms is not None else left > (keep_bytes or 0)
+        if not expired or (not allow_uncompacted and _records_above(meta, lg, state.horizon)):
+            break
+        left -= lg.bytes
+        cut = lg.id + 1
+    return cut
 
 
 def truncate(meta: TopicMetadata, before_ledger: int, *, allow_uncompacted: bool = False,

@@ -90,11 +90,19 @@ class RunSummary:
         out = self.records_written + self.records_reused
         smaller = 100.0 * (1 - out / self.records_read) if self.records_read else 0.0
         phases = ", ".join(f"{k.replace('_', ' ')} {v:.2f}s" for k, v in t.items() if k != "total")
-        verb = "would compact" if self.status == "dry-run" else "compacted"
-        return (f"{self.topic}: {verb} to horizon {self.horizon} (was {self.previous_horizon}), "
+        dry = self.status == "dry-run"
+        was = f"was {self.previous_horizon}" if self.previous_horizon else "the first compaction"
+        sources = _count(self.ledgers_read, "ledger") + (" and the previous compacted ledger"
+                                                         if self.previous_horizon else "")
+        wrote = (f"would write {self.records_written:,} records" if dry else
+                 f"wrote {self.records_written:,} records ({mb_out:.1f} MB) in {_count(self.parts, 'part')}")
+        return (f"{self.topic}: {'would compact' if dry else 'compacted'} to horizon {self.horizon} ({was}), "
                 f"epoch {self.epoch}: read {self.records_read:,} records ({mb_in:.1f} MB) from "
-                f"{self.ledgers_read} ledgers + previous compacted ledger, wrote {self.records_written:,} "
-                f"records ({mb_out:.1f} MB) in {self.parts} part(s), {smaller:.1f}% fewer records; "
+                f"{sources}, {wrote}, {smaller:.1f}% fewer records; "
                 f"{self.keys:,} keys, tombstones kept {self.tombstones_kept:,} dropped "
                 f"{self.tombstones_dropped:,}, keyless dropped {self.keyless_dropped:,}; "
                 f"{total:.2f}s ({phases})" + (f"; {self.message}" if self.message else ""))
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"

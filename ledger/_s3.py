@@ -21,7 +21,9 @@ from typing import Any, TypeVar
 from shale.ledger._retry import RetryPolicy
 from shale.ledger.errors import (
     AlreadyExistsError,
+    BucketNotFoundError,
     ConflictError,
+    InvalidInputError,
     ObjectNotFoundError,
     ShaleError,
     StateUnknownError,
@@ -55,7 +57,9 @@ def _translate(e: Exception, what: str) -> ShaleError:
         if code in _MISSING_CODES or (status == 404 and code != "NoSuchBucket"):
             return ObjectNotFoundError(f"{what}: no such object")
         if code == "NoSuchBucket":
-            return ObjectNotFoundError(f"{what}: no such bucket")
+            bucket = err.get("BucketName") or what.removeprefix("s3://").split("/", 1)[0]
+            at = f" at {os.environ[_endpoint_variable()]}" if os.environ.get(_endpoint_variable()) else ""
+            return BucketNotFoundError(f"{what}: no such bucket {bucket!r}{at}")
         if code == "PreconditionFailed" or status == 412:
             return ConflictError(f"{what}: precondition failed (changed since it was read)")
         if code in _TRANSIENT_CODES or status in (409, 429) or status >= 500:
@@ -70,9 +74,10 @@ def _translate(e: Exception, what: str) -> ShaleError:
     if isinstance(e, bex.EndpointConnectionError | bex.ConnectionError | bex.HTTPClientError
                   | bex.ReadTimeoutError | bex.ConnectTimeoutError | bex.ResponseStreamingError
                   | bex.IncompleteReadError | ConnectionError | TimeoutError):
-        return TransientStorageError(f"{what}: {type(e).__name__} (transient)")
+        # botocore's own text names the endpoint ("Could not connect to the endpoint URL: ...")
+        return TransientStorageError(f"{what}: {e or type(e).__name__} (transient)")
     if isinstance(e, bex.BotoCoreError):
-        return StorageError(f"{what}: {type(e).__name__}")
+        return StorageError(f"{what}: {e or type(e).__name__}")
     return StorageError(f"{what}: {type(e).__name__}: {e}")
 
 
@@ -172,8 +177,9 @@ class S3Store(ObjectStore):
         return self._retrying(lambda: self._raw(op, key, **kwargs))
 
     def _raw(self, op: str, key: str, **kwargs: Any) -> Any:
+        client = self.client  # a bad AWS setting is its own error, not this object's
         try:
-            return getattr(self.client, op)(**kwargs)
+            return getattr(client, op)(**kwargs)
         except Exception as e:  # translated, never swallowed
             raise _translate(e, self.url(key)) from e
 
@@ -348,10 +354,32 @@ def _make_client() -> Any:
         max_pool_connections=32,
         s3={"addressing_style": os.environ.get("SHALE_S3_ADDRESSING_STYLE", "auto")},
     )
-    session = boto3.session.Session()
-    if session.region_name is None and not os.environ.get("AWS_DEFAULT_REGION"):
-        return session.client("s3", config=config, region_name="us-east-1")
-    return session.client("s3", config=config)
+    import botocore.exceptions as bex
+
+    try:
+        session = boto3.session.Session()
+        if session.region_name is None and not os.environ.get("AWS_DEFAULT_REGION"):
+            return session.client("s3", config=config, region_name="us-east-1")
+        return session.client("s3", config=config)
+    except bex.ProfileNotFound:
+        raise InvalidInputError(f"AWS_PROFILE {os.environ.get('AWS_PROFILE', '')!r}: no such profile in the AWS "
+                                "config and credentials files") from None
+    except ValueError as e:
+        if "endpoint" in str(e).lower():
+            raise InvalidInputError(f"{_endpoint_variable()} {_endpoint()!r} is not an endpoint URL "
+                                    "(e.g. http://minio:9000)") from None
+        raise InvalidInputError(f"the AWS settings in the environment: {e}") from None
+    except bex.BotoCoreError as e:
+        raise InvalidInputError(f"the AWS settings in the environment: {e}") from None
+
+
+def _endpoint_variable() -> str:
+    return "AWS_ENDPOINT_URL_S3" if os.environ.get("AWS_ENDPOINT_URL_S3") else "AWS_ENDPOINT_URL"
+
+
+def _endpoint() -> str:
+    """The S3 endpoint the environment names, for messages."""
+    return os.environ.get(_endpoint_variable()) or "the AWS endpoint"
 
 
 _STORES: weakref.WeakSet[S3Store] = weakref.WeakSet()

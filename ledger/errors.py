@@ -100,6 +100,13 @@ class ObjectNotFoundError(StorageError, FileNotFoundError):
     exit_code = EXIT_USAGE
 
 
+class BucketNotFoundError(StorageError):
+    """The bucket (or container) a URI names does not exist.  Not an
+    :class:`ObjectNotFoundError`: a missing bucket is never taken for a missing topic."""
+
+    exit_code = EXIT_USAGE
+
+
 class TopicNotFoundError(ObjectNotFoundError):
     """No topic exists at the given URI."""
 

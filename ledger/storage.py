@@ -251,6 +251,7 @@ def require(store: ObjectStore | Location, capability: str, what: str, *, hint: 
 # --------------------------------------------------------------------------- URIs
 
 _CONTROL: Final = {chr(c) for c in range(32)} | {"\x7f"}
+_HADOOP_S3: Final = frozenset({"s3a", "s3n"})
 # every URI in a text, up to the next white space or quote
 _URI_TOKEN: Final = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<rest>[^\s'\"]+)")
 _MASK: Final = "****"
@@ -402,6 +403,9 @@ def resolve(uri: str) -> Location:
         # resolved once, here.  Below it the local store follows no link at all.
         abspath = os.path.realpath(os.path.expanduser(path))
         return Location(_store_for("file", ""), abspath.strip("/"), abspath)
+    if scheme in _HADOOP_S3:
+        raise InvalidURIError(f"{mask_uri(uri)}: {scheme}:// is Hadoop's name for S3; use "
+                              f"s3://{uri.split('://', 1)[1]}")
     if "@" in parts.netloc or _userinfo(uri.split("://", 1)[1]):
         raise InvalidURIError(f"URI {mask_uri(uri)} carries credentials: Shale takes them only from the "
                               "environment (AWS_ACCESS_KEY_ID, AWS_PROFILE, a web identity, an instance role)")

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO, TextIO
 
-from shale.compactor.commandline import OneLineParser, add_topic_arguments, run_command
+from shale.compactor.commandline import OneLineParser, add_topic_arguments, positive_size_arg, run_command
 from shale.ledger.errors import EXIT_USAGE, InvalidInputError
 
 __all__ = ["main"]
@@ -32,6 +32,9 @@ exit codes:
   4  corrupt data: bad checksum, truncated object, unknown format version, a metadata
      document that breaks its schema or invariants, a link or folder where an object
      should be
+  5  shale verify: the compacted view does not match the original ledgers
+every flag also reads a SHALE_* variable (SHALE_ and the flag's name in capitals, e.g.
+--max-ledger-bytes: SHALE_MAX_LEDGER_BYTES); flags win
 """
 
 
@@ -150,8 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", metavar="PATH|-", default="-", help="JSON-lines file (default: standard input)")
     p.add_argument("--max-ledger-records", type=positive_int, default=500_000, metavar="N",
                    help="seal a ledger after N records (default 500000)")
-    p.add_argument("--max-ledger-bytes", type=positive_int, default=64 * 1024 * 1024, metavar="N",
-                   help="seal a ledger once it holds N bytes (default 64 MiB)")
+    p.add_argument("--max-ledger-bytes", type=positive_size_arg, default=64 * 1024 * 1024, metavar="SIZE",
+                   help="seal a ledger once it holds SIZE bytes (64MiB, 1GB; default 64MiB)")
     p.add_argument("--batch-size", type=positive_int, default=100, metavar="N",
                    help="records per entry (default 100)")
     p.set_defaults(func=_cmd_produce)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from shale.compactor import Compactor, parse_duration
-from shale.compactor.durations import format_duration
+from shale.compactor.units import format_duration
 from shale.ledger._retry import RetryPolicy
 from shale.ledger._s3 import S3Store
 from shale.ledger.errors import (

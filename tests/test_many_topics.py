@@ -104,6 +104,7 @@ def test_bad_usage_exits_2(args: list[str]) -> None:
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
 
 
-def test_an_empty_prefix_is_not_an_error(tmp_path: Path) -> None:
+def test_a_prefix_without_topics_is_an_error(tmp_path: Path) -> None:
+    """A typo in the nightly prefix must not succeed quietly forever."""
     r = run_cli("compact", "--all", str(tmp_path))
-    assert r.returncode == 0 and "no topics under" in r.stderr
+    assert r.returncode == 2 and "no topics under" in r.stderr and r.stderr.count("\n") == 1, r.stderr

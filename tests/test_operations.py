@@ -116,14 +116,14 @@ def test_every_subcommand_reads_its_variables(tmp_path: Path) -> None:
     assert run_cli("compact", topic).returncode == 0
     r = run_cli("verify", topic, env={"SHALE_JSON": "yes"})
     assert r.returncode == 0 and json.loads(r.stdout)["ok"] is True, r.stdout
-    r = run_cli("gc", topic, env={"SHALE_GRACE": "a while"})
-    assert r.returncode == 2 and "SHALE_GRACE" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    r = run_cli("gc", topic, env={"SHALE_GC_GRACE": "a while"})
+    assert r.returncode == 2 and "SHALE_GC_GRACE" in r.stderr and r.stderr.count("\n") == 1, r.stderr
     # truncate's required --before-ledger may come from its variable too
     r = run_cli("truncate", topic, "--json", env={"SHALE_BEFORE_LEDGER": "1"})
     assert r.returncode == 0 and json.loads(r.stdout)["removed"] == [], r.stderr
 
 
-@pytest.mark.parametrize("command", [("read", "--limit"), ("produce", "--batch-size"), ("gc", "--grace"),
+@pytest.mark.parametrize("command", [("read", "--limit"), ("produce", "--batch-size"), ("gc", "--gc-grace"),
                                      ("verify", "--json"), ("compact", "--max-topics")])
 def test_help_names_each_flags_variable(command: tuple[str, str]) -> None:
     name, flag = command
@@ -131,6 +131,25 @@ def test_help_names_each_flags_variable(command: tuple[str, str]) -> None:
     assert r.returncode == 0, r.stderr
     variable = "SHALE_" + flag[2:].upper().replace("-", "_")
     assert f"[env var: {variable}]" in " ".join(r.stdout.split())
+
+
+def test_sizes_and_durations_are_read_one_way_by_every_command(tmp_path: Path) -> None:
+    """KB, MB, GB are powers of 1000 and KiB, MiB, GiB powers of 1024 (humanfriendly);
+    durations take units, combinations and ISO 8601 (pytimeparse2, isodate)."""
+    r = run_cli("--print-config", "/t", "--max-part-bytes", "256MB", "--max-map-bytes", "1GiB",
+                "--max-compaction-lag", "1h30m", "--min-compaction-lag", "PT2M", "--gc-grace", "1w", script="compact")
+    got = config(r)
+    assert got["--max-part-bytes"]["value"] == 256_000_000 and got["--max-map-bytes"]["value"] == 1 << 30
+    assert got["--max-compaction-lag"]["value"] == 5_400_000 and got["--min-compaction-lag"]["value"] == 120_000
+    assert got["--gc-grace"]["value"] == 7 * 86_400_000
+    records = "".join(json.dumps({"key": f"k{i}", "value": "v" * 100}) + "\n" for i in range(50))
+    r = run_cli("produce", str(tmp_path / "p"), "--max-ledger-bytes", "1KB", "--batch-size", "1", input=records)
+    assert r.returncode == 0, r.stderr
+    assert len(TopicMetadata.open(str(tmp_path / "p")).load_topic().ledgers) > 5  # sealed at 1000 bytes
+    r = run_cli("gc", str(tmp_path / "p"), "--gc-grace", "1 fortnight")
+    assert r.returncode == 2 and "bad duration" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    r = run_cli("produce", str(tmp_path / "p"), "--max-ledger-bytes", "lots", input="")
+    assert r.returncode == 2 and "bad size" in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
 def test_abbreviated_flags_are_refused(tmp_path: Path) -> None:

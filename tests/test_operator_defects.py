@@ -201,3 +201,57 @@ def test_gc_grace_zero_deletes_the_compacted_ledger_the_run_just_retired(tmp_pat
     gone = {p.object for p in first.parts} - {p.object for p in state.parts}
     assert gone and not any((tmp_path / "t" / name).exists() for name in gone)
     assert all((tmp_path / "t" / p.object).exists() for p in state.parts)
+
+
+# ------------------------------------------------------------------ messages for people
+
+def test_run_summaries_read_as_text_not_python(tmp_path: Path) -> None:
+    topic = str(tmp_path / "t")
+    _produce(topic, 1)
+    dry = run_cli("compact", topic, "--dry-run")
+    first = run_cli("compact", topic)
+    _produce(topic, 1)
+    second = run_cli("compact", topic)
+    for r in (dry, first, second):
+        assert r.returncode == 0, r.stderr
+        for python in ("None", "(s)", "1 ledgers", "0 part"):
+            assert python not in r.stdout, (python, r.stdout)
+    assert "the first compaction" in first.stdout and "previous compacted ledger" not in first.stdout
+    assert "from 1 ledger," in first.stdout and "in 1 part," in first.stdout
+    assert "would write 7 records" in dry.stdout
+    assert "(was 1:0:9)" in second.stdout and "and the previous compacted ledger" in second.stdout
+
+
+@pytest.mark.s3
+def test_a_missing_bucket_says_so(moto_endpoint: str) -> None:
+    for args in (("status", "s3://shale-no-such-bucket/t"), ("read", "s3://shale-no-such-bucket/t"),
+                 ("produce", "s3://shale-no-such-bucket/t")):
+        r = run_cli(*args, input="")
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert "no such bucket 'shale-no-such-bucket'" in r.stderr and "no topic" not in r.stderr, r.stderr
+    r = run_cli("compact", "--all", "s3://shale-no-such-bucket/topics")
+    assert r.returncode == 2 and "no such bucket" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(("env", "needle"), [
+    ({"AWS_ENDPOINT_URL": "not a url"}, "AWS_ENDPOINT_URL 'not a url' is not an endpoint URL"),
+    ({"AWS_PROFILE": "shale-no-such-profile"}, "AWS_PROFILE 'shale-no-such-profile': no such profile"),
+])
+def test_bad_aws_settings_are_one_line_usage_errors(env: dict[str, str], needle: str) -> None:
+    r = run_cli("status", "s3://bucket/t", env={"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y", **env})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and needle in r.stderr, r.stderr
+    assert "Error" not in r.stderr  # no Python class name
+
+
+def test_an_unreachable_endpoint_is_named() -> None:
+    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y",
+           "SHALE_S3_CONNECT_TIMEOUT": "1"}
+    r = run_cli("status", "s3://bucket/t", env=env)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "http://127.0.0.1:9" in r.stderr and "EndpointConnectionError" not in r.stderr
+
+
+@pytest.mark.parametrize("scheme", ["s3a", "s3n"])
+def test_hadoop_s3_schemes_say_to_use_s3(scheme: str) -> None:
+    r = run_cli("status", f"{scheme}://bucket/topics/t")
+    assert r.returncode == 2 and "use s3://bucket/topics/t" in r.stderr and r.stderr.count("\n") == 1, r.stderr
