@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
 import time
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 from shale.compactor.commandline import (
@@ -29,7 +30,7 @@ from shale.compactor.config import (
 from shale.compactor.engine import Engine, LocalEngine
 from shale.compactor.job import Compactor
 from shale.compactor.metrics import DEFAULT_JOB
-from shale.compactor.runlog import LOG_FORMATS, event, logging_to
+from shale.compactor.runlog import LOG_FORMATS, event, foreign_lines_as_json, logging_to
 from shale.compactor.settings import Setting, print_config, settings_of, source_name
 from shale.compactor.spark.options import DEFAULT_SPLIT_BYTES
 from shale.compactor.summary import RunStatus, RunSummary
@@ -251,12 +252,15 @@ def _run_compact(args: argparse.Namespace, out: TextIO, err: TextIO | None = Non
         return 0
     config = _config(args)
     engine = _engine(args)
-    try:
-        return _compact_topics(args, config, engine, out, err)
-    finally:
-        close = getattr(engine, "close", None)
-        if close is not None:
-            close()
+    # With Spark and JSON logs, the JVM's own lines on standard error are made JSON too.
+    wrap = foreign_lines_as_json("spark") if engine.name == "spark" and args.log_format == "json" else None
+    with wrap or contextlib.nullcontext():
+        try:
+            return _compact_topics(args, config, engine, out, err)
+        finally:
+            close = getattr(engine, "close", None)
+            if close is not None:
+                close()
 
 
 def _plural(n: int, noun: str) -> str:
@@ -292,8 +296,10 @@ def _chosen_topics(args: argparse.Namespace) -> list[tuple[str, bool]]:
         raise InvalidInputError("no topic given: name TOPIC_URI(s) or --all PREFIX_URI")
     if args.all_prefix is None and args.max_compaction_lag is None and args.max_topics is None:
         return [(u, False) for u in uris]  # the order given
+    # a topic's own max compaction lag (its policy) applies unless the run's flag set one
+    policy_lag = source_name(args, "max_compaction_lag") != "--max-compaction-lag"
     chosen = choose(uris, now_ms=int(time.time() * 1000), max_lag_ms=args.max_compaction_lag,
-                    max_topics=args.max_topics, metadata_uri=args.metadata)
+                    max_topics=args.max_topics, metadata_uri=args.metadata, policy_lag=policy_lag)
     return [(c.uri, c.overdue) for c in chosen]
 
 
@@ -309,12 +315,28 @@ def _compact_topics(args: argparse.Namespace, config: CompactionConfig, engine: 
         event(logging.INFO, "run.start", f"compacting {_plural(len(topics), 'topic')}", topics=len(topics),
               engine=engine.name, parallel=args.parallel)
         show_progress = args.log_format == "text" and err.isatty()
+        if engine.name == "spark":
+            _start_spark(engine, err, show_progress)
         if not show_progress:
             return _compact_each(args, config, engine, topics, out, None)
         from shale.compactor.progress import TopicProgress
 
         with TopicProgress(err, len(topics)) as bar:
             return _compact_each(args, config, engine, topics, out, bar)
+
+
+def _start_spark(engine: Engine, err: TextIO, show_progress: bool) -> None:
+    """Spark's start-up is a phase of its own (it takes seconds): timed, logged, and shown."""
+    started = time.perf_counter()
+    if show_progress:
+        from rich.console import Console
+
+        with Console(file=err).status("starting Spark"):
+            engine.session  # type: ignore[attr-defined]  # noqa: B018  (starts the application)
+    else:
+        engine.session  # type: ignore[attr-defined]  # noqa: B018
+    seconds = round(time.perf_counter() - started, 3)
+    event(logging.INFO, "spark.start", f"Spark started in {seconds:.1f}s", seconds=seconds)
 
 
 def _compact_each(args: argparse.Namespace, config: CompactionConfig, engine: Engine,
@@ -325,6 +347,7 @@ def _compact_each(args: argparse.Namespace, config: CompactionConfig, engine: En
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
+    sources = {s.dest: s.source for s in settings_of(args)}
     lock = threading.Lock()  # whole lines, one topic at a time
     # summary lines bound for the terminal the progress display is on go above it
     print_above = bar is not None and out.isatty()
@@ -335,6 +358,7 @@ def _compact_each(args: argparse.Namespace, config: CompactionConfig, engine: En
         start = time.perf_counter()
         # an overdue topic is compacted whatever its dirty ratio
         cfg = dataclasses.replace(config, min_dirty_ratio=0.0) if overdue else config
+        own = {**sources, "min_dirty_ratio": "flag"} if overdue else sources  # and whatever its policy says
         shown = bar.start(shown_uri) if bar is not None else None
 
         def progress(phase: str) -> None:
@@ -344,7 +368,7 @@ def _compact_each(args: argparse.Namespace, config: CompactionConfig, engine: En
 
         event(logging.INFO, "topic.start", f"{shown_uri}: start", topic=shown_uri, overdue=overdue)
         try:
-            summary = Compactor(uri, cfg, metadata_uri=args.metadata, progress=progress, engine=engine).run()
+            summary = _compact_one(uri, cfg, own, args, engine, progress)
         except Exception as e:  # one topic's failure, of any kind, never stops another's run
             summary = RunSummary(shown_uri, engine=engine.name, error=mask_uri(error_line(e)),
                                  exit_code=exit_code_of(e))
@@ -376,6 +400,36 @@ def _compact_each(args: argparse.Namespace, config: CompactionConfig, engine: En
     event(logging.INFO, "run.done", f"{_plural(len(topics), 'topic')}, exit code {worst}", topics=len(topics),
           exit_code=worst, failed=sum(1 for c in codes if c != 0))
     return worst
+
+
+def _compact_one(uri: str, config: CompactionConfig, sources: dict[str, str], args: argparse.Namespace,
+                 engine: Engine, progress: Callable[[str], None]) -> RunSummary:
+    """One topic's run under its own policy (a run's flag wins over it), then the policy's
+    retention, applied only to ledgers the new horizon covers."""
+    from shale.compactor.policies import apply_policy
+    from shale.compactor.retention import retention_cut, truncate
+    from shale.metadata.topic import TopicMetadata
+
+    meta = TopicMetadata.open(uri, args.metadata)
+    policy = meta.load_policy()
+    summary = Compactor(uri, apply_policy(config, policy, sources), metadata_uri=args.metadata,
+                        progress=progress, engine=engine).run()
+    rule = policy.values
+    if summary.status is not RunStatus.COMPACTED or (rule.retention_ms is None and rule.retention_bytes is None):
+        return summary
+    removed = 0
+    for older_than, keep in ((rule.retention_ms, None), (None, rule.retention_bytes)):
+        if older_than is None and keep is None:
+            continue
+        topic = meta.load_topic()
+        cut = retention_cut(meta, older_than_ms=older_than, keep_bytes=keep)
+        if topic.ledgers and cut > topic.ledgers[0].id:
+            removed += len(truncate(meta, cut).removed)
+    if removed:
+        progress("retention")
+        note = f"retention removed {_plural(removed, 'ledger')} below the horizon"
+        summary.message = f"{summary.message}; {note}" if summary.message else note
+    return summary
 
 
 def _log_outcome(shown_uri: str, summary: RunSummary) -> None:
@@ -436,30 +490,89 @@ def _run_gc(args: argparse.Namespace, out: TextIO) -> int:
     meta.load_topic()  # a missing topic is an error, not an empty collection
     report = collect_garbage(meta, grace_ms=args.grace,  # ages by the store's clock
                              orphan_grace_ms=args.orphan_grace, dry_run=args.dry_run)
-    out.write(json.dumps(report.to_json(), separators=(",", ":")) + "\n")
+    out.write((json.dumps(report.to_json(), separators=(",", ":")) if args.json else report.human()) + "\n")
     return 0
 
 
 def _run_truncate(args: argparse.Namespace, out: TextIO) -> int:
-    from shale.compactor.retention import truncate
+    from shale.compactor.retention import retention_cut, truncate
     from shale.metadata.topic import TopicMetadata
 
     meta = TopicMetadata.open(args.topic, args.metadata)
     meta.load_topic()  # a missing topic is an error
-    done = truncate(meta, args.before_ledger, allow_uncompacted=args.allow_uncompacted, dry_run=args.dry_run)
+    before = args.before_ledger
+    if before is None:  # a rule: as many of the oldest ledgers as it lets go
+        before = retention_cut(meta, older_than_ms=args.older_than, keep_bytes=args.keep_bytes,
+                               allow_uncompacted=args.allow_uncompacted)
+    done = truncate(meta, before, allow_uncompacted=args.allow_uncompacted, dry_run=args.dry_run)
     out.write((json.dumps(done.to_json(), separators=(",", ":")) if args.json else done.human()) + "\n")
+    return 0
+
+
+def _run_config(args: argparse.Namespace, out: TextIO) -> int:
+    from shale.compactor.policies import parse_assignments, policy_text
+    from shale.metadata.topic import TopicMetadata
+
+    meta = TopicMetadata.open(args.topic, args.metadata)
+    changes, removed = parse_assignments(args.set, args.unset)
+    meta.load_topic()  # a missing topic is an error, and nothing is written for it
+    policy = meta.update_policy(changes, removed) if changes or removed else meta.load_policy()
+    shown = policy_text(policy)
+    if args.json:
+        out.write(json.dumps({"topic": meta.uri, "policy": shown, "version": policy.version},
+                             separators=(",", ":")) + "\n")
+    elif not shown:
+        out.write(f"{meta.uri}: no policy: every setting comes from the run (flag, SHALE_* variable, default)\n")
+    else:
+        width = max(map(len, shown))
+        out.write("".join(f"{k.ljust(width)}  {v}\n" for k, v in shown.items()))
+    return 0
+
+
+def _run_topics(args: argparse.Namespace, out: TextIO) -> int:
+    from shale.compactor.listing import list_topics, rows_text
+
+    rows = list_topics(args.prefix)
+    if not rows:
+        raise InvalidInputError(f"no topics under {args.prefix} (a topic is a folder holding _meta/topic.json)")
+    if args.json:
+        out.write("".join(json.dumps(r.to_json(), separators=(",", ":")) + "\n" for r in rows))
+    else:
+        out.write(rows_text(rows) + "\n")
     return 0
 
 
 def _run_verify(args: argparse.Namespace, out: TextIO) -> int:
     from shale.compactor.verify import EXIT_MISMATCH, verify_topic
+    from shale.ledger.errors import EXIT_CORRUPT
     from shale.metadata.topic import TopicMetadata
 
     meta = TopicMetadata.open(args.topic, args.metadata)
     meta.load_topic()  # a missing topic is an error, not an empty view
+    if args.scrub:
+        scrubbed = _scrub(meta, args)
+        out.write((json.dumps(scrubbed.to_json(), separators=(",", ":")) if args.json else scrubbed.human()) + "\n")
+        if not scrubbed.ok:
+            return EXIT_CORRUPT
     report = verify_topic(meta)
     out.write((json.dumps(report.to_json(), separators=(",", ":")) if args.json else report.human()) + "\n")
     return 0 if report.ok else EXIT_MISMATCH
+
+
+def _scrub(meta: Any, args: argparse.Namespace) -> Any:
+    """The scrub, with a progress bar on a terminal."""
+    from shale.compactor.scrub import scrub_topic
+
+    if not sys.stderr.isatty():
+        return scrub_topic(meta, max_bytes_per_s=args.max_read_bytes_per_second)
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    with Progress("scrub", BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+                  console=Console(file=sys.stderr), transient=True) as bar:
+        task = bar.add_task("scrub", total=None)
+        return scrub_topic(meta, max_bytes_per_s=args.max_read_bytes_per_second,
+                           progress=lambda done, total: bar.update(task, completed=done, total=total))
 
 
 _GC_HELP = """\
@@ -502,6 +615,7 @@ def register_subcommands(sub: Any) -> None:
                    help=f"unreferenced leftovers (default {format_duration(DEFAULT_ORPHAN_GRACE_MS)}, "
                    "at least 15m)")
     g.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
+    g.add_argument("--json", action="store_true", help="print one JSON line instead of text")
     g.set_defaults(func=_run_gc)
 
     t = sub.add_parser("truncate", help="retention: remove the oldest ledgers from a topic",
@@ -512,8 +626,13 @@ def register_subcommands(sub: Any) -> None:
                        "3; their objects are deleted by gc once the orphan grace has passed.",
                        epilog=_TRUNCATE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_topic_arguments(t)
-    t.add_argument("--before-ledger", type=int, required=True, metavar="ID",
-                   help="remove the ledgers whose id is below ID (at most the last ledger's id + 1)")
+    rule = t.add_mutually_exclusive_group(required=True)
+    rule.add_argument("--before-ledger", type=int, metavar="ID",
+                      help="remove the ledgers whose id is below ID (at most the last ledger's id + 1)")
+    rule.add_argument("--older-than", type=duration_arg, metavar="DURATION",
+                      help="remove the oldest ledgers whose last record is older than this (Kafka's retention.ms)")
+    rule.add_argument("--keep-bytes", type=size_arg, metavar="SIZE",
+                      help="remove the oldest ledgers until at most SIZE of ledgers is left (retention.bytes)")
     t.add_argument("--allow-uncompacted", action="store_true",
                    help="also remove ledgers with records above the horizon, which no compaction has kept: those "
                    "records are lost (the report says how many)")
@@ -521,16 +640,54 @@ def register_subcommands(sub: Any) -> None:
     t.add_argument("--json", action="store_true", help="print one JSON line instead of text")
     t.set_defaults(func=_run_truncate)
 
+    _register_config_and_topics(sub)
+
     v = sub.add_parser("verify", help="recompute the compacted view from the original ledgers and compare",
                        description="Recompute the latest record of every key up to the published horizon from "
                        "the original ledgers that still exist (footers only), compare it with the published "
                        "compacted view, and verify every compacted frame's checksum.",
-                       epilog="exit codes: 0 the view matches; 5 missing, extra or stale keys (listed); "
-                       "4 a compacted object is corrupt; 2 bad usage or missing topic",
+                       epilog="exit codes: 0 the view matches (and, with --scrub, every object is whole); 5 "
+                       "missing, extra or stale keys (listed); 4 an object is corrupt (with --scrub: every damaged "
+                       "one is listed); 2 bad usage or missing topic",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_topic_arguments(v)
     v.add_argument("--json", action="store_true", help="print the report as one JSON line")
+    v.add_argument("--scrub", action="store_true",
+                   help="first read every frame of every ledger and compacted part, superseded ones included, "
+                   "and check it (exit 4 naming every damaged object)")
+    v.add_argument("--max-read-bytes-per-second", type=size_arg, default=0, metavar="SIZE",
+                   help="with --scrub: read at most SIZE per second (default: no limit)")
     v.set_defaults(func=_run_verify)
+
+
+def _register_config_and_topics(sub: Any) -> None:
+    from shale.compactor.policies import POLICY_KEYS
+
+    keys = "\n".join(f"  {k.name:<19} {k.help}" for k in POLICY_KEYS.values())
+    c = sub.add_parser("config", help="show or change a topic's policy (its own compaction and retention settings)",
+                       description="Show a topic's policy, or change it with --set and --unset (one "
+                       "compare-and-swap). compact applies each topic's policy; a run's flag wins over it, and it "
+                       "wins over SHALE_* variables and the defaults.",
+                       epilog=f"settings:\n{keys}\n\nexit codes: 0 shown or changed; 2 bad setting or missing "
+                       "topic (nothing changed); 3 the policy kept changing (other writers)",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_topic_arguments(c)
+    c.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="set a policy setting, e.g. delete-retention=7d (repeatable)")
+    c.add_argument("--unset", action="append", default=[], metavar="NAME",
+                   help="remove a policy setting: the run's own value applies again (repeatable)")
+    c.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    c.set_defaults(func=_run_config)
+
+    t = sub.add_parser("topics", help="list every topic under a prefix",
+                       description="List every topic under a prefix: ledgers, records, bytes, horizon, dirty "
+                       "ratio (estimated from the metadata, as compact --all orders topics), last compaction and "
+                       "policy. A topic whose metadata cannot be read is listed with its error.",
+                       epilog="exit codes: 0 listed; 2 bad URI or no topic under the prefix",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    t.add_argument("prefix", metavar="PREFIX_URI", help="a folder holding topics: a local path, s3://bucket/prefix")
+    t.add_argument("--json", action="store_true", help="print one JSON line per topic instead of a table")
+    t.set_defaults(func=_run_topics)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

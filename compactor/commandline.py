@@ -62,7 +62,7 @@ class OneLineParser(SettingsParser):
 
 
 #: The arguments that name storage a command reads or writes.
-_STORAGE_ARGUMENTS: Final = ("topic", "topics", "all_prefix", "metadata")
+_STORAGE_ARGUMENTS: Final = ("topic", "topics", "all_prefix", "prefix", "metadata")
 
 
 def refuse_in_process_storage(args: argparse.Namespace) -> None:

@@ -52,6 +52,17 @@ class GcReport:
                 "retired_waiting": self.retired_waiting,
                 "deleted": sorted(self.retired_deleted + self.orphans_deleted)}
 
+    def human(self) -> str:
+        """One line for a person, then the objects, one a line."""
+        gone = sorted(self.retired_deleted + self.orphans_deleted)
+        verb = "would delete" if self.dry_run else "deleted"
+        def n(k: int, noun: str) -> str:
+            return f"{k:,} {noun}{'' if k == 1 else 's'}"
+        head = (f"{self.topic}: {verb} {n(len(self.retired_deleted), 'retired object')} and "
+                f"{n(len(self.orphans_deleted), 'leftover')}; {n(self.retired_waiting, 'retired object')} "
+                "still within the grace period")
+        return "\n".join([head, *(f"  {name}" for name in gone)])
+
 
 def collect_garbage(meta: TopicMetadata, *, now_ms: int | None = None, grace_ms: int, orphan_grace_ms: int,
                     dry_run: bool = False, attempts: int = 10) -> GcReport:

@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Final, TextIO
 
-__all__ = ["LOG_FORMATS", "JsonFormatter", "TextFormatter", "event", "logger", "logging_to"]
+__all__ = ["LOG_FORMATS", "JsonFormatter", "TextFormatter", "event", "foreign_lines_as_json", "logger",
+           "logging_to"]
 
 LOG_FORMATS: Final = ("text", "json")
 logger: Final = logging.getLogger("shale")
@@ -71,3 +75,46 @@ def logging_to(stream: TextIO, fmt: str, prog: str) -> Iterator[None]:
         logger.removeHandler(handler)
         logger.setLevel(old_level)
         logger.propagate = old_propagate
+
+
+@contextmanager
+def foreign_lines_as_json(source: str) -> Iterator[None]:
+    """Every line written to standard error's file descriptor while this lasts is JSON.
+
+    Lines that already are JSON objects (Shale's own events) pass unchanged; any other
+    line (a JVM's or a library's own warnings, written past Python to the descriptor) is
+    wrapped as an event ``{"event": "<source>.output", "message": ...}``.  Child
+    processes started meanwhile (the Spark JVM) inherit the descriptor, so their output
+    is wrapped too for as long as they run."""
+    sys.stderr.flush()
+    real = os.dup(2)
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    out = os.fdopen(real, "w", buffering=1, encoding="utf-8", errors="replace")
+    pump = threading.Thread(target=_wrap_lines, args=(read_end, out, source), name="shale-stderr", daemon=True)
+    pump.start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(out.fileno(), 2)  # standard error is itself again; the pipe ends when its writers do
+        pump.join(timeout=10)
+
+
+def _wrap_lines(read_end: int, out: TextIO, source: str) -> None:
+    with os.fdopen(read_end, "r", encoding="utf-8", errors="replace") as lines:
+        for line in lines:
+            text = line.rstrip("\n")
+            if not text.strip():
+                continue
+            if text.startswith("{"):
+                try:
+                    if isinstance(json.loads(text), dict):
+                        out.write(text + "\n")
+                        continue
+                except ValueError:
+                    pass
+            ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + "Z"
+            out.write(json.dumps({"ts": ts, "level": "warning", "logger": source, "event": f"{source}.output",
+                                  "message": text}, separators=(",", ":"), ensure_ascii=False) + "\n")

@@ -99,13 +99,19 @@ class SettingsParser(_Parser):
         return self._record(super().add_argument(*args, **kwargs))
 
     def add_argument_group(self, *args: Any, **kwargs: Any) -> Any:
-        group = super().add_argument_group(*args, **kwargs)
+        return self._recording(super().add_argument_group(*args, **kwargs))
+
+    def add_mutually_exclusive_group(self, **kwargs: Any) -> Any:
+        return self._recording(super().add_mutually_exclusive_group(**kwargs))
+
+    def _recording(self, group: Any) -> Any:
+        """``group`` whose arguments are recorded as this parser's own."""
         add: Callable[..., argparse.Action] = group.add_argument
 
         def add_and_record(*a: Any, **kw: Any) -> argparse.Action:
             return self._record(add(*a, **kw))
 
-        group.add_argument = add_and_record  # type: ignore[method-assign]
+        group.add_argument = add_and_record
         return group
 
     def _record(self, action: argparse.Action) -> argparse.Action:

@@ -18,9 +18,10 @@ from shale.compactor.plan import dirty_ratio
 from shale.ledger.errors import InvalidURIError, error_line
 from shale.ledger.storage import resolve
 from shale.metadata.layout import META_DIR
+from shale.metadata.state import CompactionState, TopicState
 from shale.metadata.topic import TOPIC_DOC, TopicMetadata
 
-__all__ = ["TopicChoice", "assess", "choose", "discover_topics"]
+__all__ = ["TopicChoice", "assess", "choose", "discover_topics", "estimate_dirt"]
 
 
 def discover_topics(prefix_uri: str) -> list[str]:
@@ -49,27 +50,39 @@ class TopicChoice:
     error: str | None = None  # its metadata could not be read (it is still attempted, and fails clearly)
 
 
-def assess(uri: str, *, now_ms: int, max_lag_ms: int | None = None, metadata_uri: str | None = None) -> TopicChoice:
-    """One topic's dirty ratio and age, from its two metadata documents."""
+def estimate_dirt(topic: TopicState, state: CompactionState) -> tuple[int, float]:
+    """Bytes above the horizon and the dirty ratio, from the metadata alone (the horizon's
+    own ledger counted whole)."""
+    h = state.horizon
+    dirty = sum(lg.bytes for lg in topic.ledgers if h is None or lg.id > h.ledger)
+    compacted = sum(p.bytes * (p.live / p.records) for p in state.parts if p.records)
+    return dirty, dirty_ratio(dirty, compacted)
+
+
+def assess(uri: str, *, now_ms: int, max_lag_ms: int | None = None, metadata_uri: str | None = None,
+           policy_lag: bool = False) -> TopicChoice:
+    """One topic's dirty ratio and age, from its metadata documents; with ``policy_lag``
+    the topic's own max compaction lag, if its policy sets one, replaces ``max_lag_ms``."""
     try:
         meta = TopicMetadata.open(uri, metadata_uri)
         topic, state = meta.load_topic(), meta.load_compaction()
+        if policy_lag and (own := meta.load_policy().values.max_compaction_lag_ms) is not None:
+            max_lag_ms = own
     except Exception as e:  # still attempted, and fails clearly on its own (never stops the others)
         return TopicChoice(uri, 1.0, None, True, error_line(e))
     h = state.horizon
     above = [lg for lg in topic.ledgers if h is None or lg.id > h.ledger]
-    dirty = sum(lg.bytes for lg in above)
-    compacted = sum(p.bytes * (p.live / p.records) for p in state.parts if p.records)
-    ratio = dirty_ratio(dirty, compacted)
+    _, ratio = estimate_dirt(topic, state)
     oldest = min((lg.first_publish for lg in above), default=None)
     overdue = max_lag_ms is not None and oldest is not None and now_ms - oldest >= max_lag_ms
     return TopicChoice(uri, ratio, oldest, overdue)
 
 
 def choose(uris: list[str], *, now_ms: int, max_lag_ms: int | None = None, max_topics: int | None = None,
-           metadata_uri: str | None = None) -> list[TopicChoice]:
+           metadata_uri: str | None = None, policy_lag: bool = False) -> list[TopicChoice]:
     """``uris`` in the order to compact them: overdue topics first (oldest first), then
     the rest by dirty ratio, highest first; at most ``max_topics``."""
-    choices = [assess(u, now_ms=now_ms, max_lag_ms=max_lag_ms, metadata_uri=metadata_uri) for u in uris]
+    choices = [assess(u, now_ms=now_ms, max_lag_ms=max_lag_ms, metadata_uri=metadata_uri, policy_lag=policy_lag)
+               for u in uris]
     choices.sort(key=lambda c: (not c.overdue, c.oldest_uncompacted_ms if c.overdue else 0, -c.dirty_ratio, c.uri))
     return choices[:max_topics] if max_topics is not None else choices

@@ -23,7 +23,8 @@ from shale.ledger.errors import InvalidInputError
 __all__ = ["format_duration", "format_size", "parse_duration", "parse_size"]
 
 _MS: Final = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1000}
-_BINARY: Final = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
+_UNITS: Final = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10),
+                 ("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3))
 _DURATION_HELP: Final = "use a number with a unit (500ms, 30s, 10m, 1h30m, 24h, 7d, 1w), ISO 8601 (PT1H) or seconds"
 
 
@@ -43,11 +44,9 @@ def parse_size(text: str | int) -> int:
 
 
 def format_size(n: int) -> str:
-    """The shortest exact binary form: ``268435456`` → ``256MiB``."""
-    for unit, size in _BINARY:
-        if n and n % size == 0:
-            return f"{n // size}{unit}"
-    return f"{n}B"
+    """The shortest exact form: ``268435456`` → ``256MiB``, ``500000000000`` → ``500GB``."""
+    forms = [f"{n // size}{unit}" for unit, size in _UNITS if n and n % size == 0]
+    return min(forms, key=len, default=f"{n}B")
 
 
 def parse_duration(text: str | int | float) -> int:

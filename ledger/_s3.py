@@ -348,7 +348,10 @@ def _make_client() -> Any:
             "s3:// needs boto3: pip install 'shale[s3]'"
         ) from e
     config = Config(
-        retries={"max_attempts": 1, "mode": "standard"},
+        # total_max_attempts counts the first request (max_attempts would count retries): botocore
+        # must never retry on its own, or a conditional write could find its own first attempt
+        # applied and report a conflict that was not one (our policy retries, knowing that)
+        retries={"total_max_attempts": 1, "mode": "standard"},
         connect_timeout=float(os.environ.get("SHALE_S3_CONNECT_TIMEOUT", "10")),
         read_timeout=float(os.environ.get("SHALE_S3_READ_TIMEOUT", "60")),
         max_pool_connections=32,

@@ -9,7 +9,9 @@ conflict with each other.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from typing import Any
 
 from shale.ledger.errors import (
     AlreadyExistsError,
@@ -21,6 +23,7 @@ from shale.ledger.errors import (
 from shale.ledger.storage import Location, require, resolve
 from shale.metadata.documents import DocumentStore, Versioned
 from shale.metadata.layout import META_DIR
+from shale.metadata.policy import POLICY_DOC, TopicPolicy
 from shale.metadata.requirements import PublishRequirement, unmet
 from shale.metadata.state import CompactionState, LedgerInfo, TopicState
 
@@ -187,6 +190,31 @@ class TopicMetadata:
             raise ConflictError(f"{self.uri}: could not stamp the compaction state after the truncation ({e})") from e
 
     # ----------------------------------------------------------- compaction document
+
+    def load_policy(self) -> TopicPolicy:
+        """The topic's policy (empty, at version 0, if it has none)."""
+        doc = self.docs.read(POLICY_DOC)
+        if doc is None:
+            return TopicPolicy()
+        return TopicPolicy.from_json(doc.value, doc.version, doc.token, self.docs.url(POLICY_DOC))
+
+    def update_policy(self, changes: Mapping[str, Any], removed: Iterable[str] = (),
+                      attempts: int = 20) -> TopicPolicy:
+        """Set the policy fields ``changes`` and remove those ``removed``, with one
+        compare-and-swap on the current policy (read again on a conflict)."""
+        from shale.ledger._retry import ConflictPolicy
+
+        drop = set(removed)
+        for attempt in ConflictPolicy(attempts).retrying(f"{self.uri}: changing the policy"):
+            with attempt:
+                current = self.load_policy()
+                value = {k: v for k, v in {**current.to_json(), **changes}.items() if k not in drop}
+                new = TopicPolicy.from_json(value, current.version + 1, "", self.docs.url(POLICY_DOC))
+                if current.version == 0:
+                    v = self.docs.create(POLICY_DOC, new.to_json())
+                else:
+                    v = self.docs.replace(POLICY_DOC, new.to_json(), current.version, token=current.token or None)
+        return TopicPolicy(new.values, v.version, v.token)
 
     def load_compaction(self) -> CompactionState:
         """The published compaction state (an empty state at version 0 if none yet)."""

@@ -6,12 +6,16 @@ horizon.  Tombstones remove keys; records without a key are ignored.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 
 from shale.ledger.record import Message
 from shale.reader.topic_reader import EARLIEST, TopicReader
 
-__all__ = ["TableView"]
+__all__ = ["Listener", "TableView"]
+
+#: Told of each change to the view: the key and its new value (None: deleted).
+Listener = Callable[[bytes, bytes | None], None]
 
 
 class TableView(Mapping[bytes, bytes]):
@@ -20,10 +24,12 @@ class TableView(Mapping[bytes, bytes]):
     def __init__(self, topic_uri: str, *, metadata_uri: str | None = None) -> None:
         self._reader = TopicReader(topic_uri, metadata_uri=metadata_uri, read_compacted=True, start=EARLIEST)
         self._latest: dict[bytes, Message] = {}
+        self._listeners: list[Listener] = []
         self.refresh()
 
     def refresh(self) -> int:
-        """Apply every message published since the last refresh; return how many."""
+        """Apply every message published since the last refresh; return how many.  Each
+        listener hears of every change: ``(key, value)``, value None for a deletion."""
         n = 0
         for m in self._reader:
             n += 1
@@ -33,7 +39,28 @@ class TableView(Mapping[bytes, bytes]):
                 self._latest.pop(m.key, None)
             else:
                 self._latest[m.key] = m
+            for listener in self._listeners:
+                listener(m.key, None if m.is_tombstone else m.value)
         return n
+
+    def listen(self, listener: Listener) -> None:
+        """Call ``listener(key, value)`` on every change :meth:`refresh` applies from now on."""
+        self._listeners.append(listener)
+
+    def for_each_and_listen(self, listener: Listener) -> None:
+        """Call ``listener`` for every key now, then on every change (Pulsar's
+        ``TableView.forEachAndListen``)."""
+        for m in self.messages():
+            listener(m.key or b"", m.value)
+        self.listen(listener)
+
+    def follow(self, poll_interval: float = 1.0, stop: threading.Event | None = None) -> None:
+        """Keep the view current: refresh every ``poll_interval`` seconds until ``stop``
+        is set (listeners hear of each change)."""
+        stop = stop or threading.Event()
+        while not stop.is_set():
+            self.refresh()
+            stop.wait(poll_interval)
 
     def message(self, key: bytes) -> Message:
         """The whole latest message of ``key`` (id, properties, times)."""

@@ -8,6 +8,7 @@ no duplicate.  A reader that opts out sees every original record.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Final, Literal
@@ -50,10 +51,16 @@ class TopicReader:
     """
 
     def __init__(self, topic_uri: str, *, metadata_uri: str | None = None, read_compacted: bool = False,
-                 start: Position = EARLIEST, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+                 start: Position = EARLIEST, chunk_bytes: int = DEFAULT_CHUNK_BYTES, follow: bool = False,
+                 poll_interval: float = 1.0) -> None:
         self.meta = TopicMetadata.open(topic_uri, metadata_uri)
         self.read_compacted = read_compacted
         self.chunk_bytes = chunk_bytes
+        #: iterating never ends: it waits for new ledgers, looking every ``poll_interval`` s
+        self.follow = follow
+        self.poll_interval = poll_interval
+        self._it: Iterator[Message] | None = None
+        self._pending: Message | None = None
         self._files: OrderedDict[str, LedgerFile] = OrderedDict()
         self._gone: tuple[str, npt.NDArray[np.bool_] | None] = ("", None)
         self._topic: TopicState = self.meta.load_topic()
@@ -85,6 +92,7 @@ class TopicReader:
 
     def seek(self, position: Position) -> None:
         """Move to ``earliest``, ``latest`` or the first message with id ``>= position``."""
+        self._it, self._pending = None, None
         self.refresh()
         if position == EARLIEST:
             self._next = MIN_ID
@@ -99,17 +107,65 @@ class TopicReader:
     # ------------------------------------------------------------------- reading
 
     def __iter__(self) -> Iterator[Message]:
-        return self._messages()
+        """The messages from the position on: to the end of the topic as it is, or, when
+        following, forever (waiting for new ledgers)."""
+        if self.follow:
+            return self._following()
+        return self._drain()
+
+    def _drain(self) -> Iterator[Message]:
+        self._it = None  # each pass starts from the position and the newest state
+        while (m := self._take()) is not None:
+            yield m
+
+    def _following(self) -> Iterator[Message]:
+        while True:
+            m = self.read_next(timeout=None)
+            if m is not None:
+                yield m
+
+    def _take(self) -> Message | None:
+        """The next message if the topic has one now, else None (looked for again next time)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            return pending
+        if self._it is None:
+            self._it = self._messages()
+        m = next(self._it, None)
+        if m is None:
+            self._it = None  # at the end: the next look starts from the ledger list again
+        return m
+
+    def has_message_available(self) -> bool:
+        """Whether a message is there to read now (Pulsar's ``Reader.hasMessageAvailable``)."""
+        if self._pending is None:
+            self._pending = self._take()
+        return self._pending is not None
+
+    def read_next(self, timeout: float | None = None) -> Message | None:
+        """The next message, waiting up to ``timeout`` seconds for one to be published
+        (None: as long as it takes); None if none came (Pulsar's ``Reader.readNext``)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            m = self._take()
+            if m is not None:
+                return m
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            time.sleep(self.poll_interval if left is None else min(self.poll_interval, left))
 
     def read(self, limit: int | None = None) -> list[Message]:
-        """Up to ``limit`` messages (all remaining when ``None``)."""
+        """Up to ``limit`` messages there are now (all of them when ``None``); never waits."""
         out: list[Message] = []
-        if limit is not None and limit <= 0:
-            return out
-        for m in self:
-            out.append(m)
-            if limit is not None and len(out) >= limit:
+        # Each read starts from the position and the newest state: a reader resumed later
+        # must not go on from bytes it read before (its compacted part may be gone since).
+        self._it = None
+        while limit is None or len(out) < limit:
+            m = self._take()
+            if m is None:
                 break
+            out.append(m)
         return out
 
     def _open(self, key: str, ledger_id: int, kind: int) -> LedgerFile:

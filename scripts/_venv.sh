@@ -1,17 +1,33 @@
-# Sourced by the other scripts: make sure .venv exists and holds Shale with its extras.
+# Sourced by the other scripts: make sure .venv exists and holds Shale with the extras
+# the script needs (SHALE_EXTRAS; the test suite's default: every extra; the demo: none).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PYTHON="${PYTHON:-python3}"
-EXTRAS="${SHALE_EXTRAS:-dev,s3,spark}"
+EXTRAS="${SHALE_EXTRAS-dev,s3,spark}"
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-# pyproject.toml and the C kernels: a change to either reinstalls (and rebuilds them)
-stamp=".venv/.shale-installed-$(cat pyproject.toml ledger/_kernels.c | cksum | cut -d' ' -f1)-${EXTRAS//,/_}"
-if [ ! -f "$stamp" ]; then
+# pyproject.toml and the C kernels: a change to either reinstalls (and rebuilds them).
+# An install with more extras than asked for serves too.
+hash="$(cat pyproject.toml ledger/_kernels.c | cksum | cut -d' ' -f1)"
+installed=""
+for stamp in .venv/.shale-installed-"$hash"-*; do
+  [ -e "$stamp" ] || continue
+  have="_${stamp##*-"$hash"-}_"
+  missing=""
+  for extra in ${EXTRAS//,/ }; do
+    case "$have" in *"_${extra}_"*) ;; *) missing=1 ;; esac
+  done
+  [ -z "$missing" ] && installed=1
+done
+if [ -z "$installed" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e ".[${EXTRAS}]"
-  rm -f .venv/.shale-installed-* && touch "$stamp"
+  if [ -n "$EXTRAS" ]; then
+    .venv/bin/python -m pip install --quiet -e ".[${EXTRAS}]"
+  else
+    .venv/bin/python -m pip install --quiet -e .
+  fi
+  rm -f .venv/.shale-installed-* && touch ".venv/.shale-installed-$hash-${EXTRAS//,/_}"
 fi
 export PATH="$ROOT/.venv/bin:$PATH"

@@ -13,15 +13,25 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
+import base64
 import json
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO, TextIO
 
-from shale.compactor.commandline import OneLineParser, add_topic_arguments, positive_size_arg, run_command
+from shale.compactor.commandline import (
+    OneLineParser,
+    add_topic_arguments,
+    duration_arg,
+    positive_size_arg,
+    run_command,
+)
 from shale.ledger.errors import EXIT_USAGE, InvalidInputError
 
 __all__ = ["main"]
+
+#: ``shale get``: the key has no value (as ``shale verify`` uses 5 for a mismatch).
+EXIT_NOT_FOUND = 5
 
 EXIT_CODES_HELP = """\
 exit codes:
@@ -69,8 +79,11 @@ def _cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
         name = args.input
     writer = TopicWriter(args.topic, metadata_uri=args.metadata, max_ledger_records=args.max_ledger_records,
                          max_ledger_bytes=args.max_ledger_bytes, batch_size=args.batch_size)
+    shown = _ProduceProgress() if sys.stderr.isatty() else None
     try:
         for n, raw in enumerate(stream, start=1):
+            if shown is not None:
+                shown.add(len(raw))
             where = f"{name}:{n}"
             try:
                 line = raw.decode("utf-8")
@@ -89,10 +102,44 @@ def _cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
         raise InvalidInputError(
             f"{e} ({result.records} earlier records were appended, last id {result.last_id})") from None
     finally:
+        if shown is not None:
+            shown.close()
         if stream is not sys.stdin.buffer:
             stream.close()
-    _print_json(writer.close().to_json(), out)
+    result = writer.close()
+    if args.json:
+        _print_json(result.to_json(), out)
+    else:
+        out.write(result.human() + "\n")
     return 0
+
+
+class _ProduceProgress:
+    """Records, bytes and rate on the terminal while ``shale produce`` reads (pipes and
+    logs never get it), redrawn at most ten times a second."""
+
+    def __init__(self) -> None:
+        import time
+
+        self._clock = time.monotonic
+        self.start = self._last = self._clock()
+        self.records = self.bytes = 0
+
+    def add(self, nbytes: int) -> None:
+        self.records += 1
+        self.bytes += nbytes
+        now = self._clock()
+        if now - self._last >= 0.1:
+            self._last = now
+            rate = self.records / max(now - self.start, 1e-9)
+            sys.stderr.write(f"\rproduce: {self.records:,} records, {self.bytes / 1e6:,.1f} MB, "
+                             f"{rate:,.0f} records/s ")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self._last != self.start:
+            sys.stderr.write("\r\033[K")  # the line is cleared: the summary follows on stdout
+            sys.stderr.flush()
 
 
 # ---------------------------------------------------------------------- read
@@ -101,21 +148,44 @@ def _cmd_read(args: argparse.Namespace, out: TextIO) -> int:
     from shale.jsonlines import message_to_json
     from shale.reader import TableView, TopicReader, parse_position
 
-    if args.table:
-        if not args.compacted:
-            raise InvalidInputError("--table needs --compacted")
+    if args.table:  # the latest record of every key: the compacted view, necessarily
+        if args.follow:
+            raise InvalidInputError("--table prints the table once; --follow goes with a plain or --compacted read")
         table = TableView(args.topic, metadata_uri=args.metadata)
         for i, m in enumerate(table.messages()):
             if args.limit is not None and i >= args.limit:
                 break
-            _print_json(message_to_json(m), out)
+            _print_json(message_to_json(m, args.value_format), out)
         return 0
     start = parse_position(args.start)
-    with TopicReader(args.topic, metadata_uri=args.metadata, read_compacted=args.compacted, start=start) as r:
-        for i, m in enumerate(r):
-            if args.limit is not None and i >= args.limit:
-                break
-            _print_json(message_to_json(m), out)
+    with TopicReader(args.topic, metadata_uri=args.metadata, read_compacted=args.compacted, start=start,
+                     follow=args.follow, poll_interval=args.poll_interval / 1000) as r:
+        try:
+            for i, m in enumerate(r):
+                if args.limit is not None and i >= args.limit:
+                    break
+                _print_json(message_to_json(m, args.value_format), out)
+                if args.follow:
+                    out.flush()
+        except KeyboardInterrupt:
+            if not args.follow:
+                raise
+            out.flush()  # whole records only: each line is written at once
+    return 0
+
+
+def _cmd_get(args: argparse.Namespace, out: TextIO) -> int:
+    from shale.jsonlines import message_to_json
+    from shale.metadata.topic import TopicMetadata
+    from shale.reader import lookup
+
+    key = base64.b64decode(args.key, validate=True) if args.key_b64 else args.key.encode("utf-8")
+    found = lookup(TopicMetadata.open(args.topic, args.metadata), key)
+    if found.value is None:
+        sys.stderr.write(f"shale: no value for key {args.key!r} in {args.topic} "
+                         f"({'deleted' if found.message is not None else 'never written'})\n")
+        return EXIT_NOT_FOUND
+    _print_json(message_to_json(found.message, args.value_format) if found.message else {}, out)
     return 0
 
 
@@ -147,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Append records, one JSON object per line: "
                        '{"key": str|null, "value": str|null, "value_b64": str, '
                        '"properties": {str: str}, "event_time": int}. A null or empty value '
-                       "is a tombstone. Prints one JSON line with the ids and counts.",
+                       "is a tombstone. Prints what was appended (--json: one JSON line with the ids and counts).",
                        epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_topic_arguments(p)
     p.add_argument("--input", metavar="PATH|-", default="-", help="JSON-lines file (default: standard input)")
@@ -157,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seal a ledger once it holds SIZE bytes (64MiB, 1GB; default 64MiB)")
     p.add_argument("--batch-size", type=positive_int, default=100, metavar="N",
                    help="records per entry (default 100)")
+    p.add_argument("--json", action="store_true", help="print one JSON line with the ids and counts instead of text")
     p.set_defaults(func=_cmd_produce)
 
     p = sub.add_parser("read", help="print a topic's records as JSON lines",
@@ -171,8 +242,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compacted", action="store_true",
                    help="read the compacted view: compacted ledger up to the horizon, then the tail")
     p.add_argument("--table", action="store_true",
-                   help="with --compacted: print only the latest record of every live key")
+                   help="print only the latest record of every live key (implies --compacted)")
+    p.add_argument("--follow", action="store_true",
+                   help="keep reading as new ledgers are registered (Ctrl-C ends it, exit code 0)")
+    p.add_argument("--poll-interval", type=duration_arg, default=1000, metavar="DURATION",
+                   help="with --follow: how often to look for new ledgers (default 1s)")
+    p.add_argument("--value-format", choices=("text", "json"), default="text",
+                   help="json: print values that are JSON documents as JSON (default text: as stored)")
     p.set_defaults(func=_cmd_read)
+
+    p = sub.add_parser("get", help="print the latest record of one key",
+                       description="Print the latest record of KEY (one JSON line), from the compacted view and "
+                       "the tail above the horizon, reading only the footers and the entries whose key hashes "
+                       "match (Pulsar's TableView.get).",
+                       epilog="exit codes: 0 found; 5 the key has no value (deleted or never written); 2 bad "
+                       "usage or missing topic; 4 corrupt data", formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_topic_arguments(p)
+    p.add_argument("key", metavar="KEY", help="the key, as text")
+    p.add_argument("--key-b64", action="store_true", help="KEY is base64 (a binary key)")
+    p.add_argument("--value-format", choices=("text", "json"), default="text",
+                   help="json: print a value that is a JSON document as JSON")
+    p.set_defaults(func=_cmd_get)
 
     p = sub.add_parser("status", help="print a topic's ledgers, records and compaction state",
                        description="Print a topic's ledgers, its compaction state and its dirty ratio. A damaged "

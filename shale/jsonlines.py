@@ -23,12 +23,19 @@ def _text_or_b64(data: bytes | None, name: str, out: dict[str, Any]) -> None:
         out[f"{name}_b64"] = base64.b64encode(data).decode("ascii")
 
 
-def message_to_json(m: Message) -> dict[str, Any]:
+def message_to_json(m: Message, value_format: str = "text") -> dict[str, Any]:
     """``{"id","key","value","properties","publish_time","event_time"}``; binary keys and
-    values that are not UTF-8 appear as ``key_b64`` / ``value_b64``."""
+    values that are not UTF-8 appear as ``key_b64`` / ``value_b64``.  With
+    ``value_format="json"`` a value that is a JSON document appears as that document
+    (an object, an array...); any other value as text."""
     out: dict[str, Any] = {"id": str(m.id)}
     _text_or_b64(m.key, "key", out)
     _text_or_b64(m.value, "value", out)
+    if value_format == "json" and isinstance(out.get("value"), str):
+        try:
+            out["value"] = json.loads(out["value"])
+        except ValueError:
+            pass  # not a JSON document: shown as the text it is
     out["properties"] = dict(m.properties)
     out["publish_time"] = m.publish_time
     out["event_time"] = m.event_time
@@ -47,8 +54,12 @@ def _field_bytes(doc: dict[str, Any], name: str, where: str) -> bytes | None:
     value = doc.get(name)
     if value is None:
         return None
+    if name == "value" and isinstance(value, dict | list):
+        # a JSON document is stored as its compact JSON text (read --value-format json shows it again)
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     if not isinstance(value, str):
-        raise InvalidInputError(f"{where}: {name!r} must be a string or null")
+        what = "a string, a JSON object or array, or null" if name == "value" else "a string or null"
+        raise InvalidInputError(f"{where}: {name!r} must be {what}")
     try:
         return value.encode("utf-8")
     except UnicodeEncodeError:
@@ -67,7 +78,8 @@ def parse_record_line(
         raise InvalidInputError(f"{where}: expected a JSON object")
     unknown = set(doc) - {"key", "key_b64", "value", "value_b64", "properties", "event_time"}
     if unknown:
-        raise InvalidInputError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+        noun = "field" if len(unknown) == 1 else "fields"
+        raise InvalidInputError(f"{where}: unknown {noun} {', '.join(sorted(unknown))}")
     key = _field_bytes(doc, "key", where)
     value = _field_bytes(doc, "value", where)
     props = doc.get("properties") or {}

@@ -93,6 +93,16 @@ class ProduceResult:
             "last_id": str(self.last_id) if self.last_id else None,
         }
 
+    def human(self) -> str:
+        """One line for a person."""
+        def n(k: int, noun: str) -> str:
+            return f"{k:,} {noun}{'' if k == 1 else 's'}"
+        if not self.records:
+            return f"{self.topic}: nothing appended"
+        return (f"{self.topic}: appended {n(self.records, 'record')} ({self.tombstones:,} tombstones, "
+                f"{self.keyless:,} without a key) in {n(len(self.ledgers), 'ledger')} of "
+                f"{sum(lg.bytes for lg in self.ledgers):,} bytes, ids {self.first_id} to {self.last_id}")
+
 
 class TopicWriter:
     """Appends records to a topic; use it as a context manager (closing flushes).

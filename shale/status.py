@@ -13,7 +13,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from shale.compactor.plan import dirty_ratio, make_plan
+from shale.compactor.plan import make_plan
+from shale.compactor.policies import policy_text
+from shale.compactor.topics import estimate_dirt
 from shale.ledger.errors import ShaleError, error_line
 from shale.ledger.format import KIND_COMPACTED
 from shale.ledger.reader import LedgerFile
@@ -37,7 +39,7 @@ def topic_status(topic_uri: str, metadata_uri: str | None = None) -> dict[str, A
         damaged = _damaged(meta, topic, comp)
         if not damaged:
             raise  # not damage: the store or the metadata failed, and the error says so
-        dirty, ratio = _estimated_dirt(topic, comp)
+        dirty, ratio = estimate_dirt(topic, comp)
     last_id = None
     if topic.ledgers and not any(d["object"] == topic.ledgers[-1].object for d in damaged):
         lg = topic.ledgers[-1]
@@ -69,6 +71,7 @@ def topic_status(topic_uri: str, metadata_uri: str | None = None) -> dict[str, A
             "parts": [{"object": p.object, "records": p.records, "live": p.live, "bytes": p.bytes}
                       for p in comp.parts],
         },
+        "policy": policy_text(meta.load_policy()),
         "damaged": damaged,
     }
 
@@ -91,13 +94,6 @@ def _damaged(meta: TopicMetadata, topic: TopicState, comp: CompactionState) -> l
         except ShaleError as e:
             found.append({"object": p.object, "error": error_line(e)})
     return found
-
-
-def _estimated_dirt(topic: TopicState, comp: CompactionState) -> tuple[int, float]:
-    h = comp.horizon
-    dirty = sum(lg.bytes for lg in topic.ledgers if h is None or lg.id > h.ledger)
-    live = sum(p.bytes * (p.live / p.records) for p in comp.parts if p.records)
-    return dirty, dirty_ratio(dirty, live)
 
 
 def _when(ms: int | None) -> str:
@@ -140,6 +136,8 @@ def status_text(doc: dict[str, Any]) -> str:
     if c["retired_pending"]:
         k = c["retired_pending"]
         lines.append(f"retired   {k} object{'s' if k != 1 else ''} waiting for gc")
+    policy = ", ".join(f"{k}={v}" for k, v in doc["policy"].items())
+    lines.append(f"policy    {policy or 'none: every setting comes from the run'}")
     for d in doc["damaged"]:
         lines.append(f"damaged   {d['object']}: {d['error']}")
     return "\n".join(lines)

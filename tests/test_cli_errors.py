@@ -112,12 +112,14 @@ def test_bad_flags(tmp_path: Path, args: list[str], needle: str) -> None:
     one_line_error(p, 2, needle)
 
 
-def test_table_without_compacted(tmp_path: Path) -> None:
+def test_table_implies_compacted(tmp_path: Path) -> None:
     topic = str(tmp_path / "t")
     produce(topic, 3)
     p = run_cli("read", topic, "--table")
-    one_line_error(p, 2, "--table", "--compacted")
-    assert p.stdout == ""
+    assert p.returncode == 0 and p.stdout, p.stderr
+    assert p.stdout == run_cli("read", topic, "--compacted", "--table").stdout
+    p = run_cli("read", topic, "--table", "--follow")
+    one_line_error(p, 2, "--table", "--follow")
 
 
 @pytest.mark.parametrize("start", ["not-an-id", "3:17"])

@@ -66,3 +66,26 @@ def test_a_run_whose_retries_run_out_publishes_nothing(moto_endpoint: str, s3_bu
     meta = TopicMetadata.open(uri)
     assert meta.load_compaction().horizon is None
     assert not list(meta.topic.store.list(meta.topic.key("compacted") + "/"))
+
+
+def test_conditional_writes_whose_answers_are_lost_are_never_taken_for_conflicts(
+        moto_endpoint: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A third of the writes land but their answers are lost.  Only Shale's own retry
+    policy may retry (it recognises its own landed write); were the S3 client to retry on
+    its own, its second attempt would fail the precondition its first one changed, and a
+    single writer would see a conflict that never was."""
+    from shale.ledger._s3 import S3Store
+    from shale.ledger.errors import ConflictError
+
+    with FlakyProxy(moto_endpoint, {"lost": 0.3}, seed=11, methods=frozenset({"PUT"})) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        monkeypatch.setenv("SHALE_S3_READ_TIMEOUT", "2")
+        store = S3Store(s3_bucket)
+        token = store.put_if_absent("doc", b"0")
+        for i in range(1, 40):
+            try:
+                token = store.put_if_match("doc", str(i).encode(), token)
+            except ConflictError as e:  # pragma: no cover - the failure this test exists for
+                pytest.fail(f"write {i} of one writer was taken for a conflict: {e}")
+        assert store.get("doc") == b"39"
+        assert proxy.injected["lost"] > 5

@@ -372,7 +372,7 @@ def test_gc_never_takes_a_nested_topic_or_a_strangers_file_for_an_orphan(tmp_pat
     before = snapshot(str(nest))
     assert len([n for n in before if n.startswith(("compacted/inner/", "ledgers/inner2/"))]) >= 2 * 4
 
-    p = shale("gc", str(nest), "--orphan-grace", "15m")
+    p = shale("gc", str(nest), "--orphan-grace", "15m", "--json")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["deleted"] == [orphan]
     after = snapshot(str(nest))

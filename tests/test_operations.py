@@ -118,6 +118,15 @@ def test_every_subcommand_reads_its_variables(tmp_path: Path) -> None:
     assert r.returncode == 0 and json.loads(r.stdout)["ok"] is True, r.stdout
     r = run_cli("gc", topic, env={"SHALE_GC_GRACE": "a while"})
     assert r.returncode == 2 and "SHALE_GC_GRACE" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    # status, topics, config and get read theirs too
+    assert json.loads(run_cli("status", topic, env={"SHALE_JSON": "1"}).stdout)["records"] == 30
+    listed = run_cli("topics", str(tmp_path), env={"SHALE_JSON": "true"}).stdout.splitlines()
+    assert {json.loads(x)["topic"] for x in listed} == {topic, str(tmp_path / "p")}
+    r = run_cli("config", topic, env={"SHALE_SET": "delete-retention=2h\nmin-compaction-lag=1m", "SHALE_JSON": "1"})
+    assert json.loads(r.stdout)["policy"] == {"delete-retention": "2h", "min-compaction-lag": "1m"}, r.stderr
+    key = json.loads(run_cli("read", topic, "--limit", "1").stdout)["key"]
+    r = run_cli("get", topic, key, env={"SHALE_VALUE_FORMAT": "bogus"})
+    assert r.returncode == 2 and "SHALE_VALUE_FORMAT" in r.stderr, r.stderr
     # truncate's required --before-ledger may come from its variable too
     r = run_cli("truncate", topic, "--json", env={"SHALE_BEFORE_LEDGER": "1"})
     assert r.returncode == 0 and json.loads(r.stdout)["removed"] == [], r.stderr
@@ -239,6 +248,24 @@ def test_progress_shows_on_a_terminal_only(tmp_path: Path) -> None:
     produce(topic, 100, first=3000)
     r = run_cli(topic, script="compact")
     assert r.returncode == 0 and "\x1b" not in r.stderr + r.stdout and r.stderr == ""
+
+
+def test_produce_shows_progress_on_a_terminal_only(tmp_path: Path) -> None:
+    topic = str(tmp_path / "p")
+    records = "".join(json.dumps({"key": f"k{i}", "value": "v" * 200}) + "\n" for i in range(60_000))
+    exe = Path(sys.executable).parent / "shale"
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([str(exe), "produce", topic], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=slave, cwd=ROOT, env={**os.environ, "TERM": "xterm"})
+    os.close(slave)
+    out, _ = proc.communicate(records.encode(), timeout=300)
+    shown = _read_pty(master).decode("utf-8", "replace")
+    os.close(master)
+    assert proc.returncode == 0
+    assert "records/s" in shown and "MB" in shown  # records, bytes and rate, redrawn
+    assert b"appended 60,000 records" in out and b"records/s" not in out
+    r = run_cli("produce", str(tmp_path / "q"), input=records[: records.index("\n", 10_000) + 1])
+    assert r.returncode == 0 and r.stderr == ""  # not a terminal: no display
 
 
 # ------------------------------------------------------------ metrics

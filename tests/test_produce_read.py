@@ -130,7 +130,8 @@ def test_cli_round_trip_100k_records_byte_exact(disk_topic_uri: str, tmp_path: o
             rec["key"] = None
         lines.append(rec)
     text = "".join(json.dumps(r) + "\n" for r in lines)
-    p = run_cli("produce", disk_topic_uri, "--max-ledger-records", "30000", "--batch-size", "64", input=text)
+    p = run_cli("produce", disk_topic_uri, "--max-ledger-records", "30000", "--batch-size", "64", "--json",
+                input=text)
     assert p.returncode == 0, p.stderr
     summary = json.loads(p.stdout)
     assert summary["records"] == 100_000 and summary["ledgers"] == 4

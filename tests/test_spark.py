@@ -280,6 +280,25 @@ def test_cli_compacts_several_topics_in_one_application_without_leaking_credenti
     assert secret not in logged
 
 
+def test_cli_spark_json_logs_are_json_down_to_the_jvms_own_lines(tmp_path: Path) -> None:
+    """With --log-format json every line on standard error is a JSON object: Shale's events
+    pass as they are, and the JVM's own warnings (written past Python, straight to the file
+    descriptor) are wrapped; Spark's start-up is an event of its own, with its duration."""
+    uri = str(tmp_path / "t")
+    produce(uri, seed=9, n=2_000, t=time.time() - HOUR)
+    res = run_cli(uri, "--engine", "spark", "--spark-master", "local[1]", "--spark-conf", "spark.ui.enabled=false",
+                  "--log-format", "json", script="compact")
+    assert res.returncode == 0, res.stderr
+    docs = [json.loads(line) for line in res.stderr.splitlines()]  # every line parses
+    assert all(isinstance(d, dict) for d in docs)
+    events = [d["event"] for d in docs]
+    assert events.index("run.start") < events.index("spark.start") < events.index("topic.start")
+    start = next(d for d in docs if d["event"] == "spark.start")
+    assert start["seconds"] > 0
+    # lines of the JVM's own, if it wrote any, are kept as messages
+    assert all(d["message"] for d in docs if d["event"] == "spark.output")
+
+
 def test_cli_spark_corrupt_input_is_one_line_exit_4(tmp_path: Path) -> None:
     uri = str(tmp_path / "t")
     produce(uri, seed=7, n=3_000, t=time.time() - HOUR, keys=5_000, tomb=0.0, keyless=0.0)

@@ -1,0 +1,62 @@
+"""A topic's own policy: the settings ``compact`` applies to this topic unless a run's flag
+says otherwise (Kafka's topic-level configs, Pulsar's topic policies).
+
+It lives in a document of its own, ``_meta/policy.json``, so that changing it never
+conflicts with producers (``topic.json``) or compactors (``compaction.json``); it is
+changed with compare-and-swap like both.  A setting the policy leaves out falls back to
+the run's variable, then to the default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Final
+
+import msgspec
+
+from shale.ledger.errors import InvalidMetadataError
+
+__all__ = ["POLICY_DOC", "PolicyDoc", "TopicPolicy"]
+
+POLICY_DOC: Final = "policy.json"
+
+_MAX: Final = (1 << 62) - 1
+Millis = Annotated[int, msgspec.Meta(ge=0, le=_MAX)]
+Bytes = Annotated[int, msgspec.Meta(ge=0, le=_MAX)]
+Ratio = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+
+
+class PolicyDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """The settings a topic may fix for itself; None: not set."""
+
+    delete_retention_ms: Millis | None = None
+    min_compaction_lag_ms: Millis | None = None
+    max_compaction_lag_ms: Millis | None = None
+    min_dirty_ratio: Ratio | None = None
+    retain_null_key: bool | None = None
+    #: retention below the horizon, applied after each publish: ledgers wholly compacted
+    #: and older than this, or beyond the newest ``retention_bytes`` of ledgers, go
+    retention_ms: Millis | None = None
+    retention_bytes: Bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TopicPolicy:
+    """A topic's policy as read, with the version it is changed from."""
+
+    values: PolicyDoc = field(default_factory=PolicyDoc)
+    version: int = 0
+    token: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """The settings that are set (a field left out is not set)."""
+        doc: dict[str, Any] = msgspec.to_builtins(self.values)
+        return doc
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any], version: int, token: str, where: str) -> TopicPolicy:
+        try:
+            doc = msgspec.convert(value, PolicyDoc, strict=True)
+        except msgspec.ValidationError as e:
+            raise InvalidMetadataError(f"{where}: {e}") from None
+        return cls(doc, version, token)

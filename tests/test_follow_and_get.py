@@ -1,0 +1,168 @@
+"""Tailing a topic (``shale read --follow``, ``TopicReader(follow=True)``, a following
+``TableView``) and point lookups (``shale get``, :func:`shale.reader.lookup`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from shale.compactor import Compactor
+from shale.metadata.topic import TopicMetadata
+from shale.producer import TopicWriter
+from shale.reader import TableView, TopicReader, lookup
+from tests.conftest import ROOT, run_cli
+
+
+def _produce(topic: str, items: list[tuple[str, str | None]], per: int = 10) -> None:
+    with TopicWriter(topic, max_ledger_records=per) as w:
+        for k, v in items:
+            w.append(k, v)
+
+
+def _updates(n: int, keys: int, tag: str = "v") -> list[tuple[str, str | None]]:
+    return [(f"k{i % keys}", f"{tag}{i}") for i in range(n)]
+
+
+# ------------------------------------------------------------------------- following
+
+def test_a_following_reader_gets_records_produced_after_it_started(topic_uri: str) -> None:
+    _produce(topic_uri, _updates(20, 5))
+    r = TopicReader(topic_uri, follow=True, poll_interval=0.01)
+    assert len(r.read(20)) == 20
+    assert not r.has_message_available()
+    assert r.read_next(timeout=0.05) is None
+    _produce(topic_uri, [("late", "arrival")])
+    assert r.has_message_available()
+    m = r.read_next(timeout=5)
+    assert m is not None and m.key == b"late" and m.value == b"arrival"
+    # iterating a following reader waits for more instead of ending
+    got: list[bytes] = []
+
+    def consume() -> None:
+        for m in r:
+            got.append(m.value or b"")
+            if len(got) == 2:
+                return
+
+    t = threading.Thread(target=consume)
+    t.start()
+    _produce(topic_uri, [("a", "1"), ("b", "2")], per=1)
+    t.join(timeout=30)
+    assert got == [b"1", b"2"]
+
+
+def test_a_compacted_follower_switches_to_the_tail_with_no_gap_and_no_duplicate(topic_uri: str) -> None:
+    _produce(topic_uri, _updates(100, 10))
+    assert Compactor(topic_uri).run().status == "compacted"
+    _produce(topic_uri, _updates(15, 10, tag="t"))  # above the horizon
+    r = TopicReader(topic_uri, read_compacted=True, follow=True, poll_interval=0.01)
+    first = r.read(10 + 15)
+    state = TopicMetadata.open(topic_uri).load_compaction()
+    assert state.horizon is not None
+    assert [m.id <= state.horizon for m in first] == [True] * 10 + [False] * 15
+    _produce(topic_uri, [("k1", "after")])
+    m = r.read_next(timeout=5)
+    ids = [x.id for x in first] + [m.id if m else None]
+    assert m is not None and m.value == b"after"
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)  # no duplicate, in order
+
+
+def test_a_following_table_view_calls_its_listener(topic_uri: str) -> None:
+    _produce(topic_uri, _updates(20, 4))
+    view = TableView(topic_uri)
+    seen: list[tuple[bytes, bytes | None]] = []
+    view.for_each_and_listen(lambda key, value: seen.append((key, value)))
+    assert sorted(k for k, _ in seen) == [b"k0", b"k1", b"k2", b"k3"]
+    seen.clear()
+    _produce(topic_uri, [("k9", "new"), ("k0", None)], per=1)
+    stop = threading.Event()
+    t = threading.Thread(target=view.follow, kwargs={"poll_interval": 0.01, "stop": stop})
+    t.start()
+    deadline = time.monotonic() + 30
+    while len(seen) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stop.set()
+    t.join(timeout=30)
+    assert seen == [(b"k9", b"new"), (b"k0", None)]
+    assert view.get(b"k9") == b"new" and b"k0" not in view
+
+
+def test_read_follow_prints_new_records_and_ctrl_c_exits_0(disk_topic_uri: str) -> None:
+    _produce(disk_topic_uri, _updates(5, 5))
+    assert Compactor(disk_topic_uri).run().status == "compacted"
+    exe = Path(sys.executable).parent / "shale"
+    p = subprocess.Popen([str(exe), "read", disk_topic_uri, "--compacted", "--follow", "--poll-interval", "50ms"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=os.environ.copy())
+    try:
+        assert p.stdout is not None
+        lines = [p.stdout.readline() for _ in range(5)]
+        _produce(disk_topic_uri, [("k1", "produced-after-start")])
+        lines.append(p.stdout.readline())
+    finally:
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    docs = [json.loads(x) for x in lines]
+    assert docs[-1]["value"] == "produced-after-start"
+    assert len({d["id"] for d in docs}) == 6
+    assert out == "" or all(json.loads(x) for x in out.splitlines())  # whole records only
+
+
+# ---------------------------------------------------------------------------- lookups
+
+def test_lookup_answers_from_the_tail_then_the_compacted_view(topic_uri: str) -> None:
+    _produce(topic_uri, _updates(200, 50))
+    assert Compactor(topic_uri).run().status == "compacted"
+    _produce(topic_uri, [("k3", "newer"), ("k4", None)])
+    meta = TopicMetadata.open(topic_uri)
+    view = TableView(topic_uri)
+    for key in (b"k3", b"k4", b"k7", b"nope"):
+        got = lookup(meta, key)
+        assert got.value == view.get(key), key
+    got = lookup(meta, b"k7")
+    # only entries whose hashes match were read: one entry, in the compacted part
+    assert got.entries_read == 1 and got.message is not None and got.message.value == b"v157"
+    assert lookup(meta, b"nope").entries_read == 0
+
+
+def test_shale_get_prints_the_latest_value(disk_topic_uri: str) -> None:
+    _produce(disk_topic_uri, _updates(60, 6))
+    assert run_cli("compact", disk_topic_uri).returncode == 0
+    _produce(disk_topic_uri, [("k2", "fresh")])
+    r = run_cli("get", disk_topic_uri, "k2")
+    assert r.returncode == 0 and json.loads(r.stdout)["value"] == "fresh", r.stderr
+    r = run_cli("get", disk_topic_uri, "k5")
+    assert r.returncode == 0 and json.loads(r.stdout)["value"] == "v59", r.stderr
+    r = run_cli("get", disk_topic_uri, "missing")
+    assert r.returncode == 5 and r.stdout == "" and "no value for key 'missing'" in r.stderr, r.stderr
+
+
+# ------------------------------------------------------------------------ value formats
+
+def test_read_value_format_json_and_table_implies_compacted(tmp_path: Path) -> None:
+    topic = str(tmp_path / "t")
+    records = [{"key": "a", "value": {"name": "Ann", "n": 1}}, {"key": "b", "value": "plain"},
+               {"key": "a", "value": {"name": "Ann", "n": 2}}]
+    r = run_cli("produce", topic, input="".join(json.dumps(x) + "\n" for x in records))
+    assert r.returncode == 0, r.stderr
+    assert run_cli("compact", topic).returncode == 0
+    r = run_cli("read", topic, "--table", "--value-format", "json")
+    assert r.returncode == 0, r.stderr
+    got = {d["key"]: d["value"] for d in map(json.loads, r.stdout.splitlines())}
+    assert got == {"a": {"name": "Ann", "n": 2}, "b": "plain"}
+    raw = [json.loads(x)["value"] for x in run_cli("read", topic).stdout.splitlines()]
+    assert raw[0] == '{"name":"Ann","n":1}'  # text by default: the value as stored
+
+
+@pytest.mark.parametrize("bad", ['{"key": "a", "value": 5}', '{"key": "a", "value": true}'])
+def test_produce_refuses_values_that_are_not_text_or_objects(tmp_path: Path, bad: str) -> None:
+    r = run_cli("produce", str(tmp_path / "t"), input=bad + "\n")
+    assert r.returncode == 2 and "<stdin>:1" in r.stderr, r.stderr
