@@ -315,17 +315,17 @@ def _compact_topics(args: argparse.Namespace, config: CompactionConfig, engine: 
         event(logging.INFO, "run.start", f"compacting {_plural(len(topics), 'topic')}", topics=len(topics),
               engine=engine.name, parallel=args.parallel)
         show_progress = args.log_format == "text" and err.isatty()
-        if engine.name == "spark":
-            _start_spark(engine, err, show_progress)
+        # Spark's start-up is a phase of its own: in the first topic's summary
+        first_phases = {"spark_start": _start_spark(engine, err, show_progress)} if engine.name == "spark" else {}
         if not show_progress:
-            return _compact_each(args, config, engine, topics, out, None)
+            return _compact_each(args, config, engine, topics, out, None, first_phases)
         from shale.compactor.progress import TopicProgress
 
         with TopicProgress(err, len(topics)) as bar:
-            return _compact_each(args, config, engine, topics, out, bar)
+            return _compact_each(args, config, engine, topics, out, bar, first_phases)
 
 
-def _start_spark(engine: Engine, err: TextIO, show_progress: bool) -> None:
+def _start_spark(engine: Engine, err: TextIO, show_progress: bool) -> float:
     """Spark's start-up is a phase of its own (it takes seconds): timed, logged, and shown."""
     started = time.perf_counter()
     if show_progress:
@@ -337,10 +337,12 @@ def _start_spark(engine: Engine, err: TextIO, show_progress: bool) -> None:
         engine.session  # type: ignore[attr-defined]  # noqa: B018
     seconds = round(time.perf_counter() - started, 3)
     event(logging.INFO, "spark.start", f"Spark started in {seconds:.1f}s", seconds=seconds)
+    return seconds
 
 
 def _compact_each(args: argparse.Namespace, config: CompactionConfig, engine: Engine,
-                  topics: list[tuple[str, bool]], out: TextIO, bar: TopicProgress | None) -> int:
+                  topics: list[tuple[str, bool]], out: TextIO, bar: TopicProgress | None,
+                  first_phases: dict[str, float]) -> int:
     # One engine for all topics: with Spark, one application compacts them all, and each
     # topic is still planned and published on its own.
     import dataclasses
@@ -377,6 +379,9 @@ def _compact_each(args: argparse.Namespace, config: CompactionConfig, engine: En
         finally:
             if bar is not None:
                 bar.finish(shown_uri)
+        with lock:  # run-wide phases (Spark's start-up) go into the first summary written
+            summary.durations = {**first_phases, **summary.durations}
+            first_phases.clear()
         _log_outcome(shown_uri, summary)
         with lock:
             line = json.dumps(summary.to_json(), separators=(",", ":")) if args.json else (

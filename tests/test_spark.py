@@ -295,6 +295,11 @@ def test_cli_spark_json_logs_are_json_down_to_the_jvms_own_lines(tmp_path: Path)
     assert events.index("run.start") < events.index("spark.start") < events.index("topic.start")
     start = next(d for d in docs if d["event"] == "spark.start")
     assert start["seconds"] > 0
+    # and a phase of the run's summary
+    text = run_cli(uri, "--engine", "spark", "--spark-master", "local[1]", "--spark-conf", "spark.ui.enabled=false",
+                   "--json", script="compact")
+    assert text.returncode == 0, text.stderr
+    assert json.loads(text.stdout)["durations"]["spark_start"] > 0, text.stdout
     # lines of the JVM's own, if it wrote any, are kept as messages
     assert all(d["message"] for d in docs if d["event"] == "spark.output")
 
