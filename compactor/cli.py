@@ -285,7 +285,7 @@ def _one_topic_list(args: argparse.Namespace, settings: list[Setting]) -> list[S
 def _chosen_topics(args: argparse.Namespace) -> list[tuple[str, bool]]:
     """The topics to compact, in order, each with whether it is overdue (compacted
     whatever its dirty ratio)."""
-    from shale.compactor.topics import choose, discover_topics
+    from shale.compactor.topics import assess, choose, discover_topics
 
     if args.all_prefix is not None and args.topics:
         raise InvalidInputError("give topic URIs or --all PREFIX_URI, not both")
@@ -294,10 +294,13 @@ def _chosen_topics(args: argparse.Namespace) -> list[tuple[str, bool]]:
     uris = discover_topics(args.all_prefix) if args.all_prefix is not None else list(args.topics)
     if args.all_prefix is None and not uris:
         raise InvalidInputError("no topic given: name TOPIC_URI(s) or --all PREFIX_URI")
-    if args.all_prefix is None and args.max_compaction_lag is None and args.max_topics is None:
-        return [(u, False) for u in uris]  # the order given
     # a topic's own max compaction lag (its policy) applies unless the run's flag set one
-    policy_lag = source_name(args, "max_compaction_lag") != "--max-compaction-lag"
+    policy_lag = next((x.source for x in settings_of(args) if x.dest == "max_compaction_lag"), "") != "flag"
+    if args.all_prefix is None and args.max_compaction_lag is None and args.max_topics is None:
+        # the order given; a topic is still overdue by its own policy's lag
+        now_ms = int(time.time() * 1000)
+        return [(u, assess(u, now_ms=now_ms, metadata_uri=args.metadata, policy_lag=True).overdue
+                 if policy_lag else False) for u in uris]
     chosen = choose(uris, now_ms=int(time.time() * 1000), max_lag_ms=args.max_compaction_lag,
                     max_topics=args.max_topics, metadata_uri=args.metadata, policy_lag=policy_lag)
     return [(c.uri, c.overdue) for c in chosen]

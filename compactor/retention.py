@@ -46,7 +46,8 @@ class TruncationPlan:
     def human(self) -> str:
         verb = "would remove" if self.dry_run else "removed"
         if not self.removed:
-            return f"{self.topic}: no ledger below {self.before_ledger}; nothing {verb.split()[-1]}"
+            what = "would go" if self.dry_run else "removed"
+            return f"{self.topic}: no ledger below {self.before_ledger}; nothing {what}"
         ids = f"{self.removed[0].id}" if len(self.removed) == 1 else f"{self.removed[0].id}-{self.removed[-1].id}"
         text = (f"{self.topic}: {verb} {len(self.removed)} ledger{'s' if len(self.removed) != 1 else ''} ({ids}), "
                 f"{sum(lg.records for lg in self.removed):,} records, {sum(lg.bytes for lg in self.removed):,} bytes")

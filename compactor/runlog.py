@@ -98,8 +98,11 @@ def foreign_lines_as_json(source: str) -> Iterator[None]:
         yield
     finally:
         sys.stderr.flush()
-        os.dup2(out.fileno(), 2)  # standard error is itself again; the pipe ends when its writers do
-        pump.join(timeout=10)
+        os.dup2(out.fileno(), 2)  # standard error is itself again
+        # The pipe ends only when every child holding it does (the Spark gateway's JVM may
+        # outlive its session): what is in it now is passed on, and the pump goes on
+        # wrapping whatever a child still writes, as long as this process lives.
+        pump.join(timeout=0.5)
 
 
 def _wrap_lines(read_end: int, out: TextIO, source: str) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from shale.compactor.throttle import Throttle
-from shale.ledger.errors import ShaleError, error_line
+from shale.ledger.errors import ObjectNotFoundError, ShaleError, error_line
 from shale.ledger.format import KIND_COMPACTED, KIND_ORIGINAL
 from shale.ledger.reader import LedgerFile
 from shale.metadata.topic import TopicMetadata
@@ -38,6 +38,8 @@ class ScrubReport:
     entries: int = 0
     records: int = 0
     bytes_checked: int = 0
+    #: objects the topic stopped referring to while the scrub ran (collected, truncated)
+    gone: int = 0
     damaged: list[dict[str, str]] = field(default_factory=list)
 
     @property
@@ -46,7 +48,8 @@ class ScrubReport:
 
     def to_json(self) -> dict[str, Any]:
         return {"topic": self.topic, "ok": self.ok, "objects": self.objects, "entries": self.entries,
-                "records": self.records, "bytes_checked": self.bytes_checked, "damaged": self.damaged}
+                "records": self.records, "bytes_checked": self.bytes_checked, "gone": self.gone,
+                "damaged": self.damaged}
 
     def human(self) -> str:
         head = (f"{self.topic}: scrub {'ok' if self.ok else 'found DAMAGE'}: {self.objects:,} objects, "
@@ -67,12 +70,23 @@ def scrub_topic(meta: TopicMetadata, *, max_bytes_per_s: int = 0, progress: Prog
         report.objects += 1
         try:
             _scrub_object(meta, name, ledger_id, kind, report, throttle)
+        except ObjectNotFoundError as e:
+            # retired and collected, or truncated, while the scrub ran: gone, not damaged
+            if _still_referenced(meta, name):
+                report.damaged.append({"object": name, "error": error_line(e)})
+            else:
+                report.gone += 1
         except ShaleError as e:
             report.damaged.append({"object": name, "error": error_line(e)})
         done += size
         if progress is not None:
             progress(done, total)
     return report
+
+
+def _still_referenced(meta: TopicMetadata, name: str) -> bool:
+    topic, state = meta.load_topic(), meta.load_compaction()
+    return any(lg.object == name for lg in topic.ledgers) or any(p.object == name for p in state.parts)
 
 
 def _scrub_object(meta: TopicMetadata, name: str, ledger_id: int | None, kind: int, report: ScrubReport,

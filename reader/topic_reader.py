@@ -195,6 +195,11 @@ class TopicReader:
             yield from self._original_part()
             old = self._topic
             self._topic = self.meta.load_topic()
+            if self.read_compacted and self._topic.removed_through >= self._next.ledger:
+                # Ledgers this reader has yet to read were removed (retention keeps only what
+                # a compaction covers): their records are in the newest compacted view.
+                self._compaction = self.meta.load_compaction()
+                yield from self._compacted_part()
             if self._topic.last_ledger_id == old.last_ledger_id:
                 return
 

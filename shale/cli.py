@@ -14,6 +14,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
 import base64
+import itertools
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -161,9 +162,8 @@ def _cmd_read(args: argparse.Namespace, out: TextIO) -> int:
     with TopicReader(args.topic, metadata_uri=args.metadata, read_compacted=args.compacted, start=start,
                      follow=args.follow, poll_interval=args.poll_interval / 1000) as r:
         try:
-            for i, m in enumerate(r):
-                if args.limit is not None and i >= args.limit:
-                    break
+            # islice stops at the limit before asking for one more (a follower would wait for it)
+            for m in itertools.islice(r, args.limit):
                 _print_json(message_to_json(m, args.value_format), out)
                 if args.follow:
                     out.flush()

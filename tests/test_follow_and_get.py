@@ -166,3 +166,31 @@ def test_read_value_format_json_and_table_implies_compacted(tmp_path: Path) -> N
 def test_produce_refuses_values_that_are_not_text_or_objects(tmp_path: Path, bad: str) -> None:
     r = run_cli("produce", str(tmp_path / "t"), input=bad + "\n")
     assert r.returncode == 2 and "<stdin>:1" in r.stderr, r.stderr
+
+
+def test_read_follow_with_a_limit_ends_at_the_limit(tmp_path: Path) -> None:
+    topic = str(tmp_path / "t")
+    _produce(topic, _updates(8, 8))
+    r = run_cli("read", topic, "--follow", "--limit", "5", timeout=60)
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 5, r.stderr
+
+
+def test_compacted_readers_follow_retention_into_the_compacted_view(tmp_path: Path) -> None:
+    """Ledgers a view or a follower has yet to read are compacted and then removed by
+    retention: their records come from the newer compacted view, none is lost."""
+    topic = str(tmp_path / "t")
+    _produce(topic, [(f"a{i}", "1") for i in range(20)])
+    view = TableView(topic)
+    heard: list[bytes] = []
+    view.listen(lambda key, value: heard.append(key))
+    follower = TopicReader(topic, read_compacted=True, follow=True, poll_interval=0.01)
+    assert len(follower.read()) == 20
+    _produce(topic, [(f"b{i}", "2") for i in range(20)])
+    assert run_cli("config", topic, "--set", "retention-bytes=1").returncode == 0
+    r = run_cli("compact", topic)
+    assert r.returncode == 0 and "retention removed" in r.stdout, r.stdout
+    assert TopicMetadata.open(topic).load_topic().ledgers == ()
+    view.refresh()
+    assert len(view) == 40 and sorted(heard) == sorted(f"b{i}".encode() for i in range(20))
+    got = follower.read()
+    assert sorted(m.key for m in got) == sorted(f"b{i}".encode() for i in range(20))

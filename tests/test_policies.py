@@ -177,3 +177,25 @@ def test_topics_lists_every_topic_under_a_prefix(disk_topic_uri: str) -> None:
 def test_topics_under_a_prefix_without_topics_is_an_error(tmp_path: Path) -> None:
     r = run_cli("topics", str(tmp_path))
     assert r.returncode == 2 and "no topics under" in r.stderr, r.stderr
+
+
+def test_a_topics_own_max_compaction_lag_makes_it_overdue(tmp_path: Path) -> None:
+    """No flag and no variable: the policy's max compaction lag makes the topic overdue
+    (compacted whatever its dirty ratio); a run's variable does not beat the policy."""
+    old = time.time() - 3 * 86_400
+    for name in ("a", "b"):
+        _produce(str(tmp_path / name), 4, t=old)
+    assert run_cli("compact", "--all", str(tmp_path)).returncode == 0
+    for name in ("a", "b"):
+        _produce(str(tmp_path / name), 1, per=1, t=time.time() - 2 * 86_400)
+    _config(str(tmp_path / "a"), "--set", "max-compaction-lag=1h")
+
+    def statuses(*args: str, env: dict[str, str] | None = None) -> dict[str, str]:
+        r = run_cli("compact", *args, "--min-dirty-ratio", "0.9", "--json", env=env)
+        assert r.returncode == 0, r.stderr
+        return {Path(x["topic"]).name: x["status"] for x in map(json.loads, r.stdout.splitlines())}
+
+    assert statuses(str(tmp_path / "b"), str(tmp_path / "a")) == {"a": "compacted", "b": "skipped"}
+    _produce(str(tmp_path / "a"), 1, per=1, t=time.time() - 2 * 86_400)
+    got = statuses("--all", str(tmp_path), env={"SHALE_MAX_COMPACTION_LAG": "30d"})
+    assert got == {"a": "compacted", "b": "skipped"}
