@@ -13,9 +13,11 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 from shale.compactor.commandline import (
+    COMPRESSION_HELP,
     METADATA_HELP,
     OneLineParser,
     add_topic_arguments,
+    compression_arg,
     duration_arg,
     run_command,
     size_arg,
@@ -35,6 +37,7 @@ from shale.compactor.settings import Setting, print_config, settings_of, source_
 from shale.compactor.spark.options import DEFAULT_SPLIT_BYTES
 from shale.compactor.summary import RunStatus, RunSummary
 from shale.compactor.units import format_duration
+from shale.ledger.codecs import DEFAULT_COMPRESSION
 from shale.ledger.errors import EXIT_FAILURE, EXIT_USAGE, InvalidInputError, error_line, exit_code_of
 from shale.ledger.storage import mask_uri
 
@@ -165,6 +168,9 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
                    help="limit pass two's reads to SIZE per second (default: no limit; per task with Spark)")
     p.add_argument("--max-write-bytes-per-second", type=size_arg, default=0, metavar="SIZE",
                    help="limit pass two's writes to SIZE per second (default: no limit; per task with Spark)")
+    p.add_argument("--compression", type=compression_arg, default=DEFAULT_COMPRESSION, metavar="CODEC",
+                   help="how the entries a run writes anew (survivors of partly kept entries, packed together) are "
+                   f"compressed: {COMPRESSION_HELP}. Entries kept whole keep their stored bytes")
     p.add_argument("--workers", type=_workers, default=0, metavar="N",
                    help="CPU cores the local engine uses: threads building pass one's key map, processes copying "
                    "in pass two (default 0: every available CPU, at most 8; small runs use one)")
@@ -217,7 +223,7 @@ def _config(args: argparse.Namespace) -> CompactionConfig:
         max_part_bytes=args.max_part_bytes,
         max_map_bytes=DEFAULT_MAX_MAP_BYTES if args.max_map_bytes is None else args.max_map_bytes,
         read_parallelism=args.read_parallelism, max_read_bytes_per_s=args.max_read_bytes_per_second,
-        max_write_bytes_per_s=args.max_write_bytes_per_second, workers=args.workers)
+        max_write_bytes_per_s=args.max_write_bytes_per_second, workers=args.workers, compression=args.compression)
 
 
 def _engine(args: argparse.Namespace) -> Engine:

@@ -12,11 +12,12 @@ from typing import Final, NoReturn, TextIO
 
 from shale.compactor.settings import SettingsParser
 from shale.compactor.units import parse_duration, parse_size
+from shale.ledger.codecs import DEFAULT_COMPRESSION, Compression, parse_compression
 from shale.ledger.errors import InvalidInputError, ShaleError, error_line, exit_code_of
 from shale.ledger.storage import mask_uri, require, resolve
 
-__all__ = ["METADATA_HELP", "OneLineParser", "add_topic_arguments", "duration_arg", "positive_size_arg", "run_command",
-           "size_arg"]
+__all__ = ["COMPRESSION_HELP", "METADATA_HELP", "OneLineParser", "add_topic_arguments", "compression_arg",
+           "duration_arg", "positive_size_arg", "run_command", "size_arg"]
 
 METADATA_HELP = "where the topic's metadata lives (default: TOPIC_URI/_meta)"
 
@@ -51,6 +52,19 @@ def duration_arg(text: str) -> int:
         return parse_duration(text)
     except InvalidInputError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def compression_arg(text: str) -> Compression:
+    """A compression flag's value (``none``, ``lz4``, ``zstd``, ``zstd:3``)."""
+    try:
+        return parse_compression(text)
+    except InvalidInputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+#: The help of every --compression flag.
+COMPRESSION_HELP = ("none, lz4, zstd (level 1) or zstd:LEVEL (1-22); default: the topic's compression policy, "
+                    f"else {DEFAULT_COMPRESSION}")
 
 
 class OneLineParser(SettingsParser):

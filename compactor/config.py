@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
+from shale.ledger.codecs import DEFAULT_COMPRESSION, Compression
 from shale.ledger.errors import InvalidInputError
 
 __all__ = ["DEFAULT_DELETE_RETENTION_MS", "DEFAULT_GC_GRACE_MS", "DEFAULT_MAX_MAP_BYTES", "DEFAULT_ORPHAN_GRACE_MS",
@@ -44,6 +45,9 @@ class CompactionConfig:
       (0: none).
     * ``workers`` — processes the local engine's pass two copies with (0: one per
       available CPU, at most 8); small runs use one.
+    * ``compression`` — how the entries a run writes anew are compressed: the survivors of
+      partly kept entries, packed into entries of about ``entry_bytes`` (decompressed).
+      Entries whose records all survive keep their stored bytes, whatever their codec.
     * ``orphan_grace_ms`` — unreferenced leftovers (crashed runs, lost races) are deleted
       only after this long; it must exceed the longest pause a writer can take between
       uploading and publishing.
@@ -66,6 +70,8 @@ class CompactionConfig:
     max_write_bytes_per_s: int = 0
     chunk_bytes: int = 8 * 1024 * 1024
     workers: int = 0
+    compression: Compression = DEFAULT_COMPRESSION
+    entry_bytes: int = 64 * 1024
 
     def __post_init__(self) -> None:
         for name in ("min_compaction_lag_ms", "delete_retention_ms", "gc_grace_ms", "orphan_grace_ms"):
@@ -85,10 +91,13 @@ class CompactionConfig:
             raise InvalidInputError(f"workers {self.workers} must be between 0 (automatic) and 64")
         if self.max_map_bytes < 24:
             raise InvalidInputError("max map bytes must be at least 24 (one key)")
+        if not 1 << 10 <= self.entry_bytes <= 16 << 20:
+            raise InvalidInputError("entry bytes must be from 1 KiB to 16 MiB")
         if self.max_part_bytes < 1 << 16 or self.chunk_bytes < 1 << 12:
             raise InvalidInputError("max part bytes must be >= 64 KiB and chunk bytes >= 4 KiB")
 
     def to_json(self) -> dict[str, Any]:
         return {"min_compaction_lag_ms": self.min_compaction_lag_ms,
                 "delete_retention_ms": self.delete_retention_ms,
-                "retain_null_key": self.retain_null_key, "min_dirty_ratio": self.min_dirty_ratio}
+                "retain_null_key": self.retain_null_key, "min_dirty_ratio": self.min_dirty_ratio,
+                "compression": str(self.compression)}

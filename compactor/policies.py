@@ -16,6 +16,7 @@ from typing import Any, Final
 
 from shale.compactor.config import CompactionConfig
 from shale.compactor.units import format_duration, format_size, parse_duration, parse_size
+from shale.ledger.codecs import parse_compression
 from shale.ledger.errors import InvalidInputError
 from shale.metadata.policy import TopicPolicy
 
@@ -53,6 +54,8 @@ class PolicyKey:
     #: the run setting it stands in for (a ``compact`` flag's dest), if any
     dest: str | None
     help: str
+    #: the run setting's value for the document's (when they differ)
+    to_config: Callable[[Any], Any] | None = None
 
 
 POLICY_KEYS: Final[dict[str, PolicyKey]] = {k.name: k for k in (
@@ -70,6 +73,9 @@ POLICY_KEYS: Final[dict[str, PolicyKey]] = {k.name: k for k in (
               "after each publish, remove ledgers wholly below the horizon and older than this"),
     PolicyKey("retention-bytes", "retention_bytes", parse_size, format_size, None,
               "after each publish, remove the oldest ledgers below the horizon beyond this many bytes"),
+    PolicyKey("compression", "compression", lambda text: str(parse_compression(text)), str, "compression",
+              "how produce compresses new entries and compact the entries it writes anew (none, lz4, zstd:LEVEL)",
+              parse_compression),
 )}
 
 
@@ -113,5 +119,6 @@ def apply_policy(config: CompactionConfig, policy: TopicPolicy, sources: Mapping
         if key.dest is None or key.field not in values or sources.get(key.dest) == "flag":
             continue
         if key.field in {f.name for f in dataclasses.fields(CompactionConfig)}:
-            changes[key.field] = values[key.field]
+            value = values[key.field]
+            changes[key.field] = key.to_config(value) if key.to_config is not None else value
     return dataclasses.replace(config, **changes) if changes else config

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import configargparse
 
+from shale.ledger.codecs import Compression
 from shale.ledger.storage import mask_uri
 
 __all__ = ["ENV_PREFIX", "Setting", "SettingsParser", "env_name", "mask_secrets", "print_config", "settings_of",
@@ -228,6 +229,8 @@ def _show(value: Any, name: str) -> Any:
         return mask_secrets(value, name)
     if isinstance(value, list | tuple):
         return [_show(v, name) for v in value]
+    if isinstance(value, Compression):
+        return str(value)
     return value
 
 

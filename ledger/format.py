@@ -3,14 +3,20 @@
 ::
 
     header   32 bytes   magic "SHALELDG", version, kind, ledger id, created time, CRC32C
-    entries  frames     [payload length u32][CRC32C u32][record count u32][payload]
-    footer   msgpack    columnar index: entry offsets and lengths, per-record key hashes,
-                        flags, offsets and sizes (+ original ids for compacted parts)
+    entries  frames     [stored length u32][CRC32C u32][record count u32][stored payload]
+    footer   msgpack    columnar index: entry offsets, lengths, codecs and decompressed
+                        sizes, per-record key hashes, flags, offsets and sizes (+ original
+                        ids for compacted parts)
     trailer  56 bytes   footer offset/length/CRC32C, ledger id, version, kind, magic
 
 All integers are little-endian.  The footer's columns are raw little-endian arrays, so
 compaction's pass one reads key hashes and positions as NumPy arrays without touching
 payloads, and a reader seeks to any entry with one ranged read.
+
+Version 2 (this build writes it) records each entry's codec and decompressed size, and
+gives each record of a compacted part its own original id, so that a compaction may pack
+the survivors of many entries into one compressed entry.  Version 1 (no compression;
+a compacted part's ids per entry) is still read.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
+from shale.ledger.codecs import MAX_RAW_ENTRY_BYTES, Codec
 from shale.ledger.errors import CorruptLedgerError, UnsupportedVersionError
 from shale.ledger.kernels import crc32c, tiling_error
 
@@ -35,10 +42,12 @@ __all__ = [
     "HEADER_SIZE",
     "KIND_COMPACTED",
     "KIND_ORIGINAL",
+    "READ_VERSIONS",
     "TRAILER_SIZE",
     "Footer",
     "Trailer",
     "checksum",
+    "columns_of",
     "decode_footer",
     "decode_header",
     "decode_trailer",
@@ -49,7 +58,10 @@ __all__ = [
 
 MAGIC: Final = b"SHALELDG"
 END_MAGIC: Final = b"SHALEEND"
-FORMAT_VERSION: Final = 1
+#: The version this build writes.
+FORMAT_VERSION: Final = 2
+#: The versions this build reads.
+READ_VERSIONS: Final = (1, 2)
 
 KIND_ORIGINAL: Final = 0
 KIND_COMPACTED: Final = 1
@@ -68,21 +80,44 @@ _BIN32: Final = struct.Struct(">BI")  # msgpack bin 32: marker, big-endian lengt
 #: Footers bigger than this are refused as corrupt rather than allocated.
 MAX_FOOTER_BYTES: Final = 1 << 31
 
-# name -> (dtype, per entry "e" or per record "r", present in original ledgers)
-COLUMNS: Final[dict[str, tuple[str, str, bool]]] = {
-    "e_offset": ("<u8", "e", True),
-    "e_length": ("<u4", "e", True),
-    "e_publish": ("<i8", "e", True),
-    "e_ledger": ("<u8", "e", False),
-    "e_entry": ("<u8", "e", False),
-    "r_hash_hi": ("<u8", "r", True),
-    "r_hash_lo": ("<u8", "r", True),
-    "r_flags": ("<u1", "r", True),
-    "r_offset": ("<u4", "r", True),
-    "r_size": ("<u4", "r", True),
-    "r_batch": ("<u4", "r", False),
-    "r_delete_since": ("<i8", "r", False),
+# name -> (dtype, per entry "e" or per record "r")
+COLUMNS: Final[dict[str, tuple[str, str]]] = {
+    "e_offset": ("<u8", "e"),
+    "e_length": ("<u4", "e"),
+    "e_publish": ("<i8", "e"),
+    "e_codec": ("<u1", "e"),
+    "e_raw_length": ("<u4", "e"),
+    "e_ledger": ("<u8", "e"),
+    "e_entry": ("<u8", "e"),
+    "r_hash_hi": ("<u8", "r"),
+    "r_hash_lo": ("<u8", "r"),
+    "r_flags": ("<u1", "r"),
+    "r_offset": ("<u4", "r"),
+    "r_size": ("<u4", "r"),
+    "r_ledger": ("<u8", "r"),
+    "r_entry": ("<u8", "r"),
+    "r_batch": ("<u4", "r"),
+    "r_delete_since": ("<i8", "r"),
 }
+
+_BASE_COLUMNS: Final = ("e_offset", "e_length", "e_publish", "r_hash_hi", "r_hash_lo", "r_flags", "r_offset", "r_size")
+_LAYOUTS: Final[dict[tuple[int, int], tuple[str, ...]]] = {
+    (1, 0): _BASE_COLUMNS,
+    (1, 1): (*_BASE_COLUMNS, "e_ledger", "e_entry", "r_batch", "r_delete_since"),
+    (2, 0): (*_BASE_COLUMNS, "e_codec", "e_raw_length"),
+    (2, 1): (*_BASE_COLUMNS, "e_codec", "e_raw_length", "r_ledger", "r_entry", "r_batch", "r_delete_since"),
+}
+
+
+def columns_of(version: int, kind: int) -> tuple[str, ...]:
+    """The footer columns of a ledger object of this format version and kind."""
+    return _LAYOUTS[(version, kind)]
+
+
+def _version_error(version: int, where: str, position: int) -> UnsupportedVersionError:
+    return UnsupportedVersionError(
+        f"{where}: ledger format version {version} is not supported (this build reads versions "
+        f"{', '.join(map(str, READ_VERSIONS))})", path=where, position=position)
 
 
 def checksum(data: bytes | bytearray | memoryview, value: int = 0) -> int:
@@ -90,9 +125,9 @@ def checksum(data: bytes | bytearray | memoryview, value: int = 0) -> int:
     return crc32c(data, value)
 
 
-def encode_header(kind: int, ledger_id: int, created_ms: int) -> bytes:
-    body = _HEADER.pack(MAGIC, FORMAT_VERSION, kind, 0, ledger_id, created_ms, 0)
-    return _HEADER.pack(MAGIC, FORMAT_VERSION, kind, 0, ledger_id, created_ms, checksum(body))
+def encode_header(kind: int, ledger_id: int, created_ms: int, version: int = FORMAT_VERSION) -> bytes:
+    body = _HEADER.pack(MAGIC, version, kind, 0, ledger_id, created_ms, 0)
+    return _HEADER.pack(MAGIC, version, kind, 0, ledger_id, created_ms, checksum(body))
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,12 +144,8 @@ def decode_header(data: bytes | memoryview, where: str) -> Header:
     magic, version, kind, flags, ledger_id, created, crc = _HEADER.unpack_from(data, 0)
     if magic != MAGIC:
         raise CorruptLedgerError(f"{where}: not a Shale ledger object (bad magic {magic!r})", path=where, position=0)
-    if version != FORMAT_VERSION:
-        raise UnsupportedVersionError(
-            f"{where}: ledger format version {version} is not supported (this build reads {FORMAT_VERSION})",
-            path=where,
-            position=8,
-        )
+    if version not in READ_VERSIONS:
+        raise _version_error(version, where, 8)
     body = _HEADER.pack(magic, version, kind, flags, ledger_id, created, 0)
     if checksum(body) != crc:
         raise CorruptLedgerError(f"{where}: header checksum mismatch at byte 0", path=where, position=0)
@@ -160,12 +191,8 @@ def decode_trailer(data: bytes | memoryview, object_size: int, where: str) -> Tr
             path=where,
             position=pos,
         )
-    if version != FORMAT_VERSION:
-        raise UnsupportedVersionError(
-            f"{where}: ledger format version {version} is not supported (this build reads {FORMAT_VERSION})",
-            path=where,
-            position=pos,
-        )
+    if version not in READ_VERSIONS:
+        raise _version_error(version, where, pos)
     body = _TRAILER.pack(fo, fl, lid, created, fcrc, version, kind, flags, 0, END_MAGIC)
     if checksum(body) != crc:
         raise CorruptLedgerError(f"{where}: trailer checksum mismatch at byte {pos}", path=where, position=pos)
@@ -185,9 +212,11 @@ class Footer:
     """The columnar index of one ledger object.
 
     ``e_rec_start`` has one more element than there are entries: records of entry ``i``
-    are ``e_rec_start[i]:e_rec_start[i+1]``.  Compacted parts carry the original ids of
-    their entries and records (``e_ledger``, ``e_entry``, ``r_batch``) and the time each
-    kept tombstone was first kept (``r_delete_since``, 0 = not a tombstone).
+    are ``e_rec_start[i]:e_rec_start[i+1]``.  Compacted parts carry the original id of
+    every record (version 2: ``r_ledger``, ``r_entry``, ``r_batch``; version 1: per entry,
+    ``e_ledger`` and ``e_entry``) and the time each kept tombstone was first kept
+    (``r_delete_since``, 0 = not a tombstone).  Record offsets and sizes place records in
+    their entry's payload once decompressed.
     """
 
     kind: int
@@ -196,6 +225,7 @@ class Footer:
     e_rec_start: npt.NDArray[np.int64]
     cols: dict[str, npt.NDArray[Any]]
     meta: dict[str, Any]
+    version: int = FORMAT_VERSION
 
     @property
     def n_entries(self) -> int:
@@ -208,19 +238,66 @@ class Footer:
     def col(self, name: str) -> npt.NDArray[Any]:
         return self.cols[name]
 
+    @property
+    def ids_per_record(self) -> bool:
+        """Whether each record carries its own original id (compacted parts of version 2,
+        whose entries may pack records of several original entries)."""
+        return "r_ledger" in self.cols
+
     def entry_of(self, records: Any) -> Any:
         """The entry holding each of ``records`` (record indexes: one, or an array)."""
         return np.searchsorted(self.e_rec_start, records, side="right") - 1
 
+    def codecs(self) -> npt.NDArray[np.uint8]:
+        """Each entry's codec (:class:`~shale.ledger.codecs.Codec`)."""
+        got = self.cols.get("e_codec")
+        return got if got is not None else np.zeros(self.n_entries, dtype=np.uint8)
+
+    def raw_lengths(self) -> npt.NDArray[np.int64]:
+        """Each entry's payload size once decompressed."""
+        got = self.cols.get("e_raw_length")
+        if got is not None:
+            return got.astype(np.int64)
+        return self.cols["e_length"].astype(np.int64) - FRAME_HEADER.size
+
+    @property
+    def compressed(self) -> bool:
+        """Whether any entry is stored compressed."""
+        got = self.cols.get("e_codec")
+        return got is not None and bool(got.any())
+
     def entry_ledgers(self) -> npt.NDArray[np.uint64]:
+        """The original ledger of each entry (its first record's, where an entry packs
+        records of several)."""
+        if self.ids_per_record:
+            return self.cols["r_ledger"][self.e_rec_start[:-1]]
         if self.kind == KIND_COMPACTED:
             return self.cols["e_ledger"]
         return np.full(self.n_entries, self.ledger_id, dtype=np.uint64)
 
     def entry_ids(self) -> npt.NDArray[np.uint64]:
+        """The original entry id of each entry (its first record's, as above)."""
+        if self.ids_per_record:
+            return self.cols["r_entry"][self.e_rec_start[:-1]]
         if self.kind == KIND_COMPACTED:
             return self.cols["e_entry"]
         return np.arange(self.n_entries, dtype=np.uint64)
+
+    def record_ledgers(self, records: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
+        """The original ledger id of each of ``records`` (record indexes)."""
+        if self.ids_per_record:
+            return np.asarray(self.cols["r_ledger"][records], dtype=np.uint64)
+        if self.kind == KIND_COMPACTED:
+            return np.asarray(self.cols["e_ledger"][self.entry_of(records)], dtype=np.uint64)
+        return np.full(len(records), self.ledger_id, dtype=np.uint64)
+
+    def record_entries(self, records: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
+        """The original entry id of each of ``records``."""
+        if self.ids_per_record:
+            return np.asarray(self.cols["r_entry"][records], dtype=np.uint64)
+        if self.kind == KIND_COMPACTED:
+            return np.asarray(self.cols["e_entry"][self.entry_of(records)], dtype=np.uint64)
+        return np.asarray(self.entry_of(records), dtype=np.uint64)
 
     def batch_indexes(self) -> npt.NDArray[np.uint32]:
         if self.kind == KIND_COMPACTED:
@@ -237,7 +314,7 @@ class Footer:
 
 def encode_footer(
     kind: int, e_rec_start: npt.NDArray[Any], cols: Mapping[str, npt.NDArray[Any] | Sequence[npt.NDArray[Any]]],
-    meta: dict[str, Any],
+    meta: dict[str, Any], version: int = FORMAT_VERSION,
 ) -> list[bytes | memoryview]:
     """The footer as pieces to write back to back: a msgpack map ``{"n_entries",
     "cols": {name: raw little-endian bytes}, "meta"}``.  The map is framed by hand so
@@ -246,9 +323,8 @@ def encode_footer(
     may be given as a list of chunks, which are then written one after another (a writer
     that collected a column batch by batch need not join the batches first)."""
     arrays: dict[str, list[npt.NDArray[Any]]] = {"e_rec_start": [np.ascontiguousarray(e_rec_start, dtype="<u8")]}
-    for name, (dtype, _, in_original) in COLUMNS.items():
-        if kind == KIND_ORIGINAL and not in_original:
-            continue
+    for name in columns_of(version, kind):
+        dtype = COLUMNS[name][0]
         col = cols[name]
         chunks = [col] if isinstance(col, np.ndarray) else list(col)
         arrays[name] = [np.ascontiguousarray(c, dtype=dtype) for c in chunks]
@@ -366,17 +442,22 @@ def decode_footer(data: bytes | memoryview, trailer: Trailer, where: str) -> Foo
         raise bad("an entry holds no records or the record index goes backwards")
     n_records = int(e_rec_start[-1])
     cols: dict[str, npt.NDArray[Any]] = {}
-    for name, (dtype, per, in_original) in COLUMNS.items():
-        if trailer.kind == KIND_ORIGINAL and not in_original:
-            continue
+    for name in columns_of(trailer.version, trailer.kind):
+        dtype, per = COLUMNS[name]
         arr = column(name, dtype)
         if len(arr) != (n_entries if per == "e" else n_records):
             raise bad(f"column {name} has {len(arr)} rows")
         cols[name] = arr
+    if "e_codec" in cols and n_entries:
+        unknown = np.flatnonzero(cols["e_codec"] > max(Codec))
+        if len(unknown):
+            raise UnsupportedVersionError(
+                f"{where}: entry {int(unknown[0])} is compressed with codec {int(cols['e_codec'][unknown[0]])}, "
+                "which this build does not read", path=where, position=pos)
     why = _layout_error(cols, e_rec_start, pos) if n_entries else ""
     if why:
         raise bad(why)
-    return Footer(trailer.kind, trailer.ledger_id, pos, e_rec_start, cols, meta)
+    return Footer(trailer.kind, trailer.ledger_id, pos, e_rec_start, cols, meta, trailer.version)
 
 
 def _layout_error(cols: dict[str, npt.NDArray[Any]], e_rec_start: npt.NDArray[np.int64], data_end: int) -> str:
@@ -391,10 +472,48 @@ def _layout_error(cols: dict[str, npt.NDArray[Any]], e_rec_start: npt.NDArray[np
         return "entry offsets overlap or leave the data region"
     if np.any(lengths < FRAME_HEADER.size):
         return "entry shorter than its frame header"
-    # Records tile their entry exactly: each starts where the one before it ends and the
-    # last one ends where the payload does.  Pass two copies by these columns, so a
-    # footer that lied about them would silently copy the wrong bytes.
-    return _tiling_error(cols["r_offset"], cols["r_size"], e_rec_start, cols["e_length"])
+    payload_lengths = cols["e_length"]
+    if "e_codec" in cols:
+        why = _codec_error(cols)
+        if why:
+            return why
+        # records tile the payload once decompressed (no wrap: the size is bounded)
+        payload_lengths = cols["e_raw_length"] + np.uint32(FRAME_HEADER.size)
+    why = _tiling_error(cols["r_offset"], cols["r_size"], e_rec_start, payload_lengths)
+    if why or "r_ledger" not in cols:
+        return why
+    return _id_order_error(cols["r_ledger"], cols["r_entry"], cols["r_batch"])
+
+
+def _codec_error(cols: dict[str, npt.NDArray[Any]]) -> str:
+    """Why the entries' codecs and decompressed sizes are inconsistent ("" when they are
+    not): an entry stored as it is holds exactly its payload; a compressed one holds at
+    most :data:`~shale.ledger.codecs.MAX_RAW_ENTRY_BYTES` once decompressed (a crafted
+    footer must not make a reader allocate more)."""
+    codec, raw = cols["e_codec"], cols["e_raw_length"]
+    plain = codec == Codec.NONE
+    if np.any(raw[plain] != cols["e_length"][plain] - np.uint32(FRAME_HEADER.size)):
+        return "an uncompressed entry's size differs from its frame's"
+    big = np.flatnonzero(~plain & ((raw > MAX_RAW_ENTRY_BYTES) | (raw == 0)))
+    if len(big):
+        return (f"entry {int(big[0])} claims {int(raw[big[0]])} bytes decompressed (a compressed entry holds "
+                f"1 to {MAX_RAW_ENTRY_BYTES} bytes)")
+    return ""
+
+
+def _id_order_error(ledgers: npt.NDArray[np.uint64], entries: npt.NDArray[np.uint64],
+                    batches: npt.NDArray[np.uint32]) -> str:
+    """Why a compacted part's record ids do not strictly rise ("" when they do): readers
+    seek in them by binary search."""
+    if len(ledgers) < 2:
+        return ""
+    same_l = ledgers[1:] == ledgers[:-1]
+    if np.any(ledgers[1:] < ledgers[:-1]):
+        return "record ids go backwards"
+    same_e = same_l & (entries[1:] == entries[:-1])
+    if np.any(same_l & (entries[1:] < entries[:-1])) or np.any(same_e & (batches[1:] <= batches[:-1])):
+        return "record ids go backwards or repeat"
+    return ""
 
 
 def _tiling_error(offset: npt.NDArray[np.uint32], size: npt.NDArray[np.uint32], e_rec_start: npt.NDArray[np.int64],

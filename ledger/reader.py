@@ -8,10 +8,12 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from shale.ledger.codecs import Codec, decompress
 from shale.ledger.errors import CorruptLedgerError
 from shale.ledger.format import (
     FRAME_HEADER,
     HEADER_SIZE,
+    KIND_COMPACTED,
     KIND_ORIGINAL,
     Footer,
     checksum,
@@ -24,11 +26,13 @@ from shale.ledger.kernels import check_frames, check_kept, record_problem
 from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES, Message, decode_records
 from shale.ledger.storage import ObjectStore
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "LedgerFile"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "RAW_BATCH_BYTES", "LedgerFile"]
 
 #: Size of the ranged reads used to stream entries (big sequential reads are cheap).
 DEFAULT_CHUNK_BYTES: Final = 8 * 1024 * 1024
 _TAIL_BYTES: Final = 256 * 1024
+#: Decompressed bytes held at once when checking or copying the records of many entries.
+RAW_BATCH_BYTES: Final = 64 * 1024 * 1024
 
 
 class LedgerFile:
@@ -82,7 +86,8 @@ class LedgerFile:
 
     def _check_header(self, data: bytes | memoryview) -> None:
         header = decode_header(data[:HEADER_SIZE], self.url)
-        if header.ledger_id != self.footer.ledger_id or header.kind != self.footer.kind:
+        if (header.ledger_id != self.footer.ledger_id or header.kind != self.footer.kind
+                or header.version != self.footer.version):
             raise CorruptLedgerError(f"{self.url}: header and trailer disagree", path=self.url, position=0)
         self._header_checked = True
 
@@ -128,8 +133,20 @@ class LedgerFile:
         return int(self.batch_indexes[index])
 
     def record_id(self, index: int) -> MessageId:
-        entry = int(self.footer.entry_of(index))
+        foot = self.footer
+        if foot.ids_per_record:
+            return MessageId(int(foot.cols["r_ledger"][index]), int(foot.cols["r_entry"][index]),
+                             int(foot.cols["r_batch"][index]))
+        entry = int(foot.entry_of(index))
         return MessageId(int(self.entry_ledgers[entry]), int(self.entry_ids[entry]), self._batch_of(index, entry))
+
+    def record_ids(self, records: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
+        """The ids of ``records`` (record indexes) as rows ``(ledger, entry, batch)``."""
+        foot = self.footer
+        batches = self.batch_indexes[records] if foot.kind == KIND_COMPACTED else (
+            records - foot.e_rec_start[foot.entry_of(records)])
+        return np.stack([foot.record_ledgers(records), foot.record_entries(records),
+                         np.asarray(batches, dtype=np.uint64)], axis=1)
 
     def first_id(self) -> MessageId | None:
         return self.record_id(0) if self.n_records else None
@@ -139,18 +156,31 @@ class LedgerFile:
 
     def find(self, mid: MessageId) -> int:
         """Index of the first record whose id is ``>= mid`` (``n_records`` if none)."""
+        foot = self.footer
+        if foot.ids_per_record:
+            return self._find_record(mid)
         ledgers, entries = self.entry_ledgers, self.entry_ids
         lo = int(np.searchsorted(ledgers, np.uint64(mid.ledger), side="left"))
         hi = int(np.searchsorted(ledgers, np.uint64(mid.ledger), side="right"))
         if lo == hi:
-            return int(self.footer.e_rec_start[lo])
+            return int(foot.e_rec_start[lo])
         e = lo + int(np.searchsorted(entries[lo:hi], np.uint64(mid.entry), side="left"))
         if e == hi or int(entries[e]) != mid.entry:
-            return int(self.footer.e_rec_start[e])
-        start, stop = int(self.footer.e_rec_start[e]), int(self.footer.e_rec_start[e + 1])
-        if self.footer.kind == KIND_ORIGINAL:  # batch indexes are 0, 1, ... within the entry
+            return int(foot.e_rec_start[e])
+        start, stop = int(foot.e_rec_start[e]), int(foot.e_rec_start[e + 1])
+        if foot.kind == KIND_ORIGINAL:  # batch indexes are 0, 1, ... within the entry
             return min(start + mid.batch, stop)
         return start + int(np.searchsorted(self.batch_indexes[start:stop], np.uint32(mid.batch), side="left"))
+
+    def _find_record(self, mid: MessageId) -> int:
+        """:meth:`find` over ids kept per record (they rise strictly: the footer was checked)."""
+        cols = self.footer.cols
+        ledgers, entries, batches = cols["r_ledger"], cols["r_entry"], cols["r_batch"]
+        lo = int(np.searchsorted(ledgers, np.uint64(mid.ledger), side="left"))
+        hi = int(np.searchsorted(ledgers, np.uint64(mid.ledger), side="right"))
+        a = lo + int(np.searchsorted(entries[lo:hi], np.uint64(mid.entry), side="left"))
+        b = lo + int(np.searchsorted(entries[lo:hi], np.uint64(mid.entry), side="right"))
+        return a + int(np.searchsorted(batches[a:b], np.uint32(mid.batch), side="left"))
 
     def read_frames(self, first: int, stop: int) -> tuple[int, bytes | memoryview]:
         """Raw bytes of entries ``first..stop-1`` in one ranged read, with their start
@@ -209,31 +239,102 @@ class LedgerFile:
             raise CorruptLedgerError(f"{self.url}: entry {self._entry_name(first + bad)}: bad frame",
                                      path=self.url, position=int(offs[bad]) + base)
 
-    def check_kept(self, buf: bytes | memoryview, base: int, sel: npt.NDArray[np.int64],
-                   kept: npt.NDArray[np.int64], records: npt.NDArray[np.int64]) -> None:
+    def entry_payload(self, buf: bytes | memoryview, base: int, entry: int) -> bytes | bytearray | memoryview:
+        """:meth:`frame_payload`, decompressed where the entry is stored compressed (its
+        size checked against the footer's)."""
+        stored = self.frame_payload(buf, base, entry)
+        codec = int(self.footer.codecs()[entry])
+        if codec == Codec.NONE:
+            return stored
+        return decompress(stored, codec, int(self.footer.raw_lengths()[entry]),
+                          f"{self.url}: entry {self._entry_name(entry)}", path=self.url,
+                          position=int(self.footer.col("e_offset")[entry]))
+
+    def raw_frames(self, buf: bytes | memoryview, base: int, sel: npt.NDArray[np.int64]
+                   ) -> tuple[bytes | bytearray | memoryview, npt.NDArray[np.int64]]:
+        """Entries ``sel`` (their frames checked, inside ``buf`` read from ``base``) laid
+        out as if stored uncompressed: a buffer holding, for each, a frame header's room
+        followed by its payload as the footer's record offsets address it, and where each
+        starts.  Without compressed entries among them this is ``buf`` itself; otherwise
+        each compressed payload is decompressed once (the caller bounds the bytes:
+        :meth:`raw_batches`)."""
+        foot = self.footer
+        offs = foot.col("e_offset")[sel].astype(np.int64) - base
+        codecs = foot.codecs()[sel]
+        if not codecs.any():
+            return buf, offs
+        raw = foot.raw_lengths()[sel]
+        lens = foot.col("e_length")[sel].astype(np.int64)
+        at = np.zeros(len(sel) + 1, dtype=np.int64)
+        np.cumsum(raw + FRAME_HEADER.size, out=at[1:])
+        out = bytearray(int(at[-1]))
+        view = memoryview(buf)
+        for i, (e, codec) in enumerate(zip(sel.tolist(), codecs.tolist(), strict=True)):
+            a, o = int(at[i]) + FRAME_HEADER.size, int(offs[i])
+            stored = view[o + FRAME_HEADER.size:o + int(lens[i])]
+            if codec == Codec.NONE:
+                out[a:a + len(stored)] = stored
+            else:
+                out[a:a + int(raw[i])] = decompress(stored, codec, int(raw[i]), f"{self.url}: entry "
+                                                    f"{self._entry_name(e)}", path=self.url, position=base + o)
+        return out, at[:-1]
+
+    def raw_batches(self, sel: npt.NDArray[np.int64], limit: int = RAW_BATCH_BYTES) -> Iterator[npt.NDArray[np.int64]]:
+        """``sel`` in consecutive pieces whose payloads, decompressed, come to about
+        ``limit`` bytes at most (one entry at least)."""
+        if not len(sel):
+            return
+        ends = np.cumsum(self.footer.raw_lengths()[sel] + FRAME_HEADER.size)
+        i = 0
+        while i < len(sel):
+            j = max(i + 1, int(np.searchsorted(ends, (ends[i - 1] if i else 0) + limit, side="right")))
+            yield sel[i:j]
+            i = j
+
+    def check_records_in(self, buf: bytes | memoryview, base: int, first: int, stop: int) -> None:
+        """Check every record of entries ``first..stop-1`` (frames checked, inside ``buf``
+        read from ``base``) as :meth:`check_kept` does, decompressing what is compressed."""
+        starts = self.footer.e_rec_start
+        for sel in self.raw_batches(np.arange(first, stop, dtype=np.int64)):
+            raw, frames = self.raw_frames(buf, base, sel)
+            lo, hi = int(starts[sel[0]]), int(starts[sel[-1] + 1])
+            self.check_kept(raw, base, sel, np.diff(starts[sel[0]:sel[-1] + 2]),
+                            np.arange(lo, hi, dtype=np.int64), frames=frames)
+
+    def check_kept(self, buf: bytes | bytearray | memoryview, base: int, sel: npt.NDArray[np.int64],
+                   kept: npt.NDArray[np.int64], records: npt.NDArray[np.int64],
+                   frames: npt.NDArray[np.int64] | None = None) -> None:
         """Check that each of ``records`` (indexes into this ledger, in order: ``kept[i]``
         of them from entry ``sel[i]``, whose frames lie in ``buf`` read from ``base`` and
         are checked already) is exactly one well-formed record at the offset and of the
-        size its footer gives, with the flags its footer gives.
+        size its footer gives, with the flags its footer gives.  ``frames``: where each
+        entry's frame starts in ``buf`` when that is not its place in the object (a
+        buffer from :meth:`raw_frames`).
 
         A footer may tile its entries exactly and still lie about where one record ends
         and the next begins; whoever copies records by the footer (compaction) must check
         this, or it would publish records nobody can read."""
         foot = self.footer
-        frames = foot.col("e_offset")[sel].astype(np.int64) - base
-        bad = check_kept(buf, frames, kept, records, foot.col("r_offset"), foot.col("r_size"), foot.col("r_flags"))
+        at = foot.col("e_offset")[sel].astype(np.int64) - base if frames is None else frames
+        bad = check_kept(buf, at, kept, records, foot.col("r_offset"), foot.col("r_size"), foot.col("r_flags"))
         if bad >= 0:
             entry = int(foot.entry_of(records[bad]))
-            self._bad_record(buf, base, int(records[bad]), entry)
+            self._bad_record(buf, int(at[np.searchsorted(sel, entry)]), int(records[bad]), entry,
+                             stored=frames is None, base=base)
 
-    def _bad_record(self, buf: bytes | memoryview, base: int, r: int, e: int) -> None:
+    def _bad_record(self, buf: bytes | bytearray | memoryview, frame: int, r: int, e: int, *, stored: bool,
+                    base: int) -> None:
         foot = self.footer
-        at = int(foot.col("e_offset")[e]) - base + FRAME_HEADER.size + int(foot.col("r_offset")[r])
+        at = frame + FRAME_HEADER.size + int(foot.col("r_offset")[r])
         size = int(foot.col("r_size")[r])
         why = record_problem(memoryview(buf)[at:at + size], int(foot.col("r_flags")[r])) or "malformed"
+        compressed = int(foot.codecs()[e]) != Codec.NONE
+        where = (f"at byte {int(foot.col('r_offset')[r])} of its decompressed payload" if compressed or not stored
+                 else f"at byte {base + at}")
+        position = int(foot.col("e_offset")[e]) if compressed or not stored else base + at
         raise CorruptLedgerError(
-            f"{self.url}: entry {self._entry_name(e)}, record {self._batch_of(r, e)} at byte {base + at} "
-            f"({size} bytes by the footer): {why}", path=self.url, position=base + at)
+            f"{self.url}: entry {self._entry_name(e)}, record {self._batch_of(r, e)} {where} "
+            f"({size} bytes by the footer): {why}", path=self.url, position=position)
 
     def _entry_name(self, entry: int) -> str:
         return f"{int(self.entry_ledgers[entry])}:{int(self.entry_ids[entry])}"
@@ -260,23 +361,29 @@ class LedgerFile:
             return
         first = int(self.footer.entry_of(start_record))
         last = int(self.footer.entry_of(stop_record - 1))
+        foot = self.footer
         ledgers, entries, batches = self.entry_ledgers, self.entry_ids, self.batch_indexes
+        per_record = foot.ids_per_record
         for c0, c1 in self.chunks(first, last + 1, chunk_bytes):
             base, buf = self.read_frames(c0, c1)
             for e in range(c0, c1):
-                payload = self.frame_payload(buf, base, e)
+                payload = self.entry_payload(buf, base, e)
                 r0 = int(rec_start[e])
                 count = int(rec_start[e + 1]) - r0
-                led, ent = int(ledgers[e]), int(entries[e])
-                where = f"{self.url}: entry {led}:{ent}"
+                where = f"{self.url}: entry {self._entry_name(e)}"
                 # Decoded whole before any record is yielded: an entry whose records do not
                 # match its footer must fail before a reader sees one of them with a wrong id.
                 records = list(decode_records(payload, count, where=where, max_record_bytes=max_record_bytes,
-                                              path=self.url, position=int(self.footer.col("e_offset")[e])))
+                                              path=self.url, position=int(foot.col("e_offset")[e])))
+                if per_record:
+                    lids = foot.cols["r_ledger"][r0:r0 + count].tolist()
+                    eids = foot.cols["r_entry"][r0:r0 + count].tolist()
+                else:
+                    lids, eids = [int(ledgers[e])] * count, [int(entries[e])] * count
                 for k, (key, value, props, pt, et) in enumerate(records):
                     r = r0 + k
                     if r < start_record:
                         continue
                     if r >= stop_record:
                         return
-                    yield Message(MessageId(led, ent, int(batches[r])), key, value, props, pt, et)
+                    yield Message(MessageId(lids[k], eids[k], int(batches[r])), key, value, props, pt, et)

@@ -137,7 +137,7 @@ def key_hash(key: bytes) -> tuple[int, int]:
 
 
 def decode_records(
-    payload: bytes | memoryview,
+    payload: bytes | bytearray | memoryview,
     count: int,
     *,
     where: str,

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from shale.ledger.codecs import NO_COMPRESSION, Compression, compress
 from shale.ledger.errors import InvalidInputError, RecordTooLargeError
 from shale.ledger.format import (
     COLUMNS,
@@ -22,6 +23,7 @@ from shale.ledger.format import (
     TRAILER_SIZE,
     Trailer,
     checksum,
+    columns_of,
     decode_trailer,
     encode_footer,
     encode_header,
@@ -94,17 +96,21 @@ def encode_entry(records: Sequence[Record], *, max_record_bytes: int = DEFAULT_M
 #: Footer column chunks at least this big on average are written without joining them.
 _BIG_CHUNK_BYTES = 64 << 10
 
+IdArray = npt.NDArray[np.uint64]
+
 
 class LedgerWriter:
-    """Writes one ledger object, entry by entry, into a :class:`Sink`.
+    """Writes one ledger object (format version 2), entry by entry, into a :class:`Sink`.
 
     Original ledgers get implicit ids (entry i of ledger L is ``L:i``); compacted parts
-    pass the original ``ledger``/``entry``/``batch`` ids and tombstone ``delete_since``
-    times with every entry they add.
+    pass the original ``ledger``/``entry``/``batch`` id of every record and tombstone
+    ``delete_since`` times with every entry they add.  Entries added with
+    :meth:`add_entry` are compressed with ``compression`` (each kept as it is where that
+    would not make it smaller); :meth:`add_frames` takes frames already stored.
     """
 
     def __init__(self, sink: Sink, *, kind: int, ledger_id: int, created_ms: int,
-                 max_entry_bytes: int = 1 << 31) -> None:
+                 max_entry_bytes: int = 1 << 31, compression: Compression = NO_COMPRESSION) -> None:
         if kind not in (KIND_ORIGINAL, KIND_COMPACTED):
             raise InvalidInputError(f"unknown ledger kind {kind}")
         self._sink = sink
@@ -112,16 +118,16 @@ class LedgerWriter:
         self.ledger_id = ledger_id
         self.created_ms = created_ms
         self.max_entry_bytes = max_entry_bytes
+        self.compression = compression
         self._pos = 0
         self._n_records = 0
+        #: payload bytes saved by compression: the object's size uncompressed is its size plus this
+        self.bytes_saved = 0
         self._e_rec_start: list[int] = [0]
-        self._e_scalars: dict[str, list[int]] = {"e_offset": [], "e_length": [], "e_publish": []}
-        if kind == KIND_COMPACTED:
-            self._e_scalars |= {"e_ledger": [], "e_entry": []}
+        self._columns = columns_of(FORMAT_VERSION, kind)
+        self._e_scalars: dict[str, list[int]] = {name: [] for name in self._columns if COLUMNS[name][1] == "e"}
         self._r_chunks: dict[str, list[npt.NDArray[Any]]] = {
-            name: [] for name, (_, per, orig) in COLUMNS.items()
-            if per == "r" and (orig or kind == KIND_COMPACTED)
-        }
+            name: [] for name in self._columns if COLUMNS[name][1] == "r"}
         self._finished = False
         self._write(encode_header(kind, ledger_id, created_ms))
 
@@ -136,8 +142,8 @@ class LedgerWriter:
     @property
     def estimated_size(self) -> int:
         """The object's size if finished now (footer size estimated from its columns)."""
-        per_entry = 8 + 8 + 4 + 8 + (16 if self.kind == KIND_COMPACTED else 0)
-        per_record = 8 + 8 + 1 + 4 + 4 + (12 if self.kind == KIND_COMPACTED else 0)
+        per_entry = sum(np.dtype(COLUMNS[n][0]).itemsize for n in self._e_scalars) + 8
+        per_record = sum(np.dtype(COLUMNS[n][0]).itemsize for n in self._r_chunks)
         return self._pos + 256 + TRAILER_SIZE + self.n_entries * per_entry + self._n_records * per_record
 
     @property
@@ -155,24 +161,69 @@ class LedgerWriter:
         self._sink.write(data)
         self._pos += len(data)
 
-    def add_entry(self, entry: EncodedEntry, *, ledger: int | None = None, entry_id: int | None = None,
-                  batch: npt.NDArray[np.uint32] | None = None,
+    def _record_ids(self, n: int, ledgers: int | npt.ArrayLike | None, entry_ids: int | npt.ArrayLike | None,
+                    batch: npt.NDArray[np.uint32] | None, delete_since: npt.NDArray[np.int64] | None
+                    ) -> dict[str, npt.NDArray[Any]]:
+        """A compacted part's per-record id columns (an int id applies to every record)."""
+        if self.kind != KIND_COMPACTED:
+            return {}
+        if ledgers is None or entry_ids is None or batch is None or delete_since is None:
+            raise InvalidInputError("compacted entries need their original ids")
+        return {"r_ledger": np.broadcast_to(np.asarray(ledgers, dtype=np.uint64), (n,)),
+                "r_entry": np.broadcast_to(np.asarray(entry_ids, dtype=np.uint64), (n,)),
+                "r_batch": batch, "r_delete_since": delete_since}
+
+    def add_entry(self, entry: EncodedEntry, *, ledger: int | npt.ArrayLike | None = None,
+                  entry_id: int | npt.ArrayLike | None = None, batch: npt.NDArray[np.uint32] | None = None,
                   delete_since: npt.NDArray[np.int64] | None = None) -> None:
-        """Append an entry built by :func:`encode_entry` (or from raw record slices)."""
-        header = FRAME_HEADER.pack(len(entry.payload), checksum(entry.payload), entry.n_records)
-        self._add(header, entry.payload, entry.n_records, entry.publish_time,
-                  {"r_hash_hi": entry.r_hash_hi, "r_hash_lo": entry.r_hash_lo, "r_flags": entry.r_flags,
-                   "r_offset": entry.r_offset, "r_size": entry.r_size},
-                  ledger, entry_id, batch, delete_since)
+        """Append an entry built by :func:`encode_entry` (or from raw record slices),
+        compressed with the writer's ``compression``.  A compacted part gives each
+        record's original id: ``ledger`` and ``entry_id`` (one for all, or one per
+        record), ``batch`` and ``delete_since`` (one per record)."""
+        if self._finished:
+            raise InvalidInputError("ledger already finished")
+        codec, stored = compress(entry.payload, self.compression)
+        raw = len(entry.payload)
+        header = FRAME_HEADER.pack(len(stored), checksum(stored), entry.n_records)
+        length = len(header) + len(stored)
+        if length > self.max_entry_bytes:
+            raise RecordTooLargeError(f"entry of {length} bytes exceeds the maximum of {self.max_entry_bytes}")
+        n = entry.n_records
+        rcols: dict[str, npt.NDArray[Any]] = {
+            "r_hash_hi": entry.r_hash_hi, "r_hash_lo": entry.r_hash_lo, "r_flags": entry.r_flags,
+            "r_offset": entry.r_offset, "r_size": entry.r_size}
+        rcols |= self._record_ids(n, ledger, entry_id, batch, delete_since)
+        self._add_columns(rcols, n)
+        self._e_scalars["e_offset"].append(self._pos)
+        self._e_scalars["e_length"].append(length)
+        self._e_scalars["e_publish"].append(entry.publish_time)
+        self._e_scalars["e_codec"].append(int(codec))
+        self._e_scalars["e_raw_length"].append(raw)
+        self.bytes_saved += raw - len(stored)
+        self._write(header)
+        self._write(stored)
+        self._n_records += n
+        self._e_rec_start.append(self._n_records)
+
+    def _add_columns(self, rcols: dict[str, npt.NDArray[Any]], n: int) -> None:
+        for name, chunks in self._r_chunks.items():
+            col = rcols[name]
+            if len(col) != n:
+                raise InvalidInputError(f"column {name} has {len(col)} rows for {n} records")
+            chunks.append(col)
 
     def add_frames(self, blob: bytes | bytearray | memoryview, lengths: npt.NDArray[np.int64],
                    counts: npt.NDArray[np.int64], publish: npt.NDArray[Any], records: dict[str, npt.NDArray[Any]], *,
-                   ledgers: npt.NDArray[Any] | None = None, entry_ids: npt.NDArray[Any] | None = None,
+                   codecs: npt.NDArray[np.uint8] | None = None, raw_lengths: npt.NDArray[np.int64] | None = None,
+                   ledgers: npt.ArrayLike | None = None, entry_ids: npt.ArrayLike | None = None,
                    batch: npt.NDArray[np.uint32] | None = None,
                    delete_since: npt.NDArray[np.int64] | None = None) -> None:
         """Append many complete, checksummed frames at once: ``blob`` is the frames back to
-        back, ``lengths`` their sizes, ``counts`` their record counts; ``records`` holds the
-        footer columns of all their records, in order."""
+        back, ``lengths`` their sizes, ``counts`` their record counts, ``codecs`` and
+        ``raw_lengths`` how each payload is stored and its size decompressed (default:
+        stored as it is); ``records`` holds the footer columns of all their records, in
+        order, and a compacted part the original id of each (``ledgers``, ``entry_ids``,
+        ``batch``) and ``delete_since``."""
         if self._finished:
             raise InvalidInputError("ledger already finished")
         n_entries, n = len(lengths), int(counts.sum())
@@ -183,53 +234,23 @@ class LedgerWriter:
         if int(lengths.max()) > self.max_entry_bytes:
             raise RecordTooLargeError(f"entry of {int(lengths.max())} bytes exceeds the maximum of "
                                       f"{self.max_entry_bytes}")
+        if codecs is None or raw_lengths is None:
+            codecs = np.zeros(n_entries, dtype=np.uint8)
+            raw_lengths = lengths - FRAME_HEADER.size
+        elif len(codecs) != n_entries or len(raw_lengths) != n_entries:
+            raise InvalidInputError("codecs and raw lengths must have one row per frame")
+        rcols = dict(records) | self._record_ids(n, ledgers, entry_ids, batch, delete_since)
+        self._add_columns(rcols, n)
         starts = self._pos + np.concatenate([[0], np.cumsum(lengths)[:-1]])
         self._e_scalars["e_offset"].extend(starts.tolist())
         self._e_scalars["e_length"].extend(lengths.tolist())
         self._e_scalars["e_publish"].extend(np.asarray(publish).tolist())
-        rcols = dict(records)
-        if self.kind == KIND_COMPACTED:
-            if ledgers is None or entry_ids is None or batch is None or delete_since is None:
-                raise InvalidInputError("compacted entries need their original ids")
-            self._e_scalars["e_ledger"].extend(np.asarray(ledgers).tolist())
-            self._e_scalars["e_entry"].extend(np.asarray(entry_ids).tolist())
-            rcols |= {"r_batch": batch, "r_delete_since": delete_since}
-        for name, chunks in self._r_chunks.items():
-            col = rcols[name]
-            if len(col) != n:
-                raise InvalidInputError(f"column {name} has {len(col)} rows for {n} records")
-            chunks.append(col)
+        self._e_scalars["e_codec"].extend(np.asarray(codecs).tolist())
+        self._e_scalars["e_raw_length"].extend(np.asarray(raw_lengths).tolist())
+        self.bytes_saved += int(np.asarray(raw_lengths).sum()) - (int(lengths.sum()) - FRAME_HEADER.size * n_entries)
         self._write(blob)
         self._e_rec_start.extend((self._n_records + np.cumsum(counts)).tolist())
         self._n_records += n
-
-    def _add(self, header: bytes, body: bytes | memoryview, n: int, publish_time: int,
-             rcols: dict[str, npt.NDArray[Any]], ledger: int | None, entry_id: int | None,
-             batch: npt.NDArray[np.uint32] | None, delete_since: npt.NDArray[np.int64] | None) -> None:
-        if self._finished:
-            raise InvalidInputError("ledger already finished")
-        length = len(header) + len(body)
-        if length > self.max_entry_bytes:
-            raise RecordTooLargeError(f"entry of {length} bytes exceeds the maximum of {self.max_entry_bytes}")
-        self._e_scalars["e_offset"].append(self._pos)
-        self._e_scalars["e_length"].append(length)
-        self._e_scalars["e_publish"].append(publish_time)
-        if self.kind == KIND_COMPACTED:
-            if ledger is None or entry_id is None or batch is None or delete_since is None:
-                raise InvalidInputError("compacted entries need their original ids")
-            self._e_scalars["e_ledger"].append(ledger)
-            self._e_scalars["e_entry"].append(entry_id)
-            rcols = rcols | {"r_batch": batch, "r_delete_since": delete_since}
-        for name, chunks in self._r_chunks.items():
-            col = rcols[name]
-            if len(col) != n:
-                raise InvalidInputError(f"column {name} has {len(col)} rows for {n} records")
-            chunks.append(col)
-        if header:
-            self._write(header)
-        self._write(body)
-        self._n_records += n
-        self._e_rec_start.append(self._n_records)
 
     def finish(self, meta: dict[str, Any] | None = None) -> int:
         """Write footer and trailer; return the object's total size."""
@@ -243,7 +264,7 @@ class LedgerWriter:
             # copy every column once more.  Small ones (an entry each) are joined, or each
             # would be a write of its own.
             big = sum(c.nbytes for c in chunks) >= _BIG_CHUNK_BYTES * len(chunks)  # (no chunks: an empty column)
-            cols[name] = chunks if big else np.concatenate(chunks)
+            cols[name] = chunks if big else np.concatenate(chunks) if chunks else np.empty(0, COLUMNS[name][0])
         footer_offset = self._pos
         crc = 0
         for piece in encode_footer(self.kind, np.asarray(self._e_rec_start, dtype=np.uint64), cols, meta or {}):
@@ -265,7 +286,7 @@ def relabel_ledger(data: bytes, ledger_id: int) -> bytes:
     """
     trailer = decode_trailer(data, len(data), "ledger being relabelled")
     out = bytearray(data)
-    out[:HEADER_SIZE] = encode_header(trailer.kind, ledger_id, trailer.created_ms)
+    out[:HEADER_SIZE] = encode_header(trailer.kind, ledger_id, trailer.created_ms, trailer.version)
     out[-TRAILER_SIZE:] = encode_trailer(Trailer(
         trailer.footer_offset, trailer.footer_length, ledger_id, trailer.created_ms,
         trailer.footer_crc, trailer.version, trailer.kind,

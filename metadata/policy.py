@@ -14,7 +14,8 @@ from typing import Annotated, Any, Final
 
 import msgspec
 
-from shale.ledger.errors import InvalidMetadataError
+from shale.ledger.codecs import Compression, parse_compression
+from shale.ledger.errors import InvalidInputError, InvalidMetadataError
 
 __all__ = ["POLICY_DOC", "PolicyDoc", "TopicPolicy"]
 
@@ -38,6 +39,9 @@ class PolicyDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_de
     #: and older than this, or beyond the newest ``retention_bytes`` of ledgers, go
     retention_ms: Millis | None = None
     retention_bytes: Bytes | None = None
+    #: how producers compress new entries and compactions the entries they write anew
+    #: (``none``, ``lz4``, ``zstd:LEVEL``)
+    compression: Annotated[str, msgspec.Meta(max_length=16)] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,4 +63,14 @@ class TopicPolicy:
             doc = msgspec.convert(value, PolicyDoc, strict=True)
         except msgspec.ValidationError as e:
             raise InvalidMetadataError(f"{where}: {e}") from None
+        if doc.compression is not None:
+            try:
+                parse_compression(doc.compression)
+            except InvalidInputError as e:
+                raise InvalidMetadataError(f"{where}: field compression: {e}") from None
         return cls(doc, version, token)
+
+    @property
+    def compression(self) -> Compression | None:
+        """The topic's compression, if its policy sets one."""
+        return None if self.values.compression is None else parse_compression(self.values.compression)

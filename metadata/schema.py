@@ -60,6 +60,7 @@ class LedgerDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     first_publish: Millis
     last_publish: Millis
     sealed_ms: Millis
+    raw_bytes: Annotated[int, msgspec.Meta(ge=1, le=_MAX_COUNT)] | None = None
 
 
 class TopicDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -81,6 +82,7 @@ class PartDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ledger_id: Id | None = None
     deletions: Name | None = None
     deleted: Count = 0
+    raw_bytes: Count | None = None
 
 
 class RetiredDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -37,19 +37,30 @@ class LedgerInfo:
     first_publish: int
     last_publish: int
     sealed_ms: int
+    #: the object's size were its entries stored uncompressed (None: as ``bytes``; ledgers
+    #: of format version 1 say nothing)
+    raw_bytes: int | None = None
 
     @property
     def first_id(self) -> MessageId:
         return MessageId(self.id, 0, 0)
 
+    @property
+    def uncompressed_bytes(self) -> int:
+        return self.bytes if self.raw_bytes is None else self.raw_bytes
+
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "object": self.object, "entries": self.entries, "records": self.records,
-                "bytes": self.bytes, "first_publish": self.first_publish,
-                "last_publish": self.last_publish, "sealed_ms": self.sealed_ms}
+        d = {"id": self.id, "object": self.object, "entries": self.entries, "records": self.records,
+             "bytes": self.bytes, "first_publish": self.first_publish,
+             "last_publish": self.last_publish, "sealed_ms": self.sealed_ms}
+        if self.raw_bytes is not None:
+            d["raw_bytes"] = self.raw_bytes
+        return d
 
     @classmethod
     def from_doc(cls, d: LedgerDoc) -> LedgerInfo:
-        return cls(d.id, d.object, d.entries, d.records, d.bytes, d.first_publish, d.last_publish, d.sealed_ms)
+        return cls(d.id, d.object, d.entries, d.records, d.bytes, d.first_publish, d.last_publish, d.sealed_ms,
+                   d.raw_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,10 +137,16 @@ class CompactedPart:
     ledger_id: int | None = None
     deletions: str | None = None
     deleted: int = 0
+    #: the object's size were its entries stored uncompressed (None: as ``bytes``)
+    raw_bytes: int | None = None
 
     @property
     def live(self) -> int:
         return self.records - self.deleted
+
+    @property
+    def uncompressed_bytes(self) -> int:
+        return self.bytes if self.raw_bytes is None else self.raw_bytes
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"object": self.object, "entries": self.entries, "records": self.records,
@@ -140,6 +157,8 @@ class CompactedPart:
         if self.deletions is not None:
             d["deletions"] = self.deletions
             d["deleted"] = self.deleted
+        if self.raw_bytes is not None:
+            d["raw_bytes"] = self.raw_bytes
         return d
 
     @classmethod
@@ -150,7 +169,8 @@ class CompactedPart:
 
     @classmethod
     def from_doc(cls, d: PartDoc, first: MessageId | None, last: MessageId | None) -> CompactedPart:
-        return cls(d.object, d.entries, d.records, d.bytes, first, last, d.ledger_id, d.deletions, d.deleted)
+        return cls(d.object, d.entries, d.records, d.bytes, first, last, d.ledger_id, d.deletions, d.deleted,
+                   d.raw_bytes)
 
 
 @dataclass(frozen=True, slots=True)

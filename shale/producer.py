@@ -1,10 +1,11 @@
 """The producer side: append records to a topic as sealed, registered ledgers.
 
-Records are batched into entries (``batch_size`` records each) and entries into a
-ledger object built in memory.  A ledger is sealed when it reaches
-``max_ledger_records`` or ``max_ledger_bytes`` (or on :meth:`TopicWriter.flush`): it is
-uploaded under a unique name, then registered in the topic's ledger list with one
-compare-and-swap.  A writer that loses the race to another writer re-labels its ledger
+Records are batched into entries (``batch_size`` records each, or fewer once they reach
+``max_entry_bytes``), each compressed with the topic's compression (``compression``, else
+the topic's policy, else zstd level 1), and entries into a ledger object built in memory.
+A ledger is sealed when it reaches ``max_ledger_records`` or ``max_ledger_bytes`` (or on
+:meth:`TopicWriter.flush`): it is uploaded under a unique name, then registered in the
+topic's ledger list with one compare-and-swap.  A writer that loses the race to another writer re-labels its ledger
 with the next free id, uploads it again and retries; ledgers are never lost or
 interleaved.
 """
@@ -20,6 +21,7 @@ from types import TracebackType
 from typing import Final
 
 from shale.ledger._retry import ConflictPolicy
+from shale.ledger.codecs import DEFAULT_COMPRESSION, Compression, parse_compression
 from shale.ledger.errors import ConflictError, InvalidInputError, StateUnknownError, TransientStorageError
 from shale.ledger.format import KIND_ORIGINAL
 from shale.ledger.ids import MessageId
@@ -30,6 +32,11 @@ from shale.metadata.state import LedgerInfo, TopicState
 from shale.metadata.topic import TopicMetadata
 
 __all__ = ["ProduceResult", "SealedLedger", "TopicWriter"]
+
+#: Records are sealed into an entry once they come to about this many bytes (or
+#: ``batch_size`` records): entries compress well from a few KiB, and a reader seeking to
+#: one record decompresses its entry only.
+DEFAULT_MAX_ENTRY_BYTES: Final = 1 << 20
 
 #: An uploaded ledger older than this is not registered any more (garbage collection may
 #: treat unregistered objects older than its orphan grace as leftovers); it is re-uploaded.
@@ -104,6 +111,10 @@ class ProduceResult:
                 f"{sum(lg.bytes for lg in self.ledgers):,} bytes, ids {self.first_id} to {self.last_id}")
 
 
+def _size(b: bytes | bytearray | memoryview | None) -> int:
+    return 0 if b is None else memoryview(b).nbytes
+
+
 class TopicWriter:
     """Appends records to a topic; use it as a context manager (closing flushes).
 
@@ -120,13 +131,21 @@ class TopicWriter:
         max_ledger_records: int = 500_000,
         max_ledger_bytes: int = 64 * 1024 * 1024,
         batch_size: int = 100,
+        max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES,
+        compression: Compression | str | None = None,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         register_attempts: int = 50,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if max_ledger_records < 1 or max_ledger_bytes < 1 or batch_size < 1:
-            raise InvalidInputError("max ledger records, max ledger bytes and batch size must be >= 1")
+        if max_ledger_records < 1 or max_ledger_bytes < 1 or batch_size < 1 or max_entry_bytes < 1:
+            raise InvalidInputError("max ledger records, max ledger bytes, max entry bytes and batch size must be >= 1")
         self.meta = TopicMetadata.open(topic_uri, metadata_uri)
+        if isinstance(compression, str):
+            compression = parse_compression(compression)
+        #: how new entries are compressed: as asked, else as the topic's policy says, else the default
+        self.compression = compression or self.meta.load_policy().compression or DEFAULT_COMPRESSION
+        self.max_entry_bytes = max_entry_bytes
+        self._batch_bytes = 0
         self.max_ledger_records = max_ledger_records
         self.max_ledger_bytes = max_ledger_bytes
         self.batch_size = batch_size
@@ -166,6 +185,9 @@ class TopicWriter:
         validate_record(record)
         check_record_size(record, self.max_record_bytes)
         self._batch.append(record)
+        # (an upper bound of the record's encoded size: exact sizes are known once encoded)
+        self._batch_bytes += 32 + _size(record.key) + _size(record.value) + sum(
+            len(k) + len(v) + 4 for k, v in (record.properties or {}).items())
         self._records += 1
         if record.key is None:
             self._keyless += 1
@@ -173,7 +195,8 @@ class TopicWriter:
             self._tombstones += 1
         in_ledger = self._ledger.n_records if self._ledger is not None else 0
         # An entry never makes a ledger exceed max_ledger_records.
-        if len(self._batch) >= self.batch_size or in_ledger + len(self._batch) >= self.max_ledger_records:
+        if (len(self._batch) >= self.batch_size or self._batch_bytes >= self.max_entry_bytes
+                or in_ledger + len(self._batch) >= self.max_ledger_records):
             self._flush_batch()
 
     def _flush_batch(self) -> None:
@@ -184,11 +207,12 @@ class TopicWriter:
             self._buf = io.BytesIO()
             self._ledger = LedgerWriter(self._buf, kind=KIND_ORIGINAL,
                                         ledger_id=self._state.last_ledger_id + 1,
-                                        created_ms=int(self._clock() * 1000))
+                                        created_ms=int(self._clock() * 1000), compression=self.compression)
             self._first_publish = min(r.publish_time for r in self._batch)
         self._ledger.add_entry(entry)
         self._last_publish = max(self._last_publish, entry.publish_time)
         self._batch = []
+        self._batch_bytes = 0
         if (self._ledger.n_records >= self.max_ledger_records
                 or self._ledger.estimated_size >= self.max_ledger_bytes):
             self._seal()
@@ -232,7 +256,8 @@ class TopicWriter:
         store.put(key, upload.data)
         uploaded = time.monotonic()
         info = LedgerInfo(lid, name, ledger.n_entries, ledger.n_records, len(upload.data),
-                          self._first_publish, self._last_publish, int(self._clock() * 1000))
+                          self._first_publish, self._last_publish, int(self._clock() * 1000),
+                          len(upload.data) + ledger.bytes_saved)
         try:
             if time.monotonic() - uploaded > UNREGISTERED_MAX_AGE_S:
                 raise ConflictError("upload too old to register safely")
