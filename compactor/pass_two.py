@@ -308,11 +308,17 @@ def _copy_batch(f: LedgerFile, sel: npt.NDArray[Any], kept: npt.NDArray[np.int64
     """Copy the kept records of entries ``sel`` (frames checked, all in ``buf`` read from
     ``base``): an entry whose records all survive keeps its stored bytes, compressed or
     not (:func:`_copy_entries`); the survivors of partly kept entries that are compressed,
-    or that the run compresses, are packed into new entries (:func:`_repack_entries`)."""
+    or that the run compresses, are packed into new entries (:func:`_repack_entries`),
+    and so are small entries when the run compresses."""
     foot = f.footer
     starts = foot.e_rec_start
     partial = kept < starts[sel + 1] - starts[sel]
-    repack = partial if config.compression.codec != Codec.NONE else partial & (foot.codecs()[sel] != Codec.NONE)
+    if config.compression.codec == Codec.NONE:
+        repack = partial & (foot.codecs()[sel] != Codec.NONE)
+    else:
+        # small entries, whole or not, compress badly on their own: packed with their
+        # neighbours too (a producer sending one record per entry leaves thousands)
+        repack = partial | (foot.raw_lengths()[sel] < config.entry_bytes // SMALL_ENTRY_SHARE)
     if not repack.any():
         _copy_entries(f, sel, base, buf, keep, since, sink)
         return
@@ -322,6 +328,11 @@ def _copy_batch(f: LedgerFile, sel: npt.NDArray[Any], kept: npt.NDArray[np.int64
             _repack_entries(f, sel[a:b], base, buf, keep, since, sink, config)
         else:
             _copy_entries(f, sel[a:b], base, buf, keep, since, sink)
+
+
+#: An entry holding less than this share of ``entry_bytes`` (decompressed) is packed with
+#: its neighbours even when all its records survive, if the run compresses.
+SMALL_ENTRY_SHARE = 16
 
 
 def _record_ids(f: LedgerFile, sel: npt.NDArray[Any], kept: npt.NDArray[np.int64], rec: npt.NDArray[np.int64],
@@ -374,7 +385,7 @@ def _copy_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes | 
 def _repack_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes | memoryview,
                     keep: npt.NDArray[np.bool_], since: npt.NDArray[np.int64] | None, sink: _PartSink,
                     config: CompactionConfig) -> None:
-    """Pack the kept records of the partly kept entries ``sel`` into new entries of about
+    """Pack the kept records of entries ``sel`` (partly kept or small) into new entries of about
     ``config.entry_bytes`` each, compressed with ``config.compression``: each entry is
     decompressed once and its survivors checked; sparse survivors of many small entries
     make a few well-compressed entries instead of many tiny frames.  Ids, order and
@@ -440,7 +451,12 @@ def _write_frames(sink: _PartSink, blob: bytes | memoryview, frame_at: npt.NDArr
         # as many entries as the current part has room for (at least one)
         w = sink.writer()
         room = sink.max_part_bytes - w.estimated_size
-        i1 = i0 + max(1, int(np.searchsorted(np.cumsum(lengths[i0:]), room, side="right")))
+        # what each entry adds to the part, its footer rows included
+        cost = np.cumsum(lengths[i0:] + w.footer_bytes_per_entry + kept[i0:] * w.footer_bytes_per_record)
+        if cost[0] > room and w.n_entries:
+            sink.close()  # the next entry does not fit: it starts the next part
+            continue
+        i1 = i0 + max(1, int(np.searchsorted(cost, room, side="right")))
         a, b = int(rb[i0]), int(rb[i1])
         w.add_frames(blob[int(frame_at[i0]):int(frame_at[i1])], lengths[i0:i1], kept[i0:i1].astype(np.int64),
                      publish[i0:i1], {k: v[a:b] for k, v in cols.items()}, codecs=codecs[i0:i1],

@@ -29,6 +29,7 @@ import numpy as np
 from shale.compactor.config import CompactionConfig
 from shale.compactor.pass_two import Copy, PassTwoResult, Work, write_parts
 from shale.ledger.errors import ShaleError, error_detail, error_from_detail
+from shale.ledger.format import FRAME_HEADER
 from shale.ledger.storage import Location
 from shale.metadata.state import CompactedPart
 
@@ -52,7 +53,7 @@ def work_bytes(item: Work) -> int:
 
 def _entry_costs(item: Copy) -> tuple[int, Any]:
     """The first entry of the slice and the cost of copying each of its entries: its
-    bytes (read and checked) plus a fixed cost per surviving record (sliced out and
+    bytes (read and checked, decompressed) plus a fixed cost per surviving record (sliced out and
     re-framed in Python).  Survivors crowd towards the newest records, so bytes alone
     would leave the last group with most of the work."""
     s, keep, _ = item
@@ -62,7 +63,8 @@ def _entry_costs(item: Copy) -> tuple[int, Any]:
     e1 = int(foot.entry_of(s.stop - 1)) + 1
     bounds = np.clip(starts[e0:e1 + 1], s.start, s.stop) - s.start
     kept = np.add.reduceat(keep, bounds[:-1], dtype=np.int64) if len(keep) else np.zeros(e1 - e0, np.int64)
-    return e0, foot.col("e_length")[e0:e1].astype(np.int64) + KEPT_RECORD_COST * kept
+    # a compressed entry costs what it holds decompressed (it is decompressed when partly kept)
+    return e0, foot.raw_lengths()[e0:e1] + FRAME_HEADER.size + KEPT_RECORD_COST * kept
 
 
 def work_cost(item: Work) -> int:

@@ -140,11 +140,18 @@ class LedgerWriter:
         return len(self._e_rec_start) - 1
 
     @property
+    def footer_bytes_per_entry(self) -> int:
+        return sum(np.dtype(COLUMNS[n][0]).itemsize for n in self._e_scalars) + 8
+
+    @property
+    def footer_bytes_per_record(self) -> int:
+        return sum(np.dtype(COLUMNS[n][0]).itemsize for n in self._r_chunks)
+
+    @property
     def estimated_size(self) -> int:
         """The object's size if finished now (footer size estimated from its columns)."""
-        per_entry = sum(np.dtype(COLUMNS[n][0]).itemsize for n in self._e_scalars) + 8
-        per_record = sum(np.dtype(COLUMNS[n][0]).itemsize for n in self._r_chunks)
-        return self._pos + 256 + TRAILER_SIZE + self.n_entries * per_entry + self._n_records * per_record
+        return (self._pos + 256 + TRAILER_SIZE + self.n_entries * self.footer_bytes_per_entry
+                + self._n_records * self.footer_bytes_per_record)
 
     @property
     def n_records(self) -> int:

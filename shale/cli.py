@@ -21,12 +21,15 @@ from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO, TextIO
 
 from shale.compactor.commandline import (
+    COMPRESSION_HELP,
     OneLineParser,
     add_topic_arguments,
+    compression_arg,
     duration_arg,
     positive_size_arg,
     run_command,
 )
+from shale.ledger.codecs import Compression
 from shale.ledger.errors import EXIT_USAGE, InvalidInputError
 
 __all__ = ["main"]
@@ -79,7 +82,8 @@ def _cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
             raise InvalidInputError(f"cannot open input {args.input}: {e.strerror}") from None
         name = args.input
     writer = TopicWriter(args.topic, metadata_uri=args.metadata, max_ledger_records=args.max_ledger_records,
-                         max_ledger_bytes=args.max_ledger_bytes, batch_size=args.batch_size)
+                         max_ledger_bytes=args.max_ledger_bytes, batch_size=args.batch_size,
+                         compression=_produce_compression(args))
     shown = _ProduceProgress() if sys.stderr.isatty() else None
     try:
         for n, raw in enumerate(stream, start=1):
@@ -113,6 +117,19 @@ def _cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
     else:
         out.write(result.human() + "\n")
     return 0
+
+
+def _produce_compression(args: argparse.Namespace) -> Compression | None:
+    """The flag's compression; else the topic's policy's (None: the writer reads it); else
+    the variable's, else the default (a flag > the topic's policy > a variable > the default)."""
+    from shale.compactor.settings import settings_of
+    from shale.metadata.topic import TopicMetadata
+
+    source = next((s.source for s in settings_of(args) if s.dest == "compression"), "default")
+    given: Compression | None = args.compression
+    if source == "flag" or given is None:
+        return given
+    return TopicMetadata.open(args.topic, args.metadata).load_policy().compression or given
 
 
 class _ProduceProgress:
@@ -226,7 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-ledger-bytes", type=positive_size_arg, default=64 * 1024 * 1024, metavar="SIZE",
                    help="seal a ledger once it holds SIZE bytes (64MiB, 1GB; default 64MiB)")
     p.add_argument("--batch-size", type=positive_int, default=100, metavar="N",
-                   help="records per entry (default 100)")
+                   help="records per entry (default 100; fewer once they come to 1 MiB)")
+    p.add_argument("--compression", type=compression_arg, default=None, metavar="CODEC",
+                   help=f"how each entry is compressed: {COMPRESSION_HELP}")
     p.add_argument("--json", action="store_true", help="print one JSON line with the ids and counts instead of text")
     p.set_defaults(func=_cmd_produce)
 

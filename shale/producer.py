@@ -142,8 +142,7 @@ class TopicWriter:
         self.meta = TopicMetadata.open(topic_uri, metadata_uri)
         if isinstance(compression, str):
             compression = parse_compression(compression)
-        #: how new entries are compressed: as asked, else as the topic's policy says, else the default
-        self.compression = compression or self.meta.load_policy().compression or DEFAULT_COMPRESSION
+        self._compression = compression or self.meta.load_policy().compression or DEFAULT_COMPRESSION
         self.max_entry_bytes = max_entry_bytes
         self._batch_bytes = 0
         self.max_ledger_records = max_ledger_records
@@ -161,6 +160,19 @@ class TopicWriter:
         self._sealed: list[SealedLedger] = []
         self._records = self._tombstones = self._keyless = 0
         self._closed = False
+
+    @property
+    def compression(self) -> Compression:
+        """How new entries are compressed: as asked, else as the topic's policy says, else
+        the default.  Setting it changes the codec from the next entry on (one ledger may
+        mix codecs)."""
+        return self._compression
+
+    @compression.setter
+    def compression(self, value: Compression | str) -> None:
+        self._compression = parse_compression(value) if isinstance(value, str) else value
+        if self._ledger is not None:
+            self._ledger.compression = self._compression
 
     # ------------------------------------------------------------------ appending
 

@@ -49,11 +49,13 @@ def topic_status(topic_uri: str, metadata_uri: str | None = None) -> dict[str, A
         "ledgers": len(topic.ledgers),
         "records": topic.records,
         "bytes": topic.bytes,
+        "raw_bytes": sum(lg.uncompressed_bytes for lg in topic.ledgers),
         "first_id": str(topic.ledgers[0].first_id) if topic.ledgers else None,
         "last_id": str(last_id) if last_id else None,
         "created_ms": topic.created_ms,
         "metadata_version": topic.version,
         "ledger_list": [{"id": lg.id, "object": lg.object, "records": lg.records, "bytes": lg.bytes,
+                         "raw_bytes": lg.uncompressed_bytes,
                          "first_publish_ms": lg.first_publish, "last_publish_ms": lg.last_publish}
                         for lg in topic.ledgers],
         "compaction": {
@@ -62,13 +64,15 @@ def topic_status(topic_uri: str, metadata_uri: str | None = None) -> dict[str, A
             "compacted_ledger": comp.compacted_ledger,
             "compacted_records": comp.records,
             "compacted_bytes": comp.bytes,
+            "compacted_raw_bytes": sum(p.uncompressed_bytes for p in comp.parts),
             "keys": comp.keys,
             "tombstones": comp.tombstones,
             "dirty_bytes": dirty,
             "dirty_ratio": round(ratio, 6),
             "last_compaction_ms": comp.compacted_ms or None,
             "retired_pending": sum(len(r.objects) for r in comp.retired),
-            "parts": [{"object": p.object, "records": p.records, "live": p.live, "bytes": p.bytes}
+            "parts": [{"object": p.object, "records": p.records, "live": p.live, "bytes": p.bytes,
+                       "raw_bytes": p.uncompressed_bytes}
                       for p in comp.parts],
         },
         "policy": policy_text(meta.load_policy()),
@@ -108,17 +112,26 @@ def _table(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
                                for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
 
 
+def _stored(stored: int, raw: int) -> str:
+    """Bytes stored, and uncompressed with the ratio when compression saved any."""
+    if raw <= stored or not stored:
+        return f"{stored:,} bytes"
+    return f"{stored:,} bytes stored ({raw:,} uncompressed, {raw / stored:.1f}x)"
+
+
 def status_text(doc: dict[str, Any]) -> str:
     """``doc`` (from :func:`topic_status`) for a person to read."""
     c = doc["compaction"]
     n = doc["ledgers"]
     lines = [f"topic     {doc['topic']}",
-             f"ledgers   {n} ledger{'s' if n != 1 else ''}, {doc['records']:,} records, {doc['bytes']:,} bytes"
+             f"ledgers   {n} ledger{'s' if n != 1 else ''}, {doc['records']:,} records, "
+             f"{_stored(doc['bytes'], doc['raw_bytes'])}"
              + (f", ids {doc['first_id']} to {doc['last_id'] or '?'}" if n else "")]
     if n:
-        rows: list[tuple[str, ...]] = [("id", "records", "bytes", "first publish (UTC)", "last publish (UTC)")]
-        rows += [(str(lg["id"]), f"{lg['records']:,}", f"{lg['bytes']:,}", _when(lg["first_publish_ms"]),
-                  _when(lg["last_publish_ms"])) for lg in doc["ledger_list"]]
+        rows: list[tuple[str, ...]] = [("id", "records", "bytes", "raw bytes", "first publish (UTC)",
+                                        "last publish (UTC)")]
+        rows += [(str(lg["id"]), f"{lg['records']:,}", f"{lg['bytes']:,}", f"{lg['raw_bytes']:,}",
+                  _when(lg["first_publish_ms"]), _when(lg["last_publish_ms"])) for lg in doc["ledger_list"]]
         lines += _table(rows)
     if c["horizon"] is None:
         lines.append("horizon   none: never compacted")
@@ -127,10 +140,12 @@ def status_text(doc: dict[str, Any]) -> str:
         parts = c["parts"]
         plural = "s" if len(parts) != 1 else ""
         lines.append(f"compacted {c['keys']:,} keys ({c['tombstones']:,} tombstones), {c['compacted_records']:,} "
-                     f"live records, {c['compacted_bytes']:,} bytes in {len(parts)} part{plural}")
+                     f"live records, {_stored(c['compacted_bytes'], c['compacted_raw_bytes'])} in "
+                     f"{len(parts)} part{plural}")
         if parts:
-            rows = [("object", "records", "live", "bytes")]
-            rows += [(str(p["object"]), f"{p['records']:,}", f"{p['live']:,}", f"{p['bytes']:,}") for p in parts]
+            rows = [("object", "records", "live", "bytes", "raw bytes")]
+            rows += [(str(p["object"]), f"{p['records']:,}", f"{p['live']:,}", f"{p['bytes']:,}",
+                      f"{p['raw_bytes']:,}") for p in parts]
             lines += _table(rows)
     lines.append(f"dirty     {c['dirty_bytes']:,} bytes above the horizon, dirty ratio {c['dirty_ratio']:.3f}")
     if c["retired_pending"]:

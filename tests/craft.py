@@ -39,6 +39,7 @@ from shale.ledger.format import (
     TRAILER_SIZE,
     Trailer,
     checksum,
+    columns_of,
     decode_trailer,
     encode_footer,
     encode_trailer,
@@ -141,10 +142,8 @@ def read_raw_ledger(path: Path) -> RawLedger:
     doc = msgpack.unpackb(raw, raw=False, strict_map_key=True)
     e_rec_start = np.frombuffer(doc["cols"]["e_rec_start"], dtype="<u8").copy()
     cols: dict[str, npt.NDArray[Any]] = {}
-    for name, (dtype, _, in_original) in COLUMNS.items():
-        if trailer.kind == KIND_ORIGINAL and not in_original:
-            continue
-        cols[name] = np.frombuffer(doc["cols"][name], dtype=dtype).copy()
+    for name in columns_of(trailer.version, trailer.kind):
+        cols[name] = np.frombuffer(doc["cols"][name], dtype=COLUMNS[name][0]).copy()
     return RawLedger(path, data, trailer, e_rec_start, cols, dict(doc.get("meta") or {}))
 
 
@@ -153,8 +152,8 @@ def write_raw_ledger(led: RawLedger) -> None:
     columns, and a new trailer whose footer offset, length and CRC32C match it (and whose
     own CRC is recomputed), so the object passes its checksums whatever the footer says."""
     assert led.kind in (KIND_ORIGINAL, KIND_COMPACTED)
-    footer = b"".join(bytes(p) for p in encode_footer(led.kind, led.e_rec_start, led.cols, led.meta))
     t = led.trailer
+    footer = b"".join(bytes(p) for p in encode_footer(led.kind, led.e_rec_start, led.cols, led.meta, t.version))
     trailer = Trailer(t.footer_offset, len(footer), t.ledger_id, t.created_ms, checksum(footer), t.version, t.kind)
     data = led.data[:t.footer_offset] + footer + encode_trailer(trailer)
     led.path.write_bytes(data)

@@ -33,6 +33,7 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from shale.compactor import CompactionConfig, Compactor, collect_garbage
+from shale.ledger.codecs import parse_compression
 from shale.ledger.errors import ObjectNotFoundError
 from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.record import Message, Record
@@ -50,6 +51,10 @@ ORPHAN_GRACE = 15 * MINUTE
 KEYS = (None, "a", "b", "c", "d", "e", "f")
 RETENTIONS = (0, HOUR, 24 * HOUR)
 LAGS = (0, 30 * MINUTE)
+
+
+#: Each produce and each compaction picks one (mixing codecs in a ledger and across runs).
+CODECS = ["none", "lz4", "zstd", "zstd:3"]
 
 
 class FakeClock:
@@ -291,15 +296,18 @@ class ShaleModelMachine(RuleBasedStateMachine):
     @rule(slot_no=st.sampled_from([0, 0, 0, 1]), batch_size=st.integers(1, 6),
           max_ledger_records=st.integers(1, 12), max_ledger_bytes=st.sampled_from([64 << 20, 64 << 20, 30_000]),
           records=st.lists(record_strategy, min_size=1, max_size=15),
-          backdate=st.sampled_from([False, False, False, True]), flush=st.sampled_from([True, True, False]))
+          backdate=st.sampled_from([False, False, False, True]), flush=st.sampled_from([True, True, False]),
+          codec=st.sampled_from(CODECS))
     def produce(self, slot_no: int, batch_size: int, max_ledger_records: int, max_ledger_bytes: int,
-                records: list[tuple[Any, ...]], backdate: bool, flush: bool) -> None:
-        """Append a batch; with ``backdate`` some records are sent with an older publish time."""
+                records: list[tuple[Any, ...]], backdate: bool, flush: bool, codec: str) -> None:
+        """Append a batch; with ``backdate`` some records are sent with an older publish time.
+        Each batch is compressed with a codec of its own (one ledger may mix them)."""
         slot = self.slots[slot_no]
         if slot is None:
             w = TopicWriter(self.uri, batch_size=batch_size, max_ledger_records=max_ledger_records,
-                            max_ledger_bytes=max_ledger_bytes, clock=self.clock)
+                            max_ledger_bytes=max_ledger_bytes, clock=self.clock, compression=codec)
             slot = self.slots[slot_no] = WriterSlot(w, batch_size=batch_size, max_ledger_records=max_ledger_records)
+        slot.writer.compression = codec
         for key, value, props, event_time, back_s in records:
             k = key.encode() if key is not None else None
             if back_s is None or not backdate:
@@ -349,10 +357,10 @@ class ShaleModelMachine(RuleBasedStateMachine):
 
     @rule(lag=st.sampled_from(LAGS), retention=st.sampled_from(RETENTIONS), retain=st.booleans(),
           collect=st.booleans(), gc_grace=st.sampled_from([0, 5 * MINUTE, 2 * HOUR]),
-          small_parts=st.booleans(), small_map=st.booleans())
+          small_parts=st.booleans(), small_map=st.booleans(), codec=st.sampled_from(CODECS))
     def compact(self, lag: int, retention: int, retain: bool, collect: bool, gc_grace: int,
-                small_parts: bool, small_map: bool) -> None:
-        self._compact(lag, retention, retain, collect, gc_grace, small_parts, small_map)
+                small_parts: bool, small_map: bool, codec: str) -> None:
+        self._compact(lag, retention, retain, collect, gc_grace, small_parts, small_map, codec)
 
     @rule(lag=st.sampled_from(LAGS), retention=st.sampled_from(RETENTIONS), retain=st.booleans())
     def dry_run(self, lag: int, retention: int, retain: bool) -> None:
@@ -387,7 +395,7 @@ class ShaleModelMachine(RuleBasedStateMachine):
         self.gc(0)
 
     def _compact(self, lag: int, retention: int, retain: bool, collect: bool, gc_grace: int,
-                 small_parts: bool, small_map: bool) -> None:
+                 small_parts: bool, small_map: bool, codec: str = "zstd") -> None:
         if self.fixed_config:
             retention, retain = self.retention, self.retain_null_key
         now = self.clock.ms
@@ -403,7 +411,10 @@ class ShaleModelMachine(RuleBasedStateMachine):
                                   # keep previous parts in place with deletion vectors
                                   reuse_min_bytes=0 if small_parts else 16 << 20,
                                   # 3 keys, so a run often stops short (partial cleaning)
-                                  max_map_bytes=3 * 24 if small_map else 1 << 30)
+                                  max_map_bytes=3 * 24 if small_map else 1 << 30,
+                                  # survivors packed into small compressed entries
+                                  compression=parse_compression(codec),
+                                  entry_bytes=1 << 10 if small_parts else 64 << 10)
         summary = Compactor(self.uri, config, clock=self.clock).run()
         state = self.meta.load_compaction()
         assert summary.status in ("compacted", "nothing-to-do"), summary
