@@ -195,7 +195,7 @@ class TopicReader:
             yield from self._original_part()
             old = self._topic
             self._topic = self.meta.load_topic()
-            if self.read_compacted and self._topic.removed_through >= self._next.ledger:
+            if self.read_compacted and self._topic.removed_through >= max(self._next.ledger, 1):
                 # Ledgers this reader has yet to read were removed (retention keeps only what
                 # a compaction covers): their records are in the newest compacted view.
                 self._compaction = self.meta.load_compaction()

@@ -29,7 +29,7 @@ class Clock:
         self.t += seconds
 
 
-def produce(uri: str, items: list[tuple[str | None, str | None]], clock: Clock | None = None, **kw: int) -> None:
+def produce(uri: str, items: list[tuple[str | None, str | None]], clock: Clock | None = None, **kw: int | str) -> None:
     opts: dict[str, object] = {"batch_size": 3, "max_ledger_records": 10, **kw}
     if clock is not None:
         opts["clock"] = clock
@@ -329,7 +329,8 @@ def test_table_view_is_latest_value_per_key(topic_uri: str) -> None:
 
 
 def test_parts_roll_at_max_part_bytes(topic_uri: str) -> None:
-    produce(topic_uri, [(f"key-{i}", "x" * 200) for i in range(2000)], max_ledger_records=1000, batch_size=50)
+    produce(topic_uri, [(f"key-{i}", "x" * 200) for i in range(2000)], max_ledger_records=1000, batch_size=50,
+            compression="none")
     s = Compactor(topic_uri, CompactionConfig(max_part_bytes=1 << 16)).run()
     assert s.parts > 3
     state = TopicMetadata.open(topic_uri).load_compaction()

@@ -649,10 +649,12 @@ def malformed_records(w: World, state: CompactionState) -> list[str]:
         led = read_raw_ledger(w.topic / p.object)
         start = [int(x) for x in led.e_rec_start]
         for e in range(led.n_entries):
-            payload = int(led.cols["e_offset"][e]) + FRAME_HEADER.size
+            first = int(led.cols["e_offset"][e]) + FRAME_HEADER.size
+            payload = _decompressed(led.data[first:first - FRAME_HEADER.size + int(led.cols["e_length"][e])],
+                                    int(led.cols["e_codec"][e]) if "e_codec" in led.cols else 0)
             for r in range(start[e], start[e + 1]):
-                at = payload + int(led.cols["r_offset"][r])
-                raw = led.data[at:at + int(led.cols["r_size"][r])]
+                at = int(led.cols["r_offset"][r])
+                raw = payload[at:at + int(led.cols["r_size"][r])]
                 try:
                     rec = msgpack.unpackb(raw, raw=False, strict_map_key=True)
                     key, value, props, publish, event_time = rec
@@ -667,6 +669,19 @@ def malformed_records(w: World, state: CompactionState) -> list[str]:
                     bad.append(f"{p.object}: record {r} (entry {e}) at byte {at}, {len(raw)} bytes, flags "
                                f"{int(led.cols['r_flags'][r])}: {rec!r}")
     return bad
+
+
+def _decompressed(stored: bytes, codec: int) -> bytes:
+    """An entry's payload, decompressed with the codec libraries themselves."""
+    if codec == 1:
+        import lz4.block
+
+        return bytes(lz4.block.decompress(stored, uncompressed_size=1 << 24))
+    if codec == 2:
+        import zstandard
+
+        return bytes(zstandard.ZstdDecompressor().decompress(stored))
+    return stored
 
 
 def _fields(m: Message) -> tuple[Any, ...]:

@@ -576,7 +576,7 @@ class ShaleModelMachine(RuleBasedStateMachine):
         """A reader in the middle of the compacted ledger while it is replaced and collected."""
         self.open_lingering_reader(k)
         if records:
-            self.produce(0, 3, 12, 64 << 20, records, False, True)
+            self.produce(0, 3, 12, 64 << 20, records, False, True, "zstd")
         self._compact(lag, retention, retain, False, 0, False, False)
         self.gc(grace)
         self.continue_lingering_reader(True, None)

@@ -72,7 +72,7 @@ def test_reader_continues_where_it_stopped(topic_uri: str) -> None:
 
 
 def test_ledgers_roll_by_bytes(topic_uri: str) -> None:
-    with TopicWriter(topic_uri, batch_size=1, max_ledger_bytes=2000) as w:
+    with TopicWriter(topic_uri, batch_size=1, max_ledger_bytes=2000, compression="none") as w:
         for _ in range(50):
             w.append("k", "x" * 100)
     state = TopicMetadata.open(topic_uri).load_topic()

@@ -76,3 +76,20 @@ def test_reader_survives_compaction_and_gc_underneath(disk_topic_uri: str) -> No
     replay = [m for m in TopicReader(uri) if m.id <= last]
     assert table_of(seen) == table_of(replay)
     assert len(seen) < len(replay)  # it did read compacted data
+
+
+def test_a_compacted_reader_opened_before_anything_was_written_keeps_its_state() -> None:
+    """Nothing was ever truncated (``removed_through`` 0): a compacted reader opened on an
+    empty topic reads the records written since from the original ledgers, as of the
+    (empty) compaction state it opened with; it does not jump to a newer compaction that
+    dropped a keyless record, as if retention had removed ledgers it had yet to read."""
+    uri = "memory://reader-empty-start/t"
+    TopicMetadata.open(uri).create_topic()
+    r = TopicReader(uri, read_compacted=True)
+    assert r.read() == []
+    with TopicWriter(uri) as w:
+        w.append(None, "keyless")
+    assert Compactor(uri, CompactionConfig(delete_retention_ms=0)).run().keyless_dropped == 1
+    got = r.read()
+    assert [(m.id, m.value) for m in got] == [(MessageId(1, 0, 0), b"keyless")]
+    assert r.compaction.epoch == 0
