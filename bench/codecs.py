@@ -130,15 +130,22 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--records", type=int, default=200_000)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--per", type=int, action="append", default=None,
+                   help="records per entry (repeatable; default 100): small entries are where a dictionary helps")
     a = p.parse_args()
     for kind, make in (("users", users), ("random64", random64)):
         records = make(a.records, 1)
+        for per in a.per or [100]:
+            data = entries(records, per)
+            raw = sum(map(len, data))
+            print(json.dumps({"records": kind, "per_entry": per, "n": len(records), "entries": len(data),
+                              "raw_bytes": raw}), flush=True)
+            # the dictionary is trained on entries of another seed: a sample, as a producer would have
+            for name, codec in codecs(entries(make(min(a.records, 20_000), 2), per)).items():
+                print(json.dumps({"records": kind, "per_entry": per, **measure(name, data, codec, a.repeat)}),
+                      flush=True)
         data = entries(records)
         raw = sum(map(len, data))
-        print(json.dumps({"records": kind, "n": len(records), "entries": len(data), "raw_bytes": raw}), flush=True)
-        # the dictionary is trained on entries of another seed: a sample, as a producer would have
-        for name, codec in codecs(entries(make(min(a.records, 20_000), 2))).items():
-            print(json.dumps({"records": kind, **measure(name, data, codec, a.repeat)}), flush=True)
         kb = kafka_batches(records, data)
         print(json.dumps({"records": kind, "codec": "kafka zstd 16KiB batches", "bytes": kb,
                           "ratio": round(raw / kb, 2)}), flush=True)

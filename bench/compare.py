@@ -65,14 +65,15 @@ def records(seed: int, n: int, keys: int, value_bytes: int, first: int = 0) -> A
         yield ks, list(range(first + start, first + stop)), vs
 
 
-def generate(topic: str, parquet: str, seed: int, n: int, keys: int, value_bytes: int, first: int = 0) -> None:
+def generate(topic: str, parquet: str, seed: int, n: int, keys: int, value_bytes: int, first: int = 0,
+             compression: str = "zstd:1") -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from shale.producer import TopicWriter
 
     schema = pa.schema([("key", pa.string()), ("seq", pa.int64()), ("value", pa.string())])
-    with TopicWriter(topic, batch_size=100, max_ledger_records=500_000) as w, \
+    with TopicWriter(topic, batch_size=100, max_ledger_records=500_000, compression=compression) as w, \
             pq.ParquetWriter(parquet, schema) as pw:
         for ks, offs, vs in records(seed, n, keys, value_bytes, first):
             for k, v in zip(ks, vs, strict=True):
@@ -82,10 +83,12 @@ def generate(topic: str, parquet: str, seed: int, n: int, keys: int, value_bytes
 
 # ------------------------------------------------------------------ the runs (one process each)
 
-def run_shale(topic: str) -> dict[str, Any]:
+def run_shale(topic: str, compression: str = "zstd:1") -> dict[str, Any]:
     from shale.compactor import CompactionConfig, Compactor
+    from shale.ledger.codecs import parse_compression
 
-    s = Compactor(topic, CompactionConfig(delete_retention_ms=0, collect_garbage=False)).run()
+    s = Compactor(topic, CompactionConfig(delete_retention_ms=0, collect_garbage=False,
+                                          compression=parse_compression(compression))).run()
     return {"records": s.records_read, "written": s.records_written, "status": s.status,
             "run_seconds": round(s.durations["total"], 3),
             "durations": {k: round(v, 2) for k, v in s.durations.items()}, "map_mb": round(s.map_bytes / 1e6, 1)}
@@ -225,6 +228,8 @@ def main() -> None:
     p.add_argument("--keys", type=int, default=2_000_000)
     p.add_argument("--value-bytes", type=int, default=64)
     p.add_argument("--increment", type=float, default=0.01)
+    p.add_argument("--compression", default="zstd:1",
+                   help="how the topic is produced and compacted (default zstd:1, Shale's own default)")
     p.add_argument("--repeat", type=int, default=3, help="runs of each, interleaved; medians are compared")
     p.add_argument("--skip", action="append", default=[], choices=["duckdb", "polars", "dict"])
     p.add_argument("--dir", default=str(ROOT / "bench" / "data"))
@@ -233,13 +238,14 @@ def main() -> None:
     if a.child:
         child(a.child[0], a.child[1:])
         return
-    base = Path(a.dir) / f"compare-{a.records}-{a.keys}-{a.value_bytes}"
+    codec = a.compression.replace(":", "")
+    base = Path(a.dir) / f"compare-{a.records}-{a.keys}-{a.value_bytes}{'' if codec == 'none' else '-' + codec}"
     topic, parquet = base / "topic", str(base / "records.parquet")
     if not (base / "ready").exists():
         shutil.rmtree(base, ignore_errors=True)
         base.mkdir(parents=True)
         t = time.perf_counter()
-        generate(str(topic), parquet, 1, a.records, a.keys, a.value_bytes)
+        generate(str(topic), parquet, 1, a.records, a.keys, a.value_bytes, compression=a.compression)
         (base / "ready").write_text("")
         print(json.dumps({"run": "generate", "seconds": round(time.perf_counter() - t, 1)}), flush=True)
     # every full run starts from the uncompacted topic as generated
@@ -257,13 +263,13 @@ def main() -> None:
     # One untimed full run first: every timed run then finds the topic in the page cache,
     # as the peers find their Parquet file after their first run.
     link_copy(topic, work)
-    spawn("shale", str(work))
+    spawn("shale", str(work), a.compression)
     inc = int(a.records * a.increment)
     template = base / "incremental-template"
     pairs: list[float] = []  # each incremental run's time over the full run's just before it
     for i in range(a.repeat):  # interleaved, so that a slow spell of the machine hits everyone
         link_copy(topic, work)
-        full = spawn("shale", str(work))
+        full = spawn("shale", str(work), a.compression)
         show("shale full", full)
         for peer in peers:
             if peer == "dict" and "dict" in runs:
@@ -276,10 +282,11 @@ def main() -> None:
             # 1 % new records on top of the first full run's compacted topic; every
             # incremental run starts from a fresh link copy of that state
             link_copy(work, template)
-            generate(str(template), str(base / "increment.parquet"), 2, inc, a.keys, a.value_bytes, first=a.records)
+            generate(str(template), str(base / "increment.parquet"), 2, inc, a.keys, a.value_bytes, first=a.records,
+                     compression=a.compression)
         # right after a full run, so that the machine's drift hits both alike
         link_copy(template, base / "incremental")
-        r = spawn("shale", str(base / "incremental"))
+        r = spawn("shale", str(base / "incremental"), a.compression)
         runs.setdefault("shale incremental", []).append(r)
         pairs.append(r["run_seconds"] / full["run_seconds"])
         print(json.dumps({"run": "shale incremental", "new_records": inc, **r,

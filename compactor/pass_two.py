@@ -19,14 +19,15 @@ import numpy as np
 import numpy.typing as npt
 
 from shale.compactor.config import CompactionConfig
+from shale.compactor.packing import Frames, pack, record_ids
 from shale.compactor.pass_one import Survivors
 from shale.compactor.plan import Plan, Slice
 from shale.compactor.throttle import Throttle, ThrottledWriter
-from shale.ledger.codecs import Codec, Compression, compress
+from shale.ledger.codecs import Codec
 from shale.ledger.deletions import encode_deletions
 from shale.ledger.format import FRAME_HEADER, KIND_COMPACTED
 from shale.ledger.ids import MessageId
-from shale.ledger.kernels import CopyPlan, Scratch, copy_plan, crc32c, crc32c_ranges, gather_ranges
+from shale.ledger.kernels import CopyPlan, Scratch, copy_plan, crc32c_ranges, gather_ranges
 from shale.ledger.reader import LedgerFile
 from shale.ledger.storage import Location
 from shale.ledger.write_behind import WriteBehind
@@ -68,6 +69,8 @@ class _PartSink:
         self._first: MessageId | None = None
         self._last: MessageId | None = None
         self._buffers = (Scratch(), Scratch())  # reused batch after batch (fresh pages cost more than the copy)
+        #: where entries are decompressed, batch after batch (read only while a batch is built)
+        self.raw_buffer = Scratch()
         self._in_use: list[tuple[WriteBehind, int] | None] = [None, None]  # writes still reading each buffer
         self._turn = 0
 
@@ -307,46 +310,24 @@ def _copy_batch(f: LedgerFile, sel: npt.NDArray[Any], kept: npt.NDArray[np.int64
                 sink: _PartSink, config: CompactionConfig) -> None:
     """Copy the kept records of entries ``sel`` (frames checked, all in ``buf`` read from
     ``base``): an entry whose records all survive keeps its stored bytes, compressed or
-    not (:func:`_copy_entries`); the survivors of partly kept entries that are compressed,
-    or that the run compresses, are packed into new entries (:func:`_repack_entries`),
-    and so are small entries when the run compresses."""
-    foot = f.footer
-    starts = foot.e_rec_start
-    partial = kept < starts[sel + 1] - starts[sel]
-    if config.compression.codec == Codec.NONE:
-        repack = partial & (foot.codecs()[sel] != Codec.NONE)
-    else:
-        # small entries, whole or not, compress badly on their own: packed with their
-        # neighbours too (a producer sending one record per entry leaves thousands)
-        repack = partial | (foot.raw_lengths()[sel] < config.entry_bytes // SMALL_ENTRY_SHARE)
-    if not repack.any():
-        _copy_entries(f, sel, base, buf, keep, since, sink)
+    not; the rest is packed into new entries, compressed as the run says
+    (:mod:`compactor.packing`).  A run that writes entries uncompressed copies the
+    survivors of a partly kept uncompressed entry into a frame of their own
+    (:func:`_copy_entries`) and packs only those of compressed entries."""
+    if config.compression.codec != Codec.NONE:
+        for frames in pack(f, sel, kept, base, buf, keep, config.compression, config.entry_bytes, sink.raw_buffer):
+            _write_frames(sink, frames, since)
         return
+    foot = f.footer
+    repack = (kept < foot.e_rec_start[sel + 1] - foot.e_rec_start[sel]) & (foot.codecs()[sel] != Codec.NONE)
     cuts = np.r_[0, np.flatnonzero(repack[1:] != repack[:-1]) + 1, len(sel)]
     for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
         if repack[a]:
-            _repack_entries(f, sel[a:b], base, buf, keep, since, sink, config)
+            for frames in pack(f, sel[a:b], kept[a:b], base, buf, keep, config.compression, config.entry_bytes,
+                               sink.raw_buffer):
+                _write_frames(sink, frames, since)
         else:
             _copy_entries(f, sel[a:b], base, buf, keep, since, sink)
-
-
-#: An entry holding less than this share of ``entry_bytes`` (decompressed) is packed with
-#: its neighbours even when all its records survive, if the run compresses.
-SMALL_ENTRY_SHARE = 16
-
-
-def _record_ids(f: LedgerFile, sel: npt.NDArray[Any], kept: npt.NDArray[np.int64], rec: npt.NDArray[np.int64],
-                in_entry: npt.NDArray[np.uint32]) -> tuple[Any, Any, npt.NDArray[np.uint32]]:
-    """The original ids of the kept records ``rec`` (``kept[i]`` of them from entry
-    ``sel[i]``; ``in_entry``: each one's place in its entry): ledgers, entries, batches."""
-    foot = f.footer
-    if foot.ids_per_record:
-        return foot.cols["r_ledger"][rec], foot.cols["r_entry"][rec], foot.cols["r_batch"][rec]
-    if foot.kind == KIND_COMPACTED:  # version 1: ids per entry, batch indexes per record
-        return (np.repeat(foot.cols["e_ledger"][sel], kept), np.repeat(foot.cols["e_entry"][sel], kept),
-                foot.cols["r_batch"][rec])
-    # an original ledger: a record's batch index is its place in its entry
-    return f.ledger_id, np.repeat(np.asarray(sel, dtype=np.uint64), kept), in_entry
 
 
 def _copy_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes | memoryview, keep: npt.NDArray[np.bool_],
@@ -360,91 +341,38 @@ def _copy_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes | 
                      foot.col("e_length")[sel].astype(np.int64), foot.col("r_offset"), foot.col("r_size"))
     rec, kept, lengths = plan.rec, plan.kept, plan.lengths
     # every record copied is one well-formed record where the footer puts it (frames are
-    # checked already, but a footer can still move a boundary between two records).  The
-    # records of a whole compressed entry are copied with its stored bytes, undecoded:
-    # they are checked where they are decompressed (a later run, a reader, verify).
+    # checked already, but a footer can still move a boundary between two records); the
+    # records of a whole compressed entry are checked where it is next decompressed
+    # (docs/compaction.md)
     codecs = foot.codecs()[sel]
-    checked = plan.whole & (codecs != Codec.NONE)
-    if checked.any():
-        plain = ~checked
-        f.check_kept(buf, base, sel[plain], kept[plain], rec[~np.repeat(checked, kept)])
+    unchecked = plan.whole & (codecs != Codec.NONE)
+    if unchecked.any():
+        f.check_kept(buf, base, sel[~unchecked], kept[~unchecked], rec[~np.repeat(unchecked, kept)])
     else:
         f.check_kept(buf, base, sel, kept, rec)
     frame_at = np.zeros(len(sel) + 1, dtype=np.int64)  # where each output frame starts, and the end
     np.cumsum(lengths, out=frame_at[1:])
     blob = _frames_blob(buf, plan, frame_at, sink.batch_buffer())
-    ledgers, entries, r_batch = _record_ids(f, sel, kept, rec, plan.in_entry)
+    ledgers, entries, r_batch = record_ids(f, sel, kept, rec, plan.in_entry)
     cols = {"r_hash_hi": foot.col("r_hash_hi")[rec], "r_hash_lo": foot.col("r_hash_lo")[rec],
             "r_flags": foot.col("r_flags")[rec], "r_offset": plan.new_off, "r_size": foot.col("r_size")[rec]}
     raw = np.where(plan.whole, foot.raw_lengths()[sel], lengths - FRAME_HEADER.size)
-    _write_frames(sink, blob, frame_at, kept, foot.col("e_publish")[sel], cols, codecs, raw,
-                  ledgers, entries, r_batch, since[rec] if since is not None else None)
+    _write_frames(sink, Frames(blob, frame_at, kept, foot.col("e_publish")[sel], codecs, raw, cols, ledgers, entries,
+                               r_batch, rec), since)
     sink.batch_done()
 
 
-def _repack_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes | memoryview,
-                    keep: npt.NDArray[np.bool_], since: npt.NDArray[np.int64] | None, sink: _PartSink,
-                    config: CompactionConfig) -> None:
-    """Pack the kept records of entries ``sel`` (partly kept or small) into new entries of about
-    ``config.entry_bytes`` each, compressed with ``config.compression``: each entry is
-    decompressed once and its survivors checked; sparse survivors of many small entries
-    make a few well-compressed entries instead of many tiny frames.  Ids, order and
-    record bytes are unchanged."""
-    foot = f.footer
-    for sub in f.raw_batches(sel):
-        raw, frames = f.raw_frames(buf, base, sub)
-        plan = copy_plan(keep, foot.e_rec_start, sub, frames, foot.raw_lengths()[sub] + FRAME_HEADER.size,
-                         foot.col("r_offset"), foot.col("r_size"))
-        rec, kept = plan.rec, plan.kept
-        f.check_kept(raw, base, sub, kept, rec, frames=frames)
-        sizes = foot.col("r_size")[rec].astype(np.int64)
-        at = np.repeat(frames, kept) + FRAME_HEADER.size + foot.col("r_offset")[rec].astype(np.int64)
-        survivors = gather_ranges(raw, at, at + sizes)
-        ends = np.cumsum(sizes)
-        # a record goes to the entry its first byte falls in: entries of about entry_bytes
-        group = (ends - sizes) // config.entry_bytes
-        firsts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
-        bounds = np.r_[ends[firsts] - sizes[firsts], ends[-1]]
-        frames_out, codecs, raw_lengths = _compressed_frames(survivors, bounds, np.diff(np.r_[firsts, len(rec)]),
-                                                             config.compression)
-        counts = np.diff(np.r_[firsts, len(rec)]).astype(np.int64)
-        frame_at = np.zeros(len(firsts) + 1, dtype=np.int64)
-        np.cumsum([len(x) for x in frames_out], out=frame_at[1:])
-        publish = np.maximum.reduceat(np.repeat(foot.col("e_publish")[sub], kept), firsts)
-        ledgers, entries, r_batch = _record_ids(f, sub, kept, rec, plan.in_entry)
-        new_off = (ends - sizes - np.repeat(bounds[:-1], counts)).astype(np.uint32)
-        cols = {"r_hash_hi": foot.col("r_hash_hi")[rec], "r_hash_lo": foot.col("r_hash_lo")[rec],
-                "r_flags": foot.col("r_flags")[rec], "r_offset": new_off, "r_size": foot.col("r_size")[rec]}
-        _write_frames(sink, b"".join(frames_out), frame_at, counts, publish, cols, codecs, raw_lengths,
-                      ledgers, entries, r_batch, since[rec] if since is not None else None)
-
-
-def _compressed_frames(payloads: memoryview, bounds: npt.NDArray[np.int64], counts: npt.NDArray[Any],
-                       compression: Compression) -> tuple[list[bytes], npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
-    """Frames of the payloads ``payloads[bounds[i]:bounds[i + 1]]`` (``counts[i]``
-    records each), each compressed with ``compression`` where that makes it smaller."""
-    frames: list[bytes] = []
-    codecs = np.empty(len(counts), dtype=np.uint8)
-    for i, (a, b, n) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist(), counts.tolist(), strict=True)):
-        codec, stored = compress(payloads[a:b], compression)
-        codecs[i] = codec
-        frames.append(FRAME_HEADER.pack(len(stored), crc32c(stored), n) + bytes(stored))
-    return frames, codecs, np.diff(bounds)
-
-
-def _write_frames(sink: _PartSink, blob: bytes | memoryview, frame_at: npt.NDArray[np.int64],
-                  kept: npt.NDArray[np.int64], publish: npt.NDArray[Any], cols: dict[str, npt.NDArray[Any]],
-                  codecs: npt.NDArray[np.uint8], raw: npt.NDArray[np.int64], ledgers: Any, entries: Any,
-                  r_batch: npt.NDArray[np.uint32], since: npt.NDArray[np.int64] | None) -> None:
-    """Hand frames (``blob``, frame ``i`` at ``frame_at[i]``, ``kept[i]`` records each)
-    and their records' columns and original ids to the parts, rolling to a new part
-    whenever one is full."""
-    n = len(frame_at) - 1
-    lengths = np.diff(frame_at)
-    n_rec = int(kept.sum())
-    ledgers = np.broadcast_to(np.asarray(ledgers, dtype=np.uint64), (n_rec,))
-    entries = np.asarray(entries, dtype=np.uint64)
-    r_since = since if since is not None else np.zeros(n_rec, dtype=np.int64)
+def _write_frames(sink: _PartSink, fr: Frames, since: npt.NDArray[np.int64] | None) -> None:
+    """Hand frames and their records' columns and original ids to the parts, rolling to
+    a new part whenever one is full (``since``: per record of the ledger read, when a
+    kept tombstone was first kept)."""
+    n = len(fr.frame_at) - 1
+    lengths = np.diff(fr.frame_at)
+    n_rec = len(fr.rec)
+    kept = fr.counts
+    ledgers = np.broadcast_to(np.asarray(fr.ledgers, dtype=np.uint64), (n_rec,))
+    entries = np.asarray(fr.entries, dtype=np.uint64)
+    r_since = since[fr.rec] if since is not None else np.zeros(n_rec, dtype=np.int64)
     rb = np.concatenate([[0], np.cumsum(kept)])
     i0 = 0
     while i0 < n:
@@ -458,12 +386,12 @@ def _write_frames(sink: _PartSink, blob: bytes | memoryview, frame_at: npt.NDArr
             continue
         i1 = i0 + max(1, int(np.searchsorted(cost, room, side="right")))
         a, b = int(rb[i0]), int(rb[i1])
-        w.add_frames(blob[int(frame_at[i0]):int(frame_at[i1])], lengths[i0:i1], kept[i0:i1].astype(np.int64),
-                     publish[i0:i1], {k: v[a:b] for k, v in cols.items()}, codecs=codecs[i0:i1],
-                     raw_lengths=raw[i0:i1], ledgers=ledgers[a:b], entry_ids=entries[a:b], batch=r_batch[a:b],
-                     delete_since=r_since[a:b])
-        sink.note_ids(MessageId(int(ledgers[a]), int(entries[a]), int(r_batch[a])),
-                      MessageId(int(ledgers[b - 1]), int(entries[b - 1]), int(r_batch[b - 1])))
+        w.add_frames(fr.blob[int(fr.frame_at[i0]):int(fr.frame_at[i1])], lengths[i0:i1], kept[i0:i1],
+                     fr.publish[i0:i1], {k: v[a:b] for k, v in fr.cols.items()}, codecs=fr.codecs[i0:i1],
+                     raw_lengths=fr.raw_lengths[i0:i1], ledgers=ledgers[a:b], entry_ids=entries[a:b],
+                     batch=fr.batches[a:b], delete_since=r_since[a:b])
+        sink.note_ids(MessageId(int(ledgers[a]), int(entries[a]), int(fr.batches[a])),
+                      MessageId(int(ledgers[b - 1]), int(entries[b - 1]), int(fr.batches[b - 1])))
         i0 = i1
 
 

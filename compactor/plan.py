@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from shale.compactor.cpus import available_cpus
 from shale.ledger.deletions import read_deletions
-from shale.ledger.format import KIND_COMPACTED, KIND_ORIGINAL
+from shale.ledger.format import FRAME_HEADER, KIND_COMPACTED, KIND_ORIGINAL
 from shale.ledger.ids import MessageId
 from shale.ledger.reader import LedgerFile
 from shale.ledger.storage import Location
@@ -53,6 +53,15 @@ class Slice:
         e0, e1 = int(f.entry_of(self.start)), int(f.entry_of(self.stop - 1))
         offs, lens = f.col("e_offset"), f.col("e_length")
         return int(offs[e1]) + int(lens[e1]) - int(offs[e0])
+
+    def raw_data_bytes(self) -> int:
+        """:meth:`data_bytes` were the entries stored uncompressed (what decompressing
+        them all would give)."""
+        if self.stop <= self.start or not self.file.footer.compressed:
+            return self.data_bytes()
+        f = self.file.footer
+        e0, e1 = int(f.entry_of(self.start)), int(f.entry_of(self.stop - 1))
+        return int(f.raw_lengths()[e0:e1 + 1].sum()) + FRAME_HEADER.size * (e1 + 1 - e0)
 
 
 def dirty_ratio(dirty_bytes: float, compacted_live_bytes: float) -> float:

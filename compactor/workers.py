@@ -47,8 +47,8 @@ KEPT_RECORD_COST = 600
 
 
 def work_bytes(item: Work) -> int:
-    """Bytes of entries pass two reads for ``item``."""
-    return 0 if isinstance(item, CompactedPart) else item.slice.data_bytes()
+    """Bytes of entries pass two reads for ``item``, as they are decompressed."""
+    return 0 if isinstance(item, CompactedPart) else item.slice.raw_data_bytes()
 
 
 def _entry_costs(item: Copy) -> tuple[int, Any]:

@@ -14,6 +14,7 @@ never make a reader allocate more than :data:`MAX_RAW_ENTRY_BYTES`.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -142,18 +143,20 @@ def compress(payload: Buffer, compression: Compression) -> tuple[Codec, Buffer]:
     return codec, out
 
 
-def decompress(stored: Buffer, codec: int, raw_length: int, where: str, position: int | None = None,
-               path: str = "") -> Buffer:
+def decompress(stored: Buffer, codec: int, raw_length: int, where: str | Callable[[], str],
+               position: int | None = None, path: str = "") -> Buffer:
     """The payload of an entry stored with ``codec``, which the footer says holds
     ``raw_length`` bytes decompressed (at most :data:`MAX_RAW_ENTRY_BYTES`, checked when
     the footer was read).  Anything else — bytes that do not decompress, a size other
     than the footer's, a zstd frame that does not declare that size — is a
-    :class:`CorruptLedgerError` naming ``where`` (the object and entry)."""
+    :class:`CorruptLedgerError` naming ``where`` (the object and entry; a function giving
+    it, so that the name is made only for an error)."""
     if codec == Codec.NONE:
         return stored
 
     def bad(why: str) -> CorruptLedgerError:
-        return CorruptLedgerError(f"{where}: compressed entry {why}", path=path, position=position)
+        name = where if isinstance(where, str) else where()
+        return CorruptLedgerError(f"{name}: compressed entry {why}", path=path, position=position)
 
     if codec == Codec.LZ4:
         import lz4.block

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Final
 
@@ -22,7 +23,7 @@ from shale.ledger.format import (
     decode_trailer,
 )
 from shale.ledger.ids import MessageId
-from shale.ledger.kernels import check_frames, check_kept, record_problem
+from shale.ledger.kernels import Scratch, check_frames, check_kept, record_problem
 from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES, Message, decode_records
 from shale.ledger.storage import ObjectStore
 
@@ -250,34 +251,39 @@ class LedgerFile:
                           f"{self.url}: entry {self._entry_name(entry)}", path=self.url,
                           position=int(self.footer.col("e_offset")[entry]))
 
-    def raw_frames(self, buf: bytes | memoryview, base: int, sel: npt.NDArray[np.int64]
-                   ) -> tuple[bytes | bytearray | memoryview, npt.NDArray[np.int64]]:
+    def raw_frames(self, buf: bytes | memoryview, base: int, sel: npt.NDArray[np.int64],
+                   scratch: Scratch | None = None) -> tuple[bytes | bytearray | memoryview, npt.NDArray[np.int64]]:
         """Entries ``sel`` (their frames checked, inside ``buf`` read from ``base``) laid
         out as if stored uncompressed: a buffer holding, for each, a frame header's room
         followed by its payload as the footer's record offsets address it, and where each
         starts.  Without compressed entries among them this is ``buf`` itself; otherwise
-        each compressed payload is decompressed once (the caller bounds the bytes:
-        :meth:`raw_batches`)."""
+        each compressed payload is decompressed once, into ``scratch`` when given (then
+        valid until its next use; the caller bounds the bytes: :meth:`raw_batches`)."""
         foot = self.footer
         offs = foot.col("e_offset")[sel].astype(np.int64) - base
         codecs = foot.codecs()[sel]
         if not codecs.any():
             return buf, offs
         raw = foot.raw_lengths()[sel]
-        lens = foot.col("e_length")[sel].astype(np.int64)
+        ends = (offs + foot.col("e_length")[sel].astype(np.int64)).tolist()
         at = np.zeros(len(sel) + 1, dtype=np.int64)
         np.cumsum(raw + FRAME_HEADER.size, out=at[1:])
-        out = bytearray(int(at[-1]))
+        # reused from batch to batch: fresh pages would cost more than the copy into them
+        out = (scratch or Scratch()).take(int(at[-1]))
         view = memoryview(buf)
-        for i, (e, codec) in enumerate(zip(sel.tolist(), codecs.tolist(), strict=True)):
-            a, o = int(at[i]) + FRAME_HEADER.size, int(offs[i])
-            stored = view[o + FRAME_HEADER.size:o + int(lens[i])]
+        for i, (codec, o, end, a, n) in enumerate(zip(codecs.tolist(), offs.tolist(), ends, at.tolist(), raw.tolist(),
+                                                      strict=False)):
+            stored = view[o + FRAME_HEADER.size:end]
+            a += FRAME_HEADER.size
             if codec == Codec.NONE:
-                out[a:a + len(stored)] = stored
+                out[a:a + n] = stored
             else:
-                out[a:a + int(raw[i])] = decompress(stored, codec, int(raw[i]), f"{self.url}: entry "
-                                                    f"{self._entry_name(e)}", path=self.url, position=base + o)
+                out[a:a + n] = decompress(stored, codec, n, functools.partial(self._entry_where, int(sel[i])),
+                                          path=self.url, position=base + o)
         return out, at[:-1]
+
+    def _entry_where(self, entry: int) -> str:
+        return f"{self.url}: entry {self._entry_name(entry)}"
 
     def raw_batches(self, sel: npt.NDArray[np.int64], limit: int = RAW_BATCH_BYTES) -> Iterator[npt.NDArray[np.int64]]:
         """``sel`` in consecutive pieces whose payloads, decompressed, come to about

@@ -21,7 +21,9 @@ from shale.compactor import CompactionConfig, Compactor, RunSummary, collect_gar
 from shale.compactor.plan import make_plan
 from shale.compactor.spark import ForwardedEnvironment, SparkOptions
 from shale.compactor.spark.engine import SparkEngine, _package_zip, group_splits, make_splits
+from shale.ledger.codecs import Codec, parse_compression
 from shale.ledger.errors import CorruptLedgerError, InvalidInputError
+from shale.ledger.reader import LedgerFile
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader.topic_reader import TopicReader
@@ -56,11 +58,12 @@ def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 def produce(uri: str, seed: int, n: int, t: float, *, keys: int = 400, tomb: float = 0.1, keyless: float = 0.05,
-            batch: int = 7, step: float = 0.0) -> None:
+            batch: int = 7, step: float = 0.0, compression: str = "zstd") -> None:
     """``n`` records from a seeded generator; record ``i`` is published at ``t + i * step``."""
     rnd = random.Random(seed)
     now = [t]
-    with TopicWriter(uri, max_ledger_records=1_000, batch_size=batch, clock=lambda: now[0]) as w:
+    with TopicWriter(uri, max_ledger_records=1_000, batch_size=batch, clock=lambda: now[0],
+                     compression=compression) as w:
         for i in range(n):
             now[0] = t + i * step
             key = None if rnd.random() < keyless else f"key-{rnd.randrange(keys)}"
@@ -87,7 +90,11 @@ SCENARIOS = {
     "retain-null-key": dict(retain_null_key=True, delete_retention_ms=int(HOUR * 1000)),
     # records are published half a second apart, so the lag cuts inside a ledger
     "min-lag": dict(min_compaction_lag_ms=50 * 60 * 1000),
+    # each round produced with another codec; the runs write lz4
+    "mixed-codecs": dict(delete_retention_ms=0, compression=parse_compression("lz4")),
 }
+#: The codec each round produces with (mixed-codecs only; zstd otherwise, the default).
+ROUND_CODECS = ("none", "lz4", "zstd:3")
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
@@ -100,7 +107,8 @@ def test_spark_and_local_engines_publish_the_same_content(engine: SparkEngine, r
         # every round: new records (some keys again), an hour later, then both engines
         for uri in (local_uri, spark_uri):
             produce(uri, seed=rnd, n=(2_500, 3_200, 300)[rnd], t=t, keys=2_000,
-                    step=0.5 if scenario == "min-lag" else 0.0)
+                    step=0.5 if scenario == "min-lag" else 0.0,
+                    compression=ROUND_CODECS[rnd] if scenario == "mixed-codecs" else "zstd")
         t += HOUR
         a = Compactor(local_uri, cfg, clock=lambda t=t: t).run()
         b = Compactor(spark_uri, cfg, clock=lambda t=t: t, engine=engine).run()
@@ -127,6 +135,11 @@ def test_spark_and_local_engines_publish_the_same_content(engine: SparkEngine, r
         assert totals["keyless_kept"] > 0
     if scenario == "min-lag":
         assert totals["held_back_records"] > 0
+    # the parts hold compressed entries (the entries of 7 records are small: packed anew by the run)
+    loc = TopicMetadata.open(spark_uri).topic
+    codecs = {int(c) for p in state.parts
+              for c in LedgerFile.open(loc.store, loc.key(p.object)).footer.codecs().tolist()}
+    assert codecs == ({Codec.LZ4} if scenario == "mixed-codecs" else {Codec.ZSTD})
 
 
 def test_engines_take_over_from_each_other(engine: SparkEngine, tmp_path: Path) -> None:
