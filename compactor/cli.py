@@ -655,6 +655,9 @@ def register_subcommands(sub: Any) -> None:
     t.set_defaults(func=_run_truncate)
 
     _register_config_and_topics(sub)
+    from shale.compactor.dictionary import register_dictionary_command
+
+    register_dictionary_command(sub)
 
     v = sub.add_parser("verify", help="recompute the compacted view from the original ledgers and compare",
                        description="Recompute the latest record of every key up to the published horizon from "

@@ -10,6 +10,7 @@ keeps garbage collection from mistaking the run for a crashed one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import threading
 import time
@@ -31,6 +32,7 @@ from shale.ledger.errors import (
     TransientStorageError,
 )
 from shale.ledger.format import FLAG_TOMBSTONE
+from shale.metadata.dictionaries import resolve_compression
 from shale.metadata.layout import COMPACTED_DIR, HEARTBEAT_NAME
 from shale.metadata.requirements import AssertEpoch, AssertTopicGeneration, RequirementFailedError
 from shale.metadata.state import CompactionState, RetiredSet
@@ -158,6 +160,10 @@ class Compactor:
 
         now_ms = self._now_ms()
         self.progress("planning")
+        # zstd-dict writes with the topic's newest dictionary: given to the config here, so
+        # that worker processes and Spark tasks get it with the config
+        self.config = dataclasses.replace(self.config, compression=resolve_compression(self.meta,
+                                                                                       self.config.compression))
         plan = make_plan(self.meta, now_ms=now_ms, min_compaction_lag_ms=self.config.min_compaction_lag_ms)
         t = phase("plan", t0)
         _note_plan(summary, plan)

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shale.compactor.cpus import available_cpus
+from shale.ledger.codecs import Dictionary
 from shale.ledger.deletions import read_deletions
 from shale.ledger.format import FRAME_HEADER, KIND_COMPACTED, KIND_ORIGINAL
 from shale.ledger.ids import MessageId
@@ -84,6 +85,7 @@ class Plan:
     live_bytes: int
     held_back_records: int  # above the horizon because of the minimum compaction lag
     location: Location  # the topic's folder, where the run writes
+    dictionaries: tuple[Dictionary, ...] = ()  # the topic's, for processes that cannot read its metadata
 
     @property
     def new_records(self) -> int:
@@ -106,7 +108,8 @@ def make_plan(meta: TopicMetadata, *, now_ms: int, min_compaction_lag_ms: int,
               open_file: Callable[[str, int | None, int], LedgerFile] | None = None) -> Plan:
     """Read both metadata documents and the footers needed to fix this run's range."""
     store, loc = meta.topic.store, meta.topic
-    opener = open_file or (lambda key, lid, kind: LedgerFile.open(store, key, ledger_id=lid, kind=kind))
+    opener = open_file or (lambda key, lid, kind: LedgerFile.open(store, key, ledger_id=lid, kind=kind,
+                                                                   dictionaries=meta.dictionaries))
     previous = meta.load_compaction()
     topic = meta.load_topic()
     prev_h = previous.horizon
@@ -155,4 +158,5 @@ def make_plan(meta: TopicMetadata, *, now_ms: int, min_compaction_lag_ms: int,
     # (records a deletion vector removed do not count as live)
     live = dirty + sum(int(s.data_bytes() * (s.part.live / s.part.records if s.part and s.part.records else 1))
                        for s in compacted)
-    return Plan(topic, previous, tuple(compacted), tuple(new), horizon, dirty, live, held_back, loc)
+    dictionaries = meta.dictionaries.all() if topic.dictionaries else ()
+    return Plan(topic, previous, tuple(compacted), tuple(new), horizon, dirty, live, held_back, loc, dictionaries)

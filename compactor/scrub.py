@@ -90,7 +90,7 @@ def _still_referenced(meta: TopicMetadata, name: str) -> bool:
 def _scrub_object(meta: TopicMetadata, name: str, ledger_id: int | None, kind: int, report: ScrubReport,
                   throttle: Throttle) -> None:
     loc = meta.topic
-    f = LedgerFile.open(loc.store, loc.key(name), ledger_id=ledger_id, kind=kind)
+    f = LedgerFile.open(loc.store, loc.key(name), ledger_id=ledger_id, kind=kind, dictionaries=meta.dictionaries)
     starts = f.footer.e_rec_start
     for c0, c1 in f.chunks(0, f.n_entries):
         base, buf = f.read_frames(c0, c1)

@@ -125,7 +125,8 @@ def _published(meta: TopicMetadata, state: CompactionState, report: VerifyReport
     loc = meta.topic
     published = _Records()
     for p in state.parts:
-        f = LedgerFile.open(loc.store, loc.key(p.object), ledger_id=state.part_ledger_id(p), kind=KIND_COMPACTED)
+        f = LedgerFile.open(loc.store, loc.key(p.object), ledger_id=state.part_ledger_id(p), kind=KIND_COMPACTED,
+                            dictionaries=meta.dictionaries)
         gone = read_deletions(loc.store, loc.key(p.deletions), f.n_records) if p.deletions else None
         for c0, c1 in f.chunks(0, f.n_entries):
             base, buf = f.read_frames(c0, c1)

@@ -9,31 +9,42 @@ never make a reader allocate more than :data:`MAX_RAW_ENTRY_BYTES`.
 
 * ``lz4`` — an LZ4 block (no frame, no size prefix: the footer has the size).
 * ``zstd`` — one Zstandard frame that declares its content size.
+* ``zstd-dict`` — the same, compressed with one of the topic's trained dictionaries,
+  whose id the frame names; a reader is given the topic's dictionaries
+  (:data:`DictionarySource`).
 """
 
 from __future__ import annotations
 
 import enum
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Final
+from dataclasses import dataclass, field
+from typing import Any, Final
 
-from shale.ledger.errors import CorruptLedgerError, InvalidInputError
+from shale.ledger.errors import CorruptLedgerError, InvalidInputError, ShaleError
 
 __all__ = [
     "DEFAULT_COMPRESSION",
+    "MAX_DICTIONARY_BYTES",
     "MAX_RAW_ENTRY_BYTES",
     "NO_COMPRESSION",
     "Codec",
     "Compression",
+    "Dictionary",
+    "DictionarySource",
     "compress",
     "decompress",
+    "dictionary_source",
     "parse_compression",
 ]
 
 #: An entry stored compressed never holds more than this once decompressed: the writer
 #: stores a bigger one as it is, and a reader refuses a footer that says otherwise.
 MAX_RAW_ENTRY_BYTES: Final = 256 << 20
+#: A dictionary bigger than this is refused (zstd's own trainer makes 112 KiB by default).
+MAX_DICTIONARY_BYTES: Final = 1 << 20
+_ZSTD_DICT_MAGIC: Final = 0xEC30A437
 
 Buffer = bytes | bytearray | memoryview
 
@@ -44,21 +55,65 @@ class Codec(enum.IntEnum):
     NONE = 0
     LZ4 = 1
     ZSTD = 2
+    ZSTD_DICT = 3
 
     @property
     def label(self) -> str:
-        return self.name.lower()
+        return self.name.lower().replace("_", "-")
 
 
-_LEVELS: Final = {Codec.ZSTD: (1, 22)}
+_LEVELS: Final = {Codec.ZSTD: (1, 22), Codec.ZSTD_DICT: (1, 22)}
+
+
+@dataclass(frozen=True, slots=True)
+class Dictionary:
+    """A trained zstd dictionary: its id (also in its own bytes and in every frame
+    compressed with it) and its bytes."""
+
+    id: int
+    data: bytes = field(repr=False)
+
+    @classmethod
+    def load(cls, data: bytes, where: str, expect_id: int | None = None) -> Dictionary:
+        """A dictionary read from storage, checked: zstd's dictionary magic, the id it
+        says it has (``expect_id``: the one it is registered under), a bounded size.
+        Anything else is a :class:`CorruptLedgerError` naming ``where``."""
+        if not 8 <= len(data) <= MAX_DICTIONARY_BYTES:
+            raise CorruptLedgerError(f"{where}: a dictionary of {len(data)} bytes (1 MiB at most)", path=where)
+        magic, did = int.from_bytes(data[0:4], "little"), int.from_bytes(data[4:8], "little")
+        if magic != _ZSTD_DICT_MAGIC:
+            raise CorruptLedgerError(f"{where}: not a zstd dictionary (bad magic)", path=where, position=0)
+        if expect_id is not None and did != expect_id:
+            raise CorruptLedgerError(f"{where}: the dictionary says it is {did}, registered as {expect_id}",
+                                     path=where, position=4)
+        return cls(did, bytes(data))
+
+
+#: The topic's dictionaries by id (raising a :class:`ShaleError` for one it does not have).
+DictionarySource = Callable[[int], Dictionary]
+
+
+def dictionary_source(dictionaries: tuple[Dictionary, ...]) -> DictionarySource:
+    """A :data:`DictionarySource` of the dictionaries given."""
+    by_id = {d.id: d for d in dictionaries}
+
+    def get(dictionary_id: int) -> Dictionary:
+        got = by_id.get(dictionary_id)
+        if got is None:
+            raise CorruptLedgerError(f"no dictionary {dictionary_id} is registered for the topic")
+        return got
+
+    return get
 
 
 @dataclass(frozen=True, slots=True)
 class Compression:
-    """A codec and its level: what a writer compresses new entries with."""
+    """A codec and its level: what a writer compresses new entries with (and, for
+    ``zstd-dict``, the dictionary: None until resolved against the topic)."""
 
     codec: Codec = Codec.NONE
     level: int = 0
+    dictionary: Dictionary | None = None
 
     def __post_init__(self) -> None:
         bounds = _LEVELS.get(self.codec)
@@ -66,9 +121,16 @@ class Compression:
             raise InvalidInputError(f"compression {self.codec.label} takes no level")
         if bounds is not None and not bounds[0] <= self.level <= bounds[1]:
             raise InvalidInputError(f"{self.codec.label} level {self.level} must be from {bounds[0]} to {bounds[1]}")
+        if self.dictionary is not None and self.codec != Codec.ZSTD_DICT:
+            raise InvalidInputError(f"compression {self.codec.label} takes no dictionary")
 
     def __str__(self) -> str:
         return f"{self.codec.label}:{self.level}" if self.codec in _LEVELS else self.codec.label
+
+    @property
+    def needs_dictionary(self) -> bool:
+        """Whether this is ``zstd-dict`` not yet given the topic's dictionary."""
+        return self.codec == Codec.ZSTD_DICT and self.dictionary is None
 
 
 NO_COMPRESSION: Final = Compression()
@@ -78,14 +140,13 @@ DEFAULT_COMPRESSION: Final = Compression(Codec.ZSTD, 1)
 
 
 def parse_compression(text: str) -> Compression:
-    """``none``, ``lz4``, ``zstd`` (level 1) or ``zstd:LEVEL`` (1 to 22)."""
+    """``none``, ``lz4``, ``zstd`` (level 1), ``zstd:LEVEL`` (1 to 22), ``zstd-dict`` or
+    ``zstd-dict:LEVEL`` (zstd with the topic's newest trained dictionary)."""
     name, _, level = text.strip().lower().partition(":")
-    try:
-        codec = Codec[name.upper()] if name else None
-    except KeyError:
-        codec = None
+    codec = next((c for c in Codec if c.label == name), None) if name else None
     if codec is None:
-        raise InvalidInputError(f"unknown compression {text!r}; one of none, lz4, zstd, zstd:LEVEL")
+        raise InvalidInputError(f"unknown compression {text!r}; one of none, lz4, zstd, zstd:LEVEL, zstd-dict, "
+                                "zstd-dict:LEVEL")
     if not level:
         return Compression(codec, _LEVELS[codec][0] if codec in _LEVELS else 0)
     if not level.isdigit():
@@ -93,31 +154,43 @@ def parse_compression(text: str) -> Compression:
     return Compression(codec, int(level))
 
 
-# Compressors keep their contexts between calls (a fresh zstd context costs more than
-# compressing a small entry); they are per thread, as zstandard's are not thread-safe.
 class _Contexts:
-    def __init__(self) -> None:
-        import threading
+    """Compression contexts kept between calls (a fresh zstd context costs more than
+    compressing a small entry), one set per thread: zstandard's are not thread-safe."""
 
+    def __init__(self) -> None:
         self._local = threading.local()
 
-    def zstd_compressor(self, level: int) -> object:
-        cache: dict[int, object] | None = getattr(self._local, "zc", None)
+    def _cache(self) -> dict[tuple[Any, ...], Any]:
+        cache: dict[tuple[Any, ...], Any] | None = getattr(self._local, "cache", None)
         if cache is None:
-            cache = self._local.zc = {}
-        c = cache.get(level)
-        if c is None:
+            cache = self._local.cache = {}
+        return cache
+
+    def zstd_compressor(self, level: int, dictionary: Dictionary | None = None) -> Any:
+        cache = self._cache()
+        key = ("c", level, dictionary.id if dictionary else None)
+        c = cache.get(key)
+        if c is None or (dictionary is not None and cache.get(("cd", dictionary.id)) is not dictionary.data):
             import zstandard
 
-            c = cache[level] = zstandard.ZstdCompressor(level=level, write_content_size=True)
+            d = zstandard.ZstdCompressionDict(dictionary.data) if dictionary is not None else None
+            c = cache[key] = zstandard.ZstdCompressor(level=level, write_content_size=True, dict_data=d)
+            if dictionary is not None:
+                cache[("cd", dictionary.id)] = dictionary.data
         return c
 
-    def zstd_decompressor(self) -> object:
-        d = getattr(self._local, "zd", None)
-        if d is None:
+    def zstd_decompressor(self, dictionary: Dictionary | None = None) -> Any:
+        cache = self._cache()
+        key = ("d", dictionary.id if dictionary else None)
+        d = cache.get(key)
+        if d is None or (dictionary is not None and cache.get(("dd", dictionary.id)) is not dictionary.data):
             import zstandard
 
-            d = self._local.zd = zstandard.ZstdDecompressor()
+            data = zstandard.ZstdCompressionDict(dictionary.data) if dictionary is not None else None
+            d = cache[key] = zstandard.ZstdDecompressor(dict_data=data)
+            if dictionary is not None:
+                cache[("dd", dictionary.id)] = dictionary.data
         return d
 
 
@@ -136,21 +209,25 @@ def compress(payload: Buffer, compression: Compression) -> tuple[Codec, Buffer]:
         import lz4.block
 
         out: bytes = lz4.block.compress(payload, store_size=False)
+    elif codec is Codec.ZSTD_DICT:
+        if compression.dictionary is None:
+            raise InvalidInputError("zstd-dict compression needs the topic's dictionary (shale dictionary --train)")
+        out = _CONTEXTS.zstd_compressor(compression.level, compression.dictionary).compress(payload)
     else:
-        out = _CONTEXTS.zstd_compressor(compression.level).compress(payload)  # type: ignore[attr-defined]
+        out = _CONTEXTS.zstd_compressor(compression.level).compress(payload)
     if len(out) >= size:
         return Codec.NONE, payload
     return codec, out
 
 
 def decompress(stored: Buffer, codec: int, raw_length: int, where: str | Callable[[], str],
-               position: int | None = None, path: str = "") -> Buffer:
+               position: int | None = None, path: str = "", dictionaries: DictionarySource | None = None) -> Buffer:
     """The payload of an entry stored with ``codec``, which the footer says holds
     ``raw_length`` bytes decompressed (at most :data:`MAX_RAW_ENTRY_BYTES`, checked when
     the footer was read).  Anything else — bytes that do not decompress, a size other
-    than the footer's, a zstd frame that does not declare that size — is a
-    :class:`CorruptLedgerError` naming ``where`` (the object and entry; a function giving
-    it, so that the name is made only for an error)."""
+    than the footer's, a zstd frame that does not declare that size, a dictionary the
+    topic does not have — is a :class:`CorruptLedgerError` naming ``where`` (the object
+    and entry; a function giving it, so that the name is made only for an error)."""
     if codec == Codec.NONE:
         return stored
 
@@ -165,24 +242,40 @@ def decompress(stored: Buffer, codec: int, raw_length: int, where: str | Callabl
             out: bytes = lz4.block.decompress(stored, uncompressed_size=raw_length)
         except (lz4.block.LZ4BlockError, ValueError) as e:
             raise bad(f"does not decompress with lz4 ({raw_length} bytes expected)") from e
-    elif codec == Codec.ZSTD:
-        import zstandard
-
-        # A zstd frame may declare any content size, and the library allocates what it
-        # declares: the declaration must match the footer (bounded) before anything else.
-        try:
-            declared = zstandard.frame_content_size(stored)
-        except zstandard.ZstdError as e:
-            raise bad("is not a zstd frame") from e
-        if declared != raw_length:
-            raise bad(f"declares {declared if declared >= 0 else 'no'} decompressed bytes, the footer "
-                      f"{raw_length}")
-        try:
-            out = _CONTEXTS.zstd_decompressor().decompress(stored, max_output_size=raw_length)  # type: ignore[attr-defined]
-        except zstandard.ZstdError as e:
-            raise bad(f"does not decompress with zstd: {e}") from e
+    elif codec in (Codec.ZSTD, Codec.ZSTD_DICT):
+        out = _decompress_zstd(stored, raw_length, bad, dictionaries if codec == Codec.ZSTD_DICT else None,
+                               codec == Codec.ZSTD_DICT)
     else:
         raise bad(f"uses codec {codec}, which this build does not read")
     if len(out) != raw_length:
         raise bad(f"decompresses to {len(out)} bytes, the footer says {raw_length}")
+    return out
+
+
+def _decompress_zstd(stored: Buffer, raw_length: int, bad: Callable[[str], CorruptLedgerError],
+                     dictionaries: DictionarySource | None, with_dictionary: bool) -> bytes:
+    import zstandard
+
+    # A zstd frame may declare any content size, and the library allocates what it
+    # declares: the declaration must match the footer (bounded) before anything else.
+    try:
+        params = zstandard.get_frame_parameters(stored)
+    except zstandard.ZstdError as e:
+        raise bad("is not a zstd frame") from e
+    declared = params.content_size
+    if declared != raw_length:
+        raise bad(f"declares {declared if 0 <= declared < 1 << 63 else 'no'} decompressed bytes, the footer "
+                  f"{raw_length}")
+    dictionary = None
+    if with_dictionary:
+        if dictionaries is None:
+            raise bad(f"is compressed with dictionary {params.dict_id}, and the topic's dictionaries were not given")
+        try:
+            dictionary = dictionaries(params.dict_id)
+        except ShaleError as e:
+            raise bad(f"is compressed with dictionary {params.dict_id}: {e}") from e
+    try:
+        out: bytes = _CONTEXTS.zstd_decompressor(dictionary).decompress(stored, max_output_size=raw_length)
+    except zstandard.ZstdError as e:
+        raise bad(f"does not decompress with zstd: {e}") from e
     return out

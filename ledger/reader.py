@@ -9,7 +9,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from shale.ledger.codecs import Codec, decompress
+from shale.ledger.codecs import Codec, DictionarySource, decompress
 from shale.ledger.errors import CorruptLedgerError
 from shale.ledger.format import (
     FRAME_HEADER,
@@ -40,11 +40,13 @@ class LedgerFile:
     """An opened ledger object: the footer is in memory, entries are read on demand."""
 
     def __init__(self, store: ObjectStore, key: str, footer: Footer, size: int,
-                 footer_bytes: int = 0) -> None:
+                 footer_bytes: int = 0, dictionaries: DictionarySource | None = None) -> None:
         self.store = store
         self.key = key
         self.footer = footer
         self.size = size
+        #: the topic's zstd dictionaries, for entries compressed with one
+        self.dictionaries = dictionaries
         #: bytes fetched to open the object (trailer + footer), for I/O accounting
         self.footer_bytes = footer_bytes
         self._header_checked = False
@@ -54,11 +56,12 @@ class LedgerFile:
 
     @classmethod
     def open(cls, store: ObjectStore, key: str, *, ledger_id: int | None = None,
-             kind: int | None = None) -> LedgerFile:
+             kind: int | None = None, dictionaries: DictionarySource | None = None) -> LedgerFile:
         """Read and check the trailer and footer of ``key`` (one ranged read when small).
 
         ``ledger_id`` and ``kind``, when given, must match what the object says it is:
         an object registered under the wrong id would otherwise yield wrong message ids.
+        ``dictionaries``: the topic's, for entries compressed with a dictionary.
         """
         where = store.url(key)
         tail, size = store.get_tail(key, _TAIL_BYTES)
@@ -80,7 +83,7 @@ class LedgerFile:
                                          path=where, position=trailer.footer_offset)
         footer = decode_footer(footer_bytes, trailer, where)
         fetched = len(tail) + (0 if trailer.footer_offset >= tail_start else trailer.footer_length)
-        f = cls(store, key, footer, size, fetched)
+        f = cls(store, key, footer, size, fetched, dictionaries)
         if tail_start == 0:
             f._check_header(tail)
         return f
@@ -249,7 +252,7 @@ class LedgerFile:
             return stored
         return decompress(stored, codec, int(self.footer.raw_lengths()[entry]),
                           f"{self.url}: entry {self._entry_name(entry)}", path=self.url,
-                          position=int(self.footer.col("e_offset")[entry]))
+                          position=int(self.footer.col("e_offset")[entry]), dictionaries=self.dictionaries)
 
     def raw_frames(self, buf: bytes | memoryview, base: int, sel: npt.NDArray[np.int64],
                    scratch: Scratch | None = None) -> tuple[bytes | bytearray | memoryview, npt.NDArray[np.int64]]:
@@ -270,7 +273,7 @@ class LedgerFile:
         np.cumsum(raw + FRAME_HEADER.size, out=at[1:])
         # reused from batch to batch: fresh pages would cost more than the copy into them
         out = (scratch or Scratch()).take(int(at[-1]))
-        view = memoryview(buf)
+        view, url = memoryview(buf), self.url
         for i, (codec, o, end, a, n) in enumerate(zip(codecs.tolist(), offs.tolist(), ends, at.tolist(), raw.tolist(),
                                                       strict=False)):
             stored = view[o + FRAME_HEADER.size:end]
@@ -279,7 +282,7 @@ class LedgerFile:
                 out[a:a + n] = stored
             else:
                 out[a:a + n] = decompress(stored, codec, n, functools.partial(self._entry_where, int(sel[i])),
-                                          path=self.url, position=base + o)
+                                          path=url, position=base + o, dictionaries=self.dictionaries)
         return out, at[:-1]
 
     def _entry_where(self, entry: int) -> str:

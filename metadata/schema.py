@@ -23,12 +23,19 @@ from typing import Annotated, Any, Final, Literal, TypeVar
 
 import msgspec
 
+from shale.ledger.codecs import MAX_DICTIONARY_BYTES
 from shale.ledger.errors import InvalidInputError, InvalidMetadataError
 from shale.ledger.ids import MessageId
-from shale.metadata.layout import is_compacted_object, is_ledger_object, is_run_dir, ledger_id_of
+from shale.metadata.layout import (
+    is_compacted_object,
+    is_dictionary_object,
+    is_ledger_object,
+    is_run_dir,
+    ledger_id_of,
+)
 
-__all__ = ["CompactionDoc", "Envelope", "LedgerDoc", "PartDoc", "RetiredDoc", "TopicDoc", "check_compaction",
-           "check_topic", "decode_envelope", "message_id", "validate"]
+__all__ = ["CompactionDoc", "DictionaryDoc", "Envelope", "LedgerDoc", "PartDoc", "RetiredDoc", "TopicDoc",
+           "check_compaction", "check_topic", "decode_envelope", "message_id", "validate"]
 
 #: Ledger ids and epochs stay far below 2**63, so every reader (JSON tools included) and
 #: every ``+ 1`` holds them exactly.
@@ -63,6 +70,14 @@ class LedgerDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     raw_bytes: Annotated[int, msgspec.Meta(ge=1, le=_MAX_COUNT)] | None = None
 
 
+class DictionaryDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    id: Annotated[int, msgspec.Meta(ge=1, le=(1 << 32) - 1)]
+    object: Name
+    bytes: Annotated[int, msgspec.Meta(ge=8, le=MAX_DICTIONARY_BYTES)]
+    created_ms: Millis
+    crc32c: Annotated[int, msgspec.Meta(ge=0, le=(1 << 32) - 1)]
+
+
 class TopicDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     format: Literal[1]
     created_ms: Millis
@@ -70,6 +85,7 @@ class TopicDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     generation: Count = 0
     removed_through: Annotated[int, msgspec.Meta(ge=0, le=MAX_ID)] = 0
     truncated_ms: Millis = 0
+    dictionaries: list[DictionaryDoc] = []
 
 
 class PartDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -170,6 +186,14 @@ def check_topic(doc: TopicDoc, where: str) -> None:
             raise InvalidMetadataError(f"{where}: field {field}.records: fewer records than entries")
         if lg.first_publish > lg.last_publish:
             raise InvalidMetadataError(f"{where}: field {field}.first_publish: after last_publish")
+    ids: set[int] = set()
+    for i, d in enumerate(doc.dictionaries):
+        if not is_dictionary_object(d.object, d.id):
+            raise InvalidMetadataError(f"{where}: field dictionaries[{i}].object: {d.object!r} is not the name of "
+                                       f"dictionary {d.id} (dictionaries/{d.id:010d}-<nonce>.zdict)")
+        if d.id in ids:
+            raise InvalidMetadataError(f"{where}: field dictionaries[{i}].id: dictionary {d.id} is registered twice")
+        ids.add(d.id)
 
 
 def check_compaction(doc: CompactionDoc, where: str) -> tuple[MessageId | None, list[tuple[MessageId | None,

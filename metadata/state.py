@@ -22,7 +22,14 @@ from shale.metadata.schema import (
     validate,
 )
 
-__all__ = ["CompactedPart", "CompactionState", "LedgerInfo", "RetiredSet", "TopicState"]
+__all__ = [
+    "CompactedPart",
+    "CompactionState",
+    "DictionaryInfo",
+    "LedgerInfo",
+    "RetiredSet",
+    "TopicState",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +71,22 @@ class LedgerInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class DictionaryInfo:
+    """A trained zstd dictionary of the topic: its id, its object (relative to the
+    topic's folder), its size and when it was registered."""
+
+    id: int
+    object: str
+    bytes: int
+    created_ms: int
+    crc32c: int  # of the object's bytes, checked whenever it is read
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "object": self.object, "bytes": self.bytes, "created_ms": self.created_ms,
+                "crc32c": self.crc32c}
+
+
+@dataclass(frozen=True, slots=True)
 class TopicState:
     """A topic's ordered ledger list.  Ledger ids strictly increase along the list.
 
@@ -80,6 +103,8 @@ class TopicState:
     generation: int = 0
     removed_through: int = 0
     truncated_ms: int = 0
+    #: the topic's trained dictionaries, oldest first (never removed)
+    dictionaries: tuple[DictionaryInfo, ...] = ()
 
     @property
     def last_ledger_id(self) -> int:
@@ -106,6 +131,8 @@ class TopicState:
             d["generation"] = self.generation
             d["removed_through"] = self.removed_through
             d["truncated_ms"] = self.truncated_ms
+        if self.dictionaries:
+            d["dictionaries"] = [x.to_json() for x in self.dictionaries]
         return d
 
     @classmethod
@@ -116,7 +143,8 @@ class TopicState:
         doc = validate(d, TopicDoc, where)
         check_topic(doc, where)
         return cls(tuple(LedgerInfo.from_doc(x) for x in doc.ledgers), doc.created_ms, version, token,
-                   doc.generation, doc.removed_through, doc.truncated_ms)
+                   doc.generation, doc.removed_through, doc.truncated_ms,
+                   tuple(DictionaryInfo(x.id, x.object, x.bytes, x.created_ms, x.crc32c) for x in doc.dictionaries))
 
 
 @dataclass(frozen=True, slots=True)

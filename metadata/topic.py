@@ -21,6 +21,7 @@ from shale.ledger.errors import (
     TopicNotFoundError,
 )
 from shale.ledger.storage import Location, require, resolve
+from shale.metadata.dictionaries import DictionaryCache
 from shale.metadata.documents import DocumentStore, Versioned
 from shale.metadata.layout import META_DIR
 from shale.metadata.policy import POLICY_DOC, TopicPolicy
@@ -68,6 +69,8 @@ class TopicMetadata:
         require(meta, "supports_conditional_writes", "a topic's metadata",
                 hint="keep the metadata on s3:// or a local folder (--metadata)")
         self.docs = DocumentStore(meta)
+        #: the topic's trained zstd dictionaries, by id, read once each
+        self.dictionaries = DictionaryCache(self)
 
     @classmethod
     def open(cls, topic_uri: str, metadata_uri: str | None = None) -> TopicMetadata:
@@ -141,6 +144,12 @@ class TopicMetadata:
         v = self.docs.replace(TOPIC_DOC, new.to_json(), expected.version, token=expected.token or None)
         return replace(new, version=v.version, token=v.token)
 
+    def replace_topic(self, new: TopicState, expected: TopicState) -> TopicState:
+        """Write ``new`` in place of ``expected``; :class:`ConflictError` if the document
+        changed since ``expected`` was read."""
+        v = self.docs.replace(TOPIC_DOC, new.to_json(), expected.version, token=expected.token or None)
+        return replace(new, version=v.version, token=v.token)
+
     def truncate(self, before_ledger: int, attempts: int = 20) -> tuple[TopicState, list[LedgerInfo]]:
         """Retention: remove the ledgers with ids below ``before_ledger`` from the topic.
 
@@ -166,7 +175,8 @@ class TopicMetadata:
                     new = TopicState(tuple(lg for lg in current.ledgers if lg.id >= before_ledger), current.created_ms,
                                      generation=current.generation + 1,
                                      removed_through=max(current.removed_through, removed[-1].id),
-                                     truncated_ms=max(now_ms, current.truncated_ms))
+                                     truncated_ms=max(now_ms, current.truncated_ms),
+                                     dictionaries=current.dictionaries)
                     v = self.docs.replace(TOPIC_DOC, new.to_json(), current.version, token=current.token or None)
             self._stamp_generation(new.generation, attempts)
             return replace(new, version=v.version, token=v.token), removed

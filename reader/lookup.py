@@ -57,7 +57,8 @@ def lookup(meta: TopicMetadata, key: bytes) -> Lookup:
     for lg in reversed(topic.ledgers):
         if h is not None and lg.id < h.ledger:
             break
-        f = LedgerFile.open(store, loc.key(lg.object), ledger_id=lg.id, kind=KIND_ORIGINAL)
+        f = LedgerFile.open(store, loc.key(lg.object), ledger_id=lg.id, kind=KIND_ORIGINAL,
+                            dictionaries=meta.dictionaries)
         footers += 1
         for i in _matches(f, hi, lo):
             if h is not None and f.record_id(i) <= h:
@@ -68,7 +69,8 @@ def lookup(meta: TopicMetadata, key: bytes) -> Lookup:
                 return Lookup(key, m, footers, entries)
     # the compacted view: at most one live record per key
     for part in reversed(state.parts):
-        f = LedgerFile.open(store, loc.key(part.object), ledger_id=state.part_ledger_id(part), kind=KIND_COMPACTED)
+        f = LedgerFile.open(store, loc.key(part.object), ledger_id=state.part_ledger_id(part), kind=KIND_COMPACTED,
+                            dictionaries=meta.dictionaries)
         footers += 1
         gone = read_deletions(store, loc.key(part.deletions), f.n_records) if part.deletions else None
         for i in _matches(f, hi, lo):

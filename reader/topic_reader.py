@@ -171,7 +171,8 @@ class TopicReader:
     def _open(self, key: str, ledger_id: int, kind: int) -> LedgerFile:
         f = self._files.get(key)
         if f is None:
-            f = LedgerFile.open(self.meta.topic.store, key, ledger_id=ledger_id, kind=kind)
+            f = LedgerFile.open(self.meta.topic.store, key, ledger_id=ledger_id, kind=kind,
+                                dictionaries=self.meta.dictionaries)
             self._files[key] = f
             if len(self._files) > 64:
                 self._files.popitem(last=False)

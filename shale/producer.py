@@ -27,6 +27,7 @@ from shale.ledger.format import KIND_ORIGINAL
 from shale.ledger.ids import MessageId
 from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES, Record, check_record_size, validate_record
 from shale.ledger.writer import LedgerWriter, encode_entry, relabel_ledger
+from shale.metadata.dictionaries import resolve_compression
 from shale.metadata.layout import ledger_object_name
 from shale.metadata.state import LedgerInfo, TopicState
 from shale.metadata.topic import TopicMetadata
@@ -142,7 +143,8 @@ class TopicWriter:
         self.meta = TopicMetadata.open(topic_uri, metadata_uri)
         if isinstance(compression, str):
             compression = parse_compression(compression)
-        self._compression = compression or self.meta.load_policy().compression or DEFAULT_COMPRESSION
+        self._compression = resolve_compression(
+            self.meta, compression or self.meta.load_policy().compression or DEFAULT_COMPRESSION)
         self.max_entry_bytes = max_entry_bytes
         self._batch_bytes = 0
         self.max_ledger_records = max_ledger_records
@@ -170,7 +172,8 @@ class TopicWriter:
 
     @compression.setter
     def compression(self, value: Compression | str) -> None:
-        self._compression = parse_compression(value) if isinstance(value, str) else value
+        self._compression = resolve_compression(self.meta, parse_compression(value) if isinstance(value, str)
+                                                else value)
         if self._ledger is not None:
             self._ledger.compression = self._compression
 

@@ -142,6 +142,31 @@ def test_spark_and_local_engines_publish_the_same_content(engine: SparkEngine, r
     assert codecs == ({Codec.LZ4} if scenario == "mixed-codecs" else {Codec.ZSTD})
 
 
+def test_spark_reads_and_writes_entries_compressed_with_the_topics_dictionary(engine: SparkEngine,
+                                                                            tmp_path: Path) -> None:
+    """Executors get the topic's dictionaries with the tasks: both engines publish the
+    same view of a topic written with zstd-dict, and the Spark run packs with it too."""
+    from shale.compactor.dictionary import train_dictionary
+    from shale.metadata.dictionaries import register_dictionary
+
+    local_uri, spark_uri = str(tmp_path / "local"), str(tmp_path / "spark")
+    t = 1_700_000_000.0
+    for uri in (local_uri, spark_uri):
+        produce(uri, seed=1, n=3_000, t=t, keys=500, batch=2)
+        meta = TopicMetadata.open(uri)
+        register_dictionary(meta, train_dictionary(meta, size=4096, rng=random.Random(3)).dictionary)
+        produce(uri, seed=2, n=2_000, t=t, keys=500, batch=2, compression="zstd-dict")
+    cfg = CompactionConfig(delete_retention_ms=0, compression=parse_compression("zstd-dict:3"))
+    a = Compactor(local_uri, cfg, clock=lambda: t + HOUR).run()
+    b = Compactor(spark_uri, cfg, clock=lambda: t + HOUR, engine=engine).run()
+    assert figures(a) == figures(b) and b.status == "compacted", b.error
+    assert compacted(local_uri) == compacted(spark_uri)
+    loc = TopicMetadata.open(spark_uri).topic
+    codecs = {int(c) for p in TopicMetadata.open(spark_uri).load_compaction().parts
+              for c in LedgerFile.open(loc.store, loc.key(p.object)).footer.codecs().tolist()}
+    assert codecs == {Codec.ZSTD_DICT}
+
+
 def test_engines_take_over_from_each_other(engine: SparkEngine, tmp_path: Path) -> None:
     """Local, then Spark, then local again on one topic equals local all along."""
     one, mixed = str(tmp_path / "one"), str(tmp_path / "mixed")

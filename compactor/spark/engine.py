@@ -333,7 +333,7 @@ class SparkEngine:
                 sc.defaultParallelism, math.ceil((records - keyless) / REDUCE_RECORDS_PER_PARTITION))
             ctx = TaskContext(topic.uri, ForwardedEnvironment.capture(credentials=self.options.forward_credentials),
                               tuple(splits), np.array([sp.base for sp in splits], dtype=np.int64), tuple(tasks),
-                              task_of, parts, now_ms, config)
+                              task_of, parts, now_ms, config, plan.dictionaries)
             bc = sc.broadcast(ctx)
             try:
                 sc.setJobDescription(f"shale pass one: {topic.uri}")

@@ -36,6 +36,7 @@ from shale.compactor.pass_two import Copy, write_parts
 from shale.compactor.plan import Slice
 from shale.compactor.rules import latest_of_each_key, tombstone_fate
 from shale.compactor.spark.environment import ForwardedEnvironment
+from shale.ledger.codecs import Dictionary, dictionary_source
 from shale.ledger.deletions import read_deletions
 from shale.ledger.errors import ShaleError, TransientStorageError, error_detail, error_from_detail
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, KIND_COMPACTED
@@ -96,6 +97,7 @@ class TaskContext:
     reduce_partitions: int
     now_ms: int
     config: CompactionConfig
+    dictionaries: tuple[Dictionary, ...] = ()  # the topic's trained zstd dictionaries
 
     def location(self) -> Location:
         self.environment.apply()
@@ -107,7 +109,8 @@ class TaskContext:
         f = _LAST_OPENED.get(ident)
         if f is None:
             # Consecutive splits of one big ledger share its footer: keep the last one.
-            f = LedgerFile.open(loc.store, sp.key, ledger_id=sp.ledger_id, kind=sp.kind)
+            f = LedgerFile.open(loc.store, sp.key, ledger_id=sp.ledger_id, kind=sp.kind,
+                                dictionaries=dictionary_source(self.dictionaries))
             _LAST_OPENED.clear()
             _LAST_OPENED[ident] = f
         return f

@@ -1,0 +1,186 @@
+"""``shale dictionary``: train a zstd dictionary on a sample of a topic's records, register
+it, and measure what it saves.
+
+Records are sampled from the newest ledgers (decompressed, one sample per record, as zstd's
+trainer wants them).  Every other entry sampled is kept out of the training and used to
+measure: each is compressed on its own, as a producer stores it, with zstd at the level
+asked for, with and without the new dictionary.  The dictionary is registered in the
+topic (:mod:`shale.metadata.dictionaries`); ``--use`` also sets the topic's compression
+policy to ``zstd-dict``, so producers and compactions write with it from then on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from dataclasses import asdict, dataclass
+from typing import Any, Final, NamedTuple, TextIO, cast
+
+import numpy as np
+
+from shale.compactor.commandline import add_topic_arguments, size_arg
+from shale.ledger.codecs import MAX_DICTIONARY_BYTES, Codec, Compression, Dictionary, compress
+from shale.ledger.errors import InvalidInputError
+from shale.ledger.format import FRAME_HEADER
+from shale.ledger.reader import LedgerFile
+from shale.metadata.dictionaries import register_dictionary
+from shale.metadata.topic import TopicMetadata
+
+__all__ = ["TrainReport", "Trained", "register_dictionary_command", "train_dictionary"]
+
+#: zstd's trainer wants about a hundred times the dictionary's size in samples ...
+SAMPLE_FACTOR: Final = 100
+#: ... and is refused less than a tenth of that, or fewer records than this.
+MIN_SAMPLE_FACTOR: Final = 10
+MIN_SAMPLES: Final = 1000
+#: Dictionary ids below this are reserved by zstd for a registry.
+_MIN_ID: Final = 1 << 15
+
+
+@dataclass(frozen=True, slots=True)
+class TrainReport:
+    """What training used and what the dictionary saves on entries it was not trained on."""
+
+    topic: str
+    dictionary_id: int
+    dictionary_bytes: int
+    records_sampled: int
+    entries_measured: int
+    raw_bytes: int  # the measured entries, uncompressed
+    zstd_bytes: int  # ... each compressed on its own with zstd at the level
+    zstd_dict_bytes: int  # ... and with the dictionary
+    level: int
+    used: bool  # whether the topic's compression policy was set to zstd-dict
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def human(self) -> str:
+        gain = self.zstd_bytes / self.zstd_dict_bytes if self.zstd_dict_bytes else 0.0
+        line = (f"{self.topic}: trained dictionary {self.dictionary_id} ({self.dictionary_bytes:,} bytes) on "
+                f"{self.records_sampled:,} records; on {self.entries_measured:,} other entries "
+                f"({self.raw_bytes:,} bytes), each compressed on its own: zstd:{self.level} {self.zstd_bytes:,} "
+                f"bytes, with the dictionary {self.zstd_dict_bytes:,} ({gain:.2f}x smaller)")
+        if self.used:
+            return line + f"; producers and compactions now write zstd-dict:{self.level}"
+        return line + f"; to write with it: shale config {self.topic} --set compression=zstd-dict:{self.level}"
+
+
+def _sample(meta: TopicMetadata, want_bytes: int) -> tuple[list[bytes], list[bytes]]:
+    """Records of the newest entries for training (about ``want_bytes``) and, apart, whole
+    entry payloads to measure on: every other entry goes to one or the other."""
+    loc = meta.topic
+    train: list[bytes] = []
+    measure: list[bytes] = []
+    got = 0
+    for lg in reversed(meta.load_topic().ledgers):
+        f = LedgerFile.open(loc.store, loc.key(lg.object), ledger_id=lg.id, dictionaries=meta.dictionaries)
+        foot = f.footer
+        for c0, c1 in reversed(list(f.chunks(0, f.n_entries))):
+            base, buf = f.read_frames(c0, c1)
+            f.check_frames(buf, base, c0, c1)
+            sel = np.arange(c0, c1, dtype=np.int64)
+            raw, at = f.raw_frames(buf, base, sel)
+            view = memoryview(raw)
+            for i, e in reversed(list(enumerate(sel.tolist()))):
+                r0, r1 = int(foot.e_rec_start[e]), int(foot.e_rec_start[e + 1])
+                payload = int(at[i]) + FRAME_HEADER.size
+                if e % 2:
+                    measure.append(bytes(view[payload:payload + int(foot.raw_lengths()[e])]))
+                    continue
+                for r in range(r0, r1):
+                    o = payload + int(foot.col("r_offset")[r])
+                    train.append(bytes(view[o:o + int(foot.col("r_size")[r])]))
+                    got += int(foot.col("r_size")[r])
+            if got >= want_bytes:
+                return train, measure
+    return train, measure
+
+
+class Trained(NamedTuple):
+    dictionary: Dictionary
+    records: int  # records it was trained on
+    held_out: list[bytes]  # entry payloads kept out of its training, to measure it on
+
+
+def train_dictionary(meta: TopicMetadata, *, size: int = 112 << 10, level: int = 3,
+                     rng: random.Random | None = None) -> Trained:
+    """A dictionary of about ``size`` bytes trained on the newest records of the topic."""
+    import zstandard
+
+    if not 1 << 10 <= size <= MAX_DICTIONARY_BYTES:
+        raise InvalidInputError(f"dictionary size {size} must be from 1 KiB to {MAX_DICTIONARY_BYTES >> 10} KiB")
+    meta.load_topic()  # a missing topic is named as such
+    samples, measure = _sample(meta, SAMPLE_FACTOR * size)
+    got = sum(map(len, samples))
+    if len(samples) < MIN_SAMPLES or got < MIN_SAMPLE_FACTOR * size:
+        raise InvalidInputError(
+            f"{meta.uri}: cannot train a dictionary on {len(samples):,} records ({got:,} bytes): a dictionary of "
+            f"{size:,} bytes needs {MIN_SAMPLES:,} records and {MIN_SAMPLE_FACTOR * size:,} bytes at least "
+            f"({SAMPLE_FACTOR * size:,} is better); produce more first, or ask for a smaller --size")
+    dictionary_id = (rng or random.SystemRandom()).randrange(_MIN_ID, 1 << 31)
+    try:
+        trained = zstandard.train_dictionary(size, cast("list[bytes | bytearray | memoryview]", samples),
+                                             dict_id=dictionary_id, level=level)
+    except zstandard.ZstdError as e:
+        raise InvalidInputError(f"{meta.uri}: cannot train a dictionary on {len(samples):,} records "
+                                f"({sum(map(len, samples)):,} bytes): {e}; a topic needs a few thousand records "
+                                "first") from None
+    return Trained(Dictionary(trained.dict_id(), trained.as_bytes()), len(samples), measure)
+
+
+def _measure(dictionary: Dictionary, payloads: list[bytes], level: int) -> tuple[int, int, int]:
+    plain, with_dict = Compression(Codec.ZSTD, level), Compression(Codec.ZSTD_DICT, level, dictionary)
+    raw = sum(map(len, payloads))
+    return (raw, sum(len(compress(p, plain)[1]) for p in payloads),
+            sum(len(compress(p, with_dict)[1]) for p in payloads))
+
+
+def _run_dictionary(args: argparse.Namespace, out: TextIO) -> int:
+    meta = TopicMetadata.open(args.topic, args.metadata)
+    if not args.train:
+        if args.use:
+            raise InvalidInputError("--use goes with --train")
+        known = meta.load_topic().dictionaries
+        if args.json:
+            out.write(json.dumps({"topic": meta.uri, "dictionaries": [d.to_json() for d in known]},
+                                 separators=(",", ":")) + "\n")
+        elif not known:
+            out.write(f"{meta.uri}: no dictionary (train one with --train)\n")
+        else:
+            out.write("".join(f"{d.id}  {d.bytes:,} bytes  {d.object}{'  (newest)' if d is known[-1] else ''}\n"
+                              for d in known))
+        return 0
+    trained = train_dictionary(meta, size=args.size, level=args.level)
+    register_dictionary(meta, trained.dictionary)
+    if args.use:
+        meta.update_policy({"compression": f"zstd-dict:{args.level}"}, [])
+    raw, plain, with_dict = _measure(trained.dictionary, trained.held_out, args.level)
+    report = TrainReport(meta.uri, trained.dictionary.id, len(trained.dictionary.data), trained.records,
+                         len(trained.held_out), raw, plain, with_dict, args.level, args.use)
+    out.write((json.dumps(report.to_json(), separators=(",", ":")) if args.json else report.human()) + "\n")
+    return 0
+
+
+def register_dictionary_command(sub: Any) -> None:
+    """Add ``shale dictionary``."""
+    d = sub.add_parser("dictionary", help="list a topic's zstd dictionaries, or train a new one",
+                       description="Without --train, list the topic's trained zstd dictionaries. With --train, "
+                       "train one on a sample of the topic's newest records, register it, and print what it "
+                       "saves on entries it was not trained on. Entries compressed with zstd-dict (the topic's "
+                       "compression policy, or --compression) use the newest dictionary; older entries keep "
+                       "theirs, and dictionaries are never deleted.",
+                       epilog="exit codes: 0 listed or trained; 2 bad usage, missing topic or too few records to "
+                       "train on; 3 the topic kept changing; 4 a ledger or metadata document is corrupt",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_topic_arguments(d)
+    d.add_argument("--train", action="store_true", help="train a new dictionary and register it")
+    d.add_argument("--size", type=size_arg, default=112 << 10, metavar="SIZE",
+                   help="the dictionary's size (default 112KiB, zstd's own; 1KiB to 1MiB)")
+    d.add_argument("--level", type=int, default=3, metavar="N",
+                   help="the zstd level to measure it at, and with --use to write at (default 3)")
+    d.add_argument("--use", action="store_true",
+                   help="also set the topic's compression policy to zstd-dict:LEVEL")
+    d.add_argument("--json", action="store_true", help="print one JSON line instead of text")
+    d.set_defaults(func=_run_dictionary)

@@ -1,0 +1,105 @@
+"""A topic's trained zstd dictionaries: registered in ``topic.json``, each stored once as
+an object of its own (``dictionaries/<id>-<nonce>.zdict``), never deleted.
+
+Small records compress poorly one entry at a time; a dictionary trained on a sample of the
+topic's records lets zstd start every entry from what such records look like.  Producers
+and compactions compress with the newest one when the topic's compression is
+``zstd-dict``; a frame names the dictionary it needs, so entries compressed with older
+ones stay readable.  A dictionary read back is checked before use: its object's size and
+CRC32C against what ``topic.json`` registered, zstd's magic, and its id.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from shale.ledger.codecs import Codec, Compression, Dictionary
+from shale.ledger.errors import ConflictError, CorruptLedgerError, InvalidInputError, TopicNotFoundError
+from shale.ledger.kernels import crc32c
+from shale.metadata.layout import dictionary_object_name
+from shale.metadata.state import DictionaryInfo
+
+if TYPE_CHECKING:
+    from shale.metadata.topic import TopicMetadata
+
+__all__ = ["DictionaryCache", "register_dictionary", "resolve_compression"]
+
+
+class DictionaryCache:
+    """The topic's dictionaries by id, each read and checked once (a
+    :data:`~shale.ledger.codecs.DictionarySource`)."""
+
+    def __init__(self, meta: TopicMetadata) -> None:
+        self._meta = meta
+        self._known: dict[int, Dictionary] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, dictionary_id: int) -> Dictionary:
+        with self._lock:
+            got = self._known.get(dictionary_id)
+            if got is None:
+                got = self._known[dictionary_id] = self._load(dictionary_id)
+            return got
+
+    def _load(self, dictionary_id: int) -> Dictionary:
+        meta = self._meta
+        info = next((d for d in meta.load_topic().dictionaries if d.id == dictionary_id), None)
+        if info is None:
+            raise CorruptLedgerError(f"{meta.uri}: no dictionary {dictionary_id} is registered in topic.json")
+        store, key = meta.topic.store, meta.topic.key(info.object)
+        data = store.get(key)
+        where = store.url(key)
+        if len(data) != info.bytes or crc32c(data) != info.crc32c:
+            raise CorruptLedgerError(f"{where}: the dictionary's bytes changed since it was registered "
+                                     f"({len(data)} bytes, {info.bytes} registered)", path=where)
+        return Dictionary.load(data, where, expect_id=dictionary_id)
+
+    def newest(self) -> Dictionary | None:
+        """The newest registered dictionary (what new entries are compressed with)."""
+        try:
+            dictionaries = self._meta.load_topic().dictionaries
+        except TopicNotFoundError:
+            return None  # (a topic about to be created has none)
+        return self(dictionaries[-1].id) if dictionaries else None
+
+    def all(self) -> tuple[Dictionary, ...]:
+        """Every registered dictionary (for processes that cannot read the topic's
+        metadata themselves)."""
+        return tuple(self(d.id) for d in self._meta.load_topic().dictionaries)
+
+
+def register_dictionary(meta: TopicMetadata, dictionary: Dictionary, attempts: int = 20) -> DictionaryInfo:
+    """Store ``dictionary`` (create-only, under a name no other writer uses) and add it to
+    the topic's ``topic.json`` with compare-and-swap; it becomes the newest."""
+    from shale.ledger._retry import ConflictPolicy
+
+    name = dictionary_object_name(dictionary.id, uuid.uuid4().hex[:12])
+    # (a unique name: nobody else writes it, and a failed registration leaves an object
+    # nothing refers to, which nothing ever reads either)
+    meta.topic.store.put(meta.topic.key(name), dictionary.data)
+    info = DictionaryInfo(dictionary.id, name, len(dictionary.data), meta.now_ms(), crc32c(dictionary.data))
+    try:
+        for attempt in ConflictPolicy(attempts).retrying(f"{meta.uri}: registering a dictionary"):
+            with attempt:
+                current = meta.load_topic()
+                if any(d.id == dictionary.id for d in current.dictionaries):
+                    raise InvalidInputError(f"{meta.uri}: dictionary {dictionary.id} is registered already")
+                meta.replace_topic(replace(current, dictionaries=(*current.dictionaries, info)), current)
+    except ConflictError as e:
+        raise ConflictError(f"{meta.uri}: the topic kept changing; the dictionary was not registered ({e})") from e
+    return info
+
+
+def resolve_compression(meta: TopicMetadata, compression: Compression) -> Compression:
+    """``compression`` ready to write with: ``zstd-dict`` given the topic's newest
+    dictionary (refused, in words, when the topic has none)."""
+    if not compression.needs_dictionary:
+        return compression
+    newest = meta.dictionaries.newest()
+    if newest is None:
+        raise InvalidInputError(f"{meta.uri}: compression {compression} needs a trained dictionary and the topic has "
+                                f"none: train one with `shale dictionary {meta.uri} --train`")
+    return Compression(Codec.ZSTD_DICT, compression.level, newest)
