@@ -14,8 +14,10 @@ Parquet file (to zstd Parquet), and an incremental run of the zstd topic after 1
 records.  Medians, then the ratios the issue sets goals for.
 
 ``produce``: records through ``TopicWriter.append`` with each codec (none, lz4, zstd 1,
-zstd 3), two kinds of records: Faker change capture of a users table (JSON rows) and
-the 64-byte values; records/s, bytes stored, ratio.
+zstd 3, and zstd 3 with a dictionary trained on other records of the same kind), two
+kinds of records: Faker change capture of a users table (JSON rows) and random 64-byte
+values; records/s, bytes stored (footers included), ratio; ``--batch-size`` records per
+entry (small entries are where a dictionary helps).
 
 ``restore``: a topic of each codec, compacted with that codec, read back as a table
 (``TableView``: the compacted view, decoded record by record) and as a compacted read
@@ -187,35 +189,58 @@ def cmd_compact(a: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------- produce
 
 
+def _trained(kind: str, rows: list[tuple[bytes, bytes]], where: Path, batch: int) -> Any:
+    """A dictionary trained on a topic of ``rows`` (as ``shale dictionary --train`` does)."""
+    from shale.compactor.dictionary import train_dictionary
+    from shale.metadata.topic import TopicMetadata
+    from shale.producer import TopicWriter
+
+    uri = str(where / f"{kind}-dictionary-source")
+    shutil.rmtree(uri, ignore_errors=True)
+    with TopicWriter(uri, batch_size=batch) as w:
+        for k, v in rows:
+            w.append(k, v)
+    return train_dictionary(TopicMetadata.open(uri)).dictionary
+
+
 def cmd_produce(a: argparse.Namespace) -> None:
+    from shale.metadata.dictionaries import register_dictionary
+    from shale.metadata.topic import TopicMetadata
     from shale.producer import TopicWriter
 
     kinds = {"users": faker_rows(a.records), "random64": [
         (k.encode(), os.urandom(32).hex().encode()) for ks, _, _ in records(1, a.records, a.records // 10, 64)
         for k in ks]}
+    base = Path(a.dir) / "produce"
+    # trained on other records than the ones produced (another seed), as a topic's would be
+    dictionaries = {"users": _trained("users", faker_rows(100_000, seed=2), base, a.batch_size),
+                    "random64": _trained("random64", [(k, os.urandom(32).hex().encode()) for k, _ in
+                                                      kinds["random64"][:100_000]], base, a.batch_size)}
     results: dict[tuple[str, str], list[float]] = {}
     stored: dict[tuple[str, str], tuple[int, int]] = {}
     for _ in range(a.repeat):
         for kind, rows in kinds.items():
-            for codec in CODECS:  # interleaved
-                uri = str(Path(a.dir) / "produce" / f"{kind}-{codec.replace(':', '')}")
+            for codec in (*CODECS, "zstd-dict:3"):  # interleaved
+                uri = str(base / f"{kind}-{codec.replace(':', '')}")
                 shutil.rmtree(uri, ignore_errors=True)
+                if codec.startswith("zstd-dict"):
+                    meta = TopicMetadata.open(uri)
+                    meta.create_topic()
+                    register_dictionary(meta, dictionaries[kind])
                 t = time.perf_counter()
-                with TopicWriter(uri, compression=codec) as w:
+                with TopicWriter(uri, compression=codec, batch_size=a.batch_size) as w:
                     for k, v in rows:
                         w.append(k, v)
                 results.setdefault((kind, codec), []).append(time.perf_counter() - t)
-                ledgers = w.result.ledgers
-                from shale.metadata.topic import TopicMetadata
-
-                raw = sum(lg.uncompressed_bytes for lg in TopicMetadata.open(uri).load_topic().ledgers)
-                stored[(kind, codec)] = (sum(lg.bytes for lg in ledgers), raw)
+                ledgers = TopicMetadata.open(uri).load_topic().ledgers
+                stored[(kind, codec)] = (sum(lg.bytes for lg in ledgers), sum(lg.uncompressed_bytes for lg in ledgers))
     for (kind, codec), times in results.items():
         s, raw = stored[(kind, codec)]
         med = statistics.median(times)
-        print(json.dumps({"produce": kind, "codec": codec, "records_per_s": round(a.records / med),
-                          "raw_MB_per_s": round(raw / med / 1e6, 1), "bytes": s, "raw_bytes": raw,
-                          "ratio": round(raw / s, 2), "seconds": [round(x, 2) for x in times]}), flush=True)
+        print(json.dumps({"produce": kind, "batch_size": a.batch_size, "codec": codec,
+                          "records_per_s": round(a.records / med), "raw_MB_per_s": round(raw / med / 1e6, 1),
+                          "bytes": s, "raw_bytes": raw, "ratio": round(raw / s, 2),
+                          "seconds": [round(x, 2) for x in times]}), flush=True)
 
 
 # --------------------------------------------------------------------------- restore
@@ -272,6 +297,7 @@ def main() -> None:
     pr = sub.add_parser("produce")
     pr.add_argument("--records", type=int, default=1_000_000)
     pr.add_argument("--repeat", type=int, default=3)
+    pr.add_argument("--batch-size", type=int, default=100, help="records per entry (the producer's default: 100)")
     r = sub.add_parser("restore")
     r.add_argument("--records", type=int, default=2_000_000)
     r.add_argument("--keys", type=int, default=200_000)

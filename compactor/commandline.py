@@ -55,7 +55,7 @@ def duration_arg(text: str) -> int:
 
 
 def compression_arg(text: str) -> Compression:
-    """A compression flag's value (``none``, ``lz4``, ``zstd``, ``zstd:3``)."""
+    """A compression flag's value (``none``, ``lz4``, ``zstd``, ``zstd:3``, ``zstd-dict``)."""
     try:
         return parse_compression(text)
     except InvalidInputError as e:
@@ -63,7 +63,8 @@ def compression_arg(text: str) -> Compression:
 
 
 #: The help of every --compression flag.
-COMPRESSION_HELP = ("none, lz4, zstd (level 1) or zstd:LEVEL (1-22); default: the topic's compression policy, "
+COMPRESSION_HELP = ("none, lz4, zstd (level 1), zstd:LEVEL (1-22), or zstd-dict[:LEVEL] (zstd with the topic's "
+                    "newest trained dictionary: shale dictionary --train); default: the topic's compression policy, "
                     f"else {DEFAULT_COMPRESSION}")
 
 

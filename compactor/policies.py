@@ -74,7 +74,8 @@ POLICY_KEYS: Final[dict[str, PolicyKey]] = {k.name: k for k in (
     PolicyKey("retention-bytes", "retention_bytes", parse_size, format_size, None,
               "after each publish, remove the oldest ledgers below the horizon beyond this many bytes"),
     PolicyKey("compression", "compression", lambda text: str(parse_compression(text)), str, "compression",
-              "how produce compresses new entries and compact the entries it writes anew (none, lz4, zstd:LEVEL)",
+              "how produce compresses new entries and compact the entries it writes anew (none, lz4, zstd:LEVEL, "
+              "zstd-dict:LEVEL)",
               parse_compression),
 )}
 

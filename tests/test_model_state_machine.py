@@ -33,10 +33,11 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from shale.compactor import CompactionConfig, Compactor, collect_garbage
-from shale.ledger.codecs import parse_compression
+from shale.ledger.codecs import Dictionary, parse_compression
 from shale.ledger.errors import ObjectNotFoundError
 from shale.ledger.ids import MIN_ID, MessageId
-from shale.ledger.record import Message, Record
+from shale.ledger.record import Message, Record, encode_record
+from shale.metadata.dictionaries import register_dictionary
 from shale.metadata.state import CompactionState
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
@@ -54,7 +55,24 @@ LAGS = (0, 30 * MINUTE)
 
 
 #: Each produce and each compaction picks one (mixing codecs in a ledger and across runs).
-CODECS = ["none", "lz4", "zstd", "zstd:3"]
+CODECS = ["none", "lz4", "zstd", "zstd:3", "zstd-dict"]
+
+
+def _trained_dictionary() -> Dictionary:
+    """A dictionary trained on records shaped like the ones the machine produces."""
+    import random
+
+    import zstandard
+
+    rnd = random.Random(7)
+    samples = [encode_record(Record(f"k{rnd.randrange(8)}".encode(), bytes([rnd.randrange(256)]) * rnd.randrange(9),
+                                    {"p": "x"} if rnd.random() < 0.5 else {}, 1_700_000_000_000 + i))
+               for i in range(3000)]
+    d = zstandard.train_dictionary(2048, samples, dict_id=424242)
+    return Dictionary(d.dict_id(), d.as_bytes())
+
+
+_DICTIONARY = _trained_dictionary()
 
 
 class FakeClock:
@@ -133,6 +151,7 @@ class ShaleModelMachine(RuleBasedStateMachine):
         self.clock = FakeClock(int(time.time()))
         self.meta = TopicMetadata.open(self.uri)
         self.meta.create_topic()
+        register_dictionary(self.meta, _DICTIONARY)  # for zstd-dict
         self.slots: list[WriterSlot | None] = [None, None]
         self.visible: list[Rec] = []  # sealed records, in id order
         self.sealed_ranges: list[tuple[int, int, Any]] = []  # (first index, stop index, SealedLedger)
