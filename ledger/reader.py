@@ -274,8 +274,8 @@ class LedgerFile:
         # reused from batch to batch: fresh pages would cost more than the copy into them
         out = (scratch or Scratch()).take(int(at[-1]))
         view, url = memoryview(buf), self.url
-        for i, (codec, o, end, a, n) in enumerate(zip(codecs.tolist(), offs.tolist(), ends, at.tolist(), raw.tolist(),
-                                                      strict=False)):
+        for i, (codec, o, end, a, n) in enumerate(zip(codecs.tolist(), offs.tolist(), ends, at[:-1].tolist(),
+                                                      raw.tolist(), strict=True)):
             stored = view[o + FRAME_HEADER.size:end]
             a += FRAME_HEADER.size
             if codec == Codec.NONE:
