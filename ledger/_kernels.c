@@ -1086,6 +1086,194 @@ done:
 }
 
 /* ------------------------------------------------------------------------------------ */
+/* Records as columns                                                                   */
+
+#define MP_INT8 0xd0 /* int8..int64 are signed: sign-extended from their width */
+
+/* str: where its bytes begin and how many; NULL when not valid UTF-8 text ending by end */
+static inline const uint8_t *read_str(const uint8_t *p, const uint8_t *end, const uint8_t **at, int64_t *len) {
+    if (p >= end) return NULL;
+    uint8_t t = *p++;
+    uint64_t n;
+    if ((t & MP_FIXSTR_MASK) == MP_FIXSTR)
+        n = t & MP_FIXSTR_LEN;
+    else if (t < MP_STR8 || t > MP_STR32 || !read_length(&p, end, 1u << (t - MP_STR8), &n))
+        return NULL;
+    if ((uint64_t)(end - p) < n || !utf8_valid(p, (size_t)n)) return NULL;
+    *at = p, *len = (int64_t)n;
+    return p + n;
+}
+
+/* an integer that fits an int64, and its value */
+static inline const uint8_t *read_int(const uint8_t *p, const uint8_t *end, int64_t *v) {
+    if (p >= end) return NULL;
+    uint8_t t = *p++;
+    if (t <= MP_POSFIXINT_MAX || t >= MP_NEGFIXINT_MIN) {
+        *v = (int8_t)t; /* (a positive fixint's top bit is clear) */
+        return p;
+    }
+    if (t < MP_UINT8 || t > MP_INT64) return NULL;
+    unsigned width = 1u << (t & MP_INT_WIDTH_BITS);
+    if ((size_t)(end - p) < width || (t == MP_UINT64 && (p[0] & MP_SIGN_BIT))) return NULL;
+    uint64_t u = load_be(p, width);
+    if (t < MP_INT8 || width == 8)
+        *v = (int64_t)u;
+    else if (width == 4)
+        *v = (int32_t)(uint32_t)u;
+    else if (width == 2)
+        *v = (int16_t)(uint16_t)u;
+    else
+        *v = (int8_t)(uint8_t)u;
+    return p + width;
+}
+
+/* One record's fields: byte offsets from the buffer's start, -1 lengths for nil. */
+typedef struct {
+    int64_t key_at, key_len, value_at, value_len, publish, event, pairs;
+    uint8_t has_event;
+    const uint8_t *props; /* the first property, after the map's header */
+} fields_t;
+
+/* The properties at p (nil or a map of str to str): their count; NULL when malformed. */
+static const uint8_t *read_properties(const uint8_t *p, const uint8_t *end, fields_t *f) {
+    if (p >= end) return NULL;
+    uint8_t t = *p++;
+    uint64_t pairs = 0;
+    const uint8_t *s;
+    int64_t n;
+    if (t != MP_NIL) {
+        if ((t & MP_FIXMAP_MASK) == MP_FIXMAP)
+            pairs = t & MP_FIXMAP_COUNT;
+        else if ((t != MP_MAP16 && t != MP_MAP32) ||
+                 !read_length(&p, end, t == MP_MAP16 ? MP_WIDTH16 : MP_WIDTH32, &pairs))
+            return NULL;
+    }
+    f->props = p, f->pairs = (int64_t)pairs;
+    for (; pairs && p; pairs--) /* a crafted count ends at the record's end: each string takes a byte */
+        if ((p = read_str(p, end, &s, &n))) p = read_str(p, end, &s, &n);
+    return p;
+}
+
+/* Whether [p, end) is exactly one record; its fields in *f (offsets from base). */
+static int read_record(const uint8_t *base, const uint8_t *p, const uint8_t *end, fields_t *f) {
+    if (!(p = skip_record_head(p, end))) return 0;
+    if (!(p = skip_bin(p, end, &f->key_len))) return 0;
+    f->key_at = (p - base) - (f->key_len > 0 ? f->key_len : 0);
+    if (!(p = skip_bin(p, end, &f->value_len))) return 0;
+    f->value_at = (p - base) - (f->value_len > 0 ? f->value_len : 0);
+    if (!(p = read_properties(p, end, f)) || !(p = read_int(p, end, &f->publish))) return 0;
+    f->has_event = !(p < end && *p == MP_NIL);
+    f->event = 0;
+    if (!f->has_event)
+        p++;
+    else if (!(p = read_int(p, end, &f->event)))
+        return 0;
+    return p == end;
+}
+
+enum { COL_KEY_AT, COL_KEY_LEN, COL_VALUE_AT, COL_VALUE_LEN, COL_PUBLISH, COL_EVENT, COL_HAS_EVENT, COL_PAIRS,
+       COL_NAME_AT, COL_NAME_LEN, COL_PVAL_AT, COL_PVAL_LEN, COLS };
+
+/* The columns' rows: one per record, or (the last four) one per property. */
+static int new_columns(PyObject *out[COLS], Py_ssize_t n, int64_t pairs) {
+    for (int c = 0; c < COLS; c++) {
+        Py_ssize_t rows = c >= COL_NAME_AT ? (Py_ssize_t)pairs : n;
+        if (!(out[c] = PyByteArray_FromStringAndSize(NULL, c == COL_HAS_EVENT ? rows : rows * 8))) return -1;
+    }
+    return 0;
+}
+
+/* Fill the columns of records the first pass read (every record valid, ``pairs`` properties
+ * in all); RECORDS_CHANGED if the data no longer says what it said then. */
+static Py_ssize_t fill_columns(const record_job_t *j, PyObject *out[COLS], int64_t pairs) {
+    int64_t *col[COLS];
+    for (int c = 0; c < COLS; c++) col[c] = (int64_t *)(void *)PyByteArray_AS_STRING(out[c]);
+    uint8_t *has_event = (uint8_t *)PyByteArray_AS_STRING(out[COL_HAS_EVENT]);
+    int64_t pair = 0, len = 0;
+    for (Py_ssize_t i = 0; i < j->n; i++) {
+        int64_t s = (int64_t)ld64(j->starts + i), z = (int64_t)ld64(j->sizes + i);
+        fields_t f;
+        if (!read_record(j->base, j->base + s, j->base + s + z, &f) || f.pairs > pairs - pair) return RECORDS_CHANGED;
+        col[COL_KEY_AT][i] = f.key_at, col[COL_KEY_LEN][i] = f.key_len;
+        col[COL_VALUE_AT][i] = f.value_at, col[COL_VALUE_LEN][i] = f.value_len;
+        col[COL_PUBLISH][i] = f.publish, col[COL_EVENT][i] = f.event, col[COL_PAIRS][i] = f.pairs;
+        has_event[i] = f.has_event;
+        const uint8_t *p = f.props, *end = j->base + s + z, *at = NULL;
+        for (int64_t k = 0; k < f.pairs; k++, pair++) {
+            if (!(p = read_str(p, end, &at, &len))) return RECORDS_CHANGED;
+            col[COL_NAME_AT][pair] = at - j->base, col[COL_NAME_LEN][pair] = len;
+            if (!(p = read_str(p, end, &at, &len))) return RECORDS_CHANGED;
+            col[COL_PVAL_AT][pair] = at - j->base, col[COL_PVAL_LEN][pair] = len;
+        }
+    }
+    return -1;
+}
+
+/* First pass: every record valid (ranges checked already, on copies nobody else holds),
+ * and the properties they hold; the first bad record, or -1. */
+static Py_ssize_t count_properties(const record_job_t *j, int64_t *pairs) {
+    *pairs = 0;
+    for (Py_ssize_t i = 0; i < j->n; i++) {
+        int64_t s = (int64_t)ld64(j->starts + i), z = (int64_t)ld64(j->sizes + i);
+        fields_t f;
+        if (!read_record(j->base, j->base + s, j->base + s + z, &f)) return i;
+        *pairs += f.pairs;
+    }
+    return -1;
+}
+
+PyDoc_STRVAR(record_columns_doc,
+             "record_columns(data, starts, sizes) -> (bad, columns)\n\n"
+             "Decode the records data[starts[i]:starts[i] + sizes[i]] (int64 buffers) into columns: bad is\n"
+             "-1 and columns a tuple of bytearrays, int64 unless said: key offset and length (-1: nil),\n"
+             "value offset and length, publish time, event time, has event time (uint8), properties per\n"
+             "record; then per property, in order, name offset and length, value offset and length.\n"
+             "Offsets are into data. A record that is not exactly one well-formed record: bad is its\n"
+             "index and columns None.");
+
+static PyObject *py_record_columns(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *data_obj, *starts_obj, *sizes_obj, *out[COLS] = {NULL}, *result = NULL;
+    if (!PyArg_ParseTuple(args, "OOO", &data_obj, &starts_obj, &sizes_obj)) return NULL;
+    /* copies: the first pass's values are the second pass's, whatever another thread does */
+    Py_ssize_t n = 0, n_sizes = 0;
+    int64_t *starts = copy_int64(starts_obj, "starts", 1, &n), *sizes = NULL;
+    if (!starts || !(sizes = copy_int64(sizes_obj, "sizes", 1, &n_sizes))) goto free;
+    if (n != n_sizes) {
+        PyErr_SetString(PyExc_ValueError, "starts and sizes must have one length");
+        goto free;
+    }
+    Py_buffer data;
+    if (PyObject_GetBuffer(data_obj, &data, PyBUF_C_CONTIGUOUS) < 0) goto free;
+    record_job_t j = {.base = data.buf, .len = data.len, .starts = (const uint64_t *)starts,
+                      .sizes = (const uint64_t *)sizes, .n = n};
+    int64_t s = 0, z = 0, pairs = 0;
+    Py_ssize_t bad = first_outside(&j, &s, &z);
+    if (bad >= 0) {
+        PyErr_Format(PyExc_ValueError, "record %zd (%lld bytes at %lld) lies outside the buffer of %zd bytes", bad,
+                     (long long)z, (long long)s, j.len);
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        bad = count_properties(&j, &pairs);
+        Py_END_ALLOW_THREADS
+        if (bad >= 0)
+            result = Py_BuildValue("(nO)", bad, Py_None);
+        else if (new_columns(out, j.n, pairs) == 0) {
+            if (fill_columns(&j, out, pairs) == RECORDS_CHANGED)
+                PyErr_SetString(PyExc_RuntimeError, "the records changed while they were read");
+            else
+                result = Py_BuildValue("(n(OOOOOOOOOOOO))", (Py_ssize_t)-1, out[0], out[1], out[2], out[3], out[4],
+                                       out[5], out[6], out[7], out[8], out[9], out[10], out[11]);
+        }
+    }
+    PyBuffer_Release(&data);
+free:
+    for (int c = 0; c < COLS; c++) Py_XDECREF(out[c]);
+    free(starts);
+    free(sizes);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------ */
 /* The latest record of every key                                                        */
 /*
  * An open-addressing table whose home slot is the top bits of the high hash, probed
@@ -1879,6 +2067,7 @@ static PyMethodDef methods[] = {
     {"check_frames", py_check_frames, METH_VARARGS, check_frames_doc},
     {"check_records", py_check_records, METH_VARARGS, check_records_doc},
     {"check_kept", py_check_kept, METH_VARARGS, check_kept_doc},
+    {"record_columns", py_record_columns, METH_VARARGS, record_columns_doc},
     {"gather_ranges", py_gather_ranges, METH_VARARGS, gather_ranges_doc},
     {"tiling_error", py_tiling_error, METH_VARARGS, tiling_error_doc},
     {"copy_plan", py_copy_plan, METH_VARARGS, copy_plan_doc},

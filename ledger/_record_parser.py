@@ -7,7 +7,7 @@ from __future__ import annotations
 import struct
 from typing import Final
 
-__all__ = ["record_problem_at"]
+__all__ = ["record_fields_at", "record_problem_at"]
 
 # msgpack type bytes of a record's fields (see check_records in _kernels.c)
 _NIL: Final = 0xC0
@@ -77,7 +77,8 @@ class _RecordReader:
         self.skip(n)
         return n
 
-    def text(self) -> None:
+    def text(self) -> tuple[int, int]:
+        """Where a str element's bytes start, and how many."""
         t = self.byte()
         if t not in _FIXSTR and t not in _STR:
             raise _Bad(_NOT_TEXT)
@@ -87,25 +88,59 @@ class _RecordReader:
             str(self.data[at:at + n], "utf-8")  # strict: no overlong forms, surrogates, nor past U+10FFFF
         except UnicodeDecodeError:
             raise _Bad("a property is not valid UTF-8") from None
+        return at, n
 
-    def properties(self) -> None:
+    def properties(self) -> list[tuple[int, int]]:
+        """Each property's name and value, as (start, length), one after the other."""
         t = self.byte()
         if t == _NIL:
-            return
+            return []
         if t not in _FIXMAP and t not in _MAP:
             raise _Bad(_NOT_TEXT)
         # a crafted count runs past the record's end soon enough: each string takes a byte
-        for _ in range(2 * (t & _FIX_COUNT if t in _FIXMAP else self.number(_MAP[t]))):
-            self.text()
+        return [self.text() for _ in range(2 * (t & _FIX_COUNT if t in _FIXMAP else self.number(_MAP[t])))]
 
-    def integer(self, what: str, nil: bool = False) -> None:
+    def integer(self, what: str, nil: bool = False) -> int | None:
+        """An integer's value (None for nil, where nil is allowed)."""
         t = self.byte()
-        if t < _POSFIXINT_END or t >= _NEGFIXINT or (nil and t == _NIL):
-            return
+        if t < _POSFIXINT_END:
+            return t
+        if t >= _NEGFIXINT:
+            return t - 0x100
+        if nil and t == _NIL:
+            return None
         if t not in _INT:
             raise _Bad(f"{what} is not an integer{' or nil' if nil else ''}")
-        if self.number(_INT[t]) > _I64_MAX:
+        value = self.number(_INT[t])
+        if value > _I64_MAX:
             raise _Bad(f"{what} does not fit a signed 64-bit integer")
+        return value
+
+
+#: A record's fields (:func:`record_fields_at`): key start and length (-1: nil), value start
+#: and length, publish time, event time (None: nil), and each property's name and value as
+#: (start, length), one after the other.
+Fields = tuple[int, int, int, int, int, int | None, list[tuple[int, int]]]
+
+
+def record_fields_at(data: memoryview, pos: int, end: int) -> Fields | None:
+    """The fields of the record at ``data[pos:end]`` (offsets into ``data``), or None when
+    it is not exactly one well-formed record: the fallback of ``record_columns``."""
+    r = _RecordReader(data, pos, end)
+    try:
+        r.head()
+        key = r.bin("key")
+        key_at = r.pos - max(key, 0)
+        value = r.bin("value")
+        value_at = r.pos - max(value, 0)
+        props = r.properties()
+        publish = r.integer("publish time")
+        event = r.integer("event time", nil=True)
+    except _Bad:
+        return None
+    if r.pos != end or publish is None:
+        return None
+    return key_at, key, value_at, value, publish, event, props
 
 
 def record_problem_at(data: memoryview, pos: int, end: int, flags: int) -> str:

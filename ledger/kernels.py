@@ -18,11 +18,11 @@ from typing import Final, NamedTuple, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from shale.ledger._record_parser import record_problem_at
+from shale.ledger._record_parser import record_fields_at, record_problem_at
 
-__all__ = ["KERNELS", "CopyPlan", "KeyTable", "Scratch", "check_frames", "check_kept", "check_records", "copy_plan",
-           "crc32c", "crc32c_ranges", "distinct_estimate", "gather_ranges", "latest_positions", "new_key_table",
-           "record_problem", "start_writeback", "tiling_error"]
+__all__ = ["KERNELS", "CopyPlan", "KeyTable", "RecordColumns", "Scratch", "check_frames", "check_kept", "check_records",
+           "copy_plan", "crc32c", "crc32c_ranges", "distinct_estimate", "gather_ranges", "latest_positions",
+           "new_key_table", "record_columns", "record_problem", "start_writeback", "tiling_error"]
 
 Buffer = bytes | bytearray | memoryview
 
@@ -171,6 +171,64 @@ def check_kept(buf: Buffer, frames: npt.ArrayLike, kept: npt.ArrayLike, rec: npt
         raise ValueError("an index of rec is not a record of the footer columns")
     starts = np.repeat(f, k) + 12 + o[r].astype(np.int64)
     return check_records(buf, starts, z[r].astype(np.int64), fl[r])
+
+
+class RecordColumns(NamedTuple):
+    """Records decoded into columns (:func:`record_columns`); offsets are into the buffer
+    the records were read from, lengths -1 for nil."""
+
+    key_at: npt.NDArray[np.int64]
+    key_len: npt.NDArray[np.int64]
+    value_at: npt.NDArray[np.int64]
+    value_len: npt.NDArray[np.int64]
+    publish: npt.NDArray[np.int64]
+    event: npt.NDArray[np.int64]  # 0 where there is none
+    has_event: npt.NDArray[np.bool_]
+    pairs: npt.NDArray[np.int64]  # properties per record
+    name_at: npt.NDArray[np.int64]  # per property, in order
+    name_len: npt.NDArray[np.int64]
+    pval_at: npt.NDArray[np.int64]
+    pval_len: npt.NDArray[np.int64]
+
+
+def record_columns(buf: Buffer, starts: npt.ArrayLike, sizes: npt.ArrayLike) -> tuple[int, RecordColumns | None]:
+    """Decode the records ``buf[starts[i]:starts[i] + sizes[i]]`` into columns, without a
+    Python object per record: ``(-1, columns)``, or ``(i, None)`` when record ``i`` is not
+    exactly one well-formed record (:func:`record_problem` says why).  Ranges must lie
+    inside ``buf`` (:class:`ValueError` otherwise)."""
+    s, z = _i64(starts), _i64(sizes)
+    if _native is not None:
+        bad, cols = _native.record_columns(buf, s, z)
+        if cols is None:
+            return int(bad), None
+        c = [np.frombuffer(col, dtype=np.int64) if i != 6 else np.zeros(0, np.int64) for i, col in enumerate(cols)]
+        has_event = np.frombuffer(cols[6], dtype=np.uint8).astype(bool)
+        return -1, RecordColumns(c[0], c[1], c[2], c[3], c[4], c[5], has_event, c[7], c[8], c[9], c[10], c[11])
+    return _record_columns_python(buf, s, z)
+
+
+def _record_columns_python(buf: Buffer, s: npt.NDArray[np.int64], z: npt.NDArray[np.int64]
+                           ) -> tuple[int, RecordColumns | None]:
+    view = _bytes(buf)
+    if len(s) != len(z):
+        raise ValueError("starts and sizes must have one length")
+    _check_ranges(len(view), s, s + z)
+    rows: list[tuple[int, ...]] = []
+    spans: list[tuple[int, int]] = []
+    for i, (at, n) in enumerate(zip(s.tolist(), z.tolist(), strict=True)):
+        got = record_fields_at(view, at, at + n)
+        if got is None:
+            return i, None
+        key_at, key_len, value_at, value_len, publish, event, props = got
+        rows.append((key_at, key_len, value_at, value_len, publish, event or 0, event is not None, len(props) // 2))
+        spans.extend(props)
+    cols = np.array(rows, dtype=np.int64).reshape(len(rows), 8).T
+    props_arr = np.array(spans, dtype=np.int64).reshape(len(spans), 2)
+    names, values = props_arr[0::2], props_arr[1::2]
+    c = [np.ascontiguousarray(col) for col in cols]
+    return -1, RecordColumns(c[0], c[1], c[2], c[3], c[4], c[5], c[6].astype(bool), c[7],
+                             np.ascontiguousarray(names[:, 0]), np.ascontiguousarray(names[:, 1]),
+                             np.ascontiguousarray(values[:, 0]), np.ascontiguousarray(values[:, 1]))
 
 
 def record_problem(data: Buffer, flags: int) -> str:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the C kernels (ledger/_kernels.c) once with AddressSanitizer and
-# UndefinedBehaviorSanitizer, and run their tests (tests/test_kernels.py,
+# UndefinedBehaviorSanitizer, and run their tests (tests/test_kernels.py, tests/test_record_columns.py,
 # tests/test_record_check.py) against that build.  Fails on a compiler warning (-Werror:
 # the install itself only warns, so that a user's newer compiler cannot break it), on a
 # failing test and on any sanitizer report.  scripts/test.sh runs it; alone:
@@ -115,7 +115,7 @@ assert got == os.environ["SHALE_SANITIZED_KERNELS"] and kk.KERNELS == "native", 
 print("scripts/sanitize.sh: testing", got)' || { reports; fail "the sanitized build is not the one imported"; }
 status=0
 "$PY" -m pytest -q -p no:cacheprovider --capture=sys -p shale_sanitized_kernels -c "$ROOT/pyproject.toml" --rootdir "$ROOT" \
-  "$ROOT/tests/test_kernels.py" "$ROOT/tests/test_record_check.py" "$@" || status=$?
+  "$ROOT/tests/test_kernels.py" "$ROOT/tests/test_record_check.py" "$ROOT/tests/test_record_columns.py" "$@" || status=$?
 reports
 [ "$status" -eq 0 ] || fail "tests failed under the sanitizers (pytest exit status $status)"
 echo "scripts/sanitize.sh: no sanitizer report ($((SECONDS - start)) s)"
