@@ -245,7 +245,9 @@ def gather_ranges(buf: Buffer, starts: npt.ArrayLike, ends: npt.ArrayLike,
     ``buf`` (:class:`ValueError` otherwise)."""
     s, e = _i64(starts), _i64(ends)
     view = _bytes(buf)
-    _check_ranges(len(view), s, e)
+    if _native is not None and scratch is None:
+        return memoryview(_native.gather_ranges(view, s, e))  # (which checks the ranges itself)
+    _check_ranges(len(view), s, e)  # (before anything is allocated for them)
     lens = e - s
     if len(lens) and int(lens.max()) > 0 and len(lens) > (1 << 62) // int(lens.max()):
         raise ValueError("the ranges add up to more bytes than can be held")

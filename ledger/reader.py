@@ -146,11 +146,20 @@ class LedgerFile:
 
     def record_ids(self, records: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
         """The ids of ``records`` (record indexes) as rows ``(ledger, entry, batch)``."""
+        return np.stack(self.record_id_columns(records), axis=1)
+
+    def record_id_columns(self, records: npt.NDArray[np.int64]
+                          ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
+        """The ledgers, entries and batch indexes of ``records`` (record indexes)."""
         foot = self.footer
-        batches = self.batch_indexes[records] if foot.kind == KIND_COMPACTED else (
-            records - foot.e_rec_start[foot.entry_of(records)])
-        return np.stack([foot.record_ledgers(records), foot.record_entries(records),
-                         np.asarray(batches, dtype=np.uint64)], axis=1)
+        if foot.kind == KIND_COMPACTED:
+            batches = self.batch_indexes[records]
+            entries = foot.record_entries(records)
+        else:  # (the entry of each record once: a batch index is its place in its entry)
+            entry = foot.entry_of(records)
+            batches = records - foot.e_rec_start[entry]
+            entries = np.asarray(entry, dtype=np.uint64)
+        return foot.record_ledgers(records), entries, np.asarray(batches, dtype=np.uint64)
 
     def first_id(self) -> MessageId | None:
         return self.record_id(0) if self.n_records else None

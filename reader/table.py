@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from shale.ledger.record import Message
+from shale.reader.arrow import latest_rows, require_pyarrow
+from shale.reader.arrow import require as _require
 from shale.reader.topic_reader import EARLIEST, TopicReader
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["Listener", "TableView"]
 
@@ -22,6 +28,7 @@ class TableView(Mapping[bytes, bytes]):
     """``key -> latest value`` of a topic; :meth:`refresh` catches up with new records."""
 
     def __init__(self, topic_uri: str, *, metadata_uri: str | None = None) -> None:
+        self._uri, self._metadata_uri = topic_uri, metadata_uri
         self._reader = TopicReader(topic_uri, metadata_uri=metadata_uri, read_compacted=True, start=EARLIEST)
         self._latest: dict[bytes, Message] = {}
         self._listeners: list[Listener] = []
@@ -69,6 +76,29 @@ class TableView(Mapping[bytes, bytes]):
     def messages(self) -> Iterator[Message]:
         """Latest messages in id order."""
         return iter(sorted(self._latest.values(), key=lambda m: m.id))
+
+    def to_arrow(self, *, utf8: bool = False) -> pa.Table:
+        """The view as an Arrow table, as of the last :meth:`refresh`: the latest record of
+        every live key, in id order, with the columns of :mod:`shale.reader.arrow` (read
+        afresh from the topic's compacted view, in columns).  Needs pyarrow."""
+        pa = require_pyarrow()
+        table = TopicReader(self._uri, metadata_uri=self._metadata_uri, read_compacted=True).to_arrow(utf8=utf8)
+        stop = self._reader.position  # (records published since the last refresh are not in the view yet)
+        ledger, entry, batch = (table[c].to_numpy() for c in ("ledger", "entry", "batch"))
+        before = (ledger < stop.ledger) | ((ledger == stop.ledger) & (
+            (entry < stop.entry) | ((entry == stop.entry) & (batch < stop.batch))))
+        return latest_rows(table.filter(pa.array(before)))
+
+    def to_pandas(self, *, utf8: bool = False) -> Any:
+        """:meth:`to_arrow` as a pandas DataFrame (pandas must be installed)."""
+        _require("pandas")
+        return self.to_arrow(utf8=utf8).to_pandas()
+
+    def to_polars(self, *, utf8: bool = False) -> Any:
+        """:meth:`to_arrow` as a Polars DataFrame (polars must be installed)."""
+        polars = _require("polars")
+
+        return polars.from_arrow(self.to_arrow(utf8=utf8))
 
     def __getitem__(self, key: bytes) -> bytes:
         value = self._latest[key].value

@@ -8,10 +8,11 @@ no duplicate.  A reader that opts out sees every original record.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
-from typing import Final, Literal
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -24,12 +25,18 @@ from shale.ledger.reader import DEFAULT_CHUNK_BYTES, LedgerFile
 from shale.ledger.record import Message
 from shale.metadata.state import CompactedPart, CompactionState, TopicState
 from shale.metadata.topic import TopicMetadata
+from shale.reader.arrow import DEFAULT_BATCH_ROWS, BatchReader, require_pyarrow, schema
+from shale.reader.arrow import require as _require
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["EARLIEST", "LATEST", "Position", "TopicReader", "parse_position"]
 
 EARLIEST: Final = "earliest"
 LATEST: Final = "latest"
 Position = MessageId | Literal["earliest", "latest"]
+_T = TypeVar("_T")
 
 
 def parse_position(text: str) -> Position:
@@ -190,21 +197,37 @@ class TopicReader:
         return self._gone[1]
 
     def _messages(self) -> Iterator[Message]:
+        return self._walk(self._file_messages)
+
+    def _file_messages(self, f: LedgerFile, start: int, gone: npt.NDArray[np.bool_] | None) -> Iterator[Message]:
+        """The messages of ``f`` from record ``start`` on, skipping ``gone``; the position
+        moves past each record read."""
+        for i, m in enumerate(f.messages(start, chunk_bytes=self.chunk_bytes), start):
+            self._next = m.id.successor()
+            if gone is None or not gone[i]:
+                yield m
+
+    def _walk(self, read: Callable[[LedgerFile, int, npt.NDArray[np.bool_] | None], Iterator[_T]]) -> Iterator[_T]:
+        """What ``read`` yields of each ledger and part, in id order from the position: the
+        compacted view first when reading compacted, then the original ledgers, looking for
+        new ones until the topic stops growing.  ``read(f, start, gone)`` reads records
+        ``start..`` of ``f`` (those ``gone`` skipped) and moves the position past them."""
         if self.read_compacted:
-            yield from self._compacted_part()
+            yield from self._compacted_part(read)
         while True:
-            yield from self._original_part()
+            yield from self._original_part(read)
             old = self._topic
             self._topic = self.meta.load_topic()
             if self.read_compacted and self._topic.removed_through >= max(self._next.ledger, 1):
                 # Ledgers this reader has yet to read were removed (retention keeps only what
                 # a compaction covers): their records are in the newest compacted view.
                 self._compaction = self.meta.load_compaction()
-                yield from self._compacted_part()
+                yield from self._compacted_part(read)
             if self._topic.last_ledger_id == old.last_ledger_id:
                 return
 
-    def _compacted_part(self) -> Iterator[Message]:
+    def _compacted_part(self, read: Callable[[LedgerFile, int, npt.NDArray[np.bool_] | None], Iterator[_T]]
+                        ) -> Iterator[_T]:
         while True:
             state = self._compaction
             if state.horizon is None or self._next > state.horizon:
@@ -214,12 +237,7 @@ class TopicReader:
                     if part.last_id is None or part.last_id < self._next:
                         continue
                     f = self._open(self.meta.topic.key(part.object), state.part_ledger_id(part), KIND_COMPACTED)
-                    gone = self._deletions(part, f.n_records)
-                    start = f.find(self._next)
-                    for i, m in enumerate(f.messages(start, chunk_bytes=self.chunk_bytes), start):
-                        self._next = m.id.successor()
-                        if gone is None or not gone[i]:
-                            yield m
+                    yield from read(f, f.find(self._next), self._deletions(part, f.n_records))
             except ObjectNotFoundError:
                 # Retired and deleted under us: follow the newest state from where we are.
                 newer = self.meta.load_compaction()
@@ -230,14 +248,54 @@ class TopicReader:
             self._next = max(self._next, state.horizon.successor())
             return
 
-    def _original_part(self) -> Iterator[Message]:
+    def _original_part(self, read: Callable[[LedgerFile, int, npt.NDArray[np.bool_] | None], Iterator[_T]]
+                       ) -> Iterator[_T]:
         for lg in self._topic.ledgers:
             if lg.id < self._next.ledger or (lg.id == self._next.ledger and self._next.entry >= lg.entries):
                 continue
             f = self._open(self.meta.topic.key(lg.object), lg.id, KIND_ORIGINAL)
-            for m in f.messages(f.find(self._next), chunk_bytes=self.chunk_bytes):
-                self._next = m.id.successor()
-                yield m
+            yield from read(f, f.find(self._next), None)
+
+    # --------------------------------------------------------------------- Arrow
+
+    def iter_batches(self, rows: int = DEFAULT_BATCH_ROWS, *, utf8: bool = False,
+                     id_text: bool = False) -> Iterator[pa.RecordBatch]:
+        """The messages from the position to the end of the topic as it is now, as Arrow
+        record batches of at most ``rows`` rows (:mod:`shale.reader.arrow` gives the
+        columns; ``utf8``: keys and values as text; ``id_text``: the ids' text too).  Never waits, even when following;
+        the position moves past what was read.  Needs pyarrow (``shale[arrow]``)."""
+        require_pyarrow()
+        if self._pending is not None:  # a message looked at but not taken is read again
+            self._next, self._pending = self._pending.id, None
+        self._it = None
+        with BatchReader(min(2, len(os.sched_getaffinity(0))), rows=rows, chunk_bytes=self.chunk_bytes, utf8=utf8,
+                         id_text=id_text) as reader:
+
+            def read(f: LedgerFile, start: int, gone: npt.NDArray[np.bool_] | None) -> Iterator[pa.RecordBatch]:
+                records = np.arange(start, f.n_records, dtype=np.int64)
+                if gone is not None:
+                    records = records[~gone[start:]]
+                yield from reader.batches(f, records)
+                if f.n_records > start:
+                    self._next = f.record_id(f.n_records - 1).successor()
+
+            yield from self._walk(read)
+
+    def to_arrow(self, *, utf8: bool = False, id_text: bool = False) -> pa.Table:
+        """:meth:`iter_batches`, as one table."""
+        pa = require_pyarrow()
+        return pa.Table.from_batches(list(self.iter_batches(utf8=utf8, id_text=id_text)),
+                                     schema=schema(utf8, id_text))
+
+    def to_pandas(self, *, utf8: bool = False, id_text: bool = False) -> Any:
+        """:meth:`to_arrow` as a pandas DataFrame (pandas must be installed)."""
+        _require("pandas")
+        return self.to_arrow(utf8=utf8, id_text=id_text).to_pandas()
+
+    def to_polars(self, *, utf8: bool = False, id_text: bool = False) -> Any:
+        """:meth:`to_arrow` as a Polars DataFrame (polars must be installed)."""
+        polars = _require("polars")
+        return polars.from_arrow(self.to_arrow(utf8=utf8, id_text=id_text))
 
     def close(self) -> None:
         self._files.clear()

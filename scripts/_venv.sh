@@ -4,7 +4,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PYTHON="${PYTHON:-python3}"
-EXTRAS="${SHALE_EXTRAS-dev,s3,spark}"
+EXTRAS="${SHALE_EXTRAS-dev,s3,spark,arrow}"
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi

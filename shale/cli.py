@@ -206,6 +206,51 @@ def _cmd_get(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+# -------------------------------------------------------------------- export
+
+def _cmd_export(args: argparse.Namespace, out: TextIO) -> int:
+    from shale.export import export_topic
+    from shale.reader import parse_position
+
+    shown = _ExportProgress() if sys.stderr.isatty() else None
+    try:
+        result = export_topic(args.topic, args.out, metadata_uri=args.metadata, compacted=args.compacted,
+                              table=args.table, fmt=args.format, start=parse_position(args.start),
+                              compression=args.compression, utf8=args.utf8,
+                              progress=shown.show if shown else None)
+    finally:
+        if shown is not None:
+            shown.close()
+    if args.json:
+        _print_json(result.to_json(), out)
+    else:
+        out.write(result.human() + "\n")
+    return 0
+
+
+class _ExportProgress:
+    """Rows and bytes written, on the terminal only, at most ten times a second."""
+
+    def __init__(self) -> None:
+        import time
+
+        self._clock = time.monotonic
+        self._last = 0.0
+        self.drawn = False
+
+    def show(self, rows: int, nbytes: int) -> None:
+        now = self._clock()
+        if now - self._last >= 0.1:
+            self._last, self.drawn = now, True
+            sys.stderr.write(f"\rexport: {rows:,} rows, {nbytes / 1e6:,.1f} MB written ")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.drawn:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
 # -------------------------------------------------------------------- status
 
 def _cmd_status(args: argparse.Namespace, out: TextIO) -> int:
@@ -282,6 +327,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--value-format", choices=("text", "json"), default="text",
                    help="json: print a value that is a JSON document as JSON")
     p.set_defaults(func=_cmd_get)
+
+    p = sub.add_parser("export", help="write a topic, its compacted view or its table as Parquet, Arrow or JSON lines",
+                       description="Write the topic's records from --start (--compacted: its compacted view; "
+                       "--table: the latest record of every live key) to OUT, one object: a local path or any "
+                       "URI Shale writes to (s3://bucket/key). It becomes visible only once complete. DuckDB, "
+                       "Polars, pandas and Spark read Parquet and Arrow directly. Needs pyarrow for Parquet and "
+                       "Arrow (pip install 'shale[arrow]').",
+                       epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_topic_arguments(p)
+    p.add_argument("out", metavar="OUT", help="where to write: a local path, s3://bucket/key.parquet, ...")
+    p.add_argument("--compacted", action="store_true", help="the compacted view: compacted ledger, then the tail")
+    p.add_argument("--table", action="store_true", help="the latest record of every live key (implies --compacted)")
+    p.add_argument("--format", choices=("parquet", "arrow", "jsonl"), default=None,
+                   help="default: from OUT's suffix (.parquet, .arrow, .jsonl), else parquet")
+    p.add_argument("--start", default="earliest", metavar="earliest|latest|ID",
+                   help="where to start (default earliest)")
+    p.add_argument("--utf8", action="store_true",
+                   help="keys and values as text (refused, naming the row, where one is not valid UTF-8) rather "
+                   "than binary")
+    p.add_argument("--compression", default="zstd", metavar="CODEC",
+                   help="Parquet or Arrow compression: zstd (default), lz4, snappy (Parquet), none")
+    p.add_argument("--json", action="store_true", help="print one JSON line instead of text")
+    p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("status", help="print a topic's ledgers, records and compaction state",
                        description="Print a topic's ledgers, its compaction state and its dirty ratio. A damaged "

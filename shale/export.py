@@ -1,0 +1,158 @@
+"""``shale export``: a topic, its compacted view or its table (the latest value of every
+key) as one Parquet, Arrow IPC or JSON-lines object, written wherever Shale writes (a local
+path, ``s3://bucket/key``, any fsspec URI).
+
+The object becomes visible only once it is complete (the store's streaming upload, a
+local file renamed into place); a failed export leaves nothing behind.  Parquet and Arrow
+come from the reader's record batches (:mod:`shale.reader.arrow`: no Python object per
+record), so DuckDB, Polars, pandas and Spark read the result directly.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Final
+
+from shale.ledger.errors import InvalidInputError
+from shale.ledger.storage import ObjectWriter, resolve
+from shale.reader import TableView, TopicReader
+from shale.reader.arrow import latest_rows, require_pyarrow, schema
+from shale.reader.topic_reader import EARLIEST, Position
+
+__all__ = ["FORMATS", "ExportResult", "export_topic", "format_of"]
+
+FORMATS: Final = ("parquet", "arrow", "jsonl")
+_SUFFIXES: Final = {".parquet": "parquet", ".pq": "parquet", ".arrow": "arrow", ".feather": "arrow",
+                    ".ipc": "arrow", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl"}
+
+#: Called as rows are written: rows so far, bytes so far.
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ExportResult:
+    """What an export wrote."""
+
+    topic: str
+    out: str
+    format: str
+    what: str  # "records", "compacted view" or "table"
+    rows: int
+    bytes: int
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"topic": self.topic, "out": self.out, "format": self.format, "what": self.what, "rows": self.rows,
+                "bytes": self.bytes, "seconds": round(self.seconds, 3)}
+
+    def human(self) -> str:
+        return (f"{self.topic}: exported the {self.what}, {self.rows:,} row{'s' if self.rows != 1 else ''}, to "
+                f"{self.out} ({self.format}, {self.bytes:,} bytes) in {self.seconds:.2f}s")
+
+
+def format_of(out_uri: str, given: str | None) -> str:
+    """The format asked for, else the one the output's name suggests, else Parquet."""
+    if given is not None:
+        if given not in FORMATS:
+            raise InvalidInputError(f"unknown export format {given!r}; one of {', '.join(FORMATS)}")
+        return given
+    name = out_uri.rstrip("/").rsplit("/", 1)[-1].lower()
+    return next((f for suffix, f in _SUFFIXES.items() if name.endswith(suffix)), "parquet")
+
+
+class _Sink(io.RawIOBase):
+    """A streaming upload as the file pyarrow writes to."""
+
+    def __init__(self, writer: ObjectWriter, progress: Callable[[int], None]) -> None:
+        self._writer, self._progress, self._pos = writer, progress, 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        n = memoryview(data).nbytes
+        self._writer.write(data)
+        self._pos += n
+        self._progress(self._pos)
+        return n
+
+    def tell(self) -> int:
+        return self._pos
+
+    def close(self) -> None:  # the upload is finished by export_topic, not by pyarrow
+        pass
+
+
+def export_topic(topic_uri: str, out_uri: str, *, metadata_uri: str | None = None, compacted: bool = False,
+                 table: bool = False, fmt: str | None = None, start: Position = EARLIEST, compression: str = "zstd",
+                 utf8: bool = False, progress: Progress | None = None) -> ExportResult:
+    """Write the topic's records (``compacted``: its compacted view; ``table``: the latest
+    value of every live key) from ``start`` to ``out_uri`` as ``fmt``; see the module."""
+    t0 = time.perf_counter()
+    fmt = format_of(out_uri, fmt)
+    if table and start != EARLIEST:
+        raise InvalidInputError("--table exports every key: it takes no --start")
+    reader = TopicReader(topic_uri, metadata_uri=metadata_uri, read_compacted=compacted or table, start=start)
+    out = resolve(out_uri)
+    if not out.prefix:
+        raise InvalidInputError(f"{out_uri}: name the object to write, not a bucket or root")
+    rows = [0]
+    nbytes = [0]
+
+    def note(pos: int) -> None:
+        nbytes[0] = pos
+        if progress is not None:
+            progress(rows[0], pos)
+
+    with out.store.open_writer(out.prefix) as writer:
+        sink = _Sink(writer, note)
+        if fmt == "jsonl":
+            messages = (TableView(topic_uri, metadata_uri=metadata_uri).messages() if table else iter(reader))
+            rows[0] = _write_jsonl(messages, sink, rows)
+        else:
+            batches = _table_batches(topic_uri, metadata_uri, utf8) if table else reader.iter_batches(utf8=utf8)
+            _write_arrow(batches, fmt, compression, sink, rows, utf8)
+    what = "table" if table else "compacted view" if compacted else "records"
+    return ExportResult(reader.meta.uri, out.uri, fmt, what, rows[0], nbytes[0], time.perf_counter() - t0)
+
+
+def _table_batches(topic_uri: str, metadata_uri: str | None, utf8: bool) -> Iterator[Any]:
+    """The latest record of every live key, in columns (no Python object per record)."""
+    table = TopicReader(topic_uri, metadata_uri=metadata_uri, read_compacted=True).to_arrow(utf8=utf8)
+    yield from latest_rows(table).to_batches()
+
+
+def _write_arrow(batches: Iterator[Any], fmt: str, compression: str, sink: _Sink, rows: list[int],
+                 utf8: bool) -> None:
+    pa = require_pyarrow()
+    codec = None if compression in ("", "none") else compression
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        writer: Any = pq.ParquetWriter(sink, schema(utf8), compression=codec or "none")
+    else:
+        writer = pa.ipc.new_file(sink, schema(utf8), options=pa.ipc.IpcWriteOptions(compression=codec))
+    with writer:
+        for b in batches:
+            writer.write_batch(b)
+            rows[0] += b.num_rows
+
+
+def _write_jsonl(messages: Iterator[Any], sink: _Sink, rows: list[int]) -> int:
+    """The records as ``shale read`` prints them, one JSON object a line."""
+    from shale.jsonlines import message_to_json
+
+    lines: list[str] = []
+    for m in messages:
+        lines.append(json.dumps(message_to_json(m, "text"), separators=(",", ":"), ensure_ascii=False))
+        rows[0] += 1
+        if len(lines) >= 10_000:  # written in blocks: one write per line would cost more than the encoding
+            sink.write(("\n".join(lines) + "\n").encode())
+            lines = []
+    if lines:
+        sink.write(("\n".join(lines) + "\n").encode())
+    return rows[0]
