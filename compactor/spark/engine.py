@@ -17,6 +17,7 @@ import os
 import re
 import sys
 import tempfile
+import warnings
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -162,10 +163,20 @@ def _package_zip() -> str:
     return path
 
 
+_PANDAS_WARNING = "PySpark does not yet fully support pandas"
+_PANDAS_FILTER = f"ignore:{_PANDAS_WARNING}:FutureWarning"
+
+
 def open_session(options: SparkOptions) -> tuple[SparkSession, str | None]:
     """Start (or join) the Spark session the engine runs in; also return the code zip
     shipped to executors, if any (the caller deletes it when done)."""
     builder = SparkSession.builder.appName(options.app_name)
+    # PySpark warns, in the driver and in every Python worker, that it does not fully
+    # support the pandas installed: Shale's tasks use no pandas, and a run's standard error
+    # is one line per error.  (Workers inherit the filter through the environment.)
+    warnings.filterwarnings("ignore", message=_PANDAS_WARNING, category=FutureWarning)
+    if _PANDAS_FILTER not in os.environ.get("PYTHONWARNINGS", ""):
+        os.environ["PYTHONWARNINGS"] = ",".join(filter(None, (os.environ.get("PYTHONWARNINGS"), _PANDAS_FILTER)))
     master = options.effective_master
     if master is not None:
         builder = builder.master(master)
