@@ -9,7 +9,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from shale.ledger.codecs import NO_COMPRESSION, Compression, compress
+from shale.ledger.codecs import NO_COMPRESSION, Buffer, Codec, Compression, compress
 from shale.ledger.errors import InvalidInputError, RecordTooLargeError
 from shale.ledger.format import (
     COLUMNS,
@@ -44,7 +44,7 @@ class Sink(Protocol):
 class EncodedEntry:
     """One entry's payload and the footer columns of its records."""
 
-    payload: bytes
+    payload: bytes | memoryview
     r_offset: npt.NDArray[np.uint32]
     r_size: npt.NDArray[np.uint32]
     r_hash_hi: npt.NDArray[np.uint64]
@@ -128,6 +128,8 @@ class LedgerWriter:
         self._e_scalars: dict[str, list[int]] = {name: [] for name in self._columns if COLUMNS[name][1] == "e"}
         self._r_chunks: dict[str, list[npt.NDArray[Any]]] = {
             name: [] for name in self._columns if COLUMNS[name][1] == "r"}
+        self._footer_per_entry = sum(np.dtype(COLUMNS[n][0]).itemsize for n in self._e_scalars) + 8
+        self._footer_per_record = sum(np.dtype(COLUMNS[n][0]).itemsize for n in self._r_chunks)
         self._finished = False
         self._write(encode_header(kind, ledger_id, created_ms))
 
@@ -141,11 +143,11 @@ class LedgerWriter:
 
     @property
     def footer_bytes_per_entry(self) -> int:
-        return sum(np.dtype(COLUMNS[n][0]).itemsize for n in self._e_scalars) + 8
+        return self._footer_per_entry
 
     @property
     def footer_bytes_per_record(self) -> int:
-        return sum(np.dtype(COLUMNS[n][0]).itemsize for n in self._r_chunks)
+        return self._footer_per_record
 
     @property
     def estimated_size(self) -> int:
@@ -182,14 +184,16 @@ class LedgerWriter:
 
     def add_entry(self, entry: EncodedEntry, *, ledger: int | npt.ArrayLike | None = None,
                   entry_id: int | npt.ArrayLike | None = None, batch: npt.NDArray[np.uint32] | None = None,
-                  delete_since: npt.NDArray[np.int64] | None = None) -> None:
+                  delete_since: npt.NDArray[np.int64] | None = None,
+                  compressed: tuple[Codec, Buffer] | None = None) -> None:
         """Append an entry built by :func:`encode_entry` (or from raw record slices),
-        compressed with the writer's ``compression``.  A compacted part gives each
-        record's original id: ``ledger`` and ``entry_id`` (one for all, or one per
-        record), ``batch`` and ``delete_since`` (one per record)."""
+        compressed with the writer's ``compression`` (or as ``compressed`` says, when the
+        caller compressed it already, with :func:`~shale.ledger.codecs.compress`).  A
+        compacted part gives each record's original id: ``ledger`` and ``entry_id`` (one
+        for all, or one per record), ``batch`` and ``delete_since`` (one per record)."""
         if self._finished:
             raise InvalidInputError("ledger already finished")
-        codec, stored = compress(entry.payload, self.compression)
+        codec, stored = compressed or compress(entry.payload, self.compression)
         raw = len(entry.payload)
         header = FRAME_HEADER.pack(len(stored), checksum(stored), entry.n_records)
         length = len(header) + len(stored)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the C kernels (ledger/_kernels.c) once with AddressSanitizer and
 # UndefinedBehaviorSanitizer, and run their tests (tests/test_kernels.py, tests/test_record_columns.py,
-# tests/test_record_check.py) against that build.  Fails on a compiler warning (-Werror:
+# tests/test_record_check.py, the encoder's in tests/test_arrow_in.py) against that build.  Fails on a compiler warning (-Werror:
 # the install itself only warns, so that a user's newer compiler cannot break it), on a
 # failing test and on any sanitizer report.  scripts/test.sh runs it; alone:
 #     scripts/sanitize.sh [extra pytest arguments]
@@ -35,15 +35,21 @@ TMP="$(cd "$TMP" && pwd -P)"
 # sanitized build, first on the path.
 cp -RL shale "$TMP/shale"
 find "$TMP/shale" -name __pycache__ -prune -exec rm -rf {} +
-rm -f "$TMP"/shale/ledger/_kernels*.so "$TMP"/shale/ledger/_kernels*.pyd
+rm -f "$TMP"/shale/ledger/_kernels*.so "$TMP"/shale/ledger/_kernels*.pyd "$TMP"/shale/ledger/_encoder*.so \
+  "$TMP"/shale/ledger/_encoder*.pyd
 SO="$TMP/shale/ledger/_kernels$SUFFIX"
 start=$SECONDS
-echo "scripts/sanitize.sh: building ledger/_kernels.c with -fsanitize=address,undefined"
+echo "scripts/sanitize.sh: building ledger/_kernels.c and ledger/_encoder.c with -fsanitize=address,undefined"
 # -isystem: a warning in Python's own headers (a newer Python's) is not ours to fail on.
 gcc -shared -fPIC -isystem "$INCLUDE" \
   -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined \
   -O1 -g -Wall -Wextra -Werror \
   ledger/_kernels.c -o "$SO" -lm
+ENC="$TMP/shale/ledger/_encoder$SUFFIX"
+gcc -shared -fPIC -isystem "$INCLUDE" \
+  -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined \
+  -O1 -g -Wall -Wextra -Werror \
+  ledger/_encoder.c -o "$ENC"
 
 # Loaded with pytest -p: imports the kernels before any conftest can put the repository
 # first on sys.path (pytest's default import mode prepends the folder above tests/, whose
@@ -112,10 +118,17 @@ cd "$TMP" # not the repository: `python -c`/`-m` put the working directory first
 import os, shale.ledger._kernels as k, shale.ledger.kernels as kk
 got = os.path.realpath(k.__file__)
 assert got == os.environ["SHALE_SANITIZED_KERNELS"] and kk.KERNELS == "native", (got, kk.KERNELS)
+import shale.ledger._encoder as e, shale.ledger.encoder as ee
+assert os.path.dirname(os.path.realpath(e.__file__)) == os.path.dirname(got) and ee.ENCODER == "native"
 print("scripts/sanitize.sh: testing", got)' || { reports; fail "the sanitized build is not the one imported"; }
 status=0
 "$PY" -m pytest -q -p no:cacheprovider --capture=sys -p shale_sanitized_kernels -c "$ROOT/pyproject.toml" --rootdir "$ROOT" \
-  "$ROOT/tests/test_kernels.py" "$ROOT/tests/test_record_check.py" "$ROOT/tests/test_record_columns.py" "$@" || status=$?
+  "$ROOT/tests/test_kernels.py" "$ROOT/tests/test_record_check.py" "$ROOT/tests/test_record_columns.py" \
+  "$ROOT/tests/test_arrow_in.py::test_encoder_matches_encode_entry_byte_for_byte" \
+  "$ROOT/tests/test_arrow_in.py::test_encoder_names_the_first_record_over_the_limit" \
+  "$ROOT/tests/test_arrow_in.py::test_encoder_refuses_a_property_named_twice" \
+  "$ROOT/tests/test_arrow_in.py::test_encoder_refuses_offsets_outside_the_data" \
+  "$ROOT/tests/test_arrow_in.py::test_bad_batches_name_the_column_and_row_and_append_nothing" "$@" || status=$?
 reports
 [ "$status" -eq 0 ] || fail "tests failed under the sanitizers (pytest exit status $status)"
 echo "scripts/sanitize.sh: no sanitizer report ($((SECONDS - start)) s)"

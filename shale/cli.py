@@ -29,6 +29,7 @@ from shale.compactor.commandline import (
     positive_size_arg,
     run_command,
 )
+from shale.ingest import FORMATS
 from shale.ledger.codecs import Compression
 from shale.ledger.errors import EXIT_USAGE, InvalidInputError
 
@@ -69,6 +70,8 @@ def _print_json(doc: Any, out: TextIO) -> None:
 # ------------------------------------------------------------------- produce
 
 def _cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
+    from shale.columns import DEFAULT_KEY_FIELD, DEFAULT_VALUE_FIELD, Fields
+    from shale.ingest import format_of, produce_columnar
     from shale.jsonlines import parse_record_line
     from shale.producer import TopicWriter
 
@@ -85,10 +88,21 @@ def _cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
                          max_ledger_bytes=args.max_ledger_bytes, batch_size=args.batch_size,
                          compression=_produce_compression(args))
     shown = _ProduceProgress() if sys.stderr.isatty() else None
+    fmt = args.format or format_of(args.input)
+    picked = [f for f in ("key_field", "value_field", "properties_field", "event_time_field")
+              if getattr(args, f) is not None]
+    if fmt == "jsonl" and picked:
+        writer.close()
+        raise InvalidInputError(f"--{picked[0].replace('_', '-')} picks a column of parquet, arrow or csv input; "
+                                "JSON lines have fixed fields (see shale produce --help)")
     try:
-        for n, raw in enumerate(stream, start=1):
+        if fmt != "jsonl":
+            fields = Fields(args.key_field or DEFAULT_KEY_FIELD, args.value_field or DEFAULT_VALUE_FIELD,
+                            args.properties_field, args.event_time_field)
+            produce_columnar(writer, stream, name, fmt, fields, shown.add if shown is not None else None)
+        for n, raw in enumerate(stream if fmt == "jsonl" else (), start=1):
             if shown is not None:
-                shown.add(len(raw))
+                shown.add(1, len(raw))
             where = f"{name}:{n}"
             try:
                 line = raw.decode("utf-8")
@@ -104,8 +118,9 @@ def _cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
     except InvalidInputError as e:
         # Records before the bad line were accepted; seal them so nothing is lost, then fail.
         result = writer.close()
-        raise InvalidInputError(
-            f"{e} ({result.records} earlier records were appended, last id {result.last_id})") from None
+        done = (f"{result.records} earlier records were appended, last id {result.last_id}" if result.records
+                else "nothing was appended")
+        raise InvalidInputError(f"{e} ({done})") from None
     finally:
         if shown is not None:
             shown.close()
@@ -143,8 +158,8 @@ class _ProduceProgress:
         self.start = self._last = self._clock()
         self.records = self.bytes = 0
 
-    def add(self, nbytes: int) -> None:
-        self.records += 1
+    def add(self, records: int, nbytes: int) -> None:
+        self.records += records
         self.bytes += nbytes
         now = self._clock()
         if now - self._last >= 0.1:
@@ -275,20 +290,30 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("produce", help="append JSON-lines records to a topic (creating it if needed)",
-                       description="Append records, one JSON object per line: "
+    p = sub.add_parser("produce", help="append records to a topic (creating it if needed)",
+                       description="Append records: JSON lines (one object per line: "
                        '{"key": str|null, "value": str|null, "value_b64": str, '
-                       '"properties": {str: str}, "event_time": int}. A null or empty value '
+                       '"properties": {str: str}, "event_time": int}), or the rows of a Parquet, Arrow IPC '
+                       "or CSV file, whose columns --key-field and --value-field pick. A null or empty value "
                        "is a tombstone. Prints what was appended (--json: one JSON line with the ids and counts).",
                        epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_topic_arguments(p)
-    p.add_argument("--input", metavar="PATH|-", default="-", help="JSON-lines file (default: standard input)")
+    p.add_argument("--input", metavar="PATH|-", default="-", help="input file (default: standard input)")
+    p.add_argument("--format", choices=FORMATS, default=None,
+                   help="input format (default: from the file name's suffix, else jsonl)")
+    p.add_argument("--key-field", metavar="COLUMN", help="the column of keys (parquet, arrow, csv; default: key)")
+    p.add_argument("--value-field", metavar="COLUMN",
+                   help="the column of values (parquet, arrow, csv; default: value)")
+    p.add_argument("--properties-field", metavar="COLUMN",
+                   help="a map<string,string> column of properties (parquet, arrow)")
+    p.add_argument("--event-time-field", metavar="COLUMN",
+                   help="a timestamp or integer-milliseconds column of event times (parquet, arrow, csv)")
     p.add_argument("--max-ledger-records", type=positive_int, default=500_000, metavar="N",
                    help="seal a ledger after N records (default 500000)")
     p.add_argument("--max-ledger-bytes", type=positive_size_arg, default=64 * 1024 * 1024, metavar="SIZE",
                    help="seal a ledger once it holds SIZE bytes (64MiB, 1GB; default 64MiB)")
-    p.add_argument("--batch-size", type=positive_int, default=100, metavar="N",
-                   help="records per entry (default 100; fewer once they come to 1 MiB)")
+    p.add_argument("--batch-size", type=positive_int, default=1000, metavar="N",
+                   help="records per entry (default 1000, as Pulsar batches; fewer once they come to 1 MiB)")
     p.add_argument("--compression", type=compression_arg, default=None, metavar="CODEC",
                    help=f"how each entry is compressed: {COMPRESSION_HELP}")
     p.add_argument("--json", action="store_true", help="print one JSON line with the ids and counts instead of text")

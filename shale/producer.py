@@ -13,20 +13,32 @@ interleaved.
 from __future__ import annotations
 
 import io
+import os
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Final
+from typing import Any, Final
 
+import numpy as np
+
+from shale.columns import DEFAULT_KEY_FIELD, DEFAULT_VALUE_FIELD, Fields, record_columns
 from shale.ledger._retry import ConflictPolicy
-from shale.ledger.codecs import DEFAULT_COMPRESSION, Compression, parse_compression
-from shale.ledger.errors import ConflictError, InvalidInputError, StateUnknownError, TransientStorageError
-from shale.ledger.format import KIND_ORIGINAL
+from shale.ledger.codecs import DEFAULT_COMPRESSION, Buffer, Codec, Compression, compress, parse_compression
+from shale.ledger.encoder import EncodedColumns, RecordColumns, Refused, encode_columns, entry_end, entry_of
+from shale.ledger.errors import (
+    ConflictError,
+    InvalidInputError,
+    RecordTooLargeError,
+    StateUnknownError,
+    TransientStorageError,
+)
+from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, KIND_ORIGINAL
 from shale.ledger.ids import MessageId
 from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES, Record, check_record_size, validate_record
-from shale.ledger.writer import LedgerWriter, encode_entry, relabel_ledger
+from shale.ledger.writer import EncodedEntry, LedgerWriter, encode_entry, relabel_ledger
 from shale.metadata.dictionaries import resolve_compression
 from shale.metadata.layout import ledger_object_name
 from shale.metadata.state import LedgerInfo, TopicState
@@ -112,6 +124,41 @@ class ProduceResult:
                 f"{sum(lg.bytes for lg in self.ledgers):,} bytes, ids {self.first_id} to {self.last_id}")
 
 
+def _too_large(cols: RecordColumns, row: int, first: int, limit: int, key: str, value: str) -> str:
+    sizes = {key: int(cols.key.lengths()[row]), value: int(cols.value.lengths()[row])}
+    name = max(sizes, key=lambda k: sizes[k])
+    return (f"column {name!r}, row {first + row}: {sizes[name]:,} bytes make a record over the maximum of "
+            f"{limit:,} bytes")
+
+
+#: Entries compressed per task of the compression threads (a task per entry would cost
+#: more in hand-offs than compressing a small entry).
+_ENTRIES_PER_TASK: Final = 64
+
+
+def _compressed(enc: EncodedColumns, bounds: list[tuple[int, int]], compression: Compression
+                ) -> Iterator[tuple[EncodedEntry, tuple[Codec, Buffer]]]:
+    """The entries of ``bounds``, each with its compressed payload, in order; compressed on
+    as many threads as the process may use (compressors let go of the interpreter lock)."""
+    def task(chunk: list[tuple[int, int]]) -> list[tuple[EncodedEntry, tuple[Codec, Buffer]]]:
+        out = []
+        for i, j in chunk:
+            entry = entry_of(enc, i, j)
+            out.append((entry, compress(entry.payload, compression)))
+        return out
+
+    chunks = [bounds[k:k + _ENTRIES_PER_TASK] for k in range(0, len(bounds), _ENTRIES_PER_TASK)]
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = min(len(chunks), cpus)
+    if threads <= 1 or compression.codec is Codec.NONE:
+        for chunk in chunks:
+            yield from task(chunk)
+        return
+    with ThreadPoolExecutor(threads, thread_name_prefix="shale-compress") as pool:
+        for done in pool.map(task, chunks):
+            yield from done
+
+
 def _size(b: bytes | bytearray | memoryview | None) -> int:
     return 0 if b is None else memoryview(b).nbytes
 
@@ -131,7 +178,7 @@ class TopicWriter:
         metadata_uri: str | None = None,
         max_ledger_records: int = 500_000,
         max_ledger_bytes: int = 64 * 1024 * 1024,
-        batch_size: int = 100,
+        batch_size: int = 1000,
         max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES,
         compression: Compression | str | None = None,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
@@ -214,20 +261,75 @@ class TopicWriter:
                 or in_ledger + len(self._batch) >= self.max_ledger_records):
             self._flush_batch()
 
+    def append_batch(self, data: Any, *, key: str = DEFAULT_KEY_FIELD, value: str = DEFAULT_VALUE_FIELD,
+                     properties: str | None = None, event_time: str | None = None) -> int:
+        """Append a batch of records given as columns; return how many.
+
+        ``data`` is a pyarrow ``Table`` or ``RecordBatch``, or a mapping of column name to
+        a Python sequence.  ``key`` and ``value`` name binary or text columns (null: no
+        key; null or empty value: a tombstone), ``properties`` a map of text to text and
+        ``event_time`` a timestamp or integer milliseconds column.  The records get one
+        publish time and are sealed into entries (and ledgers) as :meth:`append` would,
+        without a Python call per record.  The whole batch is checked first: a problem is
+        an :class:`InvalidInputError` naming the column and row, and nothing of the batch
+        is appended.
+        """
+        if self._closed:
+            raise InvalidInputError("the writer is closed")
+        batches = record_columns(data, Fields(key, value, properties, event_time))
+        now = max(int(self._clock() * 1000), self._last_publish)
+        encoded = []
+        first = 0
+        for cols in batches:
+            got = encode_columns(cols, now, self.max_record_bytes)
+            if isinstance(got, Refused) and got.why == "size":
+                raise RecordTooLargeError(_too_large(cols, got.row, first, self.max_record_bytes, key, value))
+            if isinstance(got, Refused):
+                raise InvalidInputError(f"column {properties!r}, row {first + got.row}: a property is named twice")
+            encoded.append(got)
+            first += len(cols)
+        self._flush_batch()  # records appended one by one before come first
+        for enc in encoded:
+            self._add_encoded(enc)
+        return first
+
+    def _add_encoded(self, enc: EncodedColumns) -> None:
+        n = len(enc.offsets)
+        self._keyless += int(np.count_nonzero((enc.flags & FLAG_HAS_KEY) == 0))
+        self._tombstones += int(np.count_nonzero(enc.flags == FLAG_HAS_KEY | FLAG_TOMBSTONE))
+        # Entry boundaries first, counting as if no ledger were sealed early for its size
+        # (an early seal only leaves more room: no entry can overflow a ledger).
+        bounds: list[tuple[int, int]] = []
+        i, in_ledger = 0, self._ledger.n_records if self._ledger is not None else 0
+        while i < n:
+            j = entry_end(enc, i, min(self.batch_size, self.max_ledger_records - in_ledger), self.max_entry_bytes)
+            bounds.append((i, j))
+            in_ledger = (in_ledger + j - i) % self.max_ledger_records
+            i = j
+        compression = self.compression
+        for (i, j), (entry, packed) in zip(bounds, _compressed(enc, bounds, compression), strict=True):
+            self._records += j - i
+            self._add_entry(entry, enc.publish_time, packed)
+
     def _flush_batch(self) -> None:
         if not self._batch:
             return
         entry = encode_entry(self._batch, max_record_bytes=self.max_record_bytes)
+        first_publish = min(r.publish_time for r in self._batch)
+        self._batch = []
+        self._batch_bytes = 0
+        self._add_entry(entry, first_publish)
+
+    def _add_entry(self, entry: EncodedEntry, first_publish: int,
+                   compressed: tuple[Codec, Buffer] | None = None) -> None:
         if self._ledger is None:
             self._buf = io.BytesIO()
             self._ledger = LedgerWriter(self._buf, kind=KIND_ORIGINAL,
                                         ledger_id=self._state.last_ledger_id + 1,
                                         created_ms=int(self._clock() * 1000), compression=self.compression)
-            self._first_publish = min(r.publish_time for r in self._batch)
-        self._ledger.add_entry(entry)
+            self._first_publish = first_publish
+        self._ledger.add_entry(entry, compressed=compressed)
         self._last_publish = max(self._last_publish, entry.publish_time)
-        self._batch = []
-        self._batch_bytes = 0
         if (self._ledger.n_records >= self.max_ledger_records
                 or self._ledger.estimated_size >= self.max_ledger_bytes):
             self._seal()

@@ -1,0 +1,116 @@
+"""``shale produce`` from columnar files: Parquet, Arrow IPC and CSV, batch by batch.
+
+Each batch read from the file goes through :meth:`TopicWriter.append_batch
+<shale.producer.TopicWriter.append_batch>` (no Python call per record).  The columns are
+checked against the file's schema before the first record is appended, so a missing or
+mistyped column appends nothing; a bad row (a value over the record limit, a null
+property) stops the run at its batch: the batches before it are sealed and registered,
+that batch and the rest are not (the error says how many records were appended).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import IO, Any, Final
+
+from shale.columns import Fields
+from shale.ledger.errors import InvalidInputError
+from shale.producer import TopicWriter
+from shale.reader.arrow import require_pyarrow
+
+__all__ = ["FORMATS", "format_of", "produce_columnar"]
+
+#: What ``shale produce --format`` reads.
+FORMATS: Final = ("jsonl", "parquet", "arrow", "csv")
+
+_BY_SUFFIX: Final = {".parquet": "parquet", ".pq": "parquet", ".arrow": "arrow", ".feather": "arrow",
+                     ".ipc": "arrow", ".arrows": "arrow", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl",
+                     ".ndjson": "jsonl"}
+
+#: Rows per batch read from a Parquet or CSV file.
+_BATCH_ROWS: Final = 256 * 1024
+
+
+def format_of(path: str | None) -> str:
+    """The input format a file name suggests (JSON lines when it suggests none)."""
+    if not path or path == "-":
+        return "jsonl"
+    return _BY_SUFFIX.get(os.path.splitext(path)[1].lower(), "jsonl")
+
+
+def produce_columnar(writer: TopicWriter, stream: IO[bytes], name: str, fmt: str, fields: Fields,
+                     progress: Callable[[int, int], None] | None = None) -> int:
+    """Append every row of a Parquet, Arrow IPC or CSV stream; return how many."""
+    batches = _batches(stream, name, fmt, fields)
+    total = 0
+    for batch in batches:
+        try:
+            total += writer.append_batch(batch, key=fields.key, value=fields.value, properties=fields.properties,
+                                         event_time=fields.event_time)
+        except InvalidInputError as e:
+            raise InvalidInputError(f"{name}: {_shift_rows(str(e), total)}") from None
+        if progress is not None:
+            progress(batch.num_rows, batch.nbytes)
+    return total
+
+
+def _shift_rows(message: str, first: int) -> str:
+    """A batch's error names rows of that batch: make them rows of the file."""
+    import re
+
+    return re.sub(r"\brow (\d+)", lambda m: f"row {int(m.group(1)) + first}", message, count=1)
+
+
+def _batches(stream: IO[bytes], name: str, fmt: str, fields: Fields) -> Iterator[Any]:
+    pa = require_pyarrow()
+    wanted = [c for c in (fields.key, fields.value, fields.properties, fields.event_time) if c is not None]
+    try:
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            source = stream if stream.seekable() else pa.BufferReader(stream.read())
+            pf = pq.ParquetFile(source)
+            _check_schema(pf.schema_arrow, wanted, name)
+            reader = pf.iter_batches(batch_size=_BATCH_ROWS, columns=wanted)
+        elif fmt == "arrow":
+            ipc = _ipc_reader(pa, stream)
+            _check_schema(ipc.schema, wanted, name)
+            reader = ipc if not hasattr(ipc, "get_batch") else (
+                ipc.get_batch(i) for i in range(ipc.num_record_batches))
+        elif fmt == "csv":
+            import pyarrow.csv as pcsv
+
+            text = {fields.key: pa.string(), fields.value: pa.string()}
+            reader = pcsv.open_csv(stream, read_options=pcsv.ReadOptions(block_size=16 << 20),
+                                   convert_options=pcsv.ConvertOptions(column_types=text, include_columns=wanted))
+            _check_schema(reader.schema, wanted, name)
+        else:
+            raise InvalidInputError(f"unknown input format {fmt!r} (one of {', '.join(FORMATS)})")
+        yield from reader
+    except pa.ArrowKeyError as e:  # a column the CSV header does not have
+        raise InvalidInputError(f"{name}: {_first_line(e).strip(chr(39))}; pick columns with --key-field and "
+                                "--value-field") from None
+    except (pa.ArrowException, OSError) as e:
+        raise InvalidInputError(f"{name}: not readable as {fmt}: {_first_line(e)}") from None
+
+
+def _ipc_reader(pa: Any, stream: IO[bytes]) -> Any:
+    """An Arrow IPC file (random access) or stream, whichever the bytes are."""
+    if stream.seekable():
+        try:
+            return pa.ipc.open_file(stream)
+        except pa.ArrowInvalid:
+            stream.seek(0)
+    return pa.ipc.open_stream(stream)
+
+
+def _check_schema(schema: Any, wanted: list[str], name: str) -> None:
+    missing = [c for c in wanted if c not in schema.names]
+    if missing:
+        raise InvalidInputError(f"{name}: no column {missing[0]!r} (its columns: {', '.join(schema.names)}); "
+                                "pick columns with --key-field and --value-field")
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
