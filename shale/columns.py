@@ -18,7 +18,7 @@ import numpy.typing as npt
 from shale.ledger.encoder import Properties, RecordColumns, VarColumn
 from shale.ledger.errors import InvalidInputError
 
-__all__ = ["DEFAULT_KEY_FIELD", "DEFAULT_VALUE_FIELD", "Fields", "record_columns"]
+__all__ = ["DEFAULT_KEY_FIELD", "DEFAULT_VALUE_FIELD", "Fields", "record_columns", "shift_rows"]
 
 DEFAULT_KEY_FIELD: Final = "key"
 DEFAULT_VALUE_FIELD: Final = "value"
@@ -56,6 +56,14 @@ def record_columns(data: Any, fields: Fields | None = None) -> list[RecordColumn
         out.append(_from_arrow(batch, fields, first))
         first += batch.num_rows
     return out
+
+
+def shift_rows(message: str, first: int) -> str:
+    """An error naming a row of one batch, naming it as a row of the whole input (whose
+    row ``first`` the batch's first row is)."""
+    import re
+
+    return re.sub(r"\brow (\d+)", lambda m: f"row {int(m.group(1)) + first}", message, count=1)
 
 
 # ------------------------------------------------------------------------- Arrow

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import IO, Any, Final
 
-from shale.columns import Fields
+from shale.columns import Fields, shift_rows
 from shale.ledger.errors import InvalidInputError
 from shale.producer import TopicWriter
 from shale.reader.arrow import require_pyarrow
@@ -49,17 +49,10 @@ def produce_columnar(writer: TopicWriter, stream: IO[bytes], name: str, fmt: str
             total += writer.append_batch(batch, key=fields.key, value=fields.value, properties=fields.properties,
                                          event_time=fields.event_time)
         except InvalidInputError as e:
-            raise InvalidInputError(f"{name}: {_shift_rows(str(e), total)}") from None
+            raise InvalidInputError(f"{name}: {shift_rows(str(e), total)}") from None
         if progress is not None:
             progress(batch.num_rows, batch.nbytes)
     return total
-
-
-def _shift_rows(message: str, first: int) -> str:
-    """A batch's error names rows of that batch: make them rows of the file."""
-    import re
-
-    return re.sub(r"\brow (\d+)", lambda m: f"row {int(m.group(1)) + first}", message, count=1)
 
 
 def _batches(stream: IO[bytes], name: str, fmt: str, fields: Fields) -> Iterator[Any]:

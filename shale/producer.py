@@ -324,8 +324,7 @@ class TopicWriter:
                    compressed: tuple[Codec, Buffer] | None = None) -> None:
         if self._ledger is None:
             self._buf = io.BytesIO()
-            self._ledger = LedgerWriter(self._buf, kind=KIND_ORIGINAL,
-                                        ledger_id=self._state.last_ledger_id + 1,
+            self._ledger = LedgerWriter(self._buf, kind=KIND_ORIGINAL, ledger_id=self._next_label(),
                                         created_ms=int(self._clock() * 1000), compression=self.compression)
             self._first_publish = first_publish
         self._ledger.add_entry(entry, compressed=compressed)
@@ -341,6 +340,10 @@ class TopicWriter:
             self._seal()
 
     # ------------------------------------------------------------------- sealing
+
+    def _next_label(self) -> int:
+        """The id a new ledger is labelled with (re-labelled if taken when registered)."""
+        return self._state.last_ledger_id + 1
 
     def _seal(self) -> None:
         ledger, buf = self._ledger, self._buf

@@ -1,0 +1,240 @@
+"""The ``shale`` PySpark data source: batch reads and writes (streaming: :mod:`.stream`).
+
+Everything a task needs travels in the reader or writer object Spark pickles to it: the
+topic's URI, the options, and the storage settings of the driver's environment
+(:class:`~shale.compactor.spark.ForwardedEnvironment`, never printed).  Tasks read and
+write the topic's store directly; the driver only plans (metadata) and registers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from shale.columns import shift_rows
+from shale.compactor.spark.environment import ForwardedEnvironment
+from shale.ledger.errors import InvalidInputError, InvalidURIError
+from shale.ledger.ids import MIN_ID
+from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES
+from shale.metadata.topic import TopicMetadata
+from shale.reader.splits import DEFAULT_SPLIT_RECORDS, Split, plan_splits, read_split
+from shale.reader.topic_reader import EARLIEST, LATEST, parse_position
+from shale.staging import StagedLedger, StagingWriter, discard_staged, register_staged
+
+__all__ = ["ShaleDataSource", "SplitPartition"]
+
+_TRUE = ("true", "1", "yes")
+
+
+def _flag(options: Mapping[str, str], name: str) -> bool:
+    value = str(options.get(name, "false")).strip().lower()
+    if value not in (*_TRUE, "false", "0", "no"):
+        raise InvalidInputError(f"option {name}={value!r}: expected true or false")
+    return value in _TRUE
+
+
+def _int(options: Mapping[str, str], name: str, default: int) -> int:
+    value = options.get(name)
+    if value is None:
+        return default
+    try:
+        n = int(str(value))
+    except ValueError:
+        raise InvalidInputError(f"option {name}={value!r}: expected a whole number") from None
+    if n < 1:
+        raise InvalidInputError(f"option {name}={value!r}: must be at least 1")
+    return n
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOptions:
+    """What a read asks for (the ``option(...)`` values of ``spark.read.format("shale")``)."""
+
+    uri: str
+    metadata: str | None
+    compacted: bool
+    utf8: bool
+    id_text: bool
+    split_records: int
+    batch_rows: int
+
+    @classmethod
+    def of(cls, options: Mapping[str, str]) -> ReadOptions:
+        uri = options.get("path") or options.get("uri")
+        if not uri:
+            raise InvalidURIError("no topic: load(\"<topic-uri>\") or option(\"path\", ...)")
+        return cls(str(uri), options.get("metadata"), _flag(options, "compacted"), _flag(options, "utf8"),
+                   _flag(options, "idText"), _int(options, "splitRecords", DEFAULT_SPLIT_RECORDS),
+                   _int(options, "batchRows", 65_536))
+
+    def ddl(self) -> str:
+        data = "string" if self.utf8 else "binary"
+        return ", ".join([*(["id string"] if self.id_text else []), "ledger long", "entry long", "batch int",
+                          f"key {data}", f"value {data}", "properties map<string,string>",
+                          "publish_time timestamp", "event_time timestamp", "tombstone boolean"])
+
+    def meta(self) -> TopicMetadata:
+        return TopicMetadata.open(self.uri, self.metadata)
+
+
+class SplitPartition(InputPartition):
+    """One :class:`~shale.reader.splits.Split`, as a Spark input partition."""
+
+    def __init__(self, split: Split) -> None:
+        super().__init__(split.to_dict())
+
+    @property
+    def split(self) -> Split:
+        return Split(**self.value)
+
+
+def _arrow_schema(opts: ReadOptions) -> Any:
+    """The Arrow types Spark takes for the columns of :meth:`ReadOptions.ddl`."""
+    import pyarrow as pa
+
+    data = pa.string() if opts.utf8 else pa.binary()
+    ts = pa.timestamp("us", tz="UTC")
+    return pa.schema([*([("id", pa.string())] if opts.id_text else []),
+                      ("ledger", pa.int64()), ("entry", pa.int64()), ("batch", pa.int32()),
+                      ("key", data), ("value", data), ("properties", pa.map_(pa.string(), pa.string())),
+                      ("publish_time", ts), ("event_time", ts), ("tombstone", pa.bool_())])
+
+
+def read_partition(opts: ReadOptions, env: ForwardedEnvironment, split: Split) -> Iterator[Any]:
+    """A task's work: the split's records as Arrow batches of Spark's column types."""
+    env.apply()
+    target = _arrow_schema(opts)
+    for batch in read_split(opts.meta(), split, rows=opts.batch_rows, utf8=opts.utf8, id_text=opts.id_text):
+        yield batch.cast(target)
+
+
+class ShaleBatchReader(DataSourceReader):
+    def __init__(self, opts: ReadOptions, start: str) -> None:
+        self.opts = opts
+        self.env = ForwardedEnvironment.capture()
+        self.start = start
+
+    def partitions(self) -> list[SplitPartition]:
+        meta = self.opts.meta()
+        topic = meta.load_topic()
+        position = parse_position(self.start)
+        if position == LATEST:
+            return []
+        start = MIN_ID if position == EARLIEST else position
+        return [SplitPartition(s) for s in plan_splits(meta, compacted=self.opts.compacted, start=start,
+                                                      max_records=self.opts.split_records, topic=topic)]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, SplitPartition)
+        return read_partition(self.opts, self.env, partition.split)
+
+
+# ------------------------------------------------------------------------- writing
+
+
+@dataclass
+class StagedMessage(WriterCommitMessage):
+    """What one task wrote: its staged ledgers."""
+
+    staged: list[StagedLedger]
+
+
+class ShaleWriter(DataSourceArrowWriter):
+    """Each task stages its ledgers; the driver registers them all (commit) or deletes
+    them (abort)."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        uri = options.get("path") or options.get("uri")
+        if not uri:
+            raise InvalidURIError("no topic: save(\"<topic-uri>\") or option(\"path\", ...)")
+        self.uri, self.metadata = str(uri), options.get("metadata")
+        names = set(schema.fieldNames())
+        self.key = options.get("keyField", "key")
+        self.value = options.get("valueField", "value")
+        for role, column in (("keyField", self.key), ("valueField", self.value)):
+            if column not in names:
+                raise InvalidInputError(f"no column {column!r} in the DataFrame (its columns: "
+                                        f"{', '.join(schema.fieldNames())}); name it with option({role!r}, ...)")
+        self.properties = options.get("propertiesField", "properties" if "properties" in names else None)
+        self.event_time = options.get("eventTimeField", "event_time" if "event_time" in names else None)
+        self.compression = options.get("compression")
+        self.batch_size = _int(options, "batchSize", 1000)
+        self.max_ledger_records = _int(options, "maxLedgerRecords", 500_000)
+        self.max_record_bytes = _int(options, "maxRecordBytes", DEFAULT_MAX_RECORD_BYTES)
+        meta = TopicMetadata.open(self.uri, self.metadata)
+        self.base = meta.create_topic().last_ledger_id + 1
+        self.env = ForwardedEnvironment.capture()
+
+    def write(self, iterator: Iterator[Any]) -> StagedMessage:
+        from pyspark import TaskContext
+
+        self.env.apply()
+        ctx = TaskContext.get()
+        partition = ctx.partitionId() if ctx is not None else 0
+        w = StagingWriter(self.uri, base=self.base, partition=partition, metadata_uri=self.metadata,
+                          compression=self.compression, batch_size=self.batch_size,
+                          max_ledger_records=self.max_ledger_records, max_record_bytes=self.max_record_bytes)
+        rows = 0
+        try:
+            for batch in iterator:
+                try:
+                    rows += w.append_batch(batch, key=self.key, value=self.value, properties=self.properties,
+                                           event_time=self.event_time)
+                except InvalidInputError as e:
+                    raise type(e)(f"{self.uri}: partition {partition}, {shift_rows(str(e), rows)}") from None
+            w.flush()
+        except BaseException:
+            w.discard()
+            raise
+        return StagedMessage(w.staged)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        staged = [s for m in messages if isinstance(m, StagedMessage) for s in m.staged]
+        meta = TopicMetadata.open(self.uri, self.metadata)
+        try:
+            register_staged(meta, staged)
+        except BaseException:
+            discard_staged(meta, staged)
+            raise
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        staged = [s for m in messages if isinstance(m, StagedMessage) for s in m.staged]
+        discard_staged(TopicMetadata.open(self.uri, self.metadata), staged)
+
+
+# ------------------------------------------------------------------------- the source
+
+
+class ShaleDataSource(DataSource):
+    """``format("shale")``: see :mod:`shale.spark` and ``docs/spark.md``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "shale"
+
+    def schema(self) -> str:
+        return ReadOptions.of(self.options).ddl()
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return ShaleBatchReader(ReadOptions.of(self.options), str(self.options.get("start", EARLIEST)))
+
+    def writer(self, schema: StructType, overwrite: bool) -> ShaleWriter:
+        if overwrite:
+            raise InvalidInputError("a Shale topic is append-only: write with mode(\"append\")")
+        return ShaleWriter(self.options, schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from shale.spark.stream import ShaleStreamReader
+
+        return ShaleStreamReader(ReadOptions.of(self.options), self.options)

@@ -1,0 +1,171 @@
+"""Ledgers written by many tasks and registered together, or not at all.
+
+A distributed write (Spark's ``df.write.format("shale")``) cannot register each task's
+ledgers as the task seals them: a task that fails halfway, or runs twice, would leave
+part of the job registered.  Instead each task writes with a :class:`StagingWriter`,
+which seals and uploads ledgers exactly as :class:`~shale.producer.TopicWriter` does but
+registers nothing and returns what it uploaded (:class:`StagedLedger`\\ s); the job's
+driver then registers every staged ledger of the tasks that finished with one
+compare-and-swap (:func:`register_staged`), or deletes them (:func:`discard_staged`).
+
+Task ``p`` labels its ledgers ``base + p * LABEL_STRIDE + i``, ``base`` being the id after
+the last ledger when the job started: labels never collide between tasks, and when no
+other writer appended meanwhile they are final, so registering moves no byte.  A job's
+ledger ids therefore leave gaps, as Pulsar's do (ids need only rise).  When another
+writer did take ids meanwhile, the staged ledgers are re-labelled (read, re-labelled,
+written under a new name) before they are registered.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any, Final
+
+from shale.ledger._retry import ConflictPolicy
+from shale.ledger.errors import ConflictError, InvalidInputError, ObjectNotFoundError
+from shale.ledger.writer import relabel_ledger
+from shale.metadata.layout import LEDGER_DIR, ledger_object_name
+from shale.metadata.state import LedgerInfo, TopicState
+from shale.metadata.topic import TopicMetadata
+from shale.producer import UNREGISTERED_MAX_AGE_S, TopicWriter
+
+__all__ = ["LABEL_STRIDE", "StagedLedger", "StagingWriter", "discard_staged", "register_staged"]
+
+#: Ledger labels each task may use (a task writing more ledgers than this fails).
+LABEL_STRIDE: Final = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class StagedLedger:
+    """A sealed, uploaded, unregistered ledger: its registration-to-be, and the task
+    (``partition``) that wrote it."""
+
+    partition: int
+    info: dict[str, Any]
+
+    @property
+    def ledger(self) -> LedgerInfo:
+        return LedgerInfo(**self.info)
+
+
+class StagingWriter(TopicWriter):
+    """A :class:`TopicWriter` that uploads sealed ledgers without registering them;
+    :attr:`staged` lists them.  ``base`` is the first label of the job, ``partition`` this
+    task's number."""
+
+    def __init__(self, topic_uri: str, *, base: int, partition: int, **kwargs: Any) -> None:
+        if partition < 0 or base < 1:
+            raise InvalidInputError("a staging writer needs a partition >= 0 and a base label >= 1")
+        super().__init__(topic_uri, **kwargs)
+        self._first_label = base + partition * LABEL_STRIDE
+        self.partition = partition
+        self.staged: list[StagedLedger] = []
+
+    def _next_label(self) -> int:
+        if len(self.staged) >= LABEL_STRIDE:
+            raise InvalidInputError(f"a task may write at most {LABEL_STRIDE} ledgers: repartition the data")
+        return self._first_label + len(self.staged)
+
+    def _seal(self) -> None:
+        ledger, buf = self._ledger, self._buf
+        if ledger is None or buf is None:
+            return
+        ledger.finish()
+        data = buf.getvalue()
+        name = ledger_object_name(ledger.ledger_id, uuid.uuid4().hex[:12])
+        self.meta.topic.store.put(self.meta.topic.key(name), data)
+        info = LedgerInfo(ledger.ledger_id, name, ledger.n_entries, ledger.n_records, len(data), self._first_publish,
+                          self._last_publish, int(self._clock() * 1000), len(data) + ledger.bytes_saved)
+        self.staged.append(StagedLedger(self.partition, info.to_json()))
+        self._ledger = self._buf = None
+
+    def discard(self) -> None:
+        """Delete what this writer uploaded (a failed task cleans up after itself)."""
+        self._batch = []
+        self._ledger = self._buf = None
+        discard_staged(self.meta, self.staged)
+        self.staged = []
+
+
+def _unique(staged: Iterable[StagedLedger]) -> list[StagedLedger]:
+    """One task's ledgers once, in label order (a duplicate task report is dropped)."""
+    by_label: dict[int, StagedLedger] = {}
+    for s in staged:
+        by_label.setdefault(s.ledger.id, s)
+    return [by_label[k] for k in sorted(by_label)]
+
+
+def register_staged(meta: TopicMetadata, staged: Iterable[StagedLedger], attempts: int = 50) -> TopicState:
+    """Register every staged ledger, in label order, with one compare-and-swap.
+
+    A staged object older than :data:`~shale.producer.UNREGISTERED_MAX_AGE_S` is written
+    again first (garbage collection may take an unregistered object past its orphan grace
+    for a leftover, and must not be racing its registration), and so are all of them when
+    another writer took their labels meanwhile.  A staged object already gone fails the
+    registration: nothing is registered."""
+    todo = [s.ledger for s in _unique(staged)]
+    if not todo:
+        return meta.load_topic()
+    try:
+        for attempt in ConflictPolicy(attempts).retrying(f"{meta.uri}: registering a write's ledgers"):
+            with attempt:
+                state = meta.load_topic()
+                if todo[0].id <= state.last_ledger_id:
+                    todo = [_rewritten(meta, info, state.last_ledger_id + 1 + k) for k, info in enumerate(todo)]
+                else:
+                    todo = [_rewritten(meta, info, info.id) if _too_old(meta, info) else info for info in todo]
+                now = int(time.time() * 1000)
+                new = replace(state, ledgers=(*state.ledgers, *(replace(i, sealed_ms=now) for i in todo)))
+                return meta.replace_topic(new, state)
+    except ConflictError as exc:
+        raise ConflictError(f"{meta.uri}: could not register the write's ledgers after {attempts} attempts; "
+                            "too many writers are appending to this topic at once") from exc
+    raise AssertionError("unreachable")
+
+
+def _too_old(meta: TopicMetadata, info: LedgerInfo) -> bool:
+    key = meta.topic.key(info.object)
+    try:
+        mtime_ms = meta.topic.store.stat(key).mtime * 1000
+    except ObjectNotFoundError:
+        raise ObjectNotFoundError(f"{meta.topic.store.url(key)}: a staged ledger is gone (taken for a leftover by "
+                                  "garbage collection?); nothing was registered: run the write again") from None
+    return meta.topic.store.now_ms(meta.topic.key(LEDGER_DIR)) - mtime_ms > UNREGISTERED_MAX_AGE_S * 1000
+
+
+def _rewritten(meta: TopicMetadata, info: LedgerInfo, lid: int) -> LedgerInfo:
+    """A fresh copy of a staged ledger's object labelled ``lid``, under a new name (the
+    old object is deleted: nothing registered names it)."""
+    store, old = meta.topic.store, meta.topic.key(info.object)
+    try:
+        data = store.get(old)
+    except ObjectNotFoundError:
+        raise ObjectNotFoundError(f"{store.url(old)}: a staged ledger is gone (taken for a leftover by garbage "
+                                  "collection?); nothing was registered: run the write again") from None
+    name = ledger_object_name(lid, uuid.uuid4().hex[:12])
+    store.put(meta.topic.key(name), relabel_ledger(data, lid) if lid != info.id else data)
+    try:
+        store.delete(old)
+    except ObjectNotFoundError:
+        pass
+    return replace(info, id=lid, object=name)
+
+
+def discard_staged(meta: TopicMetadata, staged: Iterable[StagedLedger]) -> int:
+    """Delete staged, unregistered ledgers; how many.  A ledger the topic registers is
+    never deleted."""
+    registered = {lg.object for lg in meta.load_topic().ledgers}
+    n = 0
+    for s in staged:
+        name = s.info["object"]
+        if name in registered:
+            continue
+        try:
+            meta.topic.store.delete(meta.topic.key(name))
+            n += 1
+        except ObjectNotFoundError:
+            pass
+    return n

@@ -1,0 +1,225 @@
+"""The ``shale`` PySpark data source on real PySpark (``local[2,2]``: two cores, a failed
+task tried once more): reads record for record against the reader, a write then a read
+equal, failed and retried tasks registering nothing twice, and a streaming query killed
+and restarted from its checkpoint delivering every record exactly once to a file sink."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shale.compactor import CompactionConfig, Compactor
+from shale.compactor.spark import SparkOptions
+from shale.ledger.record import Message, Record
+from shale.metadata.topic import TopicMetadata
+from shale.producer import TopicWriter
+from shale.reader import TopicReader
+from shale.reader.splits import plan_splits
+from tests.conftest import ROOT, make_root
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("pyspark")
+pytest.importorskip("pyarrow")
+T0 = 1_700_000_000_000
+
+
+@pytest.fixture(scope="module")
+def spark(moto_endpoint: str) -> Iterator[Any]:
+    """One Spark application for the module, started (as in production) in the storage
+    environment its Python workers inherit: the moto server's."""
+    import shale.spark
+    from shale.compactor.spark.engine import open_session
+
+    session, _ = open_session(SparkOptions(master="local[2,2]", conf=(("spark.ui.enabled", "false"),)))
+    shale.spark.register(session)
+    yield session
+    session.stop()
+
+
+@pytest.fixture(params=["local", "s3"])
+def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "s3":
+        request.applymarker(pytest.mark.s3)
+    return make_root(str(request.param), request, tmp_path)
+
+
+def _produce(uri: str, seed: int, n: int, *, ledger: int = 400) -> None:
+    import random
+
+    rnd = random.Random(seed)
+    with TopicWriter(uri, batch_size=37, max_ledger_records=ledger) as w:
+        for i in range(n):
+            key = None if rnd.random() < 0.05 else f"k{rnd.randrange(150)}".encode()
+            value = None if rnd.random() < 0.08 else f"v{seed}-{i}".encode()
+            props = {f"p{j}": "é" * j for j in range(rnd.randrange(3))}
+            w.send(Record(key, value, props, T0 + i, rnd.choice([None, T0 - i])))
+
+
+def _topic(uri: str) -> None:
+    _produce(uri, 1, 1500)
+    Compactor(uri, CompactionConfig(delete_retention_ms=3_600_000)).run()
+    _produce(uri, 2, 700)
+
+
+def _ts(ms: int | None) -> Any:
+    return None if ms is None else datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).replace(tzinfo=None)
+
+
+def _want(messages: list[Message]) -> list[tuple[Any, ...]]:
+    return [(m.id.ledger, m.id.entry, m.id.batch, m.key, m.value, sorted(m.properties.items()), m.publish_time,
+             m.event_time, m.is_tombstone) for m in messages]
+
+
+def _got(rows: list[Any]) -> list[tuple[Any, ...]]:
+    def ms(t: Any) -> int | None:
+        return None if t is None else round(t.replace(tzinfo=datetime.UTC).timestamp() * 1000)
+
+    out = [(r.ledger, r.entry, r.batch, None if r.key is None else bytes(r.key),
+            None if r.value is None else bytes(r.value), sorted((r.properties or {}).items()), ms(r.publish_time),
+            ms(r.event_time), r.tombstone) for r in rows]
+    return sorted(out, key=lambda t: t[:3])
+
+
+def test_read_equals_the_reader(spark: Any, root: str) -> None:
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    uri = f"{root}/topics/orders"
+    _topic(uri)
+    df = spark.read.format("shale").option("compacted", "true").option("splitRecords", "250").load(uri)
+    splits = plan_splits(TopicMetadata.open(uri), compacted=True, max_records=250)
+    assert df.rdd.getNumPartitions() == len(splits) >= 1 + 700 // 250  # the part, the tail's slices
+    assert _got(df.collect()) == _want(list(TopicReader(uri, read_compacted=True)))
+    full = spark.read.format("shale").load(uri)
+    assert _got(full.collect()) == _want(list(TopicReader(uri)))
+    text = spark.read.format("shale").option("utf8", "true").option("idText", "true").load(uri)
+    assert text.schema["key"].dataType.typeName() == "string"
+    first = text.orderBy("ledger", "entry", "batch").first()
+    m = next(iter(TopicReader(uri)))
+    assert (first.id, first.key) == (str(m.id), m.key.decode() if m.key else None)
+
+
+def _frame(spark: Any, n: int, *, fail_at: int | None = None, big_at: int | None = None) -> Any:
+    from pyspark.sql import functions as F
+
+    df = spark.range(n, numPartitions=4).select(
+        F.concat(F.lit("k"), (F.col("id") % 97).cast("string")).alias("key"),
+        F.concat(F.lit("v"), F.col("id").cast("string")).alias("value"),
+        F.create_map(F.lit("n"), F.col("id").cast("string")).alias("properties"),
+        F.timestamp_millis(F.lit(T0) + F.col("id")).alias("event_time"), F.col("id"))
+    if big_at is not None:
+        df = df.withColumn("value", F.when(F.col("id") == big_at, F.repeat(F.lit("x"), 5000))
+                           .otherwise(F.col("value")))
+    if fail_at is not None:
+        def once(it: Iterator[Any]) -> Iterator[Any]:
+            from pyspark import TaskContext
+
+            for batch in it:
+                ids = batch.column("id").to_pylist()
+                if fail_at in ids and TaskContext.get().attemptNumber() == 0:
+                    raise RuntimeError("first attempt of this task fails")
+                yield batch
+        df = df.mapInArrow(once, df.schema)
+    return df.drop("id")
+
+
+def test_write_then_read_round_trip(spark: Any, root: str) -> None:
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    uri = f"{root}/topics/written"
+    with TopicWriter(uri) as w:
+        w.append(b"before", b"1")
+    # a task fails on its first attempt: its retry registers its ledgers once
+    _frame(spark, 5000, fail_at=3000).write.format("shale").mode("append").option("batchSize", "100").save(uri)
+    got = list(TopicReader(uri))
+    assert len(got) == 5001 and got[0].key == b"before"
+    rows = sorted((m.key, m.value, dict(m.properties), m.event_time) for m in got[1:])
+    want = sorted((f"k{i % 97}".encode(), f"v{i}".encode(), {"n": str(i)}, T0 + i) for i in range(5000))
+    assert rows == want
+    ids = [lg.id for lg in TopicMetadata.open(uri).load_topic().ledgers]
+    assert ids == sorted(set(ids)) and len(ids) == 5  # one ledger per task, after the producer's
+    # read back through Spark, then compact: a compaction sees the written ledgers like any other
+    back = spark.read.format("shale").option("utf8", "true").load(uri).where("key != 'before'")
+    assert back.count() == 5000
+    Compactor(uri, CompactionConfig()).run()
+    assert len(list(TopicReader(uri, read_compacted=True))) == 98
+    with TopicWriter(uri) as w:  # a producer goes on after the job's ids
+        w.append(b"after", b"2")
+    assert list(TopicReader(uri))[-1].id.ledger == ids[-1] + 1
+
+
+def test_a_failed_write_registers_nothing(spark: Any, tmp_path: Path) -> None:
+    uri = str(tmp_path / "topic")
+    with TopicWriter(uri) as w:
+        w.append(b"before", b"1")
+    before = TopicMetadata.open(uri).load_topic()
+    with pytest.raises(Exception, match=r"partition \d+, column 'value', row \d+: 5,000 bytes .* maximum of 4,096"):
+        _frame(spark, 400, big_at=350).write.format("shale").mode("append").option("maxRecordBytes", "4096") \
+            .save(uri)
+    after = TopicMetadata.open(uri).load_topic()
+    assert after.ledgers == before.ledgers
+    assert sorted(p.name for p in (tmp_path / "topic" / "ledgers").iterdir()) == [
+        Path(lg.object).name for lg in before.ledgers]
+    with pytest.raises(Exception, match="no column 'key'"):
+        spark.range(3).selectExpr("cast(id as string) as k", "'v' as value").write.format("shale") \
+            .mode("append").save(uri)
+    with pytest.raises(Exception, match="append-only"):
+        spark.range(3).selectExpr("cast(id as string) as key", "'v' as value").write.format("shale") \
+            .mode("overwrite").save(uri)
+    assert TopicMetadata.open(uri).load_topic().ledgers == before.ledgers
+
+
+_STREAM_JOB = """
+import os, sys
+os.environ["PYSPARK_PYTHON"] = sys.executable
+from shale.compactor.spark import SparkOptions
+from shale.compactor.spark.engine import open_session
+import shale.spark
+uri, out, ck, mode = sys.argv[1:5]
+spark, _ = open_session(SparkOptions(master="local[2]", conf=(("spark.ui.enabled", "false"),)))
+shale.spark.register(spark)
+stream = (spark.readStream.format("shale").option("compacted", "true").option("maxRecordsPerTrigger", "300")
+          .load(uri).writeStream.format("parquet").option("path", out).option("checkpointLocation", ck))
+if mode == "forever":
+    stream.trigger(processingTime="1 second").start().awaitTermination()
+else:
+    stream.trigger(availableNow=True).start().awaitTermination()
+"""
+
+
+def test_a_killed_stream_restarts_exactly_once(spark: Any, tmp_path: Path) -> None:
+    uri, out, ck = str(tmp_path / "topic"), str(tmp_path / "out"), str(tmp_path / "ck")
+    _produce(uri, 1, 1500, ledger=200)
+    Compactor(uri, CompactionConfig(delete_retention_ms=3_600_000)).run()
+    _produce(uri, 2, 2400, ledger=200)
+    script = tmp_path / "job.py"
+    script.write_text(_STREAM_JOB)
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, str(script), uri, out, ck, "forever"], env=env, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        commits = Path(ck) / "commits"
+        while time.monotonic() < deadline and len(list(commits.glob("[0-9]*"))) < 3:
+            assert proc.poll() is None, "the streaming job ended early"
+            time.sleep(0.2)
+        assert len(list(commits.glob("[0-9]*"))) >= 3
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    done = len(list(commits.glob("[0-9]*")))
+    assert done < 7, "the first run was meant to be killed before it read everything (7 batches)"
+    _produce(uri, 3, 300, ledger=200)  # more arrives while it is down
+    res = subprocess.run([sys.executable, str(script), uri, out, ck, "once"], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = spark.read.parquet(out).select("ledger", "entry", "batch", "value").collect()
+    got = sorted((r.ledger, r.entry, r.batch, None if r.value is None else bytes(r.value)) for r in rows)
+    want = sorted((m.id.ledger, m.id.entry, m.id.batch, m.value) for m in TopicReader(uri, read_compacted=True))
+    assert got == want  # every record of the compacted view and the tail, each once
