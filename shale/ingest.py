@@ -42,7 +42,7 @@ def format_of(path: str | None) -> str:
 def produce_columnar(writer: TopicWriter, stream: IO[bytes], name: str, fmt: str, fields: Fields,
                      progress: Callable[[int, int], None] | None = None) -> int:
     """Append every row of a Parquet, Arrow IPC or CSV stream; return how many."""
-    batches = _batches(stream, name, fmt, fields)
+    batches = _prefetched(_batches(stream, name, fmt, fields))
     total = 0
     for batch in batches:
         try:
@@ -53,6 +53,48 @@ def produce_columnar(writer: TopicWriter, stream: IO[bytes], name: str, fmt: str
         if progress is not None:
             progress(batch.num_rows, batch.nbytes)
     return total
+
+
+def _prefetched(batches: Iterator[Any], depth: int = 2) -> Iterator[Any]:
+    """``batches``, read ahead on a thread of their own: the file is decoded (pyarrow lets
+    go of the interpreter lock) while the batch before is encoded and compressed."""
+    import queue
+    import threading
+
+    q: queue.Queue[tuple[str, Any]] = queue.Queue(depth)
+    stop = threading.Event()
+
+    def put(item: tuple[str, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run() -> None:
+        try:
+            for b in batches:
+                if not put(("batch", b)):
+                    return
+            put(("end", None))
+        except BaseException as e:  # handed to the consumer, raised there
+            put(("error", e))
+
+    t = threading.Thread(target=run, name="shale-read-ahead", daemon=True)
+    t.start()
+    try:
+        while True:
+            kind, item = q.get()
+            if kind == "end":
+                return
+            if kind == "error":
+                raise item
+            yield item
+    finally:
+        stop.set()
+        t.join(timeout=5)
 
 
 def _batches(stream: IO[bytes], name: str, fmt: str, fields: Fields) -> Iterator[Any]:
