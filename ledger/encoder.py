@@ -10,15 +10,14 @@ paths give the same bytes, which the tests check.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Final, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
+from shale.ledger.kernels import load_native
 from shale.ledger.record import Record, encode_record, key_hash
 from shale.ledger.writer import EncodedEntry
 
@@ -30,17 +29,7 @@ I64 = npt.NDArray[np.int64]
 U8 = npt.NDArray[np.uint8]
 
 
-def _load() -> ModuleType | None:
-    if os.environ.get("SHALE_KERNELS", "").strip().lower() in ("numpy", "python"):
-        return None
-    try:
-        from shale.ledger import _encoder
-    except ImportError:
-        return None
-    return _encoder
-
-
-_native: Final = _load()
+_native: Final = load_native("_encoder")
 #: ``"native"`` when the C encoder is in use, ``"python"`` otherwise.
 ENCODER: Final = "native" if _native is not None else "python"
 

@@ -22,22 +22,25 @@ from shale.ledger._record_parser import record_fields_at, record_problem_at
 
 __all__ = ["KERNELS", "CopyPlan", "KeyTable", "RecordColumns", "Scratch", "check_frames", "check_kept", "check_records",
            "copy_plan", "crc32c", "crc32c_ranges", "distinct_estimate", "gather_ranges", "latest_positions",
-           "new_key_table", "record_columns", "record_problem", "start_writeback", "tiling_error"]
+           "load_native", "new_key_table", "record_columns", "record_problem", "start_writeback", "tiling_error"]
 
 Buffer = bytes | bytearray | memoryview
 
 
-def _load() -> ModuleType | None:
+def load_native(name: str) -> ModuleType | None:
+    """The C extension ``shale.ledger.<name>``, or None when it was not built or
+    ``SHALE_KERNELS=numpy`` (or ``python``) asks for the fallbacks."""
     if os.environ.get("SHALE_KERNELS", "").strip().lower() in ("numpy", "python"):
         return None
+    import importlib
+
     try:
-        from shale.ledger import _kernels
+        return importlib.import_module(f"shale.ledger.{name}")
     except ImportError:
         return None
-    return _kernels
 
 
-_native: Final = _load()
+_native: Final = load_native("_kernels")
 #: ``"native"`` when the C kernels are in use, ``"numpy"`` otherwise.
 KERNELS: Final = "native" if _native is not None else "numpy"
 # Without the CPU's CRC instruction the C table-driven CRC is slower than the crc32c

@@ -24,7 +24,7 @@ from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
 from shale.reader.splits import plan_splits
-from tests.conftest import ROOT, make_root
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("pyspark")
@@ -43,13 +43,6 @@ def spark(moto_endpoint: str) -> Iterator[Any]:
     shale.spark.register(session)
     yield session
     session.stop()
-
-
-@pytest.fixture(params=["local", "s3"])
-def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "s3":
-        request.applymarker(pytest.mark.s3)
-    return make_root(str(request.param), request, tmp_path)
 
 
 def _produce(uri: str, seed: int, n: int, *, ledger: int = 400) -> None:
@@ -89,9 +82,9 @@ def _got(rows: list[Any]) -> list[tuple[Any, ...]]:
     return sorted(out, key=lambda t: t[:3])
 
 
-def test_read_equals_the_reader(spark: Any, root: str) -> None:
+def test_read_equals_the_reader(spark: Any, disk_topic_uri: str) -> None:
     spark.conf.set("spark.sql.session.timeZone", "UTC")
-    uri = f"{root}/topics/orders"
+    uri = disk_topic_uri
     _topic(uri)
     df = spark.read.format("shale").option("compacted", "true").option("splitRecords", "250").load(uri)
     splits = plan_splits(TopicMetadata.open(uri), compacted=True, max_records=250)
@@ -130,9 +123,9 @@ def _frame(spark: Any, n: int, *, fail_at: int | None = None, big_at: int | None
     return df.drop("id")
 
 
-def test_write_then_read_round_trip(spark: Any, root: str) -> None:
+def test_write_then_read_round_trip(spark: Any, disk_topic_uri: str) -> None:
     spark.conf.set("spark.sql.session.timeZone", "UTC")
-    uri = f"{root}/topics/written"
+    uri = disk_topic_uri
     with TopicWriter(uri) as w:
         w.append(b"before", b"1")
     # a task fails on its first attempt: its retry registers its ledgers once
