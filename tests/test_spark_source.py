@@ -30,16 +30,23 @@ pytestmark = pytest.mark.slow
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 T0 = 1_700_000_000_000
+AWS_VARS = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
+            "AWS_SESSION_TOKEN", "AWS_REGION")
 
 
 @pytest.fixture(scope="module")
 def spark(moto_endpoint: str) -> Iterator[Any]:
-    """One Spark application for the module, started (as in production) in the storage
-    environment its Python workers inherit: the moto server's."""
+    """One Spark application for the module, started with no AWS variables in its
+    environment (the processes Spark starts inherit it): they reach moto only through
+    what ``register`` captured and forwards."""
     import shale.spark
     from shale.compactor.spark.engine import open_session
 
-    session, _ = open_session(SparkOptions(master="local[2,2]", conf=(("spark.ui.enabled", "false"),)))
+    saved = {k: os.environ.pop(k) for k in AWS_VARS if k in os.environ}
+    try:
+        session, _ = open_session(SparkOptions(master="local[2,2]", conf=(("spark.ui.enabled", "false"),)))
+    finally:
+        os.environ.update(saved)
     shale.spark.register(session)
     yield session
     session.stop()

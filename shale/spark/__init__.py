@@ -22,11 +22,22 @@ __all__ = ["SOURCE_NAME", "register"]
 SOURCE_NAME = "shale"
 
 
-def register(spark: Any) -> None:
-    """Register the ``shale`` data source with a Spark session."""
+def register(spark: Any, *, forward_credentials: bool = True) -> None:
+    """Register the ``shale`` data source with a Spark session.
+
+    The storage settings of this process's environment (endpoint, region and, unless
+    ``forward_credentials`` is false, static credentials: the variables the Spark engine
+    forwards) travel with the registered source to the processes that plan and run its
+    reads and writes, which Spark may have started with another environment.  Their
+    values are never printed."""
     from shale.compactor.spark import require_pyspark
 
     require_pyspark()
+    from shale.compactor.spark.environment import ForwardedEnvironment
     from shale.spark.source import ShaleDataSource
 
-    spark.dataSource.register(ShaleDataSource)
+    # A class made here is pickled by value with the registration, its settings with it.
+    source = type("ShaleDataSource", (ShaleDataSource,),
+                  {"forwarded": ForwardedEnvironment.capture(credentials=forward_credentials),
+                   "__doc__": ShaleDataSource.__doc__})
+    spark.dataSource.register(source)

@@ -120,12 +120,13 @@ def read_partition(opts: ReadOptions, env: ForwardedEnvironment, split: Split) -
 
 
 class ShaleBatchReader(DataSourceReader):
-    def __init__(self, opts: ReadOptions, start: str) -> None:
+    def __init__(self, opts: ReadOptions, start: str, env: ForwardedEnvironment) -> None:
         self.opts = opts
-        self.env = ForwardedEnvironment.capture()
+        self.env = env
         self.start = start
 
     def partitions(self) -> list[SplitPartition]:
+        self.env.apply()
         meta = self.opts.meta()
         topic = meta.load_topic()
         position = parse_position(self.start)
@@ -154,7 +155,7 @@ class ShaleWriter(DataSourceArrowWriter):
     """Each task stages its ledgers; the driver registers them all (commit) or deletes
     them (abort)."""
 
-    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+    def __init__(self, options: Mapping[str, str], schema: StructType, env: ForwardedEnvironment) -> None:
         uri = options.get("path") or options.get("uri")
         if not uri:
             raise InvalidURIError("no topic: save(\"<topic-uri>\") or option(\"path\", ...)")
@@ -174,7 +175,7 @@ class ShaleWriter(DataSourceArrowWriter):
         self.max_record_bytes = _int(options, "maxRecordBytes", DEFAULT_MAX_RECORD_BYTES)
         meta = TopicMetadata.open(self.uri, self.metadata)
         self.base = meta.create_topic().last_ledger_id + 1
-        self.env = ForwardedEnvironment.capture()
+        self.env = env
 
     def write(self, iterator: Iterator[Any]) -> StagedMessage:
         from pyspark import TaskContext
@@ -201,6 +202,7 @@ class ShaleWriter(DataSourceArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         staged = [s for m in messages if isinstance(m, StagedMessage) for s in m.staged]
+        self.env.apply()
         meta = TopicMetadata.open(self.uri, self.metadata)
         try:
             register_staged(meta, staged)
@@ -210,6 +212,7 @@ class ShaleWriter(DataSourceArrowWriter):
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         staged = [s for m in messages if isinstance(m, StagedMessage) for s in m.staged]
+        self.env.apply()
         discard_staged(TopicMetadata.open(self.uri, self.metadata), staged)
 
 
@@ -219,6 +222,15 @@ class ShaleWriter(DataSourceArrowWriter):
 class ShaleDataSource(DataSource):
     """``format("shale")``: see :mod:`shale.spark` and ``docs/spark.md``."""
 
+    #: the storage settings :func:`shale.spark.register` captured (none: this process's)
+    forwarded: ForwardedEnvironment = ForwardedEnvironment()
+
+    def _env(self) -> ForwardedEnvironment:
+        """The storage settings, applied here (the planning process) and sent to tasks."""
+        env = self.forwarded if self.forwarded.values else ForwardedEnvironment.capture()
+        env.apply()
+        return env
+
     @classmethod
     def name(cls) -> str:
         return "shale"
@@ -227,14 +239,14 @@ class ShaleDataSource(DataSource):
         return ReadOptions.of(self.options).ddl()
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return ShaleBatchReader(ReadOptions.of(self.options), str(self.options.get("start", EARLIEST)))
+        return ShaleBatchReader(ReadOptions.of(self.options), str(self.options.get("start", EARLIEST)), self._env())
 
     def writer(self, schema: StructType, overwrite: bool) -> ShaleWriter:
         if overwrite:
             raise InvalidInputError("a Shale topic is append-only: write with mode(\"append\")")
-        return ShaleWriter(self.options, schema)
+        return ShaleWriter(self.options, schema, self._env())
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from shale.spark.stream import ShaleStreamReader
 
-        return ShaleStreamReader(ReadOptions.of(self.options), self.options)
+        return ShaleStreamReader(ReadOptions.of(self.options), self.options, self._env())

@@ -33,9 +33,9 @@ __all__ = ["ShaleStreamReader"]
 
 
 class ShaleStreamReader(DataSourceStreamReader):
-    def __init__(self, opts: ReadOptions, options: Mapping[str, str]) -> None:
+    def __init__(self, opts: ReadOptions, options: Mapping[str, str], env: ForwardedEnvironment) -> None:
         self.opts = opts
-        self.env = ForwardedEnvironment.capture()
+        self.env = env
         self.start = str(options.get("start", EARLIEST))
         limit = options.get("maxRecordsPerTrigger")
         try:
@@ -46,6 +46,7 @@ class ShaleStreamReader(DataSourceStreamReader):
             raise InvalidInputError("option maxRecordsPerTrigger: must be at least 1")
 
     def _end_of_topic(self) -> MessageId:
+        self.env.apply()
         topic = self.opts.meta().load_topic()
         last = topic.ledgers[-1] if topic.ledgers else None
         return MessageId(last.id, last.entries, 0) if last else MIN_ID
@@ -62,6 +63,7 @@ class ShaleStreamReader(DataSourceStreamReader):
 
     def latestOffset(self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None) -> dict[str, Any]:
         start = start or self.initialOffset()
+        self.env.apply()
         position = MessageId.parse(start["next"])
         meta = self.opts.meta()
         ahead = [lg for lg in meta.load_topic().ledgers if MessageId(lg.id, lg.entries, 0) > position]
@@ -88,6 +90,7 @@ class ShaleStreamReader(DataSourceStreamReader):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[SplitPartition]:
         if start == end:
             return []
+        self.env.apply()
         meta = self.opts.meta()
         splits = plan_splits(meta, compacted=bool(start.get("view")), start=MessageId.parse(start["next"]),
                              end=MessageId.parse(end["next"]), max_records=self.opts.split_records)
