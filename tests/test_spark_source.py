@@ -19,6 +19,7 @@ import pytest
 
 from shale.compactor import CompactionConfig, Compactor
 from shale.compactor.spark import SparkOptions
+from shale.ledger.ids import MessageId
 from shale.ledger.record import Message, Record
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
@@ -181,16 +182,24 @@ os.environ["PYSPARK_PYTHON"] = sys.executable
 from shale.compactor.spark import SparkOptions
 from shale.compactor.spark.engine import open_session
 import shale.spark
-uri, out, ck, mode = sys.argv[1:5]
+uri, out, ck = sys.argv[1:4]
 spark, _ = open_session(SparkOptions(master="local[2]", conf=(("spark.ui.enabled", "false"),)))
 shale.spark.register(spark)
 stream = (spark.readStream.format("shale").option("compacted", "true").option("maxRecordsPerTrigger", "300")
           .load(uri).writeStream.format("parquet").option("path", out).option("checkpointLocation", ck))
-if mode == "forever":
-    stream.trigger(processingTime="1 second").start().awaitTermination()
-else:
-    stream.trigger(availableNow=True).start().awaitTermination()
+stream.trigger(processingTime="1 second").start().awaitTermination()  # until killed
 """
+
+
+def _committed_end(ck: Path) -> str | None:
+    """Where the last committed micro-batch of a checkpoint ends (its offset's ``next``)."""
+    import json
+
+    done = sorted(int(p.name) for p in (ck / "commits").glob("[0-9]*"))
+    if not done:
+        return None
+    last_line = (ck / "offsets" / str(done[-1])).read_text().strip().splitlines()[-1]
+    return str(json.loads(last_line)["next"])
 
 
 def test_a_killed_stream_restarts_exactly_once(spark: Any, tmp_path: Path) -> None:
@@ -201,7 +210,7 @@ def test_a_killed_stream_restarts_exactly_once(spark: Any, tmp_path: Path) -> No
     script = tmp_path / "job.py"
     script.write_text(_STREAM_JOB)
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, str(script), uri, out, ck, "forever"], env=env, cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, str(script), uri, out, ck], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 240
@@ -216,9 +225,20 @@ def test_a_killed_stream_restarts_exactly_once(spark: Any, tmp_path: Path) -> No
     done = len(list(commits.glob("[0-9]*")))
     assert done < 7, "the first run was meant to be killed before it read everything (7 batches)"
     _produce(uri, 3, 300, ledger=200)  # more arrives while it is down
-    res = subprocess.run([sys.executable, str(script), uri, out, ck, "once"], env=env, cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
+    topic = TopicMetadata.open(uri).load_topic()
+    end = str(MessageId(topic.ledgers[-1].id, topic.ledgers[-1].entries, 0))
+    # restarted from the checkpoint, until a committed batch ends at the end of the topic
+    proc = subprocess.Popen([sys.executable, str(script), uri, out, ck], env=env, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and _committed_end(Path(ck)) != end:
+            assert proc.poll() is None, (proc.stderr.read() if proc.stderr else "")[-3000:]
+            time.sleep(0.2)
+        assert _committed_end(Path(ck)) == end
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
     rows = spark.read.parquet(out).select("ledger", "entry", "batch", "value").collect()
     got = sorted((r.ledger, r.entry, r.batch, None if r.value is None else bytes(r.value)) for r in rows)
     want = sorted((m.id.ledger, m.id.entry, m.id.batch, m.value) for m in TopicReader(uri, read_compacted=True))
