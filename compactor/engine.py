@@ -62,6 +62,9 @@ class Engine(Protocol):
     """Runs pass one and pass two of a plan."""
 
     name: str
+    #: whether the plan should hold every footer (else the engine reads them where it
+    #: runs, and the plan holds only what the metadata says of each object)
+    plans_with_footers: bool
 
     def pass_one(self, plan: Plan, config: CompactionConfig, now_ms: int) -> SurvivorCounts:
         """Decide which records of ``plan`` survive; nothing is written."""
@@ -83,6 +86,7 @@ class LocalEngine:
     process or, for big runs, in forked worker processes (:mod:`compactor.workers`)."""
 
     name = "local"
+    plans_with_footers = True
 
     def pass_one(self, plan: Plan, config: CompactionConfig, now_ms: int) -> Survivors:
         return pass_one(plan, config, now_ms)

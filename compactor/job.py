@@ -22,7 +22,7 @@ from shale.compactor.config import MIN_ORPHAN_GRACE_MS, CompactionConfig
 from shale.compactor.engine import Engine, LocalEngine, SurvivorCounts
 from shale.compactor.gc import collect_garbage
 from shale.compactor.pass_two import PassTwoResult
-from shale.compactor.plan import Plan, make_plan
+from shale.compactor.plan import Plan, make_plan, open_slice
 from shale.compactor.summary import RunStatus, RunSummary
 from shale.ledger.errors import (
     ConflictError,
@@ -164,7 +164,8 @@ class Compactor:
         # that worker processes and Spark tasks get it with the config
         self.config = dataclasses.replace(self.config, compression=resolve_compression(self.meta,
                                                                                        self.config.compression))
-        plan = make_plan(self.meta, now_ms=now_ms, min_compaction_lag_ms=self.config.min_compaction_lag_ms)
+        plan = make_plan(self.meta, now_ms=now_ms, min_compaction_lag_ms=self.config.min_compaction_lag_ms,
+                         footers=self.engine.plans_with_footers)
         t = phase("plan", t0)
         _note_plan(summary, plan)
 
@@ -351,6 +352,7 @@ class Compactor:
         if self.config.delete_retention_ms == 0 and plan.previous.tombstones:
             return True
         for s in plan.compacted:
+            s = open_slice(self.meta, s)  # one at a time, when planned without footers
             since = s.file.footer.delete_since()
             flags = s.file.footer.col("r_flags")
             tomb = (flags & FLAG_TOMBSTONE) != 0

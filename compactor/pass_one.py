@@ -190,7 +190,7 @@ def _build_map(plan: Plan, config: CompactionConfig) -> tuple[Plan, KeyMap, int]
             kept_new = plan.new[:i]
         else:
             builder.add(*_slice_keys(s, base, stop))
-            kept_new = (*plan.new[:i], Slice(s.file, s.start, stop, False))
+            kept_new = (*plan.new[:i], dataclasses.replace(s, stop=stop))
         deferred = sum(x.records for x in plan.new) - sum(x.records for x in kept_new)
         last = kept_new[-1] if kept_new else None
         horizon = last.file.record_id(last.stop - 1) if last else plan.previous.horizon

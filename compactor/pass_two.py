@@ -34,7 +34,8 @@ from shale.ledger.write_behind import WriteBehind
 from shale.ledger.writer import LedgerWriter
 from shale.metadata.state import CompactedPart
 
-__all__ = ["Copy", "PassTwoResult", "Work", "decide_work", "plan_work", "write_parts", "write_vectors"]
+__all__ = ["Copy", "Fate", "PassTwoResult", "Work", "choose_reuse", "decide_work", "plan_work", "reuse_part",
+           "slice_fate", "write_parts", "write_vectors"]
 
 
 @dataclass(slots=True)
@@ -144,17 +145,12 @@ def decide_work(plan: Plan, survivors: Survivors, config: CompactionConfig, *, r
     work: list[Work] = []
     vectors: list[tuple[str, bytes]] = []
     keeps = [survivors.slice_keep(i) for i in range(len(plan.slices))]
-    fates = [_fate(s, keep, config) for s, keep in zip(plan.slices, keeps, strict=True)]
-    for i, (s, keep) in enumerate(zip(plan.slices, keeps, strict=True)):
-        if fates[i] is Fate.SMALL:
-            # Copying a small part merges it with a neighbour that is copied too; with
-            # none (its neighbours are kept in place), the copy would only rewrite it.
-            near = fates[max(0, i - 1):i] + fates[i + 1:i + 2]
-            reuse = not any(f in (Fate.COPY, Fate.SMALL) for f in near)
-        else:
-            reuse = fates[i] is Fate.REUSE
+    fates = [slice_fate(s, int(np.count_nonzero(keep)), config) for s, keep in zip(plan.slices, keeps, strict=True)]
+    for i, (s, keep, reuse) in enumerate(zip(plan.slices, keeps, choose_reuse(fates), strict=True)):
         if reuse:
-            work.append(_reuse(plan, s, keep, f"{run_dir}/deletions-{len(vectors):05d}.bin", vectors))
+            assert s.part is not None
+            work.append(reuse_part(s.part, plan.previous.part_ledger_id(s.part), ~keep, s.gone,
+                                   f"{run_dir}/deletions-{len(vectors):05d}.bin", vectors))
         else:
             work.append(Copy(s, keep, survivors.slice_delete_since(i)))
     for name, _ in vectors:
@@ -184,24 +180,36 @@ class Fate(enum.Enum):
     SMALL = "small"
 
 
-def _fate(s: Slice, keep: npt.NDArray[np.bool_], config: CompactionConfig) -> Fate:
-    if not s.compacted or s.part is None or s.start != 0 or s.stop != s.file.n_records:
+def slice_fate(s: Slice, live: int, config: CompactionConfig) -> Fate:
+    """The fate of slice ``s`` of which ``live`` records survive (before its neighbours
+    are considered: see :func:`choose_reuse`)."""
+    if not s.compacted or s.part is None or s.start != 0 or s.stop != s.object.records:
         return Fate.COPY
-    live = int(np.count_nonzero(keep))
     if live == 0 or live < config.reuse_min_live * s.part.records:
         return Fate.COPY
     return Fate.REUSE if s.part.bytes >= config.reuse_min_bytes else Fate.SMALL
 
 
-def _reuse(plan: Plan, s: Slice, keep: npt.NDArray[np.bool_], name: str,
-           vectors: list[tuple[str, bytes]]) -> CompactedPart:
-    """The previous part of ``s`` kept in place; its new deletion vector, if it needs
-    one, is added to ``vectors`` (name, bytes) for the caller to write."""
-    part = s.part
-    assert part is not None
-    gone = ~keep
-    ledger_id = plan.previous.part_ledger_id(part)
-    if s.gone is not None and np.array_equal(gone, s.gone):
+def choose_reuse(fates: list[Fate]) -> list[bool]:
+    """Which slices, of those whose fates are given in order, are kept in place."""
+    out = []
+    for i, fate in enumerate(fates):
+        if fate is Fate.SMALL:
+            # Copying a small part merges it with a neighbour that is copied too; with
+            # none (its neighbours are kept in place), the copy would only rewrite it.
+            near = fates[max(0, i - 1):i] + fates[i + 1:i + 2]
+            out.append(not any(f in (Fate.COPY, Fate.SMALL) for f in near))
+        else:
+            out.append(fate is Fate.REUSE)
+    return out
+
+
+def reuse_part(part: CompactedPart, ledger_id: int, gone: npt.NDArray[np.bool_],
+               old_gone: npt.NDArray[np.bool_] | None, name: str, vectors: list[tuple[str, bytes]]) -> CompactedPart:
+    """``part`` kept in place, ``gone`` (one flag per record) no longer live; its new
+    deletion vector, if it needs one, is added to ``vectors`` (name, bytes) for the
+    caller to write.  ``old_gone``: what its current vector removes."""
+    if old_gone is not None and np.array_equal(gone, old_gone):
         return replace(part, ledger_id=ledger_id)  # nothing new deleted: same vector
     positions = np.flatnonzero(gone)
     if not len(positions):

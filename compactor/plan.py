@@ -4,10 +4,18 @@ A run reads the previous compacted ledger (its parts) and the original records a
 the previous horizon, up to a new horizon bounded by the minimum compaction lag.
 Nothing before the previous horizon is read again: the run's cost grows with new data
 plus the compacted size, not with the topic's history.
+
+A plan is made in one of two ways.  With ``footers=True`` (the local engine) every
+object's footer is read and held, since pass one reads them all anyway.  With
+``footers=False`` (the Spark engine, whose executors read the footers of their own
+splits) the plan holds what the metadata says of each object, and reads at most the two
+footers that fix its ends: the ledger the previous horizon lies in and the last one read.
+The driver's memory then grows with the number of objects, not records.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,31 +33,74 @@ from shale.ledger.storage import Location
 from shale.metadata.state import CompactedPart, CompactionState, LedgerInfo, TopicState
 from shale.metadata.topic import TopicMetadata
 
-__all__ = ["Plan", "Slice", "make_plan"]
+__all__ = ["ObjectRef", "Plan", "Slice", "make_plan", "open_slice"]
 
 #: Footers read at a time while planning (at most one per CPU where reads are local).
 FOOTER_READS = 8
 
 
+@dataclass(frozen=True, slots=True)
+class ObjectRef:
+    """One ledger object as the metadata describes it: enough to open it elsewhere."""
+
+    key: str  # the object's key in the store
+    ledger_id: int
+    kind: int  # KIND_ORIGINAL or KIND_COMPACTED
+    records: int
+    bytes: int  # the object's size, footer included
+    raw_bytes: int  # what it would be were its entries stored uncompressed
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Slice:
-    """Records ``[start, stop)`` of one ledger object, read in this run."""
+    """Records ``[start, stop)`` of one ledger object, read in this run.
 
-    file: LedgerFile
+    ``opened`` is the object with its footer, or None in a plan made without footers
+    (:attr:`ref` then says where the object is)."""
+
+    opened: LedgerFile | None
     start: int
     stop: int
     compacted: bool  # a part of the previous compacted ledger
     part: CompactedPart | None = None  # the part, when compacted
     gone: npt.NDArray[np.bool_] | None = None  # per record of the slice: deleted by a deletion vector
+    ref: ObjectRef | None = None
+
+    @property
+    def file(self) -> LedgerFile:
+        """The object, footer read (only in a plan made with footers)."""
+        if self.opened is None:
+            raise ValueError("this slice was planned without its footer")
+        return self.opened
 
     @property
     def records(self) -> int:
         return self.stop - self.start
 
+    @property
+    def object(self) -> ObjectRef:
+        """Where the object is, whether or not its footer was read."""
+        if self.ref is not None:
+            return self.ref
+        f = self.file
+        return ObjectRef(f.key, f.ledger_id, KIND_COMPACTED if self.compacted else KIND_ORIGINAL, f.n_records,
+                         f.size, f.size)
+
+    @property
+    def removed(self) -> int:
+        """Records of the slice a deletion vector removed."""
+        if self.gone is not None:
+            return int(self.gone.sum())
+        return self.part.deleted if self.part is not None and self.opened is None else 0
+
     def data_bytes(self) -> int:
-        """Bytes of the entries this slice covers."""
+        """Bytes of the entries this slice covers (without its footer: estimated from
+        the object's size in proportion to its records)."""
         if self.stop <= self.start:
             return 0
+        if self.opened is None:
+            ref = self.object
+            return ref.bytes * self.records // max(ref.records, 1)
         f = self.file.footer
         e0, e1 = int(f.entry_of(self.start)), int(f.entry_of(self.stop - 1))
         offs, lens = f.col("e_offset"), f.col("e_length")
@@ -58,6 +109,9 @@ class Slice:
     def raw_data_bytes(self) -> int:
         """:meth:`data_bytes` were the entries stored uncompressed (what decompressing
         them all would give)."""
+        if self.opened is None:
+            ref = self.object
+            return ref.raw_bytes * self.records // max(ref.records, 1)
         if self.stop <= self.start or not self.file.footer.compressed:
             return self.data_bytes()
         f = self.file.footer
@@ -105,8 +159,10 @@ class Plan:
 
 
 def make_plan(meta: TopicMetadata, *, now_ms: int, min_compaction_lag_ms: int,
-              open_file: Callable[[str, int | None, int], LedgerFile] | None = None) -> Plan:
-    """Read both metadata documents and the footers needed to fix this run's range."""
+              open_file: Callable[[str, int | None, int], LedgerFile] | None = None,
+              footers: bool = True) -> Plan:
+    """Read both metadata documents and the footers needed to fix this run's range
+    (every footer with ``footers``; else at most two, see the module's text)."""
     store, loc = meta.topic.store, meta.topic
     opener = open_file or (lambda key, lid, kind: LedgerFile.open(store, key, ledger_id=lid, kind=kind,
                                                                    dictionaries=meta.dictionaries))
@@ -127,23 +183,41 @@ def make_plan(meta: TopicMetadata, *, now_ms: int, min_compaction_lag_ms: int,
             held_back = sum(later.records for later in topic.ledgers[i + 1:])
             break
 
-    def open_part(p: CompactedPart) -> Slice:
-        f = opener(loc.key(p.object), previous.part_ledger_id(p), KIND_COMPACTED)
-        gone = read_deletions(store, loc.key(p.deletions), f.n_records) if p.deletions else None
-        return Slice(f, 0, f.n_records, True, p, gone)
+    def part_ref(p: CompactedPart) -> ObjectRef:
+        return ObjectRef(loc.key(p.object), previous.part_ledger_id(p), KIND_COMPACTED, p.records, p.bytes,
+                         p.uncompressed_bytes)
 
+    def ledger_ref(lg: LedgerInfo) -> ObjectRef:
+        return ObjectRef(loc.key(lg.object), lg.id, KIND_ORIGINAL, lg.records, lg.bytes, lg.uncompressed_bytes)
+
+    def open_part(p: CompactedPart) -> Slice:
+        ref = part_ref(p)
+        f = opener(ref.key, ref.ledger_id, KIND_COMPACTED)
+        gone = read_deletions(store, loc.key(p.deletions), f.n_records) if p.deletions else None
+        return Slice(f, 0, f.n_records, True, p, gone, ref)
+
+    # Without footers, only the ledger holding the previous horizon (to find the record
+    # after it) and the last ledger (to cut it at the lag and name the new horizon).
+    needed = [lg.id == prev_h.ledger if prev_h is not None else False for lg in todo] if not footers else []
+    if needed:
+        needed[-1] = True
     # Footers are read several at a time: object stores answer each read with latency,
     # and decoding a big footer is mostly NumPy work that leaves the interpreter lock.
     reads = min(FOOTER_READS, available_cpus()) if store.reads_are_local else FOOTER_READS
     with ThreadPoolExecutor(max_workers=reads, thread_name_prefix="shale-footer") as pool:
-        parts_opened = pool.map(open_part, previous.parts)  # all submitted at once, both lists
-        ledgers_opened = pool.map(lambda lg: opener(loc.key(lg.object), lg.id, KIND_ORIGINAL), todo)
-        compacted, files = list(parts_opened), list(ledgers_opened)
+        if footers:
+            parts_opened = pool.map(open_part, previous.parts)  # all submitted at once, both lists
+        ledgers_opened = pool.map(lambda i_lg: opener(loc.key(i_lg[1].object), i_lg[1].id, KIND_ORIGINAL)
+                                  if footers or needed[i_lg[0]] else None, enumerate(todo))
+        compacted = list(parts_opened) if footers else [Slice(None, 0, p.records, True, p, None, part_ref(p))
+                                                          for p in previous.parts]
+        files = list(ledgers_opened)
     new: list[Slice] = []
     for lg, f in zip(todo, files, strict=True):
-        start = f.find(prev_h.successor()) if prev_h is not None and lg.id == prev_h.ledger else 0
-        stop = f.n_records
-        if lg.last_publish > cutoff:
+        n_records = lg.records if f is None else f.n_records
+        start = f.find(prev_h.successor()) if f is not None and prev_h is not None and lg.id == prev_h.ledger else 0
+        stop = n_records
+        if f is not None and lg.last_publish > cutoff:
             # Only entries published at or before the cutoff, and nothing after the first
             # entry that is too young: the horizon must not skip over a record.
             young = np.nonzero(f.footer.col("e_publish") > cutoff)[0]
@@ -151,7 +225,7 @@ def make_plan(meta: TopicMetadata, *, now_ms: int, min_compaction_lag_ms: int,
             stop = max(start, int(f.footer.e_rec_start[first_young]))
             held_back += f.n_records - stop
         if stop > start:
-            new.append(Slice(f, start, stop, False))
+            new.append(Slice(f, start, stop, False, ref=ledger_ref(lg)))
     horizon = new[-1].file.record_id(new[-1].stop - 1) if new else prev_h
     dirty = sum(s.data_bytes() for s in new)
     # Entry bytes on both sides (footers excluded), so the ratio compares like with like.
@@ -160,3 +234,16 @@ def make_plan(meta: TopicMetadata, *, now_ms: int, min_compaction_lag_ms: int,
                        for s in compacted)
     dictionaries = meta.dictionaries.all() if topic.dictionaries else ()
     return Plan(topic, previous, tuple(compacted), tuple(new), horizon, dirty, live, held_back, loc, dictionaries)
+
+
+def open_slice(meta: TopicMetadata, s: Slice) -> Slice:
+    """``s`` with its footer (and its part's deletion vector) read, if it was planned without."""
+    if s.opened is not None:
+        return s
+    ref = s.object
+    f = LedgerFile.open(meta.topic.store, ref.key, ledger_id=ref.ledger_id, kind=ref.kind,
+                        dictionaries=meta.dictionaries)
+    gone = None
+    if s.part is not None and s.part.deletions:
+        gone = read_deletions(meta.topic.store, meta.topic.key(s.part.deletions), f.n_records)[s.start:s.stop]
+    return dataclasses.replace(s, opened=f, gone=gone)

@@ -6,7 +6,7 @@
     <topic>/_meta/compaction.json                             compaction state
     <topic>/ledgers/<id:020d>-<nonce>.ledger                  original ledgers
     <topic>/compacted/<epoch:012d>-<nonce>/part-....ledger    compacted parts of one run
-    <topic>/compacted/<epoch:012d>-<nonce>/deletions-NNNNN.bin
+    <topic>/compacted/<epoch:012d>-<nonce>/deletions-....bin  deletion vectors of parts kept in place
     <topic>/compacted/<epoch:012d>-<nonce>/_run.json          a running compaction's heartbeat
     <topic>/dictionaries/<id:010d>-<nonce>.zdict               trained zstd dictionaries
 
@@ -52,7 +52,7 @@ _DICTIONARY: Final = re.compile(rf"{DICTIONARY_DIR}/(\d{{10}})-{_NONCE}\.zdict")
 _RUN_DIR: Final = re.compile(_RUN)
 # part-NNNNN (one process), part-GGGGG-NNNNN (pass-two workers), part-TTTTTT-NNNNN (Spark tasks)
 _COMPACTED: Final = re.compile(
-    rf"{_RUN}/(?:part-\d{{5,6}}(?:-\d{{5}})?\.ledger|deletions-\d{{5}}\.bin|{re.escape(HEARTBEAT_NAME)})")
+    rf"{_RUN}/(?:part-\d{{5,6}}(?:-\d{{5}})?\.ledger|deletions-\d{{5,6}}(?:-\d{{5}})?\.bin|{re.escape(HEARTBEAT_NAME)})")
 
 
 def ledger_object_name(ledger_id: int, nonce: str) -> str:

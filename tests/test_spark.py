@@ -20,7 +20,8 @@ import pytest
 from shale.compactor import CompactionConfig, Compactor, RunSummary, collect_garbage
 from shale.compactor.plan import make_plan
 from shale.compactor.spark import ForwardedEnvironment, SparkOptions
-from shale.compactor.spark.engine import SparkEngine, _package_zip, group_splits, make_splits
+from shale.compactor.spark.engine import SparkEngine, _package_zip
+from shale.compactor.spark.tasks import SplitSpec, cut_slice, group_splits
 from shale.ledger.codecs import Codec, parse_compression
 from shale.ledger.errors import CorruptLedgerError, InvalidInputError
 from shale.ledger.reader import LedgerFile
@@ -194,9 +195,9 @@ def test_splits_tile_the_plan_at_entry_boundaries(tmp_path: Path, split_bytes: i
     uri = str(tmp_path / "t")
     produce(uri, seed=3, n=5_000, t=1_700_000_000.0, batch=13)
     plan = make_plan(TopicMetadata.open(uri), now_ms=1_800_000_000_000, min_compaction_lag_ms=0)
-    splits = make_splits(plan, split_bytes=split_bytes, split_records=split_records)
+    splits = [SplitSpec(s.file.key, s.file.ledger_id, 0, a, b, 0, n)
+              for s in plan.slices for a, b, n in cut_slice(s.file, s.start, s.stop, split_bytes, split_records)]
     assert sum(s.records for s in splits) == sum(s.records for s in plan.slices) == 5_000
-    assert [s.base for s in splits] == [sum(x.records for x in splits[:i]) for i in range(len(splits))]
     for i, sp in enumerate(splits):
         foot = next(s.file for s in plan.slices if s.file.key == sp.key).footer
         starts = [int(x) for x in foot.e_rec_start]
@@ -208,6 +209,7 @@ def test_splits_tile_the_plan_at_entry_boundaries(tmp_path: Path, split_bytes: i
         assert within or e1 - e0 == 1  # over a limit only when one entry alone is
         nxt = splits[i + 1] if i + 1 < len(splits) else None
         if nxt is not None and nxt.key == sp.key:
+            assert nxt.start == sp.stop  # they tile the ledger
             # maximal: one more entry would break a limit
             grown_bytes = ends[e1] - int(foot.col("e_offset")[e0])
             assert grown_bytes > split_bytes or starts[e1 + 1] - sp.start > split_records

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import math
 import os
 import re
@@ -31,26 +30,31 @@ from pyspark.sql import SparkSession
 
 from shale.compactor.config import CompactionConfig
 from shale.compactor.engine import SurvivorCounts
+from shale.compactor.keymap import KEY_BYTES
 from shale.compactor.pass_two import PassTwoResult
-from shale.compactor.plan import Plan, Slice
+from shale.compactor.plan import Plan
 from shale.compactor.spark.environment import ForwardedEnvironment
 from shale.compactor.spark.options import REDUCE_RECORDS_PER_PARTITION, SparkOptions, SparkUnavailableError
+from shale.compactor.spark.splits import Reports, plan_writes, slice_specs, task_of_splits
 from shale.compactor.spark.tasks import (
+    CANDIDATE,
     ERROR_KEY,
+    MAP_KEY,
     STATS_KEY,
-    SplitSpec,
     TaskContext,
+    WriteContext,
     error_from_record,
+    group_splits,
     map_task,
     reduce_partition,
+    resplit,
     write_task,
 )
 from shale.ledger.errors import InvalidInputError, ShaleError
-from shale.ledger.format import FLAG_HAS_KEY, KIND_COMPACTED, KIND_ORIGINAL
 from shale.ledger.storage import Location
 from shale.metadata.state import CompactedPart
 
-__all__ = ["SparkEngine", "SparkJobError", "group_splits", "make_splits", "open_session"]
+__all__ = ["SparkEngine", "SparkJobError", "open_session"]
 
 T = TypeVar("T")
 
@@ -62,7 +66,8 @@ class SparkJobError(ShaleError):
 
 @dataclass(slots=True, eq=False)
 class SparkSurvivors:
-    """Pass one's counts, and the cached shuffle output pass two reads."""
+    """Pass one's counts, the cached shuffle output pass two reads, and the splits pass
+    two writes (cut by the map tasks, which read the footers)."""
 
     plan: Plan
     records_read: int
@@ -73,10 +78,11 @@ class SparkSurvivors:
     keyless_dropped: int
     footer_bytes: int
     kept_keyed: int
-    tasks: int
-    task_of: npt.NDArray[np.int64]
+    map_keys: int  # the most keys one reduce task held
+    map_bytes: int  # the most candidate bytes one reduce task held
     rdd: RDD[tuple[int, bytes]] | None
     context: Broadcast[TaskContext] | None
+    writes: WriteContext | None
 
     @property
     def records_kept(self) -> int:
@@ -84,67 +90,7 @@ class SparkSurvivors:
 
     @property
     def deferred_records(self) -> int:
-        return 0  # the key map is spread over the reduce partitions: the whole plan is taken
-
-    @property
-    def map_keys(self) -> int:
-        return 0  # no single map: it lives in the reduce tasks
-
-    @property
-    def map_bytes(self) -> int:
-        return 0
-
-
-def make_splits(plan: Plan, split_bytes: int, split_records: int) -> list[SplitSpec]:
-    """Cut the plan's slices into splits of at most ``split_bytes`` of entries and
-    ``split_records`` records (at least one entry each), at entry boundaries, so each
-    entry is copied by exactly one task."""
-    out: list[SplitSpec] = []
-    base = 0
-    for s in plan.slices:
-        if s.records <= 0:
-            continue
-        out.extend(_split_slice(s, base, split_bytes, split_records, plan.location))
-        base += s.records
-    return out
-
-
-def _split_slice(s: Slice, base: int, split_bytes: int, split_records: int,
-                 topic: Location) -> Iterator[SplitSpec]:
-    f = s.file
-    foot = f.footer
-    # boundary k: where entry k starts (k = n_entries: where the last one ends)
-    rec_start = foot.e_rec_start.astype(np.int64)
-    offs = foot.col("e_offset").astype(np.int64)
-    at = np.append(offs, offs[-1] + int(foot.col("e_length")[-1])) if len(offs) else np.zeros(1, np.int64)
-    kind = KIND_COMPACTED if s.compacted else KIND_ORIGINAL
-    deletions = topic.key(s.part.deletions) if s.part is not None and s.part.deletions else None
-    e = int(foot.entry_of(s.start))  # entry holding the first record
-    e_end = int(np.searchsorted(rec_start, s.stop, side="left"))  # boundary at or after the last record
-    a = s.start
-    while a < s.stop:
-        by_bytes = int(np.searchsorted(at, at[e] + split_bytes, side="right")) - 1
-        by_records = int(np.searchsorted(rec_start, a + split_records, side="right")) - 1
-        nxt = min(max(min(by_bytes, by_records), e + 1), e_end)
-        b = min(int(rec_start[nxt]), s.stop)
-        yield SplitSpec(f.key, f.ledger_id, kind, a, b, base + a - s.start, int(at[nxt] - at[e]), deletions)
-        a, e = b, nxt
-
-
-def group_splits(splits: list[SplitSpec], split_bytes: int, split_records: int) -> list[tuple[int, int]]:
-    """Consecutive splits ``[j0, j1)`` that one task handles together: small ledgers
-    share a task up to the same limits as a split."""
-    groups: list[tuple[int, int]] = []
-    j0, size, recs = 0, 0, 0
-    for j, sp in enumerate(splits):
-        if j > j0 and (size + sp.bytes > split_bytes or recs + sp.records > split_records):
-            groups.append((j0, j))
-            j0, size, recs = j, 0, 0
-        size += sp.bytes
-        recs += sp.records
-    if splits:
-        groups.append((j0, len(splits)))
-    return groups
+        return 0  # more reduce partitions bound each task's memory: the whole plan is taken
 
 
 def _package_zip() -> str:
@@ -234,11 +180,11 @@ def _identity(k: int) -> int:
 
 
 def _is_report(kv: tuple[int, bytes]) -> bool:
-    return kv[0] in (STATS_KEY, ERROR_KEY)
+    return kv[0] in (STATS_KEY, ERROR_KEY, MAP_KEY)
 
 
-def _is_not_stats(kv: tuple[int, bytes]) -> bool:
-    return kv[0] != STATS_KEY
+def _is_kept(kv: tuple[int, bytes]) -> bool:
+    return kv[0] not in (STATS_KEY, MAP_KEY)  # kept positions, and errors on their way
 
 
 def _run_map(bc: Broadcast[TaskContext], it: Iterable[int]) -> Iterator[tuple[int, bytes]]:
@@ -249,7 +195,11 @@ def _run_reduce(bc: Broadcast[TaskContext], it: Iterable[tuple[int, bytes]]) -> 
     return reduce_partition(bc.value, it)
 
 
-def _run_write(bc: Broadcast[TaskContext], run_dir: str, epoch: int, t: int,
+def _run_resplit(bc: Broadcast[WriteContext], item: tuple[int, bytes]) -> Iterator[tuple[int, bytes]]:
+    return resplit(bc.value, item)
+
+
+def _run_write(bc: Broadcast[WriteContext], run_dir: str, epoch: int, t: int,
                it: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, Any]]:
     return write_task(bc.value, run_dir, epoch, t, it)
 
@@ -258,16 +208,17 @@ def _task_partition(task_of: npt.NDArray[np.int64], j: int) -> int:
     return int(task_of[j]) if j >= 0 else 0  # an error record goes to the first task
 
 
-def _release(rdd: RDD[Any] | None, bc: Broadcast[TaskContext] | None) -> None:
-    """Drop the cached shuffle output and destroy the broadcast (whose pickle, on the
-    driver's disk, holds the forwarded credentials).  Never raises: this runs while
+def _release(rdd: RDD[Any] | None, *broadcasts: Broadcast[Any] | None) -> None:
+    """Drop the cached shuffle output and destroy the broadcasts (whose pickles, on the
+    driver's disk, hold the forwarded credentials).  Never raises: this runs while
     another error may be on its way out."""
     with contextlib.suppress(Exception):
         if rdd is not None:
             rdd.unpersist()
-    with contextlib.suppress(Exception):
-        if bc is not None:
-            bc.destroy()
+    for bc in broadcasts:
+        with contextlib.suppress(Exception):
+            if bc is not None:
+                bc.destroy()
 
 
 class SparkEngine:
@@ -281,6 +232,8 @@ class SparkEngine:
     """
 
     name = "spark"
+    #: executors read the footers of their own splits; the driver holds summaries
+    plans_with_footers = False
 
     def __init__(self, options: SparkOptions | None = None, *, session: SparkSession | None = None) -> None:
         self.options = options or SparkOptions()
@@ -320,85 +273,93 @@ class SparkEngine:
             raise InvalidInputError(f"{topic.uri}: the Spark engine needs storage its executors can reach; "
                                     f"{topic.store.scheme}:// lives inside one process")
 
+    def reduce_partitions(self, records: int, config: CompactionConfig) -> int:
+        """Partitions of pass one's shuffle: at least Spark's default parallelism, and
+        enough that no reduce task holds more than ``config.max_map_bytes`` of keys (as
+        the local engine's key map counts them) nor four million records."""
+        if self.options.reduce_partitions:
+            return self.options.reduce_partitions
+        per_task = max(1, min(REDUCE_RECORDS_PER_PARTITION, config.max_map_bytes // KEY_BYTES))
+        return max(self.session.sparkContext.defaultParallelism, math.ceil(records / per_task))
+
     def pass_one(self, plan: Plan, config: CompactionConfig, now_ms: int) -> SparkSurvivors:
         topic = plan.location
         self._check_reachable(topic)
-        splits = make_splits(plan, self.options.split_bytes, self.options.split_records)
-        tasks = group_splits(splits, self.options.split_bytes, self.options.split_records)
-        task_of = np.zeros(len(splits), dtype=np.int64)
-        for t, (j0, j1) in enumerate(tasks):
-            task_of[j0:j1] = t
-        # records a deletion vector removed count as neither read nor keyless, as locally
-        records = sum(s.records - (int(s.gone.sum()) if s.gone is not None else 0) for s in plan.slices)
-        keyless = 0
-        for s in plan.slices:
-            no_key = (s.file.footer.col("r_flags")[s.start:s.stop] & FLAG_HAS_KEY) == 0
-            keyless += int(np.count_nonzero(no_key if s.gone is None else no_key & ~s.gone))
-        footer_bytes = sum(s.file.footer_bytes for s in plan.slices)
-        counts = {"keys": 0, "tombstones": 0, "dropped": 0, "kept": 0}
+        specs = slice_specs(plan)
+        records = sum(s.records for s in plan.slices)
+        reports = Reports(len(specs))
         rdd: RDD[tuple[int, bytes]] | None = None
         bc: Broadcast[TaskContext] | None = None
-        if splits:
+        writes: WriteContext | None = None
+        if specs:
             sc = self.session.sparkContext
-            parts = self.options.reduce_partitions or max(
-                sc.defaultParallelism, math.ceil((records - keyless) / REDUCE_RECORDS_PER_PARTITION))
+            tasks = group_splits(specs, self.options.split_bytes, self.options.split_records)
             ctx = TaskContext(topic.uri, ForwardedEnvironment.capture(credentials=self.options.forward_credentials),
-                              tuple(splits), np.array([sp.base for sp in splits], dtype=np.int64), tuple(tasks),
-                              task_of, parts, now_ms, config, plan.dictionaries)
+                              tuple(specs), np.array([sp.base for sp in specs], dtype=np.int64), tuple(tasks),
+                              len(plan.compacted), self.reduce_partitions(records, config), self.options.split_bytes,
+                              self.options.split_records, now_ms, config, plan.dictionaries)
             bc = sc.broadcast(ctx)
             try:
                 sc.setJobDescription(f"shale pass one: {topic.uri}")
                 rdd = (sc.parallelize(range(len(tasks)), len(tasks))
                        .mapPartitions(functools.partial(_run_map, bc))
-                       .partitionBy(parts, _identity)
+                       .partitionBy(ctx.reduce_partitions, _identity)
                        .mapPartitions(functools.partial(_run_reduce, bc))
                        .persist(StorageLevel.MEMORY_AND_DISK))
-                reports = _spark_call(rdd.filter(_is_report).collect)
-                errors = [raw for key, raw in reports if key == ERROR_KEY]
+                raw = _spark_call(rdd.filter(_is_report).collect)
+                errors = [v for key, v in raw if key == ERROR_KEY]
                 if errors:
                     raise error_from_record(errors[0])
+                reports = Reports.gather(len(specs), raw)
+                del raw
+                writes = plan_writes(ctx, plan, reports, config)
             except BaseException:
                 _release(rdd, bc)
                 raise
-            for _key, raw in reports:
-                for k, v in json.loads(raw).items():
-                    counts[k] += int(v)
         retain = config.retain_null_key
         return SparkSurvivors(
-            plan=plan, records_read=records, keys=counts["keys"] - counts["tombstones"],
-            tombstones_kept=counts["tombstones"] - counts["dropped"], tombstones_dropped=counts["dropped"],
-            keyless_kept=keyless if retain else 0, keyless_dropped=0 if retain else keyless,
-            footer_bytes=footer_bytes, kept_keyed=counts["kept"], tasks=len(tasks), task_of=task_of, rdd=rdd,
-            context=bc)
+            plan=plan, records_read=reports.records, keys=reports.keys - reports.tombstones,
+            tombstones_kept=reports.tombstones - reports.dropped, tombstones_dropped=reports.dropped,
+            keyless_kept=reports.keyless if retain else 0, keyless_dropped=0 if retain else reports.keyless,
+            footer_bytes=reports.footer_bytes, kept_keyed=reports.kept, map_keys=reports.most_keys,
+            map_bytes=reports.most_candidates * CANDIDATE.itemsize, rdd=rdd, context=bc, writes=writes)
 
     def pass_two(self, plan: Plan, survivors: SurvivorCounts, config: CompactionConfig, *, topic: Location,
                  run_dir: str, epoch: int, now_ms: int, on_object: Callable[[str], None]) -> PassTwoResult:
         if not isinstance(survivors, SparkSurvivors):
             raise TypeError("the Spark engine's pass two needs the Spark engine's pass one")
         result = PassTwoResult()
-        if survivors.rdd is None or survivors.context is None:
+        writes = survivors.writes
+        if survivors.rdd is None or writes is None:
             return result
         sc = self.session.sparkContext
         sc.setJobDescription(f"shale pass two: {topic.uri}")
-        rdd = (survivors.rdd.filter(_is_not_stats)
-               .partitionBy(survivors.tasks, functools.partial(_task_partition, survivors.task_of))
-               .mapPartitionsWithIndex(functools.partial(_run_write, survivors.context, run_dir, epoch)))
-        written = sorted(_spark_call(rdd.collect), key=lambda kv: int(kv[0]))
+        wbc = sc.broadcast(writes)
+        try:
+            rdd = (survivors.rdd.filter(_is_kept)
+                   .flatMap(functools.partial(_run_resplit, wbc))
+                   .partitionBy(max(1, len(writes.tasks)), functools.partial(_task_partition, task_of_splits(writes)))
+                   .mapPartitionsWithIndex(functools.partial(_run_write, wbc, run_dir, epoch)))
+            written = sorted(_spark_call(rdd.collect), key=lambda kv: int(kv[0]))
+        finally:
+            _release(None, wbc)
         for key, d in written:
             if key == ERROR_KEY:
                 raise error_from_record(d)
         for _, d in written:
             result.parts.extend(CompactedPart.from_json(p) for p in d["parts"])
             result.records_written += int(d["records_written"])
+            result.records_reused += int(d["records_reused"])
             result.bytes_written += int(d["bytes_written"])
             result.bytes_read += int(d["bytes_read"])
-        if result.records_written != survivors.records_kept:
+        if result.records_written + result.records_reused != survivors.records_kept:
             # Never publish a ledger that lost records, whatever happened in between.
-            raise SparkJobError(f"{topic.uri}: pass two wrote {result.records_written} records where pass one "
-                                f"kept {survivors.records_kept}; nothing was published")
+            raise SparkJobError(f"{topic.uri}: pass two wrote {result.records_written} records and kept "
+                                f"{result.records_reused} in place where pass one kept {survivors.records_kept}; "
+                                "nothing was published")
         return result
 
     def release(self, survivors: SurvivorCounts) -> None:
         if isinstance(survivors, SparkSurvivors):
             _release(survivors.rdd, survivors.context)
-            survivors.rdd = survivors.context = None
+            survivors.rdd = survivors.context = survivors.writes = None
