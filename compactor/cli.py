@@ -177,7 +177,8 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-map-bytes", type=size_arg, default=None, metavar="SIZE",
                    help="memory for pass one's key map, 24 bytes per key written since the last run (default 1GiB, "
                    "about 44 million keys); when the new keys need more, compact up to where they fit and let "
-                   "the next run continue (local engine)")
+                   "the next run continue; with --engine spark, the most one reduce task holds (more reduce "
+                   "partitions, nothing left for the next run)")
     p.add_argument("--json", action="store_true", help="print one JSON line per topic instead of a summary")
     o = p.add_argument_group("operations", "logs, metrics and configuration for scheduled runs")
     o.add_argument("--log-format", choices=LOG_FORMATS, default="text",
@@ -228,9 +229,6 @@ def _config(args: argparse.Namespace) -> CompactionConfig:
 
 def _engine(args: argparse.Namespace) -> Engine:
     """The engine the flags ask for; Spark flags without ``--engine spark`` are a usage error."""
-    if args.engine == "spark" and args.max_map_bytes is not None:
-        raise InvalidInputError(f"{source_name(args, 'max_map_bytes')} applies to the local engine; the Spark "
-                                "engine spreads its key map over the reduce partitions")
     spark_flags = [name for name, given in (("spark_master", args.spark_master is not None),
                                             ("spark_conf", bool(args.spark_conf)),
                                             ("spark_split_size", args.spark_split_size is not None),

@@ -402,7 +402,7 @@ def test_compact_accepts_the_settings(overlay: str, rendered: Render) -> None:
     assert settings["--log-format"]["value"] == "json"
     if overlay == "spark":
         assert settings["--engine"]["value"] == "spark"
-        # --max-map-bytes is a usage error with the Spark engine: the overlay empties it.
+        # the overlay empties --max-map-bytes: the default then bounds each reduce task
         assert settings["--max-map-bytes"]["value"] is None
         assert settings["--no-forward-credentials"]["value"] is True
         assert f"spark.driver.host={POD_FIELDS['status.podIP']}" in settings["--spark-conf"]["value"]

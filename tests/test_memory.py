@@ -96,8 +96,6 @@ def test_cli_max_map_bytes(tmp_path: Path) -> None:
     res = run_cli(uri, "--max-map-bytes", "24KiB", "--json", script="compact")
     assert res.returncode == 0, res.stderr
     assert '"deferred_records":' in res.stdout and "key map was full" in res.stdout
-    res = run_cli(uri, "--max-map-bytes", "24KiB", "--engine", "spark", script="compact")
-    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "--max-map-bytes" in res.stderr
     res = run_cli(uri, "--max-map-bytes", "12", script="compact")
     assert res.returncode == 2 and "at least 24" in res.stderr
 

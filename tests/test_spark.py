@@ -495,3 +495,95 @@ def test_a_failed_spark_job_is_one_line_naming_the_python_error() -> None:
             "\tat org.apache.spark.api.python.BasePythonRunner.handlePythonException(PythonRunner.scala:1)\n")
     assert _first_line(RuntimeError(text)) == "MemoryError: cannot allocate 8 GiB"
     assert _first_line(RuntimeError("plain failure\nmore")) == "plain failure"
+
+
+def test_spark_keeps_mostly_live_parts_in_place_as_the_local_engine_does(engine: SparkEngine, tmp_path: Path) -> None:
+    cfg = CompactionConfig(max_part_bytes=1 << 16, reuse_min_bytes=1 << 10, delete_retention_ms=0)
+    uris = {name: str(tmp_path / name) for name in ("local", "spark")}
+    t = 1_700_000_000.0
+    for rnd, n in enumerate((6_000, 60)):  # then about 1 % new records, some keys again
+        for uri in uris.values():
+            produce(uri, seed=rnd, n=n, t=t, keys=3_000)
+        t += HOUR
+        a = Compactor(uris["local"], cfg, clock=lambda t=t: t).run()
+        b = Compactor(uris["spark"], cfg, clock=lambda t=t: t, engine=engine).run()
+        assert figures(a) == figures(b)
+        assert (a.records_reused, a.records_written) == (b.records_reused, b.records_written)
+        assert compacted(uris["local"]) == compacted(uris["spark"])
+    assert b.records_reused > 10 * b.records_written > 0  # most records stayed where they were
+    state = TopicMetadata.open(uris["spark"]).load_compaction()
+    kept = [p for p in state.parts if p.ledger_id == state.epoch - 1]
+    assert kept and any(p.deletions for p in kept)  # kept in place, records superseded since removed
+    assert all(p.deletions.startswith(f"compacted/{state.compacted_ledger}/deletions-") for p in kept if p.deletions)
+    # a third run on top of the vectors, then verify reads every part and vector back
+    produce(uris["spark"], seed=7, n=60, t=t, keys=3_000)
+    c = Compactor(uris["spark"], cfg, clock=lambda: t + HOUR, engine=engine).run()
+    assert c.status == "compacted" and c.records_reused > 0
+    res = run_cli("verify", uris["spark"])
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_max_map_bytes_bounds_each_reduce_task_and_takes_the_whole_backlog(engine: SparkEngine,
+                                                                           tmp_path: Path) -> None:
+    ref, uri = str(tmp_path / "ref"), str(tmp_path / "t")
+    for u in (ref, uri):
+        produce(u, seed=11, n=6_000, t=1_700_000_000.0, keys=4_000, tomb=0.0)
+    Compactor(ref, clock=lambda: 1_700_000_000.0 + HOUR).run()
+    bounded = SparkEngine(SparkOptions(master="local[2]"), session=engine.session)
+    limit = 24 * 500  # 500 keys per reduce task, as the local key map counts them
+    s = Compactor(uri, CompactionConfig(max_map_bytes=limit), clock=lambda: 1_700_000_000.0 + HOUR,
+                  engine=bounded).run()
+    assert s.status == "compacted" and s.deferred_records == 0
+    assert compacted(uri) == compacted(ref)
+    assert 0 < s.map_keys < 2 * 500  # the busiest of ~12 reduce tasks: bounded near the budget
+    assert bounded.reduce_partitions(6_000, CompactionConfig(max_map_bytes=limit)) == 12
+
+
+def test_spark_continues_a_partially_cleaned_topic_as_the_local_engine_does(engine: SparkEngine,
+                                                                            tmp_path: Path) -> None:
+    uris = {name: str(tmp_path / name) for name in ("local", "spark")}
+    t = 1_700_000_000.0 + HOUR
+    for uri in uris.values():
+        produce(uri, seed=12, n=6_000, t=1_700_000_000.0, keys=3_000)
+        first = Compactor(uri, CompactionConfig(max_map_bytes=24 * 1_000), clock=lambda: t).run()
+        assert first.deferred_records > 0  # a partial run: the rest is owed
+    a = Compactor(uris["local"], clock=lambda: t).run()
+    b = Compactor(uris["spark"], clock=lambda: t, engine=engine).run()
+    assert figures(a) == figures(b) and b.deferred_records == 0
+    assert compacted(uris["local"]) == compacted(uris["spark"])
+
+
+def test_the_driver_reads_at_most_two_footers(engine: SparkEngine, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    uri = str(tmp_path / "t")
+    produce(uri, seed=13, n=8_000, t=1_700_000_000.0)  # 8 ledgers
+    Compactor(uri, clock=lambda: 1_700_000_000.0 + HOUR, engine=engine).run()
+    produce(uri, seed=14, n=5_000, t=1_700_000_000.0 + HOUR, step=0.5)  # young records cut the last ledger
+    opened: list[str] = []
+    real = LedgerFile.open.__func__  # type: ignore[attr-defined]
+
+    def counting(cls: type[LedgerFile], store: Any, key: str, **kw: Any) -> LedgerFile:
+        opened.append(key)
+        return real(cls, store, key, **kw)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(LedgerFile, "open", classmethod(counting))  # the driver's process only
+    s = Compactor(uri, CompactionConfig(min_compaction_lag_ms=30 * 60 * 1000),
+                  clock=lambda: 1_700_000_000.0 + 2 * HOUR, engine=engine).run()
+    assert s.status == "compacted" and s.held_back_records > 0 and s.ledgers_read >= 3
+    assert len(set(opened)) <= 2, opened  # the horizon's ledger and the last one, not the parts or the rest
+
+
+def test_spark_refuses_an_object_the_metadata_miscounts(engine: SparkEngine, tmp_path: Path) -> None:
+    from tests.tamper import edit, snapshot
+
+    uri = str(tmp_path / "t")
+    produce(uri, seed=15, n=3_000, t=1_700_000_000.0)
+
+    def lie(doc: dict[str, Any]) -> None:
+        doc["value"]["ledgers"][1]["records"] += 5
+
+    edit(uri, "topic.json", lie)
+    before = snapshot(uri)
+    with pytest.raises(CorruptLedgerError, match=r"ledgers/0+2-.*holds 1000 records where the metadata says 1005"):
+        Compactor(uri, clock=lambda: 1_700_000_000.0 + HOUR, engine=engine).run()
+    assert snapshot(uri) == before  # nothing published, nothing left
