@@ -37,7 +37,51 @@ def load_native(name: str) -> ModuleType | None:
     try:
         return importlib.import_module(f"shale.ledger.{name}")
     except ImportError:
+        return _installed_extension(name)
+
+
+def _installed_extension(name: str) -> ModuleType | None:
+    """``shale.ledger.<name>`` from an installed copy of this same version of Shale, when
+    Shale itself was imported from a zip (as Spark ships it to executors): compiled
+    extensions cannot be imported from a zip, but the executors may well have them."""
+    import importlib.machinery
+    import importlib.metadata
+    import importlib.util
+    import sys
+
+    shale = sys.modules.get("shale")
+    origin = str(getattr(shale, "__file__", "") or "")
+    if ".zip" not in origin:
         return None
+    try:
+        if importlib.metadata.version("shale") != getattr(shale, "__version__", None):
+            return None  # another version's kernels may not match this code
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    plain = [p for p in sys.path if ".zip" not in p]
+    specs = [importlib.machinery.PathFinder.find_spec("shale", plain)]
+    for finder in sys.meta_path:  # an editable install's finder, for one
+        find = getattr(finder, "find_spec", None)
+        if finder is not importlib.machinery.PathFinder and find is not None:
+            try:
+                specs.append(find("shale", None))
+            except Exception:  # a third-party finder that fails only means "not there"
+                continue
+    for spec in specs:
+        for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+            if ".zip" in folder:
+                continue
+            for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+                path = os.path.join(folder, "ledger", name + suffix)
+                if os.path.isfile(path):
+                    ext = importlib.util.spec_from_file_location(f"shale.ledger.{name}", path)
+                    if ext is None or ext.loader is None:
+                        continue
+                    module = importlib.util.module_from_spec(ext)
+                    ext.loader.exec_module(module)
+                    sys.modules[f"shale.ledger.{name}"] = module
+                    return module
+    return None
 
 
 _native: Final = load_native("_kernels")

@@ -285,6 +285,15 @@ def test_shipped_code_zip_holds_every_module(tmp_path: Path) -> None:
                               "import shale.compactor.spark.tasks as t; print(t.__file__)", path],
                              capture_output=True, text=True, cwd=tmp_path, check=True)
         assert out.stdout.strip().startswith(path)
+        # the zip holds no compiled code: the C kernels come from the installed copy
+        out = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                              "import shale, shale.ledger.kernels as k, shale.ledger.encoder as e; "
+                              "print(shale.__file__, k.KERNELS, e._native is not None)", path],
+                             capture_output=True, text=True, cwd=tmp_path, check=True)
+        where, kernels, encoder = out.stdout.split()
+        assert where.startswith(path)
+        from shale.ledger.kernels import KERNELS
+        assert (kernels, encoder) == (KERNELS, str(KERNELS == "native"))
     finally:
         os.unlink(path)
 

@@ -1,0 +1,145 @@
+"""The Spark engine on ``local-cluster[2,1,1024]``: two executor JVMs in processes of
+their own (with their own Python workers), against the moto server.  Nothing reaches the
+executors but what the engine ships: the AWS variables are removed before Spark starts.
+One run has an executor killed in the middle of its tasks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shale.compactor import CompactionConfig, Compactor, collect_garbage
+from shale.compactor.spark import SparkOptions
+from shale.compactor.spark.engine import SparkEngine
+from shale.metadata.topic import TopicMetadata
+from tests.test_spark import AWS_VARS, HOUR, compacted, figures, produce
+
+pytestmark = [pytest.mark.slow, pytest.mark.s3]
+
+MASTER = "local-cluster[2,1,1024]"
+
+
+@pytest.fixture(scope="module")
+def cluster(moto_endpoint: str) -> Iterator[SparkEngine]:
+    saved = {k: os.environ.pop(k) for k in AWS_VARS if k in os.environ}
+    eng = SparkEngine(SparkOptions(master=MASTER, split_bytes=1 << 16, split_records=2_000,
+                                   conf=(("spark.ui.enabled", "false"),
+                                         ("spark.executor.memory", "512m"))))
+    try:
+        sc = eng.session.sparkContext
+        sc.parallelize(range(4), 4).count()  # both executors up, their Python workers started
+    finally:
+        os.environ.update(saved)
+    yield eng
+    eng.close()
+
+
+def _ancestors(pid: int) -> Iterator[int]:
+    while pid > 1:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+        yield pid
+
+
+def executor_pids() -> list[int]:
+    """This test process's executor JVMs (other Spark applications on the machine aside)."""
+    me, out = os.getpid(), []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"CoarseGrainedExecutorBackend" in cmd and me in _ancestors(int(d.name)):
+            out.append(int(d.name))
+    return sorted(out)
+
+
+def test_executors_in_processes_of_their_own_publish_what_the_local_engine_does(
+        cluster: SparkEngine, s3_bucket: str) -> None:
+    assert len(executor_pids()) == 2
+    cfg = CompactionConfig(max_part_bytes=1 << 16, reuse_min_bytes=1 << 10, retain_null_key=True,
+                           delete_retention_ms=int(HOUR * 1000))
+    uris = {name: f"s3://{s3_bucket}/{name}" for name in ("local", "spark")}
+    t = 1_700_000_000.0
+    for rnd, n in enumerate((5_000, 100, 1_500)):
+        for uri in uris.values():
+            produce(uri, seed=20 + rnd, n=n, t=t, keys=3_000)
+        t += HOUR
+        a = Compactor(uris["local"], cfg, clock=lambda t=t: t).run()
+        b = Compactor(uris["spark"], cfg, clock=lambda t=t: t, engine=cluster).run()
+        assert b.status == "compacted", b.error or b.message
+        assert figures(a) == figures(b)
+        assert (a.records_reused, a.records_written) == (b.records_reused, b.records_written)
+        assert compacted(uris["local"]) == compacted(uris["spark"])
+        if rnd == 1:
+            assert b.records_reused > 0  # parts kept in place, by executors' deletion vectors
+    assert b.keyless_kept > 0 and b.tombstones_kept > 0
+
+
+def test_an_executor_killed_mid_task_is_retried_and_the_run_publishes_once(cluster: SparkEngine,
+                                                                           s3_bucket: str) -> None:
+    ref, uri = f"s3://{s3_bucket}/ref", f"s3://{s3_bucket}/t"
+    for u in (ref, uri):
+        produce(u, seed=30, n=12_000, t=1_700_000_000.0, keys=10_000, tomb=0.0)
+    clock = lambda: 1_700_000_000.0 + HOUR  # noqa: E731
+    Compactor(ref, clock=clock).run()
+    meta = TopicMetadata.open(uri)
+    before = meta.load_compaction()
+    # Pass two's reads are throttled so that its tasks last long enough to be caught
+    # running; the kill comes once the run's heartbeat says pass two has begun.
+    cfg = CompactionConfig(max_read_bytes_per_s=256 * 1024)
+    killed: list[int] = []
+
+    def kill_one_executor() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if any(o.key.endswith("_run.json") for o in meta.topic.store.list(meta.topic.key("compacted") + "/")):
+                time.sleep(1.0)  # into the tasks
+                pids = executor_pids()
+                if pids:
+                    os.kill(pids[0], signal.SIGKILL)
+                    killed.append(pids[0])
+                return
+            time.sleep(0.05)
+
+    tracker = cluster.session.sparkContext.statusTracker()
+    jobs_before = set(tracker.getJobIdsForGroup())
+    killer = threading.Thread(target=kill_one_executor)
+    killer.start()
+    try:
+        s = Compactor(uri, cfg, clock=clock, engine=cluster).run()
+    finally:
+        killer.join()
+    assert killed, "pass two never started"
+    assert s.status == "compacted", s.error or s.message
+    # the kill landed while tasks ran: some failed (executor lost) or a stage was re-attempted
+    stages = [tracker.getStageInfo(st) for j in set(tracker.getJobIdsForGroup()) - jobs_before
+              for st in (tracker.getJobInfo(j).stageIds if tracker.getJobInfo(j) else [])]
+    assert any(st and (st.numFailedTasks > 0 or st.currentAttemptId > 0) for st in stages), stages
+    after = meta.load_compaction()
+    assert after.epoch == before.epoch + 1  # published once
+    assert compacted(uri) == compacted(ref)  # nothing lost, nothing twice
+    # what the killed attempt left (an unfinished upload, a part written twice) is
+    # garbage collection's, once past the orphan grace: then only what is published stays
+    collect_garbage(meta, now_ms=int((time.time() + 2 * HOUR) * 1000), grace_ms=0,
+                    orphan_grace_ms=CompactionConfig().orphan_grace_ms)
+    published = {p.object for p in after.parts} | {p.deletions for p in after.parts if p.deletions}
+    left = {meta.topic.relative(o.key) for o in meta.topic.store.list(meta.topic.key("compacted") + "/")}
+    assert left == published
+    assert not list(meta.topic.store.unfinished_writes(meta.topic.key("compacted") + "/"))
+    # Spark replaced the executor: the cluster still has two
+    deadline = time.monotonic() + 60
+    while len(executor_pids()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert len(executor_pids()) == 2 and killed[0] not in executor_pids()
