@@ -54,6 +54,9 @@ def reset(uri: str) -> None:
 
 
 def cores(master: str) -> int:
+    cluster = re.fullmatch(r"local-cluster\[(\d+),\s*(\d+),\s*\d+\]", master)
+    if cluster:
+        return int(cluster.group(1)) * int(cluster.group(2))
     m = re.fullmatch(r"local\[(\d+|\*)\]", master)
     if not m:
         return os.cpu_count() or 1
@@ -95,7 +98,8 @@ def main() -> None:
     p.add_argument("--records", type=int, default=10_000_000)
     p.add_argument("--keys", type=int, default=1_000_000)
     p.add_argument("--value-bytes", type=int, default=64)
-    p.add_argument("--master", action="append", default=None, help="Spark masters (default local[1] and local[2])")
+    p.add_argument("--master", action="append", default=None,
+                   help="Spark masters (default local[1], local[2] and local-cluster[2,1,1024])")
     p.add_argument("--split-size", type=int, default=128 << 20, help="Spark split size in bytes")
     p.add_argument("--dir", default=str(Path(__file__).resolve().parent / "data"))
     a = p.parse_args()
@@ -104,7 +108,7 @@ def main() -> None:
         shutil.rmtree(uri, ignore_errors=True)
         generate(uri, a.records, a.keys, a.value_bytes)
     print(json.dumps(run(uri, LocalEngine(), "local engine", 1)), flush=True)
-    for master in a.master or ["local[1]", "local[2]"]:
+    for master in a.master or ["local[1]", "local[2]", "local-cluster[2,1,1024]"]:
         n = cores(master)
         with SparkEngine(SparkOptions(master=master, split_bytes=a.split_size,
                                       conf=(("spark.ui.enabled", "false"),))) as engine:
