@@ -51,8 +51,10 @@ def engine() -> Iterator[SparkEngine]:
     eng.close()
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local"])
 def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where the scenarios run: a local folder (tests/test_spark_cluster.py runs them on
+    S3, with executors in processes of their own)."""
     if request.param == "s3":
         request.applymarker(pytest.mark.s3)
     return make_root(str(request.param), request, tmp_path)
