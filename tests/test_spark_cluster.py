@@ -97,24 +97,30 @@ def test_an_executor_killed_mid_task_is_retried_and_the_run_publishes_once(clust
     meta = TopicMetadata.open(uri)
     before = meta.load_compaction()
     # Pass two's reads are throttled so that its tasks last long enough to be caught
-    # running; the kill comes once the run's heartbeat says pass two has begun.
-    cfg = CompactionConfig(max_read_bytes_per_s=256 * 1024)
+    # running; the kill comes once the run's heartbeat says pass two has begun and
+    # Spark says tasks are running.
+    cfg = CompactionConfig(max_read_bytes_per_s=64 * 1024)
     killed: list[int] = []
+    tracker = cluster.session.sparkContext.statusTracker()
+    jobs_before = set(tracker.getJobIdsForGroup())
+
+    def running_tasks() -> int:
+        infos = (tracker.getStageInfo(st) for st in tracker.getActiveStageIds())
+        return sum(i.numActiveTasks for i in infos if i is not None)
 
     def kill_one_executor() -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            if any(o.key.endswith("_run.json") for o in meta.topic.store.list(meta.topic.key("compacted") + "/")):
-                time.sleep(1.0)  # into the tasks
+            started = any(o.key.endswith("_run.json")
+                          for o in meta.topic.store.list(meta.topic.key("compacted") + "/"))
+            if started and running_tasks() > 0:  # pass two's tasks are running
                 pids = executor_pids()
                 if pids:
                     os.kill(pids[0], signal.SIGKILL)
                     killed.append(pids[0])
                 return
-            time.sleep(0.05)
+            time.sleep(0.02)
 
-    tracker = cluster.session.sparkContext.statusTracker()
-    jobs_before = set(tracker.getJobIdsForGroup())
     killer = threading.Thread(target=kill_one_executor)
     killer.start()
     try:
