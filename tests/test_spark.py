@@ -550,20 +550,6 @@ def test_max_map_bytes_bounds_each_reduce_task_and_takes_the_whole_backlog(engin
     assert bounded.reduce_partitions(6_000, CompactionConfig(max_map_bytes=limit)) == 12
 
 
-def test_spark_continues_a_partially_cleaned_topic_as_the_local_engine_does(engine: SparkEngine,
-                                                                            tmp_path: Path) -> None:
-    uris = {name: str(tmp_path / name) for name in ("local", "spark")}
-    t = 1_700_000_000.0 + HOUR
-    for uri in uris.values():
-        produce(uri, seed=12, n=6_000, t=1_700_000_000.0, keys=3_000)
-        first = Compactor(uri, CompactionConfig(max_map_bytes=24 * 1_000), clock=lambda: t).run()
-        assert first.deferred_records > 0  # a partial run: the rest is owed
-    a = Compactor(uris["local"], clock=lambda: t).run()
-    b = Compactor(uris["spark"], clock=lambda: t, engine=engine).run()
-    assert figures(a) == figures(b) and b.deferred_records == 0
-    assert compacted(uris["local"]) == compacted(uris["spark"])
-
-
 def test_the_driver_reads_at_most_two_footers(engine: SparkEngine, tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     uri = str(tmp_path / "t")

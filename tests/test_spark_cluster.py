@@ -87,6 +87,21 @@ def test_executors_in_processes_of_their_own_publish_what_the_local_engine_does(
     assert b.keyless_kept > 0 and b.tombstones_kept > 0
 
 
+def test_a_partially_cleaned_topic_is_continued_as_the_local_engine_does(cluster: SparkEngine,
+                                                                         s3_bucket: str) -> None:
+    uris = {name: f"s3://{s3_bucket}/partial-{name}" for name in ("local", "spark")}
+    t = 1_700_000_000.0 + HOUR
+    for uri in uris.values():
+        produce(uri, seed=12, n=6_000, t=1_700_000_000.0, keys=3_000)
+        first = Compactor(uri, CompactionConfig(max_map_bytes=24 * 1_000), clock=lambda: t).run()
+        assert first.deferred_records > 0  # a partial run: the rest is owed
+    a = Compactor(uris["local"], clock=lambda: t).run()
+    b = Compactor(uris["spark"], clock=lambda: t, engine=cluster).run()
+    assert b.status == "compacted", b.error or b.message
+    assert figures(a) == figures(b) and b.deferred_records == 0
+    assert compacted(uris["local"]) == compacted(uris["spark"])
+
+
 def test_an_executor_killed_mid_task_is_retried_and_the_run_publishes_once(cluster: SparkEngine,
                                                                            s3_bucket: str) -> None:
     ref, uri = f"s3://{s3_bucket}/ref", f"s3://{s3_bucket}/t"
