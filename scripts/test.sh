@@ -2,6 +2,7 @@
 # Run the whole test suite (creates .venv and installs what it needs on first use).
 # Extra arguments go to pytest, e.g. scripts/test.sh -k compaction
 source "$(dirname "$0")/_venv.sh"
+source "$ROOT/scripts/_system.sh"
 ruff check .
 mypy
 lint-imports --no-cache

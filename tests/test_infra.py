@@ -1,8 +1,8 @@
 """infra/: the Kubernetes manifests, rendered by the real kustomize (``kubectl kustomize``)
 and validated against the Kubernetes schemas in strict mode; the settings they give
-``compact``; what the Dockerfile promises about the images (Docker is not available
-here, so its instructions are parsed, not built); and the Spark image's entrypoint, run
-with a fake ``compact`` and a fake ``java``."""
+``compact``; what the Dockerfile's instructions promise about the images (the images are
+built and run in ``tests/test_image.py``); and the Spark image's entrypoint, run with a
+fake ``compact`` and a fake ``java``."""
 
 from __future__ import annotations
 
@@ -412,9 +412,9 @@ def test_compact_accepts_the_settings(overlay: str, rendered: Render) -> None:
 
 
 # --- (d) the Dockerfile ----------------------------------------------------------------------
-# Docker is not available here, so the images are not built: these tests parse the
-# Dockerfile's instructions for the few promises nothing else checks (the build itself
-# checks the rest, e.g. that the C kernels import and that SPARK_HOME holds Spark's jars).
+# These tests parse the Dockerfile's instructions for promises about every target that
+# hold without building it; tests/test_image.py builds the images and runs them (and the
+# build itself checks that the C kernels import and that SPARK_HOME holds Spark's jars).
 
 class Stage(NamedTuple):
     base: str  # an image, or the name of an earlier stage
