@@ -550,6 +550,38 @@ def test_max_map_bytes_bounds_each_reduce_task_and_takes_the_whole_backlog(engin
     assert bounded.reduce_partitions(6_000, CompactionConfig(max_map_bytes=limit)) == 12
 
 
+def test_incremental_runs_settle_previous_parts_through_a_filter_of_new_keys(engine: SparkEngine,
+                                                                            tmp_path: Path) -> None:
+    """Parts' records whose key is surely not new are decided by their own tasks: the same
+    content as the local engine and as shuffling everything, with tombstones of the
+    previous parts expiring, keyless records retained and parts kept in place."""
+    from dataclasses import replace
+
+    uris = {name: str(tmp_path / name) for name in ("local", "filter", "shuffle")}
+    engines = {"local": None, "filter": engine,
+               "shuffle": SparkEngine(replace(engine.options, key_filter=False), session=engine.session)}
+    cfg = CompactionConfig(delete_retention_ms=int(HOUR * 1000), retain_null_key=True, reuse_min_bytes=1 << 10,
+                           max_part_bytes=1 << 16)
+    t = 1_700_000_000.0
+    for rnd, n in enumerate((6_000, 150, 120)):
+        for uri in uris.values():
+            produce(uri, seed=40 + rnd, n=n, t=t, keys=3_000)
+        t += 1.5 * HOUR  # the tombstones the previous run kept expire in this one
+        runs = {name: Compactor(uri, cfg, clock=lambda t=t: t, engine=engines[name]).run()
+                for name, uri in uris.items()}
+        assert all(r.status == "compacted" for r in runs.values()), runs
+        assert figures(runs["filter"]) == figures(runs["local"]) == figures(runs["shuffle"])
+        assert ({(r.records_reused, r.records_written) for r in runs.values()}
+                == {(runs["local"].records_reused, runs["local"].records_written)})
+        assert compacted(uris["filter"]) == compacted(uris["local"]) == compacted(uris["shuffle"])
+        if rnd:
+            assert runs["filter"].tombstones_dropped > 0
+            # the busiest reduce task saw the new keys and a few false positives, not the parts
+            assert runs["filter"].map_keys * 4 < runs["shuffle"].map_keys
+    assert runs["filter"].records_reused > 0
+    assert run_cli("verify", uris["filter"]).returncode == 0
+
+
 def test_the_driver_reads_at_most_two_footers(engine: SparkEngine, tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     uri = str(tmp_path / "t")

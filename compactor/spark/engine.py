@@ -19,9 +19,9 @@ import tempfile
 import warnings
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -30,6 +30,7 @@ from pyspark.sql import SparkSession
 
 from shale.compactor.config import CompactionConfig
 from shale.compactor.engine import SurvivorCounts
+from shale.compactor.keyfilter import KeyFilter
 from shale.compactor.keymap import KEY_BYTES
 from shale.compactor.pass_two import PassTwoResult
 from shale.compactor.plan import Plan
@@ -44,6 +45,7 @@ from shale.compactor.spark.tasks import (
     TaskContext,
     WriteContext,
     error_from_record,
+    filter_task,
     group_splits,
     map_task,
     reduce_partition,
@@ -57,6 +59,10 @@ from shale.metadata.state import CompactedPart
 __all__ = ["SparkEngine", "SparkJobError", "open_session"]
 
 T = TypeVar("T")
+
+#: A filter of new keys is built when the previous parts hold at least this many times
+#: the new records: below that, most of the parts' records would be shuffled anyway.
+KEY_FILTER_RATIO: Final = 4
 
 
 class SparkJobError(ShaleError):
@@ -191,6 +197,14 @@ def _run_map(bc: Broadcast[TaskContext], it: Iterable[int]) -> Iterator[tuple[in
     return map_task(bc.value, it)
 
 
+def _run_filter(bc: Broadcast[TaskContext], size: int, it: Iterable[int]) -> Iterator[KeyFilter]:
+    return filter_task(bc.value, size, it)
+
+
+def _union(a: KeyFilter, b: KeyFilter) -> KeyFilter:
+    return a.union(b)
+
+
 def _run_reduce(bc: Broadcast[TaskContext], it: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
     return reduce_partition(bc.value, it)
 
@@ -298,8 +312,9 @@ class SparkEngine:
                               tuple(specs), np.array([sp.base for sp in specs], dtype=np.int64), tuple(tasks),
                               len(plan.compacted), self.reduce_partitions(records, config), self.options.split_bytes,
                               self.options.split_records, now_ms, config, plan.dictionaries)
-            bc = sc.broadcast(ctx)
             try:
+                ctx = self._with_new_keys(ctx)
+                bc = sc.broadcast(ctx)
                 sc.setJobDescription(f"shale pass one: {topic.uri}")
                 rdd = (sc.parallelize(range(len(tasks)), len(tasks))
                        .mapPartitions(functools.partial(_run_map, bc))
@@ -323,6 +338,28 @@ class SparkEngine:
             keyless_kept=reports.keyless if retain else 0, keyless_dropped=0 if retain else reports.keyless,
             footer_bytes=reports.footer_bytes, kept_keyed=reports.kept, map_keys=reports.most_keys,
             map_bytes=reports.most_candidates * CANDIDATE.itemsize, rdd=rdd, context=bc, writes=writes)
+
+    def _with_new_keys(self, ctx: TaskContext) -> TaskContext:
+        """``ctx`` with a Bloom filter of the new records' keys, when the previous parts
+        outweigh the new records enough for their tasks to settle most of their own
+        records (an incremental run); else ``ctx`` as it is."""
+        previous = sum(sp.records for sp in ctx.slices[:ctx.compacted])
+        new = sum(sp.records for sp in ctx.slices[ctx.compacted:])
+        if not self.options.key_filter or not previous or new * KEY_FILTER_RATIO > previous:
+            return ctx
+        size = KeyFilter.size_for(new)
+        todo = [t for t, (_, i1) in enumerate(ctx.tasks) if i1 > ctx.compacted]
+        if not todo:
+            return replace(ctx, new_keys=KeyFilter(np.zeros(size // 8, dtype=np.uint8)))
+        sc = self.session.sparkContext
+        sc.setJobDescription(f"shale pass one, new keys: {ctx.topic_uri}")
+        bc = sc.broadcast(ctx)
+        try:
+            filters = sc.parallelize(todo, len(todo)).mapPartitions(functools.partial(_run_filter, bc, size))
+            new_keys: KeyFilter = _spark_call(functools.partial(filters.treeReduce, _union))
+        finally:
+            _release(None, bc)
+        return replace(ctx, new_keys=new_keys)
 
     def pass_two(self, plan: Plan, survivors: SurvivorCounts, config: CompactionConfig, *, topic: Location,
                  run_dir: str, epoch: int, now_ms: int, on_object: Callable[[str], None]) -> PassTwoResult:

@@ -51,6 +51,10 @@ class SparkOptions:
     * ``ship_code`` — add Shale's own packages to the Spark application as a zip
       (default: yes unless the master is ``local``), so executors need only its
       dependencies installed.
+    * ``key_filter`` — when the new records are few beside the previous compacted
+      parts (an incremental run), first build a Bloom filter of the new keys, so that
+      the tasks reading the parts settle the records whose key is surely not new
+      themselves and shuffle only the rest.  Off: every record is shuffled.
     """
 
     master: str | None = None
@@ -61,6 +65,7 @@ class SparkOptions:
     forward_credentials: bool = True
     ship_code: bool | None = None
     app_name: str = "shale-compact"
+    key_filter: bool = True
 
     def __post_init__(self) -> None:
         if self.master is not None and not self.master.strip():

@@ -33,11 +33,11 @@ def slice_specs(plan: Plan) -> list[SplitSpec]:
     object's size (the footer says exactly, and only the map task reads it)."""
     out: list[SplitSpec] = []
     base = 0
-    for s in plan.slices:
+    for i, s in enumerate(plan.slices):
         ref = s.object
         deletions = plan.location.key(s.part.deletions) if s.part is not None and s.part.deletions else None
         out.append(SplitSpec(ref.key, ref.ledger_id, ref.kind, s.start, s.stop, base, s.data_bytes(), deletions,
-                             ref.records))
+                             ref.records, previous=i < len(plan.compacted)))
         base += s.records
     return out
 
@@ -71,6 +71,13 @@ class Reports:
             self.keyless += int(d["keyless"])
             self.keyless_of[i] = int(d["keyless"])
             self.footer_bytes += int(d["footer_bytes"])
+            settled = d.get("settled")
+            if settled:  # a previous part's records its map task decided itself
+                self.keys += int(settled["keys"])
+                self.tombstones += int(settled["tombstones"])
+                self.dropped += int(settled["dropped"])
+                self.kept += int(settled["kept"])
+                self.live[i] = self.live.get(i, 0) + int(settled["kept"])
         elif key == STATS_KEY:
             self.keys += int(d["keys"])
             self.tombstones += int(d["tombstones"])

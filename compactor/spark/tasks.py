@@ -37,6 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shale.compactor.config import CompactionConfig
+from shale.compactor.keyfilter import KeyFilter
 from shale.compactor.pass_two import Copy, Work, reuse_part, write_parts, write_vectors
 from shale.compactor.plan import Slice
 from shale.compactor.rules import latest_of_each_key, tombstone_fate
@@ -60,10 +61,12 @@ __all__ = [
     "WriteContext",
     "cut_slice",
     "error_from_record",
+    "filter_task",
     "group_splits",
     "map_task",
     "reduce_partition",
     "resplit",
+    "settle",
     "write_task",
 ]
 
@@ -92,6 +95,7 @@ class SplitSpec:
     bytes: int  # entry bytes the split covers (for a whole slice before pass one: an estimate)
     deletions: str | None = None  # key of the part's deletion vector, if it has one
     object_records: int = 0  # what the metadata says the whole object holds (0: not checked)
+    previous: bool = False  # of a previous compacted part (else of a new ledger)
 
     @property
     def records(self) -> int:
@@ -155,6 +159,7 @@ class TaskContext:
     now_ms: int
     config: CompactionConfig
     dictionaries: tuple[Dictionary, ...] = ()  # the topic's trained zstd dictionaries
+    new_keys: KeyFilter | None = None  # the new records' keys, when previous parts settle their own
 
     def location(self) -> Location:
         self.environment.apply()
@@ -240,7 +245,12 @@ def _map_task(ctx: TaskContext, task_indexes: Iterable[int]) -> Iterator[tuple[i
         flags = foot.col("r_flags")[sp.start:sp.stop]
         present = ctx.present(loc, sp, f)
         has_key = (flags & FLAG_HAS_KEY) != 0
-        keyed = np.flatnonzero(has_key if present is None else has_key & present)
+        keyed_mask = has_key if present is None else has_key & present
+        n_keyed = int(np.count_nonzero(keyed_mask))
+        settled = settle(ctx, sp, f, present)
+        if settled is not None:
+            keyed_mask = settled.pending  # only these go to the reduce side
+        keyed = np.flatnonzero(keyed_mask)
         hi = foot.col("r_hash_hi")[sp.start:sp.stop][keyed]
         lo = foot.col("r_hash_lo")[sp.start:sp.stop][keyed]
         # The latest of each key within the slice is the only one that can win overall.
@@ -262,10 +272,84 @@ def _map_task(ctx: TaskContext, task_indexes: Iterable[int]) -> Iterator[tuple[i
             for a, b in zip(firsts, np.r_[firsts[1:], len(bucket)], strict=True):
                 yield int(bucket[a]), cand[a:b].tobytes()
         present_n = sp.records if present is None else int(np.count_nonzero(present))
-        keyless = present_n - len(keyed)
+        keyless = present_n - n_keyed
         cuts = [list(c) for c in cut_slice(f, sp.start, sp.stop, ctx.split_bytes, ctx.split_records)]
-        yield MAP_KEY, json.dumps({"slice": i, "records": present_n, "keyless": keyless,
-                                   "footer_bytes": f.footer_bytes, "cuts": cuts}).encode()
+        report = {"slice": i, "records": present_n, "keyless": keyless, "footer_bytes": f.footer_bytes, "cuts": cuts}
+        if settled is not None:
+            report["settled"] = settled.counts()
+        yield MAP_KEY, json.dumps(report).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """The records of a previous part's split whose key is surely not new: each is the
+    last of its key (a compacted part holds one per key), so it is kept, unless it is a
+    tombstone past its retention.  Masks and times over the split's records."""
+
+    pending: npt.NDArray[np.bool_]  # keyed records whose key may be new: decided by the reduce side
+    keep: npt.NDArray[np.bool_]  # settled here and kept
+    since: npt.NDArray[np.int64]  # when each kept tombstone was first kept (0 elsewhere)
+    keys: int  # settled keyed records
+    tombstones: int
+    dropped: int
+
+    def counts(self) -> dict[str, int]:
+        return {"keys": self.keys, "tombstones": self.tombstones, "dropped": self.dropped,
+                "kept": int(np.count_nonzero(self.keep))}
+
+
+def settle(ctx: TaskContext, sp: SplitSpec, f: LedgerFile, present: npt.NDArray[np.bool_] | None) -> Settled | None:
+    """What a split of a previous part decides without the shuffle (None: nothing, no
+    filter of new keys, or not a previous part).  The map task and the write task both
+    call it on the same records and get the same answer."""
+    if ctx.new_keys is None or not sp.previous:
+        return None
+    foot = f.footer
+    flags = foot.col("r_flags")[sp.start:sp.stop]
+    keyed = (flags & FLAG_HAS_KEY) != 0
+    if present is not None:
+        keyed &= present
+    idx = np.flatnonzero(keyed)
+    maybe = ctx.new_keys.may_contain(foot.col("r_hash_hi")[sp.start:sp.stop][idx],
+                                     foot.col("r_hash_lo")[sp.start:sp.stop][idx])
+    pending = np.zeros(sp.records, dtype=bool)
+    pending[idx[maybe]] = True
+    sure = idx[~maybe]
+    tomb = sure[(flags[sure] & FLAG_TOMBSTONE) != 0]
+    expired, first_kept = tombstone_fate(foot.delete_since()[sp.start:sp.stop][tomb], ctx.now_ms,
+                                         ctx.config.delete_retention_ms)
+    keep = np.zeros(sp.records, dtype=bool)
+    keep[sure] = True
+    keep[tomb[expired]] = False
+    since = np.zeros(sp.records, dtype=np.int64)
+    since[tomb[~expired]] = first_kept[~expired]
+    return Settled(pending, keep, since, len(sure), len(tomb), int(np.count_nonzero(expired)))
+
+
+def filter_task(ctx: TaskContext, size: int, task_indexes: Iterable[int]) -> Iterator[KeyFilter]:
+    """The Bloom filter of the keys of the new records in these map tasks' slices.  A
+    slice that cannot be read gives a filter of every key, so that pass one's map task
+    meets the same error and reports it."""
+    loc = ctx.location()
+    out = KeyFilter(np.zeros(size // 8, dtype=np.uint8))
+    for i in (i for t in task_indexes for i in range(*ctx.tasks[t])):
+        sp = ctx.slices[i]
+        if sp.previous:
+            continue
+        try:
+            f = ctx.open(loc, sp)
+        except TransientStorageError:
+            raise  # Spark retries the task
+        except ShaleError:
+            f = None
+        if f is None or sp.stop > f.n_records:
+            yield KeyFilter(np.full(size // 8, 0xFF, dtype=np.uint8))
+            return
+        foot = f.footer
+        keyed = np.flatnonzero((foot.col("r_flags")[sp.start:sp.stop] & FLAG_HAS_KEY) != 0)
+        out = out.union(KeyFilter.of(foot.col("r_hash_hi")[sp.start:sp.stop][keyed],
+                                     foot.col("r_hash_lo")[sp.start:sp.stop][keyed], size))
+    yield out
 
 
 def reduce_partition(ctx: TaskContext, items: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
@@ -354,7 +438,9 @@ def _write_task(ctx: WriteContext, run_dir: str, epoch: int, t: int,
         by_split.setdefault(j, []).append(np.frombuffer(v, dtype=KEPT))
     j0, j1 = ctx.tasks[t]
     cfg = ctx.run.config
-    todo = [j for j in range(j0, j1) if j in by_split or cfg.retain_null_key or ctx.keep_in_place[j] is not None]
+    settles = ctx.run.new_keys is not None
+    todo = [j for j in range(j0, j1) if j in by_split or cfg.retain_null_key or ctx.keep_in_place[j] is not None
+            or (settles and ctx.splits[j].previous)]
     if not todo:
         return
     loc = ctx.run.location()
@@ -379,6 +465,9 @@ def _split_work(ctx: WriteContext, loc: Location, todo: list[int], by_split: dic
         keep = np.zeros(sp.records, dtype=bool)
         keep[kept["pos"] - sp.base] = True
         gone = ctx.run.gone(loc, sp, f)
+        settled = settle(ctx.run, sp, f, None if gone is None else ~gone)
+        if settled is not None:
+            keep |= settled.keep
         if ctx.run.config.retain_null_key:
             keyless = (f.footer.col("r_flags")[sp.start:sp.stop] & FLAG_HAS_KEY) == 0
             keep[keyless if gone is None else keyless & ~gone] = True
@@ -388,6 +477,6 @@ def _split_work(ctx: WriteContext, loc: Location, todo: list[int], by_split: dic
             assert part.ledger_id is not None
             yield reuse_part(part, part.ledger_id, ~keep, gone, f"{vector_prefix}{len(vectors):05d}.bin", vectors)
             continue
-        since = np.zeros(sp.records, dtype=np.int64)
+        since = np.zeros(sp.records, dtype=np.int64) if settled is None else settled.since
         since[kept["pos"] - sp.base] = kept["since"]
         yield Copy(Slice(f, sp.start, sp.stop, sp.kind == KIND_COMPACTED), keep, since)
