@@ -128,6 +128,15 @@ def test_image_runs_the_c_kernels(local_image: str, data: Path) -> None:
 
 
 @pytest.mark.slow
+def test_a_failing_command_in_the_image_gives_its_own_line_and_exit_code(local_image: str, data: Path) -> None:
+    owned_by_the_image(data)
+    res = run("local", data, "/data/missing")
+    assert res.returncode == 2
+    assert res.stderr.strip() == ("compact: error: no topic at /data/missing "
+                                  "(/data/missing/_meta/topic.json is missing)")
+
+
+@pytest.mark.slow
 def test_image_compacts_a_topic_produced_on_the_host(local_image: str, data: Path, tmp_path: Path) -> None:
     produce(str(data / "t"), seed=1)
     owned_by_the_image(data)
