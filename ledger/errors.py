@@ -14,11 +14,13 @@ __all__ = [
     "AlreadyExistsError",
     "ConflictError",
     "CorruptLedgerError",
+    "GapError",
     "InvalidInputError",
     "InvalidMetadataError",
     "InvalidURIError",
     "NotAnObjectError",
     "ObjectNotFoundError",
+    "OutputExistsError",
     "RecordTooLargeError",
     "ShaleError",
     "StateUnknownError",
@@ -40,6 +42,9 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_CONFLICT = 3
 EXIT_CORRUPT = 4
+#: A reader's next records were removed (retention) before it read them: it stopped
+#: rather than skip them in silence.
+EXIT_GAP = 6
 
 
 class ShaleError(Exception):
@@ -157,6 +162,24 @@ class InvalidMetadataError(ShaleError, ValueError):
     """
 
     exit_code = EXIT_CORRUPT
+
+
+class OutputExistsError(InvalidInputError, FileExistsError):
+    """A command would write over something that exists where it was told to write
+    (an export's output without ``--overwrite``)."""
+
+
+class GapError(ShaleError):
+    """Records a reader had not read yet are gone (retention removed their ledgers):
+    going on would skip them in silence.  ``first`` and ``last`` name the range lost
+    (message id texts, ``last`` empty when unknown)."""
+
+    exit_code = EXIT_GAP
+
+    def __init__(self, message: str, *, first: str = "", last: str = ""):
+        super().__init__(message)
+        self.first = first
+        self.last = last
 
 
 class UnsupportedVersionError(CorruptLedgerError):
