@@ -123,10 +123,12 @@ def _scan(dir_fd: int, folder: str, temporary: bool, found: list[ObjectInfo]) ->
 
 class _LocalWriter(ObjectWriter):
     """Writes a temporary file in the target's folder (held open as ``dir_fd``, which
-    this writer owns), renamed over the target by :meth:`close`."""
+    this writer owns), renamed over the target by :meth:`close` (``replace``), or else
+    hard-linked into place, which fails if the name is taken."""
 
-    def __init__(self, path: str, dir_fd: int, *, sync: bool = True) -> None:
+    def __init__(self, path: str, dir_fd: int, *, sync: bool = True, replace: bool = True) -> None:
         self._path = path
+        self._replace = replace
         self._dir: int | None = dir_fd
         self._name = os.path.basename(path)
         self._tmp = _tmp_name(self._name)
@@ -164,7 +166,11 @@ class _LocalWriter(ObjectWriter):
                 if self._sync:
                     os.fsync(self._f.fileno())
                 self._f.close()
-                os.replace(self._tmp, self._name, src_dir_fd=self._dir, dst_dir_fd=self._dir)
+                if self._replace:
+                    os.replace(self._tmp, self._name, src_dir_fd=self._dir, dst_dir_fd=self._dir)
+                else:
+                    LocalStore._link(self._dir, self._tmp, self._name, self._path)
+                    os.unlink(self._tmp, dir_fd=self._dir)
         except BaseException:
             self.abort()  # a full disk leaves no temporary file behind
             raise
@@ -256,10 +262,10 @@ class LocalStore(ObjectStore):
             _require_regular(st.st_mode, path)
         return ObjectInfo(key, st.st_size, st.st_mtime)
 
-    def _writer(self, key: str, *, sync: bool) -> _LocalWriter:
+    def _writer(self, key: str, *, sync: bool, replace: bool = True) -> _LocalWriter:
         path = self._path(key)
         with _errors(path):
-            return _LocalWriter(path, _open_dir(os.path.dirname(path), create=True), sync=sync)
+            return _LocalWriter(path, _open_dir(os.path.dirname(path), create=True), sync=sync, replace=replace)
 
     def put(self, key: str, data: bytes, *, durable: bool = True) -> None:
         """Write the object atomically (synced to disk unless ``durable=False``)."""
@@ -269,6 +275,11 @@ class LocalStore(ObjectStore):
     def open_writer(self, key: str) -> ObjectWriter:
         """A streamed write, visible under ``key`` only once closed."""
         return self._writer(key, sync=True)
+
+    def open_writer_if_absent(self, key: str) -> ObjectWriter:
+        """A streamed write hard-linked into place by ``close()``: AlreadyExistsError, and
+        nothing replaced, if the name was taken meanwhile."""
+        return self._writer(key, sync=True, replace=False)
 
     def get_with_token(self, key: str) -> tuple[bytes, str]:
         """The object and its content hash, the token compare-and-swap checks."""
@@ -295,7 +306,7 @@ class LocalStore(ObjectStore):
         return _token(data)
 
     @staticmethod
-    def _link(dir_fd: int, tmp: str, name: str, path: str) -> None:
+    def _link(dir_fd: int | None, tmp: str, name: str, path: str) -> None:
         try:
             # link() fails if the target exists and publishes the complete file at once.
             os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)

@@ -24,9 +24,10 @@ class _Obj:
 
 
 class _MemoryWriter(ObjectWriter):
-    def __init__(self, store: MemoryStore, key: str) -> None:
+    def __init__(self, store: MemoryStore, key: str, *, if_absent: bool = False) -> None:
         self._store, self._key, self._parts = store, key, bytearray()
         self._done = False
+        self._if_absent = if_absent
 
     def write(self, data: bytes | bytearray | memoryview, /) -> int:
         self._parts += data
@@ -35,7 +36,10 @@ class _MemoryWriter(ObjectWriter):
     def close(self) -> None:
         if not self._done:
             self._done = True
-            self._store.put(self._key, bytes(self._parts))
+            if self._if_absent:
+                self._store.put_if_absent(self._key, bytes(self._parts))
+            else:
+                self._store.put(self._key, bytes(self._parts))
 
     def abort(self) -> None:
         self._done = True
@@ -85,6 +89,9 @@ class MemoryStore(ObjectStore):
 
     def open_writer(self, key: str) -> ObjectWriter:
         return _MemoryWriter(self, key)
+
+    def open_writer_if_absent(self, key: str) -> ObjectWriter:
+        return _MemoryWriter(self, key, if_absent=True)
 
     def get_with_token(self, key: str) -> tuple[bytes, str]:
         o = self._obj(key)

@@ -82,10 +82,12 @@ def _translate(e: Exception, what: str) -> ShaleError:
 
 
 class _S3Writer(ObjectWriter):
-    """Single PUT for small objects, multipart upload beyond one part."""
+    """Single PUT for small objects, multipart upload beyond one part; ``if_absent``:
+    both with ``If-None-Match: *``."""
 
-    def __init__(self, store: S3Store, key: str) -> None:
+    def __init__(self, store: S3Store, key: str, *, if_absent: bool = False) -> None:
         self._s, self._key = store, key
+        self._if_absent = if_absent
         self._buf = bytearray()
         self._upload_id: str | None = None
         self._parts: list[dict[str, Any]] = []
@@ -112,14 +114,20 @@ class _S3Writer(ObjectWriter):
         if self._done:
             return
         try:
-            if self._upload_id is None:
+            if self._upload_id is None and self._if_absent:
+                self._s.put_if_absent(self._key, bytes(self._buf))
+            elif self._upload_id is None:
                 self._s.put(self._key, bytes(self._buf))
             else:
                 if self._buf:
                     self._send_part(bytes(self._buf))
-                self._s._call("complete_multipart_upload", self._key, Bucket=self._s.bucket,
-                              Key=self._key, UploadId=self._upload_id,
-                              MultipartUpload={"Parts": self._parts})
+                cond = {"IfNoneMatch": "*"} if self._if_absent else {}
+                try:
+                    self._s._call("complete_multipart_upload", self._key, Bucket=self._s.bucket,
+                                  Key=self._key, UploadId=self._upload_id,
+                                  MultipartUpload={"Parts": self._parts}, **cond)
+                except ConflictError as e:
+                    raise AlreadyExistsError(f"{self._s.url(self._key)}: already exists") from e
         except BaseException:
             self.abort()
             raise
@@ -232,6 +240,9 @@ class S3Store(ObjectStore):
 
     def open_writer(self, key: str) -> ObjectWriter:
         return _S3Writer(self, key)
+
+    def open_writer_if_absent(self, key: str) -> ObjectWriter:
+        return _S3Writer(self, key, if_absent=True)
 
     def get_with_token(self, key: str) -> tuple[bytes, str]:
         data, r = self._read_body(key)

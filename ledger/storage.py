@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from shale.ledger.errors import InvalidInputError, InvalidURIError, UnsupportedOperationError
+from shale.ledger.errors import AlreadyExistsError, InvalidInputError, InvalidURIError, UnsupportedOperationError
 
 __all__ = [
     "CAPABILITIES",
@@ -162,6 +162,19 @@ class ObjectStore(ABC):
     def open_writer(self, key: str) -> ObjectWriter:
         """Stream a (possibly large) object; visible only after ``close()``."""
 
+    def open_writer_if_absent(self, key: str) -> ObjectWriter:
+        """A streamed write that creates ``key`` only if nothing has the key when it is
+        closed: ``close()`` raises :class:`AlreadyExistsError` (and leaves what stands
+        there as it is) when the key was taken meanwhile.
+
+        Stores with conditional writes make the check and the write one step (a local
+        folder links the finished file into place, S3 completes with ``If-None-Match: *``);
+        this default, for stores without them, looks before it starts and at the end, so
+        an object that appears in between may be replaced."""
+        if self.exists(key):
+            raise AlreadyExistsError(f"{self.url(key)}: already exists")
+        return _LookingWriter(self, key, self.open_writer(key))
+
     @abstractmethod
     def get_with_token(self, key: str) -> tuple[bytes, str]:
         """The object and the token :meth:`put_if_match` compares against."""
@@ -221,6 +234,26 @@ class ObjectStore(ABC):
     def discard_write(self, info: ObjectInfo) -> None:
         """Remove one leftover listed by :meth:`unfinished_writes`."""
         raise UnsupportedOperationError(f"{self.url(info.key)}: this store has no unfinished writes")
+
+
+class _LookingWriter(ObjectWriter):
+    """:meth:`ObjectStore.open_writer_if_absent` on a store without conditional writes:
+    looks again before it finishes."""
+
+    def __init__(self, store: ObjectStore, key: str, inner: ObjectWriter) -> None:
+        self._store, self._key, self._inner = store, key, inner
+
+    def write(self, data: bytes | bytearray | memoryview, /) -> int:
+        return self._inner.write(data)
+
+    def close(self) -> None:
+        if self._store.exists(self._key):
+            self._inner.abort()
+            raise AlreadyExistsError(f"{self._store.url(self._key)}: already exists")
+        self._inner.close()
+
+    def abort(self) -> None:
+        self._inner.abort()
 
 
 #: The capability flags of :class:`ObjectStore`, each with what it means in a message.

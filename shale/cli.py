@@ -225,6 +225,7 @@ def _cmd_get(args: argparse.Namespace, out: TextIO) -> int:
 
 def _cmd_export(args: argparse.Namespace, out: TextIO) -> int:
     from shale.export import export_topic
+    from shale.export_target import is_stdout
     from shale.reader import parse_position
 
     shown = _ExportProgress() if sys.stderr.isatty() else None
@@ -232,10 +233,12 @@ def _cmd_export(args: argparse.Namespace, out: TextIO) -> int:
         result = export_topic(args.topic, args.out, metadata_uri=args.metadata, compacted=args.compacted,
                               table=args.table, fmt=args.format, start=parse_position(args.start),
                               compression=args.compression, utf8=args.utf8,
-                              progress=shown.show if shown else None)
+                              progress=shown.show if shown else None, overwrite=args.overwrite)
     finally:
         if shown is not None:
             shown.close()
+    if is_stdout(args.out):
+        out = sys.stderr  # standard output carries the export itself
     if args.json:
         _print_json(result.to_json(), out)
     else:
@@ -355,13 +358,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="write a topic, its compacted view or its table as Parquet, Arrow or JSON lines",
                        description="Write the topic's records from --start (--compacted: its compacted view; "
-                       "--table: the latest record of every live key) to OUT, one object: a local path or any "
-                       "URI Shale writes to (s3://bucket/key). It becomes visible only once complete. DuckDB, "
-                       "Polars, pandas and Spark read Parquet and Arrow directly. Needs pyarrow for Parquet and "
-                       "Arrow (pip install 'shale[arrow]').",
+                       "--table: the latest record of every live key) to OUT, one object: a local path, any "
+                       "URI Shale writes to (s3://bucket/key), or - for standard output (then the summary goes to "
+                       "standard error). It becomes visible only once complete. OUT must not be inside a topic "
+                       "(the source's folder or --metadata, a folder holding _meta/topic.json, or a name shaped "
+                       "like a topic's objects), nor exist (unless --overwrite), nor be anything but a regular "
+                       "file (a link, folder, FIFO or device is refused even with --overwrite); a local OUT's "
+                       "folder must exist. A local export writes a hidden .shale-export-<nonce>.tmp beside OUT, "
+                       "locked while it runs; each export removes those of its folder whose writer was killed. "
+                       "DuckDB, Polars, pandas and Spark read Parquet and Arrow directly. Needs pyarrow for "
+                       "Parquet and Arrow (pip install 'shale[arrow]').",
                        epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_topic_arguments(p)
-    p.add_argument("out", metavar="OUT", help="where to write: a local path, s3://bucket/key.parquet, ...")
+    p.add_argument("out", metavar="OUT", help="where to write: a local path, s3://bucket/key.parquet, ..., or - "
+                   "(standard output; also /dev/stdout)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUT if it is an existing regular file (default: refuse, and never replace one "
+                   "that appears while the export runs)")
     p.add_argument("--compacted", action="store_true", help="the compacted view: compacted ledger, then the tail")
     p.add_argument("--table", action="store_true", help="the latest record of every live key (implies --compacted)")
     p.add_argument("--format", choices=("parquet", "arrow", "jsonl"), default=None,

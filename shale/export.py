@@ -3,7 +3,9 @@ key) as one Parquet, Arrow IPC or JSON-lines object, written wherever Shale writ
 path, ``s3://bucket/key``, any fsspec URI).
 
 The object becomes visible only once it is complete (the store's streaming upload, a
-local file renamed into place); a failed export leaves nothing behind.  Parquet and Arrow
+local file linked or renamed into place); a failed export leaves nothing behind.  OUT
+is never inside a topic, and never replaces anything but a regular file, and that only
+when asked to (:mod:`shale.export_target`).  Parquet and Arrow
 come from the reader's record batches (:mod:`shale.reader.arrow`: no Python object per
 record), so DuckDB, Polars, pandas and Spark read the result directly.
 """
@@ -17,8 +19,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
+from shale.export_target import open_output
 from shale.ledger.errors import InvalidInputError
-from shale.ledger.storage import ObjectWriter, resolve
+from shale.ledger.storage import ObjectWriter
 from shale.reader import TableView, TopicReader
 from shale.reader.arrow import latest_rows, require_pyarrow, schema
 from shale.reader.topic_reader import EARLIEST, Position
@@ -89,17 +92,19 @@ class _Sink(io.RawIOBase):
 
 def export_topic(topic_uri: str, out_uri: str, *, metadata_uri: str | None = None, compacted: bool = False,
                  table: bool = False, fmt: str | None = None, start: Position = EARLIEST, compression: str = "zstd",
-                 utf8: bool = False, progress: Progress | None = None) -> ExportResult:
+                 utf8: bool = False, progress: Progress | None = None, overwrite: bool = False) -> ExportResult:
     """Write the topic's records (``compacted``: its compacted view; ``table``: the latest
-    value of every live key) from ``start`` to ``out_uri`` as ``fmt``; see the module."""
+    value of every live key) from ``start`` to ``out_uri`` as ``fmt``; see the module.
+
+    ``out_uri`` ``-`` is standard output.  An ``out_uri`` inside a topic, or that is not a
+    regular file, is refused; so is one that exists unless ``overwrite``
+    (:mod:`shale.export_target` says exactly what)."""
     t0 = time.perf_counter()
     fmt = format_of(out_uri, fmt)
     if table and start != EARLIEST:
         raise InvalidInputError("--table exports every key: it takes no --start")
     reader = TopicReader(topic_uri, metadata_uri=metadata_uri, read_compacted=compacted or table, start=start)
-    out = resolve(out_uri)
-    if not out.prefix:
-        raise InvalidInputError(f"{out_uri}: name the object to write, not a bucket or root")
+    out = open_output(out_uri, reader.meta, overwrite=overwrite, binary=fmt != "jsonl")
     rows = [0]
     nbytes = [0]
 
@@ -108,7 +113,7 @@ def export_topic(topic_uri: str, out_uri: str, *, metadata_uri: str | None = Non
         if progress is not None:
             progress(rows[0], pos)
 
-    with out.store.open_writer(out.prefix) as writer:
+    with out as writer:
         sink = _Sink(writer, note)
         if fmt == "jsonl":
             messages = (TableView(topic_uri, metadata_uri=metadata_uri).messages() if table else iter(reader))

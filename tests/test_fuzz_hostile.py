@@ -49,18 +49,28 @@ garbage collection two days in the store's future (so every age is as old as can
 the most it could ever delete), a full read, a compacted read, a table view, and
 ``verify``.
 
+``test_export_destinations`` aims ``shale export`` at the same world instead: OUT is one
+of the topic's own files or folders, its neighbour's, the sentinel's, or a special file
+beside them (a FIFO, a socket, a device, links, a folder, a hard link to a ledger); the
+export exits 0 having written only OUT, a regular file outside every topic, or exits 2
+having changed nothing.
+
 The default run is seeded (``derandomize``) and bounded; ``SHALE_LONG_TESTS=1`` runs a
 long, randomised campaign.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import os
 import queue
 import re
 import shutil
 import signal
+import socket
+import stat
 import threading
 import time
 import traceback
@@ -81,7 +91,9 @@ from hypothesis import note as hypothesis_note
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
+from shale.cli import build_parser
 from shale.compactor import CompactionConfig, Compactor, collect_garbage
+from shale.compactor.commandline import run_command
 from shale.compactor.verify import verify_topic
 from shale.ledger.errors import InvalidMetadataError, ShaleError
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, FRAME_HEADER
@@ -821,6 +833,75 @@ def test_lies_in_compacted_part_footers(tmp_path: Path, data: st.DataObject) -> 
 @given(data=st.data())
 def test_lies_anywhere(tmp_path: Path, data: st.DataObject) -> None:
     check_example(data, tmp_path, ("meta", "names", "ledger", "part"))
+
+
+# ---------------------------------------------------------------- export destinations
+
+def export_destinations(w: World) -> dict[str, list[Path]]:
+    """OUTs for ``shale export``, in four groups: every file and folder of the topic under
+    attack, of its pristine neighbour and of the sentinel (a folder holding
+    ``_meta/topic.json``), with new names among them; and special files beside them (a
+    FIFO, a socket, links into the topic and nowhere, a folder, a hard link to a
+    registered ledger, a plain file, a character device when run as root), a new name
+    and a name in a missing folder."""
+    special = w.topic.parent / "special"
+    special.mkdir()
+    ledger = min((w.topic / "ledgers").iterdir())
+    os.mkfifo(special / "fifo")
+    os.symlink(ledger, special / "link-to-a-ledger")
+    os.symlink(w.topic / "_meta" / "topic.json", special / "link-to-topic.json")
+    os.symlink(special / "missing", special / "dangling-link")
+    (special / "folder").mkdir()
+    os.link(ledger, special / "hard-link-to-a-ledger")
+    (special / "plain.parquet").write_bytes(b"plain")
+    if os.geteuid() == 0:
+        os.mknod(special / "device", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    with socket.socket(socket.AF_UNIX) as sock, contextlib.suppress(OSError):  # (a path too long for a socket)
+        sock.bind(str(special / "socket"))
+    groups = {"special": sorted([special / "new.parquet", special / "missing" / "x.jsonl", *special.iterdir()])}
+    for name, base in (("topic", w.topic), ("neighbour", w.template), ("sentinel", w.sentinel)):
+        groups[name] = sorted({base, base / "new.parquet", base / "ledgers" / "new.jsonl", *base.rglob("*")})
+    return groups
+
+
+def check_export(data: st.DataObject, tmp_path: Path) -> None:
+    """One export to an OUT of each group of :func:`export_destinations`, one after another."""
+    w = make_world(tmp_path)
+    for where, outs in export_destinations(w).items():
+        out = data.draw(st.sampled_from(outs), label=f"OUT ({where})")
+        event(f"export to {out.name if where == 'special' else where}")
+        args = [w.uri, f"file://{out}" if data.draw(st.booleans(), label="file://") else str(out)]
+        args += data.draw(st.sampled_from([[], ["--compacted"], ["--table"]]), label="view")
+        args += data.draw(st.sampled_from([[], ["--format", "jsonl"], ["--format", "arrow"]]), label="format")
+        args += data.draw(st.sampled_from([[], ["--overwrite"]]), label="overwrite")
+        before = snapshot(w.root, exclude=(w.trash,))
+        errors = io.StringIO()
+        with watchdog(EXAMPLE_TIMEOUT_S):
+            code = run_command(["export", *args], build_parser(), out=io.StringIO(), err=errors)
+        after = snapshot(w.root, exclude=(w.trash,))
+        event(f"export: exit {code}" + (f" ({_reason(errors.getvalue().split(': ', 2)[-1])[:40]})" if code else ""))
+        changed = snapshot_diff(before, after)
+        context = f"export {' '.join(args)}: exit {code}, {errors.getvalue()!r}, changed {changed}"
+        assert code in (0, 2), context
+        assert not [p for p in after if ".shale-export-" in p], context
+        if code == 2:
+            assert changed == [] and errors.getvalue().count("\n") == 1, context
+            continue
+        rel = str(out.relative_to(w.root))
+        assert changed in ([f"created {rel}"], [f"changed {rel}"]), context
+        assert after[rel][0] == "file", context
+        assert not any(out.is_relative_to(p) for p in (w.topic, w.template, w.sentinel)), context
+
+
+@pytest.mark.timeout(7200 if LONG else 600)
+@_settings(60)
+@given(data=st.data())
+def test_export_destinations(tmp_path: Path, data: st.DataObject) -> None:
+    """``shale export`` of the topic to anywhere around it: exit 0 (and only OUT, a
+    regular file outside every topic, written) or 2 (and nothing changed anywhere), no
+    temporary file left behind; each example exports four times, once into each group
+    of :func:`export_destinations`."""
+    check_export(data, tmp_path)
 
 
 def test_the_topic_under_attack_is_what_the_fuzzer_expects(tmp_path: Path) -> None:

@@ -284,6 +284,28 @@ class StoreConformance:
         assert s.get_tail(k, 100) == (data[-100:], len(data))
         assert s.get(k) == data
 
+    def test_streamed_create_only_write_replaces_nothing(self, loc: Location) -> None:
+        """``open_writer_if_absent`` creates the object, and refuses (AlreadyExistsError,
+        what stands there kept, nothing left unfinished) when the key is taken before it
+        starts or while it is written, small or past one multipart part."""
+        s, k = loc.store, loc.key("once/obj")
+        with s.open_writer_if_absent(k) as w:
+            w.write(b"first")
+        assert s.get(k) == b"first"
+        with pytest.raises(AlreadyExistsError), s.open_writer_if_absent(k) as w:
+            w.write(b"second")
+        assert s.get(k) == b"first"
+        for size in (5, 17 * MiB):
+            taken = loc.key(f"race/{size}")
+            w = s.open_writer_if_absent(taken)
+            w.write(b"z" * size)
+            s.put(taken, b"meanwhile")
+            with pytest.raises(AlreadyExistsError):
+                w.close()
+            assert s.get(taken) == b"meanwhile"
+        assert [o.key for o in s.list(loc.key("race"))] == [loc.key(f"race/{n}") for n in sorted(("5", "17825792"))]
+        assert list(s.unfinished_writes(loc.key("race"))) == []
+
     def test_unfinished_writes_are_listed_and_discarded(self, loc: Location) -> None:
         """A writer killed mid-write (never closed nor aborted) leaves something only
         ``unfinished_writes`` sees; ``discard_write`` removes it."""
