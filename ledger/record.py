@@ -20,10 +20,14 @@ from shale.ledger.ids import MessageId
 
 __all__ = [
     "DEFAULT_MAX_RECORD_BYTES",
+    "EVENT_TIME_MAX_MS",
+    "EVENT_TIME_MIN_MS",
+    "EVENT_TIME_RANGE",
     "Message",
     "Record",
     "decode_records",
     "encode_record",
+    "event_time_in_range",
     "key_hash",
     "validate_record",
 ]
@@ -31,7 +35,22 @@ __all__ = [
 #: Upper bound on one encoded record; larger ones are refused at write and read time.
 DEFAULT_MAX_RECORD_BYTES: Final = 64 * 1024 * 1024
 
+#: The event times producers accept, in milliseconds since the Unix epoch: years 0001 to
+#: 9999, 0001-01-01T00:00:00.000Z to 9999-12-31T23:59:59.999Z.  Every reader of an export
+#: holds them (Python's datetime, pyarrow, DuckDB, Polars, pandas, Spark); the format's
+#: 64 bits would take more, which DuckDB cannot read as a timestamp and pyarrow cannot
+#: turn into dates.
+EVENT_TIME_MIN_MS: Final = -62_135_596_800_000
+EVENT_TIME_MAX_MS: Final = 253_402_300_799_999
+#: The accepted range, as error messages and the documentation say it.
+EVENT_TIME_RANGE: Final = f"{EVENT_TIME_MIN_MS} to {EVENT_TIME_MAX_MS} ms (years 0001 to 9999)"
+
 _EMPTY: Final[Mapping[str, str]] = {}
+
+
+def event_time_in_range(ms: int) -> bool:
+    """Whether ``ms`` is an event time producers accept (:data:`EVENT_TIME_RANGE`)."""
+    return EVENT_TIME_MIN_MS <= ms <= EVENT_TIME_MAX_MS
 
 
 @dataclass(frozen=True, slots=True)

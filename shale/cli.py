@@ -53,6 +53,13 @@ every flag also reads a SHALE_* variable (SHALE_ and the flag's name in capitals
 """
 
 
+VALUE_FORMAT_HELP = (
+    "text (default): every value as a JSON string of its text (value_b64 when not UTF-8); json: a value "
+    "that is a JSON document strict parsers read is printed as that document, its text as stored (line breaks "
+    "become spaces), any other (not JSON, NaN, Infinity, a number beyond 64-bit floats or of over 4300 digits, "
+    "nested over 512 deep) as a JSON string of its text, value_b64 when not UTF-8. Every line is strict JSON")
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -178,7 +185,7 @@ class _ProduceProgress:
 # ---------------------------------------------------------------------- read
 
 def _cmd_read(args: argparse.Namespace, out: TextIO) -> int:
-    from shale.jsonlines import message_to_json
+    from shale.jsonlines import message_line
     from shale.reader import TableView, TopicReader, parse_position
 
     if args.table:  # the latest record of every key: the compacted view, necessarily
@@ -188,7 +195,7 @@ def _cmd_read(args: argparse.Namespace, out: TextIO) -> int:
         for i, m in enumerate(table.messages()):
             if args.limit is not None and i >= args.limit:
                 break
-            _print_json(message_to_json(m, args.value_format), out)
+            out.write(message_line(m, args.value_format) + "\n")
         return 0
     start = parse_position(args.start)
     with TopicReader(args.topic, metadata_uri=args.metadata, read_compacted=args.compacted, start=start,
@@ -196,7 +203,7 @@ def _cmd_read(args: argparse.Namespace, out: TextIO) -> int:
         try:
             # islice stops at the limit before asking for one more (a follower would wait for it)
             for m in itertools.islice(r, args.limit):
-                _print_json(message_to_json(m, args.value_format), out)
+                out.write(message_line(m, args.value_format) + "\n")
                 if args.follow:
                     out.flush()
         except KeyboardInterrupt:
@@ -207,7 +214,7 @@ def _cmd_read(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_get(args: argparse.Namespace, out: TextIO) -> int:
-    from shale.jsonlines import message_to_json
+    from shale.jsonlines import message_line
     from shale.metadata.topic import TopicMetadata
     from shale.reader import lookup
 
@@ -217,7 +224,7 @@ def _cmd_get(args: argparse.Namespace, out: TextIO) -> int:
         sys.stderr.write(f"shale: no value for key {args.key!r} in {args.topic} "
                          f"({'deleted' if found.message is not None else 'never written'})\n")
         return EXIT_NOT_FOUND
-    _print_json(message_to_json(found.message, args.value_format) if found.message else {}, out)
+    out.write((message_line(found.message, args.value_format) if found.message else "{}") + "\n")
     return 0
 
 
@@ -295,10 +302,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("produce", help="append records to a topic (creating it if needed)",
                        description="Append records: JSON lines (one object per line: "
-                       '{"key": str|null, "value": str|null, "value_b64": str, '
+                       '{"key": str|null, "value": str|object|array|null, "value_b64": str, '
                        '"properties": {str: str}, "event_time": int}), or the rows of a Parquet, Arrow IPC '
                        "or CSV file, whose columns --key-field and --value-field pick. A null or empty value "
-                       "is a tombstone. Prints what was appended (--json: one JSON line with the ids and counts).",
+                       "is a tombstone. An object or array value is stored as its JSON text exactly as the line "
+                       "gives it (nested at most 512 deep). Lines must be strict JSON (no NaN or Infinity). Event "
+                       "times are milliseconds since 1970, years 0001 to 9999 (-62135596800000 to "
+                       "253402300799999). A bad line stops the run (exit 2, naming it) after appending the lines "
+                       "before it (a bad row: the batches before its own). Prints what was appended (--json: one "
+                       "JSON line with the ids and counts).",
                        epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_topic_arguments(p)
     p.add_argument("--input", metavar="PATH|-", default="-", help="input file (default: standard input)")
@@ -339,8 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep reading as new ledgers are registered (Ctrl-C ends it, exit code 0)")
     p.add_argument("--poll-interval", type=duration_arg, default=1000, metavar="DURATION",
                    help="with --follow: how often to look for new ledgers (default 1s)")
-    p.add_argument("--value-format", choices=("text", "json"), default="text",
-                   help="json: print values that are JSON documents as JSON (default text: as stored)")
+    p.add_argument("--value-format", choices=("text", "json"), default="text", help=VALUE_FORMAT_HELP)
     p.set_defaults(func=_cmd_read)
 
     p = sub.add_parser("get", help="print the latest record of one key",
@@ -352,8 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_topic_arguments(p)
     p.add_argument("key", metavar="KEY", help="the key, as text")
     p.add_argument("--key-b64", action="store_true", help="KEY is base64 (a binary key)")
-    p.add_argument("--value-format", choices=("text", "json"), default="text",
-                   help="json: print a value that is a JSON document as JSON")
+    p.add_argument("--value-format", choices=("text", "json"), default="text", help=VALUE_FORMAT_HELP)
     p.set_defaults(func=_cmd_get)
 
     p = sub.add_parser("export", help="write a topic, its compacted view or its table as Parquet, Arrow or JSON lines",

@@ -17,8 +17,9 @@ import numpy.typing as npt
 
 from shale.ledger.encoder import Properties, RecordColumns, VarColumn
 from shale.ledger.errors import InvalidInputError
+from shale.ledger.record import EVENT_TIME_MAX_MS, EVENT_TIME_MIN_MS, EVENT_TIME_RANGE
 
-__all__ = ["DEFAULT_KEY_FIELD", "DEFAULT_VALUE_FIELD", "Fields", "record_columns", "shift_rows"]
+__all__ = ["DEFAULT_KEY_FIELD", "DEFAULT_VALUE_FIELD", "Fields", "check_event_times", "record_columns", "shift_rows"]
 
 DEFAULT_KEY_FIELD: Final = "key"
 DEFAULT_VALUE_FIELD: Final = "value"
@@ -56,6 +57,22 @@ def record_columns(data: Any, fields: Fields | None = None) -> list[RecordColumn
         out.append(_from_arrow(batch, fields, first))
         first += batch.num_rows
     return out
+
+
+def check_event_times(cols: RecordColumns, name: str | None, first: int = 0) -> None:
+    """Refuse a batch holding an event time outside
+    :data:`~shale.ledger.record.EVENT_TIME_RANGE`, naming the column and the first such row
+    (``first`` is the batch's first row in the whole input)."""
+    times = cols.event_time
+    if times is None or not len(times):
+        return
+    bad = (times < EVENT_TIME_MIN_MS) | (times > EVENT_TIME_MAX_MS)
+    if cols.event_valid is not None:
+        bad &= cols.event_valid.astype(bool)
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise InvalidInputError(f"column {name or 'event_time'!r}, row {first + row}: event time {int(times[row])} "
+                                f"is outside {EVENT_TIME_RANGE}")
 
 
 def shift_rows(message: str, first: int) -> str:
@@ -163,7 +180,8 @@ def _event_times(arr: Any, name: str, first: int) -> tuple[npt.NDArray[np.int64]
         if per_ms is None:  # seconds
             limit = (1 << 63) // 1000
             if len(values) and (bad := np.flatnonzero((values >= limit) | (values < -limit))).size:
-                raise InvalidInputError(f"column {name!r}, row {first + int(bad[0])}: time out of range")
+                raise InvalidInputError(f"column {name!r}, row {first + int(bad[0])}: event time out of range, "
+                                        f"which is {EVENT_TIME_RANGE}")
             values = values * 1000
         elif per_ms > 1:
             values = values // per_ms

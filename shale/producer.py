@@ -24,7 +24,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from shale.columns import DEFAULT_KEY_FIELD, DEFAULT_VALUE_FIELD, Fields, record_columns
+from shale.columns import DEFAULT_KEY_FIELD, DEFAULT_VALUE_FIELD, Fields, check_event_times, record_columns
 from shale.ledger._retry import ConflictPolicy
 from shale.ledger.codecs import DEFAULT_COMPRESSION, Buffer, Codec, Compression, compress, parse_compression
 from shale.ledger.encoder import EncodedColumns, RecordColumns, Refused, encode_columns, entry_end, entry_of
@@ -37,7 +37,15 @@ from shale.ledger.errors import (
 )
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, KIND_ORIGINAL
 from shale.ledger.ids import MessageId
-from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES, Record, check_record_size, validate_record
+from shale.ledger.record import (
+    DEFAULT_MAX_RECORD_BYTES,
+    EVENT_TIME_MAX_MS,
+    EVENT_TIME_RANGE,
+    Record,
+    check_record_size,
+    event_time_in_range,
+    validate_record,
+)
 from shale.ledger.writer import EncodedEntry, LedgerWriter, encode_entry, relabel_ledger
 from shale.metadata.dictionaries import resolve_compression
 from shale.metadata.layout import ledger_object_name
@@ -230,7 +238,9 @@ class TopicWriter:
                properties: Mapping[str, str] | None = None, event_time: int | None = None) -> None:
         """Append one record (``str`` keys and values are encoded as UTF-8).
 
-        A ``None`` or empty value makes the record a tombstone for its key.
+        A ``None`` or empty value makes the record a tombstone for its key.  ``event_time``
+        is in milliseconds since the Unix epoch, within
+        :data:`~shale.ledger.record.EVENT_TIME_RANGE` (years 0001 to 9999).
         """
         if isinstance(key, str):
             key = key.encode()
@@ -245,6 +255,12 @@ class TopicWriter:
             raise InvalidInputError("the writer is closed")
         # refuse it now, not when its batch is encoded: the records before it stay good
         validate_record(record)
+        # times every reader of an export can hold (the format itself would take any int64)
+        if record.event_time is not None and not event_time_in_range(record.event_time):
+            raise InvalidInputError(f"event time {record.event_time} is outside {EVENT_TIME_RANGE}")
+        if record.publish_time > EVENT_TIME_MAX_MS:
+            raise InvalidInputError(f"publish time {record.publish_time} is after year 9999 "
+                                    f"({EVENT_TIME_MAX_MS} ms)")
         check_record_size(record, self.max_record_bytes)
         self._batch.append(record)
         # (an upper bound of the record's encoded size: exact sizes are known once encoded)
@@ -268,7 +284,8 @@ class TopicWriter:
         ``data`` is a pyarrow ``Table`` or ``RecordBatch``, or a mapping of column name to
         a Python sequence.  ``key`` and ``value`` name binary or text columns (null: no
         key; null or empty value: a tombstone), ``properties`` a map of text to text and
-        ``event_time`` a timestamp or integer milliseconds column.  The records get one
+        ``event_time`` a timestamp or integer milliseconds column (within
+        :data:`~shale.ledger.record.EVENT_TIME_RANGE`, years 0001 to 9999).  The records get one
         publish time and are sealed into entries (and ledgers) as :meth:`append` would,
         without a Python call per record.  The whole batch is checked first: a problem is
         an :class:`InvalidInputError` naming the column and row, and nothing of the batch
@@ -281,6 +298,7 @@ class TopicWriter:
         encoded = []
         first = 0
         for cols in batches:
+            check_event_times(cols, event_time, first)
             got = encode_columns(cols, now, self.max_record_bytes)
             if isinstance(got, Refused) and got.why == "size":
                 raise RecordTooLargeError(_too_large(cols, got.row, first, self.max_record_bytes, key, value))

@@ -159,7 +159,7 @@ def test_read_value_format_json_and_table_implies_compacted(tmp_path: Path) -> N
     got = {d["key"]: d["value"] for d in map(json.loads, r.stdout.splitlines())}
     assert got == {"a": {"name": "Ann", "n": 2}, "b": "plain"}
     raw = [json.loads(x)["value"] for x in run_cli("read", topic).stdout.splitlines()]
-    assert raw[0] == '{"name":"Ann","n":1}'  # text by default: the value as stored
+    assert raw[0] == '{"name": "Ann", "n": 1}'  # text by default: the value as stored, as given
 
 
 @pytest.mark.parametrize("bad", ['{"key": "a", "value": 5}', '{"key": "a", "value": true}'])
