@@ -330,31 +330,3 @@ def test_exported_extreme_event_times_read_everywhere(tmp_path: Path) -> None:
     assert instants(t for (t,) in got) == want
 
 
-def test_spark_writes_refuse_an_event_time_no_reader_holds(tmp_path: Path) -> None:
-    pytest.importorskip("pyspark")
-    import shale.spark
-    from shale.compactor.spark import SparkOptions
-    from shale.compactor.spark.engine import open_session
-
-    topic = str(tmp_path / "t")
-    with TopicWriter(topic) as w:
-        w.append("before", "1")
-    before = TopicMetadata.open(topic).load_topic().ledgers
-    spark, _ = open_session(SparkOptions(master="local[1]", conf=(("spark.ui.enabled", "false"),)))
-    try:
-        shale.spark.register(spark)
-        frame = spark.range(50, numPartitions=1).selectExpr(
-            "cast(id as string) as key", "'v' as value",
-            f"case when id = 40 then {EVENT_TIME_MAX_MS + 1} else id end as event_time")
-        with pytest.raises(Exception, match=rf"partition 0, column 'event_time', row 40: event time .*{RANGE}"):
-            frame.write.format("shale").mode("append").save(topic)
-        ok = spark.range(2, numPartitions=1).selectExpr(
-            "cast(id as string) as key", "'v' as value",
-            f"case when id = 0 then {EVENT_TIME_MIN_MS} else {EVENT_TIME_MAX_MS} end as event_time")
-        ok.write.format("shale").mode("append").save(topic)
-    finally:
-        spark.stop()
-    assert TopicMetadata.open(topic).load_topic().ledgers[:1] == before
-    assert [m.event_time for m in TopicReader(topic)] == [None, EVENT_TIME_MIN_MS, EVENT_TIME_MAX_MS]
-    ledgers = sorted(p.name for p in (tmp_path / "t" / "ledgers").iterdir())
-    assert len(ledgers) == 2

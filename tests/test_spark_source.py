@@ -243,3 +243,28 @@ def test_a_killed_stream_restarts_exactly_once(spark: Any, tmp_path: Path) -> No
     got = sorted((r.ledger, r.entry, r.batch, None if r.value is None else bytes(r.value)) for r in rows)
     want = sorted((m.id.ledger, m.id.entry, m.id.batch, m.value) for m in TopicReader(uri, read_compacted=True))
     assert got == want  # every record of the compacted view and the tail, each once
+
+
+def test_spark_writes_refuse_an_event_time_no_reader_holds(spark: Any, tmp_path: Path) -> None:
+    """An event time outside what every reader holds is refused in the Spark write path
+    too, naming the partition, column and row; nothing of the failed write is registered."""
+    from shale.ledger.record import EVENT_TIME_MAX_MS, EVENT_TIME_MIN_MS
+
+    rng = f"{EVENT_TIME_MIN_MS} to {EVENT_TIME_MAX_MS} ms"
+    topic = str(tmp_path / "t")
+    with TopicWriter(topic) as w:
+        w.append("before", "1")
+    before = TopicMetadata.open(topic).load_topic().ledgers
+    frame = spark.range(50, numPartitions=1).selectExpr(
+        "cast(id as string) as key", "'v' as value",
+        f"case when id = 40 then {EVENT_TIME_MAX_MS + 1} else id end as event_time")
+    with pytest.raises(Exception, match=rf"partition 0, column 'event_time', row 40: event time .*{rng}"):
+        frame.write.format("shale").mode("append").save(topic)
+    ok = spark.range(2, numPartitions=1).selectExpr(
+        "cast(id as string) as key", "'v' as value",
+        f"case when id = 0 then {EVENT_TIME_MIN_MS} else {EVENT_TIME_MAX_MS} end as event_time")
+    ok.write.format("shale").mode("append").save(topic)
+    assert TopicMetadata.open(topic).load_topic().ledgers[:1] == before
+    assert [m.event_time for m in TopicReader(topic)] == [None, EVENT_TIME_MIN_MS, EVENT_TIME_MAX_MS]
+    ledgers = sorted(p.name for p in (tmp_path / "t" / "ledgers").iterdir())
+    assert len(ledgers) == 2
