@@ -39,6 +39,8 @@ OnGap = Literal["error", "skip", "compacted"]
 ON_GAP_CHOICES: Final[tuple[OnGap, ...]] = ("error", "skip", "compacted")
 
 _log: Final = logging.getLogger("shale.reader")
+_REMEDY: Final = ("on-gap skip goes on there; on-gap compacted reads the latest value of their keys from the compacted "
+                  "view")
 
 
 def check_on_gap(value: str) -> OnGap:
@@ -68,6 +70,8 @@ class Gap:
     horizon: MessageId | None = None
     #: why the compacted view does not hold them (records removed above its horizon)
     uncovered: bool = False
+    #: how a reader stopped at the gap goes on (default: the ``on_gap`` choices)
+    remedy: str = ""
 
     @property
     def resume(self) -> MessageId:
@@ -90,9 +94,8 @@ class Gap:
         if self.uncovered:
             held = f"above the compaction horizon {self.horizon}" if self.horizon else "and no compaction ran"
             return (f"{head}, {held}, so no compacted view holds them (truncate --allow-uncompacted); "
-                    f"on-gap skip goes on at {self.resume}")
-        return (f"{head}; the topic goes on at {self.resume} (on-gap skip goes on there; on-gap compacted reads "
-                "the latest value of their keys from the compacted view)")
+                    f"the topic goes on at {self.resume} ({self.remedy or 'on-gap skip goes on there'})")
+        return (f"{head}; the topic goes on at {self.resume} ({self.remedy or _REMEDY})")
 
     def error(self) -> GapError:
         """The error a reader raises for this gap (exit code 6 on the command line)."""

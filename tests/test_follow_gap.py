@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -326,3 +327,50 @@ def test_read_help_lists_exit_code_6() -> None:
     r = run_cli("read", "--help")
     assert r.returncode == 0 and "  6  shale read: records it had yet to read were removed" in r.stdout
     assert "--on-gap {error,skip,compacted}" in r.stdout
+
+
+# ---------------------------------------------------------------- a Spark stream
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    pytest.importorskip("pyspark")
+    pytest.importorskip("pyarrow")
+    import shale.spark
+    from shale.compactor.spark import SparkOptions
+    from shale.compactor.spark.engine import open_session
+
+    session, _ = open_session(SparkOptions(master="local[2]", conf=(("spark.ui.enabled", "false"),)))
+    shale.spark.register(session)
+    yield session
+    session.stop()
+
+
+@pytest.mark.slow
+def test_a_spark_stream_fails_on_data_loss_unless_told(spark: Any, tmp_path: Path) -> None:
+    """A query stopped after ledgers 1-3; 4-7 came and went before it ran again."""
+    uri, out, ck = str(tmp_path / "t"), tmp_path / "out", tmp_path / "ck"
+    _produce(uri, 0, 30)
+
+    def run(checkpoint: Path = ck, **options: str) -> None:
+        q = (spark.readStream.format("shale").options(**options).load(uri).writeStream.format("parquet")
+             .option("path", str(out)).option("checkpointLocation", str(checkpoint)).trigger(availableNow=True)
+             .start())
+        q.awaitTermination()
+
+    def read_out() -> list[str]:
+        rows = spark.read.parquet(str(out)).select("ledger", "entry", "batch").collect()
+        return sorted((f"{r.ledger}:{r.entry}:{r.batch}" for r in rows), key=MessageId.parse)
+
+    run()
+    assert read_out() == _ids(TopicReader(uri).read())
+    _produce(uri, 30, 40)
+    _remove_through(uri, 8)
+    _produce(uri, 70, 20)
+    with pytest.raises(Exception, match=r"records 4:0:0 to 7:… were removed \(retention\)") as e:
+        run()
+    assert "failOnDataLoss=false" in str(e.value)
+    run(failOnDataLoss="false")
+    assert read_out() == [f"{lg}:{e}:{b}" for lg in (1, 2, 3, 8, 9) for e in (0, 1) for b in range(5)]
+    with pytest.raises(Exception, match=r"records 2:0:0 to 7:…"):  # a start id below what is left
+        run(tmp_path / "ck2", start="2:0:0")
