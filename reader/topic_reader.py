@@ -360,8 +360,8 @@ class TopicReader:
                     yield from self._ledger(lg, read)
                 except ObjectNotFoundError:
                     newer = self.meta.load_topic()
-                    if newer.ledger(lg.id) is not None:
-                        raise  # still registered: an object missing, not a ledger removed
+                    if newer.ledger(lg.id) is not None or lg.id > newer.removed_through:
+                        raise  # not removed by retention: an object missing
                     self._adopt(newer)
                     self._removed_from(self._next)  # removed and collected while this reader read it
                     break

@@ -30,6 +30,7 @@ from shale.producer import TopicWriter
 from shale.reader import TopicReader
 from shale.reader.gaps import Gap
 from tests.conftest import ROOT, run_cli
+from tests.tamper import edit
 
 KEYS = 7
 
@@ -190,13 +191,21 @@ def test_a_reader_mid_ledger_when_its_ledger_is_collected(disk_topic_uri: str, o
     assert _ids(got) == _ids(everything[:15] + substitute) + [f"4:{e}:{b}" for e in (0, 1) for b in range(5)]
 
 
-def test_a_registered_ledger_whose_object_is_missing_is_no_gap(tmp_path: Path) -> None:
+def test_a_missing_object_that_retention_did_not_remove_is_no_gap(tmp_path: Path) -> None:
+    """Neither a registered ledger's object gone, nor a ledger dropped from the list by a
+    hand edit (``removed_through`` unchanged) is taken for retention: both are errors."""
     uri = str(tmp_path / "t")
     _produce(uri, 0, 30)
     lg = TopicMetadata.open(uri).load_topic().ledgers[1]
     (tmp_path / "t" / lg.object).unlink()
     with pytest.raises(ObjectNotFoundError) as e:
         TopicReader(uri, on_gap="skip").read()
+    assert not isinstance(e.value, GapError)
+    r = TopicReader(uri, on_gap="skip")
+    assert len(r.read(10)) == 10
+    edit(uri, "topic.json", lambda d: d["value"]["ledgers"].pop(1))
+    with pytest.raises(ObjectNotFoundError) as e:
+        r.read()
     assert not isinstance(e.value, GapError)
 
 
