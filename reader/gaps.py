@@ -68,7 +68,7 @@ class Gap:
     how: Literal["skipped", "compacted", "stopped"] = "stopped"
     #: the compaction horizon, when the view was read in their place or could not hold them
     horizon: MessageId | None = None
-    #: why the compacted view does not hold them (records removed above its horizon)
+    #: the compacted view does not hold them: they were removed above its horizon
     uncovered: bool = False
     #: how a reader stopped at the gap goes on (default: the ``on_gap`` choices)
     remedy: str = ""
@@ -85,6 +85,7 @@ class Gap:
         return f"{self.first} to {self.through}:…"
 
     def human(self) -> str:
+        """One line for a person: the range, and what was done or may be done about it."""
         head = f"{self.topic}: records {self.range} were removed (retention) before this reader read them"
         if self.how == "skipped":
             return f"{head}; skipped to {self.resume}"
