@@ -49,8 +49,8 @@ exit codes:
      document that breaks its schema or invariants, a link or folder where an object
      should be
   5  shale verify: the compacted view does not match the original ledgers
-  6  shale read: records it had yet to read were removed by retention (see --on-gap);
-     every record read before them was printed
+  6  shale read (and export --start ID): records it had yet to read were removed by
+     retention (see shale read --on-gap); every record before them was written
 every flag also reads a SHALE_* variable (SHALE_ and the flag's name in capitals, e.g.
 --max-ledger-bytes: SHALE_MAX_LEDGER_BYTES); flags win
 """

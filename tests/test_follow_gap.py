@@ -212,7 +212,7 @@ def test_a_missing_object_that_retention_did_not_remove_is_no_gap(tmp_path: Path
 # --------------------------------------------------------------------------- no gap
 
 
-def test_earliest_after_an_old_truncation_is_no_gap_but_an_old_id_is(disk_topic_uri: str) -> None:
+def test_earliest_after_an_old_truncation_is_no_gap_but_an_old_id_is(disk_topic_uri: str, tmp_path: Path) -> None:
     uri = disk_topic_uri
     _produce(uri, 0, 50)  # ledgers 1-5
     opened_before = TopicReader(uri)  # earliest, nothing read yet
@@ -233,6 +233,8 @@ def test_earliest_after_an_old_truncation_is_no_gap_but_an_old_id_is(disk_topic_
     r = run_cli("read", uri, "--start", "2:0:0", "--on-gap", "skip")
     assert r.returncode == 0 and len(r.stdout.splitlines()) == 30
     assert r.stderr.startswith("shale: warning: ") and "records 2:0:0 to 3:…" in r.stderr
+    r = run_cli("export", uri, str(tmp_path / "out.jsonl"), "--start", "2:0:0")
+    assert r.returncode == 6 and "records 2:0:0 to 3:…" in r.stderr, r.stderr
 
 
 def test_a_removed_ledger_read_to_its_end_is_no_gap(disk_topic_uri: str) -> None:
@@ -335,7 +337,7 @@ def test_shale_read_follow_paused_across_retention(disk_topic_uri: str, on_gap: 
 
 def test_read_help_lists_exit_code_6() -> None:
     r = run_cli("read", "--help")
-    assert r.returncode == 0 and "  6  shale read: records it had yet to read were removed" in r.stdout
+    assert r.returncode == 0 and "  6  shale read (and export --start ID): records it had yet to read" in r.stdout
     assert "--on-gap {error,skip,compacted}" in r.stdout
 
 
