@@ -12,21 +12,23 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from shale.ledger.deletions import read_deletions
-from shale.ledger.errors import ObjectNotFoundError
+from shale.ledger.errors import GapError, ObjectNotFoundError
 from shale.ledger.format import KIND_COMPACTED, KIND_ORIGINAL
 from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.reader import DEFAULT_CHUNK_BYTES, LedgerFile
 from shale.ledger.record import Message
-from shale.metadata.state import CompactedPart, CompactionState, TopicState
+from shale.metadata.state import CompactedPart, CompactionState, LedgerInfo, TopicState
 from shale.metadata.topic import TopicMetadata
 from shale.reader.arrow import DEFAULT_BATCH_ROWS, BatchReader, require_pyarrow, schema
 from shale.reader.arrow import require as _require
+from shale.reader.gaps import Gap, GapListener, OnGap, check_on_gap, log_gap, log_start
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -55,17 +57,29 @@ class TopicReader:
     ``seek`` re-reads the metadata, so a reader picks up a newer compaction state when
     it opens or re-seeks.  If a compacted ledger it is reading is retired and deleted
     underneath it, the reader moves to the newest state without losing its place.
+
+    When retention removed records the reader had yet to read (:mod:`shale.reader.gaps`
+    says precisely when that is), ``on_gap`` decides: ``error`` (the default) raises
+    :class:`~shale.ledger.errors.GapError` naming the range, ``skip`` goes on past it,
+    ``compacted`` reads the range from the compacted view; ``gap_listener`` is told of
+    every gap gone past (default: a warning on the ``shale.reader`` logger).  Removed
+    ledgers the reader had listed are still read while their objects last (they stay for
+    the orphan grace), so a reader only a little behind loses nothing.
     """
 
     def __init__(self, topic_uri: str, *, metadata_uri: str | None = None, read_compacted: bool = False,
                  start: Position = EARLIEST, chunk_bytes: int = DEFAULT_CHUNK_BYTES, follow: bool = False,
-                 poll_interval: float = 1.0) -> None:
+                 poll_interval: float = 1.0, on_gap: OnGap = "error", gap_listener: GapListener | None = None) -> None:
         self.meta = TopicMetadata.open(topic_uri, metadata_uri)
         self.read_compacted = read_compacted
         self.chunk_bytes = chunk_bytes
         #: iterating never ends: it waits for new ledgers, looking every ``poll_interval`` s
         self.follow = follow
         self.poll_interval = poll_interval
+        #: what reading does when records it had yet to read were removed: error, skip, compacted
+        self.on_gap: OnGap = check_on_gap(on_gap)
+        #: told of each gap the reader goes past (``skip``, ``compacted``)
+        self.gap_listener: GapListener = gap_listener or log_gap
         self._it: Iterator[Message] | None = None
         self._pending: Message | None = None
         self._files: OrderedDict[str, LedgerFile] = OrderedDict()
@@ -73,13 +87,22 @@ class TopicReader:
         self._topic: TopicState = self.meta.load_topic()
         self._compaction: CompactionState = CompactionState()
         self._next: MessageId = MIN_ID
+        #: records below this id that are gone are no gap: they went before an ``earliest`` reader began
+        self._floor: MessageId = MIN_ID
+        #: where an ``earliest`` reader that has read nothing yet stands (None: any other reader)
+        self._fresh: MessageId | None = None
+        #: removed ledgers this reader had listed and has yet to finish: read while their objects last
+        self._behind: tuple[LedgerInfo, ...] = ()
+        #: records gone unread: from this id to the end of that removed ledger
+        self._gap: tuple[MessageId, int] | None = None
         self.seek(start)
 
     # ---------------------------------------------------------------- positioning
 
     @property
     def position(self) -> MessageId:
-        """The smallest id the next message may have."""
+        """The smallest id the next message may have (once an original ledger is read to
+        its end, the first id of the next ledger)."""
         return self._next
 
     @property
@@ -93,23 +116,64 @@ class TopicReader:
 
     def refresh(self) -> None:
         """Re-read the ledger list and the compaction state."""
-        self._topic = self.meta.load_topic()
+        self._adopt(self.meta.load_topic())
         if self.read_compacted:
             self._compaction = self.meta.load_compaction()
 
     def seek(self, position: Position) -> None:
-        """Move to ``earliest``, ``latest`` or the first message with id ``>= position``."""
+        """Move to ``earliest`` (the oldest record left), ``latest`` or the first message
+        with id ``>= position``.  An id at or below a ledger retention removed is a gap,
+        met by the next read."""
         self._it, self._pending = None, None
-        self.refresh()
+        self._behind, self._gap, self._fresh, self._floor = (), None, None, MIN_ID
+        self._topic = self.meta.load_topic()
+        if self.read_compacted:
+            self._compaction = self.meta.load_compaction()
         if position == EARLIEST:
-            self._next = MIN_ID
+            # Kafka's log start: what retention removed before the reader began is no gap
+            # (a compacted reader still reads the compacted view from the first id).
+            self._floor = log_start(self._topic)
+            self._next = MIN_ID if self.read_compacted else self._floor
+            self._fresh = self._next
         elif position == LATEST:
-            last = self._topic.ledgers[-1] if self._topic.ledgers else None
-            self._next = MessageId(last.id, last.entries, 0) if last else MIN_ID
-        elif isinstance(position, MessageId):
-            self._next = position
+            self._next = MessageId(self._topic.last_ledger_id + 1, 0, 0)
         else:
-            self._next = MessageId.parse(str(position))
+            self._next = position if isinstance(position, MessageId) else MessageId.parse(str(position))
+            self._removed_from(self._next)
+
+    def _adopt(self, new: TopicState) -> None:
+        """Take ``new`` as the ledger list, noting what retention removed that this reader
+        has yet to read."""
+        old, self._topic = self._topic, new
+        if self._fresh is not None and self._next == self._fresh:
+            # ``earliest`` and nothing read yet: it starts at the oldest record left
+            self._floor = log_start(new)
+            if not self.read_compacted:
+                self._next = max(self._next, self._floor)
+            self._fresh = self._next
+            return
+        start = max(self._next, self._floor)
+        through = new.removed_through
+        if through < 1 or start.ledger > through:
+            return
+        # Removed ledgers this reader had listed and not finished: their objects stay until
+        # the orphan grace has passed since the truncation, and are read while they do.
+        known = {lg.id: lg for lg in (*self._behind, *old.ledgers)}
+        self._behind = tuple(known[i] for i in sorted(known) if i <= through and not _past(known[i], start))
+        if self.read_compacted:
+            self._removed_from(start)  # crossed through the compacted view
+        elif through > old.last_ledger_id:
+            # registered and removed since this reader last listed the topic: never seen, gone
+            self._removed_from(max(start, MessageId(old.last_ledger_id + 1, 0, 0)))
+
+    def _removed_from(self, first: MessageId) -> None:
+        """Records from ``first`` up to the last removed ledger are gone unread: a gap to cross."""
+        through = self._topic.removed_through
+        if through < 1 or first.ledger > through:
+            return
+        if self._gap is not None:
+            first, through = min(first, self._gap[0]), max(through, self._gap[1])
+        self._gap = (first, through)
 
     # ------------------------------------------------------------------- reading
 
@@ -138,7 +202,11 @@ class TopicReader:
             return pending
         if self._it is None:
             self._it = self._messages()
-        m = next(self._it, None)
+        try:
+            m = next(self._it, None)
+        except BaseException:
+            self._it = None  # the next look starts again from the position (a gap is met again)
+            raise
         if m is None:
             self._it = None  # at the end: the next look starts from the ledger list again
         return m
@@ -163,13 +231,20 @@ class TopicReader:
             time.sleep(self.poll_interval if left is None else min(self.poll_interval, left))
 
     def read(self, limit: int | None = None) -> list[Message]:
-        """Up to ``limit`` messages there are now (all of them when ``None``); never waits."""
+        """Up to ``limit`` messages there are now (all of them when ``None``); never waits.
+        Should records it had yet to read have been removed, it returns the messages before
+        them, and the next call raises :class:`~shale.ledger.errors.GapError`."""
         out: list[Message] = []
         # Each read starts from the position and the newest state: a reader resumed later
         # must not go on from bytes it read before (its compacted part may be gone since).
         self._it = None
         while limit is None or len(out) < limit:
-            m = self._take()
+            try:
+                m = self._take()
+            except GapError:
+                if out:
+                    break  # the position stands before the gap: met again next time
+                raise
             if m is None:
                 break
             out.append(m)
@@ -202,8 +277,15 @@ class TopicReader:
     def _file_messages(self, f: LedgerFile, start: int, gone: npt.NDArray[np.bool_] | None) -> Iterator[Message]:
         """The messages of ``f`` from record ``start`` on, skipping ``gone``; the position
         moves past each record read."""
-        for i, m in enumerate(f.messages(start, chunk_bytes=self.chunk_bytes), start):
-            self._next = m.id.successor()
+        stop = None
+        if gone is not None:  # a deleted or cut tail is not even decoded
+            live = np.flatnonzero(~gone[start:])
+            stop = start + (int(live[-1]) + 1 if live.size else 0)
+        last = f.n_records - 1 if f.footer.kind == KIND_ORIGINAL else -1
+        for i, m in enumerate(f.messages(start, stop, chunk_bytes=self.chunk_bytes), start):
+            # Past an original ledger's last record the next id is in a later ledger: saying
+            # so keeps the position exact should retention remove this ledger.
+            self._next = MessageId(m.id.ledger + 1, 0, 0) if i == last else m.id.successor()
             if gone is None or not gone[i]:
                 yield m
 
@@ -211,23 +293,21 @@ class TopicReader:
         """What ``read`` yields of each ledger and part, in id order from the position: the
         compacted view first when reading compacted, then the original ledgers, looking for
         new ones until the topic stops growing.  ``read(f, start, gone)`` reads records
-        ``start..`` of ``f`` (those ``gone`` skipped) and moves the position past them."""
+        ``start..`` of ``f`` (those ``gone`` skipped) and moves the position past them.
+        Records removed before they were read are a gap, crossed as ``on_gap`` says."""
         if self.read_compacted:
             yield from self._compacted_part(read)
         while True:
             yield from self._original_part(read)
             old = self._topic
-            self._topic = self.meta.load_topic()
-            if self.read_compacted and self._topic.removed_through >= max(self._next.ledger, 1):
-                # Ledgers this reader has yet to read were removed (retention keeps only what
-                # a compaction covers): their records are in the newest compacted view.
-                self._compaction = self.meta.load_compaction()
-                yield from self._compacted_part(read)
-            if self._topic.last_ledger_id == old.last_ledger_id:
+            self._adopt(self.meta.load_topic())
+            if self._gap is None and self._topic.last_ledger_id == old.last_ledger_id:
                 return
 
-    def _compacted_part(self, read: Callable[[LedgerFile, int, npt.NDArray[np.bool_] | None], Iterator[_T]]
-                        ) -> Iterator[_T]:
+    def _compacted_part(self, read: Callable[[LedgerFile, int, npt.NDArray[np.bool_] | None], Iterator[_T]],
+                        stop: MessageId | None = None) -> Iterator[_T]:
+        """The compacted view from the position to its horizon (``stop``: to that id only,
+        where the position then stands)."""
         while True:
             state = self._compaction
             if state.horizon is None or self._next > state.horizon:
@@ -236,8 +316,14 @@ class TopicReader:
                 for part in state.parts:
                     if part.last_id is None or part.last_id < self._next:
                         continue
+                    if stop is not None and part.first_id is not None and part.first_id >= stop:
+                        break
                     f = self._open(self.meta.topic.key(part.object), state.part_ledger_id(part), KIND_COMPACTED)
-                    yield from read(f, f.find(self._next), self._deletions(part, f.n_records))
+                    gone = self._deletions(part, f.n_records)
+                    if stop is not None and (cut := f.find(stop)) < f.n_records:
+                        gone = np.zeros(f.n_records, dtype=np.bool_) if gone is None else gone.copy()
+                        gone[cut:] = True
+                    yield from read(f, f.find(self._next), gone)
             except ObjectNotFoundError:
                 # Retired and deleted under us: follow the newest state from where we are.
                 newer = self.meta.load_compaction()
@@ -245,16 +331,92 @@ class TopicReader:
                     raise
                 self._compaction = newer
                 continue
-            self._next = max(self._next, state.horizon.successor())
+            self._next = stop if stop is not None else max(self._next, state.horizon.successor())
             return
 
     def _original_part(self, read: Callable[[LedgerFile, int, npt.NDArray[np.bool_] | None], Iterator[_T]]
                        ) -> Iterator[_T]:
-        for lg in self._topic.ledgers:
-            if lg.id < self._next.ledger or (lg.id == self._next.ledger and self._next.entry >= lg.entries):
-                continue
-            f = self._open(self.meta.topic.key(lg.object), lg.id, KIND_ORIGINAL)
-            yield from read(f, f.find(self._next), None)
+        """The original ledgers from the position: removed ones still there that this reader
+        had listed, then the gap if any, then the listed ones."""
+        while True:
+            for lg in self._behind:
+                if self.read_compacted or (self._gap is not None and lg.id >= self._gap[0].ledger):
+                    break
+                if _past(lg, self._next):
+                    continue
+                try:
+                    yield from self._ledger(lg, read)
+                except ObjectNotFoundError:
+                    self._removed_from(self._next)  # collected: what is left of the removed range is gone
+                    break
+            if self._gap is not None:
+                yield from self._cross_gap(read)
+            self._behind = ()
+            for lg in self._topic.ledgers:
+                if _past(lg, self._next):
+                    self._next = max(self._next, MessageId(lg.id + 1, 0, 0))
+                    continue
+                try:
+                    yield from self._ledger(lg, read)
+                except ObjectNotFoundError:
+                    newer = self.meta.load_topic()
+                    if newer.ledger(lg.id) is not None or lg.id > newer.removed_through:
+                        raise  # not removed by retention: an object missing
+                    self._adopt(newer)
+                    self._removed_from(self._next)  # removed and collected while this reader read it
+                    break
+            else:
+                return
+
+    def _ledger(self, lg: LedgerInfo, read: Callable[[LedgerFile, int, npt.NDArray[np.bool_] | None], Iterator[_T]]
+                ) -> Iterator[_T]:
+        f = self._open(self.meta.topic.key(lg.object), lg.id, KIND_ORIGINAL)
+        yield from read(f, f.find(self._next), None)
+        self._next = max(self._next, MessageId(lg.id + 1, 0, 0))  # sealed: nothing more comes in it
+
+    def _cross_gap(self, read: Callable[[LedgerFile, int, npt.NDArray[np.bool_] | None], Iterator[_T]]
+                   ) -> Iterator[_T]:
+        """Go past the gap as ``on_gap`` says: raise, skip it, or read it from the compacted
+        view (a compacted reader always does, as far as the view holds it)."""
+        assert self._gap is not None
+        gap = Gap(self.meta.uri, max(self._gap[0], self._next), self._gap[1])
+        if self._next >= gap.resume:
+            self._gap = None
+            return
+        if self.read_compacted or self.on_gap == "compacted":
+            state = self._compaction = self.meta.load_compaction()
+            covered = min(self._view_end(state), gap.resume)
+            if self.read_compacted:
+                yield from self._compacted_part(read)
+            elif covered > gap.first:
+                if covered >= gap.resume:
+                    self.gap_listener(replace(gap, how="compacted", horizon=state.horizon))
+                self._next = gap.first  # only removed ledgers lie between: read or gone
+                yield from self._compacted_part(read, covered)
+            self._next = max(self._next, covered)
+            if self._next >= gap.resume:
+                self._gap = None
+                return
+            gap = replace(gap, first=max(self._next, gap.first), horizon=state.horizon, uncovered=True)
+        if self.on_gap != "skip":
+            raise gap.error()
+        self._next, self._gap = gap.resume, None
+        self.gap_listener(replace(gap, how="skipped"))
+
+    def _view_end(self, state: CompactionState) -> MessageId:
+        """The first id past what ``state``'s view holds: past its horizon, or past the
+        horizon's ledger when retention removed that ledger (truncation removes only
+        ledgers wholly at or below the horizon unless told otherwise; a removed ledger
+        this reader had listed says whether it held records above the horizon)."""
+        h = state.horizon
+        if h is None:
+            return MIN_ID
+        if h.ledger > self._topic.removed_through:
+            return h.successor()
+        known = next((lg for lg in self._behind if lg.id == h.ledger), None)
+        if known is not None and h.entry + 1 < known.entries:
+            return h.successor()
+        return MessageId(h.ledger + 1, 0, 0)
 
     # --------------------------------------------------------------------- Arrow
 
@@ -305,3 +467,8 @@ class TopicReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _past(lg: LedgerInfo, position: MessageId) -> bool:
+    """Whether every record of ``lg`` lies below ``position``."""
+    return lg.id < position.ledger or (lg.id == position.ledger and position.entry >= lg.entries)

@@ -1,7 +1,8 @@
 """The ``shale`` command: produce, read, status, compact, gc.
 
 Exit codes (every subcommand): 0 success, 1 unexpected failure, 2 bad usage or input
-(bad flag, bad URI, missing topic), 3 lost a compare-and-swap race, 4 corrupt data.
+(bad flag, bad URI, missing topic), 3 lost a compare-and-swap race, 4 corrupt data,
+6 a reader's next records were removed by retention.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ exit codes:
      document that breaks its schema or invariants, a link or folder where an object
      should be
   5  shale verify: the compacted view does not match the original ledgers
+  6  shale read (and export --start ID): records it had yet to read were removed by
+     retention (see shale read --on-gap); every record before them was written
 every flag also reads a SHALE_* variable (SHALE_ and the flag's name in capitals, e.g.
 --max-ledger-bytes: SHALE_MAX_LEDGER_BYTES); flags win
 """
@@ -186,7 +189,9 @@ class _ProduceProgress:
 
 def _cmd_read(args: argparse.Namespace, out: TextIO) -> int:
     from shale.jsonlines import message_line
+    from shale.ledger.errors import GapError
     from shale.reader import TableView, TopicReader, parse_position
+    from shale.reader.gaps import Gap
 
     if args.table:  # the latest record of every key: the compacted view, necessarily
         if args.follow:
@@ -198,8 +203,15 @@ def _cmd_read(args: argparse.Namespace, out: TextIO) -> int:
             out.write(message_line(m, args.value_format) + "\n")
         return 0
     start = parse_position(args.start)
+
+    def gone_past(gap: Gap) -> None:  # --on-gap skip or compacted: said on stderr, where it falls in the output
+        out.flush()
+        sys.stderr.write(f"shale: warning: {gap.human()}\n")
+        sys.stderr.flush()
+
     with TopicReader(args.topic, metadata_uri=args.metadata, read_compacted=args.compacted, start=start,
-                     follow=args.follow, poll_interval=args.poll_interval / 1000) as r:
+                     follow=args.follow, poll_interval=args.poll_interval / 1000, on_gap=args.on_gap,
+                     gap_listener=gone_past) as r:
         try:
             # islice stops at the limit before asking for one more (a follower would wait for it)
             for m in itertools.islice(r, args.limit):
@@ -210,6 +222,9 @@ def _cmd_read(args: argparse.Namespace, out: TextIO) -> int:
             if not args.follow:
                 raise
             out.flush()  # whole records only: each line is written at once
+        except GapError:
+            out.flush()  # every record read before the gap is out before the error line
+            raise
     return 0
 
 
@@ -352,6 +367,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--poll-interval", type=duration_arg, default=1000, metavar="DURATION",
                    help="with --follow: how often to look for new ledgers (default 1s)")
     p.add_argument("--value-format", choices=("text", "json"), default="text", help=VALUE_FORMAT_HELP)
+    p.add_argument("--on-gap", choices=("error", "skip", "compacted"), default="error",
+                   help="when retention removed records this read had yet to reach (a paused --follow, a --start "
+                   "id below the oldest ledger left): error (default) stops with exit code 6 naming the range; "
+                   "skip goes on at the next record left, with a warning; compacted reads the range from the "
+                   "compacted view (the latest value of each of its keys), with a warning")
     p.set_defaults(func=_cmd_read)
 
     p = sub.add_parser("get", help="print the latest record of one key",

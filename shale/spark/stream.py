@@ -11,25 +11,39 @@ caps a batch at the ledgers that hold about that many records (at least one ledg
 The first batch of a compacted stream reads the compacted view as published when it is
 planned; were it re-run after a newer compaction, it reads that one (the same keys' latest
 values as of a later horizon, never fewer records than the topic holds).
+
+Retention may remove ledgers a stopped or lagging query had yet to read (its checkpoint's
+offset, or the batch it re-runs, lies at or below the topic's ``removed_through``): the
+query then fails naming the range (:class:`~shale.ledger.errors.GapError`), unless the
+option ``failOnDataLoss`` is ``false`` (Kafka's source has the same option), when it logs
+a warning and goes on with the oldest records left.  A batch's end offset is the end of a
+ledger (``L:E:0``, ``E`` its entry count), so a query that read a ledger whole loses nothing
+when that ledger goes; a ``start`` id at or below a removed ledger is refused when the
+query begins.  ``earliest`` starts at the oldest record left.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
 from shale.compactor.spark.environment import ForwardedEnvironment
-from shale.ledger.errors import InvalidInputError
+from shale.ledger.errors import InvalidInputError, ObjectNotFoundError
+from shale.ledger.format import KIND_ORIGINAL
 from shale.ledger.ids import MIN_ID, MessageId
-from shale.metadata.state import LedgerInfo
+from shale.metadata.state import LedgerInfo, TopicState
+from shale.reader.gaps import Gap, log_gap, log_start
 from shale.reader.splits import plan_splits
 from shale.reader.topic_reader import EARLIEST, LATEST, parse_position
 from shale.spark.source import ReadOptions, SplitPartition, read_partition
 
 __all__ = ["ShaleStreamReader"]
+
+_REMEDY = "option failOnDataLoss=false goes on there"
 
 
 class ShaleStreamReader(DataSourceStreamReader):
@@ -44,19 +58,64 @@ class ShaleStreamReader(DataSourceStreamReader):
             raise InvalidInputError(f"option maxRecordsPerTrigger={limit!r}: expected a whole number") from None
         if self.max_records is not None and self.max_records < 1:
             raise InvalidInputError("option maxRecordsPerTrigger: must be at least 1")
+        loss = str(options.get("failOnDataLoss", "true")).strip().lower()
+        if loss not in ("true", "1", "yes", "false", "0", "no"):
+            raise InvalidInputError(f"option failOnDataLoss={loss!r}: expected true or false")
+        #: fail the query when records it had yet to read were removed (else: a warning, and on)
+        self.fail_on_data_loss = loss in ("true", "1", "yes")
 
     def _end_of_topic(self) -> MessageId:
         self.env.apply()
         topic = self.opts.meta().load_topic()
         last = topic.ledgers[-1] if topic.ledgers else None
-        return MessageId(last.id, last.entries, 0) if last else MIN_ID
+        return MessageId(last.id, last.entries, 0) if last else log_start(topic)
 
     def initialOffset(self) -> dict[str, Any]:
         position = parse_position(self.start)
         if position == LATEST:
             return {"next": str(self._end_of_topic()), "view": False}
-        start = MIN_ID if position == EARLIEST else position
-        return {"next": str(start), "view": self.opts.compacted}
+        if position == EARLIEST:
+            # the oldest record left (a compacted stream reads the whole view first)
+            self.env.apply()
+            start = MIN_ID if self.opts.compacted else log_start(self.opts.meta().load_topic())
+            return {"next": str(start), "view": self.opts.compacted}
+        offset = {"next": str(position), "view": self.opts.compacted}
+        self._check_loss(offset, exact=True)
+        return offset
+
+    def _lost(self, topic: TopicState, offset: dict[str, Any], *, exact: bool = False) -> Gap | None:
+        """The records from ``offset`` on that retention removed, if any.  Unless ``exact``
+        (a ``start`` id), an offset ``L:E:0`` with ``E`` > 0 is a batch's end, past ledger
+        ``L``.  A ``view`` offset reads the compacted view first, which holds the removed
+        ledgers up to the horizon's."""
+        through = topic.removed_through
+        position = MessageId.parse(str(offset["next"]))
+        if through < 1:
+            return None
+        first = position
+        if not exact and position.entry > 0 and position.batch == 0:
+            first = MessageId(position.ledger + 1, 0, 0)
+        horizon = None
+        if offset.get("view"):
+            if position == MIN_ID:
+                return None  # earliest: the view, then the tail; what went before the query began is no gap
+            horizon = self.opts.meta().load_compaction().horizon
+            first = max(first, MessageId(horizon.ledger + 1 if horizon is not None else 0, 0, 0))
+        if first.ledger > through:
+            return None
+        return Gap(self.opts.meta().uri, first, through, horizon=horizon, uncovered=horizon is not None,
+                   remedy=_REMEDY)
+
+    def _check_loss(self, offset: dict[str, Any], topic: TopicState | None = None, *, exact: bool = False,
+                    warn: bool = True) -> Gap | None:
+        """Fail on records lost from ``offset`` (or, with ``failOnDataLoss`` false, warn)."""
+        gap = self._lost(topic or self.opts.meta().load_topic(), offset, exact=exact)
+        if gap is not None:
+            if self.fail_on_data_loss:
+                raise gap.error()
+            if warn:
+                log_gap(replace(gap, how="skipped"))
+        return gap
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadAllAvailable() if self.max_records is None else ReadMaxRows(self.max_records)
@@ -66,7 +125,9 @@ class ShaleStreamReader(DataSourceStreamReader):
         self.env.apply()
         position = MessageId.parse(start["next"])
         meta = self.opts.meta()
-        ahead = [lg for lg in meta.load_topic().ledgers if MessageId(lg.id, lg.entries, 0) > position]
+        topic = meta.load_topic()
+        gap = self._check_loss(start, topic)
+        ahead = [lg for lg in topic.ledgers if MessageId(lg.id, lg.entries, 0) > position]
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         taken: list[LedgerInfo] = []
         records = 0
@@ -83,6 +144,9 @@ class ShaleStreamReader(DataSourceStreamReader):
             taken.append(lg)
             records += lg.records
         if not taken:
+            if gap is not None and not start.get("view"):
+                # past what is gone even with nothing new: the warning is given once
+                return {"next": str(gap.resume), "view": False}
             return start
         last = taken[-1]
         return {"next": str(MessageId(last.id, last.entries, 0)), "view": False}
@@ -92,13 +156,28 @@ class ShaleStreamReader(DataSourceStreamReader):
             return []
         self.env.apply()
         meta = self.opts.meta()
+        topic = meta.load_topic()
+        # a batch re-run after a restart: its ledgers may have been removed since it was planned
+        self._check_loss(start, topic, warn=False)
         splits = plan_splits(meta, compacted=bool(start.get("view")), start=MessageId.parse(start["next"]),
-                             end=MessageId.parse(end["next"]), max_records=self.opts.split_records)
+                             end=MessageId.parse(end["next"]), max_records=self.opts.split_records, topic=topic)
         return [SplitPartition(s) for s in splits]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, SplitPartition)
-        return read_partition(self.opts, self.env, partition.split)
+        split = partition.split
+        try:
+            yield from read_partition(self.opts, self.env, split)
+        except ObjectNotFoundError:
+            # removed and collected between planning and reading: data lost, not a damaged topic
+            topic = self.opts.meta().load_topic()
+            if split.kind != KIND_ORIGINAL or topic.ledger(split.ledger_id) is not None:
+                raise
+            first = max(MessageId.parse(split.start), MessageId(split.ledger_id, 0, 0))
+            gap = Gap(self.opts.meta().uri, first, split.ledger_id, remedy=_REMEDY)
+            if self.fail_on_data_loss:
+                raise gap.error() from None
+            log_gap(replace(gap, how="skipped"))
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to do: a topic keeps its records whether or not a stream read them."""
