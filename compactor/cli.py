@@ -71,6 +71,8 @@ exit codes:
   4  corrupt data found: a ledger object failed its checks (the object and position
      are named) or a metadata document broke its schema or invariants (the document
      and field are named); nothing was published or deleted
+130  interrupted (Ctrl-C): the run stopped within moments, removed what it wrote and
+     published nothing (a second Ctrl-C stops at once, leaving it to gc)
 With several topics, each is compacted and published on its own; the exit code is the
 worst outcome (4, then 1, then 2, then 3).
 """

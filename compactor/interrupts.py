@@ -8,10 +8,10 @@
   out, as for any failure, and the command exits 130 with one line.
 * A second interrupt ends the process at once, without cleaning up: garbage collection
   removes what is left once the orphan grace has passed.
-* Work that must not be cut in the middle (appending a record) runs *deferred*
-  (:func:`deferred`): an interrupt then waits for the next point where stopping loses
-  nothing (:func:`interruptible`, :func:`check`), except while the command waits for
-  input, which it stops at once.
+* Work that must not be cut in the middle (appending a record, a publish) runs
+  *deferred* (:func:`deferred`, :func:`deferring`): an interrupt then waits for the next
+  point where stopping loses nothing (:func:`interruptible`, :func:`check`), except while
+  the command waits for input, which it stops at once.
 * Once the command's outcome is decided and printed (:func:`outcome_decided`), an
   interrupt changes nothing: a success stays one.
 
@@ -35,6 +35,7 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "check",
     "deferred",
+    "deferring",
     "handled",
     "interrupted",
     "interruptible",
@@ -163,12 +164,31 @@ def deferred(command: Callable[..., T]) -> Callable[..., T]:
     return run
 
 
-def check() -> None:
-    """Raise the interrupt that is waiting, if any (call where stopping loses nothing)."""
+@contextmanager
+def deferring() -> Iterator[None]:
+    """Within the block, an interrupt of the main thread waits until the block is done
+    (:func:`check` raises it then): for work that must never be cut in the middle, such
+    as a publish whose outcome must be known.  Other threads are never interrupted but
+    through their throttles, so for them nothing changes."""
+    s = _STATE
+    if not s.installed or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    was = s.deferring
+    s.deferring = True
+    try:
+        yield
+    finally:
+        s.deferring = was
+
+
+def check(detail: str = "") -> None:
+    """Raise the interrupt that is waiting, if any (call where stopping loses nothing);
+    ``detail`` says what was done before it."""
     s = _STATE
     if s.pending and not s.decided:
         s.pending = False
-        raise KeyboardInterrupt
+        raise KeyboardInterrupt(detail) if detail else KeyboardInterrupt
 
 
 def interruptible(items: Iterable[T]) -> Iterator[T]:

@@ -17,6 +17,7 @@ from shale.ledger.errors import (
     InvalidURIError,
     ObjectNotFoundError,
     StorageError,
+    StoragePermissionError,
     UnsupportedOperationError,
 )
 from shale.ledger.masking import masked_cause
@@ -96,6 +97,8 @@ class FsspecStore(ObjectStore):
         except (NotImplementedError, ValueError) as e:
             err: StorageError = UnsupportedOperationError(f"{self.url(key)}: {e}")
             failure: Exception = e
+        except PermissionError as e:  # how the command is run, not the data
+            err, failure = StoragePermissionError(f"{self.url(key)}: permission denied"), e
         except OSError as e:
             err, failure = StorageError(f"{self.url(key)}: {type(e).__name__}: {e}"), e
         # raised here, not in the except block: a library's text naming a URL with its

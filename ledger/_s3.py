@@ -29,6 +29,7 @@ from shale.ledger.errors import (
     ShaleError,
     StateUnknownError,
     StorageError,
+    StoragePermissionError,
     TransientStorageError,
     UnsupportedOperationError,
 )
@@ -69,7 +70,8 @@ def _translate(e: Exception, what: str) -> ShaleError:
         if code == "NotImplemented" or status == 501:
             return UnsupportedOperationError(f"{what}: the server does not implement this request")
         if code in ("AccessDenied", "403") or status == 403:
-            return StorageError(f"{what}: access denied")
+            # how the command is run (its identity, the bucket's policy), not the data
+            return StoragePermissionError(f"{what}: access denied")
         return StorageError(f"{what}: {code or status}: {err.get('Message', '')}".rstrip(": "))
     if isinstance(e, bex.NoCredentialsError | bex.PartialCredentialsError):
         return StorageError(f"{what}: no AWS credentials found in the environment")

@@ -46,13 +46,15 @@ EXIT_NOT_FOUND = 5
 EXIT_CODES_HELP = """\
 exit codes:
   0  success (for compact: compacted, nothing to do, or skipped)
-  1  unexpected failure
-  2  bad usage or input: bad flag, bad URI, missing topic, bad record
+  1  unexpected failure, or storage that failed on its own (unreachable, an I/O error)
+  2  bad usage or input: bad flag or value, bad URI, missing topic, bad record; access
+     refused (file permissions, S3 access denied)
   3  lost a compare-and-swap race (another writer or compactor won)
   4  corrupt data: bad checksum, truncated object, unknown format version, a metadata
      document that breaks its schema or invariants, a link or folder where an object
      should be
   5  shale verify: the compacted view does not match the original ledgers
+130  interrupted (Ctrl-C): stopped within moments; what a run wrote was removed
 every flag also reads a SHALE_* variable (SHALE_ and the flag's name in capitals, e.g.
 --max-ledger-bytes: SHALE_MAX_LEDGER_BYTES); flags win
 """

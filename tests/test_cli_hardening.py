@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from shale.compactor import Compactor
+from shale.ledger.errors import StoragePermissionError, exit_code_of
 from shale.ledger.storage import clear_backend_cache
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
@@ -128,6 +129,29 @@ def test_a_message_id_of_thousands_of_digits_is_bad_input_in_one_short_line(tmp_
     assert "2^64" in line
     line = one_line_error(run_cli("truncate", uri, "--before-ledger", huge), 2, "--before-ledger")
     assert len(line) < 400
+
+
+def test_access_denied_is_a_permission_error_exit_2_on_every_backend() -> None:
+    """Refused access is how the command is run (its identity, a bucket policy, a file's
+    mode), not the data: exit 2 from S3 and fsspec stores as from a local folder."""
+    import botocore.exceptions as bex
+    import fsspec
+
+    from shale.ledger._fsspec import FsspecStore
+    from shale.ledger._s3 import _translate
+
+    denied = bex.ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"},
+                              "ResponseMetadata": {"HTTPStatusCode": 403}}, "GetObject")
+    e = _translate(denied, "s3://bucket/t/_meta/topic.json")
+    assert isinstance(e, StoragePermissionError) and exit_code_of(e) == 2
+    assert str(e) == "s3://bucket/t/_meta/topic.json: access denied"
+
+    def refuse() -> None:
+        raise PermissionError(13, "Permission denied")
+
+    with pytest.raises(StoragePermissionError, match="permission denied") as info:
+        FsspecStore(fsspec.filesystem("memory"), "memory", "x")._wrap("t/doc", refuse)
+    assert exit_code_of(info.value) == 2
 
 
 def test_get_with_a_key_that_is_not_base64_is_bad_input(tmp_path: Path) -> None:
