@@ -64,7 +64,7 @@ def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:  # not a number, or one of thousands of digits
-        raise argparse.ArgumentTypeError(f"{_shown(text)!r} is not a whole number (at most 19 digits)") from None
+        raise argparse.ArgumentTypeError(f"{_shown(text)!r} is not a whole number from 1 to {sys.maxsize}") from None
     if not 1 <= value <= sys.maxsize:
         raise argparse.ArgumentTypeError(f"{_shown(text)!r} must be from 1 to {sys.maxsize}")
     return value
