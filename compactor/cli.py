@@ -2,44 +2,53 @@
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import json
-import logging
 import sys
-import time
-import urllib.parse
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TextIO
 
-from shale.compactor.commandline import (
-    COMPRESSION_HELP,
-    METADATA_HELP,
-    OneLineParser,
-    add_topic_arguments,
-    compression_arg,
-    duration_arg,
-    run_command,
-    size_arg,
-)
-from shale.compactor.config import (
-    DEFAULT_DELETE_RETENTION_MS,
-    DEFAULT_GC_GRACE_MS,
-    DEFAULT_MAX_MAP_BYTES,
-    DEFAULT_ORPHAN_GRACE_MS,
-    CompactionConfig,
-)
-from shale.compactor.engine import Engine, LocalEngine
-from shale.compactor.job import Compactor
-from shale.compactor.metrics import DEFAULT_JOB
-from shale.compactor.runlog import LOG_FORMATS, event, foreign_lines_as_json, logging_to
-from shale.compactor.settings import Setting, print_config, settings_of, source_name
-from shale.compactor.spark.options import DEFAULT_SPLIT_BYTES
-from shale.compactor.summary import RunStatus, RunSummary
-from shale.compactor.units import format_duration
-from shale.ledger.codecs import DEFAULT_COMPRESSION
-from shale.ledger.errors import EXIT_FAILURE, EXIT_USAGE, InvalidInputError, error_line, exit_code_of
-from shale.ledger.storage import mask_uri
+try:  # a Ctrl-C while the command's modules load ends it as at any other time: one line, 130
+    import argparse
+    import contextlib
+    import json
+    import logging
+    import time
+    import urllib.parse
+    from collections.abc import Callable, Sequence
+    from typing import TYPE_CHECKING, Any, TextIO
+
+    from shale.compactor import interrupts
+    from shale.compactor.commandline import (
+        COMPRESSION_HELP,
+        METADATA_HELP,
+        OneLineParser,
+        add_topic_arguments,
+        compression_arg,
+        duration_arg,
+        rate_arg,
+        run_command,
+        size_arg,
+    )
+    from shale.compactor.config import (
+        DEFAULT_DELETE_RETENTION_MS,
+        DEFAULT_GC_GRACE_MS,
+        DEFAULT_MAX_MAP_BYTES,
+        DEFAULT_ORPHAN_GRACE_MS,
+        CompactionConfig,
+    )
+    from shale.compactor.engine import Engine, LocalEngine
+    from shale.compactor.job import Compactor
+    from shale.compactor.metrics import DEFAULT_JOB
+    from shale.compactor.runlog import LOG_FORMATS, event, foreign_lines_as_json, logging_to
+    from shale.compactor.settings import Setting, print_config, settings_of, source_name
+    from shale.compactor.spark.options import DEFAULT_SPLIT_BYTES
+    from shale.compactor.summary import RunStatus, RunSummary
+    from shale.compactor.units import format_duration
+    from shale.ledger.codecs import DEFAULT_COMPRESSION
+    from shale.ledger.errors import EXIT_FAILURE, EXIT_USAGE, InvalidInputError, error_line, exit_code_of
+    from shale.ledger.storage import mask_uri
+except KeyboardInterrupt:
+    if getattr(sys.modules.get("shale.compactor.interrupts"), "running_command", lambda: False)():
+        raise  # imported by a running command (shale compact), which says it was interrupted
+    sys.stderr.write("compact: interrupted\n")
+    raise SystemExit(130) from None
 
 if TYPE_CHECKING:
     from shale.compactor.progress import TopicProgress
@@ -62,6 +71,8 @@ exit codes:
   4  corrupt data found: a ledger object failed its checks (the object and position
      are named) or a metadata document broke its schema or invariants (the document
      and field are named); nothing was published or deleted
+130  interrupted (Ctrl-C): the run stopped within moments, removed what it wrote and
+     published nothing (a second Ctrl-C stops at once, leaving it to gc)
 With several topics, each is compacted and published on its own; the exit code is the
 worst outcome (4, then 1, then 2, then 3).
 """
@@ -164,10 +175,12 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
                    help="roll the compacted ledger into a new part at this size (default 256MiB)")
     p.add_argument("--read-parallelism", type=_count, default=4, metavar="N",
                    help="ranged reads pass two keeps in flight, 8 MiB each (default 4)")
-    p.add_argument("--max-read-bytes-per-second", type=size_arg, default=0, metavar="SIZE",
-                   help="limit pass two's reads to SIZE per second (default: no limit; per task with Spark)")
-    p.add_argument("--max-write-bytes-per-second", type=size_arg, default=0, metavar="SIZE",
-                   help="limit pass two's writes to SIZE per second (default: no limit; per task with Spark)")
+    p.add_argument("--max-read-bytes-per-second", type=rate_arg, default=0, metavar="SIZE",
+                   help="limit pass two's reads to SIZE per second, at least 64KiB (default 0: no limit; per task "
+                   "with Spark)")
+    p.add_argument("--max-write-bytes-per-second", type=rate_arg, default=0, metavar="SIZE",
+                   help="limit pass two's writes to SIZE per second, at least 64KiB (default 0: no limit; per task "
+                   "with Spark)")
     p.add_argument("--compression", type=compression_arg, default=DEFAULT_COMPRESSION, metavar="CODEC",
                    help="how the entries a run writes anew (survivors of partly kept entries, packed together) are "
                    f"compressed: {COMPRESSION_HELP}. Entries kept whole keep their stored bytes")
@@ -358,6 +371,7 @@ def _compact_each(args: argparse.Namespace, config: CompactionConfig, engine: En
 
     sources = {s.dest: s.source for s in settings_of(args)}
     lock = threading.Lock()  # whole lines, one topic at a time
+    unfinished = [len(topics)]  # once every topic's outcome is known, an interrupt changes nothing
     # summary lines bound for the terminal the progress display is on go above it
     print_above = bar is not None and out.isatty()
 
@@ -377,6 +391,8 @@ def _compact_each(args: argparse.Namespace, config: CompactionConfig, engine: En
 
         event(logging.INFO, "topic.start", f"{shown_uri}: start", topic=shown_uri, overdue=overdue)
         try:
+            if interrupts.interrupted():  # a topic not begun when the run was interrupted is not begun
+                raise KeyboardInterrupt
             summary = _compact_one(uri, cfg, own, args, engine, progress)
         except Exception as e:  # one topic's failure, of any kind, never stops another's run
             summary = RunSummary(shown_uri, engine=engine.name, error=mask_uri(error_line(e)),
@@ -389,6 +405,9 @@ def _compact_each(args: argparse.Namespace, config: CompactionConfig, engine: En
         with lock:  # run-wide phases (Spark's start-up) go into the first summary written
             summary.durations = {**first_phases, **summary.durations}
             first_phases.clear()
+            unfinished[0] -= 1
+            if not unfinished[0]:
+                interrupts.outcome_decided()
         _log_outcome(shown_uri, summary)
         with lock:
             line = json.dumps(summary.to_json(), separators=(",", ":")) if args.json else (
@@ -404,8 +423,11 @@ def _compact_each(args: argparse.Namespace, config: CompactionConfig, engine: En
         return summary.exit_code
 
     if args.parallel > 1 and len(topics) > 1:
-        with ThreadPoolExecutor(max_workers=args.parallel, thread_name_prefix="shale-topic") as pool:
+        pool = ThreadPoolExecutor(max_workers=args.parallel, thread_name_prefix="shale-topic")
+        try:
             codes = list(pool.map(one, topics))
+        finally:  # interrupted: topics not begun never begin, the others stop at their next check
+            pool.shutdown(wait=True, cancel_futures=True)
     else:
         codes = [one(t) for t in topics]
     worst = _worst(codes)
@@ -522,12 +544,13 @@ def _run_truncate(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _run_config(args: argparse.Namespace, out: TextIO) -> int:
-    from shale.compactor.policies import parse_assignments, policy_text
+    from shale.compactor.policies import check_workable, parse_assignments, policy_text
     from shale.metadata.topic import TopicMetadata
 
     meta = TopicMetadata.open(args.topic, args.metadata)
     changes, removed = parse_assignments(args.set, args.unset)
     meta.load_topic()  # a missing topic is an error, and nothing is written for it
+    check_workable(meta, changes)
     policy = meta.update_policy(changes, removed) if changes or removed else meta.load_policy()
     shown = policy_text(policy)
     if args.json:
@@ -670,8 +693,8 @@ def register_subcommands(sub: Any) -> None:
     v.add_argument("--scrub", action="store_true",
                    help="first read every frame of every ledger and compacted part, superseded ones included, "
                    "and check it (exit 4 naming every damaged object)")
-    v.add_argument("--max-read-bytes-per-second", type=size_arg, default=0, metavar="SIZE",
-                   help="with --scrub: read at most SIZE per second (default: no limit)")
+    v.add_argument("--max-read-bytes-per-second", type=rate_arg, default=0, metavar="SIZE",
+                   help="with --scrub: read at most SIZE per second, at least 64KiB (default 0: no limit)")
     v.set_defaults(func=_run_verify)
 
 
@@ -707,9 +730,12 @@ def _register_config_and_topics(sub: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``compact`` console script."""
-    parser = build_compact_parser()
-    parser.set_defaults(func=_run_compact)
-    code = run_command(argv, parser)
+    def parser() -> argparse.ArgumentParser:
+        p = build_compact_parser()
+        p.set_defaults(func=_run_compact)
+        return p
+
+    code = run_command(argv, parser, prog="compact")
     return code if code in range(256) else EXIT_FAILURE
 
 

@@ -5,19 +5,22 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final, NoReturn, TextIO
 
+from shale.compactor import interrupts
 from shale.compactor.settings import SettingsParser
 from shale.compactor.units import parse_duration, parse_size
 from shale.ledger.codecs import DEFAULT_COMPRESSION, Compression, parse_compression
 from shale.ledger.errors import InvalidInputError, ShaleError, error_line, exit_code_of
-from shale.ledger.storage import mask_uri, require, resolve
+from shale.ledger.masking import mask_secrets
+from shale.ledger.storage import require, resolve
 
-__all__ = ["COMPRESSION_HELP", "METADATA_HELP", "OneLineParser", "add_topic_arguments", "compression_arg",
-           "duration_arg", "positive_size_arg", "run_command", "size_arg"]
+__all__ = ["COMPRESSION_HELP", "METADATA_HELP", "MIN_RATE", "OneLineParser", "add_topic_arguments",
+           "compression_arg", "duration_arg", "positive_size_arg", "rate_arg", "run_command", "size_arg"]
 
 METADATA_HELP = "where the topic's metadata lives (default: TOPIC_URI/_meta)"
 
@@ -42,6 +45,19 @@ def positive_size_arg(text: str) -> int:
     value = size_arg(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be at least 1 byte")
+    return value
+
+
+#: The lowest byte rate a throttle flag takes: below it a run of any size would take days
+#: (8 MiB, one ranged read, takes two minutes at this rate).
+MIN_RATE: Final = 64 << 10
+
+
+def rate_arg(text: str) -> int:
+    """A byte rate per second: 0 (no limit), or at least :data:`MIN_RATE`."""
+    value = size_arg(text)
+    if 0 < value < MIN_RATE:
+        raise argparse.ArgumentTypeError(f"{text!r} is below the lowest rate, 64KiB per second (0: no limit)")
     return value
 
 
@@ -73,7 +89,12 @@ class OneLineParser(SettingsParser):
     flag also reads its ``SHALE_*`` variable (:class:`~shale.compactor.settings.SettingsParser`)."""
 
     def error(self, message: str) -> NoReturn:
+        # a value thousands of characters long (a pasted id, a number of 5,000 digits) is cut short
+        message = _LONG_WORD.sub(lambda m: m.group(0)[:197] + "...", mask_secrets(message))
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+_LONG_WORD: Final = re.compile(r"[^\s'\"]{201,}")
 
 
 #: The arguments that name storage a command reads or writes.
@@ -95,11 +116,27 @@ def refuse_in_process_storage(args: argparse.Namespace) -> None:
                     "use a folder or s3://")
 
 
-def run_command(argv: Sequence[str] | None, parser: argparse.ArgumentParser,
-                out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Parse ``argv`` and run the chosen command; map errors to one line and an exit code."""
+def run_command(argv: Sequence[str] | None, parser: argparse.ArgumentParser | Callable[[], argparse.ArgumentParser],
+                out: TextIO | None = None, err: TextIO | None = None, *, prog: str = "") -> int:
+    """Parse ``argv`` and run the chosen command; map errors to one line and an exit code,
+    and an interrupt to one line and 130 (:mod:`~shale.compactor.interrupts`).  ``parser``
+    may be a function that builds it, so that an interrupt while it imports the commands
+    is handled too; ``prog`` names the command until it is built.  Without ``argv`` the
+    command is the process's own, which ignores interrupts once its outcome is decided."""
     out = out or sys.stdout
     err = err or sys.stderr
+    name = prog or getattr(parser, "prog", "") or "shale"
+    with interrupts.handled(name, owner=argv is None):
+        try:
+            return _run(argv, parser if isinstance(parser, argparse.ArgumentParser) else parser(), out, err)
+        except KeyboardInterrupt as e:
+            err.write(f"{name}: interrupted{': ' + str(e) if str(e) else ''}\n")
+            return interrupts.EXIT_INTERRUPTED
+        finally:
+            interrupts.outcome_decided()
+
+
+def _run(argv: Sequence[str] | None, parser: argparse.ArgumentParser, out: TextIO, err: TextIO) -> int:
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse: --help (0) or bad usage (2)
@@ -108,14 +145,13 @@ def run_command(argv: Sequence[str] | None, parser: argparse.ArgumentParser,
         refuse_in_process_storage(args)
         code: int = args.func(args, out)
         return code
-    except KeyboardInterrupt:
-        err.write(f"{parser.prog}: interrupted\n")
-        return 130
     except BrokenPipeError:
         return 0
     except Exception as e:
         # one line, credentials masked, whatever the error
-        err.write(f"{parser.prog}: error: {mask_uri(error_line(e))}\n")
+        err.write(f"{parser.prog}: error: {mask_secrets(error_line(e))}\n")
         if os.environ.get("SHALE_DEBUG"):
-            traceback.print_exc(file=err)
+            # every exception of the chain, each text masked (a library's own text may name
+            # an endpoint URL with its password)
+            err.write(mask_secrets(traceback.format_exc()))
         return exit_code_of(e)

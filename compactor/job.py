@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable
 from typing import Final
 
+from shale.compactor import interrupts
 from shale.compactor.config import MIN_ORPHAN_GRACE_MS, CompactionConfig
 from shale.compactor.engine import Engine, LocalEngine, SurvivorCounts
 from shale.compactor.gc import collect_garbage
@@ -243,7 +244,8 @@ class Compactor:
             self.progress("publishing")
             new_state = self._new_state(plan, survivors, out, run_id, epoch, summary)
             remove_output = False  # from here a failure may have published: never remove on a guess
-            lost = self._publish(new_state, prev, run_id)
+            with interrupts.deferring():  # an interrupt lets the swap finish: its outcome is then known
+                lost = self._publish(new_state, prev, run_id)
             t = phase("publish", t)
             if lost:
                 remove_output = True
@@ -257,6 +259,8 @@ class Compactor:
                 self._remove(run_dir, written)
         with contextlib.suppress(ShaleError):  # published: a leftover is collected as unreferenced
             self.meta.topic.store.delete(self.meta.topic.key(f"{run_dir}/{HEARTBEAT_NAME}"))
+        interrupts.check(f"{self.meta.uri}: published epoch {epoch} (horizon {summary.horizon}) before it stopped; "
+                         "garbage collection is left to the next run")
         self._gc(summary)
         phase("gc", t)
         more = (f"the key map was full: {summary.deferred_records:,} newer records are left for the next run"

@@ -254,6 +254,9 @@ def write_parts(work: Iterable[Work], config: CompactionConfig,
             _copy_slice(s, keep, since, sink, config, result, pool, reads)
         sink.close()
     except BaseException:
+        # Reads and writes still in flight are waited for below: none may sleep on.
+        reads.cancel()
+        writes.cancel()
         sink.abort()
         raise
     finally:

@@ -18,9 +18,11 @@ from shale.compactor.config import CompactionConfig
 from shale.compactor.units import format_duration, format_size, parse_duration, parse_size
 from shale.ledger.codecs import parse_compression
 from shale.ledger.errors import InvalidInputError
-from shale.metadata.policy import TopicPolicy
+from shale.metadata.dictionaries import resolve_compression
+from shale.metadata.policy import TopicPolicy, check_setting
+from shale.metadata.topic import TopicMetadata
 
-__all__ = ["POLICY_KEYS", "PolicyKey", "apply_policy", "parse_assignments", "policy_text"]
+__all__ = ["POLICY_KEYS", "PolicyKey", "apply_policy", "check_workable", "parse_assignments", "policy_text"]
 
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"0", "false", "no", "off"})
@@ -97,12 +99,24 @@ def parse_assignments(sets: Iterable[str], unsets: Iterable[str]) -> tuple[dict[
         key = _key(name)
         try:
             changes[key.field] = key.parse(text.strip())
+            check_setting(key.name, key.field, changes[key.field])
         except InvalidInputError as e:
-            raise InvalidInputError(f"--set {key.name}: {e}") from None
+            raise InvalidInputError(f"--set {key.name}: {str(e).removeprefix(key.name + ': ')}") from None
     removed = [_key(name).field for name in unsets]
     if set(changes) & set(removed):
         raise InvalidInputError("a setting cannot be both set and unset")
     return changes, removed
+
+
+def check_workable(meta: TopicMetadata, changes: Mapping[str, Any]) -> None:
+    """Refuse, before anything is written, a setting the topic could not work with: one
+    that would make every later produce and compaction fail (``zstd-dict`` on a topic that
+    has no trained dictionary)."""
+    if changes.get("compression") is not None:
+        try:
+            resolve_compression(meta, parse_compression(changes["compression"]))
+        except InvalidInputError as e:
+            raise InvalidInputError(f"--set {POLICY_KEYS['compression'].name}: {e}") from None
 
 
 def policy_text(policy: TopicPolicy) -> dict[str, str]:

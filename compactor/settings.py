@@ -21,9 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
-import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -31,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Final
 import configargparse
 
 from shale.ledger.codecs import Compression
-from shale.ledger.storage import mask_uri
+from shale.ledger.masking import mask_secrets
 
 __all__ = ["ENV_PREFIX", "Setting", "SettingsParser", "env_name", "mask_secrets", "print_config", "settings_of",
            "source_name"]
@@ -45,8 +43,6 @@ _ENVIRONMENT: Final = ("AWS_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_E
                        "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
                        "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "GOOGLE_APPLICATION_CREDENTIALS", "SHALE_DEBUG",
                        "SHALE_KERNELS")
-_SECRET_NAME: Final = re.compile(r"secret|password|passwd|token|credential|access[._-]?key|session", re.I)
-_MASK: Final = "****"
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,26 +198,6 @@ def source_name(args: argparse.Namespace, dest: str) -> str:
         if s.dest == dest:
             return str(s.variable if s.source == "env" else s.flag)
     return dest
-
-
-def mask_secrets(value: str, name: str = "") -> str:
-    """``value`` with secrets hidden: the whole value when ``name`` sounds like a secret,
-    passwords in URIs, and secret-looking query parameters or ``KEY=VALUE`` settings."""
-    if name and _SECRET_NAME.search(name):
-        return _MASK if value else value
-    key, sep, _rest = value.partition("=")
-    if sep and "://" not in key and _SECRET_NAME.search(key):
-        return f"{key}={_MASK}"
-    if "://" in value:
-        value = mask_uri(value)  # a text rewrite: safe on URIs no parser accepts
-        try:
-            u = urllib.parse.urlsplit(value)
-            query = urllib.parse.urlencode(
-                [(k, _MASK if _SECRET_NAME.search(k) else v) for k, v in urllib.parse.parse_qsl(u.query)], safe="*")
-        except ValueError:
-            return value
-        return urllib.parse.urlunsplit((u.scheme, u.netloc, u.path, query, u.fragment))
-    return value
 
 
 def _show(value: Any, name: str) -> Any:

@@ -19,6 +19,7 @@ import isodate
 import pytimeparse2
 
 from shale.ledger.errors import InvalidInputError
+from shale.metadata.policy import MAX_BYTES, MAX_MILLIS
 
 __all__ = ["format_duration", "format_size", "parse_duration", "parse_size"]
 
@@ -26,21 +27,32 @@ _MS: Final = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1000}
 _UNITS: Final = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10),
                  ("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3))
 _DURATION_HELP: Final = "use a number with a unit (500ms, 30s, 10m, 1h30m, 24h, 7d, 1w), ISO 8601 (PT1H) or seconds"
+#: What the limits are, in words, for messages.
+_MAX_DURATION_TEXT: Final = "at most about 146 million years"
+_MAX_SIZE_TEXT: Final = "at most 4EiB"
 
 
 def parse_size(text: str | int) -> int:
-    """Bytes; raises :class:`InvalidInputError`."""
+    """Bytes, from 0 to 4 EiB; raises :class:`InvalidInputError`."""
     if isinstance(text, int) and not isinstance(text, bool):
-        if text < 0:
-            raise InvalidInputError(f"size {text} must not be negative")
-        return text
-    try:
-        value = humanfriendly.parse_size(str(text).strip())
-    except humanfriendly.InvalidSize:
-        raise InvalidInputError(f"bad size {text!r}: use bytes or a unit (64MiB, 256MB, 1GB, 1.5GiB)") from None
+        value = text
+    else:
+        try:
+            value = int(humanfriendly.parse_size(str(text).strip()))
+        except (humanfriendly.InvalidSize, ValueError, OverflowError):
+            raise InvalidInputError(f"bad size {_short(text)!r}: use bytes or a unit (64MiB, 256MB, 1GB, "
+                                    "1.5GiB)") from None
     if value < 0:
-        raise InvalidInputError(f"size {text!r} must not be negative")
-    return int(value)
+        raise InvalidInputError(f"size {_short(text)!r} must not be negative")
+    if value > MAX_BYTES:
+        raise InvalidInputError(f"size {_short(text)!r} is out of range ({_MAX_SIZE_TEXT})")
+    return value
+
+
+def _short(text: object) -> str:
+    """``text`` as a message quotes it: a value thousands of digits long is cut short."""
+    shown = str(text)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
 def format_size(n: int) -> str:
@@ -50,16 +62,24 @@ def format_size(n: int) -> str:
 
 
 def parse_duration(text: str | int | float) -> int:
-    """Milliseconds; a bare number is seconds.  Raises :class:`InvalidInputError`."""
-    if isinstance(text, int | float) and not isinstance(text, bool):
-        seconds: float | None = float(text)
-    else:
-        t = str(text).strip()
-        seconds = _iso_seconds(t) if t[:1] in ("P", "p") else _plain_seconds(t)
-    if seconds is None or not math.isfinite(seconds):
-        raise InvalidInputError(f"bad duration {text!r}: {_DURATION_HELP}")
+    """Milliseconds, from 0 to about 146 million years; a bare number is seconds.  Raises
+    :class:`InvalidInputError`."""
+    try:
+        if isinstance(text, int | float) and not isinstance(text, bool):
+            seconds: float | None = float(text)
+        else:
+            t = str(text).strip()
+            seconds = _iso_seconds(t) if t[:1] in ("P", "p") else _plain_seconds(t)
+    except OverflowError:
+        raise InvalidInputError(f"duration {_short(text)!r} is out of range ({_MAX_DURATION_TEXT})") from None
+    if seconds is not None and math.isinf(seconds):
+        raise InvalidInputError(f"duration {_short(text)!r} is out of range ({_MAX_DURATION_TEXT})")
+    if seconds is None or math.isnan(seconds):
+        raise InvalidInputError(f"bad duration {_short(text)!r}: {_DURATION_HELP}")
     if seconds < 0:
-        raise InvalidInputError(f"duration {text!r} must not be negative")
+        raise InvalidInputError(f"duration {_short(text)!r} must not be negative")
+    if seconds * 1000 > MAX_MILLIS:
+        raise InvalidInputError(f"duration {_short(text)!r} is out of range ({_MAX_DURATION_TEXT})")
     return round(seconds * 1000)
 
 
@@ -82,6 +102,8 @@ def _iso_seconds(text: str) -> float | None:
         value = isodate.parse_duration(text.upper())
     except (isodate.ISO8601Error, ValueError):
         return None
+    except OverflowError:
+        raise  # a number too big: out of range, not malformed
     if not isinstance(value, datetime.timedelta):
         return None  # years and months have no fixed length: refused rather than guessed
     return value.total_seconds()

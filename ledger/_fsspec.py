@@ -17,8 +17,10 @@ from shale.ledger.errors import (
     InvalidURIError,
     ObjectNotFoundError,
     StorageError,
+    StoragePermissionError,
     UnsupportedOperationError,
 )
+from shale.ledger.masking import masked_cause
 from shale.ledger.storage import ObjectInfo, ObjectStore, ObjectWriter
 
 __all__ = ["FsspecStore", "fsspec_factory"]
@@ -93,9 +95,16 @@ class FsspecStore(ObjectStore):
         except FileExistsError:
             raise AlreadyExistsError(f"{self.url(key)}: already exists") from None
         except (NotImplementedError, ValueError) as e:
-            raise UnsupportedOperationError(f"{self.url(key)}: {e}") from e
+            err: StorageError = UnsupportedOperationError(f"{self.url(key)}: {e}")
+            failure: Exception = e
+        except PermissionError as e:  # how the command is run, not the data
+            err, failure = StoragePermissionError(f"{self.url(key)}: permission denied"), e
         except OSError as e:
-            raise StorageError(f"{self.url(key)}: {type(e).__name__}: {e}") from e
+            err, failure = StorageError(f"{self.url(key)}: {type(e).__name__}: {e}"), e
+        # raised here, not in the except block: a library's text naming a URL with its
+        # password must not stay behind as the error's context
+        err.__cause__ = masked_cause(failure)
+        raise err
 
     def get(self, key: str) -> bytes:
         return bytes(self._wrap(key, lambda: self.fs.cat_file(self._p(key))))

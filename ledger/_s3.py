@@ -5,7 +5,8 @@ Endpoint, region and credentials come from the standard AWS environment
 MinIO and R2 work unchanged.  botocore's own retries are off: transient failures are
 retried by :class:`~ledger._retry.RetryPolicy`, once, here.  Conditional writes use
 ``If-None-Match: *`` and ``If-Match: <etag>``.  Error messages name the bucket and key,
-never credentials.
+never credentials: botocore's own texts name the endpoint URL, which may carry a password,
+so an error translated from one is masked, and so is the cause it is chained to.
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ from shale.ledger.errors import (
     ShaleError,
     StateUnknownError,
     StorageError,
+    StoragePermissionError,
     TransientStorageError,
     UnsupportedOperationError,
 )
+from shale.ledger.masking import masked_cause
 from shale.ledger.storage import ObjectInfo, ObjectStore, ObjectWriter, register_backend
 
 __all__ = ["S3Store"]
@@ -67,7 +70,8 @@ def _translate(e: Exception, what: str) -> ShaleError:
         if code == "NotImplemented" or status == 501:
             return UnsupportedOperationError(f"{what}: the server does not implement this request")
         if code in ("AccessDenied", "403") or status == 403:
-            return StorageError(f"{what}: access denied")
+            # how the command is run (its identity, the bucket's policy), not the data
+            return StoragePermissionError(f"{what}: access denied")
         return StorageError(f"{what}: {code or status}: {err.get('Message', '')}".rstrip(": "))
     if isinstance(e, bex.NoCredentialsError | bex.PartialCredentialsError):
         return StorageError(f"{what}: no AWS credentials found in the environment")
@@ -189,7 +193,16 @@ class S3Store(ObjectStore):
         try:
             return getattr(client, op)(**kwargs)
         except Exception as e:  # translated, never swallowed
-            raise _translate(e, self.url(key)) from e
+            failure = e
+        raise self._translated(failure, key)
+
+    def _translated(self, e: Exception, key: str) -> ShaleError:
+        """``e`` as a Shale error, chained to it, or to a stand-in when its text names the
+        endpoint with a password.  Raised outside the ``except`` block that caught ``e``,
+        so that ``e`` is not left as the error's context either."""
+        err = _translate(e, self.url(key))
+        err.__cause__ = masked_cause(e)
+        return err
 
     def _retrying(self, fn: Callable[[], T]) -> T:
         for attempt in self.retry.retrying():
@@ -203,7 +216,8 @@ class S3Store(ObjectStore):
             try:
                 return r["Body"].read(), r
             except Exception as e:
-                raise _translate(e, self.url(key)) from e
+                failure = e
+            raise self._translated(failure, key)
         return self._retrying(once)
 
     def get(self, key: str) -> bytes:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import errno
 from typing import Any
 
+from shale.ledger.masking import mask_secrets
+
 __all__ = [
     "AlreadyExistsError",
     "ConflictError",
@@ -48,9 +50,16 @@ EXIT_GAP = 6
 
 
 class ShaleError(Exception):
-    """Root of every error Shale raises on purpose."""
+    """Root of every error Shale raises on purpose.
+
+    Its text never holds a secret: credentials in URIs and secret-looking ``NAME=VALUE``
+    pairs are masked as the error is made (:func:`~shale.ledger.masking.mask_secrets`),
+    whatever text a caller or a translated library error gave it."""
 
     exit_code: int = EXIT_FAILURE
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(mask_secrets(a) if isinstance(a, str) else a for a in args))
 
 
 class InvalidInputError(ShaleError, ValueError):
@@ -227,13 +236,13 @@ def error_line(e: BaseException) -> str:
         return str(e) or type(e).__name__
     if isinstance(e, OSError) and e.errno in _OS_REASONS:
         where = e.filename if isinstance(e.filename, str) else ""
-        return f"{where}: {_OS_REASONS[e.errno]}" if where else _OS_REASONS[e.errno]
+        return mask_secrets(f"{where}: {_OS_REASONS[e.errno]}" if where else _OS_REASONS[e.errno])
     if isinstance(e, MemoryError):
         return "out of memory"
     if isinstance(e, RecursionError):
         return "input nested too deeply"
     detail = " ".join(str(e).split())
-    return f"unexpected error: {type(e).__name__}{': ' + detail if detail else ''}"
+    return mask_secrets(f"unexpected error: {type(e).__name__}{': ' + detail if detail else ''}")
 
 
 def exit_code_of(e: BaseException) -> int:

@@ -13,7 +13,9 @@ from shale.ledger.errors import InvalidInputError
 
 __all__ = ["MAX_ID", "MIN_ID", "MessageId"]
 
-_ID_RE: Final = re.compile(r"^\s*(\d+):(\d+):(\d+)\s*$")
+# ASCII digits only, at most as many as each part's range holds (20, 20, 10), so that a
+# text of thousands of digits is refused as what it is rather than converted
+_ID_RE: Final = re.compile(r"\s*([0-9]{1,20}):([0-9]{1,20}):([0-9]{1,10})\s*", re.ASCII)
 _U64: Final = (1 << 64) - 1
 _U32: Final = (1 << 32) - 1
 
@@ -36,12 +38,18 @@ class MessageId:
     @classmethod
     def parse(cls, text: str) -> MessageId:
         """Parse the text form ``"ledger:entry:batch"``; raise :class:`InvalidInputError`."""
-        m = _ID_RE.match(text)
+        m = _ID_RE.fullmatch(text)
+        shown = text if len(text) <= 40 else text[:37] + "..."
         if m is None:
             raise InvalidInputError(
-                f"bad message id {text!r}: expected LEDGER:ENTRY:BATCH, e.g. 3:17:0"
+                f"bad message id {shown!r}: expected LEDGER:ENTRY:BATCH, e.g. 3:17:0 (LEDGER and ENTRY below "
+                f"2^64, BATCH below 2^32)"
             )
-        return cls(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+        ledger, entry, batch = (int(g) for g in m.groups())
+        if ledger > _U64 or entry > _U64 or batch > _U32:
+            raise InvalidInputError(f"message id {shown!r} is out of range: LEDGER and ENTRY are below 2^64, "
+                                    "BATCH below 2^32")
+        return cls(ledger, entry, batch)
 
     def successor(self) -> MessageId:
         """The smallest id strictly greater than this one."""

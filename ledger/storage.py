@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import os
-import re
 import threading
 import urllib.parse
 from abc import ABC, abstractmethod
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from shale.ledger.errors import AlreadyExistsError, InvalidInputError, InvalidURIError, UnsupportedOperationError
+from shale.ledger.masking import mask_secrets, userinfo
 
 __all__ = [
     "CAPABILITIES",
@@ -285,35 +285,10 @@ def require(store: ObjectStore | Location, capability: str, what: str, *, hint: 
 
 _CONTROL: Final = {chr(c) for c in range(32)} | {"\x7f"}
 _HADOOP_S3: Final = frozenset({"s3a", "s3n"})
-# every URI in a text, up to the next white space or quote
-_URI_TOKEN: Final = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<rest>[^\s'\"]+)")
-_MASK: Final = "****"
-
-
-def _userinfo(rest: str) -> str:
-    """The credentials at the start of a URI's authority ("" when it has none): up to the
-    last ``@``, which parsers split at; secrets may hold ``/``, ``:`` and ``@``."""
-    at = rest.rfind("@")
-    if at < 0:
-        return ""
-    info = rest[:at]
-    return info if ":" in info or "/" not in info else ""
-
-
-def mask_uri(text: str) -> str:
-    """``text`` with the credentials of every URI in it hidden (``s3://KEY:SECRET@b/t``
-    becomes ``s3://****@b/t``, ``http://user:pw@host`` becomes ``http://user:****@host``).
-    A pure text rewrite, so it cannot fail on a URI no parser accepts."""
-    def hide(m: re.Match[str]) -> str:
-        head, rest = m.group("head"), m.group("rest")
-        info = _userinfo(rest)
-        if not info:
-            return m.group(0)
-        user, sep, _ = info.partition(":")
-        # a lone token, or an access key id (upper case), is a secret too
-        shown = f"{user}:{_MASK}" if sep and user and "/" not in user and not user.isupper() else _MASK
-        return f"{head}{shown}@{rest[len(info) + 1:]}"
-    return _URI_TOKEN.sub(hide, text)
+#: Credentials hidden in a text (``s3://KEY:SECRET@b/t`` becomes ``s3://****@b/t``,
+#: ``http://user:pw@host`` becomes ``http://user:****@host``, presigned URLs lose their
+#: signatures): one function for every text Shale shows (:mod:`shale.ledger.masking`).
+mask_uri: Final = mask_secrets
 
 
 def validate_key_part(part: str, what: str) -> str:
@@ -439,7 +414,7 @@ def resolve(uri: str) -> Location:
     if scheme in _HADOOP_S3:
         raise InvalidURIError(f"{mask_uri(uri)}: {scheme}:// is Hadoop's name for S3; use "
                               f"s3://{uri.split('://', 1)[1]}")
-    if "@" in parts.netloc or _userinfo(uri.split("://", 1)[1]):
+    if "@" in parts.netloc or userinfo(uri.split("://", 1)[1]):
         raise InvalidURIError(f"URI {mask_uri(uri)} carries credentials: Shale takes them only from the "
                               "environment (AWS_ACCESS_KEY_ID, AWS_PROFILE, a web identity, an instance role)")
     if parts.query or parts.fragment:

@@ -17,13 +17,16 @@ import msgspec
 from shale.ledger.codecs import Compression, parse_compression
 from shale.ledger.errors import InvalidInputError, InvalidMetadataError
 
-__all__ = ["POLICY_DOC", "PolicyDoc", "TopicPolicy"]
+__all__ = ["MAX_BYTES", "MAX_MILLIS", "POLICY_DOC", "PolicyDoc", "TopicPolicy", "check_setting"]
 
 POLICY_DOC: Final = "policy.json"
 
-_MAX: Final = (1 << 62) - 1
-Millis = Annotated[int, msgspec.Meta(ge=0, le=_MAX)]
-Bytes = Annotated[int, msgspec.Meta(ge=0, le=_MAX)]
+#: The longest duration and the largest size a setting may hold (about 146 million years
+#: and 4 EiB): a sum or difference with a time in milliseconds stays a signed 64-bit integer.
+MAX_MILLIS: Final = 1 << 62
+MAX_BYTES: Final = 1 << 62
+Millis = Annotated[int, msgspec.Meta(ge=0, le=MAX_MILLIS)]
+Bytes = Annotated[int, msgspec.Meta(ge=0, le=MAX_BYTES)]
 Ratio = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 
 
@@ -42,6 +45,25 @@ class PolicyDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_de
     #: how producers compress new entries and compactions the entries they write anew
     #: (``none``, ``lz4``, ``zstd:LEVEL``)
     compression: Annotated[str, msgspec.Meta(max_length=16)] | None = None
+
+
+def check_setting(name: str, field: str, value: Any) -> None:
+    """Refuse, as bad input naming ``name`` (the setting as people write it), a value the
+    policy document's ``field`` cannot hold: checked before anything is written, so that a
+    bad value is never blamed on the document."""
+    if field not in PolicyDoc.__struct_fields__:
+        raise InvalidInputError(f"unknown policy setting {name!r}")
+    try:
+        doc = msgspec.convert({field: value}, PolicyDoc, strict=True)
+    except msgspec.ValidationError as e:
+        raise InvalidInputError(f"{name}: {value!r} is out of range ({_why(e)})") from None
+    if field == "compression" and doc.compression is not None:
+        parse_compression(doc.compression)
+
+
+def _why(e: msgspec.ValidationError) -> str:
+    # msgspec names the field by its document path ("at `$.retention_ms`"): the caller names it
+    return str(e).split(" - at `", 1)[0].strip()
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,31 +8,36 @@ Exit codes (every subcommand): 0 success, 1 unexpected failure, 2 bad usage or i
 from __future__ import annotations
 
 import os
+import sys
 
 # As the compactor's package does (see compactor/__init__.py): one BLAS thread, set
 # before anything imports NumPy.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import argparse
-import base64
-import itertools
-import json
-import sys
-from collections.abc import Callable, Sequence
-from typing import Any, BinaryIO, TextIO
+try:  # a Ctrl-C while the command's modules load ends it as at any other time: one line, 130
+    import argparse
+    import base64
+    import itertools
+    import json
+    from collections.abc import Callable, Sequence
+    from typing import Any, BinaryIO, TextIO
 
-from shale.compactor.commandline import (
-    COMPRESSION_HELP,
-    OneLineParser,
-    add_topic_arguments,
-    compression_arg,
-    duration_arg,
-    positive_size_arg,
-    run_command,
-)
-from shale.ingest import FORMATS
-from shale.ledger.codecs import Compression
-from shale.ledger.errors import EXIT_USAGE, InvalidInputError
+    from shale.compactor import interrupts
+    from shale.compactor.commandline import (
+        COMPRESSION_HELP,
+        OneLineParser,
+        add_topic_arguments,
+        compression_arg,
+        duration_arg,
+        positive_size_arg,
+        run_command,
+    )
+    from shale.ingest import FORMATS
+    from shale.ledger.codecs import Compression
+    from shale.ledger.errors import EXIT_USAGE, InvalidInputError
+except KeyboardInterrupt:
+    sys.stderr.write("shale: interrupted\n")
+    raise SystemExit(130) from None
 
 __all__ = ["main"]
 
@@ -42,8 +47,9 @@ EXIT_NOT_FOUND = 5
 EXIT_CODES_HELP = """\
 exit codes:
   0  success (for compact: compacted, nothing to do, or skipped)
-  1  unexpected failure
-  2  bad usage or input: bad flag, bad URI, missing topic, bad record
+  1  unexpected failure, or storage that failed on its own (unreachable, an I/O error)
+  2  bad usage or input: bad flag or value, bad URI, missing topic, bad record; access
+     refused (file permissions, S3 access denied)
   3  lost a compare-and-swap race (another writer or compactor won)
   4  corrupt data: bad checksum, truncated object, unknown format version, a metadata
      document that breaks its schema or invariants, a link or folder where an object
@@ -51,6 +57,7 @@ exit codes:
   5  shale verify: the compacted view does not match the original ledgers
   6  shale read (and export --start ID): records it had yet to read were removed by
      retention (see shale read --on-gap); every record before them was written
+130  interrupted (Ctrl-C): stopped within moments; what a run wrote was removed
 every flag also reads a SHALE_* variable (SHALE_ and the flag's name in capitals, e.g.
 --max-ledger-bytes: SHALE_MAX_LEDGER_BYTES); flags win
 """
@@ -66,10 +73,10 @@ VALUE_FORMAT_HELP = (
 def positive_int(text: str) -> int:
     try:
         value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    except ValueError:  # not a number, or one of thousands of digits
+        raise argparse.ArgumentTypeError(f"{_shown(text)!r} is not a whole number from 1 to {sys.maxsize}") from None
+    if not 1 <= value <= sys.maxsize:
+        raise argparse.ArgumentTypeError(f"{_shown(text)!r} must be from 1 to {sys.maxsize}")
     return value
 
 
@@ -79,6 +86,7 @@ def _print_json(doc: Any, out: TextIO) -> None:
 
 # ------------------------------------------------------------------- produce
 
+@interrupts.deferred  # a record is appended whole or not at all: an interrupt waits for the next read
 def _cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
     from shale.columns import DEFAULT_KEY_FIELD, DEFAULT_VALUE_FIELD, Fields
     from shale.ingest import format_of, produce_columnar
@@ -109,8 +117,8 @@ def _cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
         if fmt != "jsonl":
             fields = Fields(args.key_field or DEFAULT_KEY_FIELD, args.value_field or DEFAULT_VALUE_FIELD,
                             args.properties_field, args.event_time_field)
-            produce_columnar(writer, stream, name, fmt, fields, shown.add if shown is not None else None)
-        for n, raw in enumerate(stream if fmt == "jsonl" else (), start=1):
+            produce_columnar(writer, stream, name, fmt, fields, _between_batches(shown))
+        for n, raw in enumerate(interrupts.interruptible(stream) if fmt == "jsonl" else (), start=1):
             if shown is not None:
                 shown.add(1, len(raw))
             where = f"{name}:{n}"
@@ -131,6 +139,11 @@ def _cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
         done = (f"{result.records} earlier records were appended, last id {result.last_id}" if result.records
                 else "nothing was appended")
         raise InvalidInputError(f"{e} ({done})") from None
+    except KeyboardInterrupt:
+        # Stopped between two records: the records before were accepted; seal them, and say so.
+        result = writer.close()
+        raise KeyboardInterrupt(f"{_appended(result.records, len(result.ledgers))}, last id {result.last_id}"
+                                if result.records else "nothing was appended") from None
     finally:
         if shown is not None:
             shown.close()
@@ -142,6 +155,20 @@ def _cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
     else:
         out.write(result.human() + "\n")
     return 0
+
+
+def _appended(records: int, ledgers: int) -> str:
+    return (f"{records:,} record{'' if records == 1 else 's'} {'was' if records == 1 else 'were'} appended "
+            f"in {ledgers:,} ledger{'' if ledgers == 1 else 's'}")
+
+
+def _between_batches(shown: _ProduceProgress | None) -> Callable[[int, int], None]:
+    """Called after each batch of columns is appended: the progress, and an interrupt."""
+    def done(rows: int, nbytes: int) -> None:
+        if shown is not None:
+            shown.add(rows, nbytes)
+        interrupts.check()
+    return done
 
 
 def _produce_compression(args: argparse.Namespace) -> Compression | None:
@@ -233,7 +260,7 @@ def _cmd_get(args: argparse.Namespace, out: TextIO) -> int:
     from shale.metadata.topic import TopicMetadata
     from shale.reader import lookup
 
-    key = base64.b64decode(args.key, validate=True) if args.key_b64 else args.key.encode("utf-8")
+    key = _key_bytes(args.key, args.key_b64)
     found = lookup(TopicMetadata.open(args.topic, args.metadata), key)
     if found.value is None:
         sys.stderr.write(f"shale: no value for key {args.key!r} in {args.topic} "
@@ -241,6 +268,25 @@ def _cmd_get(args: argparse.Namespace, out: TextIO) -> int:
         return EXIT_NOT_FOUND
     out.write((message_line(found.message, args.value_format) if found.message else "{}") + "\n")
     return 0
+
+
+def _key_bytes(text: str, b64: bool) -> bytes:
+    """KEY as ``get`` takes it: text as UTF-8 (bytes of the command line that are not UTF-8
+    as they were given), or base64 with ``--key-b64``."""
+    if not b64:
+        try:
+            return text.encode("utf-8", "surrogateescape")
+        except UnicodeError:
+            raise InvalidInputError(f"KEY {_shown(text)!r} is not valid text (--key-b64 takes a binary key)") from None
+    try:
+        return base64.b64decode(text, validate=True)
+    except ValueError:  # binascii.Error
+        raise InvalidInputError(f"KEY {_shown(text)!r} is not base64 (--key-b64)") from None
+
+
+def _shown(text: str) -> str:
+    """A value as a message quotes it: thousands of characters are cut short."""
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 # -------------------------------------------------------------------- export
@@ -438,8 +484,11 @@ _EXTRA_COMMANDS: list[Callable[[Any], None]] = []
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``shale`` console script."""
-    _load_extra_commands()
-    code = run_command(argv, build_parser())
+    def parser() -> argparse.ArgumentParser:
+        _load_extra_commands()  # (imports the compactor: interruptible as the rest of the command)
+        return build_parser()
+
+    code = run_command(argv, parser, prog="shale")
     sys.stdout.flush()
     return code if code in range(256) else EXIT_USAGE
 
