@@ -199,8 +199,10 @@ def _orphans(meta: TopicMetadata, state: CompactionState, now_ms: int, grace_ms:
 
 def _finished_writes(meta: TopicMetadata, now_ms: int, grace_ms: int, dry_run: bool) -> list[str]:
     """Distributed writes' folders under ``staging/`` (their tasks' records and their
-    marker) whose every object is older than the orphan grace: a write still running
-    keeps adding to its folder; its ledgers are collected as unregistered ones."""
+    marker) whose every object is older than the orphan grace.  The records are read
+    only when the write ends, to find what tasks the driver never heard from staged: a
+    write still running that long after its last task started may lose them, and its end
+    then leaves those tasks' ledgers to be collected as unregistered ones."""
     loc, store = meta.topic, meta.topic.store
     writes: dict[str, list[tuple[str, float]]] = {}
     for info in store.list(loc.key(STAGING_DIR)):
