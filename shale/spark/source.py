@@ -8,6 +8,7 @@ write the topic's store directly; the driver only plans (metadata) and registers
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,7 @@ from pyspark.sql.types import StructType
 
 from shale.columns import shift_rows
 from shale.compactor.spark.environment import ForwardedEnvironment
-from shale.ledger.errors import InvalidInputError, InvalidURIError
+from shale.ledger.errors import InvalidInputError, InvalidURIError, ShaleError
 from shale.ledger.ids import MIN_ID
 from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES
 from shale.metadata.topic import TopicMetadata
@@ -209,10 +210,15 @@ class ShaleWriter(DataSourceArrowWriter):
         try:
             register_staged(meta, staged)
         except BaseException:
-            discard_staged(meta, staged)
-            finish_write(meta, self.write_id, self.base)
+            # (what cleaning up leaves is gc's: the failure to register is the news)
+            with contextlib.suppress(ShaleError):
+                discard_staged(meta, staged)
+            with contextlib.suppress(ShaleError):
+                finish_write(meta, self.write_id, self.base)
             raise
-        finish_write(meta, self.write_id, self.base, kept=staged)
+        # Registered: a failure to clean up leaves gc some leftovers, and must not fail the job.
+        with contextlib.suppress(ShaleError):
+            finish_write(meta, self.write_id, self.base, kept=staged)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         staged = [s for m in messages if isinstance(m, StagedMessage) for s in m.staged]
