@@ -4,10 +4,12 @@
   first, then deleted — but only once their ``retired_ms`` is older than the grace
   period, because readers that opened the older state may still be reading them.
 * Orphans: run folders under ``compacted/`` that no state refers to (a crashed or
-  beaten compactor) and ledger objects under ``ledgers/`` that were never registered (a
-  crashed or beaten producer) or that a truncation removed from the topic, once
-  everything in them is older than the orphan grace (and, for truncated ledgers, the
-  last truncation is too).
+  beaten compactor), ledger objects under ``ledgers/`` that were never registered (a
+  crashed or beaten producer, a distributed write's task that outlived its job) or that
+  a truncation removed from the topic, a distributed write's folder under ``staging/``,
+  and dictionaries under ``dictionaries/`` that were never registered (a failed
+  ``shale dictionary --train``), once everything in them is older than the orphan grace
+  (and, for truncated ledgers, the last truncation is too).
 
 Nothing a published state refers to is ever deleted.
 """
@@ -19,7 +21,18 @@ from dataclasses import dataclass, field, replace
 from typing import Final
 
 from shale.ledger.errors import ConflictError
-from shale.metadata.layout import COMPACTED_DIR, LEDGER_DIR, is_compacted_object, is_ledger_object, run_dir_of
+from shale.metadata.layout import (
+    COMPACTED_DIR,
+    DICTIONARY_DIR,
+    LEDGER_DIR,
+    STAGING_DIR,
+    is_compacted_object,
+    is_dictionary_name,
+    is_ledger_object,
+    is_staging_object,
+    run_dir_of,
+    write_dir_of,
+)
 from shale.metadata.state import CompactionState
 from shale.metadata.topic import TopicMetadata
 
@@ -155,9 +168,12 @@ def _orphans(meta: TopicMetadata, state: CompactionState, now_ms: int, grace_ms:
                 store.delete(loc.key(rel))
             deleted.append(rel)
 
+    deleted += _finished_writes(meta, now_ms, grace_ms, dry_run)
+
     # Writes a killed writer never finished (temporary files, multipart uploads): no
     # state can name them, so only their age (and their name) matters.
-    for folder, ours in ((COMPACTED_DIR, is_compacted_object), (LEDGER_DIR, is_ledger_object)):
+    for folder, ours in ((COMPACTED_DIR, is_compacted_object), (LEDGER_DIR, is_ledger_object),
+                         (STAGING_DIR, is_staging_object), (DICTIONARY_DIR, is_dictionary_name)):
         for info in list(store.unfinished_writes(loc.key(folder))):
             rel = loc.relative(info.key)
             if not ours(_written_name(rel)) or now_ms - info.mtime * 1000 < grace_ms:
@@ -166,6 +182,7 @@ def _orphans(meta: TopicMetadata, state: CompactionState, now_ms: int, grace_ms:
                 store.discard_write(info)
             deleted.append(f"{rel} (unfinished write)")
 
+    deleted += _unregistered_dictionaries(meta, now_ms, grace_ms, dry_run)
     topic = meta.load_topic()
     if now_ms - topic.truncated_ms < grace_ms:
         return deleted  # readers may still be reading the ledgers a truncation just removed
@@ -173,6 +190,50 @@ def _orphans(meta: TopicMetadata, state: CompactionState, now_ms: int, grace_ms:
     for info in store.list(loc.key(LEDGER_DIR)):
         rel = loc.relative(info.key)
         if not is_ledger_object(rel) or rel in registered or now_ms - info.mtime * 1000 < grace_ms:
+            continue
+        if not dry_run:
+            store.delete(info.key)
+        deleted.append(rel)
+    return deleted
+
+
+def _finished_writes(meta: TopicMetadata, now_ms: int, grace_ms: int, dry_run: bool) -> list[str]:
+    """Distributed writes' folders under ``staging/`` (their tasks' records and their
+    marker) whose every object is older than the orphan grace.  The records are read
+    only when the write ends, to find what tasks the driver never heard from staged: a
+    write still running that long after its last task started may lose them, and its end
+    then leaves those tasks' ledgers to be collected as unregistered ones."""
+    loc, store = meta.topic, meta.topic.store
+    writes: dict[str, list[tuple[str, float]]] = {}
+    for info in store.list(loc.key(STAGING_DIR)):
+        rel = loc.relative(info.key)
+        if is_staging_object(rel):
+            writes.setdefault(write_dir_of(rel), []).append((rel, info.mtime))
+    deleted = []
+    for _, objs in sorted(writes.items()):
+        if now_ms - max(m for _, m in objs) * 1000 < grace_ms:
+            continue
+        for rel, _ in sorted(objs):
+            if not dry_run:
+                store.delete(loc.key(rel))
+            deleted.append(rel)
+    return deleted
+
+
+def _unregistered_dictionaries(meta: TopicMetadata, now_ms: int, grace_ms: int, dry_run: bool) -> list[str]:
+    """Dictionary objects ``topic.json`` does not register (a training whose
+    registration failed), older than the orphan grace.  A registration never takes an
+    object that old (it writes the dictionary again), and a registered dictionary is
+    never removed from ``topic.json``, so none of these can be needed."""
+    loc, store = meta.topic, meta.topic.store
+    found = [(loc.relative(info.key), info) for info in store.list(loc.key(DICTIONARY_DIR))]
+    old = [(rel, info) for rel, info in found if is_dictionary_name(rel) and now_ms - info.mtime * 1000 >= grace_ms]
+    if not old:
+        return []
+    registered = {d.object for d in meta.load_topic().dictionaries}  # read after the listing
+    deleted = []
+    for rel, info in sorted(old, key=lambda x: x[0]):
+        if rel in registered:
             continue
         if not dry_run:
             store.delete(info.key)

@@ -17,6 +17,11 @@ holds a newer record of the key (then they are stale).  Every frame of every com
 part is read and its checksum verified too, and every record in it is checked to be one
 well-formed record exactly where the part's footer puts it, with the flags the footer
 gives it (exit 4 otherwise): what readers will decode.
+
+"Latest" is decided here by a fold of verification's own
+(:func:`compactor.verify_fold.latest_per_key`), never by the compactor's
+(:func:`compactor.rules.latest_of_each_key` and the C kernels behind it): a bug in
+either then shows as a mismatch instead of passing unseen.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from shale.compactor.rules import latest_of_each_key
+from shale.compactor.verify_fold import latest_per_key
 from shale.ledger.deletions import read_deletions
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, KIND_COMPACTED, KIND_ORIGINAL
 from shale.ledger.ids import MessageId
@@ -84,16 +89,11 @@ class _Records:
     tomb: list[npt.NDArray[np.bool_]] = field(default_factory=list)
 
     def add(self, f: LedgerFile, start: int, stop: int, present: npt.NDArray[np.bool_] | None = None) -> None:
-        foot = f.footer
-        flags = foot.col("r_flags")[start:stop]
-        keep = (flags & FLAG_HAS_KEY) != 0
-        if present is not None:
-            keep &= present[start:stop]
-        idx = start + np.flatnonzero(keep)
-        self.hi.append(foot.col("r_hash_hi")[idx])
-        self.lo.append(foot.col("r_hash_lo")[idx])
+        idx = _keyed(f, start, stop, present)
+        self.hi.append(f.footer.col("r_hash_hi")[idx])
+        self.lo.append(f.footer.col("r_hash_lo")[idx])
         self.ids.append(f.record_ids(idx))
-        self.tomb.append((foot.col("r_flags")[idx] & FLAG_TOMBSTONE) != 0)
+        self.tomb.append((f.footer.col("r_flags")[idx] & FLAG_TOMBSTONE) != 0)
 
     def arrays(self) -> tuple[Any, Any, Any, Any]:
         if not self.hi:
@@ -101,6 +101,57 @@ class _Records:
             return e, e, np.empty((0, 3), dtype=np.uint64), np.empty(0, dtype=bool)
         return (np.concatenate(self.hi), np.concatenate(self.lo), np.concatenate(self.ids),
                 np.concatenate(self.tomb))
+
+
+@dataclass(slots=True)
+class _Originals:
+    """The keyed records of original ledgers, in id order, as parallel arrays (hash,
+    tombstone); their ids are worked out only for the records a comparison needs, from
+    each ledger's id, entry starts and record indexes (a fraction of a footer's size)."""
+
+    hi: list[npt.NDArray[np.uint64]] = field(default_factory=list)
+    lo: list[npt.NDArray[np.uint64]] = field(default_factory=list)
+    tomb: list[npt.NDArray[np.bool_]] = field(default_factory=list)
+    sources: list[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64]]] = field(default_factory=list)
+
+    def add(self, f: LedgerFile, ledger_id: int, start: int, stop: int) -> None:
+        foot = f.footer
+        idx = _keyed(f, start, stop, None)
+        self.hi.append(foot.col("r_hash_hi")[idx])
+        self.lo.append(foot.col("r_hash_lo")[idx])
+        self.tomb.append((foot.col("r_flags")[idx] & FLAG_TOMBSTONE) != 0)
+        self.sources.append((ledger_id, np.array(foot.e_rec_start, dtype=np.int64), idx))
+
+    def arrays(self) -> tuple[Any, Any, Any]:
+        if not self.hi:
+            e = np.empty(0, dtype=np.uint64)
+            return e, e, np.empty(0, dtype=bool)
+        return np.concatenate(self.hi), np.concatenate(self.lo), np.concatenate(self.tomb)
+
+    def ids(self, positions: npt.NDArray[np.intp]) -> npt.NDArray[np.uint64]:
+        """The ids ``(ledger, entry, batch)`` of the records at ``positions``."""
+        out = np.empty((len(positions), 3), dtype=np.uint64)
+        order = np.argsort(positions, kind="stable")
+        at = positions[order]
+        offsets = np.cumsum([0] + [len(idx) for _, _, idx in self.sources])
+        bounds = np.searchsorted(at, offsets)
+        for (lid, rec_start, idx), off, b0, b1 in zip(self.sources, offsets[:-1].tolist(), bounds[:-1].tolist(),
+                                                      bounds[1:].tolist(), strict=True):
+            rows = idx[at[b0:b1] - off]
+            entry = np.searchsorted(rec_start, rows, side="right") - 1
+            where = order[b0:b1]
+            out[where, 0] = lid
+            out[where, 1] = entry
+            out[where, 2] = rows - rec_start[entry]
+        return out
+
+
+def _keyed(f: LedgerFile, start: int, stop: int, present: npt.NDArray[np.bool_] | None) -> npt.NDArray[np.int64]:
+    """Indexes of the keyed records among ``start:stop`` (and ``present`` ones)."""
+    keep = (f.footer.col("r_flags")[start:stop] & FLAG_HAS_KEY) != 0
+    if present is not None:
+        keep &= present[start:stop]
+    return start + np.flatnonzero(keep)
 
 
 def _id(row: npt.NDArray[np.uint64]) -> str:
@@ -138,12 +189,12 @@ def _published(meta: TopicMetadata, state: CompactionState, report: VerifyReport
     return published
 
 
-def _recomputed(meta: TopicMetadata, topic: TopicState, h: MessageId | None) -> tuple[_Records, set[int]]:
+def _recomputed(meta: TopicMetadata, topic: TopicState, h: MessageId | None) -> tuple[_Originals, set[int]]:
     """The keyed records of the original ledgers up to the horizon (footers only), and
     the ids of the ledgers that still exist there."""
     loc = meta.topic
     existing: set[int] = set()
-    original = _Records()
+    original = _Originals()
     if h is not None:
         for lg in topic.ledgers:
             if lg.id > h.ledger:
@@ -151,18 +202,21 @@ def _recomputed(meta: TopicMetadata, topic: TopicState, h: MessageId | None) -> 
             existing.add(lg.id)
             f = LedgerFile.open(loc.store, loc.key(lg.object), ledger_id=lg.id, kind=KIND_ORIGINAL)
             stop = f.find(h.successor()) if lg.id == h.ledger else f.n_records
-            original.add(f, 0, stop)
+            original.add(f, lg.id, 0, stop)
     return original, existing
 
 
-def _compare(report: VerifyReport, published: _Records, original: _Records, existing: set[int]) -> None:
+def _compare(report: VerifyReport, published: _Records, original: _Originals, existing: set[int]) -> None:
     """Count and name, in ``report``, what the published view has that the recomputed
     one has not, and the other way round."""
     p_hi, p_lo, p_ids, p_tomb = published.arrays()
-    o_hi, o_lo, o_ids, o_tomb = original.arrays()
+    o_hi, o_lo, o_tomb = original.arrays()
     report.records_checked = len(p_hi)
-    latest = latest_of_each_key(o_hi, o_lo)  # sorted by hash
-    e_hi, e_lo, e_ids, e_tomb = o_hi[latest], o_lo[latest], o_ids[latest], o_tomb[latest]
+    # verify's own fold, not the compactor's (so that either can catch the other)
+    latest = latest_per_key(o_hi, o_lo)  # sorted by hash
+    e_hi, e_lo, e_tomb = o_hi[latest], o_lo[latest], o_tomb[latest]
+    del o_hi, o_lo, o_tomb
+    e_ids = original.ids(latest)
     report.keys_expected = int((~e_tomb).sum())
     # the compacted view holds one record per key; look each up among the expected ones
     order = np.lexsort((p_lo, p_hi))

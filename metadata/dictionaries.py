@@ -1,5 +1,5 @@
 """A topic's trained zstd dictionaries: registered in ``topic.json``, each stored once as
-an object of its own (``dictionaries/<id>-<nonce>.zdict``), never deleted.
+an object of its own (``dictionaries/<id>-<nonce>.zdict``), never deleted once registered.
 
 Small records compress poorly one entry at a time; a dictionary trained on a sample of the
 topic's records lets zstd start every entry from what such records look like.  Producers
@@ -11,15 +11,23 @@ CRC32C against what ``topic.json`` registered, zstd's magic, and its id.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 import uuid
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from shale.ledger.codecs import Codec, Compression, Dictionary
-from shale.ledger.errors import ConflictError, CorruptLedgerError, InvalidInputError, TopicNotFoundError
+from shale.ledger.errors import (
+    ConflictError,
+    CorruptLedgerError,
+    InvalidInputError,
+    ObjectNotFoundError,
+    TopicNotFoundError,
+)
 from shale.ledger.kernels import crc32c
-from shale.metadata.layout import dictionary_object_name
+from shale.metadata.layout import UNREGISTERED_MAX_AGE_MS, dictionary_object_name
 from shale.metadata.state import DictionaryInfo
 
 if TYPE_CHECKING:
@@ -76,10 +84,12 @@ def register_dictionary(meta: TopicMetadata, dictionary: Dictionary, attempts: i
     the topic's ``topic.json`` with compare-and-swap; it becomes the newest."""
     from shale.ledger._retry import ConflictPolicy
 
+    store = meta.topic.store
     name = dictionary_object_name(dictionary.id, uuid.uuid4().hex[:12])
     # (a unique name: nobody else writes it, and a failed registration leaves an object
-    # nothing refers to, which nothing ever reads either)
-    meta.topic.store.put(meta.topic.key(name), dictionary.data)
+    # nothing refers to, which garbage collection takes past the orphan grace)
+    store.put(meta.topic.key(name), dictionary.data)
+    uploaded = time.monotonic()
     info = DictionaryInfo(dictionary.id, name, len(dictionary.data), meta.now_ms(), crc32c(dictionary.data))
     try:
         for attempt in ConflictPolicy(attempts).retrying(f"{meta.uri}: registering a dictionary"):
@@ -87,6 +97,15 @@ def register_dictionary(meta: TopicMetadata, dictionary: Dictionary, attempts: i
                 current = meta.load_topic()
                 if any(d.id == dictionary.id for d in current.dictionaries):
                     raise InvalidInputError(f"{meta.uri}: dictionary {dictionary.id} is registered already")
+                if time.monotonic() - uploaded > UNREGISTERED_MAX_AGE_MS / 1000:
+                    # garbage collection may take an unregistered object this old for a
+                    # leftover: register a fresh copy instead
+                    old, name = name, dictionary_object_name(dictionary.id, uuid.uuid4().hex[:12])
+                    store.put(meta.topic.key(name), dictionary.data)
+                    uploaded = time.monotonic()
+                    info = replace(info, object=name)
+                    with contextlib.suppress(ObjectNotFoundError):
+                        store.delete(meta.topic.key(old))
                 meta.replace_topic(replace(current, dictionaries=(*current.dictionaries, info)), current)
     except ConflictError as e:
         raise ConflictError(f"{meta.uri}: the topic kept changing; the dictionary was not registered ({e})") from e

@@ -170,6 +170,10 @@ def check_topic(doc: TopicDoc, where: str) -> None:
     seen: set[str] = set()
     for i, lg in enumerate(doc.ledgers):
         field = f"ledgers[{i}]"
+        # (before the order: one ledger listed twice is named as such)
+        if lg.object in seen:
+            raise InvalidMetadataError(f"{where}: field {field}.object: {lg.object!r} is registered twice")
+        seen.add(lg.object)
         if lg.id <= last:
             raise InvalidMetadataError(
                 f"{where}: field {field}.id: ledger ids must rise strictly (and lie above removed_through "
@@ -179,9 +183,6 @@ def check_topic(doc: TopicDoc, where: str) -> None:
             raise InvalidMetadataError(
                 f"{where}: field {field}.object: {lg.object!r} is not the name of ledger {lg.id} "
                 f"(ledgers/{lg.id:020d}-<nonce>.ledger)")
-        if lg.object in seen:
-            raise InvalidMetadataError(f"{where}: field {field}.object: {lg.object!r} is registered twice")
-        seen.add(lg.object)
         if lg.records < lg.entries:
             raise InvalidMetadataError(f"{where}: field {field}.records: fewer records than entries")
         if lg.first_publish > lg.last_publish:

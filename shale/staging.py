@@ -14,10 +14,23 @@ other writer appended meanwhile they are final, so registering moves no byte.  A
 ledger ids therefore leave gaps, as Pulsar's do (ids need only rise).  When another
 writer did take ids meanwhile, the staged ledgers are re-labelled (read, re-labelled,
 written under a new name) before they are registered.
+
+A task may outlive its job: Spark cancels the tasks still running when a job fails, but
+a task's Python code can run on after the driver aborted (or committed without it).  So
+each task attempt, before it uploads anything, leaves a record under the write's own
+folder (``staging/<write>/task-<partition>-<nonce>.json``) and names every ledger it
+stages with that ``nonce``; the driver, committing or aborting, first leaves the write's
+marker (``staging/<write>/_done.json``), then deletes every staged ledger of the tasks
+it did not register, found through their records.  A task checks for the marker after
+each upload and, finding it, deletes what it staged.  One of the two always sees the
+other's object (each writes its own before it reads the other's), so no task's ledger
+outlives the job, unless the task's process dies between its upload and its check:
+garbage collection takes such a ledger, and the write's folder, past the orphan grace.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterable
@@ -26,13 +39,23 @@ from typing import Any, Final
 
 from shale.ledger._retry import ConflictPolicy
 from shale.ledger.errors import ConflictError, InvalidInputError, ObjectNotFoundError
+from shale.ledger.storage import ObjectStore
 from shale.ledger.writer import relabel_ledger
-from shale.metadata.layout import LEDGER_DIR, ledger_object_name
+from shale.metadata.layout import (
+    LEDGER_DIR,
+    STAGING_DIR,
+    ledger_name_parts,
+    ledger_object_name,
+    staging_done_name,
+    staging_task_name,
+    staging_task_of,
+)
 from shale.metadata.state import LedgerInfo, TopicState
 from shale.metadata.topic import TopicMetadata
 from shale.producer import UNREGISTERED_MAX_AGE_S, TopicWriter
 
-__all__ = ["LABEL_STRIDE", "StagedLedger", "StagingWriter", "discard_staged", "register_staged"]
+__all__ = ["LABEL_STRIDE", "StagedLedger", "StagingWriter", "discard_staged", "finish_write", "new_write_id",
+           "register_staged"]
 
 #: Ledger labels each task may use (a task writing more ledgers than this fails).
 LABEL_STRIDE: Final = 1 << 16
@@ -51,17 +74,28 @@ class StagedLedger:
         return LedgerInfo(**self.info)
 
 
+def new_write_id() -> str:
+    """A fresh id for one distributed write (its folder under ``staging/``)."""
+    return uuid.uuid4().hex[:12]
+
+
 class StagingWriter(TopicWriter):
     """A :class:`TopicWriter` that uploads sealed ledgers without registering them;
     :attr:`staged` lists them.  ``base`` is the first label of the job, ``partition`` this
-    task's number."""
+    task's number, ``write`` the write's id (:func:`new_write_id`): with one, the task
+    leaves its record before its first upload, and after each upload deletes what it
+    staged and fails if the write was already committed or aborted."""
 
-    def __init__(self, topic_uri: str, *, base: int, partition: int, **kwargs: Any) -> None:
+    def __init__(self, topic_uri: str, *, base: int, partition: int, write: str | None = None,
+                 **kwargs: Any) -> None:
         if partition < 0 or base < 1:
             raise InvalidInputError("a staging writer needs a partition >= 0 and a base label >= 1")
         super().__init__(topic_uri, **kwargs)
         self._first_label = base + partition * LABEL_STRIDE
         self.partition = partition
+        self.write = write
+        self.nonce = uuid.uuid4().hex[:12]  # this attempt's: in the name of every ledger it stages
+        self._recorded = False
         self.staged: list[StagedLedger] = []
 
     def _next_label(self) -> int:
@@ -75,12 +109,24 @@ class StagingWriter(TopicWriter):
             return
         ledger.finish()
         data = buf.getvalue()
-        name = ledger_object_name(ledger.ledger_id, uuid.uuid4().hex[:12])
-        self.meta.topic.store.put(self.meta.topic.key(name), data)
+        loc = self.meta.topic
+        if self.write is not None and not self._recorded:
+            record = {"partition": self.partition, "nonce": self.nonce, "first_label": self._first_label}
+            loc.store.put(loc.key(staging_task_name(self.write, self.partition, self.nonce)),
+                          json.dumps(record).encode())
+            self._recorded = True
+        name = ledger_object_name(ledger.ledger_id, self.nonce)
+        loc.store.put(loc.key(name), data)
         info = LedgerInfo(ledger.ledger_id, name, ledger.n_entries, ledger.n_records, len(data), self._first_publish,
                           self._last_publish, int(self._clock() * 1000), len(data) + ledger.bytes_saved)
         self.staged.append(StagedLedger(self.partition, info.to_json()))
         self._ledger = self._buf = None
+        if self.write is not None and loc.store.exists(loc.key(staging_done_name(self.write))):
+            n = len(self.staged)
+            self.discard()
+            raise ConflictError(f"{self.meta.uri}: partition {self.partition}: the write was committed or aborted "
+                                f"before this task finished; the {n} ledger{'' if n == 1 else 's'} it staged "
+                                "were deleted")
 
     def discard(self) -> None:
         """Delete what this writer uploaded (a failed task cleans up after itself)."""
@@ -152,6 +198,44 @@ def _rewritten(meta: TopicMetadata, info: LedgerInfo, lid: int) -> LedgerInfo:
     except ObjectNotFoundError:
         pass
     return replace(info, id=lid, object=name)
+
+
+def finish_write(meta: TopicMetadata, write: str, base: int, kept: Iterable[StagedLedger] = ()) -> int:
+    """End the distributed write ``write`` (first label ``base``): leave its marker, so
+    that its tasks still running delete what they stage, then delete what its tasks
+    staged, but for the tasks whose ledgers are ``kept`` (the registered ones: an abort
+    keeps none), and the tasks' records.  How many ledgers were deleted.
+
+    Only ledgers named with a task's own nonce and a label of that task's are deleted,
+    and never one the topic registers."""
+    store, loc = meta.topic.store, meta.topic
+    store.put(loc.key(staging_done_name(write)), b"{}")
+    kept_nonces = {p[1] for s in kept if (p := ledger_name_parts(s.info["object"])) is not None}
+    records = [(info.key, staging_task_of(loc.relative(info.key))) for info in store.list(loc.key(STAGING_DIR, write))]
+    # each stray task's nonce, and the labels it may use
+    strays = {task[1]: range(base + task[0] * LABEL_STRIDE, base + (task[0] + 1) * LABEL_STRIDE)
+              for _, task in records if task is not None and task[1] not in kept_nonces}
+    n = 0
+    if strays:
+        registered = {lg.object for lg in meta.load_topic().ledgers}
+        for info in store.list(loc.key(LEDGER_DIR)):
+            rel = loc.relative(info.key)
+            parts = ledger_name_parts(rel)
+            if parts is None or parts[0] not in strays.get(parts[1], ()) or rel in registered:
+                continue
+            n += _delete(store, info.key)
+    for key, task in records:
+        if task is not None:
+            _delete(store, key)
+    return n
+
+
+def _delete(store: ObjectStore, key: str) -> int:
+    try:
+        store.delete(key)
+        return 1
+    except ObjectNotFoundError:
+        return 0
 
 
 def discard_staged(meta: TopicMetadata, staged: Iterable[StagedLedger]) -> int:

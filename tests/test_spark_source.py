@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,13 +20,14 @@ import pytest
 
 from shale.compactor import CompactionConfig, Compactor
 from shale.compactor.spark import SparkOptions
+from shale.ledger.errors import ConflictError
 from shale.ledger.ids import MessageId
 from shale.ledger.record import Message, Record
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
 from shale.reader.splits import plan_splits
-from tests.conftest import ROOT
+from tests.conftest import ROOT, make_root
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("pyspark")
@@ -155,6 +157,16 @@ def test_write_then_read_round_trip(spark: Any, disk_topic_uri: str) -> None:
     assert list(TopicReader(uri))[-1].id.ledger == ids[-1] + 1
 
 
+def _idle(spark: Any) -> None:
+    """Until no task of the application is running (tasks of a failed job may run on a
+    while after the job's failure was reported)."""
+    tracker = spark.sparkContext._jsc.sc().statusTracker()
+    deadline = time.monotonic() + 120
+    while any(e.numRunningTasks() for e in tracker.getExecutorInfos()):
+        assert time.monotonic() < deadline, "tasks still running after 120 s"
+        time.sleep(0.05)
+
+
 def test_a_failed_write_registers_nothing(spark: Any, tmp_path: Path) -> None:
     uri = str(tmp_path / "topic")
     with TopicWriter(uri) as w:
@@ -163,6 +175,7 @@ def test_a_failed_write_registers_nothing(spark: Any, tmp_path: Path) -> None:
     with pytest.raises(Exception, match=r"partition \d+, column 'value', row \d+: 5,000 bytes .* maximum of 4,096"):
         _frame(spark, 400, big_at=350).write.format("shale").mode("append").option("maxRecordBytes", "4096") \
             .save(uri)
+    _idle(spark)  # the failed job's other tasks may still be running: they clean up after themselves
     after = TopicMetadata.open(uri).load_topic()
     assert after.ledgers == before.ledgers
     assert sorted(p.name for p in (tmp_path / "topic" / "ledgers").iterdir()) == [
@@ -176,10 +189,128 @@ def test_a_failed_write_registers_nothing(spark: Any, tmp_path: Path) -> None:
     assert TopicMetadata.open(uri).load_topic().ledgers == before.ledgers
 
 
+# ------------------------------------------------------- tasks that outlive their write
+# The driver's side (commit, abort) and a task's side (write) of the data source, called
+# as Spark calls them, with a task held on an event until the driver has finished: the
+# race a loaded machine runs now and then, every time.
+
+
+def _writer(uri: str) -> Any:
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from shale.compactor.spark.environment import ForwardedEnvironment
+    from shale.spark.source import ShaleWriter
+
+    schema = StructType([StructField("key", StringType()), StructField("value", StringType())])
+    return ShaleWriter({"path": uri, "maxLedgerRecords": "10"}, schema, ForwardedEnvironment.capture())
+
+
+def _batch(first: int, n: int) -> Any:
+    import pyarrow as pa
+
+    return pa.record_batch({"key": [f"k{i}" for i in range(first, first + n)],
+                            "value": [f"v{i}" for i in range(first, first + n)]})
+
+
+class _Task(threading.Thread):
+    """One task attempt: ``writer.write`` over ``batches``, its input held before batch
+    ``pause`` (``waiting`` set) until ``go`` is."""
+
+    def __init__(self, writer: Any, batches: list[Any], pause: int | None) -> None:
+        super().__init__(daemon=True)
+        self.writer, self.batches, self.pause = writer, batches, pause
+        self.waiting, self.go = threading.Event(), threading.Event()
+        self.message: Any = None
+        self.error: BaseException | None = None
+
+    def _input(self) -> Iterator[Any]:
+        for i, b in enumerate(self.batches):
+            if i == self.pause:
+                self.waiting.set()
+                assert self.go.wait(120)
+            yield b
+
+    def run(self) -> None:
+        try:
+            self.message = self.writer.write(self._input())
+        except BaseException as e:  # (handed to the test)
+            self.error = e
+
+    def finish(self) -> None:
+        self.go.set()
+        self.join(120)
+        assert not self.is_alive()
+
+
+def _unregistered(uri: str) -> list[str]:
+    """Ledger objects of the topic that it does not register."""
+    meta = TopicMetadata.open(uri)
+    loc = meta.topic
+    registered = {lg.object for lg in meta.load_topic().ledgers}
+    return sorted(n for info in loc.store.list(loc.key("ledgers"))
+                  if (n := loc.relative(info.key)) not in registered)
+
+
+def _late(t: _Task) -> None:
+    """The task found the write finished when it uploaded, and said so."""
+    assert isinstance(t.error, ConflictError), t.error
+    assert "was committed or aborted before this task finished" in str(t.error), t.error
+
+
+@pytest.mark.parametrize("kind", ["local", pytest.param("s3", marks=pytest.mark.s3)])
+def test_tasks_that_outlive_an_aborted_write_leave_nothing(kind: str, request: pytest.FixtureRequest,
+                                                           tmp_path: Path) -> None:
+    uri = f"{make_root(kind, request, tmp_path)}/t"
+    with TopicWriter(uri) as w:
+        w.append(b"before", b"1")
+    before = TopicMetadata.open(uri).load_topic()
+    writer = _writer(uri)
+    # one task has staged a ledger and is still reading its input; another has staged nothing yet
+    staging = _Task(writer, [_batch(0, 10), _batch(10, 3)], pause=1)
+    starting = _Task(writer, [_batch(100, 4)], pause=0)
+    for t in (staging, starting):
+        t.start()
+        assert t.waiting.wait(120)
+    assert len(_unregistered(uri)) == 1
+    writer.abort([None, None])  # the job failed elsewhere: the driver heard from neither
+    assert _unregistered(uri) == []  # what a task staged before the abort: gone with it
+    for t in (staging, starting):
+        t.finish()
+        _late(t)
+    assert _unregistered(uri) == []  # ... and what they staged after it
+    assert TopicMetadata.open(uri).load_topic().ledgers == before.ledgers
+    assert [m.key for m in TopicReader(uri)] == [b"before"]
+
+
+@pytest.mark.parametrize("kind", ["local", pytest.param("s3", marks=pytest.mark.s3)])
+def test_an_attempt_that_outlives_a_committed_write_leaves_nothing(kind: str, request: pytest.FixtureRequest,
+                                                                  tmp_path: Path) -> None:
+    uri = f"{make_root(kind, request, tmp_path)}/t"
+    writer = _writer(uri)
+    # two attempts of one task (a speculative copy): the first staged a ledger and waits
+    slow = _Task(writer, [_batch(0, 10), _batch(10, 15)], pause=1)
+    slow.start()
+    assert slow.waiting.wait(120)
+    fast = _Task(writer, [_batch(0, 10), _batch(10, 15)], pause=None)
+    fast.start()
+    fast.join(120)
+    assert fast.error is None and len(fast.message.staged) == 3
+    writer.commit([fast.message])  # Spark commits the attempt that finished first
+    assert _unregistered(uri) == []
+    slow.finish()
+    _late(slow)
+    assert _unregistered(uri) == []
+    got = [(m.key, m.value) for m in TopicReader(uri)]
+    assert got == [(f"k{i}".encode(), f"v{i}".encode()) for i in range(25)]  # once, from the committed attempt
+    assert [lg.object for lg in TopicMetadata.open(uri).load_topic().ledgers] == [
+        s.info["object"] for s in fast.message.staged]
+
+
 _STREAM_JOB = """
 import os, sys
 os.environ["PYSPARK_PYTHON"] = sys.executable
 from shale.compactor.spark import SparkOptions
+from shale.ledger.errors import ConflictError
 from shale.compactor.spark.engine import open_session
 import shale.spark
 uri, out, ck = sys.argv[1:4]

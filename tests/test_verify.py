@@ -5,12 +5,21 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from shale.compactor import CompactionConfig, Compactor
+from shale.cli import main as shale_main
+from shale.compactor import CompactionConfig, Compactor, keymap, rules, verify, verify_fold
+from shale.compactor.rules import latest_by_sorting
 from shale.compactor.verify import EXIT_MISMATCH, verify_topic
+from shale.compactor.verify_fold import latest_per_key
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from tests.conftest import run_cli
@@ -106,3 +115,74 @@ def test_a_corrupt_compacted_part_exits_4(tmp_path: Path) -> None:
 def test_bad_usage_exits_2(args: list[str]) -> None:
     r = run_cli(*args)
     assert r.returncode == 2 and r.stderr.count("\n") == 1
+
+
+# ------------------------------------------------- verify's fold is not the compactor's
+
+
+def _one_wrong(real: Callable[..., Any], calls: list[int]) -> Callable[..., Any]:
+    """``real`` (``latest_positions``), except that the first key, in hash order, with an
+    earlier record gets that earlier record as its latest."""
+    def wrong(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> npt.NDArray[np.intp]:
+        got = real(hi, lo)
+        got = (latest_by_sorting(hi, lo) if got is None else got).copy()
+        for j, i in enumerate(got.tolist()):
+            earlier = np.flatnonzero((hi[:i] == hi[i]) & (lo[:i] == lo[i]))
+            if len(earlier):
+                got[j] = earlier[-1]
+                calls.append(i)
+                break
+        return np.asarray(got)
+    return wrong
+
+
+def test_a_wrong_latest_in_the_compactors_fold_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """A compaction whose "latest of each key" picks an older record for one key: verify,
+    run in the same process with the same broken function, still reports it."""
+    uri = str(tmp_path / "t")
+    produce(uri, 1, 3_000, T0)
+    calls: list[int] = []
+    # the broken choice is made where every user of rules.latest_of_each_key gets it
+    # (compaction's key map, and anything else that imports it) ...
+    monkeypatch.setattr(rules, "latest_positions", _one_wrong(rules.latest_positions, calls))
+    # ... and compaction takes that path rather than the key table in C
+    monkeypatch.setattr(keymap, "new_key_table", lambda expected=0: None)
+    compact(uri, 1)
+    assert calls, "the compaction never asked for the latest of each key"
+    report = verify_topic(TopicMetadata.open(uri))
+    assert report.stale == 1 and report.missing == report.extra == 0, report.human()
+    assert shale_main(["verify", uri]) == EXIT_MISMATCH
+    out = capsys.readouterr().out
+    assert "MISMATCH" in out and "stale: compacted record" in out, out
+
+
+HALVES = st.sampled_from([0, 1, 2, 7, 2**32, 2**63 - 1, 2**63, 2**64 - 1]).map(np.uint64)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(HALVES, HALVES), max_size=200), st.integers(0, 3))
+def test_verifys_fold_agrees_with_the_compactors(keys: list[tuple[np.uint64, np.uint64]], shift: int) -> None:
+    """On keys whose high halves collide (and repeat), both folds pick the same records,
+    in the same order, and those are the last occurrence of each key."""
+    hi = np.array([k[0] for k in keys], dtype=np.uint64) >> np.uint64(shift)
+    lo = np.array([k[1] for k in keys], dtype=np.uint64)
+    mine = latest_per_key(hi, lo)
+    last = {(int(h), int(low)): i for i, (h, low) in enumerate(zip(hi, lo, strict=True))}
+    assert mine.tolist() == [last[k] for k in sorted(last)]
+    assert np.array_equal(mine, rules.latest_of_each_key(hi, lo))
+    assert np.array_equal(mine, latest_by_sorting(hi, lo))
+
+
+def _imports(module: Any) -> set[str]:
+    import ast
+
+    tree = ast.parse(Path(module.__file__).read_text())
+    return ({n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+            | {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names})
+
+
+def test_verifys_fold_imports_nothing_of_the_compactors() -> None:
+    assert _imports(verify_fold) <= {"__future__", "numpy", "numpy.typing"}, _imports(verify_fold)
+    assert not _imports(verify) & {"shale.compactor.rules", "shale.ledger.kernels", "shale.compactor.keymap",
+                                   "shale.compactor.pass_one"}, _imports(verify)

@@ -8,6 +8,7 @@ write the topic's store directly; the driver only plans (metadata) and registers
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,13 +25,13 @@ from pyspark.sql.types import StructType
 
 from shale.columns import shift_rows
 from shale.compactor.spark.environment import ForwardedEnvironment
-from shale.ledger.errors import InvalidInputError, InvalidURIError
+from shale.ledger.errors import InvalidInputError, InvalidURIError, ShaleError
 from shale.ledger.ids import MIN_ID
 from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES
 from shale.metadata.topic import TopicMetadata
 from shale.reader.splits import DEFAULT_SPLIT_RECORDS, Split, plan_splits, read_split
 from shale.reader.topic_reader import EARLIEST, LATEST, parse_position
-from shale.staging import StagedLedger, StagingWriter, discard_staged, register_staged
+from shale.staging import StagedLedger, StagingWriter, discard_staged, finish_write, new_write_id, register_staged
 
 __all__ = ["ShaleDataSource", "SplitPartition"]
 
@@ -153,7 +154,8 @@ class StagedMessage(WriterCommitMessage):
 
 class ShaleWriter(DataSourceArrowWriter):
     """Each task stages its ledgers; the driver registers them all (commit) or deletes
-    them (abort)."""
+    them (abort), and with them whatever tasks it did not hear from staged, or stage
+    later (:func:`~shale.staging.finish_write`)."""
 
     def __init__(self, options: Mapping[str, str], schema: StructType, env: ForwardedEnvironment) -> None:
         uri = options.get("path") or options.get("uri")
@@ -175,6 +177,7 @@ class ShaleWriter(DataSourceArrowWriter):
         self.max_record_bytes = _int(options, "maxRecordBytes", DEFAULT_MAX_RECORD_BYTES)
         meta = TopicMetadata.open(self.uri, self.metadata)
         self.base = meta.create_topic().last_ledger_id + 1
+        self.write_id = new_write_id()
         self.env = env
 
     def write(self, iterator: Iterator[Any]) -> StagedMessage:
@@ -183,8 +186,8 @@ class ShaleWriter(DataSourceArrowWriter):
         self.env.apply()
         ctx = TaskContext.get()
         partition = ctx.partitionId() if ctx is not None else 0
-        w = StagingWriter(self.uri, base=self.base, partition=partition, metadata_uri=self.metadata,
-                          compression=self.compression, batch_size=self.batch_size,
+        w = StagingWriter(self.uri, base=self.base, partition=partition, write=self.write_id,
+                          metadata_uri=self.metadata, compression=self.compression, batch_size=self.batch_size,
                           max_ledger_records=self.max_ledger_records, max_record_bytes=self.max_record_bytes)
         rows = 0
         try:
@@ -207,13 +210,22 @@ class ShaleWriter(DataSourceArrowWriter):
         try:
             register_staged(meta, staged)
         except BaseException:
-            discard_staged(meta, staged)
+            # (what cleaning up leaves is gc's: the failure to register is the news)
+            with contextlib.suppress(ShaleError):
+                discard_staged(meta, staged)
+            with contextlib.suppress(ShaleError):
+                finish_write(meta, self.write_id, self.base)
             raise
+        # Registered: a failure to clean up leaves gc some leftovers, and must not fail the job.
+        with contextlib.suppress(ShaleError):
+            finish_write(meta, self.write_id, self.base, kept=staged)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         staged = [s for m in messages if isinstance(m, StagedMessage) for s in m.staged]
         self.env.apply()
-        discard_staged(TopicMetadata.open(self.uri, self.metadata), staged)
+        meta = TopicMetadata.open(self.uri, self.metadata)
+        discard_staged(meta, staged)
+        finish_write(meta, self.write_id, self.base)
 
 
 # ------------------------------------------------------------------------- the source
