@@ -23,8 +23,8 @@ POLICY_DOC: Final = "policy.json"
 
 #: The longest duration and the largest size a setting may hold (about 146 million years
 #: and 4 EiB): a sum or difference with a time in milliseconds stays a signed 64-bit integer.
-MAX_MILLIS: Final = 1 << 62
-MAX_BYTES: Final = 1 << 62
+MAX_MILLIS: Final = (1 << 62) - 1
+MAX_BYTES: Final = (1 << 62) - 1
 Millis = Annotated[int, msgspec.Meta(ge=0, le=MAX_MILLIS)]
 Bytes = Annotated[int, msgspec.Meta(ge=0, le=MAX_BYTES)]
 Ratio = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
