@@ -112,8 +112,9 @@ def _open_dir(path: str, *, create: bool = False) -> int:
                 if e.errno not in (errno.ELOOP, errno.ENOTDIR):
                     raise
                 raise _not_a_folder(fd, name, where, e) from None
-            os.close(fd)
-            fd = sub
+            # (an interrupt between two steps may leak a descriptor, never close one twice)
+            old, fd = fd, sub
+            os.close(old)
     except BaseException:
         os.close(fd)
         raise
