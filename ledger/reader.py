@@ -312,12 +312,39 @@ class LedgerFile:
     def check_records_in(self, buf: bytes | memoryview, base: int, first: int, stop: int) -> None:
         """Check every record of entries ``first..stop-1`` (frames checked, inside ``buf``
         read from ``base``) as :meth:`check_kept` does, decompressing what is compressed."""
+        self.check_entries(buf, base, np.arange(first, stop, dtype=np.int64))
+
+    def check_entries(self, buf: bytes | memoryview, base: int, sel: npt.NDArray[np.int64],
+                      scratch: Scratch | None = None) -> None:
+        """Prove entries ``sel`` (ascending, frames checked, inside ``buf`` read from
+        ``base``) decodable: each compressed one decompresses, as :func:`decompress` checks
+        (one frame or block and nothing after it, the footer's size, the frame's content
+        checksum when it has one), and every record of each is exactly one well-formed
+        record where its footer puts it (:meth:`check_kept`).  At most about
+        :data:`RAW_BATCH_BYTES` are decompressed at a time, into ``scratch`` when given."""
+        for piece, raw, frames in self.decompressed(buf, base, sel, scratch):
+            self.check_kept(raw, base, piece, *self._all_records(piece), frames=frames)
+
+    def decompressed(self, buf: bytes | memoryview, base: int, sel: npt.NDArray[np.int64],
+                     scratch: Scratch | None = None
+                     ) -> Iterator[tuple[npt.NDArray[np.int64], bytes | bytearray | memoryview, npt.NDArray[np.int64]]]:
+        """Entries ``sel`` (frames checked, inside ``buf`` read from ``base``) in pieces of
+        about :data:`RAW_BATCH_BYTES` decompressed: each piece with :meth:`raw_frames`'
+        buffer and frame starts (the buffer is ``scratch``, when given, reused from piece
+        to piece: valid until the next one)."""
+        for piece in self.raw_batches(sel):
+            raw, frames = self.raw_frames(buf, base, piece, scratch)
+            yield piece, raw, frames
+
+    def _all_records(self, sel: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """How many records each entry of ``sel`` holds, and their indexes, in order."""
         starts = self.footer.e_rec_start
-        for sel in self.raw_batches(np.arange(first, stop, dtype=np.int64)):
-            raw, frames = self.raw_frames(buf, base, sel)
-            lo, hi = int(starts[sel[0]]), int(starts[sel[-1] + 1])
-            self.check_kept(raw, base, sel, np.diff(starts[sel[0]:sel[-1] + 2]),
-                            np.arange(lo, hi, dtype=np.int64), frames=frames)
+        first = starts[sel].astype(np.int64)
+        counts = starts[sel + 1].astype(np.int64) - first
+        total = int(counts.sum())
+        # the index of each record: its entry's first, plus its place in the entry
+        at = np.repeat(first - (np.cumsum(counts) - counts), counts)
+        return counts, at + np.arange(total, dtype=np.int64)
 
     def check_kept(self, buf: bytes | bytearray | memoryview, base: int, sel: npt.NDArray[np.int64],
                    kept: npt.NDArray[np.int64], records: npt.NDArray[np.int64],
