@@ -23,7 +23,7 @@ from shale.ledger.format import (
     decode_trailer,
 )
 from shale.ledger.ids import MessageId
-from shale.ledger.kernels import Scratch, check_frames, check_kept, record_problem
+from shale.ledger.kernels import Scratch, check_frames, check_kept, gather_ranges, record_columns, record_problem
 from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES, Message, decode_records
 from shale.ledger.storage import ObjectStore
 
@@ -34,6 +34,9 @@ DEFAULT_CHUNK_BYTES: Final = 8 * 1024 * 1024
 _TAIL_BYTES: Final = 256 * 1024
 #: Decompressed bytes held at once when checking or copying the records of many entries.
 RAW_BATCH_BYTES: Final = 64 * 1024 * 1024
+#: Records whose keys are hashed again at once (their decoded columns take ~100 bytes each).
+_KEY_BLOCK: Final = 1 << 18
+_NO_LIMIT: Final = 1 << 62
 
 
 class LedgerFile:
@@ -315,15 +318,62 @@ class LedgerFile:
         self.check_entries(buf, base, np.arange(first, stop, dtype=np.int64))
 
     def check_entries(self, buf: bytes | memoryview, base: int, sel: npt.NDArray[np.int64],
-                      scratch: Scratch | None = None) -> None:
+                      scratch: Scratch | None = None, *, key_hashes: bool = False) -> None:
         """Prove entries ``sel`` (ascending, frames checked, inside ``buf`` read from
         ``base``) decodable: each compressed one decompresses, as :func:`decompress` checks
         (one frame or block and nothing after it, the footer's size, the frame's content
         checksum when it has one), and every record of each is exactly one well-formed
         record where its footer puts it (:meth:`check_kept`).  At most about
-        :data:`RAW_BATCH_BYTES` are decompressed at a time, into ``scratch`` when given."""
+        :data:`RAW_BATCH_BYTES` are decompressed at a time, into ``scratch`` when given.
+
+        ``key_hashes``: also hash every record's key again and compare with the footer's
+        hash, so that records that decompress to other keys than were written (a
+        dictionary changed under frames without a content checksum, a footer lying about
+        its hashes) are caught."""
         for piece, raw, frames in self.decompressed(buf, base, sel, scratch):
-            self.check_kept(raw, base, piece, *self._all_records(piece), frames=frames)
+            counts, records = self._all_records(piece)
+            self.check_kept(raw, base, piece, counts, records, frames=frames)
+            if key_hashes:
+                self._check_key_hashes(raw, piece, counts, records, frames)
+
+    def _check_key_hashes(self, raw: bytes | bytearray | memoryview, sel: npt.NDArray[np.int64],
+                          counts: npt.NDArray[np.int64], records: npt.NDArray[np.int64],
+                          frames: npt.NDArray[np.int64]) -> None:
+        """Each of ``records`` (all those of entries ``sel``, checked records, in ``raw``
+        where ``frames`` say) has the key hash its footer gives."""
+        from shale.ledger.encoder import EncodedColumns, RecordColumns, VarColumn, encode_columns
+
+        foot = self.footer
+        at = np.repeat(frames + FRAME_HEADER.size, counts) + foot.col("r_offset")[records].astype(np.int64)
+        sizes = foot.col("r_size")[records].astype(np.int64)
+        for a in range(0, len(records), _KEY_BLOCK):  # (decoded columns bounded by records, not bytes)
+            b = min(a + _KEY_BLOCK, len(records))
+            bad, cols = record_columns(raw, at[a:b], sizes[a:b])
+            if cols is None:  # (checked already: only a buffer changed under us gets here)
+                raise CorruptLedgerError(f"{self.url}: record {int(records[a + bad])} is not a record",
+                                         path=self.url)
+            has_key = cols.key_len >= 0
+            lengths = np.where(has_key, cols.key_len, 0)
+            offsets = np.zeros(b - a + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            keys = gather_ranges(raw, cols.key_at, cols.key_at + lengths)
+            # the producer's own encoder hashes them (XXH3-128, in C where it is built):
+            # values left empty, the records it encodes are thrown away
+            enc = encode_columns(RecordColumns(VarColumn(offsets, keys, has_key.astype(np.uint8)),
+                                               VarColumn(np.zeros(b - a + 1, dtype=np.int64), b"")),
+                                 0, _NO_LIMIT)
+            if not isinstance(enc, EncodedColumns):
+                raise CorruptLedgerError(f"{self.url}: a key of records {a}..{b - 1} cannot be hashed", path=self.url)
+            r = records[a:b]
+            wrong = np.flatnonzero((enc.hash_hi != foot.col("r_hash_hi")[r])
+                                   | (enc.hash_lo != foot.col("r_hash_lo")[r]))
+            if len(wrong):
+                index = int(r[wrong[0]])
+                e = int(foot.entry_of(index))
+                raise CorruptLedgerError(
+                    f"{self.url}: entry {self._entry_name(e)}, record {self._batch_of(index, e)}: its key does not "
+                    "hash to the key hash its footer gives (the entry decodes to another key than was written)",
+                    path=self.url, position=int(foot.col("e_offset")[e]))
 
     def decompressed(self, buf: bytes | memoryview, base: int, sel: npt.NDArray[np.int64],
                      scratch: Scratch | None = None
