@@ -88,7 +88,19 @@ class Dictionary:
         if expect_id is not None and did != expect_id:
             raise CorruptLedgerError(f"{where}: the dictionary says it is {did}, registered as {expect_id}",
                                      path=where, position=4)
-        return cls(did, bytes(data))
+        got = cls(did, bytes(data))
+        # zstd's own reading of the tables: a dictionary it cannot use would otherwise
+        # fail later, in the middle of compressing or decompressing an entry
+        import zstandard
+
+        try:
+            probe = b"shale dictionary probe"
+            frame = _CONTEXTS.zstd_compressor(1, got).compress(probe)
+            if _CONTEXTS.zstd_decompressor(got).decompress(frame, max_output_size=len(probe)) != probe:
+                raise zstandard.ZstdError("it does not round-trip")
+        except zstandard.ZstdError as e:
+            raise CorruptLedgerError(f"{where}: not a usable zstd dictionary ({e})", path=where) from e
+        return got
 
 
 #: The topic's dictionaries by id (raising a :class:`CorruptLedgerError` for one it does not
@@ -219,7 +231,12 @@ def compress(payload: Buffer, compression: Compression) -> tuple[Codec, Buffer]:
     elif codec is Codec.ZSTD_DICT:
         if compression.dictionary is None:
             raise InvalidInputError("zstd-dict compression needs the topic's dictionary (shale dictionary --train)")
-        out = _CONTEXTS.zstd_compressor(compression.level, compression.dictionary).compress(payload)
+        import zstandard
+
+        try:
+            out = _CONTEXTS.zstd_compressor(compression.level, compression.dictionary).compress(payload)
+        except zstandard.ZstdError as e:  # (a dictionary is checked when it is read: Dictionary.load)
+            raise CorruptLedgerError(f"zstd dictionary {compression.dictionary.id} cannot compress: {e}") from e
     else:
         out = _CONTEXTS.zstd_compressor(compression.level).compress(payload)
     if len(out) >= size:

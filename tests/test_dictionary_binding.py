@@ -155,6 +155,23 @@ def test_scrub_catches_a_footer_whose_key_hash_is_not_its_keys(topic: str) -> No
     assert r.returncode == 4 and f"damaged {name}" in r.stdout and "entry 1:2, record 1: its key" in r.stdout, r.stdout
 
 
+def test_a_dictionary_zstd_cannot_use_is_refused_naming_it(topic: str) -> None:
+    """Cut short, its registration (size, CRC32C, SHA-256) rewritten to match: it passes
+    every check of the registration, and zstd cannot load its tables."""
+    name, data = _dictionary(topic)
+    cut = data[:40]
+    tamper.write_raw(topic, name, cut)
+    tamper.edit(topic, "topic.json", lambda doc: doc["value"]["dictionaries"][0].update(
+        bytes=len(cut), crc32c=crc32c(cut), sha256=hashlib.sha256(cut).hexdigest()))
+    lines = "".join(json.dumps({"key": f"user-{i:05d}", "value": "v" * 50}) + "\n" for i in range(10))
+    for args, kw in ((("produce", topic), {"input": lines}), ((topic,), {"script": "compact"}),
+                     (("read", topic), {})):
+        r = run_cli(*args, **kw)  # type: ignore[arg-type]
+        assert r.returncode == 4, (args, r.stderr)
+        line = r.stderr.strip()
+        assert len(line.splitlines()) == 1 and name in line and "not a usable zstd dictionary" in line, (args, line)
+
+
 def test_a_missing_registered_dictionary_is_damage_for_every_command(topic: str) -> None:
     name, _ = _dictionary(topic)
     os.unlink(Path(topic) / name)
