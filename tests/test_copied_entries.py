@@ -19,7 +19,7 @@ import pytest
 import zstandard
 
 from shale.compactor import CompactionConfig, Compactor
-from shale.ledger.codecs import Codec, decompress
+from shale.ledger.codecs import Codec, decompress, parse_compression
 from shale.ledger.errors import CorruptLedgerError
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
@@ -181,3 +181,27 @@ def test_frames_written_without_a_content_checksum_stay_readable(tmp_path: Path)
     assert len(TopicReader(uri, read_compacted=True).read()) == 400
     r = run_cli("verify", uri, "--scrub")
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.slow
+def test_the_spark_engine_refuses_it_too(tmp_path: Path) -> None:
+    """The Spark engine's pass two copies through the same code: a task that meets the
+    frame fails the run, which publishes nothing and leaves nothing behind."""
+    from shale.compactor.spark import SparkOptions
+    from shale.compactor.spark.engine import SparkEngine
+
+    uri = str(tmp_path / "t")
+    produce(uri)
+    produce(uri, first=400)
+    name = lie(uri, "content size other than the footer's", ledger=2)
+    before = tamper.snapshot(uri)
+    engine = SparkEngine(SparkOptions(master="local[2]", split_bytes=1 << 16, split_records=100,
+                                      conf=(("spark.ui.enabled", "false"),)))
+    try:
+        for written in ("zstd", "none"):
+            config = CompactionConfig(delete_retention_ms=0, compression=parse_compression(written))
+            with pytest.raises(CorruptLedgerError, match=f"{name.split('/')[-1]}.*declares"):
+                Compactor(uri, config, engine=engine).run()
+            assert tamper.snapshot(uri) == before
+    finally:
+        engine.close()
