@@ -23,7 +23,7 @@ from shale.ledger.format import (
     decode_trailer,
 )
 from shale.ledger.ids import MessageId
-from shale.ledger.kernels import Scratch, check_frames, check_kept, gather_ranges, record_columns, record_problem
+from shale.ledger.kernels import Scratch, check_frames, check_kept, gather_ranges, record_problem
 from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES, Message, decode_records
 from shale.ledger.storage import ObjectStore
 
@@ -345,18 +345,13 @@ class LedgerFile:
 
         foot = self.footer
         at = np.repeat(frames + FRAME_HEADER.size, counts) + foot.col("r_offset")[records].astype(np.int64)
-        sizes = foot.col("r_size")[records].astype(np.int64)
-        for a in range(0, len(records), _KEY_BLOCK):  # (decoded columns bounded by records, not bytes)
+        data = np.frombuffer(raw, dtype=np.uint8)
+        for a in range(0, len(records), _KEY_BLOCK):  # (arrays bounded by records, not bytes)
             b = min(a + _KEY_BLOCK, len(records))
-            bad, cols = record_columns(raw, at[a:b], sizes[a:b])
-            if cols is None:  # (checked already: only a buffer changed under us gets here)
-                raise CorruptLedgerError(f"{self.url}: record {int(records[a + bad])} is not a record",
-                                         path=self.url)
-            has_key = cols.key_len >= 0
-            lengths = np.where(has_key, cols.key_len, 0)
+            key_at, lengths, has_key = _keys_of(data, at[a:b])
             offsets = np.zeros(b - a + 1, dtype=np.int64)
             np.cumsum(lengths, out=offsets[1:])
-            keys = gather_ranges(raw, cols.key_at, cols.key_at + lengths)
+            keys = gather_ranges(raw, key_at, key_at + lengths)
             # the producer's own encoder hashes them (XXH3-128, in C where it is built):
             # values left empty, the records it encodes are thrown away
             enc = encode_columns(RecordColumns(VarColumn(offsets, keys, has_key.astype(np.uint8)),
@@ -482,3 +477,21 @@ class LedgerFile:
                     if r >= stop_record:
                         return
                     yield Message(MessageId(lids[k], eids[k], int(batches[r])), key, value, props, pt, et)
+
+
+def _keys_of(data: npt.NDArray[np.uint8], at: npt.NDArray[np.int64]
+             ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+    """Where the key of each record starting at ``at`` in ``data`` begins, its length (0
+    for none) and whether it has one.  Only for records already checked to be well formed
+    (:meth:`LedgerFile.check_kept`): a msgpack array (fixarray, array 16 or array 32)
+    whose first element is nil or bin 8, 16 or 32."""
+    head = data[at]
+    k = at + np.where(head == 0xDC, 3, np.where(head == 0xDD, 5, 1))
+    kind = data[k]
+    has_key = kind != 0xC0
+    width = np.select([kind == 0xC4, kind == 0xC5, kind == 0xC6], [1, 2, 4], 0)
+    length = np.zeros(len(at), dtype=np.int64)
+    for i in range(4):  # big-endian length, up to 4 bytes
+        more = width > i
+        length[more] = (length[more] << 8) | data[k[more] + 1 + i]
+    return k + 1 + width, length, has_key

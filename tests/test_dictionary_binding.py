@@ -237,3 +237,50 @@ def test_an_unreadable_dictionary_is_a_permission_error_not_damage(shared_topic:
         assert r.returncode == 2, (args, r.stdout, r.stderr)
         line = r.stderr.strip().splitlines()[-1]
         assert name in line and "permission denied" in line, (args, r.stderr)
+
+
+def test_scrub_hashes_every_form_of_key_a_record_may_have() -> None:
+    """Keys absent, empty, of 5, 300 and 70,000 bytes (bin 8, 16, 32), in records
+    headed by a fixarray or an array 16 (both well formed), compressed or not: each hashes
+    to its footer's key hash, and one hash changed is named."""
+    import io
+
+    import numpy as np
+
+    from shale.ledger.codecs import DEFAULT_COMPRESSION, NO_COMPRESSION
+    from shale.ledger.errors import CorruptLedgerError
+    from shale.ledger.format import KIND_ORIGINAL
+    from shale.ledger.reader import LedgerFile
+    from shale.ledger.record import Record
+    from shale.ledger.storage import resolve
+    from shale.ledger.writer import LedgerWriter, encode_entry
+
+    keys = [None, b"", b"k" * 5, b"m" * 300, b"n" * 70_000, b"tail"]
+    records = [Record(k, b"v" * 20, {"i": str(i)}, 1000 + i) for i, k in enumerate(keys)]
+    store = resolve("memory://key-forms/x").store
+    for n, compression in enumerate((NO_COMPRESSION, DEFAULT_COMPRESSION)):
+        entry = encode_entry(records)
+        # the same records with an array 16 head (0xdc 00 05) instead of a fixarray (0x95)
+        payload = b"".join(b"\xdc\x00\x05" + bytes(entry.payload[o + 1:o + s])
+                           for o, s in zip(entry.r_offset.tolist(), entry.r_size.tolist(), strict=True))
+        sizes = (entry.r_size + 2).astype(np.uint32)
+        offsets = np.r_[0, np.cumsum(sizes)[:-1]].astype(np.uint32)
+        wide = type(entry)(payload, offsets, sizes, entry.r_hash_hi, entry.r_hash_lo, entry.r_flags,
+                           entry.publish_time)
+        buf = io.BytesIO()
+        w = LedgerWriter(buf, kind=KIND_ORIGINAL, ledger_id=1, created_ms=0, compression=compression)
+        w.add_entry(entry)
+        w.add_entry(wide)
+        w.finish()
+        store.put(f"l{n}", buf.getvalue())
+        f = LedgerFile.open(store, f"l{n}")
+        assert int(f.footer.codecs()[0]) == (0 if n == 0 else 2)
+        base, data = f.read_frames(0, 2)
+        f.check_entries(data, base, np.arange(2, dtype=np.int64), key_hashes=True)
+        p = objects.parse(buf.getvalue())
+        p.cols["r_hash_hi"][10] ^= 1 << 63  # the 70,000-byte key, in the array 16 entry
+        store.put(f"bad{n}", objects.build(p))
+        f = LedgerFile.open(store, f"bad{n}")
+        base, data = f.read_frames(0, 2)
+        with pytest.raises(CorruptLedgerError, match="entry 1:1, record 4: its key does not hash"):
+            f.check_entries(data, base, np.arange(2, dtype=np.int64), key_hashes=True)
