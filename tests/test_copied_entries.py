@@ -115,6 +115,8 @@ def test_compaction_refuses_a_compressed_entry_that_does_not_decode_as_its_foote
     # every record outside the entry is still readable where it was
     records = TopicReader(uri, start=f"1:{ENTRY + 1}:0").read()
     assert len(records) == 400 - (ENTRY + 1) * BATCH
+    if written != "zstd":
+        return  # (nothing was published: what readers say does not depend on the run's codec)
     # and readers agree with compaction
     for args in (("read", uri), ("read", uri, "--compacted"), ("verify", uri, "--scrub")):
         r = run_cli(*args)
