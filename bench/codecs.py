@@ -11,10 +11,11 @@ Two kinds of records, keyed as a changelog topic keys them:
 
 Each is encoded into entries of 100 records exactly as the producer writes them, then
 measured as stored: uncompressed; each entry compressed on its own with lz4, zstd levels 1
-and 3, and zstd level 3 with a dictionary trained on a sample; one zstd frame per 16 KiB
+and 3, and zstd level 3 with a dictionary trained on a sample (zstd level 1 and the
+dictionary also with zstd's content checksum, as Shale writes frames); one zstd frame per 16 KiB
 of records (Kafka's batches); and the same records as a zstd Parquet file (key, value).
 Prints one JSON line per codec with bytes, the ratio to uncompressed, and compression and
-decompression rates (medians of interleaved repeats).
+decompression rates (per second of CPU time, medians of interleaved repeats).
 """
 
 from __future__ import annotations
@@ -76,35 +77,46 @@ def codecs(sample: list[bytes]) -> dict[str, Codec]:
     import lz4.frame
     import zstandard as zstd
 
-    def z(level: int, d: Any = None) -> Codec:
-        c = zstd.ZstdCompressor(level=level, dict_data=d)
+    def z(level: int, d: Any = None, checksum: bool = False) -> Codec:
+        c = zstd.ZstdCompressor(level=level, dict_data=d, write_checksum=checksum)
         dz = zstd.ZstdDecompressor(dict_data=d)
         return c.compress, dz.decompress
 
     trained = zstd.train_dictionary(112 * 1024, sample)
+    # "+checksum": with zstd's content checksum, as Shale writes its frames
     return {"none": (bytes, bytes), "lz4": (lz4.frame.compress, lz4.frame.decompress),
-            "zstd-1": z(1), "zstd-3": z(3), "zstd-3+dict": z(3, trained)}
+            "zstd-1": z(1), "zstd-1+checksum": z(1, checksum=True), "zstd-3": z(3),
+            "zstd-3+dict": z(3, trained), "zstd-3+dict+checksum": z(3, trained, checksum=True)}
 
 
-def measure(name: str, data: list[bytes], codec: Codec, repeat: int) -> dict[str, Any]:
-    comp, decomp = codec
+def measure(data: list[bytes], codecs: dict[str, Codec], repeat: int) -> list[dict[str, Any]]:
+    """Each codec over ``data``: bytes stored and rates, medians of ``repeat`` rounds that
+    each run every codec once (so that a slow spell of the machine hits them alike).
+    Rates are per second of this process's CPU time, which another process's load on a
+    shared machine changes far less than it changes the wall clock's."""
     raw = sum(map(len, data))
-    ctimes, dtimes = [], []
-    stored = 0
+    ctimes: dict[str, list[float]] = {name: [] for name in codecs}
+    dtimes: dict[str, list[float]] = {name: [] for name in codecs}
+    stored: dict[str, int] = {}
     for _ in range(repeat):
-        t = time.perf_counter()
-        packed = [comp(e) for e in data]
-        ctimes.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        for p in packed:
-            decomp(p)
-        dtimes.append(time.perf_counter() - t)
-        stored = sum(map(len, packed))
-    if name == "none":
-        return {"codec": name, "bytes": stored, "ratio": 1.0}
-    return {"codec": name, "bytes": stored, "ratio": round(raw / stored, 2),
-            "compress_MBps": round(raw / statistics.median(ctimes) / 1e6, 1),
-            "decompress_MBps": round(raw / statistics.median(dtimes) / 1e6, 1)}
+        for name, (comp, decomp) in codecs.items():
+            t = time.process_time()
+            packed = [comp(e) for e in data]
+            ctimes[name].append(time.process_time() - t)
+            t = time.process_time()
+            for p in packed:
+                decomp(p)
+            dtimes[name].append(time.process_time() - t)
+            stored[name] = sum(map(len, packed))
+    out = []
+    for name in codecs:
+        if name == "none":
+            out.append({"codec": name, "bytes": stored[name], "ratio": 1.0})
+            continue
+        out.append({"codec": name, "bytes": stored[name], "ratio": round(raw / stored[name], 2),
+                    "compress_MBps": round(raw / statistics.median(ctimes[name]) / 1e6, 1),
+                    "decompress_MBps": round(raw / statistics.median(dtimes[name]) / 1e6, 1)})
+    return out
 
 
 def kafka_batches(records: list[tuple[bytes, bytes]], raw_entries: list[bytes], batch: int = 16 * 1024) -> int:
@@ -141,9 +153,8 @@ def main() -> None:
             print(json.dumps({"records": kind, "per_entry": per, "n": len(records), "entries": len(data),
                               "raw_bytes": raw}), flush=True)
             # the dictionary is trained on entries of another seed: a sample, as a producer would have
-            for name, codec in codecs(entries(make(min(a.records, 20_000), 2), per)).items():
-                print(json.dumps({"records": kind, "per_entry": per, **measure(name, data, codec, a.repeat)}),
-                      flush=True)
+            for row in measure(data, codecs(entries(make(min(a.records, 20_000), 2), per)), a.repeat):
+                print(json.dumps({"records": kind, "per_entry": per, **row}), flush=True)
         data = entries(records)
         raw = sum(map(len, data))
         kb = kafka_batches(records, data)

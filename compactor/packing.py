@@ -1,7 +1,8 @@
 """Pass two's new entries: survivors packed together, compressed.
 
 An entry whose records all survive is copied as it is stored (its frame and checksum
-unchanged, compressed or not).  The rest is packed: each partly kept entry (and, when the
+unchanged, compressed or not), once it is proven to decode to what its footer says.  The
+rest is packed: each partly kept entry (and, when the
 run compresses, each small one) is decompressed once, its survivors are checked, and the
 survivors of neighbouring entries are cut into new entries of about ``entry_bytes``
 (decompressed), each compressed on its own.  A new entry never spans an entry copied
@@ -94,12 +95,16 @@ def _pack_piece(f: LedgerFile, sel: npt.NDArray[Any], kept: npt.NDArray[np.int64
     rec, owner = plan.rec, np.repeat(np.arange(len(sel)), kept)
     codecs = foot.codecs()[sel]
     in_whole = whole[owner]
-    # Entries kept whole keep their stored bytes; the records of those stored as they are
-    # are checked where they lie (a compressed one's are checked wherever it is next
-    # decompressed: checking them here would decompress everything kept).
+    # Entries kept whole keep their stored bytes: the records of those stored as they are
+    # are checked where they lie, and a compressed one is first proven to decompress to
+    # exactly what its footer says (every record checked), in bounded pieces, so that
+    # nothing undecodable is ever published.
     plain = whole & (codecs == Codec.NONE)
     if plain.any():
         f.check_kept(buf, base, sel[plain], kept[plain], rec[plain[owner]])
+    stored = whole & (codecs != Codec.NONE)
+    if stored.any():
+        f.check_entries(buf, base, sel[stored], scratch)
     offsets = foot.col("r_offset")[rec].copy()
     packed = _packed(f, sel, kept, whole, owner[~in_whole], rec[~in_whole], base, buf, compression, entry_bytes,
                      scratch)

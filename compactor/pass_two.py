@@ -1,8 +1,9 @@
 """Pass two: copy the surviving records, in id order, into the new compacted ledger.
 
 Records are copied as raw bytes, never decoded: an entry whose records all survive is
-copied whole (frame and checksum unchanged); otherwise its surviving records' bytes are
-joined into a new frame.  Reads are large ranged reads of consecutive entries; output
+copied whole (frame and checksum unchanged; a compressed one only once it is proven to
+decompress to what its footer says); otherwise its surviving records' bytes are joined
+into a new frame.  Reads are large ranged reads of consecutive entries; output
 parts roll at ``max_part_bytes`` and stream to storage.
 """
 
@@ -352,13 +353,14 @@ def _copy_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes | 
                      foot.col("e_length")[sel].astype(np.int64), foot.col("r_offset"), foot.col("r_size"))
     rec, kept, lengths = plan.rec, plan.kept, plan.lengths
     # every record copied is one well-formed record where the footer puts it (frames are
-    # checked already, but a footer can still move a boundary between two records); the
-    # records of a whole compressed entry are checked where it is next decompressed
-    # (docs/compaction.md)
+    # checked already, but a footer can still move a boundary between two records); a
+    # compressed entry copied whole, its stored bytes unchanged, is first proven to
+    # decompress to exactly what its footer says (docs/compaction.md)
     codecs = foot.codecs()[sel]
-    unchecked = plan.whole & (codecs != Codec.NONE)
-    if unchecked.any():
-        f.check_kept(buf, base, sel[~unchecked], kept[~unchecked], rec[~np.repeat(unchecked, kept)])
+    stored = plan.whole & (codecs != Codec.NONE)
+    if stored.any():
+        f.check_kept(buf, base, sel[~stored], kept[~stored], rec[~np.repeat(stored, kept)])
+        f.check_entries(buf, base, sel[stored], sink.raw_buffer)
     else:
         f.check_kept(buf, base, sel, kept, rec)
     frame_at = np.zeros(len(sel) + 1, dtype=np.int64)  # where each output frame starts, and the end

@@ -4,9 +4,17 @@ entry's digest on read; Ceph scrubs placement groups in the background).
 Compaction and plain verification read only what they need: an entry whose records were
 all superseded is never read again, so its corruption would go unnoticed until a reader
 of the full topic meets it.  A scrub reads every frame of every original ledger and every
-compacted part, checks each frame's checksum and each record against its footer, and
+compacted part, checks each frame's checksum, decompresses every compressed entry (one
+frame or block and nothing after it, of the footer's size, its content checksum when it
+has one), checks each record against its footer and hashes its key again against the
+footer's key hash (so entries that decode to other keys than were written, through a
+changed dictionary, say, are caught even in frames without a content checksum), and
 reports every damaged object (it does not stop at the first), at a bounded read rate so
 that it can run beside producers and readers.
+
+Damage is what a reader would refuse as corrupt (exit 4), or an object the topic names
+that is missing.  A store that refuses access, or fails, is not damage: the scrub stops
+with that error (a permission error exits 2), having judged nothing.
 """
 
 from __future__ import annotations
@@ -15,9 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from shale.compactor.throttle import Throttle
-from shale.ledger.errors import ObjectNotFoundError, ShaleError, error_line
+from shale.ledger.errors import EXIT_CORRUPT, ObjectNotFoundError, ShaleError, error_line
 from shale.ledger.format import KIND_COMPACTED, KIND_ORIGINAL
+from shale.ledger.kernels import Scratch
 from shale.ledger.reader import LedgerFile
 from shale.metadata.topic import TopicMetadata
 
@@ -75,6 +86,8 @@ def scrub_topic(meta: TopicMetadata, *, max_bytes_per_s: int = 0, progress: Prog
             else:
                 report.gone += 1
         except ShaleError as e:
+            if e.exit_code != EXIT_CORRUPT:
+                raise  # permission denied, the store failing: not the object's damage
             report.damaged.append({"object": name, "error": error_line(e)})
         done += size
         if progress is not None:
@@ -92,10 +105,11 @@ def _scrub_object(meta: TopicMetadata, name: str, ledger_id: int | None, kind: i
     loc = meta.topic
     f = LedgerFile.open(loc.store, loc.key(name), ledger_id=ledger_id, kind=kind, dictionaries=meta.dictionaries)
     starts = f.footer.e_rec_start
+    scratch = Scratch()  # where entries are decompressed, reused
     for c0, c1 in f.chunks(0, f.n_entries):
         base, buf = f.read_frames(c0, c1)
         f.check_frames(buf, base, c0, c1)
-        f.check_records_in(buf, base, c0, c1)
+        f.check_entries(buf, base, np.arange(c0, c1, dtype=np.int64), scratch, key_hashes=True)
         report.entries += c1 - c0
         report.records += int(starts[c1] - starts[c0])
         report.bytes_checked += len(buf)

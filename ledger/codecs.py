@@ -8,7 +8,9 @@ bounded by the size the footer records, which is itself bounded, so a crafted en
 never make a reader allocate more than :data:`MAX_RAW_ENTRY_BYTES`.
 
 * ``lz4`` — an LZ4 block (no frame, no size prefix: the footer has the size).
-* ``zstd`` — one Zstandard frame that declares its content size.
+* ``zstd`` — one Zstandard frame that declares its content size, and nothing after it;
+  frames written by this build also carry zstd's content checksum (older ones, without
+  it, are read as they are).
 * ``zstd-dict`` — the same, compressed with one of the topic's trained dictionaries,
   whose id the frame names; a reader is given the topic's dictionaries
   (:data:`DictionarySource`).
@@ -22,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from shale.ledger.errors import CorruptLedgerError, InvalidInputError, ShaleError
+from shale.ledger.errors import CorruptLedgerError, InvalidInputError
 
 __all__ = [
     "DEFAULT_COMPRESSION",
@@ -86,10 +88,23 @@ class Dictionary:
         if expect_id is not None and did != expect_id:
             raise CorruptLedgerError(f"{where}: the dictionary says it is {did}, registered as {expect_id}",
                                      path=where, position=4)
-        return cls(did, bytes(data))
+        got = cls(did, bytes(data))
+        # zstd's own reading of the tables: a dictionary it cannot use would otherwise
+        # fail later, in the middle of compressing or decompressing an entry
+        import zstandard
+
+        try:
+            probe = b"shale dictionary probe"
+            frame = _CONTEXTS.zstd_compressor(1, got).compress(probe)
+            if _CONTEXTS.zstd_decompressor(got).decompress(frame, max_output_size=len(probe)) != probe:
+                raise zstandard.ZstdError("it does not round-trip")
+        except zstandard.ZstdError as e:
+            raise CorruptLedgerError(f"{where}: not a usable zstd dictionary ({e})", path=where) from e
+        return got
 
 
-#: The topic's dictionaries by id (raising a :class:`ShaleError` for one it does not have).
+#: The topic's dictionaries by id (raising a :class:`CorruptLedgerError` for one it does not
+#: have or that is damaged; another :class:`ShaleError` when the store fails).
 DictionarySource = Callable[[int], Dictionary]
 
 
@@ -175,7 +190,11 @@ class _Contexts:
             import zstandard
 
             d = zstandard.ZstdCompressionDict(dictionary.data) if dictionary is not None else None
-            c = cache[key] = zstandard.ZstdCompressor(level=level, write_content_size=True, dict_data=d)
+            # zstd's content checksum (XXH64 of the decompressed bytes, 4 bytes a frame):
+            # a frame or a dictionary changed since it was written decompresses to
+            # something else, which the checksum catches where nothing else would
+            c = cache[key] = zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=True,
+                                                      dict_data=d)
             if dictionary is not None:
                 cache[("cd", dictionary.id)] = dictionary.data
         return c
@@ -212,7 +231,12 @@ def compress(payload: Buffer, compression: Compression) -> tuple[Codec, Buffer]:
     elif codec is Codec.ZSTD_DICT:
         if compression.dictionary is None:
             raise InvalidInputError("zstd-dict compression needs the topic's dictionary (shale dictionary --train)")
-        out = _CONTEXTS.zstd_compressor(compression.level, compression.dictionary).compress(payload)
+        import zstandard
+
+        try:
+            out = _CONTEXTS.zstd_compressor(compression.level, compression.dictionary).compress(payload)
+        except zstandard.ZstdError as e:  # (a dictionary is checked when it is read: Dictionary.load)
+            raise CorruptLedgerError(f"zstd dictionary {compression.dictionary.id} cannot compress: {e}") from e
     else:
         out = _CONTEXTS.zstd_compressor(compression.level).compress(payload)
     if len(out) >= size:
@@ -239,6 +263,8 @@ def decompress(stored: Buffer, codec: int, raw_length: int, where: str | Callabl
         import lz4.block
 
         try:
+            # LZ4_decompress_safe fails unless the block ends exactly where its input
+            # does; a block that stops short of the footer's size is caught below.
             out: bytes = lz4.block.decompress(stored, uncompressed_size=raw_length)
         except (lz4.block.LZ4BlockError, ValueError) as e:
             raise bad(f"does not decompress with lz4 ({raw_length} bytes expected)") from e
@@ -268,14 +294,23 @@ def _decompress_zstd(stored: Buffer, raw_length: int, bad: Callable[[str], Corru
                   f"{raw_length}")
     dictionary = None
     if with_dictionary:
+        if not params.dict_id:
+            raise bad("is stored as zstd-dict, and its frame names no dictionary")
         if dictionaries is None:
             raise bad(f"is compressed with dictionary {params.dict_id}, and the topic's dictionaries were not given")
         try:
             dictionary = dictionaries(params.dict_id)
-        except ShaleError as e:
+        except CorruptLedgerError as e:
+            # (a store that fails, or refuses access, is not the entry's fault: said as it is)
             raise bad(f"is compressed with dictionary {params.dict_id}: {e}") from e
+    elif params.dict_id:
+        raise bad(f"is stored as zstd without a dictionary, and its frame names dictionary {params.dict_id}")
     try:
-        out: bytes = _CONTEXTS.zstd_decompressor(dictionary).decompress(stored, max_output_size=raw_length)
+        # One frame, exactly: bytes after it are refused (the frame's end is where zstd
+        # says, not where the footer says), and so is a frame whose content checksum,
+        # when it has one, does not match what it decompresses to.
+        out: bytes = _CONTEXTS.zstd_decompressor(dictionary).decompress(stored, max_output_size=raw_length,
+                                                                       allow_extra_data=False)
     except zstandard.ZstdError as e:
         raise bad(f"does not decompress with zstd: {e}") from e
     return out

@@ -23,7 +23,7 @@ from shale.ledger.format import (
     decode_trailer,
 )
 from shale.ledger.ids import MessageId
-from shale.ledger.kernels import Scratch, check_frames, check_kept, record_problem
+from shale.ledger.kernels import Scratch, check_frames, check_kept, gather_ranges, record_problem
 from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES, Message, decode_records
 from shale.ledger.storage import ObjectStore
 
@@ -34,6 +34,9 @@ DEFAULT_CHUNK_BYTES: Final = 8 * 1024 * 1024
 _TAIL_BYTES: Final = 256 * 1024
 #: Decompressed bytes held at once when checking or copying the records of many entries.
 RAW_BATCH_BYTES: Final = 64 * 1024 * 1024
+#: Records whose keys are hashed again at once (their decoded columns take ~100 bytes each).
+_KEY_BLOCK: Final = 1 << 18
+_NO_LIMIT: Final = 1 << 62
 
 
 class LedgerFile:
@@ -312,12 +315,81 @@ class LedgerFile:
     def check_records_in(self, buf: bytes | memoryview, base: int, first: int, stop: int) -> None:
         """Check every record of entries ``first..stop-1`` (frames checked, inside ``buf``
         read from ``base``) as :meth:`check_kept` does, decompressing what is compressed."""
+        self.check_entries(buf, base, np.arange(first, stop, dtype=np.int64))
+
+    def check_entries(self, buf: bytes | memoryview, base: int, sel: npt.NDArray[np.int64],
+                      scratch: Scratch | None = None, *, key_hashes: bool = False) -> None:
+        """Prove entries ``sel`` (ascending, frames checked, inside ``buf`` read from
+        ``base``) decodable: each compressed one decompresses, as :func:`decompress` checks
+        (one frame or block and nothing after it, the footer's size, the frame's content
+        checksum when it has one), and every record of each is exactly one well-formed
+        record where its footer puts it (:meth:`check_kept`).  At most about
+        :data:`RAW_BATCH_BYTES` are decompressed at a time, into ``scratch`` when given.
+
+        ``key_hashes``: also hash every record's key again and compare with the footer's
+        hash, so that records that decompress to other keys than were written (a
+        dictionary changed under frames without a content checksum, a footer lying about
+        its hashes) are caught."""
+        for piece, raw, frames in self.decompressed(buf, base, sel, scratch):
+            counts, records = self._all_records(piece)
+            self.check_kept(raw, base, piece, counts, records, frames=frames)
+            if key_hashes:
+                self._check_key_hashes(raw, piece, counts, records, frames)
+
+    def _check_key_hashes(self, raw: bytes | bytearray | memoryview, sel: npt.NDArray[np.int64],
+                          counts: npt.NDArray[np.int64], records: npt.NDArray[np.int64],
+                          frames: npt.NDArray[np.int64]) -> None:
+        """Each of ``records`` (all those of entries ``sel``, checked records, in ``raw``
+        where ``frames`` say) has the key hash its footer gives."""
+        from shale.ledger.encoder import EncodedColumns, RecordColumns, VarColumn, encode_columns
+
+        foot = self.footer
+        at = np.repeat(frames + FRAME_HEADER.size, counts) + foot.col("r_offset")[records].astype(np.int64)
+        data = np.frombuffer(raw, dtype=np.uint8)
+        for a in range(0, len(records), _KEY_BLOCK):  # (arrays bounded by records, not bytes)
+            b = min(a + _KEY_BLOCK, len(records))
+            key_at, lengths, has_key = _keys_of(data, at[a:b])
+            offsets = np.zeros(b - a + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            keys = gather_ranges(raw, key_at, key_at + lengths)
+            # the producer's own encoder hashes them (XXH3-128, in C where it is built):
+            # values left empty, the records it encodes are thrown away
+            enc = encode_columns(RecordColumns(VarColumn(offsets, keys, has_key.astype(np.uint8)),
+                                               VarColumn(np.zeros(b - a + 1, dtype=np.int64), b"")),
+                                 0, _NO_LIMIT)
+            if not isinstance(enc, EncodedColumns):
+                raise CorruptLedgerError(f"{self.url}: a key of records {a}..{b - 1} cannot be hashed", path=self.url)
+            r = records[a:b]
+            wrong = np.flatnonzero((enc.hash_hi != foot.col("r_hash_hi")[r])
+                                   | (enc.hash_lo != foot.col("r_hash_lo")[r]))
+            if len(wrong):
+                index = int(r[wrong[0]])
+                e = int(foot.entry_of(index))
+                raise CorruptLedgerError(
+                    f"{self.url}: entry {self._entry_name(e)}, record {self._batch_of(index, e)}: its key does not "
+                    "hash to the key hash its footer gives (the entry decodes to another key than was written)",
+                    path=self.url, position=int(foot.col("e_offset")[e]))
+
+    def decompressed(self, buf: bytes | memoryview, base: int, sel: npt.NDArray[np.int64],
+                     scratch: Scratch | None = None
+                     ) -> Iterator[tuple[npt.NDArray[np.int64], bytes | bytearray | memoryview, npt.NDArray[np.int64]]]:
+        """Entries ``sel`` (frames checked, inside ``buf`` read from ``base``) in pieces of
+        about :data:`RAW_BATCH_BYTES` decompressed: each piece with :meth:`raw_frames`'
+        buffer and frame starts (the buffer is ``scratch``, when given, reused from piece
+        to piece: valid until the next one)."""
+        for piece in self.raw_batches(sel):
+            raw, frames = self.raw_frames(buf, base, piece, scratch)
+            yield piece, raw, frames
+
+    def _all_records(self, sel: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """How many records each entry of ``sel`` holds, and their indexes, in order."""
         starts = self.footer.e_rec_start
-        for sel in self.raw_batches(np.arange(first, stop, dtype=np.int64)):
-            raw, frames = self.raw_frames(buf, base, sel)
-            lo, hi = int(starts[sel[0]]), int(starts[sel[-1] + 1])
-            self.check_kept(raw, base, sel, np.diff(starts[sel[0]:sel[-1] + 2]),
-                            np.arange(lo, hi, dtype=np.int64), frames=frames)
+        first = starts[sel].astype(np.int64)
+        counts = starts[sel + 1].astype(np.int64) - first
+        total = int(counts.sum())
+        # the index of each record: its entry's first, plus its place in the entry
+        at = np.repeat(first - (np.cumsum(counts) - counts), counts)
+        return counts, at + np.arange(total, dtype=np.int64)
 
     def check_kept(self, buf: bytes | bytearray | memoryview, base: int, sel: npt.NDArray[np.int64],
                    kept: npt.NDArray[np.int64], records: npt.NDArray[np.int64],
@@ -405,3 +477,21 @@ class LedgerFile:
                     if r >= stop_record:
                         return
                     yield Message(MessageId(lids[k], eids[k], int(batches[r])), key, value, props, pt, et)
+
+
+def _keys_of(data: npt.NDArray[np.uint8], at: npt.NDArray[np.int64]
+             ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+    """Where the key of each record starting at ``at`` in ``data`` begins, its length (0
+    for none) and whether it has one.  Only for records already checked to be well formed
+    (:meth:`LedgerFile.check_kept`): a msgpack array (fixarray, array 16 or array 32)
+    whose first element is nil or bin 8, 16 or 32."""
+    head = data[at]
+    k = at + np.where(head == 0xDC, 3, np.where(head == 0xDD, 5, 1))
+    kind = data[k]
+    has_key = kind != 0xC0
+    width = np.select([kind == 0xC4, kind == 0xC5, kind == 0xC6], [1, 2, 4], 0)
+    length = np.zeros(len(at), dtype=np.int64)
+    for i in range(4):  # big-endian length, up to 4 bytes
+        more = width > i
+        length[more] = (length[more] << 8) | data[k[more] + 1 + i]
+    return k + 1 + width, length, has_key

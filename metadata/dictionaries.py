@@ -5,13 +5,16 @@ Small records compress poorly one entry at a time; a dictionary trained on a sam
 topic's records lets zstd start every entry from what such records look like.  Producers
 and compactions compress with the newest one when the topic's compression is
 ``zstd-dict``; a frame names the dictionary it needs, so entries compressed with older
-ones stay readable.  A dictionary read back is checked before use: its object's size and
-CRC32C against what ``topic.json`` registered, zstd's magic, and its id.
+ones stay readable.  A dictionary read back is checked before use: its object's size,
+CRC32C and SHA-256 against what ``topic.json`` registered (registrations made before the
+SHA-256 was recorded have only the size and CRC32C), zstd's magic, and its id.  A
+registered dictionary whose object is missing is a damaged topic, like a missing ledger.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import threading
 import time
 import uuid
@@ -58,11 +61,21 @@ class DictionaryCache:
         if info is None:
             raise CorruptLedgerError(f"{meta.uri}: no dictionary {dictionary_id} is registered in topic.json")
         store, key = meta.topic.store, meta.topic.key(info.object)
-        data = store.get(key)
         where = store.url(key)
+        try:
+            data = store.get(key)
+        except ObjectNotFoundError as e:
+            # registered, so entries may need it: the topic is damaged (a permission
+            # error or a failing store is said as it is)
+            raise CorruptLedgerError(f"{where}: dictionary {dictionary_id} is registered in topic.json and its "
+                                     "object is missing (no such object)", path=where) from e
         if len(data) != info.bytes or crc32c(data) != info.crc32c:
             raise CorruptLedgerError(f"{where}: the dictionary's bytes changed since it was registered "
-                                     f"({len(data)} bytes, {info.bytes} registered)", path=where)
+                                     f"({len(data)} bytes, {info.bytes} registered; CRC32C "
+                                     f"{'same' if crc32c(data) == info.crc32c else 'different'})", path=where)
+        if info.sha256 is not None and hashlib.sha256(data).hexdigest() != info.sha256:
+            raise CorruptLedgerError(f"{where}: the dictionary's bytes changed since it was registered (same size "
+                                     "and CRC32C, another SHA-256)", path=where)
         return Dictionary.load(data, where, expect_id=dictionary_id)
 
     def newest(self) -> Dictionary | None:
@@ -90,7 +103,8 @@ def register_dictionary(meta: TopicMetadata, dictionary: Dictionary, attempts: i
     # nothing refers to, which garbage collection takes past the orphan grace)
     store.put(meta.topic.key(name), dictionary.data)
     uploaded = time.monotonic()
-    info = DictionaryInfo(dictionary.id, name, len(dictionary.data), meta.now_ms(), crc32c(dictionary.data))
+    info = DictionaryInfo(dictionary.id, name, len(dictionary.data), meta.now_ms(), crc32c(dictionary.data),
+                          hashlib.sha256(dictionary.data).hexdigest())
     try:
         for attempt in ConflictPolicy(attempts).retrying(f"{meta.uri}: registering a dictionary"):
             with attempt:

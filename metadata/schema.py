@@ -76,6 +76,8 @@ class DictionaryDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     bytes: Annotated[int, msgspec.Meta(ge=8, le=MAX_DICTIONARY_BYTES)]
     created_ms: Millis
     crc32c: Annotated[int, msgspec.Meta(ge=0, le=(1 << 32) - 1)]
+    #: SHA-256 of the object's bytes, lowercase hex (absent in older registrations)
+    sha256: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")] | None = None
 
 
 class TopicDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -73,17 +73,24 @@ class LedgerInfo:
 @dataclass(frozen=True, slots=True)
 class DictionaryInfo:
     """A trained zstd dictionary of the topic: its id, its object (relative to the
-    topic's folder), its size and when it was registered."""
+    topic's folder), its size, when it was registered, and what binds the registration
+    to the object's bytes."""
 
     id: int
     object: str
     bytes: int
     created_ms: int
     crc32c: int  # of the object's bytes, checked whenever it is read
+    #: SHA-256 of the object's bytes (hex), checked whenever it is read; None in
+    #: registrations made before dictionaries were bound to their content
+    sha256: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "object": self.object, "bytes": self.bytes, "created_ms": self.created_ms,
-                "crc32c": self.crc32c}
+        d: dict[str, Any] = {"id": self.id, "object": self.object, "bytes": self.bytes,
+                             "created_ms": self.created_ms, "crc32c": self.crc32c}
+        if self.sha256 is not None:
+            d["sha256"] = self.sha256
+        return d
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +151,8 @@ class TopicState:
         check_topic(doc, where)
         return cls(tuple(LedgerInfo.from_doc(x) for x in doc.ledgers), doc.created_ms, version, token,
                    doc.generation, doc.removed_through, doc.truncated_ms,
-                   tuple(DictionaryInfo(x.id, x.object, x.bytes, x.created_ms, x.crc32c) for x in doc.dictionaries))
+                   tuple(DictionaryInfo(x.id, x.object, x.bytes, x.created_ms, x.crc32c, x.sha256)
+                         for x in doc.dictionaries))
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,10 @@
 Status reports what it can: a damaged ledger or compacted part does not stop it (it is the
 topic that needs attention that an operator looks at); the damaged objects are listed,
 and the dirty ratio is then estimated from the metadata alone, as ``compact --all``
-orders topics.  ``shale verify --scrub`` is the check that fails on damage.
+orders topics.  ``shale verify --scrub`` is the check that fails on damage.  Damage is
+an object a reader would refuse as corrupt, or one the topic names that is missing; an
+object the store will not let Shale read is not damage, and status fails with that
+permission error (exit 2), as it does when the store fails.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 from shale.compactor.plan import make_plan
 from shale.compactor.policies import policy_text
 from shale.compactor.topics import estimate_dirt
-from shale.ledger.errors import ShaleError, error_line
+from shale.ledger.errors import EXIT_CORRUPT, ObjectNotFoundError, ShaleError, error_line
 from shale.ledger.format import KIND_COMPACTED
 from shale.ledger.reader import LedgerFile
 from shale.metadata.state import CompactionState, TopicState
@@ -81,23 +84,30 @@ def topic_status(topic_uri: str, metadata_uri: str | None = None) -> dict[str, A
 
 
 def _damaged(meta: TopicMetadata, topic: TopicState, comp: CompactionState) -> list[dict[str, str]]:
-    """Every ledger and compacted part whose footer cannot be read, with why."""
+    """Every ledger and compacted part whose footer cannot be read, with why (an error
+    that is not the object's damage — permission denied, the store failing — is raised)."""
     store, loc = meta.topic.store, meta.topic
     found = []
     h = comp.horizon
-    for lg in topic.ledgers:
-        if h is not None and lg.id < h.ledger:
-            continue  # below the horizon: a run never reads it, and status does not either
+    objects: list[tuple[str, int, int | None]] = [(lg.object, lg.id, None) for lg in topic.ledgers
+                                                  if h is None or lg.id >= h.ledger]
+    # (a ledger below the horizon is never read by a run, and status does not read it either)
+    objects += [(p.object, comp.part_ledger_id(p), KIND_COMPACTED) for p in comp.parts]
+    for name, ledger_id, kind in objects:
         try:
-            LedgerFile.open(store, loc.key(lg.object), ledger_id=lg.id)
+            LedgerFile.open(store, loc.key(name), ledger_id=ledger_id, kind=kind)
         except ShaleError as e:
-            found.append({"object": lg.object, "error": error_line(e)})
-    for p in comp.parts:
-        try:
-            LedgerFile.open(store, loc.key(p.object), ledger_id=comp.part_ledger_id(p), kind=KIND_COMPACTED)
-        except ShaleError as e:
-            found.append({"object": p.object, "error": error_line(e)})
+            if not _is_damage(e):
+                raise
+            found.append({"object": name, "error": error_line(e)})
     return found
+
+
+def _is_damage(e: ShaleError) -> bool:
+    """Whether ``e``, met reading an object the topic names, says the object is damaged
+    (corrupt, or missing) rather than that it could not be read (access denied, the
+    store failing)."""
+    return e.exit_code == EXIT_CORRUPT or isinstance(e, ObjectNotFoundError)
 
 
 def _when(ms: int | None) -> str:

@@ -380,10 +380,21 @@ def test_a_corrupt_compressed_entry_within_its_checksum_is_refused(disk_topic_ur
     p.payloads[-1] = good[:-16]  # a frame cut short: it does not decompress
     tamper.write_raw(uri, name, objects.build(p))
     _refused(uri, "compressed entry does not decompress with zstd", name)
-    # bytes changed inside the frame: it decompresses, to records that are not records
+    # bytes changed inside the frame: zstd's content checksum no longer matches
     stored = bytearray(good)
     stored[len(stored) // 2:len(stored) // 2 + 8] = b"\xff" * 8
     p.payloads[-1] = bytes(stored)
+    tamper.write_raw(uri, name, objects.build(p))
+    _refused(uri, "doesn't match checksum", name)
+    # the same in a frame written before frames carried a checksum: it decompresses, to
+    # records that are not records
+    import zstandard
+
+    raw = zstandard.ZstdDecompressor().decompress(good)
+    old = bytearray(zstandard.ZstdCompressor(level=1, write_content_size=True, write_checksum=False).compress(raw))
+    assert not zstandard.get_frame_parameters(bytes(old)).has_checksum
+    old[len(old) // 2:len(old) // 2 + 8] = b"\xff" * 8
+    p.payloads[-1] = bytes(old)
     tamper.write_raw(uri, name, objects.build(p))
     _refused(uri, "of its decompressed payload", name)
 
