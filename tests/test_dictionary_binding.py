@@ -205,7 +205,7 @@ def shared_topic(template: Path) -> Iterator[str]:
 def run_unprivileged(*args: str) -> subprocess.CompletedProcess[str]:
     """``shale ARGS`` as a user without root's power to read any file (util-linux's
     ``setpriv`` drops root's user, groups and capabilities before it runs the command)."""
-    cmd = [str(Path(sys.executable).parent / "shale"), *args]
+    cmd = [os.path.abspath(Path(sys.executable).parent / "shale"), *args]
     if os.geteuid() == 0:
         setpriv = shutil.which("setpriv")
         if setpriv is None:
