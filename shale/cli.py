@@ -179,20 +179,27 @@ class _ProduceProgress:
 
 def _cmd_read(args: argparse.Namespace, out: TextIO) -> int:
     from shale.jsonlines import message_to_json
-    from shale.reader import TableView, TopicReader, parse_position
+    from shale.ledger.reader import DEFAULT_CHUNK_BYTES
+    from shale.reader import TopicReader, parse_position
 
+    chunk_bytes = min(DEFAULT_CHUNK_BYTES, _max_batch_bytes(args))
     if args.table:  # the latest record of every key: the compacted view, necessarily
         if args.follow:
             raise InvalidInputError("--table prints the table once; --follow goes with a plain or --compacted read")
-        table = TableView(args.topic, metadata_uri=args.metadata)
-        for i, m in enumerate(table.messages()):
-            if args.limit is not None and i >= args.limit:
-                break
-            _print_json(message_to_json(m, args.value_format), out)
+        from shale.metadata.topic import TopicMetadata
+        from shale.reader.latest import latest_messages, plan_latest
+
+        # footers first, then only the table's records: memory follows records, not values
+        meta = TopicMetadata.open(args.topic, args.metadata)
+        for m in itertools.islice(latest_messages(meta, plan_latest(meta), chunk_bytes=chunk_bytes), args.limit):
+            text = json.dumps(message_to_json(m, args.value_format), separators=(",", ":"), ensure_ascii=False)
+            del m  # (a big value goes before its line is written)
+            out.write(text)
+            out.write("\n")
         return 0
     start = parse_position(args.start)
     with TopicReader(args.topic, metadata_uri=args.metadata, read_compacted=args.compacted, start=start,
-                     follow=args.follow, poll_interval=args.poll_interval / 1000) as r:
+                     follow=args.follow, poll_interval=args.poll_interval / 1000, chunk_bytes=chunk_bytes) as r:
         try:
             # islice stops at the limit before asking for one more (a follower would wait for it)
             for m in itertools.islice(r, args.limit):
@@ -204,6 +211,14 @@ def _cmd_read(args: argparse.Namespace, out: TextIO) -> int:
                 raise
             out.flush()  # whole records only: each line is written at once
     return 0
+
+
+def _max_batch_bytes(args: argparse.Namespace) -> int:
+    """``--max-batch-bytes``, else the readers' default."""
+    from shale.reader.arrow import DEFAULT_MAX_BATCH_BYTES
+
+    given: int | None = args.max_batch_bytes
+    return DEFAULT_MAX_BATCH_BYTES if given is None else given
 
 
 def _cmd_get(args: argparse.Namespace, out: TextIO) -> int:
@@ -232,7 +247,7 @@ def _cmd_export(args: argparse.Namespace, out: TextIO) -> int:
         result = export_topic(args.topic, args.out, metadata_uri=args.metadata, compacted=args.compacted,
                               table=args.table, fmt=args.format, start=parse_position(args.start),
                               compression=args.compression, utf8=args.utf8,
-                              progress=shown.show if shown else None)
+                              progress=shown.show if shown else None, max_batch_bytes=_max_batch_bytes(args))
     finally:
         if shown is not None:
             shown.close()
@@ -338,6 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --follow: how often to look for new ledgers (default 1s)")
     p.add_argument("--value-format", choices=("text", "json"), default="text",
                    help="json: print values that are JSON documents as JSON (default text: as stored)")
+    p.add_argument("--max-batch-bytes", type=positive_size_arg, default=None, metavar="SIZE",
+                   help="the most bytes of entries read at once (at most 8MiB; records are decoded one entry, "
+                   "and one record, at a time; default 64MiB)")
     p.set_defaults(func=_cmd_read)
 
     p = sub.add_parser("get", help="print the latest record of one key",
@@ -373,6 +391,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "than binary")
     p.add_argument("--compression", default="zstd", metavar="CODEC",
                    help="Parquet or Arrow compression: zstd (default), lz4, snappy (Parquet), none")
+    p.add_argument("--max-batch-bytes", type=positive_size_arg, default=None, metavar="SIZE",
+                   help="the most bytes of records, once decompressed, that one batch holds and that are "
+                   "decompressed at once (a bigger record goes alone; default 64MiB)")
     p.add_argument("--json", action="store_true", help="print one JSON line instead of text")
     p.set_defaults(func=_cmd_export)
 

@@ -1,0 +1,109 @@
+"""Peak memory of reading and exporting against a topic's decompressed size.
+
+    .venv/bin/python bench/memory_bytes.py [--sizes 0.5,1,2,4] [--commands all]
+
+Makes one topic per size under bench/data/memory-bytes/: entries of 4 records of 63 MiB
+of repeated printable text (JSON lines hold it as it is) compressed with zstd (252 MiB
+per entry decompressed, inside the 256 MiB an entry may hold; a few KB stored), as many
+entries as the size asks (8 for 2 GB), every record with a key of its own, so the table
+holds every record.  Then runs each command
+in a child process of its own and prints the child's peak resident set size (its
+``ru_maxrss``, from ``os.wait4``) and time: ``shale export`` to Parquet, Arrow and JSON
+lines, ``export --table``, ``read --table`` and ``read --compacted`` (output to
+/dev/null).  ``--max-batch-bytes`` is passed to every command when given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+RECORD_BYTES = 63 << 20
+RECORDS_PER_ENTRY = 4
+ENTRY_BYTES = RECORD_BYTES * RECORDS_PER_ENTRY
+
+COMMANDS = {
+    "export parquet": ["export", "{topic}", "{out}/x.parquet"],
+    "export arrow": ["export", "{topic}", "{out}/x.arrow"],
+    "export jsonl": ["export", "{topic}", "{out}/x.jsonl"],
+    "export --table parquet": ["export", "{topic}", "{out}/t.parquet", "--table"],
+    "export --table jsonl": ["export", "{topic}", "{out}/t.jsonl", "--table"],
+    "read --table": ["read", "{topic}", "--table"],
+    "read --compacted": ["read", "{topic}", "--compacted"],
+}
+
+
+def make_topic(path: Path, entries: int) -> None:
+    """``entries`` entries of 4 records of 63 MiB of text, zstd; one key per record."""
+    from shale.producer import TopicWriter
+
+    if (path / "_meta").exists():
+        return
+    value = b"0123456789abcdef" * (RECORD_BYTES // 16)
+    with TopicWriter(str(path), compression="zstd", batch_size=RECORDS_PER_ENTRY, max_entry_bytes=ENTRY_BYTES + 1,
+                     max_ledger_bytes=1 << 40) as w:
+        for i in range(entries * RECORDS_PER_ENTRY):
+            w.append(f"key-{i}", value)
+
+
+def stored_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def run(argv: list[str], out: Path) -> tuple[int, float, int]:
+    """Peak RSS (bytes), seconds and exit code of ``shale ARGV`` in a child of its own."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    t = time.perf_counter()
+    with open(os.devnull, "wb") as sink:
+        child = subprocess.Popen([sys.executable, "-m", "shale.cli", *argv], stdout=sink,
+                                 stderr=subprocess.PIPE, env=env)
+        assert child.stderr is not None
+        err = child.stderr.read()
+        _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    seconds = time.perf_counter() - t
+    if child.returncode:
+        sys.stderr.write(f"{' '.join(argv)}: exit {child.returncode}: {err.decode(errors='replace')}")
+    for f in out.iterdir():
+        f.unlink()
+    return usage.ru_maxrss * 1024, seconds, child.returncode
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="0.5,1,2,4", help="decompressed sizes in GB (2**30 bytes), comma-separated")
+    p.add_argument("--commands", default="all", help=f"comma-separated, of: {', '.join(COMMANDS)}")
+    p.add_argument("--max-batch-bytes", default=None, help="passed to every command")
+    p.add_argument("--data", default=str(ROOT / "bench" / "data" / "memory-bytes"))
+    a = p.parse_args()
+    names = list(COMMANDS) if a.commands == "all" else [c.strip() for c in a.commands.split(",")]
+    data = Path(a.data)
+    out = data / "out"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    for size in (float(s) for s in a.sizes.split(",")):
+        entries = max(1, round(size * (1 << 30) / ENTRY_BYTES))
+        topic = data / f"topic-{entries}-entries"
+        make_topic(topic, entries)
+        for name in names:
+            argv = [x.format(topic=topic, out=out) for x in COMMANDS[name]]
+            if a.max_batch_bytes:
+                argv += ["--max-batch-bytes", a.max_batch_bytes]
+            rss, seconds, code = run(argv, out)
+            print(json.dumps({"command": name, "entries": entries,
+                              "decompressed_gb": round(entries * ENTRY_BYTES / (1 << 30), 2),
+                              "stored_kb": round(stored_bytes(topic) / 1000), "peak_rss_mb": round(rss / 1e6),
+                              "seconds": round(seconds, 1), "exit": code}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
