@@ -59,23 +59,27 @@ def stored_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+#: Runs a command and prints its peak resident set size (kB) and exit code.  A child
+#: forked from a big process (this one, after it made a topic) counts that process's
+#: pages as its own peak, even after it execs: the command is started from this small
+#: process instead.
+_MEASURE = ("import os, subprocess, sys; c = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL); "
+            "_, s, u = os.wait4(c.pid, 0); print(u.ru_maxrss, os.waitstatus_to_exitcode(s))")
+
+
 def run(argv: list[str], out: Path) -> tuple[int, float, int]:
-    """Peak RSS (bytes), seconds and exit code of ``shale ARGV`` in a child of its own."""
+    """Peak RSS (bytes), seconds and exit code of ``shale ARGV`` in a process of its own."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     t = time.perf_counter()
-    with open(os.devnull, "wb") as sink:
-        child = subprocess.Popen([sys.executable, "-m", "shale.cli", *argv], stdout=sink,
-                                 stderr=subprocess.PIPE, env=env)
-        assert child.stderr is not None
-        err = child.stderr.read()
-        _, status, usage = os.wait4(child.pid, 0)
-    child.returncode = os.waitstatus_to_exitcode(status)
+    r = subprocess.run([sys.executable, "-c", _MEASURE, sys.executable, "-m", "shale.cli", *argv],
+                       capture_output=True, text=True, env=env)
     seconds = time.perf_counter() - t
-    if child.returncode:
-        sys.stderr.write(f"{' '.join(argv)}: exit {child.returncode}: {err.decode(errors='replace')}")
+    kb, code = map(int, r.stdout.split())
+    if code:
+        sys.stderr.write(f"{' '.join(argv)}: exit {code}: {r.stderr}")
     for f in out.iterdir():
         f.unlink()
-    return usage.ru_maxrss * 1024, seconds, child.returncode
+    return kb * 1024, seconds, code
 
 
 def main() -> None:
