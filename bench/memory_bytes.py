@@ -11,6 +11,13 @@ in a child process of its own and prints the child's peak resident set size (its
 ``ru_maxrss``, from ``os.wait4``) and time: ``shale export`` to Parquet, Arrow and JSON
 lines, ``export --table``, ``read --table`` and ``read --compacted`` (output to
 /dev/null).  ``--max-batch-bytes`` is passed to every command when given.
+
+    .venv/bin/python bench/memory_bytes.py --sweep 4MiB,16MiB,64MiB,256MiB [--repeat 3]
+
+The other side of the setting: time and peak memory of ``shale export`` (the compacted
+view and the table, to Parquet) at each ``--max-batch-bytes``, interleaved, medians, on a
+topic of records big enough for bytes rather than rows to cut batches (30,000 records of
+32 KiB, 15,000 keys, zstd, compacted once, then 10 % more above the horizon).
 """
 
 from __future__ import annotations
@@ -82,18 +89,66 @@ def run(argv: list[str], out: Path) -> tuple[int, float, int]:
     return kb * 1024, seconds, code
 
 
+def make_sweep_topic(path: Path) -> None:
+    """30,000 records of 32 KiB (8 KiB random, the rest zeros: about 1 GB decompressed)
+    of 15,000 keys, zstd, compacted, then 3,000 more above the horizon."""
+    from shale.compactor import Compactor
+    from shale.producer import TopicWriter
+
+    if (path / "_meta").exists():
+        return
+    import numpy as np
+
+    rnd = np.random.default_rng(1)
+
+    def produce(n: int) -> None:
+        keys = rnd.integers(0, 15_000, n)
+        with TopicWriter(str(path), compression="zstd") as w:
+            for k in keys.tolist():
+                w.append(f"key-{k:06d}", rnd.bytes(8 << 10) + bytes(24 << 10))
+
+    produce(30_000)
+    Compactor(str(path)).run()
+    produce(3_000)
+
+
+def sweep(data: Path, sizes: list[str], repeat: int) -> None:
+    import statistics
+
+    topic = data / "sweep"
+    make_sweep_topic(topic)
+    out = data / "out"
+    runs: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    for _ in range(repeat):
+        for size in sizes:
+            for what in ("--compacted", "--table"):
+                rss, seconds, code = run(["export", str(topic), str(out / "x.parquet"), what,
+                                          "--max-batch-bytes", size], out)
+                assert code == 0
+                runs.setdefault((size, what), []).append((rss, seconds))
+    for (size, what), got in runs.items():
+        print(json.dumps({"max_batch_bytes": size, "export": what,
+                          "median_s": round(statistics.median(s for _, s in got), 2),
+                          "peak_rss_mb": round(max(r for r, _ in got) / 1e6)}), flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="0.5,1,2,4", help="decompressed sizes in GB (2**30 bytes), comma-separated")
     p.add_argument("--commands", default="all", help=f"comma-separated, of: {', '.join(COMMANDS)}")
     p.add_argument("--max-batch-bytes", default=None, help="passed to every command")
     p.add_argument("--data", default=str(ROOT / "bench" / "data" / "memory-bytes"))
+    p.add_argument("--sweep", default=None, help="comma-separated sizes: time export at each (see above)")
+    p.add_argument("--repeat", type=int, default=3)
     a = p.parse_args()
     names = list(COMMANDS) if a.commands == "all" else [c.strip() for c in a.commands.split(",")]
     data = Path(a.data)
     out = data / "out"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
+    if a.sweep:
+        sweep(data, a.sweep.split(","), a.repeat)
+        return
     for size in (float(s) for s in a.sizes.split(",")):
         entries = max(1, round(size * (1 << 30) / ENTRY_BYTES))
         topic = data / f"topic-{entries}-entries"

@@ -48,7 +48,7 @@ DEFAULT_BATCH_ROWS: Final = 65_536
 #: Decompressed bytes a batch holds at most, and the entries a reader decompresses at once
 #: across its threads, unless asked otherwise (``--max-batch-bytes``; bench/README.md,
 #: *Memory against decompressed bytes*).
-DEFAULT_MAX_BATCH_BYTES: Final = 64 << 20
+DEFAULT_MAX_BATCH_BYTES: Final = 16 << 20
 #: What a row costs in a batch beside its record's bytes: its id, times and offsets.
 ROW_BYTES: Final = 64
 

@@ -354,8 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--value-format", choices=("text", "json"), default="text",
                    help="json: print values that are JSON documents as JSON (default text: as stored)")
     p.add_argument("--max-batch-bytes", type=positive_size_arg, default=None, metavar="SIZE",
-                   help="the most bytes of entries read at once (at most 8MiB; records are decoded one entry, "
-                   "and one record, at a time; default 64MiB)")
+                   help="the most stored bytes of entries read at once, 8MiB at most (records are decoded an "
+                   "entry, and a big entry a record, at a time; default 16MiB, as shale export)")
     p.set_defaults(func=_cmd_read)
 
     p = sub.add_parser("get", help="print the latest record of one key",
@@ -393,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Parquet or Arrow compression: zstd (default), lz4, snappy (Parquet), none")
     p.add_argument("--max-batch-bytes", type=positive_size_arg, default=None, metavar="SIZE",
                    help="the most bytes of records, once decompressed, that one batch holds and that are "
-                   "decompressed at once (a bigger record goes alone; default 64MiB)")
+                   "decompressed at once (a bigger record goes alone; default 16MiB)")
     p.add_argument("--json", action="store_true", help="print one JSON line instead of text")
     p.set_defaults(func=_cmd_export)
 
