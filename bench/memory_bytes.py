@@ -18,6 +18,12 @@ The other side of the setting: time and peak memory of ``shale export`` (the com
 view and the table, to Parquet) at each ``--max-batch-bytes``, interleaved, medians, on a
 topic of records big enough for bytes rather than rows to cut batches (30,000 records of
 32 KiB, 15,000 keys, zstd, compacted once, then 10 % more above the horizon).
+
+    .venv/bin/python bench/memory_bytes.py --small 4000000
+
+Many small records: a topic of N records (64-byte values, N / 10 keys, zstd, not
+compacted: the table is folded from every record), and the time and peak memory of
+``export --table`` (Parquet) and ``read --table``.
 """
 
 from __future__ import annotations
@@ -112,6 +118,29 @@ def make_sweep_topic(path: Path) -> None:
     produce(3_000)
 
 
+def small(data: Path, n: int) -> None:
+    """``export --table`` and ``read --table`` of ``n`` small records (see the module)."""
+    import numpy as np
+
+    from shale.producer import TopicWriter
+
+    topic = data / f"small-{n}"
+    if not (topic / "_meta").exists():
+        rnd = np.random.default_rng(1)
+        keys = rnd.integers(0, max(1, n // 10), n)
+        with TopicWriter(str(topic), compression="zstd") as w:
+            for s in range(0, n, 500_000):
+                part = keys[s:s + 500_000].tolist()
+                w.append_batch({"key": [f"key-{k:09d}".encode() for k in part],
+                                "value": [rnd.bytes(32) + bytes(32) for _ in part]})
+    out = data / "out"
+    for name, argv in (("export --table parquet", ["export", str(topic), str(out / "t.parquet"), "--table"]),
+                       ("read --table", ["read", str(topic), "--table"])):
+        rss, seconds, code = run(argv, out)
+        print(json.dumps({"command": name, "records": n, "peak_rss_mb": round(rss / 1e6),
+                          "seconds": round(seconds, 2), "exit": code}), flush=True)
+
+
 def sweep(data: Path, sizes: list[str], repeat: int) -> None:
     import statistics
 
@@ -140,6 +169,7 @@ def main() -> None:
     p.add_argument("--data", default=str(ROOT / "bench" / "data" / "memory-bytes"))
     p.add_argument("--sweep", default=None, help="comma-separated sizes: time export at each (see above)")
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--small", type=int, default=None, metavar="N", help="the table of N small records (see above)")
     a = p.parse_args()
     names = list(COMMANDS) if a.commands == "all" else [c.strip() for c in a.commands.split(",")]
     data = Path(a.data)
@@ -148,6 +178,9 @@ def main() -> None:
     out.mkdir(parents=True)
     if a.sweep:
         sweep(data, a.sweep.split(","), a.repeat)
+        return
+    if a.small:
+        small(data, a.small)
         return
     for size in (float(s) for s in a.sizes.split(",")):
         entries = max(1, round(size * (1 << 30) / ENTRY_BYTES))

@@ -87,12 +87,13 @@ def schema(utf8: bool = False, id_text: bool = False) -> pa.Schema:
 class _Piece(NamedTuple):
     """Consecutive entries decoded together: ``entries`` (rising) hold ``records[first:stop]``
     (indexes into the records asked for), which go out as the batches
-    ``records[cuts[i]:cuts[i + 1]]``; ``raw``: the entries' bytes once decompressed."""
+    ``records[cuts[i]:cuts[i + 1]]``; ``held``: the bytes it holds, the entries' once
+    decompressed or its batches' (:func:`record_bytes`), whichever come to more."""
 
     entries: npt.NDArray[np.int64]
     first: int
     stop: int
-    raw: int
+    held: int
     cuts: list[int]
 
 
@@ -119,11 +120,12 @@ class BatchReader:
 
     Memory follows decompressed bytes, never rows alone: a batch holds at most
     ``max_batch_bytes`` of records (:func:`record_bytes`; a record bigger than that goes
-    out alone, as one row), and the entries decompressed at once across the threads come
-    to at most ``max_batch_bytes`` too (an entry bigger than that is decoded alone, a batch
-    at a time, the next batch made only once the caller asks for it), besides the batches
-    made from them and not yet taken: one per group of entries in flight, and the one the
-    caller holds.  ``rows``, when given, also caps the rows of a batch."""
+    out alone, as one row), and what the threads work on at once — entries decompressed,
+    or the batches made of them, whichever come to more — comes to at most
+    ``max_batch_bytes`` too, besides the batch the caller holds.  An entry bigger than its
+    thread's share is decoded alone, a batch at a time, the next one made only once the
+    caller asks for it; compressed with zstd, it is decompressed as it is read (only each
+    batch's records are held).  ``rows``, when given, also caps the rows of a batch."""
 
     def __init__(self, threads: int = 2, *, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, rows: int | None = None,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, utf8: bool = False, id_text: bool = False) -> None:
@@ -160,11 +162,11 @@ class BatchReader:
                 # Start the next pieces while threads are free and their decompressed bytes
                 # fit beside those in flight (one piece always: it may be bigger alone).
                 while nxt < len(pieces) and len(active) <= self.threads and (
-                        not active or held + pieces[nxt].raw <= self.max_batch_bytes):
+                        not active or held + pieces[nxt].held <= self.max_batch_bytes):
                     piece = pieces[nxt]
                     steps = self._steps(f, records, entry_of, piece)
                     active.append(_Run(piece, steps, self._pool.submit(next, steps), _steps_of(piece, self.share)))
-                    held += piece.raw
+                    held += piece.held
                     nxt += 1
                 if not active:
                     return
@@ -174,7 +176,7 @@ class BatchReader:
                 if not run.left:
                     active.popleft()
                     run.steps.close()  # (its decompressed entries go now, not when collected)
-                    held -= run.piece.raw
+                    held -= run.piece.held
                 yield from got
                 del got
                 if run.left:  # an entry bigger than a share: its next batch once this one is let go
@@ -190,8 +192,9 @@ class BatchReader:
         return max(1, self.max_batch_bytes // self.threads)
 
     def _plan(self, f: LedgerFile, records: npt.NDArray[np.int64], entry_of: npt.NDArray[np.int64]) -> list[_Piece]:
-        """``records`` cut into pieces: runs of entries of at most :attr:`share` bytes
-        decompressed and ``chunk_bytes`` stored (one entry at least), each cut into batches."""
+        """``records`` cut into pieces: runs of entries that hold at most :attr:`share`
+        bytes (decompressed, and as batches) and span at most ``chunk_bytes`` stored, or
+        one entry; each cut into batches."""
         foot = f.footer
         firsts = np.flatnonzero(np.r_[True, entry_of[1:] != entry_of[:-1]])  # each entry's first record
         stops = np.r_[firsts[1:], len(records)]
@@ -200,16 +203,19 @@ class BatchReader:
         begin = foot.col("e_offset")[entries].astype(np.int64)
         end = begin + foot.col("e_length")[entries].astype(np.int64)
         cost = np.cumsum(record_bytes(f, records, self.id_text))
+        made = cost[stops - 1]  # what the batches of the entries up to each come to
         pieces = []
         i = 0
         while i < len(entries):
-            before = int(raw[i - 1]) if i else 0
-            j = min(int(np.searchsorted(raw, before + self.share, side="right")),
+            raw_before = int(raw[i - 1]) if i else 0
+            made_before = int(made[i - 1]) if i else 0
+            j = min(int(np.searchsorted(raw, raw_before + self.share, side="right")),
+                    int(np.searchsorted(made, made_before + self.share, side="right")),
                     int(np.searchsorted(end, begin[i] + self.chunk_bytes, side="right")))
             j = max(j, i + 1)
             a, b = int(firsts[i]), int(stops[j - 1])
-            pieces.append(_Piece(entries[i:j], a, b, int(raw[j - 1]) - before,
-                                 _cuts(cost, a, b, self.max_batch_bytes, self.rows)))
+            held = max(int(raw[j - 1]) - raw_before, int(made[j - 1]) - made_before)
+            pieces.append(_Piece(entries[i:j], a, b, held, _cuts(cost, a, b, self.max_batch_bytes, self.rows)))
             i = j
         return pieces
 
@@ -217,16 +223,17 @@ class BatchReader:
                piece: _Piece) -> Generator[list[pa.RecordBatch], None, None]:
         """The batches of ``piece``, made on the pool's threads: all in one step when the
         piece fits a thread's share (decompressed into that thread's reused buffer); else
-        (one entry bigger than the share) one batch per step, reading the entry's payload
-        as a stream when it is compressed with zstd (only each batch's records are held),
-        else from the entry decompressed once and held until its last batch is made."""
+        (one entry that holds more than the share) one batch per step, reading the entry's
+        payload as a stream when it is bigger than the share and compressed with zstd (only
+        each batch's records are held), else from the entry decompressed once and held
+        until its last batch is made."""
         pa = require_pyarrow()
         sel, cuts = piece.entries, piece.cuts
         e0, e1 = int(sel[0]), int(sel[-1]) + 1
         base, buf = f.read_frames(e0, e1)
         foot = f.footer
         offsets, sizes = foot.col("r_offset"), foot.col("r_size")
-        if piece.raw <= self.share:
+        if piece.held <= self.share:
             scratch: Scratch | None = getattr(self._local, "scratch", None)
             if scratch is None:
                 scratch = self._local.scratch = Scratch()
@@ -282,7 +289,7 @@ def _read_records(stream: PayloadStream, offsets: npt.NDArray[np.int64], sizes: 
 
 def _steps_of(piece: _Piece, share: int) -> int:
     """How many steps make ``piece``'s batches (see :meth:`BatchReader._steps`)."""
-    return 1 if piece.raw <= share else len(piece.cuts) - 1
+    return 1 if piece.held <= share else len(piece.cuts) - 1
 
 
 def _cuts(cost: npt.NDArray[np.int64], first: int, stop: int, limit: int, rows: int | None) -> list[int]:

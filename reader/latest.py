@@ -11,7 +11,8 @@ It is found without holding the view:
    record's 128-bit key hash and flags.  The records with a key are folded
    (:func:`last_of_each_key`): the last record of each hash in id order is its key's
    latest, and is chosen unless it is a tombstone.  Memory follows the number of records
-   (about 30 bytes per record with a key, see :func:`plan_latest`), never their values.
+   (about 33 bytes per record with a key at the peak, measured; see :func:`plan_latest`),
+   never their values.
 2. **Pass two** reads only the chosen records of the same objects, in id order: as Arrow
    batches (:func:`latest_batches`, bounded by decompressed bytes as every
    :class:`~shale.reader.arrow.BatchReader` is) or as messages (:func:`latest_messages`,

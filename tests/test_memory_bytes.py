@@ -91,7 +91,7 @@ def test_rows_still_cap_a_batch_when_asked(tmp_path: Path) -> None:
 
 
 class _Watched(BatchReader):
-    """A batch reader that records the decompressed bytes of the pieces alive at once."""
+    """A batch reader that records the bytes held by the pieces alive at once."""
 
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
@@ -104,7 +104,7 @@ class _Watched(BatchReader):
 
         def watched() -> Any:
             with self.lock:
-                self.alive[id(inner)] = piece.raw
+                self.alive[id(inner)] = piece.held
                 self.seen.append((len(self.alive), sum(self.alive.values())))
             try:
                 yield from inner
