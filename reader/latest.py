@@ -26,13 +26,14 @@ object).  As compaction does, the table knows a key by its 128-bit hash.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
+from shale.ledger.errors import ObjectNotFoundError
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE
 from shale.ledger.ids import MessageId
 from shale.ledger.reader import DEFAULT_CHUNK_BYTES
@@ -44,11 +45,15 @@ from shale.reader.splits import Split, open_split, plan_splits, split_records
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["Chosen", "LatestPlan", "last_of_each_key", "latest_batches", "latest_messages", "plan_latest"]
+__all__ = ["Chosen", "LatestPlan", "last_of_each_key", "latest_batches", "latest_messages", "plan_latest",
+           "table_batches", "table_messages"]
 
 #: Records compared at once when looking for where hashes change along the sort order
 #: (bounds the gathered copies to a few MiB, beside the per-record arrays).
 _COMPARE_RECORDS: Final = 1 << 19
+#: Plans made at most when objects of the view are removed before pass two reads them.
+_PLANS: Final = 3
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,3 +182,35 @@ def latest_messages(meta: TopicMetadata, plan: LatestPlan, *,
     ``chunk_bytes``."""
     for c in plan.chosen:
         yield from open_split(meta, c.split).messages_at(c.records, chunk_bytes=chunk_bytes)
+
+
+def table_batches(meta: TopicMetadata, *, end: MessageId | None = None, utf8: bool = False,
+                  max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+                  rows: int | None = DEFAULT_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+    """Both passes, as Arrow record batches (:func:`plan_latest`, :func:`latest_batches`)."""
+    return _planned(meta, end, lambda plan: latest_batches(meta, plan, utf8=utf8, max_batch_bytes=max_batch_bytes,
+                                                          rows=rows))
+
+
+def table_messages(meta: TopicMetadata, *, end: MessageId | None = None,
+                   chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[Message]:
+    """Both passes, as messages (:func:`plan_latest`, :func:`latest_messages`)."""
+    return _planned(meta, end, lambda plan: latest_messages(meta, plan, chunk_bytes=chunk_bytes))
+
+
+def _planned(meta: TopicMetadata, end: MessageId | None, read: Callable[[LatestPlan], Iterator[_T]]
+             ) -> Iterator[_T]:
+    """What ``read`` gives of a plan of the table.  An object of the view removed before
+    pass two has given anything (a newer compaction retired it, gc deleted it once its
+    grace was over) is no loss: the table is planned again from the newest view."""
+    for attempt in range(_PLANS):
+        plan = plan_latest(meta, end=end)
+        given = False
+        try:
+            for item in read(plan):
+                given = True
+                yield item
+            return
+        except ObjectNotFoundError:
+            if given or attempt == _PLANS - 1:
+                raise

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from shale.ledger.record import Message
 from shale.reader.arrow import DEFAULT_MAX_BATCH_BYTES, require_pyarrow, schema
 from shale.reader.arrow import require as _require
-from shale.reader.latest import latest_batches, plan_latest
+from shale.reader.latest import table_batches
 from shale.reader.topic_reader import EARLIEST, TopicReader
 
 if TYPE_CHECKING:
@@ -85,11 +85,10 @@ class TableView(Mapping[bytes, bytes]):
         records of the table, in batches of at most ``max_batch_bytes``; see
         :mod:`shale.reader.latest`).  Needs pyarrow."""
         pa = require_pyarrow()
-        meta = self._reader.meta
         # (records published since the last refresh are not in the view yet)
-        plan = plan_latest(meta, end=self._reader.position)
-        return pa.Table.from_batches(list(latest_batches(meta, plan, utf8=utf8, max_batch_bytes=max_batch_bytes)),
-                                     schema=schema(utf8))
+        batches = table_batches(self._reader.meta, end=self._reader.position, utf8=utf8,
+                                max_batch_bytes=max_batch_bytes)
+        return pa.Table.from_batches(list(batches), schema=schema(utf8))
 
     def to_pandas(self, *, utf8: bool = False, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> Any:
         """:meth:`to_arrow` as a pandas DataFrame (pandas must be installed)."""

@@ -187,11 +187,11 @@ def _cmd_read(args: argparse.Namespace, out: TextIO) -> int:
         if args.follow:
             raise InvalidInputError("--table prints the table once; --follow goes with a plain or --compacted read")
         from shale.metadata.topic import TopicMetadata
-        from shale.reader.latest import latest_messages, plan_latest
+        from shale.reader.latest import table_messages
 
         # footers first, then only the table's records: memory follows records, not values
         meta = TopicMetadata.open(args.topic, args.metadata)
-        for m in itertools.islice(latest_messages(meta, plan_latest(meta), chunk_bytes=chunk_bytes), args.limit):
+        for m in itertools.islice(table_messages(meta, chunk_bytes=chunk_bytes), args.limit):
             text = json.dumps(message_to_json(m, args.value_format), separators=(",", ":"), ensure_ascii=False)
             del m  # (a big value goes before its line is written)
             out.write(text)

@@ -22,7 +22,7 @@ from shale.ledger.reader import DEFAULT_CHUNK_BYTES
 from shale.ledger.storage import ObjectWriter, resolve
 from shale.reader import TopicReader
 from shale.reader.arrow import DEFAULT_MAX_BATCH_BYTES, require_pyarrow, schema
-from shale.reader.latest import latest_batches, latest_messages, plan_latest
+from shale.reader.latest import table_batches, table_messages
 from shale.reader.topic_reader import EARLIEST, Position
 
 __all__ = ["FORMATS", "JSONL_BLOCK_BYTES", "ExportResult", "export_topic", "format_of"]
@@ -120,11 +120,11 @@ def export_topic(topic_uri: str, out_uri: str, *, metadata_uri: str | None = Non
     with out.store.open_writer(out.prefix) as writer:
         sink = _Sink(writer, note)
         if fmt == "jsonl":
-            messages = latest_messages(reader.meta, plan_latest(reader.meta)) if table else iter(reader)
+            messages = table_messages(reader.meta) if table else iter(reader)
             rows[0] = _write_jsonl(messages, sink, rows)
         else:
-            batches = (latest_batches(reader.meta, plan_latest(reader.meta), utf8=utf8, max_batch_bytes=max_batch_bytes)
-                       if table else reader.iter_batches(utf8=utf8, max_batch_bytes=max_batch_bytes))
+            batches = (table_batches(reader.meta, utf8=utf8, max_batch_bytes=max_batch_bytes) if table
+                       else reader.iter_batches(utf8=utf8, max_batch_bytes=max_batch_bytes))
             _write_arrow(batches, fmt, compression, sink, rows, utf8)
     what = "table" if table else "compacted view" if compacted else "records"
     return ExportResult(reader.meta.uri, out.uri, fmt, what, rows[0], nbytes[0], time.perf_counter() - t0)

@@ -27,7 +27,7 @@ from shale.ledger import codecs
 from shale.ledger.record import Message, Record
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
-from shale.reader import TableView, TopicReader
+from shale.reader import TableView, TopicReader, latest
 from shale.reader.arrow import BatchReader
 from shale.reader.latest import last_of_each_key, latest_batches, latest_messages, plan_latest
 from shale.reader.splits import plan_splits
@@ -254,18 +254,46 @@ def test_a_record_published_between_the_passes_is_not_in_the_table(tmp_path: Pat
     # the same between the passes of an export
     want = [_fields(m) for m in TableView(uri).messages()]
     keys = [m[1] for m in want]
-    real = shale.export.plan_latest
+    real = latest.plan_latest
 
     def plan_then_publish(*a: Any, **kw: Any) -> Any:
         got = real(*a, **kw)
         publish("newer")
         return got
 
-    monkeypatch.setattr(shale.export, "plan_latest", plan_then_publish)
+    monkeypatch.setattr(latest, "plan_latest", plan_then_publish)
     out = tmp_path / "table.jsonl"
     export_topic(uri, str(out), table=True)
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == [m[0] for m in want]
     assert "newer" not in out.read_text()
+
+
+def test_a_part_removed_before_the_second_pass_has_given_anything_is_planned_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    uri = str(tmp_path / "t")
+    _random_topic(uri)
+    real = latest.plan_latest
+    plans = []
+
+    def plan_then_retire(*a: Any, **kw: Any) -> Any:
+        got = real(*a, **kw)
+        plans.append(got)
+        if len(plans) == 1:  # a newer compaction retires the parts, and gc deletes them
+            old = TopicMetadata.open(uri).load_compaction().parts
+            with TopicWriter(uri) as w:
+                w.append("newer", "x")
+            Compactor(uri, CompactionConfig(delete_retention_ms=3_600_000, reuse_min_bytes=1 << 40)).run()
+            for part in old:
+                (Path(uri) / part.object).unlink()
+        return got
+
+    monkeypatch.setattr(latest, "plan_latest", plan_then_retire)
+    out = tmp_path / "table.parquet"
+    export_topic(uri, str(out), table=True)
+    import pyarrow.parquet as pq
+
+    assert len(plans) == 2
+    assert _rows(pq.read_table(out)) == [_fields(m) for m in TableView(uri).messages()]
 
 
 def test_a_table_view_as_arrow_is_as_of_its_last_refresh(tmp_path: Path) -> None:
