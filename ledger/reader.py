@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import collections
 import functools
-import itertools
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator
 from typing import Final
 
 import numpy as np
@@ -26,22 +24,18 @@ from shale.ledger.format import (
 )
 from shale.ledger.ids import MessageId
 from shale.ledger.kernels import Scratch, check_frames, check_kept, check_records, record_problem
-from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES, Message, decode_record, decode_records
+from shale.ledger.messages import entry_records, messages_at
+from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES, Message
 from shale.ledger.storage import ObjectStore
-from shale.ledger.stream import PayloadStream, stream_for
+from shale.ledger.stream import PayloadStream
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "RAW_BATCH_BYTES", "WHOLE_ENTRY_BYTES", "LedgerFile"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "RAW_BATCH_BYTES", "LedgerFile"]
 
 #: Size of the ranged reads used to stream entries (big sequential reads are cheap).
 DEFAULT_CHUNK_BYTES: Final = 8 * 1024 * 1024
 _TAIL_BYTES: Final = 256 * 1024
 #: Decompressed bytes held at once when checking or copying the records of many entries.
 RAW_BATCH_BYTES: Final = 64 * 1024 * 1024
-#: :meth:`LedgerFile.messages` decodes an entry of at most this many bytes (decompressed)
-#: all at once; a bigger one as a stream, one record at a time.
-WHOLE_ENTRY_BYTES: Final = 8 * 1024 * 1024
-#: A record's fields: key, value, properties, publish time, event time.
-_Fields = tuple[bytes | None, bytes | None, Mapping[str, str], int, int | None]
 
 
 class LedgerFile:
@@ -276,7 +270,7 @@ class LedgerFile:
         the frame checked now, the payload decompressed as it is read."""
         stored = self.frame_payload(buf, base, entry)
         return PayloadStream(stored, int(self.footer.codecs()[entry]), int(self.footer.raw_lengths()[entry]),
-                             self._entry_where(entry), path=self.url, position=int(self.footer.col("e_offset")[entry]),
+                             self.entry_where(entry), path=self.url, position=int(self.footer.col("e_offset")[entry]),
                              dictionaries=self.dictionaries)
 
     def raw_frames(self, buf: bytes | memoryview, base: int, sel: npt.NDArray[np.int64],
@@ -306,11 +300,12 @@ class LedgerFile:
             if codec == Codec.NONE:
                 out[a:a + n] = stored
             else:
-                out[a:a + n] = decompress(stored, codec, n, functools.partial(self._entry_where, int(sel[i])),
+                out[a:a + n] = decompress(stored, codec, n, functools.partial(self.entry_where, int(sel[i])),
                                           path=url, position=base + o, dictionaries=self.dictionaries)
         return out, at[:-1]
 
-    def _entry_where(self, entry: int) -> str:
+    def entry_where(self, entry: int) -> str:
+        """The object and entry, as errors name them."""
         return f"{self.url}: entry {self._entry_name(entry)}"
 
     def raw_batches(self, sel: npt.NDArray[np.int64], limit: int = RAW_BATCH_BYTES) -> Iterator[npt.NDArray[np.int64]]:
@@ -419,7 +414,7 @@ class LedgerFile:
                 r0 = int(rec_start[e])
                 count = int(rec_start[e + 1]) - r0
                 where = f"{self.url}: entry {self._entry_name(e)}"
-                records = self._entry_records(buf, base, e, count, where, max_record_bytes)
+                records = entry_records(self, buf, base, e, count, where, max_record_bytes)
                 if per_record:
                     lids = foot.cols["r_ledger"][r0:r0 + count].tolist()
                     eids = foot.cols["r_entry"][r0:r0 + count].tolist()
@@ -434,94 +429,8 @@ class LedgerFile:
                     yield Message(MessageId(lids[k], eids[k], int(batches[r])), key, value, props, pt, et)
                 del records
 
-    def _entry_records(self, buf: bytes | memoryview, base: int, e: int, count: int, where: str,
-                       max_record_bytes: int) -> Iterable[_Fields]:
-        """The ``count`` records of entry ``e`` (its frame in ``buf``, read from ``base``),
-        all checked before the first is given: an entry whose records do not match its
-        footer must fail before a reader sees one of them with a wrong id.  A small entry is
-        decoded whole; a big one twice (first to check it, keeping none of its records, then
-        one record at a time), so that no more than one of its records is held beside it,
-        and, when compressed with zstd, decompressed as it is read rather than held."""
-        position = int(self.footer.col("e_offset")[e])
-        decode = functools.partial(decode_records, count=count, where=where, path=self.url, position=position,
-                                   max_record_bytes=max_record_bytes)
-        raw = int(self.footer.raw_lengths()[e])
-        ends: list[int] = []
-        if stream_for(int(self.footer.codecs()[e]), raw, WHOLE_ENTRY_BYTES):
-            check = self.payload_stream(buf, base, e)
-            collections.deque(decode(check, ends=ends), maxlen=0)
-            check.finish()
-            stream = self.payload_stream(buf, base, e)
-            return (decode_record(stream.take(n), where=where, path=self.url, max_record_bytes=max_record_bytes,
-                                  position=position) for n in np.diff(ends, prepend=0).tolist())
-        payload = self.entry_payload(buf, base, e)
-        if raw <= WHOLE_ENTRY_BYTES:
-            return list(decode(payload))
-        collections.deque(decode(payload, ends=ends), maxlen=0)
-        view = memoryview(payload)
-        return (decode_record(view[a:b], where=where, path=self.url, max_record_bytes=max_record_bytes,
-                              position=position) for a, b in itertools.pairwise([0, *ends]))
-
     def messages_at(self, records: npt.NDArray[np.int64], *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> Iterator[Message]:
-        """The messages of ``records`` (indexes, rising), reading the entries that hold them
-        in ranged reads of about ``chunk_bytes``, each record decoded where its footer
-        places it, one at a time.  A small entry is decompressed whole and its records
-        checked all at once (in C, no object per record) before the first is given; a big
-        one compressed with zstd is decompressed as it is read, each record checked as it
-        comes, and the whole frame before the last is given.  Memory follows the entry or
-        less, never its records."""
-        if not len(records):
-            return
-        foot = self.footer
-        entry_of = foot.entry_of(records)
-        firsts = np.flatnonzero(np.r_[True, entry_of[1:] != entry_of[:-1]])  # each entry's first record
-        stops = np.r_[firsts[1:], len(records)]
-        entries = entry_of[firsts]
-        ledgers, entry_ids = foot.record_ledgers(records), foot.record_entries(records)
-        batches = self.batch_indexes
-        offsets, sizes = foot.col("r_offset"), foot.col("r_size")
-        i = 0
-        for c0, c1 in self.chunks(int(entries[0]), int(entries[-1]) + 1, chunk_bytes):
-            if entries[i] >= c1:
-                continue  # (none of its entries holds a record asked for)
-            base, buf = self.read_frames(c0, c1)
-            while i < len(entries) and entries[i] < c1:
-                e, a, b = int(entries[i]), int(firsts[i]), int(stops[i])
-                i += 1
-                recs = records[a:b]
-                where = f"{self.url}: entry {self._entry_name(e)}"
-                position = int(foot.col("e_offset")[e])
-                ids = zip(ledgers[a:b].tolist(), entry_ids[a:b].tolist(), batches[recs].tolist(), strict=True)
-                if stream_for(int(foot.codecs()[e]), int(foot.raw_lengths()[e]), WHOLE_ENTRY_BYTES):
-                    fields = self._streamed_records(self.payload_stream(buf, base, e), e, recs, where,
-                                                    max_record_bytes)
-                else:
-                    payload = self.entry_payload(buf, base, e)
-                    self.check_payload(payload, e, recs)
-                    view = memoryview(payload)
-                    fields = (decode_record(view[o:o + n], where=where, path=self.url, position=position,
-                                            max_record_bytes=max_record_bytes)
-                              for o, n in zip(offsets[recs].tolist(), sizes[recs].tolist(), strict=True))
-                for (lid, eid, bid), (key, value, props, pt, et) in zip(ids, fields, strict=True):
-                    yield Message(MessageId(lid, eid, bid), key, value, props, pt, et)
-                del fields
-
-    def _streamed_records(self, stream: PayloadStream, e: int, recs: npt.NDArray[np.int64], where: str,
-                          max_record_bytes: int) -> Iterator[_Fields]:
-        """The records ``recs`` of entry ``e`` read from its payload as a stream, each
-        checked as it is read; the whole frame is checked before the last is given."""
-        foot = self.footer
-        at = np.zeros(1, dtype=np.int64)
-        for k, (o, n) in enumerate(zip(foot.col("r_offset")[recs].tolist(), foot.col("r_size")[recs].tolist(),
-                                       strict=True), 1):
-            stream.skip(o - stream.at)
-            data = stream.take(n)
-            self.check_payload(data, e, recs[k - 1:k], starts=at)
-            if k == len(recs):
-                stream.finish()
-            fields = decode_record(data, where=where, path=self.url, max_record_bytes=max_record_bytes,
-                                   position=int(foot.col("e_offset")[e]))
-            del data  # (its fields are copies: the bytes read go before the record is given)
-            yield fields
-            del fields
+        """The messages of ``records`` (indexes, rising), each decoded where its footer
+        places it: :func:`shale.ledger.messages.messages_at`."""
+        return messages_at(self, records, chunk_bytes=chunk_bytes, max_record_bytes=max_record_bytes)
