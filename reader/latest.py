@@ -121,8 +121,8 @@ def last_of_each_key(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> 
 
     The positions are sorted by ``hi``; each run of one ``hi`` is one key, whose last
     occurrence is the run's greatest position.  A run that holds more than one ``lo`` (two
-    keys sharing 64 bits of hash, about once in 10**10 pairs of keys) is settled key by
-    key."""
+    keys whose hashes share their high 64 bits: one pair of keys in about 10**19) is
+    settled key by key."""
     n = len(hi)
     if not n:
         return np.empty(0, dtype=np.int64)
