@@ -21,6 +21,12 @@ It is found without holding the view:
 Pass two reads what pass one planned and nothing else, so a record published in between
 is not in the table: objects never change once written (a new deletion vector is a new
 object).  As compaction does, the table knows a key by its 128-bit hash.
+
+Why two passes rather than sorting the records by key in bounded memory (spilling runs
+and merging them): the footers already hold what deciding needs, so the first pass
+costs footer reads and about 33 bytes per record, the values are read once, only for
+the records kept, and the table comes out in id order — the order every other read
+gives — with nothing written aside.
 """
 
 from __future__ import annotations
