@@ -35,6 +35,7 @@ __all__ = [
     "Compression",
     "Dictionary",
     "DictionarySource",
+    "checked_zstd_frame",
     "compress",
     "decompress",
     "dictionary_source",
@@ -282,6 +283,26 @@ def _decompress_zstd(stored: Buffer, raw_length: int, bad: Callable[[str], Corru
                      dictionaries: DictionarySource | None, with_dictionary: bool) -> bytes:
     import zstandard
 
+    dictionary = checked_zstd_frame(stored, raw_length, bad, dictionaries, with_dictionary)
+    try:
+        # One frame, exactly: bytes after it are refused (the frame's end is where zstd
+        # says, not where the footer says), and so is a frame whose content checksum,
+        # when it has one, does not match what it decompresses to.
+        out: bytes = _CONTEXTS.zstd_decompressor(dictionary).decompress(stored, max_output_size=raw_length,
+                                                                       allow_extra_data=False)
+    except zstandard.ZstdError as e:
+        raise bad(f"does not decompress with zstd: {e}") from e
+    return out
+
+
+def checked_zstd_frame(stored: Buffer, raw_length: int, bad: Callable[[str], CorruptLedgerError],
+                       dictionaries: DictionarySource | None, with_dictionary: bool) -> Dictionary | None:
+    """What a zstd frame must be before anything is decompressed (whether whole or as a
+    stream): it declares the footer's size, and names a dictionary exactly when it is
+    stored as ``zstd-dict`` — one the topic has.  Returns that dictionary; anything else
+    is ``bad(why)`` raised."""
+    import zstandard
+
     # A zstd frame may declare any content size, and the library allocates what it
     # declares: the declaration must match the footer (bounded) before anything else.
     try:
@@ -292,25 +313,16 @@ def _decompress_zstd(stored: Buffer, raw_length: int, bad: Callable[[str], Corru
     if declared != raw_length:
         raise bad(f"declares {declared if 0 <= declared < 1 << 63 else 'no'} decompressed bytes, the footer "
                   f"{raw_length}")
-    dictionary = None
-    if with_dictionary:
-        if not params.dict_id:
-            raise bad("is stored as zstd-dict, and its frame names no dictionary")
-        if dictionaries is None:
-            raise bad(f"is compressed with dictionary {params.dict_id}, and the topic's dictionaries were not given")
-        try:
-            dictionary = dictionaries(params.dict_id)
-        except CorruptLedgerError as e:
-            # (a store that fails, or refuses access, is not the entry's fault: said as it is)
-            raise bad(f"is compressed with dictionary {params.dict_id}: {e}") from e
-    elif params.dict_id:
-        raise bad(f"is stored as zstd without a dictionary, and its frame names dictionary {params.dict_id}")
+    if not with_dictionary:
+        if params.dict_id:
+            raise bad(f"is stored as zstd without a dictionary, and its frame names dictionary {params.dict_id}")
+        return None
+    if not params.dict_id:
+        raise bad("is stored as zstd-dict, and its frame names no dictionary")
+    if dictionaries is None:
+        raise bad(f"is compressed with dictionary {params.dict_id}, and the topic's dictionaries were not given")
     try:
-        # One frame, exactly: bytes after it are refused (the frame's end is where zstd
-        # says, not where the footer says), and so is a frame whose content checksum,
-        # when it has one, does not match what it decompresses to.
-        out: bytes = _CONTEXTS.zstd_decompressor(dictionary).decompress(stored, max_output_size=raw_length,
-                                                                       allow_extra_data=False)
-    except zstandard.ZstdError as e:
-        raise bad(f"does not decompress with zstd: {e}") from e
-    return out
+        return dictionaries(params.dict_id)
+    except CorruptLedgerError as e:
+        # (a store that fails, or refuses access, is not the entry's fault: said as it is)
+        raise bad(f"is compressed with dictionary {params.dict_id}: {e}") from e

@@ -23,9 +23,11 @@ from shale.ledger.format import (
     decode_trailer,
 )
 from shale.ledger.ids import MessageId
-from shale.ledger.kernels import Scratch, check_frames, check_kept, gather_ranges, record_problem
-from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES, Message, decode_records
+from shale.ledger.kernels import Scratch, check_frames, check_kept, check_records, gather_ranges, record_problem
+from shale.ledger.messages import entry_records, messages_at
+from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES, Message
 from shale.ledger.storage import ObjectStore
+from shale.ledger.stream import PayloadStream
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "RAW_BATCH_BYTES", "LedgerFile"]
 
@@ -266,6 +268,14 @@ class LedgerFile:
                           f"{self.url}: entry {self._entry_name(entry)}", path=self.url,
                           position=int(self.footer.col("e_offset")[entry]), dictionaries=self.dictionaries)
 
+    def payload_stream(self, buf: bytes | memoryview, base: int, entry: int) -> PayloadStream:
+        """:meth:`entry_payload` read as a stream (:class:`~shale.ledger.stream.PayloadStream`):
+        the frame checked now, the payload decompressed as it is read."""
+        stored = self.frame_payload(buf, base, entry)
+        return PayloadStream(stored, int(self.footer.codecs()[entry]), int(self.footer.raw_lengths()[entry]),
+                             self.entry_where(entry), path=self.url, position=int(self.footer.col("e_offset")[entry]),
+                             dictionaries=self.dictionaries)
+
     def raw_frames(self, buf: bytes | memoryview, base: int, sel: npt.NDArray[np.int64],
                    scratch: Scratch | None = None) -> tuple[bytes | bytearray | memoryview, npt.NDArray[np.int64]]:
         """Entries ``sel`` (their frames checked, inside ``buf`` read from ``base``) laid
@@ -293,11 +303,12 @@ class LedgerFile:
             if codec == Codec.NONE:
                 out[a:a + n] = stored
             else:
-                out[a:a + n] = decompress(stored, codec, n, functools.partial(self._entry_where, int(sel[i])),
+                out[a:a + n] = decompress(stored, codec, n, functools.partial(self.entry_where, int(sel[i])),
                                           path=url, position=base + o, dictionaries=self.dictionaries)
         return out, at[:-1]
 
-    def _entry_where(self, entry: int) -> str:
+    def entry_where(self, entry: int) -> str:
+        """The object and entry, as errors name them."""
         return f"{self.url}: entry {self._entry_name(entry)}"
 
     def raw_batches(self, sel: npt.NDArray[np.int64], limit: int = RAW_BATCH_BYTES) -> Iterator[npt.NDArray[np.int64]]:
@@ -412,6 +423,21 @@ class LedgerFile:
             self._bad_record(buf, int(at[np.searchsorted(sel, entry)]), int(records[bad]), entry,
                              stored=frames is None, base=base)
 
+    def check_payload(self, payload: bytes | bytearray | memoryview, entry: int, records: npt.NDArray[np.int64],
+                      starts: npt.NDArray[np.int64] | None = None) -> None:
+        """:meth:`check_kept` for ``records`` of ``entry``, whose payload (decompressed: from
+        :meth:`entry_payload`) is ``payload``; ``starts``: where each record starts in
+        ``payload`` when that is not its offset (a payload's pieces, read as a stream)."""
+        foot = self.footer
+        offsets = foot.col("r_offset")[records].astype(np.int64)
+        at = offsets if starts is None else starts
+        bad = check_records(payload, at, foot.col("r_size")[records].astype(np.int64), foot.col("r_flags")[records])
+        if bad >= 0:
+            stored = starts is None and int(foot.codecs()[entry]) == Codec.NONE  # (named by its byte in the object)
+            base = int(foot.col("e_offset")[entry]) + FRAME_HEADER.size if stored else 0
+            frame = int(at[bad] - offsets[bad]) - FRAME_HEADER.size
+            self._bad_record(payload, frame, int(records[bad]), entry, stored=stored, base=base)
+
     def _bad_record(self, buf: bytes | bytearray | memoryview, frame: int, r: int, e: int, *, stored: bool,
                     base: int) -> None:
         foot = self.footer
@@ -457,14 +483,10 @@ class LedgerFile:
         for c0, c1 in self.chunks(first, last + 1, chunk_bytes):
             base, buf = self.read_frames(c0, c1)
             for e in range(c0, c1):
-                payload = self.entry_payload(buf, base, e)
                 r0 = int(rec_start[e])
                 count = int(rec_start[e + 1]) - r0
                 where = f"{self.url}: entry {self._entry_name(e)}"
-                # Decoded whole before any record is yielded: an entry whose records do not
-                # match its footer must fail before a reader sees one of them with a wrong id.
-                records = list(decode_records(payload, count, where=where, max_record_bytes=max_record_bytes,
-                                              path=self.url, position=int(foot.col("e_offset")[e])))
+                records = entry_records(self, buf, base, e, count, where, max_record_bytes)
                 if per_record:
                     lids = foot.cols["r_ledger"][r0:r0 + count].tolist()
                     eids = foot.cols["r_entry"][r0:r0 + count].tolist()
@@ -477,6 +499,13 @@ class LedgerFile:
                     if r >= stop_record:
                         return
                     yield Message(MessageId(lids[k], eids[k], int(batches[r])), key, value, props, pt, et)
+                del records
+
+    def messages_at(self, records: npt.NDArray[np.int64], *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> Iterator[Message]:
+        """The messages of ``records`` (indexes, rising), each decoded where its footer
+        places it: :func:`shale.ledger.messages.messages_at`."""
+        return messages_at(self, records, chunk_bytes=chunk_bytes, max_record_bytes=max_record_bytes)
 
 
 def _keys_of(data: npt.NDArray[np.uint8], at: npt.NDArray[np.int64]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import msgpack
 import xxhash
@@ -24,7 +24,9 @@ __all__ = [
     "EVENT_TIME_MIN_MS",
     "EVENT_TIME_RANGE",
     "Message",
+    "Readable",
     "Record",
+    "decode_record",
     "decode_records",
     "encode_record",
     "event_time_in_range",
@@ -34,6 +36,8 @@ __all__ = [
 
 #: Upper bound on one encoded record; larger ones are refused at write and read time.
 DEFAULT_MAX_RECORD_BYTES: Final = 64 * 1024 * 1024
+#: A payload bigger than this is decoded as a stream, read in slices of this size.
+_STREAM_BYTES: Final = 1 << 20
 
 #: The event times producers accept, in milliseconds since the Unix epoch: years 0001 to
 #: 9999, 0001-01-01T00:00:00.000Z to 9999-12-31T23:59:59.999Z.  Every reader of an export
@@ -155,39 +159,61 @@ def key_hash(key: bytes) -> tuple[int, int]:
     return h >> 64, h & 0xFFFFFFFFFFFFFFFF
 
 
+class Readable(Protocol):
+    """A source of bytes read in order (a file, :class:`~shale.ledger.stream.PayloadStream`)."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
+
+
 def decode_records(
-    payload: bytes | bytearray | memoryview,
+    payload: bytes | bytearray | memoryview | Readable,
     count: int,
     *,
     where: str,
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     path: str = "",
     position: int | None = None,
+    ends: list[int] | None = None,
 ) -> Iterator[tuple[bytes | None, bytes | None, Mapping[str, str], int, int | None]]:
     """Decode ``count`` consecutive records from an entry payload.
 
     Yields ``(key, value, properties, publish_time, event_time)`` tuples.  ``where`` names
     the object and entry for error messages.  Sizes are bounded so a hostile length field
-    cannot make msgpack allocate without limit.
+    cannot make msgpack allocate without limit.  ``ends``, when given, gets where each
+    record ends in the payload (for :func:`decode_record` to decode it again in place).
     """
+    # A big payload is read as a stream, a slice at a time: the unpacker then holds one
+    # record at most rather than a copy of the whole payload.
+    stream: Readable | None = None
+    whole: bytes | bytearray | memoryview | None = None
+    if not isinstance(payload, bytes | bytearray | memoryview):
+        size, stream = _STREAM_BYTES + 1, payload
+    elif (size := memoryview(payload).nbytes) > _STREAM_BYTES:
+        stream = _Slices(payload)
+    else:
+        whole = payload
     unpacker = msgpack.Unpacker(
-        None,
+        stream,
         raw=False,
         use_list=False,
         strict_map_key=True,
-        max_buffer_size=max(len(payload), 1),
+        read_size=min(_STREAM_BYTES, max(size, 1)),
+        max_buffer_size=max_record_bytes + 2 * _STREAM_BYTES if stream is not None else max(size, 1),
         max_bin_len=max_record_bytes,
         max_str_len=max_record_bytes,
         max_array_len=16,
         max_map_len=1 << 20,
     )
-    unpacker.feed(payload)
+    if whole is not None:
+        unpacker.feed(whole)
     n = 0
     try:
         for obj in unpacker:
             n += 1
             if n > count:
                 break
+            if ends is not None:
+                ends.append(unpacker.tell())
             yield _check_record(obj, where)
     except CorruptLedgerError as e:
         raise CorruptLedgerError(str(e), path=path, position=position) from None
@@ -197,6 +223,37 @@ def decode_records(
     if n != count:
         raise CorruptLedgerError(f"{where}: entry holds {n} records, footer says {count}",
                                  path=path, position=position)
+
+
+class _Slices:
+    """A payload read as a file, a copied slice at a time (what msgpack's unpacker reads)."""
+
+    def __init__(self, payload: bytes | bytearray | memoryview) -> None:
+        self._view = memoryview(payload).cast("B")
+        self._at = 0
+
+    def read(self, n: int = -1, /) -> bytes:
+        n = len(self._view) - self._at if n < 0 else n
+        got = bytes(self._view[self._at:self._at + n])
+        self._at += len(got)
+        return got
+
+
+def decode_record(
+    data: bytes | bytearray | memoryview, *, where: str, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    path: str = "", position: int | None = None,
+) -> tuple[bytes | None, bytes | None, Mapping[str, str], int, int | None]:
+    """Decode one record that fills ``data`` exactly (read in place, not copied first), as
+    :func:`decode_records` decodes each of its records."""
+    try:
+        obj = msgpack.unpackb(data, raw=False, use_list=False, strict_map_key=True, max_bin_len=max_record_bytes,
+                              max_str_len=max_record_bytes, max_array_len=16, max_map_len=1 << 20)
+        return _check_record(obj, where)
+    except CorruptLedgerError as e:
+        raise CorruptLedgerError(str(e), path=path, position=position) from None
+    except (ValueError, msgpack.UnpackException, msgpack.ExtraData) as e:
+        raise CorruptLedgerError(f"{where}: undecodable record: {e or 'malformed msgpack'}", path=path,
+                                 position=position) from e
 
 
 def _check_record(

@@ -19,28 +19,38 @@ pyarrow is an optional dependency: ``pip install 'shale[arrow]'``.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from shale.ledger.errors import InvalidInputError
-from shale.ledger.format import FLAG_TOMBSTONE, FRAME_HEADER
+from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, FRAME_HEADER
 from shale.ledger.kernels import RecordColumns, Scratch, gather_ranges, record_columns
 from shale.ledger.reader import DEFAULT_CHUNK_BYTES, LedgerFile
+from shale.ledger.stream import PayloadStream, stream_for
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["DEFAULT_BATCH_ROWS", "BatchReader", "latest_rows", "require", "require_pyarrow", "schema"]
+__all__ = ["DEFAULT_BATCH_ROWS", "DEFAULT_MAX_BATCH_BYTES", "ROW_BYTES", "BatchReader", "record_bytes", "require",
+           "require_pyarrow", "schema"]
 
-#: Rows per record batch unless asked otherwise.
+#: Rows per record batch unless asked otherwise (:meth:`TopicReader.iter_batches`).
 DEFAULT_BATCH_ROWS: Final = 65_536
+#: Decompressed bytes a batch holds at most, and the entries a reader decompresses at once
+#: across its threads, unless asked otherwise (``--max-batch-bytes``; bench/README.md,
+#: *Memory against decompressed bytes*).
+DEFAULT_MAX_BATCH_BYTES: Final = 16 << 20
+#: What a row costs in a batch beside its record's bytes: its id, times and offsets.
+ROW_BYTES: Final = 64
 
 
 def require_pyarrow() -> ModuleType:
@@ -74,27 +84,55 @@ def schema(utf8: bool = False, id_text: bool = False) -> pa.Schema:
                       ("publish_time", ts), ("event_time", ts), ("tombstone", pa.bool_())])
 
 
-def latest_rows(table: pa.Table) -> pa.Table:
-    """The rows of ``table`` (records in id order) that are the latest of their key and not
-    tombstones, in id order: a table view's contents (keyless rows are left out)."""
-    pa = require_pyarrow()
-    import pyarrow.compute as pc
+class _Piece(NamedTuple):
+    """Consecutive entries decoded together: ``entries`` (rising) hold ``records[first:stop]``
+    (indexes into the records asked for), which go out as the batches
+    ``records[cuts[i]:cuts[i + 1]]``; ``held``: the bytes it holds, the entries' once
+    decompressed or its batches' (:func:`record_bytes`), whichever come to more."""
 
-    keyed = table.filter(pc.is_valid(table["key"]))
-    rows = pa.array(np.arange(keyed.num_rows, dtype=np.int64))
-    last = keyed.append_column("__row", rows).group_by("key", use_threads=False).aggregate([("__row", "max")])
-    latest = keyed.take(pa.array(np.sort(last["__row_max"].to_numpy())))
-    return latest.filter(pc.invert(latest["tombstone"]))
+    entries: npt.NDArray[np.int64]
+    first: int
+    stop: int
+    held: int
+    cuts: list[int]
+
+
+class _Run:
+    """A piece being decoded: its steps (each makes the next batches) and the one pending."""
+
+    __slots__ = ("future", "left", "piece", "steps")
+
+    def __init__(self, piece: _Piece, steps: Generator[list[pa.RecordBatch], None, None],
+                 future: Future[list[pa.RecordBatch]], left: int) -> None:
+        self.piece, self.steps, self.future, self.left = piece, steps, future, left
+
+
+def record_bytes(f: LedgerFile, records: npt.NDArray[np.int64], id_text: bool = False) -> npt.NDArray[np.int64]:
+    """What each of ``records`` costs in a batch: its bytes once decompressed, and a row's
+    share of the id, time and offset columns (:data:`ROW_BYTES`)."""
+    extra = ROW_BYTES * (2 if id_text else 1)
+    return f.footer.col("r_size")[records].astype(np.int64) + extra
 
 
 class BatchReader:
-    """Decodes chunks of a ledger's entries into record batches on a few threads (zstd,
-    the record kernel and the gathers all leave the interpreter lock), each with a
-    decompression buffer of its own; batches come out in order."""
+    """Decodes a ledger's records into record batches on a few threads (zstd, the record
+    kernel and the gathers all leave the interpreter lock); batches come out in order.
 
-    def __init__(self, threads: int = 2, *, rows: int = DEFAULT_BATCH_ROWS, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 utf8: bool = False, id_text: bool = False) -> None:
-        self.rows, self.chunk_bytes, self.utf8, self.id_text = rows, chunk_bytes, utf8, id_text
+    Memory follows decompressed bytes, never rows alone: a batch holds at most
+    ``max_batch_bytes`` of records (:func:`record_bytes`; a record bigger than that goes
+    out alone, as one row), and what the threads work on at once — entries decompressed,
+    or the batches made of them, whichever come to more — comes to at most
+    ``max_batch_bytes`` too, besides the batch the caller holds.  An entry bigger than its
+    thread's share is decoded alone, a batch at a time, the next one made only once the
+    caller asks for it; compressed with zstd, it is decompressed as it is read (only each
+    batch's records are held).  ``rows``, when given, also caps the rows of a batch."""
+
+    def __init__(self, threads: int = 2, *, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, rows: int | None = None,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, utf8: bool = False, id_text: bool = False) -> None:
+        if max_batch_bytes < 1 or (rows is not None and rows < 1):
+            raise InvalidInputError("a batch must be allowed one byte and one row at least")
+        self.max_batch_bytes, self.rows, self.chunk_bytes = max_batch_bytes, rows, chunk_bytes
+        self.utf8, self.id_text = utf8, id_text
         self.threads = max(1, threads)
         self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="shale-arrow")
         self._local = threading.local()
@@ -109,60 +147,181 @@ class BatchReader:
         self.close()
 
     def batches(self, f: LedgerFile, records: npt.NDArray[np.int64]) -> Iterator[pa.RecordBatch]:
-        """The records ``records`` of ``f`` (indexes, rising) as record batches of at most
-        ``rows`` rows, reading whole entries in ranged reads of about ``chunk_bytes`` and
-        decompressing each entry once.  Every frame read is checked, every record decoded."""
+        """The records ``records`` of ``f`` (indexes, rising) as record batches (see the
+        class), decompressing each entry once.  Every frame read is checked, every record
+        decoded."""
         require_pyarrow()
         if not len(records):
             return
         entry_of = f.footer.entry_of(records)
-        chunks = [(c0, c1) for c0, c1 in f.chunks(int(entry_of[0]), int(entry_of[-1]) + 1, self.chunk_bytes)]
-        ahead: deque[Future[list[pa.RecordBatch]]] = deque()
-        nxt = 0
+        pieces = self._plan(f, records, entry_of)
+        active: deque[_Run] = deque()
+        held = nxt = 0
         try:
-            for _ in chunks:
-                while nxt < len(chunks) and len(ahead) <= self.threads:
-                    ahead.append(self._pool.submit(self._chunk, f, records, entry_of, *chunks[nxt]))
+            while True:
+                # Start the next pieces while threads are free and their decompressed bytes
+                # fit beside those in flight (one piece always: it may be bigger alone).
+                while nxt < len(pieces) and len(active) <= self.threads and (
+                        not active or held + pieces[nxt].held <= self.max_batch_bytes):
+                    piece = pieces[nxt]
+                    steps = self._steps(f, records, entry_of, piece)
+                    active.append(_Run(piece, steps, self._pool.submit(next, steps), _steps_of(piece, self.share)))
+                    held += piece.held
                     nxt += 1
-                yield from ahead.popleft().result()
+                if not active:
+                    return
+                run = active[0]
+                got = run.future.result()
+                run.left -= 1
+                if not run.left:
+                    active.popleft()
+                    run.steps.close()  # (its decompressed entries go now, not when collected)
+                    held -= run.piece.held
+                yield from got
+                del got
+                if run.left:  # an entry bigger than a share: its next batch once this one is let go
+                    run.future = self._pool.submit(next, run.steps)
         finally:
-            for fut in ahead:
-                fut.cancel()
+            for run in active:
+                if run.future.cancel() or run.future.done():
+                    run.steps.close()
 
-    def _chunk(self, f: LedgerFile, records: npt.NDArray[np.int64], entry_of: npt.NDArray[np.int64], c0: int,
-               c1: int) -> list[pa.RecordBatch]:
+    @property
+    def share(self) -> int:
+        """Decompressed bytes one thread decodes at once, unless one entry is bigger."""
+        return max(1, self.max_batch_bytes // self.threads)
+
+    def _plan(self, f: LedgerFile, records: npt.NDArray[np.int64], entry_of: npt.NDArray[np.int64]) -> list[_Piece]:
+        """``records`` cut into pieces: runs of entries that hold at most :attr:`share`
+        bytes (decompressed, and as batches) and span at most ``chunk_bytes`` stored, or
+        one entry; each cut into batches."""
+        foot = f.footer
+        firsts = np.flatnonzero(np.r_[True, entry_of[1:] != entry_of[:-1]])  # each entry's first record
+        stops = np.r_[firsts[1:], len(records)]
+        entries = np.asarray(entry_of[firsts], dtype=np.int64)
+        raw = np.cumsum(foot.raw_lengths()[entries] + FRAME_HEADER.size)
+        begin = foot.col("e_offset")[entries].astype(np.int64)
+        end = begin + foot.col("e_length")[entries].astype(np.int64)
+        cost = np.cumsum(record_bytes(f, records, self.id_text))
+        made = cost[stops - 1]  # what the batches of the entries up to each come to
+        pieces = []
+        i = 0
+        while i < len(entries):
+            raw_before = int(raw[i - 1]) if i else 0
+            made_before = int(made[i - 1]) if i else 0
+            j = min(int(np.searchsorted(raw, raw_before + self.share, side="right")),
+                    int(np.searchsorted(made, made_before + self.share, side="right")),
+                    int(np.searchsorted(end, begin[i] + self.chunk_bytes, side="right")))
+            j = max(j, i + 1)
+            a, b = int(firsts[i]), int(stops[j - 1])
+            held = max(int(raw[j - 1]) - raw_before, int(made[j - 1]) - made_before)
+            pieces.append(_Piece(entries[i:j], a, b, held, _cuts(cost, a, b, self.max_batch_bytes, self.rows)))
+            i = j
+        return pieces
+
+    def _steps(self, f: LedgerFile, records: npt.NDArray[np.int64], entry_of: npt.NDArray[np.int64],
+               piece: _Piece) -> Generator[list[pa.RecordBatch], None, None]:
+        """The batches of ``piece``, made on the pool's threads: all in one step when the
+        piece fits a thread's share (decompressed into that thread's reused buffer); else
+        (one entry that holds more than the share) one batch per step, reading the entry's
+        payload as a stream when it is bigger than the share and compressed with zstd (only
+        each batch's records are held), else from the entry decompressed once and held
+        until its last batch is made."""
         pa = require_pyarrow()
-        lo, hi = np.searchsorted(entry_of, [c0, c1])
-        if lo == hi:
-            return []
-        scratch: Scratch | None = getattr(self._local, "scratch", None)
-        if scratch is None:
-            scratch = self._local.scratch = Scratch()
-        base, buf = f.read_frames(c0, c1)
-        f.check_frames(buf, base, c0, c1)
-        owners = entry_of[lo:hi]  # rising
-        out = []
-        for sel in f.raw_batches(owners[np.r_[True, owners[1:] != owners[:-1]]]):
-            a, b = np.searchsorted(entry_of, [sel[0], sel[-1] + 1])
-            batch = _decode(pa, f, base, buf, sel, records[a:b], entry_of[a:b], scratch, self.utf8, self.id_text)
-            out += [batch.slice(k, self.rows) for k in range(0, batch.num_rows, self.rows)]
-        return out
+        sel, cuts = piece.entries, piece.cuts
+        e0, e1 = int(sel[0]), int(sel[-1]) + 1
+        base, buf = f.read_frames(e0, e1)
+        foot = f.footer
+        offsets, sizes = foot.col("r_offset"), foot.col("r_size")
+        if piece.held <= self.share:
+            scratch: Scratch | None = getattr(self._local, "scratch", None)
+            if scratch is None:
+                scratch = self._local.scratch = Scratch()
+            f.check_frames(buf, base, e0, e1)
+            raw, frames = f.raw_frames(buf, base, sel, scratch)
+            out = []
+            for a, b in itertools.pairwise(cuts):
+                recs, owner = records[a:b], entry_of[a:b]
+                place = np.searchsorted(sel, owner)  # each record's entry's index in sel
+                starts = frames[place] + FRAME_HEADER.size + offsets[recs].astype(np.int64)
+                out.append(_decode(pa, f, raw, starts, recs, self.utf8, self.id_text, functools.partial(
+                    f.check_kept, raw, base, sel, np.bincount(place, minlength=len(sel)), recs, frames=frames)))
+            yield out
+            return
+        if stream_for(int(foot.codecs()[e0]), int(foot.raw_lengths()[e0]), self.share):
+            stream = f.payload_stream(buf, base, e0)  # (its frame checked; decompressed as it is read)
+            del buf
+            for a, b in itertools.pairwise(cuts):
+                recs = records[a:b]
+                window, starts = _read_records(stream, offsets[recs].astype(np.int64), sizes[recs].astype(np.int64))
+                if b == cuts[-1]:
+                    stream.finish()  # (the whole frame checked before its last batch is given)
+                batch = _decode(pa, f, window, starts, recs, self.utf8, self.id_text,
+                                functools.partial(f.check_payload, window, e0, recs, starts))
+                del window  # (the batch holds copies: the records read go before it is given)
+                yield [batch]
+                del batch
+            return
+        payload = f.entry_payload(buf, base, e0)  # (one entry: its frame checked, decompressed)
+        del buf
+        for a, b in itertools.pairwise(cuts):
+            recs = records[a:b]
+            yield [_decode(pa, f, payload, offsets[recs].astype(np.int64), recs, self.utf8, self.id_text,
+                           functools.partial(f.check_payload, payload, e0, recs))]
 
 
-def _decode(pa: Any, f: LedgerFile, base: int, buf: bytes | memoryview, sel: npt.NDArray[np.int64],
-            recs: npt.NDArray[np.int64], owner: npt.NDArray[np.int64], scratch: Scratch, utf8: bool,
-            id_text: bool) -> Any:
-    """The records ``recs`` (of the entries ``owner``, all among ``sel``) as one batch."""
+def _read_records(stream: PayloadStream, offsets: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]
+                  ) -> tuple[bytearray, npt.NDArray[np.int64]]:
+    """The records at ``offsets`` (rising) of a payload read as ``stream``, side by side in
+    a buffer of their own, and where each starts in it: runs of adjacent records are read
+    at once, what lies between them skipped."""
+    starts = np.zeros(len(sizes), dtype=np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    window = bytearray(int(starts[-1] + sizes[-1]))
+    view = memoryview(window)
+    runs = np.flatnonzero(np.r_[True, offsets[1:] != offsets[:-1] + sizes[:-1]])  # each run's first record
+    ends = np.r_[runs[1:], len(sizes)]
+    for i, j in zip(runs.tolist(), ends.tolist(), strict=True):
+        stream.skip(int(offsets[i]) - stream.at)
+        stream.readinto(view[int(starts[i]):int(starts[j - 1] + sizes[j - 1])])
+    return window, starts
+
+
+def _steps_of(piece: _Piece, share: int) -> int:
+    """How many steps make ``piece``'s batches (see :meth:`BatchReader._steps`)."""
+    return 1 if piece.held <= share else len(piece.cuts) - 1
+
+
+def _cuts(cost: npt.NDArray[np.int64], first: int, stop: int, limit: int, rows: int | None) -> list[int]:
+    """``[first, stop)`` cut into runs whose ``cost`` (a running sum) comes to at most
+    ``limit`` and which have at most ``rows`` items; one item at least."""
+    cuts = [first]
+    k = first
+    while k < stop:
+        before = int(cost[k - 1]) if k else 0
+        m = max(k + 1, int(np.searchsorted(cost, before + limit, side="right")))
+        m = min(m, stop, k + rows) if rows is not None else min(m, stop)
+        cuts.append(m)
+        k = m
+    return cuts
+
+
+def _decode(pa: Any, f: LedgerFile, raw: Any, starts: npt.NDArray[np.int64], recs: npt.NDArray[np.int64],
+            utf8: bool, id_text: bool, refuse: Callable[[], object]) -> Any:
+    """The records ``recs`` of ``f``, starting in ``raw`` at ``starts``, as one batch;
+    ``refuse`` raises, naming the record and what is wrong with it, when one is not what
+    its footer says."""
     foot = f.footer
-    raw, frames = f.raw_frames(buf, base, sel, scratch)
-    place = np.zeros(int(sel[-1] - sel[0]) + 1, dtype=np.int64)  # entry -> its index in sel
-    place[sel - sel[0]] = np.arange(len(sel))
-    starts = frames[place[owner - sel[0]]] + FRAME_HEADER.size + foot.col("r_offset")[recs].astype(np.int64)
     bad, cols = record_columns(raw, starts, foot.col("r_size")[recs].astype(np.int64))
+    if cols is not None:
+        # the footer's flags must say what the records hold (a table is chosen by them)
+        flags = foot.col("r_flags")[recs]
+        has_key, empty = (flags & FLAG_HAS_KEY) != 0, (flags & FLAG_TOMBSTONE) != 0
+        if not (np.array_equal(has_key, cols.key_len >= 0) and np.array_equal(empty, cols.value_len <= 0)):
+            cols = None
     if cols is None:
-        # names the entry, the record and what is wrong with it
-        f.check_kept(raw, base, sel, np.bincount(place[owner - sel[0]], minlength=len(sel)), recs, frames=frames)
-        raise AssertionError(f"record {bad} was refused and then accepted")  # never: check_kept raises
+        refuse()
+        raise AssertionError(f"record {bad} was refused and then accepted")  # never: refuse raises
     return _batch(pa, f, raw, cols, recs, utf8, id_text)
 
 

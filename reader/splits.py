@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from shale.ledger.deletions import read_deletions
 from shale.ledger.format import KIND_COMPACTED, KIND_ORIGINAL
@@ -23,12 +24,12 @@ from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.reader import LedgerFile
 from shale.metadata.state import CompactionState, TopicState
 from shale.metadata.topic import TopicMetadata
-from shale.reader.arrow import DEFAULT_BATCH_ROWS, BatchReader
+from shale.reader.arrow import DEFAULT_MAX_BATCH_BYTES, BatchReader
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["DEFAULT_SPLIT_RECORDS", "Split", "plan_splits", "read_split"]
+__all__ = ["DEFAULT_SPLIT_RECORDS", "Split", "open_split", "plan_splits", "read_split", "split_records"]
 
 #: Records per split of an original ledger unless asked otherwise.
 DEFAULT_SPLIT_RECORDS = 1_000_000
@@ -88,19 +89,30 @@ def plan_splits(meta: TopicMetadata, *, compacted: bool, start: MessageId = MIN_
     return splits
 
 
-def read_split(meta: TopicMetadata, split: Split, *, rows: int = DEFAULT_BATCH_ROWS, utf8: bool = False,
-               id_text: bool = False) -> Iterator[pa.RecordBatch]:
-    """The records of ``split`` as Arrow record batches (needs pyarrow)."""
-    store = meta.topic.store
-    f = LedgerFile.open(store, meta.topic.key(split.object), ledger_id=split.ledger_id, kind=split.kind,
-                        dictionaries=meta.dictionaries)
+def split_records(meta: TopicMetadata, f: LedgerFile, split: Split) -> npt.NDArray[np.int64]:
+    """The record indexes of ``f`` (the split's object, opened) that ``split`` reads: its
+    range, within its ids, less the records its deletion vector removes."""
     lo = max(split.first, f.find(MessageId.parse(split.start)))
     hi = min(split.stop, f.n_records)
     if split.end:
         hi = min(hi, f.find(MessageId.parse(split.end)))
     records = np.arange(lo, max(lo, hi), dtype=np.int64)
     if split.deletions:
-        gone = read_deletions(store, meta.topic.key(split.deletions), f.n_records)
+        gone = read_deletions(meta.topic.store, meta.topic.key(split.deletions), f.n_records)
         records = records[~gone[records]]
-    with BatchReader(1, rows=rows, utf8=utf8, id_text=id_text) as reader:
-        yield from reader.batches(f, records)
+    return records
+
+
+def open_split(meta: TopicMetadata, split: Split) -> LedgerFile:
+    """The split's object, opened (its footer read and checked)."""
+    return LedgerFile.open(meta.topic.store, meta.topic.key(split.object), ledger_id=split.ledger_id,
+                           kind=split.kind, dictionaries=meta.dictionaries)
+
+
+def read_split(meta: TopicMetadata, split: Split, *, rows: int | None = None, utf8: bool = False,
+               id_text: bool = False, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> Iterator[pa.RecordBatch]:
+    """The records of ``split`` as Arrow record batches of at most ``max_batch_bytes``
+    bytes of records (and ``rows`` rows, when given), decoded on one thread (needs pyarrow)."""
+    f = open_split(meta, split)
+    with BatchReader(1, max_batch_bytes=max_batch_bytes, rows=rows, utf8=utf8, id_text=id_text) as reader:
+        yield from reader.batches(f, split_records(meta, f, split))

@@ -11,8 +11,9 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from shale.ledger.record import Message
-from shale.reader.arrow import latest_rows, require_pyarrow
+from shale.reader.arrow import DEFAULT_MAX_BATCH_BYTES, require_pyarrow, schema
 from shale.reader.arrow import require as _require
+from shale.reader.latest import table_batches
 from shale.reader.topic_reader import EARLIEST, TopicReader
 
 if TYPE_CHECKING:
@@ -77,28 +78,28 @@ class TableView(Mapping[bytes, bytes]):
         """Latest messages in id order."""
         return iter(sorted(self._latest.values(), key=lambda m: m.id))
 
-    def to_arrow(self, *, utf8: bool = False) -> pa.Table:
+    def to_arrow(self, *, utf8: bool = False, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> pa.Table:
         """The view as an Arrow table, as of the last :meth:`refresh`: the latest record of
         every live key, in id order, with the columns of :mod:`shale.reader.arrow` (read
-        afresh from the topic's compacted view, in columns).  Needs pyarrow."""
+        afresh from the topic's compacted view, in columns: footers first, then only the
+        records of the table, in batches of at most ``max_batch_bytes``; see
+        :mod:`shale.reader.latest`).  Needs pyarrow."""
         pa = require_pyarrow()
-        table = TopicReader(self._uri, metadata_uri=self._metadata_uri, read_compacted=True).to_arrow(utf8=utf8)
-        stop = self._reader.position  # (records published since the last refresh are not in the view yet)
-        ledger, entry, batch = (table[c].to_numpy() for c in ("ledger", "entry", "batch"))
-        before = (ledger < stop.ledger) | ((ledger == stop.ledger) & (
-            (entry < stop.entry) | ((entry == stop.entry) & (batch < stop.batch))))
-        return latest_rows(table.filter(pa.array(before)))
+        # (records published since the last refresh are not in the view yet)
+        batches = table_batches(self._reader.meta, end=self._reader.position, utf8=utf8,
+                                max_batch_bytes=max_batch_bytes)
+        return pa.Table.from_batches(list(batches), schema=schema(utf8))
 
-    def to_pandas(self, *, utf8: bool = False) -> Any:
+    def to_pandas(self, *, utf8: bool = False, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> Any:
         """:meth:`to_arrow` as a pandas DataFrame (pandas must be installed)."""
         _require("pandas")
-        return self.to_arrow(utf8=utf8).to_pandas()
+        return self.to_arrow(utf8=utf8, max_batch_bytes=max_batch_bytes).to_pandas()
 
-    def to_polars(self, *, utf8: bool = False) -> Any:
+    def to_polars(self, *, utf8: bool = False, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> Any:
         """:meth:`to_arrow` as a Polars DataFrame (polars must be installed)."""
         polars = _require("polars")
 
-        return polars.from_arrow(self.to_arrow(utf8=utf8))
+        return polars.from_arrow(self.to_arrow(utf8=utf8, max_batch_bytes=max_batch_bytes))
 
     def __getitem__(self, key: bytes) -> bytes:
         value = self._latest[key].value

@@ -26,7 +26,7 @@ from shale.ledger.reader import DEFAULT_CHUNK_BYTES, LedgerFile
 from shale.ledger.record import Message
 from shale.metadata.state import CompactedPart, CompactionState, LedgerInfo, TopicState
 from shale.metadata.topic import TopicMetadata
-from shale.reader.arrow import DEFAULT_BATCH_ROWS, BatchReader, require_pyarrow, schema
+from shale.reader.arrow import DEFAULT_BATCH_ROWS, DEFAULT_MAX_BATCH_BYTES, BatchReader, require_pyarrow, schema
 from shale.reader.arrow import require as _require
 from shale.reader.gaps import Gap, GapListener, OnGap, check_on_gap, log_gap, log_start
 
@@ -420,18 +420,22 @@ class TopicReader:
 
     # --------------------------------------------------------------------- Arrow
 
-    def iter_batches(self, rows: int = DEFAULT_BATCH_ROWS, *, utf8: bool = False,
-                     id_text: bool = False) -> Iterator[pa.RecordBatch]:
+    def iter_batches(self, rows: int | None = DEFAULT_BATCH_ROWS, *, utf8: bool = False, id_text: bool = False,
+                     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> Iterator[pa.RecordBatch]:
         """The messages from the position to the end of the topic as it is now, as Arrow
-        record batches of at most ``rows`` rows (:mod:`shale.reader.arrow` gives the
-        columns; ``utf8``: keys and values as text; ``id_text``: the ids' text too).  Never waits, even when following;
-        the position moves past what was read.  Needs pyarrow (``shale[arrow]``)."""
+        record batches of at most ``rows`` rows (None: no limit) and ``max_batch_bytes``
+        bytes of records once decompressed (a record bigger than that comes alone); the
+        reader decompresses no more than ``max_batch_bytes`` at once across its threads
+        (:class:`~shale.reader.arrow.BatchReader`).  :mod:`shale.reader.arrow` gives the
+        columns; ``utf8``: keys and values as text; ``id_text``: the ids' text too.  Never
+        waits, even when following; the position moves past what was read.  Needs pyarrow
+        (``shale[arrow]``)."""
         require_pyarrow()
         if self._pending is not None:  # a message looked at but not taken is read again
             self._next, self._pending = self._pending.id, None
         self._it = None
-        with BatchReader(min(2, len(os.sched_getaffinity(0))), rows=rows, chunk_bytes=self.chunk_bytes, utf8=utf8,
-                         id_text=id_text) as reader:
+        with BatchReader(min(2, len(os.sched_getaffinity(0))), max_batch_bytes=max_batch_bytes, rows=rows,
+                         chunk_bytes=self.chunk_bytes, utf8=utf8, id_text=id_text) as reader:
 
             def read(f: LedgerFile, start: int, gone: npt.NDArray[np.bool_] | None) -> Iterator[pa.RecordBatch]:
                 records = np.arange(start, f.n_records, dtype=np.int64)
@@ -443,21 +447,26 @@ class TopicReader:
 
             yield from self._walk(read)
 
-    def to_arrow(self, *, utf8: bool = False, id_text: bool = False) -> pa.Table:
-        """:meth:`iter_batches`, as one table."""
+    def to_arrow(self, *, utf8: bool = False, id_text: bool = False,
+                 max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> pa.Table:
+        """:meth:`iter_batches`, as one table (which holds what it holds: only the reading
+        is bounded by ``max_batch_bytes``)."""
         pa = require_pyarrow()
-        return pa.Table.from_batches(list(self.iter_batches(utf8=utf8, id_text=id_text)),
+        return pa.Table.from_batches(list(self.iter_batches(utf8=utf8, id_text=id_text,
+                                                            max_batch_bytes=max_batch_bytes)),
                                      schema=schema(utf8, id_text))
 
-    def to_pandas(self, *, utf8: bool = False, id_text: bool = False) -> Any:
+    def to_pandas(self, *, utf8: bool = False, id_text: bool = False,
+                  max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> Any:
         """:meth:`to_arrow` as a pandas DataFrame (pandas must be installed)."""
         _require("pandas")
-        return self.to_arrow(utf8=utf8, id_text=id_text).to_pandas()
+        return self.to_arrow(utf8=utf8, id_text=id_text, max_batch_bytes=max_batch_bytes).to_pandas()
 
-    def to_polars(self, *, utf8: bool = False, id_text: bool = False) -> Any:
+    def to_polars(self, *, utf8: bool = False, id_text: bool = False,
+                  max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> Any:
         """:meth:`to_arrow` as a Polars DataFrame (polars must be installed)."""
         polars = _require("polars")
-        return polars.from_arrow(self.to_arrow(utf8=utf8, id_text=id_text))
+        return polars.from_arrow(self.to_arrow(utf8=utf8, id_text=id_text, max_batch_bytes=max_batch_bytes))
 
     def close(self) -> None:
         self._files.clear()

@@ -217,17 +217,24 @@ class _ProduceProgress:
 def _cmd_read(args: argparse.Namespace, out: TextIO) -> int:
     from shale.jsonlines import message_line
     from shale.ledger.errors import GapError
-    from shale.reader import TableView, TopicReader, parse_position
+    from shale.ledger.reader import DEFAULT_CHUNK_BYTES
+    from shale.reader import TopicReader, parse_position
     from shale.reader.gaps import Gap
 
+    chunk_bytes = min(DEFAULT_CHUNK_BYTES, _max_batch_bytes(args))
     if args.table:  # the latest record of every key: the compacted view, necessarily
         if args.follow:
             raise InvalidInputError("--table prints the table once; --follow goes with a plain or --compacted read")
-        table = TableView(args.topic, metadata_uri=args.metadata)
-        for i, m in enumerate(table.messages()):
-            if args.limit is not None and i >= args.limit:
-                break
-            out.write(message_line(m, args.value_format) + "\n")
+        from shale.metadata.topic import TopicMetadata
+        from shale.reader.latest import table_messages
+
+        # footers first, then only the table's records: memory follows records, not values
+        meta = TopicMetadata.open(args.topic, args.metadata)
+        for m in itertools.islice(table_messages(meta, chunk_bytes=chunk_bytes), args.limit):
+            text = message_line(m, args.value_format)
+            del m  # (a big value goes before its line is written)
+            out.write(text)
+            out.write("\n")
         return 0
     start = parse_position(args.start)
 
@@ -238,7 +245,7 @@ def _cmd_read(args: argparse.Namespace, out: TextIO) -> int:
 
     with TopicReader(args.topic, metadata_uri=args.metadata, read_compacted=args.compacted, start=start,
                      follow=args.follow, poll_interval=args.poll_interval / 1000, on_gap=args.on_gap,
-                     gap_listener=gone_past) as r:
+                     gap_listener=gone_past, chunk_bytes=chunk_bytes) as r:
         try:
             # islice stops at the limit before asking for one more (a follower would wait for it)
             for m in itertools.islice(r, args.limit):
@@ -253,6 +260,14 @@ def _cmd_read(args: argparse.Namespace, out: TextIO) -> int:
             out.flush()  # every record read before the gap is out before the error line
             raise
     return 0
+
+
+def _max_batch_bytes(args: argparse.Namespace) -> int:
+    """``--max-batch-bytes``, else the readers' default."""
+    from shale.reader.arrow import DEFAULT_MAX_BATCH_BYTES
+
+    given: int | None = args.max_batch_bytes
+    return DEFAULT_MAX_BATCH_BYTES if given is None else given
 
 
 def _cmd_get(args: argparse.Namespace, out: TextIO) -> int:
@@ -301,7 +316,8 @@ def _cmd_export(args: argparse.Namespace, out: TextIO) -> int:
         result = export_topic(args.topic, args.out, metadata_uri=args.metadata, compacted=args.compacted,
                               table=args.table, fmt=args.format, start=parse_position(args.start),
                               compression=args.compression, utf8=args.utf8,
-                              progress=shown.show if shown else None, overwrite=args.overwrite)
+                              progress=shown.show if shown else None, overwrite=args.overwrite,
+                              max_batch_bytes=_max_batch_bytes(args))
     finally:
         if shown is not None:
             shown.close()
@@ -418,6 +434,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "id below the oldest ledger left): error (default) stops with exit code 6 naming the range; "
                    "skip goes on at the next record left, with a warning; compacted reads the range from the "
                    "compacted view (the latest value of each of its keys), with a warning")
+    p.add_argument("--max-batch-bytes", type=positive_size_arg, default=None, metavar="SIZE",
+                   help="the most stored bytes of entries read at once, 8MiB at most (records are decoded an "
+                   "entry, and a big entry a record, at a time; default 16MiB, as shale export)")
     p.set_defaults(func=_cmd_read)
 
     p = sub.add_parser("get", help="print the latest record of one key",
@@ -462,6 +481,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "than binary")
     p.add_argument("--compression", default="zstd", metavar="CODEC",
                    help="Parquet or Arrow compression: zstd (default), lz4, snappy (Parquet), none")
+    p.add_argument("--max-batch-bytes", type=positive_size_arg, default=None, metavar="SIZE",
+                   help="the most bytes of records, once decompressed, that one batch holds and that are "
+                   "decompressed at once (a bigger record goes alone; default 16MiB)")
     p.add_argument("--json", action="store_true", help="print one JSON line instead of text")
     p.set_defaults(func=_cmd_export)
 

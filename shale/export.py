@@ -21,16 +21,21 @@ from typing import Any, Final
 
 from shale.export_target import open_output
 from shale.ledger.errors import InvalidInputError
+from shale.ledger.reader import DEFAULT_CHUNK_BYTES
 from shale.ledger.storage import ObjectWriter
-from shale.reader import TableView, TopicReader
-from shale.reader.arrow import latest_rows, require_pyarrow, schema
+from shale.reader import TopicReader
+from shale.reader.arrow import DEFAULT_MAX_BATCH_BYTES, require_pyarrow, schema
+from shale.reader.latest import table_batches, table_messages
 from shale.reader.topic_reader import EARLIEST, Position
 
-__all__ = ["FORMATS", "ExportResult", "export_topic", "format_of"]
+__all__ = ["FORMATS", "JSONL_BLOCK_BYTES", "ExportResult", "export_topic", "format_of"]
 
 FORMATS: Final = ("parquet", "arrow", "jsonl")
 _SUFFIXES: Final = {".parquet": "parquet", ".pq": "parquet", ".arrow": "arrow", ".feather": "arrow",
                     ".ipc": "arrow", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl"}
+
+#: JSON lines are written in blocks of about this many bytes.
+JSONL_BLOCK_BYTES: Final = 1 << 20
 
 #: Called as rows are written: rows so far, bytes so far.
 Progress = Callable[[int, int], None]
@@ -92,18 +97,22 @@ class _Sink(io.RawIOBase):
 
 def export_topic(topic_uri: str, out_uri: str, *, metadata_uri: str | None = None, compacted: bool = False,
                  table: bool = False, fmt: str | None = None, start: Position = EARLIEST, compression: str = "zstd",
-                 utf8: bool = False, progress: Progress | None = None, overwrite: bool = False) -> ExportResult:
+                 utf8: bool = False, progress: Progress | None = None, overwrite: bool = False,
+                 max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> ExportResult:
     """Write the topic's records (``compacted``: its compacted view; ``table``: the latest
     value of every live key) from ``start`` to ``out_uri`` as ``fmt``; see the module.
 
     ``out_uri`` ``-`` is standard output.  An ``out_uri`` inside a topic, or that is not a
     regular file, is refused; so is one that exists unless ``overwrite``
-    (:mod:`shale.export_target` says exactly what)."""
+    (:mod:`shale.export_target` says exactly what).  ``max_batch_bytes``: the decompressed
+    bytes of records a batch holds, and that are decompressed at once
+    (:class:`~shale.reader.arrow.BatchReader`)."""
     t0 = time.perf_counter()
     fmt = format_of(out_uri, fmt)
     if table and start != EARLIEST:
         raise InvalidInputError("--table exports every key: it takes no --start")
-    reader = TopicReader(topic_uri, metadata_uri=metadata_uri, read_compacted=compacted or table, start=start)
+    reader = TopicReader(topic_uri, metadata_uri=metadata_uri, read_compacted=compacted or table, start=start,
+                         chunk_bytes=min(DEFAULT_CHUNK_BYTES, max_batch_bytes))
     out = open_output(out_uri, reader.meta, overwrite=overwrite, binary=fmt != "jsonl")
     rows = [0]
     nbytes = [0]
@@ -116,19 +125,14 @@ def export_topic(topic_uri: str, out_uri: str, *, metadata_uri: str | None = Non
     with out as writer:
         sink = _Sink(writer, note)
         if fmt == "jsonl":
-            messages = (TableView(topic_uri, metadata_uri=metadata_uri).messages() if table else iter(reader))
+            messages = table_messages(reader.meta) if table else iter(reader)
             rows[0] = _write_jsonl(messages, sink, rows)
         else:
-            batches = _table_batches(topic_uri, metadata_uri, utf8) if table else reader.iter_batches(utf8=utf8)
+            batches = (table_batches(reader.meta, utf8=utf8, max_batch_bytes=max_batch_bytes) if table
+                       else reader.iter_batches(utf8=utf8, max_batch_bytes=max_batch_bytes))
             _write_arrow(batches, fmt, compression, sink, rows, utf8)
     what = "table" if table else "compacted view" if compacted else "records"
     return ExportResult(reader.meta.uri, out.uri, fmt, what, rows[0], nbytes[0], time.perf_counter() - t0)
-
-
-def _table_batches(topic_uri: str, metadata_uri: str | None, utf8: bool) -> Iterator[Any]:
-    """The latest record of every live key, in columns (no Python object per record)."""
-    table = TopicReader(topic_uri, metadata_uri=metadata_uri, read_compacted=True).to_arrow(utf8=utf8)
-    yield from latest_rows(table).to_batches()
 
 
 def _write_arrow(batches: Iterator[Any], fmt: str, compression: str, sink: _Sink, rows: list[int],
@@ -138,7 +142,10 @@ def _write_arrow(batches: Iterator[Any], fmt: str, compression: str, sink: _Sink
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
-        writer: Any = pq.ParquetWriter(sink, schema(utf8), compression=codec or "none")
+        # no statistics of values: the writer would keep copies of the least and greatest
+        # value of each row group (of records up to 64 MiB), and a value's min/max skips nothing
+        stats = [f.name for f in schema(utf8) if f.name != "value"]
+        writer: Any = pq.ParquetWriter(sink, schema(utf8), compression=codec or "none", write_statistics=stats)
     else:
         writer = pa.ipc.new_file(sink, schema(utf8), options=pa.ipc.IpcWriteOptions(compression=codec))
     with writer:
@@ -148,16 +155,28 @@ def _write_arrow(batches: Iterator[Any], fmt: str, compression: str, sink: _Sink
 
 
 def _write_jsonl(messages: Iterator[Any], sink: _Sink, rows: list[int]) -> int:
-    """The records as ``shale read`` prints them, one JSON object a line."""
+    """The records as ``shale read`` prints them, one JSON object a line, written in blocks
+    of about :data:`JSONL_BLOCK_BYTES` (one write per line would cost more than the
+    encoding); a longer line is written on its own, never copied into a block."""
     from shale.jsonlines import message_to_json
 
-    lines: list[str] = []
+    block: list[bytes] = []
+    held = 0
     for m in messages:
-        lines.append(json.dumps(message_to_json(m, "text"), separators=(",", ":"), ensure_ascii=False))
+        text = json.dumps(message_to_json(m, "text"), separators=(",", ":"), ensure_ascii=False)
+        del m  # (a big value goes before its line is encoded)
+        line = text.encode()
+        del text
         rows[0] += 1
-        if len(lines) >= 10_000:  # written in blocks: one write per line would cost more than the encoding
-            sink.write(("\n".join(lines) + "\n").encode())
-            lines = []
-    if lines:
-        sink.write(("\n".join(lines) + "\n").encode())
+        if held + len(line) + 1 > JSONL_BLOCK_BYTES and block:
+            sink.write(b"".join(block))
+            block, held = [], 0
+        if len(line) + 1 > JSONL_BLOCK_BYTES:
+            sink.write(line)
+            sink.write(b"\n")
+            continue
+        block += (line, b"\n")
+        held += len(line) + 1
+    if block:
+        sink.write(b"".join(block))
     return rows[0]

@@ -102,6 +102,8 @@ def test_read_equals_the_reader(spark: Any, disk_topic_uri: str) -> None:
     assert _got(df.collect()) == _want(list(TopicReader(uri, read_compacted=True)))
     full = spark.read.format("shale").load(uri)
     assert _got(full.collect()) == _want(list(TopicReader(uri)))
+    small = spark.read.format("shale").option("maxBatchBytes", "2KiB").load(uri)  # batches of a few records
+    assert _got(small.collect()) == _want(list(TopicReader(uri)))
     text = spark.read.format("shale").option("utf8", "true").option("idText", "true").load(uri)
     assert text.schema["key"].dataType.typeName() == "string"
     first = text.orderBy("ledger", "entry", "batch").first()

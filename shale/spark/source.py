@@ -25,10 +25,12 @@ from pyspark.sql.types import StructType
 
 from shale.columns import shift_rows
 from shale.compactor.spark.environment import ForwardedEnvironment
+from shale.compactor.units import parse_size
 from shale.ledger.errors import InvalidInputError, InvalidURIError, ShaleError
 from shale.ledger.ids import MIN_ID
 from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES
 from shale.metadata.topic import TopicMetadata
+from shale.reader.arrow import DEFAULT_BATCH_ROWS, DEFAULT_MAX_BATCH_BYTES
 from shale.reader.splits import DEFAULT_SPLIT_RECORDS, Split, plan_splits, read_split
 from shale.reader.topic_reader import EARLIEST, LATEST, parse_position
 from shale.staging import StagedLedger, StagingWriter, discard_staged, finish_write, new_write_id, register_staged
@@ -58,6 +60,20 @@ def _int(options: Mapping[str, str], name: str, default: int) -> int:
     return n
 
 
+def _size(options: Mapping[str, str], name: str, default: int) -> int:
+    """A size option (``64MiB``, ``1GB`` or plain bytes), at least one byte."""
+    value = options.get(name)
+    if value is None:
+        return default
+    try:
+        n = parse_size(str(value))
+    except InvalidInputError as e:
+        raise InvalidInputError(f"option {name}={value!r}: {e}") from None
+    if n < 1:
+        raise InvalidInputError(f"option {name}={value!r}: must be at least 1 byte")
+    return n
+
+
 @dataclass(frozen=True, slots=True)
 class ReadOptions:
     """What a read asks for (the ``option(...)`` values of ``spark.read.format("shale")``)."""
@@ -69,6 +85,7 @@ class ReadOptions:
     id_text: bool
     split_records: int
     batch_rows: int
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
 
     @classmethod
     def of(cls, options: Mapping[str, str]) -> ReadOptions:
@@ -77,7 +94,8 @@ class ReadOptions:
             raise InvalidURIError("no topic: load(\"<topic-uri>\") or option(\"path\", ...)")
         return cls(str(uri), options.get("metadata"), _flag(options, "compacted"), _flag(options, "utf8"),
                    _flag(options, "idText"), _int(options, "splitRecords", DEFAULT_SPLIT_RECORDS),
-                   _int(options, "batchRows", 65_536))
+                   _int(options, "batchRows", DEFAULT_BATCH_ROWS),
+                   _size(options, "maxBatchBytes", DEFAULT_MAX_BATCH_BYTES))
 
     def ddl(self) -> str:
         data = "string" if self.utf8 else "binary"
@@ -116,7 +134,8 @@ def read_partition(opts: ReadOptions, env: ForwardedEnvironment, split: Split) -
     """A task's work: the split's records as Arrow batches of Spark's column types."""
     env.apply()
     target = _arrow_schema(opts)
-    for batch in read_split(opts.meta(), split, rows=opts.batch_rows, utf8=opts.utf8, id_text=opts.id_text):
+    for batch in read_split(opts.meta(), split, rows=opts.batch_rows, utf8=opts.utf8, id_text=opts.id_text,
+                            max_batch_bytes=opts.max_batch_bytes):
         yield batch.cast(target)
 
 

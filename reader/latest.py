@@ -1,0 +1,222 @@
+"""The latest record of every live key, in memory bounded by record counts: two passes.
+
+A topic's table (``shale read --table``, ``shale export --table``,
+:meth:`TableView.to_arrow <shale.reader.TableView.to_arrow>`) is the latest record of every
+key in its compacted view, less the keys whose latest record is a tombstone, in id order.
+It is found without holding the view:
+
+1. **Pass one** (:func:`plan_latest`) reads footers only.  The objects of the view as it
+   is now — the compacted parts below the horizon (less their deletion vectors) and the
+   original ledgers above it: :func:`~shale.reader.splits.plan_splits` — carry each
+   record's 128-bit key hash and flags.  The records with a key are folded
+   (:func:`last_of_each_key`): the last record of each hash in id order is its key's
+   latest, and is chosen unless it is a tombstone.  Memory follows the number of records
+   (about 33 bytes per record with a key at the peak, measured; see :func:`plan_latest`),
+   never their values.
+2. **Pass two** reads only the chosen records of the same objects, in id order: as Arrow
+   batches (:func:`latest_batches`, bounded by decompressed bytes as every
+   :class:`~shale.reader.arrow.BatchReader` is) or as messages (:func:`latest_messages`,
+   one entry decompressed at a time).
+
+Pass two reads what pass one planned and nothing else, so a record published in between
+is not in the table: objects never change once written (a new deletion vector is a new
+object).  As compaction does, the table knows a key by its 128-bit hash.
+
+Why two passes rather than sorting the records by key in bounded memory (spilling runs
+and merging them): the footers already hold what deciding needs, so the first pass
+costs footer reads and about 33 bytes per record, the values are read once, only for
+the records kept, and the table comes out in id order — the order every other read
+gives — with nothing written aside.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from shale.ledger.errors import ObjectNotFoundError
+from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE
+from shale.ledger.ids import MessageId
+from shale.ledger.reader import DEFAULT_CHUNK_BYTES
+from shale.ledger.record import Message
+from shale.metadata.topic import TopicMetadata
+from shale.reader.arrow import DEFAULT_BATCH_ROWS, DEFAULT_MAX_BATCH_BYTES, BatchReader, require_pyarrow
+from shale.reader.splits import Split, open_split, plan_splits, split_records
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["Chosen", "LatestPlan", "last_of_each_key", "latest_batches", "latest_messages", "plan_latest",
+           "table_batches", "table_messages"]
+
+#: Records compared at once when looking for where hashes change along the sort order
+#: (bounds the gathered copies to a few MiB, beside the per-record arrays).
+_COMPARE_RECORDS: Final = 1 << 19
+#: Plans made at most when objects of the view are removed before pass two reads them.
+_PLANS: Final = 3
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class Chosen:
+    """The records of one object of the view that are in the table (indexes, rising)."""
+
+    split: Split
+    records: npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class LatestPlan:
+    """What pass one chose, object by object in id order, and how many records it folded."""
+
+    chosen: tuple[Chosen, ...]
+    records: int
+
+    @property
+    def rows(self) -> int:
+        """How many rows the table has."""
+        return sum(len(c.records) for c in self.chosen)
+
+
+def plan_latest(meta: TopicMetadata, *, end: MessageId | None = None) -> LatestPlan:
+    """Pass one: the records of the table of the view as it is now (``end``: of the
+    records with ids below ``end`` only), reading footers alone.
+
+    Memory: for every record with a key, its two hashes (16 bytes), its index (4), whether
+    it is a tombstone (1) and its place in the sort order (8); and 16 bytes per key while
+    the fold ends."""
+    topic = meta.load_topic()
+    compaction = meta.load_compaction()  # (read after the ledger list: it covers at least what the list lacks)
+    splits = plan_splits(meta, compacted=True, end=end, max_records=1 << 62, topic=topic, compaction=compaction)
+    # Each object's record count bounds what it adds: filled in place, never concatenated.
+    bound = sum(s.records for s in splits)
+    hi = np.empty(bound, dtype=np.uint64)
+    lo = np.empty(bound, dtype=np.uint64)
+    index = np.empty(bound, dtype=np.uint32)  # (an object holds fewer than 2**32 records: its footer is bounded)
+    tombstone = np.empty(bound, dtype=np.bool_)
+    starts = [0]
+    for split in splits:
+        f = open_split(meta, split)
+        records = split_records(meta, f, split)
+        flags = f.footer.col("r_flags")[records]
+        keyed = records[(flags & FLAG_HAS_KEY) != 0]
+        a, b = starts[-1], starts[-1] + len(keyed)
+        hi[a:b] = f.footer.col("r_hash_hi")[keyed]
+        lo[a:b] = f.footer.col("r_hash_lo")[keyed]
+        index[a:b] = keyed
+        tombstone[a:b] = (f.footer.col("r_flags")[keyed] & FLAG_TOMBSTONE) != 0
+        starts.append(b)
+        del f, records, flags, keyed
+    n = starts[-1]
+    latest = last_of_each_key(hi[:n], lo[:n])
+    del hi, lo
+    latest = latest[~tombstone[latest]]
+    cut = np.searchsorted(latest, starts)
+    chosen = tuple(Chosen(split, index[latest[cut[i]:cut[i + 1]]].astype(np.int64))
+                   for i, split in enumerate(splits) if cut[i + 1] > cut[i])
+    return LatestPlan(chosen, n)
+
+
+def last_of_each_key(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+    """Positions (rising) of the last occurrence of every distinct 128-bit hash ``(hi, lo)``.
+
+    The positions are sorted by ``hi``; each run of one ``hi`` is one key, whose last
+    occurrence is the run's greatest position.  A run that holds more than one ``lo`` (two
+    keys whose hashes share their high 64 bits: one pair of keys in about 10**19) is
+    settled key by key."""
+    n = len(hi)
+    if not n:
+        return np.empty(0, dtype=np.int64)
+    order = np.argsort(hi).astype(np.int64, copy=False)
+    new_hi = _changes(hi, order)
+    same_hi_new_lo = _changes(lo, order)
+    same_hi_new_lo &= ~new_hi
+    runs = np.flatnonzero(new_hi)
+    del new_hi
+    last = np.maximum.reduceat(order, runs)
+    if same_hi_new_lo.any():
+        mixed = np.unique(np.searchsorted(runs, np.flatnonzero(same_hi_new_lo), side="right") - 1)
+        ends = np.r_[runs[1:], n]
+        settled = []
+        for r in mixed.tolist():
+            members = order[runs[r]:ends[r]]
+            by_lo = members[np.lexsort((members, lo[members]))]  # by lo, then position
+            tail = np.r_[lo[by_lo][1:] != lo[by_lo][:-1], True]
+            settled.append(by_lo[tail])
+        keep = np.ones(len(last), dtype=np.bool_)
+        keep[mixed] = False
+        last = np.concatenate([last[keep], *settled])
+    del order
+    last.sort()
+    return last
+
+
+def _changes(values: npt.NDArray[np.uint64], order: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+    """Whether ``values`` changes at each step along ``order`` (the first step: True),
+    gathered a slice at a time."""
+    n = len(order)
+    out = np.empty(n, dtype=np.bool_)
+    out[0] = True
+    for a in range(1, n, _COMPARE_RECORDS):
+        b = min(n, a + _COMPARE_RECORDS)
+        v = values[order[a - 1:b]]
+        np.not_equal(v[1:], v[:-1], out=out[a:b])
+    return out
+
+
+def latest_batches(meta: TopicMetadata, plan: LatestPlan, *, utf8: bool = False,
+                   max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+                   rows: int | None = DEFAULT_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+    """Pass two as Arrow record batches (the columns of :mod:`shale.reader.arrow`), each
+    of at most ``max_batch_bytes`` of records and ``rows`` rows (needs pyarrow)."""
+    require_pyarrow()
+    with BatchReader(min(2, len(os.sched_getaffinity(0))), max_batch_bytes=max_batch_bytes, rows=rows,
+                     chunk_bytes=min(DEFAULT_CHUNK_BYTES, max_batch_bytes), utf8=utf8) as reader:
+        for c in plan.chosen:
+            yield from reader.batches(open_split(meta, c.split), c.records)
+
+
+def latest_messages(meta: TopicMetadata, plan: LatestPlan, *,
+                    chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[Message]:
+    """Pass two as messages, one entry decompressed and one record decoded at a time
+    (:meth:`~shale.ledger.reader.LedgerFile.messages_at`), in ranged reads of about
+    ``chunk_bytes``."""
+    for c in plan.chosen:
+        yield from open_split(meta, c.split).messages_at(c.records, chunk_bytes=chunk_bytes)
+
+
+def table_batches(meta: TopicMetadata, *, end: MessageId | None = None, utf8: bool = False,
+                  max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+                  rows: int | None = DEFAULT_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+    """Both passes, as Arrow record batches (:func:`plan_latest`, :func:`latest_batches`)."""
+    return _planned(meta, end, lambda plan: latest_batches(meta, plan, utf8=utf8, max_batch_bytes=max_batch_bytes,
+                                                          rows=rows))
+
+
+def table_messages(meta: TopicMetadata, *, end: MessageId | None = None,
+                   chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[Message]:
+    """Both passes, as messages (:func:`plan_latest`, :func:`latest_messages`)."""
+    return _planned(meta, end, lambda plan: latest_messages(meta, plan, chunk_bytes=chunk_bytes))
+
+
+def _planned(meta: TopicMetadata, end: MessageId | None, read: Callable[[LatestPlan], Iterator[_T]]
+             ) -> Iterator[_T]:
+    """What ``read`` gives of a plan of the table.  An object of the view removed before
+    pass two has given anything (a newer compaction retired it, gc deleted it once its
+    grace was over) is no loss: the table is planned again from the newest view."""
+    for attempt in range(_PLANS):
+        plan = plan_latest(meta, end=end)
+        given = False
+        try:
+            for item in read(plan):
+                given = True
+                yield item
+            return
+        except ObjectNotFoundError:
+            if given or attempt == _PLANS - 1:
+                raise
