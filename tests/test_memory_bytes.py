@@ -391,7 +391,7 @@ def _big_entry_topic(uri: str) -> tuple[str, objects.Parsed]:
     return name, objects.parse(tamper.read_raw(uri, name))
 
 
-@pytest.mark.parametrize("lie", ["trailing bytes", "cut short", "other content"])
+@pytest.mark.parametrize("lie", ["trailing bytes", "cut short", "other content", "checksum", "names a dictionary"])
 def test_a_big_frame_that_lies_is_refused_by_every_reader(tmp_path: Path, lie: str) -> None:
     import zstandard
 
@@ -405,6 +405,14 @@ def test_a_big_frame_that_lies_is_refused_by_every_reader(tmp_path: Path, lie: s
     elif lie == "cut short":
         p.payloads[1] = good[:-64]
         expect = "not one whole zstd frame"
+    elif lie == "checksum":  # the frame's own content checksum no longer matches what it holds
+        assert zstandard.get_frame_parameters(good).has_checksum
+        p.payloads[1] = good[:-4] + bytes(b ^ 0xFF for b in good[-4:])
+        expect = "does not decompress with zstd"
+    elif lie == "names a dictionary":  # stored as plain zstd, its frame asks for a dictionary
+        d = zstandard.train_dictionary(4096, [raw[i:i + 512] + bytes([i % 251]) for i in range(0, 1 << 20, 512)])
+        p.payloads[1] = zstandard.ZstdCompressor(dict_data=d, write_content_size=True).compress(raw)
+        expect = f"names dictionary {d.dict_id()}"
     else:  # records that are not records, of the size the footer says
         p.payloads[1] = zstandard.ZstdCompressor(write_content_size=True).compress(raw[::-1])
         expect = "record"
