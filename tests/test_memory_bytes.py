@@ -447,6 +447,9 @@ def _peak_rss(*argv: str) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("SHALE_LONG_TESTS") != "1",
+                    reason="builds a topic of 1 GB decompressed (about 20 s): SHALE_LONG_TESTS=1 runs it; "
+                    "bench/memory_bytes.py measures the same at several sizes")
 def test_peak_memory_follows_neither_the_topic_nor_its_entries(tmp_path: Path) -> None:
     """A topic of 1 GiB decompressed and a few KB stored: 4 entries of 4 records of 63 MiB
     (the reader once held every entry of a chunk, and the table whole: 2 GB and more).
