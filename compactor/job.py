@@ -120,10 +120,12 @@ class Compactor:
     ('compacted', '12:99:0')
     """
 
-    def __init__(self, topic_uri: str, config: CompactionConfig | None = None, *,
+    def __init__(self, topic: str | TopicMetadata, config: CompactionConfig | None = None, *,
                  metadata_uri: str | None = None, clock: Callable[[], float] | None = None,
                  progress: Callable[[str], None] | None = None, engine: Engine | None = None) -> None:
-        self.meta = TopicMetadata.open(topic_uri, metadata_uri)
+        """``topic``: its URI (its metadata under ``metadata_uri``, by default in the
+        topic's own ``_meta`` folder), or its metadata already opened."""
+        self.meta = topic if isinstance(topic, TopicMetadata) else TopicMetadata.open(topic, metadata_uri)
         self.config = config or CompactionConfig()
         self.engine: Engine = engine or LocalEngine()
         self.clock = clock

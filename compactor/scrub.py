@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from shale.compactor.throttle import Throttle
-from shale.ledger.errors import EXIT_CORRUPT, ObjectNotFoundError, ShaleError, error_line
+from shale.ledger.errors import CORRUPTION, ObjectNotFoundError, ShaleError, error_line
 from shale.ledger.format import KIND_COMPACTED, KIND_ORIGINAL
 from shale.ledger.kernels import Scratch
 from shale.ledger.reader import LedgerFile
@@ -86,7 +86,7 @@ def scrub_topic(meta: TopicMetadata, *, max_bytes_per_s: int = 0, progress: Prog
             else:
                 report.gone += 1
         except ShaleError as e:
-            if e.exit_code != EXIT_CORRUPT:
+            if not isinstance(e, CORRUPTION):
                 raise  # permission denied, the store failing: not the object's damage
             report.damaged.append({"object": name, "error": error_line(e)})
         done += size

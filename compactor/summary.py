@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Final
-
-from shale.ledger.errors import EXIT_CONFLICT, EXIT_FAILURE, EXIT_OK
 
 __all__ = ["STATUSES", "RunStatus", "RunSummary"]
 
@@ -58,20 +56,22 @@ class RunSummary:
     durations: dict[str, float] = field(default_factory=dict)
     message: str = ""
     error: str | None = None
-    exit_code: int = EXIT_FAILURE
+    #: what failed, when the status is ``error`` (not in the JSON: ``error`` says it in words)
+    failure: BaseException | None = field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
-        return self.exit_code == EXIT_OK
+        """Whether the run did what it was asked: compacted, had nothing to do, was
+        skipped by its dirty ratio, or planned a dry run."""
+        return self.status not in (RunStatus.ERROR, RunStatus.CONFLICT)
 
     def finish(self, status: RunStatus, message: str = "") -> RunSummary:
         self.status = RunStatus(status)
         self.message = message
-        self.exit_code = {RunStatus.CONFLICT: EXIT_CONFLICT, RunStatus.ERROR: self.exit_code}.get(self.status, EXIT_OK)
         return self
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "failure"}
         d["durations"] = {k: round(v, 4) for k, v in self.durations.items()}
         d["dirty_ratio"] = round(self.dirty_ratio, 6)
         if d["error"] is None:

@@ -66,7 +66,7 @@ def assess(uri: str, *, now_ms: int, max_lag_ms: int | None = None, metadata_uri
     try:
         meta = TopicMetadata.open(uri, metadata_uri)
         topic, state = meta.load_topic(), meta.load_compaction()
-        if policy_lag and (own := meta.load_policy().values.max_compaction_lag_ms) is not None:
+        if policy_lag and (own := meta.load_policy().get("max_compaction_lag_ms")) is not None:
             max_lag_ms = own
     except Exception as e:  # still attempted, and fails clearly on its own (never stops the others)
         return TopicChoice(uri, 1.0, None, True, error_line(e))

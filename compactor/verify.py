@@ -40,10 +40,8 @@ from shale.ledger.reader import LedgerFile
 from shale.metadata.state import CompactionState, TopicState
 from shale.metadata.topic import TopicMetadata
 
-__all__ = ["EXIT_MISMATCH", "VerifyReport", "verify_topic"]
+__all__ = ["VerifyReport", "verify_topic"]
 
-#: ``shale verify`` exits with this when the published view differs from the recomputed one.
-EXIT_MISMATCH = 5
 _EXAMPLES = 10
 
 

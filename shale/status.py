@@ -19,7 +19,7 @@ from typing import Any
 from shale.compactor.plan import make_plan
 from shale.compactor.policies import policy_text
 from shale.compactor.topics import estimate_dirt
-from shale.ledger.errors import EXIT_CORRUPT, ObjectNotFoundError, ShaleError, error_line
+from shale.ledger.errors import CORRUPTION, ObjectNotFoundError, ShaleError, error_line
 from shale.ledger.format import KIND_COMPACTED
 from shale.ledger.reader import LedgerFile
 from shale.metadata.state import CompactionState, TopicState
@@ -107,7 +107,7 @@ def _is_damage(e: ShaleError) -> bool:
     """Whether ``e``, met reading an object the topic names, says the object is damaged
     (corrupt, or missing) rather than that it could not be read (access denied, the
     store failing)."""
-    return e.exit_code == EXIT_CORRUPT or isinstance(e, ObjectNotFoundError)
+    return isinstance(e, (*CORRUPTION, ObjectNotFoundError))
 
 
 def _when(ms: int | None) -> str:
