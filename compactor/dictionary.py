@@ -23,6 +23,7 @@ from shale.ledger.format import FRAME_HEADER
 from shale.ledger.reader import LedgerFile
 from shale.metadata.dictionaries import register_dictionary
 from shale.metadata.topic import TopicMetadata
+from shale.settings.units import count
 
 __all__ = ["TrainReport", "Trained", "train_and_register", "train_dictionary"]
 
@@ -55,10 +56,11 @@ class TrainReport:
 
     def human(self) -> str:
         gain = self.zstd_bytes / self.zstd_dict_bytes if self.zstd_dict_bytes else 0.0
-        line = (f"{self.topic}: trained dictionary {self.dictionary_id} ({self.dictionary_bytes:,} bytes) on "
-                f"{self.records_sampled:,} records; on {self.entries_measured:,} other entries "
-                f"({self.raw_bytes:,} bytes), each compressed on its own: zstd:{self.level} {self.zstd_bytes:,} "
-                f"bytes, with the dictionary {self.zstd_dict_bytes:,} ({gain:.2f}x smaller)")
+        measured = count(self.entries_measured, "other entry", "other entries")
+        line = (f"{self.topic}: trained dictionary {self.dictionary_id} ({count(self.dictionary_bytes, 'byte')}) on "
+                f"{count(self.records_sampled, 'record')}; on {measured} ({count(self.raw_bytes, 'byte')}), each "
+                f"compressed on its own: zstd:{self.level} {count(self.zstd_bytes, 'byte')}, with the dictionary "
+                f"{self.zstd_dict_bytes:,} ({gain:.2f}x smaller)")
         if self.used:
             return line + f"; producers and compactions now write zstd-dict:{self.level}"
         return line + f"; to write with it: shale config {self.topic} --set compression=zstd-dict:{self.level}"

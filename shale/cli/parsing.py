@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import argparse
 import re
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, NoReturn
 
 from shale.cli.commands import COMMAND_TABLE, EXIT_CODES
 from shale.ledger.errors import InvalidInputError
 from shale.ledger.masking import mask_secrets
-from shale.settings import COMMANDS, Setting, Settings, resolve, settings_for
+from shale.settings import COMMANDS, POLICY_SETTINGS, Setting, Settings, resolve, settings_for
 
 __all__ = ["OneLineParser", "UsageError", "build_compact_parser", "build_parser", "parse", "precedence_help"]
 
@@ -69,7 +70,13 @@ def precedence_help(command: str) -> str:
 
 
 def _epilog(command: str) -> str:
-    return f"exit codes:\n{COMMAND_TABLE[command].exit_codes}\n\n{precedence_help(command)}"
+    parts = [f"exit codes:\n{COMMAND_TABLE[command].exit_codes}", precedence_help(command)]
+    if command == "config":
+        width = max(map(len, POLICY_SETTINGS))
+        parts.insert(0, "policy settings (--set NAME=VALUE):\n" + "\n".join(
+            textwrap.fill(s.help, 88, initial_indent=f"  {s.name.ljust(width)}  ", subsequent_indent=" " * (width + 4))
+            for s in POLICY_SETTINGS.values()))
+    return "\n\n".join(parts)
 
 
 def _convert(s: Setting) -> Any:

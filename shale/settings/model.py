@@ -147,7 +147,7 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
     _s("metadata", Uri(), "where the topic's metadata lives", _ONE_TOPIC | _COMPACT, default_text="TOPIC_URI/_meta"),
     _s("key", Text(), "the key, as text", {"get"}, positional="KEY", env=False),
     _s("key-b64", Switch(), "KEY is base64 (a binary key)", {"get"}, default=False),
-    _s("out", Text(), "where to write: a local path, s3://bucket/key.parquet, ..., or - (standard output; also "
+    _s("out", Uri(), "where to write: a local path, s3://bucket/key.parquet, ..., or - (standard output; also "
        "/dev/stdout)", {"export"}, positional="OUT", env=False),
     # ---------------------------------------------------------------------- produce
     _s("input", Text(), "input file", {"produce"}, default="-", default_text="standard input", metavar="PATH|-"),
