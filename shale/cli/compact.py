@@ -1,4 +1,4 @@
-"""``compact`` (also ``shale compact``): :func:`~shale.compactor.compact_topics` with an
+"""``compact`` (also ``shale compact``): :func:`~shale.compactor.run_many.compact_topics` with an
 operator's view of it: one summary line (or JSON line) per topic on standard output,
 events as log lines or JSON on standard error, a progress display on a terminal,
 metrics pushed to a Pushgateway, and the worst outcome as the exit code."""

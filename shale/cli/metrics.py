@@ -1,5 +1,5 @@
 """Metrics a CronJob pushes to a Prometheus Pushgateway (``compact --pushgateway URL``),
-fed by :func:`~shale.compactor.compact_topics`'s events.
+fed by :func:`~shale.compactor.run_many.compact_topics`'s events.
 
 Each topic is its own group (``job``, ``topic``), pushed with POST once its run ends, so a
 run that compacts some topics leaves the others' figures alone, and a failed run leaves

@@ -6,7 +6,7 @@
 of the command's settings with its value and where the value came from
 (:class:`Settings`); :meth:`Settings.with_policy` then lets a topic's policy replace what
 did not come from a flag.  Every command, ``--print-config`` and
-:func:`~shale.compactor.compact_topics` use it.
+:func:`~shale.compactor.run_many.compact_topics` use it.
 """
 
 from __future__ import annotations
