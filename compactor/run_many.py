@@ -26,7 +26,7 @@ from shale.compactor.config import CompactionConfig
 from shale.compactor.engine import Engine, LocalEngine
 from shale.compactor.job import Compactor
 from shale.compactor.summary import RunStatus, RunSummary
-from shale.compactor.topics import assess, choose, discover_topics
+from shale.compactor.topics import assess, choose, discover_topics, refuse_a_file
 from shale.ledger.errors import InvalidInputError, error_line
 from shale.ledger.masking import mask_secrets
 from shale.metadata.policy import TopicPolicy
@@ -160,6 +160,7 @@ def compact_topic(uri: str, settings: Settings, *, overdue: bool = False, engine
     topic is compacted whatever its dirty ratio), then the policy's retention, applied
     only to ledgers the new horizon covers."""
     meta = TopicMetadata.open(uri, settings.value("metadata"))
+    refuse_a_file(meta.topic)
     policy = meta.load_policy()
     own = settings.with_policy(policy.to_json())
     if overdue:

@@ -16,7 +16,7 @@ from typing import Final, TextIO
 
 from shale.cli.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, exit_code_of
 from shale.compactor import interrupts
-from shale.ledger.errors import InvalidInputError, InvalidURIError, ShaleError, error_line
+from shale.ledger.errors import InvalidURIError, ShaleError, error_line
 from shale.ledger.masking import mask_secrets
 
 __all__ = ["Streams", "run_command"]
@@ -100,7 +100,10 @@ _STORAGE: Final = (("topic", True), ("topics", True), ("all", True), ("prefix", 
 def check_storage(args: argparse.Namespace) -> None:
     """Refuse, in one line naming it (exit 2), a URI a command cannot work with: one that
     does not resolve, storage that lives in one process (``memory://``: a command's topics
-    outlive it; the Python API keeps it), or a local file given as a topic."""
+    outlive it; the Python API keeps it), or a local file given as a topic.  ``compact``'s
+    topics are each refused on their own, in their summaries, so that one bad topic does
+    not stop the others; in-process storage stops the run."""
+    from shale.compactor.topics import refuse_a_file
     from shale.ledger.storage import require, resolve
 
     for dest, is_topic in _STORAGE:
@@ -108,13 +111,15 @@ def check_storage(args: argparse.Namespace) -> None:
         for uri in ([given] if isinstance(given, str) else given or []):
             try:
                 loc = resolve(uri)
-            except ShaleError:
-                raise
-            except Exception as e:  # whatever else a URI makes go wrong is still a bad URI
+            except Exception as e:
+                if dest == "topics":
+                    continue  # (its run fails, alone)
+                if isinstance(e, ShaleError):
+                    raise
+                # whatever else a URI makes go wrong is still a bad URI
                 raise InvalidURIError(f"URI {mask_secrets(uri)!r} cannot be used: {error_line(e)}") from None
             require(loc, "shared_between_processes", "a command",
                     hint=f"{loc.store.scheme}:// storage lives only as long as the process that made it; "
                     "use a folder or s3://")
-            if is_topic and loc.store.scheme == "file" and os.path.exists(loc.uri) and not os.path.isdir(loc.uri):
-                raise InvalidInputError(f"{loc.uri}: is a file, not a topic (a topic is a folder holding "
-                                        "_meta/topic.json)")
+            if is_topic and dest != "topics":
+                refuse_a_file(loc)

@@ -141,7 +141,7 @@ class Size(Kind):
         why = f" ({self.why})" if self.why else ""
         if value > self.most:
             return _raise(f"{shown(given)!r} is above {format_size(self.most)}{why}")
-        return _raise(f"{shown(given)!r} is below {format_size(self.least)}{why}")
+        return _raise(f"{shown(given)!r} must be at least {format_size(self.least)}{why}")
 
     def show(self, value: Any) -> str:
         return format_size(value)
@@ -221,7 +221,9 @@ class Whole(Kind):
 
     def _checked(self, value: int, given: object) -> int:
         if not self.least <= value <= self.most:
-            raise InvalidInputError(f"{shown(given)!r} must be from {self.least} to {self.most}")
+            bounds = (f"from {self.least} to {self.most}" if self.most == sys.maxsize
+                      else f"between {self.least} and {self.most}")
+            raise InvalidInputError(f"{shown(given)!r} must be {bounds}")
         return value
 
 
