@@ -131,6 +131,7 @@ def test_counts_of_one_are_singular(tmp_path: Path, capsys: pytest.CaptureFixtur
     lines.write_text('{"key": "a", "value": null}\n')
     texts = [run(capsys, "produce", topic, "--input", str(lines))[1]]
     texts.append(run(capsys, "compact", topic)[1])
+    texts.append(run(capsys, "status", topic)[1])
     texts.append(run(capsys, "verify", topic)[1])
     texts.append(run(capsys, "verify", topic, "--scrub")[1])
     texts.append(run(capsys, "gc", topic, "--dry-run")[1])
