@@ -55,8 +55,8 @@ def driver(argv: list[str]) -> int:
     Python process (and the JVM it started) held, as one JSON line after the summary."""
     import logging
 
+    from shale.cli.runlog import logger
     from shale.compactor import cli
-    from shale.compactor.runlog import logger
 
     marks: dict[str, Any] = {}
 

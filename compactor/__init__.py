@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from shale.compactor.config import CompactionConfig
     from shale.compactor.gc import GcReport, collect_garbage
     from shale.compactor.job import Compactor
+    from shale.compactor.run_many import RunEvent, compact_topics
     from shale.compactor.summary import RunSummary
     from shale.compactor.units import format_duration, format_size, parse_duration, parse_size
 
@@ -27,8 +28,10 @@ __all__ = [
     "CompactionConfig",
     "Compactor",
     "GcReport",
+    "RunEvent",
     "RunSummary",
     "collect_garbage",
+    "compact_topics",
     "format_duration",
     "format_size",
     "parse_duration",
@@ -36,8 +39,8 @@ __all__ = [
 ]
 
 _HOMES = {"CompactionConfig": "config", "GcReport": "gc", "collect_garbage": "gc", "Compactor": "job",
-          "RunSummary": "summary", "format_duration": "units", "format_size": "units", "parse_duration": "units",
-          "parse_size": "units"}
+          "RunEvent": "run_many", "compact_topics": "run_many", "RunSummary": "summary", "format_duration": "units",
+          "format_size": "units", "parse_duration": "units", "parse_size": "units"}
 
 
 def __getattr__(name: str) -> Any:

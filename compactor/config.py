@@ -2,24 +2,35 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Final
 
-from shale.ledger.codecs import DEFAULT_COMPRESSION, Compression
+from shale.ledger.codecs import Compression
 from shale.ledger.errors import InvalidInputError
+from shale.settings import SETTINGS, Setting, Settings
+from shale.settings.kinds import Duration, Size
 
 __all__ = ["DEFAULT_DELETE_RETENTION_MS", "DEFAULT_GC_GRACE_MS", "DEFAULT_MAX_MAP_BYTES", "DEFAULT_ORPHAN_GRACE_MS",
            "MIN_ORPHAN_GRACE_MS",
            "CompactionConfig"]
 
-DEFAULT_DELETE_RETENTION_MS: Final = 24 * 3_600_000  # Kafka's delete.retention.ms
-DEFAULT_GC_GRACE_MS: Final = 5 * 60_000  # Kafka waits 60 s (file.delete.delay.ms); readers of objects are slower
-DEFAULT_ORPHAN_GRACE_MS: Final = 3_600_000
+def _least(name: str) -> int:
+    kind = SETTINGS[name].kind
+    return kind.least if isinstance(kind, Duration | Size) else 0
+
+
+# The defaults and limits of the settings a command line may give are the settings
+# model's (shale.settings.SETTINGS): named here for the code that needs them.
+DEFAULT_DELETE_RETENTION_MS: Final[int] = SETTINGS["delete-retention"].default  # Kafka's delete.retention.ms
+# Kafka waits 60 s (file.delete.delay.ms); readers of objects are slower
+DEFAULT_GC_GRACE_MS: Final[int] = SETTINGS["gc-grace"].default
+DEFAULT_ORPHAN_GRACE_MS: Final[int] = SETTINGS["orphan-grace"].default
 #: 1 GiB holds about 44.7 million keys at 24 bytes each (Kafka's default buffer is 128 MiB).
 DEFAULT_MAX_MAP_BYTES: Final = 1 << 30
 #: Writers give up on an upload older than a third of this before publishing it, and
 #: garbage collection never treats anything younger as an orphan.
-MIN_ORPHAN_GRACE_MS: Final = 15 * 60_000
+MIN_ORPHAN_GRACE_MS: Final[int] = _least("orphan-grace")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,51 +64,60 @@ class CompactionConfig:
       uploading and publishing.
     """
 
-    min_compaction_lag_ms: int = 0
+    min_compaction_lag_ms: int = SETTINGS["min-compaction-lag"].default
     delete_retention_ms: int = DEFAULT_DELETE_RETENTION_MS
-    retain_null_key: bool = False
-    min_dirty_ratio: float = 0.0
+    retain_null_key: bool = SETTINGS["retain-null-key"].default
+    min_dirty_ratio: float = SETTINGS["min-dirty-ratio"].default
     dry_run: bool = False
     gc_grace_ms: int = DEFAULT_GC_GRACE_MS
     orphan_grace_ms: int = DEFAULT_ORPHAN_GRACE_MS
     collect_garbage: bool = True
-    max_part_bytes: int = 256 * 1024 * 1024
+    max_part_bytes: int = SETTINGS["max-part-bytes"].default
     max_map_bytes: int = DEFAULT_MAX_MAP_BYTES
     reuse_min_bytes: int = 8 * 1024 * 1024
     reuse_min_live: float = 0.5
-    read_parallelism: int = 4
-    max_read_bytes_per_s: int = 0
-    max_write_bytes_per_s: int = 0
+    read_parallelism: int = SETTINGS["read-parallelism"].default
+    max_read_bytes_per_s: int = SETTINGS["max-read-bytes-per-second"].default
+    max_write_bytes_per_s: int = SETTINGS["max-write-bytes-per-second"].default
     chunk_bytes: int = 8 * 1024 * 1024
-    workers: int = 0
-    compression: Compression = DEFAULT_COMPRESSION
+    workers: int = SETTINGS["workers"].default
+    compression: Compression = SETTINGS["compression"].default
     entry_bytes: int = 64 * 1024
 
     def __post_init__(self) -> None:
-        for name in ("min_compaction_lag_ms", "delete_retention_ms", "gc_grace_ms", "orphan_grace_ms"):
-            if getattr(self, name) < 0:
-                raise InvalidInputError(f"{name} must not be negative")
-        if self.orphan_grace_ms < MIN_ORPHAN_GRACE_MS:
-            raise InvalidInputError(f"orphan grace must be at least {MIN_ORPHAN_GRACE_MS // 60_000} minutes")
-        if not 0.0 <= self.min_dirty_ratio <= 1.0:
-            raise InvalidInputError(f"min dirty ratio {self.min_dirty_ratio} must be between 0 and 1")
+        # the settings a command line gives are checked as their flags are
+        for s in _FROM_SETTINGS:
+            try:
+                s.kind.check(getattr(self, s.py_name))
+            except InvalidInputError as e:
+                raise InvalidInputError(f"{s.py_name}: {e}") from None
         if not 0.0 <= self.reuse_min_live <= 1.0 or self.reuse_min_bytes < 0:
             raise InvalidInputError("reuse limits must be a share between 0 and 1 and a size >= 0")
-        if not 1 <= self.read_parallelism <= 64:
-            raise InvalidInputError(f"read parallelism {self.read_parallelism} must be between 1 and 64")
-        if self.max_read_bytes_per_s < 0 or self.max_write_bytes_per_s < 0:
-            raise InvalidInputError("byte-rate limits must not be negative")
-        if not 0 <= self.workers <= 64:
-            raise InvalidInputError(f"workers {self.workers} must be between 0 (automatic) and 64")
-        if self.max_map_bytes < 24:
-            raise InvalidInputError("max map bytes must be at least 24 (one key)")
         if not 1 << 10 <= self.entry_bytes <= 16 << 20:
             raise InvalidInputError("entry bytes must be from 1 KiB to 16 MiB")
-        if self.max_part_bytes < 1 << 16 or self.chunk_bytes < 1 << 12:
-            raise InvalidInputError("max part bytes must be >= 64 KiB and chunk bytes >= 4 KiB")
+        if self.chunk_bytes < 1 << 12:
+            raise InvalidInputError("chunk bytes must be at least 4 KiB")
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> CompactionConfig:
+        """The run settings ``compact``'s resolved settings give (a topic's policy applied
+        or not: :meth:`~shale.settings.Settings.with_policy`); a setting with no value
+        (``--max-map-bytes`` unset) keeps this class's default."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {v.setting.py_name: v.value for v in settings.values()
+                  if v.setting.py_name in names and v.value is not None}
+        if "no-gc" in settings:
+            values["collect_garbage"] = not settings.value("no-gc")
+        return cls(**values)
 
     def to_json(self) -> dict[str, Any]:
+        """What a published state records of the settings it was compacted with."""
         return {"min_compaction_lag_ms": self.min_compaction_lag_ms,
                 "delete_retention_ms": self.delete_retention_ms,
                 "retain_null_key": self.retain_null_key, "min_dirty_ratio": self.min_dirty_ratio,
                 "compression": str(self.compression)}
+
+
+#: The fields that are settings of the ``compact`` command, checked as their flags are.
+_FROM_SETTINGS: Final[tuple[Setting, ...]] = tuple(
+    s for s in SETTINGS.values() if "compact" in s.commands and s.py_name in CompactionConfig.__dataclass_fields__)

@@ -11,23 +11,21 @@ policy to ``zstd-dict``, so producers and compactions write with it from then on
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 from dataclasses import asdict, dataclass
-from typing import Any, Final, NamedTuple, TextIO, cast
+from typing import Any, Final, NamedTuple, cast
 
 import numpy as np
 
-from shale.compactor.commandline import add_topic_arguments, size_arg
 from shale.ledger.codecs import MAX_DICTIONARY_BYTES, Codec, Compression, Dictionary, compress
 from shale.ledger.errors import InvalidInputError
 from shale.ledger.format import FRAME_HEADER
 from shale.ledger.reader import LedgerFile
 from shale.metadata.dictionaries import register_dictionary
 from shale.metadata.topic import TopicMetadata
+from shale.settings.units import count
 
-__all__ = ["TrainReport", "Trained", "register_dictionary_command", "train_dictionary"]
+__all__ = ["TrainReport", "Trained", "train_and_register", "train_dictionary"]
 
 #: zstd's trainer wants about a hundred times the dictionary's size in samples ...
 SAMPLE_FACTOR: Final = 100
@@ -58,10 +56,11 @@ class TrainReport:
 
     def human(self) -> str:
         gain = self.zstd_bytes / self.zstd_dict_bytes if self.zstd_dict_bytes else 0.0
-        line = (f"{self.topic}: trained dictionary {self.dictionary_id} ({self.dictionary_bytes:,} bytes) on "
-                f"{self.records_sampled:,} records; on {self.entries_measured:,} other entries "
-                f"({self.raw_bytes:,} bytes), each compressed on its own: zstd:{self.level} {self.zstd_bytes:,} "
-                f"bytes, with the dictionary {self.zstd_dict_bytes:,} ({gain:.2f}x smaller)")
+        measured = count(self.entries_measured, "other entry", "other entries")
+        line = (f"{self.topic}: trained dictionary {self.dictionary_id} ({count(self.dictionary_bytes, 'byte')}) on "
+                f"{count(self.records_sampled, 'record')}; on {measured} ({count(self.raw_bytes, 'byte')}), each "
+                f"compressed on its own: zstd:{self.level} {count(self.zstd_bytes, 'byte')}, with the dictionary "
+                f"{self.zstd_dict_bytes:,} ({gain:.2f}x smaller)")
         if self.used:
             return line + f"; producers and compactions now write zstd-dict:{self.level}"
         return line + f"; to write with it: shale config {self.topic} --set compression=zstd-dict:{self.level}"
@@ -137,50 +136,15 @@ def _measure(dictionary: Dictionary, payloads: list[bytes], level: int) -> tuple
             sum(len(compress(p, with_dict)[1]) for p in payloads))
 
 
-def _run_dictionary(args: argparse.Namespace, out: TextIO) -> int:
-    meta = TopicMetadata.open(args.topic, args.metadata)
-    if not args.train:
-        if args.use:
-            raise InvalidInputError("--use goes with --train")
-        known = meta.load_topic().dictionaries
-        if args.json:
-            out.write(json.dumps({"topic": meta.uri, "dictionaries": [d.to_json() for d in known]},
-                                 separators=(",", ":")) + "\n")
-        elif not known:
-            out.write(f"{meta.uri}: no dictionary (train one with --train)\n")
-        else:
-            out.write("".join(f"{d.id}  {d.bytes:,} bytes  {d.object}{'  (newest)' if d is known[-1] else ''}\n"
-                              for d in known))
-        return 0
-    trained = train_dictionary(meta, size=args.size, level=args.level)
+def train_and_register(meta: TopicMetadata, *, size: int = 112 << 10, level: int = 3, use: bool = False,
+                       rng: random.Random | None = None) -> TrainReport:
+    """Train a dictionary on the topic's newest records (:func:`train_dictionary`),
+    register it, with ``use`` set the topic's compression policy to ``zstd-dict:LEVEL``,
+    and measure what it saves on entries it was not trained on."""
+    trained = train_dictionary(meta, size=size, level=level, rng=rng)
     register_dictionary(meta, trained.dictionary)
-    if args.use:
-        meta.update_policy({"compression": f"zstd-dict:{args.level}"}, [])
-    raw, plain, with_dict = _measure(trained.dictionary, trained.held_out, args.level)
-    report = TrainReport(meta.uri, trained.dictionary.id, len(trained.dictionary.data), trained.records,
-                         len(trained.held_out), raw, plain, with_dict, args.level, args.use)
-    out.write((json.dumps(report.to_json(), separators=(",", ":")) if args.json else report.human()) + "\n")
-    return 0
-
-
-def register_dictionary_command(sub: Any) -> None:
-    """Add ``shale dictionary``."""
-    d = sub.add_parser("dictionary", help="list a topic's zstd dictionaries, or train a new one",
-                       description="Without --train, list the topic's trained zstd dictionaries. With --train, "
-                       "train one on a sample of the topic's newest records, register it, and print what it "
-                       "saves on entries it was not trained on. Entries compressed with zstd-dict (the topic's "
-                       "compression policy, or --compression) use the newest dictionary; older entries keep "
-                       "theirs, and dictionaries are never deleted.",
-                       epilog="exit codes: 0 listed or trained; 2 bad usage, missing topic or too few records to "
-                       "train on; 3 the topic kept changing; 4 a ledger or metadata document is corrupt",
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_topic_arguments(d)
-    d.add_argument("--train", action="store_true", help="train a new dictionary and register it")
-    d.add_argument("--size", type=size_arg, default=112 << 10, metavar="SIZE",
-                   help="the dictionary's size (default 112KiB, zstd's own; 1KiB to 1MiB)")
-    d.add_argument("--level", type=int, default=3, metavar="N",
-                   help="the zstd level to measure it at, and with --use to write at (default 3)")
-    d.add_argument("--use", action="store_true",
-                   help="also set the topic's compression policy to zstd-dict:LEVEL")
-    d.add_argument("--json", action="store_true", help="print one JSON line instead of text")
-    d.set_defaults(func=_run_dictionary)
+    if use:
+        meta.update_policy({"compression": f"zstd-dict:{level}"}, [])
+    raw, plain, with_dict = _measure(trained.dictionary, trained.held_out, level)
+    return TrainReport(meta.uri, trained.dictionary.id, len(trained.dictionary.data), trained.records,
+                       len(trained.held_out), raw, plain, with_dict, level, use)

@@ -35,6 +35,7 @@ from shale.metadata.layout import (
 )
 from shale.metadata.state import CompactionState
 from shale.metadata.topic import TopicMetadata
+from shale.settings.units import count
 
 __all__ = ["COMPACTED_DIR", "GcReport", "collect_garbage", "run_dir_of"]
 
@@ -69,10 +70,8 @@ class GcReport:
         """One line for a person, then the objects, one a line."""
         gone = sorted(self.retired_deleted + self.orphans_deleted)
         verb = "would delete" if self.dry_run else "deleted"
-        def n(k: int, noun: str) -> str:
-            return f"{k:,} {noun}{'' if k == 1 else 's'}"
-        head = (f"{self.topic}: {verb} {n(len(self.retired_deleted), 'retired object')} and "
-                f"{n(len(self.orphans_deleted), 'leftover')}; {n(self.retired_waiting, 'retired object')} "
+        head = (f"{self.topic}: {verb} {count(len(self.retired_deleted), 'retired object')} and "
+                f"{count(len(self.orphans_deleted), 'leftover')}; {count(self.retired_waiting, 'retired object')} "
                 "still within the grace period")
         return "\n".join([head, *(f"  {name}" for name in gone)])
 

@@ -120,10 +120,12 @@ class Compactor:
     ('compacted', '12:99:0')
     """
 
-    def __init__(self, topic_uri: str, config: CompactionConfig | None = None, *,
+    def __init__(self, topic: str | TopicMetadata, config: CompactionConfig | None = None, *,
                  metadata_uri: str | None = None, clock: Callable[[], float] | None = None,
                  progress: Callable[[str], None] | None = None, engine: Engine | None = None) -> None:
-        self.meta = TopicMetadata.open(topic_uri, metadata_uri)
+        """``topic``: its URI (its metadata under ``metadata_uri``, by default in the
+        topic's own ``_meta`` folder), or its metadata already opened."""
+        self.meta = topic if isinstance(topic, TopicMetadata) else TopicMetadata.open(topic, metadata_uri)
         self.config = config or CompactionConfig()
         self.engine: Engine = engine or LocalEngine()
         self.clock = clock
@@ -222,7 +224,8 @@ class Compactor:
         remove_output = True  # until the publish outcome says otherwise
         try:
             heartbeat.start()
-            self.progress(f"pass two: writing {survivors.records_kept:,} records")
+            # the records the run keeps, written anew or kept in place: as its summary counts them
+            self.progress(f"pass two: keeping {survivors.records_kept:,} records")
             try:
                 out = self.engine.pass_two(plan, survivors, self.config, topic=self.meta.topic, run_dir=run_dir,
                                            epoch=epoch, now_ms=now_ms, on_object=written.append)
@@ -279,6 +282,7 @@ class Compactor:
         """What pass two wrote, in the summary; a count that differs from pass one's is
         an error (never publish a ledger that lost, or gained, records)."""
         summary.bytes_read += out.bytes_read
+        summary.entry_bytes_read = out.bytes_read
         summary.records_written = out.records_written
         summary.records_reused = out.records_reused
         if out.records_written + out.records_reused != survivors.records_kept:

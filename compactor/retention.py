@@ -9,6 +9,7 @@ takes ``allow_uncompacted``, and the plan says how many records it costs.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,7 @@ from shale.ledger.ids import MessageId
 from shale.ledger.reader import LedgerFile
 from shale.metadata.state import LedgerInfo
 from shale.metadata.topic import TopicMetadata
+from shale.settings.units import count
 
 __all__ = ["TruncationPlan", "plan_truncation", "retention_cut", "truncate"]
 
@@ -35,6 +37,8 @@ class TruncationPlan:
     dry_run: bool = False
     generation: int | None = None
     ledgers_left: int | None = None
+    #: the retention rule that chose ``before_ledger``, as given (``--older-than 30d``), if one did
+    rule: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {"topic": self.topic, "dry_run": self.dry_run, "before_ledger": self.before_ledger,
@@ -44,16 +48,23 @@ class TruncationPlan:
                 "records_lost": self.records_lost, "generation": self.generation, "ledgers": self.ledgers_left}
 
     def human(self) -> str:
-        verb = "would remove" if self.dry_run else "removed"
         if not self.removed:
-            what = "would go" if self.dry_run else "removed"
-            return f"{self.topic}: no ledger below {self.before_ledger}; nothing {what}"
+            nothing = "nothing would go" if self.dry_run else "nothing removed"
+            if self.rule:
+                return f"{self.topic}: no ledger to remove by {self.rule}; {nothing}"
+            return f"{self.topic}: no ledger below {self.before_ledger}; {nothing}"
+        verb = "would remove" if self.dry_run else "removed"
         ids = f"{self.removed[0].id}" if len(self.removed) == 1 else f"{self.removed[0].id}-{self.removed[-1].id}"
-        text = (f"{self.topic}: {verb} {len(self.removed)} ledger{'s' if len(self.removed) != 1 else ''} ({ids}), "
-                f"{sum(lg.records for lg in self.removed):,} records, {sum(lg.bytes for lg in self.removed):,} bytes")
+        text = (f"{self.topic}: {verb} {count(len(self.removed), 'ledger')} ({ids}), "
+                f"{count(sum(lg.records for lg in self.removed), 'record')}, "
+                f"{count(sum(lg.bytes for lg in self.removed), 'byte')}")
         if self.records_lost:
             text += f"; {self.records_lost:,} of them above the horizon, never compacted"
         return text
+
+    def by_rule(self, rule: str) -> TruncationPlan:
+        """This plan, saying that ``rule`` chose what it removes."""
+        return dataclasses.replace(self, rule=rule)
 
 
 def plan_truncation(meta: TopicMetadata, before_ledger: int) -> TruncationPlan:
@@ -118,9 +129,10 @@ def truncate(meta: TopicMetadata, before_ledger: int, *, allow_uncompacted: bool
     if plan.records_lost and not allow_uncompacted:
         h = f"the horizon {plan.horizon}" if plan.horizon else "no compaction yet"
         raise InvalidInputError(
-            f"{meta.uri}: removing the ledgers below {before_ledger} would lose {plan.records_lost:,} records no "
-            f"compaction has kept (ledger{'s' if len(plan.uncompacted) > 1 else ''} "
-            f"{', '.join(map(str, plan.uncompacted))}; {h}): compact first, or pass --allow-uncompacted")
+            f"{meta.uri}: removing the ledgers below {before_ledger} would lose "
+            f"{count(plan.records_lost, 'record')} no compaction has kept "
+            f"(ledger{'s' if len(plan.uncompacted) > 1 else ''} {', '.join(map(str, plan.uncompacted))}; {h}): "
+            "compact first, or pass --allow-uncompacted")
     if dry_run:
         return TruncationPlan(plan.topic, plan.before_ledger, plan.horizon, plan.removed, plan.uncompacted,
                               plan.records_lost, dry_run=True)

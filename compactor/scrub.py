@@ -26,11 +26,12 @@ from typing import Any
 import numpy as np
 
 from shale.compactor.throttle import Throttle
-from shale.ledger.errors import EXIT_CORRUPT, ObjectNotFoundError, ShaleError, error_line
+from shale.ledger.errors import CORRUPTION, ObjectNotFoundError, ShaleError, error_line
 from shale.ledger.format import KIND_COMPACTED, KIND_ORIGINAL
 from shale.ledger.kernels import Scratch
 from shale.ledger.reader import LedgerFile
 from shale.metadata.topic import TopicMetadata
+from shale.settings.units import count
 
 __all__ = ["ScrubReport", "scrub_topic"]
 
@@ -61,8 +62,9 @@ class ScrubReport:
                 "damaged": self.damaged}
 
     def human(self) -> str:
-        head = (f"{self.topic}: scrub {'ok' if self.ok else 'found DAMAGE'}: {self.objects:,} objects, "
-                f"{self.entries:,} entries, {self.records:,} records, {self.bytes_checked:,} bytes checked")
+        head = (f"{self.topic}: scrub {'ok' if self.ok else 'found DAMAGE'}: {count(self.objects, 'object')}, "
+                f"{count(self.entries, 'entry')}, {count(self.records, 'record')}, "
+                f"{count(self.bytes_checked, 'byte')} checked")
         return "\n".join([head, *(f"  damaged {d['object']}: {d['error']}" for d in self.damaged)])
 
 
@@ -86,7 +88,7 @@ def scrub_topic(meta: TopicMetadata, *, max_bytes_per_s: int = 0, progress: Prog
             else:
                 report.gone += 1
         except ShaleError as e:
-            if e.exit_code != EXIT_CORRUPT:
+            if not isinstance(e, CORRUPTION):
                 raise  # permission denied, the store failing: not the object's damage
             report.damaged.append({"object": name, "error": error_line(e)})
         done += size

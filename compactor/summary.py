@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Final
 
-from shale.ledger.errors import EXIT_CONFLICT, EXIT_FAILURE, EXIT_OK
+from shale.settings.units import count
 
 __all__ = ["STATUSES", "RunStatus", "RunSummary"]
 
@@ -39,7 +39,8 @@ class RunSummary:
     parts: int = 0
     ledgers_read: int = 0
     records_read: int = 0
-    bytes_read: int = 0
+    bytes_read: int = 0  # footers (pass one) and entries (pass two)
+    entry_bytes_read: int = 0  # of those, pass two's reads of entries
     records_written: int = 0
     records_reused: int = 0  # live records of previous parts kept in place (not copied)
     bytes_written: int = 0
@@ -58,20 +59,22 @@ class RunSummary:
     durations: dict[str, float] = field(default_factory=dict)
     message: str = ""
     error: str | None = None
-    exit_code: int = EXIT_FAILURE
+    #: what failed, when the status is ``error`` (not in the JSON: ``error`` says it in words)
+    failure: BaseException | None = field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
-        return self.exit_code == EXIT_OK
+        """Whether the run did what it was asked: compacted, had nothing to do, was
+        skipped by its dirty ratio, or planned a dry run."""
+        return self.status not in (RunStatus.ERROR, RunStatus.CONFLICT)
 
     def finish(self, status: RunStatus, message: str = "") -> RunSummary:
         self.status = RunStatus(status)
         self.message = message
-        self.exit_code = {RunStatus.CONFLICT: EXIT_CONFLICT, RunStatus.ERROR: self.exit_code}.get(self.status, EXIT_OK)
         return self
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "failure"}
         d["durations"] = {k: round(v, 4) for k, v in self.durations.items()}
         d["dirty_ratio"] = round(self.dirty_ratio, 6)
         if d["error"] is None:
@@ -80,29 +83,37 @@ class RunSummary:
 
     def human(self) -> str:
         """One line, like Kafka's cleaner stats line."""
-        t = self.durations
-        total = t.get("total", 0.0)
         if self.status == "error":
             return f"{self.topic}: failed: {self.error}"
         if self.status in ("nothing-to-do", "skipped", "conflict"):
             return f"{self.topic}: {self.status}: {self.message}"
-        mb_in, mb_out = self.bytes_read / 1e6, self.bytes_written / 1e6
-        out = self.records_written + self.records_reused
-        smaller = 100.0 * (1 - out / self.records_read) if self.records_read else 0.0
-        phases = ", ".join(f"{k.replace('_', ' ')} {v:.2f}s" for k, v in t.items() if k != "total")
         dry = self.status == "dry-run"
+        kept = self.records_written + self.records_reused
+        smaller = 100.0 * (1 - kept / self.records_read) if self.records_read else 0.0
         was = f"was {self.previous_horizon}" if self.previous_horizon else "the first compaction"
-        sources = _count(self.ledgers_read, "ledger") + (" and the previous compacted ledger"
-                                                         if self.previous_horizon else "")
-        wrote = (f"would write {self.records_written:,} records" if dry else
-                 f"wrote {self.records_written:,} records ({mb_out:.1f} MB) in {_count(self.parts, 'part')}")
+        sources = count(self.ledgers_read, "ledger") + (" and the previous compacted ledger"
+                                                        if self.previous_horizon else "")
+        t = self.durations
+        phases = ", ".join(f"{k.replace('_', ' ')} {v:.2f}s" for k, v in t.items() if k != "total")
         return (f"{self.topic}: {'would compact' if dry else 'compacted'} to horizon {self.horizon} ({was}), "
-                f"epoch {self.epoch}: read {self.records_read:,} records ({mb_in:.1f} MB) from "
-                f"{sources}, {wrote}, {smaller:.1f}% fewer records; "
-                f"{self.keys:,} keys, tombstones kept {self.tombstones_kept:,} dropped "
-                f"{self.tombstones_dropped:,}, keyless dropped {self.keyless_dropped:,}; "
-                f"{total:.2f}s ({phases})" + (f"; {self.message}" if self.message else ""))
+                f"epoch {self.epoch}: {self._read(dry)} from {sources}, {self._kept(dry, kept)}, "
+                f"{smaller:.1f}% fewer records; {count(self.keys, 'key')}, tombstones kept {self.tombstones_kept:,} "
+                f"dropped {self.tombstones_dropped:,}, keyless dropped {self.keyless_dropped:,}; "
+                f"{t.get('total', 0.0):.2f}s ({phases})" + (f"; {self.message}" if self.message else ""))
 
+    def _read(self, dry: bool) -> str:
+        # what was read, saying what each figure counts: a dry run reads only footers
+        footers = (self.bytes_read - self.entry_bytes_read) / 1e6
+        if dry:
+            return (f"read the footers of {count(self.records_read, 'record')} ({footers:.1f} MB of footers; a run "
+                    "also reads the entries of the records it keeps)")
+        return (f"read {count(self.records_read, 'record')} ({footers:.1f} MB of footers and "
+                f"{self.entry_bytes_read / 1e6:.1f} MB of entries)")
 
-def _count(n: int, noun: str) -> str:
-    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+    def _kept(self, dry: bool, kept: int) -> str:
+        # the records kept, as pass two's progress counts them: written anew or kept in place
+        if dry:
+            return f"would keep {count(kept, 'record')}"
+        reused = f", {self.records_reused:,} kept in place" if self.records_reused else ""
+        return (f"kept {count(kept, 'record')}: wrote {self.records_written:,} ({self.bytes_written / 1e6:.1f} MB) "
+                f"in {count(self.parts, 'part')}{reused}")

@@ -12,22 +12,31 @@ uncompacted record is older than ``--max-compaction-lag`` goes first whatever it
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from shale.compactor.plan import dirty_ratio
-from shale.ledger.errors import InvalidURIError, error_line
-from shale.ledger.storage import resolve
+from shale.ledger.errors import InvalidInputError, InvalidURIError, error_line
+from shale.ledger.storage import Location, resolve
 from shale.metadata.layout import META_DIR
 from shale.metadata.state import CompactionState, TopicState
 from shale.metadata.topic import TOPIC_DOC, TopicMetadata
 
-__all__ = ["TopicChoice", "assess", "choose", "discover_topics", "estimate_dirt"]
+__all__ = ["TopicChoice", "assess", "choose", "discover_topics", "estimate_dirt", "refuse_a_file"]
+
+
+def refuse_a_file(loc: Location) -> None:
+    """Refuse a local file named as a topic, or as a folder of topics: what was given is
+    wrong (bad input), not the data found there."""
+    if loc.store.scheme == "file" and os.path.exists(loc.uri) and not os.path.isdir(loc.uri):
+        raise InvalidInputError(f"{loc.uri}: is a file, not a topic (a topic is a folder holding _meta/topic.json)")
 
 
 def discover_topics(prefix_uri: str) -> list[str]:
     """URIs of every topic under ``prefix_uri``, sorted (the listing reads every object
     name under the prefix once)."""
     loc = resolve(prefix_uri)
+    refuse_a_file(loc)
     marker = f"/{META_DIR}/{TOPIC_DOC}"
     found = set()
     for info in loc.store.list(f"{loc.prefix}/" if loc.prefix else ""):
@@ -66,7 +75,7 @@ def assess(uri: str, *, now_ms: int, max_lag_ms: int | None = None, metadata_uri
     try:
         meta = TopicMetadata.open(uri, metadata_uri)
         topic, state = meta.load_topic(), meta.load_compaction()
-        if policy_lag and (own := meta.load_policy().values.max_compaction_lag_ms) is not None:
+        if policy_lag and (own := meta.load_policy().get("max_compaction_lag_ms")) is not None:
             max_lag_ms = own
     except Exception as e:  # still attempted, and fails clearly on its own (never stops the others)
         return TopicChoice(uri, 1.0, None, True, error_line(e))

@@ -39,11 +39,10 @@ from shale.ledger.ids import MessageId
 from shale.ledger.reader import LedgerFile
 from shale.metadata.state import CompactionState, TopicState
 from shale.metadata.topic import TopicMetadata
+from shale.settings.units import count
 
-__all__ = ["EXIT_MISMATCH", "VerifyReport", "verify_topic"]
+__all__ = ["VerifyReport", "verify_topic"]
 
-#: ``shale verify`` exits with this when the published view differs from the recomputed one.
-EXIT_MISMATCH = 5
 _EXAMPLES = 10
 
 
@@ -72,10 +71,12 @@ class VerifyReport:
 
     def human(self) -> str:
         verdict = "ok" if self.ok else "MISMATCH"
-        return (f"{self.topic}: {verdict}: horizon {self.horizon}, epoch {self.epoch}: "
-                f"{self.keys_expected:,} live keys recomputed, {self.records_checked:,} compacted records "
-                f"and {self.frames_checked:,} frames checked; missing {self.missing}, extra {self.extra}, "
-                f"stale {self.stale}, unverifiable {self.unverifiable}"
+        # a topic never compacted is said as shale status says it
+        where = f"horizon {self.horizon}, epoch {self.epoch}" if self.horizon else "never compacted"
+        return (f"{self.topic}: {verdict}: {where}: {count(self.keys_expected, 'live key')} recomputed, "
+                f"{count(self.records_checked, 'compacted record')} and {count(self.frames_checked, 'frame')} "
+                f"checked; missing {self.missing:,}, extra {self.extra:,}, "
+                f"stale {self.stale:,}, unverifiable {self.unverifiable:,}"
                 + "".join(f"\n  {e}" for e in self.examples))
 
 

@@ -1,18 +1,19 @@
 """Every error Shale raises derives from :class:`ShaleError`.
 
 Errors also inherit the matching builtin so callers can catch them generically
-(``except FileNotFoundError`` catches a missing ledger object).  Each error knows
-which exit code the command line maps it to.
+(``except FileNotFoundError`` catches a missing ledger object).  What a command exits
+with for each is the command line's business (:mod:`shale.cli.errors`), not theirs.
 """
 
 from __future__ import annotations
 
 import errno
-from typing import Any
+from typing import Any, Final
 
 from shale.ledger.masking import mask_secrets
 
 __all__ = [
+    "CORRUPTION",
     "AlreadyExistsError",
     "ConflictError",
     "CorruptLedgerError",
@@ -35,19 +36,7 @@ __all__ = [
     "error_detail",
     "error_from_detail",
     "error_line",
-    "exit_code_of",
 ]
-
-#: Exit codes shared by every command (documented in the README).
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
-EXIT_CONFLICT = 3
-EXIT_CORRUPT = 4
-#: A reader's next records were removed (retention) before it read them: it stopped
-#: rather than skip them in silence.
-EXIT_GAP = 6
-
 
 class ShaleError(Exception):
     """Root of every error Shale raises on purpose.
@@ -56,16 +45,12 @@ class ShaleError(Exception):
     pairs are masked as the error is made (:func:`~shale.ledger.masking.mask_secrets`),
     whatever text a caller or a translated library error gave it."""
 
-    exit_code: int = EXIT_FAILURE
-
     def __init__(self, *args: object) -> None:
         super().__init__(*(mask_secrets(a) if isinstance(a, str) else a for a in args))
 
 
 class InvalidInputError(ShaleError, ValueError):
     """A caller passed something unusable: a bad flag value, a bad record, a bad id."""
-
-    exit_code = EXIT_USAGE
 
 
 class InvalidURIError(InvalidInputError):
@@ -84,15 +69,11 @@ class StoragePermissionError(StorageError, PermissionError):
     """The store refused access (a file's permissions, an access-denied answer): a matter
     of how Shale is run, not of the data."""
 
-    exit_code = EXIT_USAGE
-
 
 class NotAnObjectError(StorageError):
     """Where an object should be there is something else: a folder, a symbolic link, a
     FIFO, a device.  A local store opens only regular files inside its root and never
     follows a link, so a topic tampered with this way is refused like corrupt data."""
-
-    exit_code = EXIT_CORRUPT
 
 
 class TransientStorageError(StorageError):
@@ -111,14 +92,10 @@ class StateUnknownError(StorageError):
 class ObjectNotFoundError(StorageError, FileNotFoundError):
     """An object that should exist is missing."""
 
-    exit_code = EXIT_USAGE
-
 
 class BucketNotFoundError(StorageError):
     """The bucket (or container) a URI names does not exist.  Not an
     :class:`ObjectNotFoundError`: a missing bucket is never taken for a missing topic."""
-
-    exit_code = EXIT_USAGE
 
 
 class TopicNotFoundError(ObjectNotFoundError):
@@ -128,16 +105,12 @@ class TopicNotFoundError(ObjectNotFoundError):
 class UnsupportedOperationError(StorageError):
     """The storage backend cannot do what was asked (e.g. compare-and-swap)."""
 
-    exit_code = EXIT_USAGE
-
 
 class ConflictError(ShaleError):
     """A compare-and-swap lost: somebody else changed the document first.
 
     ``expected`` and ``found`` are the versions involved when they are known.
     """
-
-    exit_code = EXIT_CONFLICT
 
     def __init__(self, message: str, *, expected: int | None = None, found: int | None = None):
         super().__init__(message)
@@ -155,8 +128,6 @@ class CorruptLedgerError(ShaleError, ValueError):
     The message names the object and the byte position or entry involved.
     """
 
-    exit_code = EXIT_CORRUPT
-
     def __init__(self, message: str, *, path: str = "", position: int | None = None):
         super().__init__(message)
         self.path = path
@@ -170,8 +141,6 @@ class InvalidMetadataError(ShaleError, ValueError):
     The message names the document and the field; nothing is acted on.
     """
 
-    exit_code = EXIT_CORRUPT
-
 
 class OutputExistsError(InvalidInputError, FileExistsError):
     """A command would write over something that exists where it was told to write
@@ -183,8 +152,6 @@ class GapError(ShaleError):
     going on would skip them in silence.  ``first`` and ``last`` name the range lost
     (message id texts, ``last`` empty when unknown)."""
 
-    exit_code = EXIT_GAP
-
     def __init__(self, message: str, *, first: str = "", last: str = ""):
         super().__init__(message)
         self.first = first
@@ -195,26 +162,31 @@ class UnsupportedVersionError(CorruptLedgerError):
     """An object was written in a format version this build cannot read."""
 
 
+#: The errors that say the data found is wrong (a corrupt object, a metadata document
+#: that breaks its schema, something else where an object should be), as opposed to
+#: what the caller gave or how storage behaved.
+CORRUPTION: Final = (CorruptLedgerError, InvalidMetadataError, NotAnObjectError)
+
+
 def error_detail(e: ShaleError) -> dict[str, Any]:
     """What another process needs to raise the same error again (a pickle of a Shale
-    error would lose its keyword fields)."""
-    return {"type": type(e).__name__, "exit_code": e.exit_code, "message": str(e),
+    error would lose its keyword fields): its class and the classes it derives from,
+    by name, so that an error this module does not define comes back as its nearest
+    ancestor that it does."""
+    return {"type": type(e).__name__, "types": [c.__name__ for c in type(e).__mro__], "message": str(e),
             "path": getattr(e, "path", ""), "position": getattr(e, "position", None)}
 
 
 def error_from_detail(detail: dict[str, Any]) -> ShaleError:
-    """The error :func:`error_detail` described, as its own class where this module has it."""
-    cls = globals().get(str(detail.get("type", "")))
+    """The error :func:`error_detail` described, as its own class where this module has
+    it, else as the nearest one it derives from."""
+    names = [str(n) for n in detail.get("types") or [detail.get("type", "")]]
+    cls = next((c for n in names if isinstance(c := globals().get(n), type) and issubclass(c, ShaleError)),
+               ShaleError)
     message = str(detail.get("message", "a worker failed"))
-    err: ShaleError
-    if isinstance(cls, type) and issubclass(cls, CorruptLedgerError):
-        err = cls(message, path=str(detail.get("path") or ""), position=detail.get("position"))
-    elif isinstance(cls, type) and issubclass(cls, ShaleError):
-        err = cls(message)
-    else:
-        err = ShaleError(message)
-    err.exit_code = int(detail.get("exit_code", EXIT_FAILURE))
-    return err
+    if issubclass(cls, CorruptLedgerError):
+        return cls(message, path=str(detail.get("path") or ""), position=detail.get("position"))
+    return cls(message)
 
 
 _OS_REASONS: dict[int, str] = {
@@ -244,11 +216,3 @@ def error_line(e: BaseException) -> str:
     detail = " ".join(str(e).split())
     return mask_secrets(f"unexpected error: {type(e).__name__}{': ' + detail if detail else ''}")
 
-
-def exit_code_of(e: BaseException) -> int:
-    """The exit code a command ends with for ``e``."""
-    if isinstance(e, ShaleError):
-        return e.exit_code
-    if isinstance(e, PermissionError):
-        return EXIT_USAGE  # how it is run, not the data
-    return EXIT_FAILURE

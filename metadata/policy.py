@@ -10,41 +10,25 @@ the run's variable, then to the default.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Final
+from typing import Any, Final
 
 import msgspec
 
 from shale.ledger.codecs import Compression, parse_compression
 from shale.ledger.errors import InvalidInputError, InvalidMetadataError
+from shale.settings import POLICY_SETTINGS
+from shale.settings.units import MAX_BYTES, MAX_MILLIS
 
 __all__ = ["MAX_BYTES", "MAX_MILLIS", "POLICY_DOC", "PolicyDoc", "TopicPolicy", "check_setting"]
 
 POLICY_DOC: Final = "policy.json"
 
-#: The longest duration and the largest size a setting may hold (about 146 million years
-#: and 4 EiB): a sum or difference with a time in milliseconds stays a signed 64-bit integer.
-MAX_MILLIS: Final = (1 << 62) - 1
-MAX_BYTES: Final = (1 << 62) - 1
-Millis = Annotated[int, msgspec.Meta(ge=0, le=MAX_MILLIS)]
-Bytes = Annotated[int, msgspec.Meta(ge=0, le=MAX_BYTES)]
-Ratio = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
-
-
-class PolicyDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
-    """The settings a topic may fix for itself; None: not set."""
-
-    delete_retention_ms: Millis | None = None
-    min_compaction_lag_ms: Millis | None = None
-    max_compaction_lag_ms: Millis | None = None
-    min_dirty_ratio: Ratio | None = None
-    retain_null_key: bool | None = None
-    #: retention below the horizon, applied after each publish: ledgers wholly compacted
-    #: and older than this, or beyond the newest ``retention_bytes`` of ledgers, go
-    retention_ms: Millis | None = None
-    retention_bytes: Bytes | None = None
-    #: how producers compress new entries and compactions the entries they write anew
-    #: (``none``, ``lz4``, ``zstd:LEVEL``)
-    compression: Annotated[str, msgspec.Meta(max_length=16)] | None = None
+#: The settings a topic may fix for itself, one field each (None: not set), made from the
+#: settings a policy may hold (:data:`shale.settings.POLICY_SETTINGS`): their names and
+#: the ranges of their values are the flags' own.
+PolicyDoc: Final = msgspec.defstruct(
+    "PolicyDoc", [(s.py_name, s.kind.doc_type | None, None) for s in POLICY_SETTINGS.values()],
+    frozen=True, forbid_unknown_fields=True, omit_defaults=True, module=__name__)
 
 
 def check_setting(name: str, field: str, value: Any) -> None:
@@ -57,8 +41,8 @@ def check_setting(name: str, field: str, value: Any) -> None:
         doc = msgspec.convert({field: value}, PolicyDoc, strict=True)
     except msgspec.ValidationError as e:
         raise InvalidInputError(f"{name}: {value!r} is out of range ({_why(e)})") from None
-    if field == "compression" and doc.compression is not None:
-        parse_compression(doc.compression)
+    if field == "compression" and getattr(doc, "compression", None) is not None:
+        parse_compression(doc.compression)  # type: ignore[attr-defined]  # (a field made from the settings)
 
 
 def _why(e: msgspec.ValidationError) -> str:
@@ -70,7 +54,7 @@ def _why(e: msgspec.ValidationError) -> str:
 class TopicPolicy:
     """A topic's policy as read, with the version it is changed from."""
 
-    values: PolicyDoc = field(default_factory=PolicyDoc)
+    values: msgspec.Struct = field(default_factory=PolicyDoc)
     version: int = 0
     token: str = ""
 
@@ -85,14 +69,19 @@ class TopicPolicy:
             doc = msgspec.convert(value, PolicyDoc, strict=True)
         except msgspec.ValidationError as e:
             raise InvalidMetadataError(f"{where}: {e}") from None
-        if doc.compression is not None:
+        if (codec := getattr(doc, "compression", None)) is not None:
             try:
-                parse_compression(doc.compression)
+                parse_compression(codec)
             except InvalidInputError as e:
                 raise InvalidMetadataError(f"{where}: field compression: {e}") from None
         return cls(doc, version, token)
 
+    def get(self, field: str) -> Any:
+        """The value of the policy document's ``field`` (``retention_ms``), None when not set."""
+        return getattr(self.values, field, None)
+
     @property
     def compression(self) -> Compression | None:
         """The topic's compression, if its policy sets one."""
-        return None if self.values.compression is None else parse_compression(self.values.compression)
+        codec = self.get("compression")
+        return None if codec is None else parse_compression(codec)

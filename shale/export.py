@@ -27,12 +27,16 @@ from shale.reader import TopicReader
 from shale.reader.arrow import DEFAULT_MAX_BATCH_BYTES, require_pyarrow, schema
 from shale.reader.latest import table_batches, table_messages
 from shale.reader.topic_reader import EARLIEST, Position
+from shale.settings.units import count
 
-__all__ = ["FORMATS", "JSONL_BLOCK_BYTES", "ExportResult", "export_topic", "format_of"]
+__all__ = ["CODECS", "FORMATS", "JSONL_BLOCK_BYTES", "ExportResult", "export_topic", "format_of"]
 
 FORMATS: Final = ("parquet", "arrow", "jsonl")
 _SUFFIXES: Final = {".parquet": "parquet", ".pq": "parquet", ".arrow": "arrow", ".feather": "arrow",
                     ".ipc": "arrow", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl"}
+
+#: How each format may compress (Arrow IPC knows no snappy; JSON lines are not compressed).
+CODECS: Final = {"parquet": ("zstd", "lz4", "snappy", "none"), "arrow": ("zstd", "lz4", "none")}
 
 #: JSON lines are written in blocks of about this many bytes.
 JSONL_BLOCK_BYTES: Final = 1 << 20
@@ -58,8 +62,8 @@ class ExportResult:
                 "bytes": self.bytes, "seconds": round(self.seconds, 3)}
 
     def human(self) -> str:
-        return (f"{self.topic}: exported the {self.what}, {self.rows:,} row{'s' if self.rows != 1 else ''}, to "
-                f"{self.out} ({self.format}, {self.bytes:,} bytes) in {self.seconds:.2f}s")
+        return (f"{self.topic}: exported the {self.what}, {count(self.rows, 'row')}, to "
+                f"{self.out} ({self.format}, {count(self.bytes, 'byte')}) in {self.seconds:.2f}s")
 
 
 def format_of(out_uri: str, given: str | None) -> str:
@@ -109,6 +113,8 @@ def export_topic(topic_uri: str, out_uri: str, *, metadata_uri: str | None = Non
     (:class:`~shale.reader.arrow.BatchReader`)."""
     t0 = time.perf_counter()
     fmt = format_of(out_uri, fmt)
+    if fmt in CODECS and (compression or "none") not in CODECS[fmt]:
+        raise InvalidInputError(f"--compression {compression!r}: {fmt} takes {', '.join(CODECS[fmt])}")
     if table and start != EARLIEST:
         raise InvalidInputError("--table exports every key: it takes no --start")
     reader = TopicReader(topic_uri, metadata_uri=metadata_uri, read_compacted=compacted or table, start=start,

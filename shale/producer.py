@@ -51,6 +51,7 @@ from shale.metadata.dictionaries import resolve_compression
 from shale.metadata.layout import ledger_object_name
 from shale.metadata.state import LedgerInfo, TopicState
 from shale.metadata.topic import TopicMetadata
+from shale.settings.units import count
 
 __all__ = ["ProduceResult", "SealedLedger", "TopicWriter"]
 
@@ -123,13 +124,11 @@ class ProduceResult:
 
     def human(self) -> str:
         """One line for a person."""
-        def n(k: int, noun: str) -> str:
-            return f"{k:,} {noun}{'' if k == 1 else 's'}"
         if not self.records:
             return f"{self.topic}: nothing appended"
-        return (f"{self.topic}: appended {n(self.records, 'record')} ({self.tombstones:,} tombstones, "
-                f"{self.keyless:,} without a key) in {n(len(self.ledgers), 'ledger')} of "
-                f"{sum(lg.bytes for lg in self.ledgers):,} bytes, ids {self.first_id} to {self.last_id}")
+        return (f"{self.topic}: appended {count(self.records, 'record')} ({count(self.tombstones, 'tombstone')}, "
+                f"{self.keyless:,} without a key) in {count(len(self.ledgers), 'ledger')} of "
+                f"{count(sum(lg.bytes for lg in self.ledgers), 'byte')}, ids {self.first_id} to {self.last_id}")
 
 
 def _too_large(cols: RecordColumns, row: int, first: int, limit: int, key: str, value: str) -> str:

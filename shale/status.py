@@ -19,11 +19,12 @@ from typing import Any
 from shale.compactor.plan import make_plan
 from shale.compactor.policies import policy_text
 from shale.compactor.topics import estimate_dirt
-from shale.ledger.errors import EXIT_CORRUPT, ObjectNotFoundError, ShaleError, error_line
+from shale.ledger.errors import CORRUPTION, ObjectNotFoundError, ShaleError, error_line
 from shale.ledger.format import KIND_COMPACTED
 from shale.ledger.reader import LedgerFile
 from shale.metadata.state import CompactionState, TopicState
 from shale.metadata.topic import TopicMetadata
+from shale.settings.units import count
 
 __all__ = ["status_text", "topic_status"]
 
@@ -107,7 +108,7 @@ def _is_damage(e: ShaleError) -> bool:
     """Whether ``e``, met reading an object the topic names, says the object is damaged
     (corrupt, or missing) rather than that it could not be read (access denied, the
     store failing)."""
-    return e.exit_code == EXIT_CORRUPT or isinstance(e, ObjectNotFoundError)
+    return isinstance(e, (*CORRUPTION, ObjectNotFoundError))
 
 
 def _when(ms: int | None) -> str:
@@ -125,8 +126,8 @@ def _table(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
 def _stored(stored: int, raw: int) -> str:
     """Bytes stored, and uncompressed with the ratio when compression saved any."""
     if raw <= stored or not stored:
-        return f"{stored:,} bytes"
-    return f"{stored:,} bytes stored ({raw:,} uncompressed, {raw / stored:.1f}x)"
+        return count(stored, "byte")
+    return f"{count(stored, 'byte')} stored ({raw:,} uncompressed, {raw / stored:.1f}x)"
 
 
 def status_text(doc: dict[str, Any]) -> str:
@@ -134,7 +135,7 @@ def status_text(doc: dict[str, Any]) -> str:
     c = doc["compaction"]
     n = doc["ledgers"]
     lines = [f"topic     {doc['topic']}",
-             f"ledgers   {n} ledger{'s' if n != 1 else ''}, {doc['records']:,} records, "
+             f"ledgers   {count(n, 'ledger')}, {count(doc['records'], 'record')}, "
              f"{_stored(doc['bytes'], doc['raw_bytes'])}"
              + (f", ids {doc['first_id']} to {doc['last_id'] or '?'}" if n else "")]
     if n:
@@ -148,19 +149,17 @@ def status_text(doc: dict[str, Any]) -> str:
     else:
         lines.append(f"horizon   {c['horizon']} (epoch {c['epoch']}, compacted {_when(c['last_compaction_ms'])} UTC)")
         parts = c["parts"]
-        plural = "s" if len(parts) != 1 else ""
-        lines.append(f"compacted {c['keys']:,} keys ({c['tombstones']:,} tombstones), {c['compacted_records']:,} "
-                     f"live records, {_stored(c['compacted_bytes'], c['compacted_raw_bytes'])} in "
-                     f"{len(parts)} part{plural}")
+        lines.append(f"compacted {count(c['keys'], 'key')} ({count(c['tombstones'], 'tombstone')}), "
+                     f"{count(c['compacted_records'], 'live record')}, "
+                     f"{_stored(c['compacted_bytes'], c['compacted_raw_bytes'])} in {count(len(parts), 'part')}")
         if parts:
             rows = [("object", "records", "live", "bytes", "raw bytes")]
             rows += [(str(p["object"]), f"{p['records']:,}", f"{p['live']:,}", f"{p['bytes']:,}",
                       f"{p['raw_bytes']:,}") for p in parts]
             lines += _table(rows)
-    lines.append(f"dirty     {c['dirty_bytes']:,} bytes above the horizon, dirty ratio {c['dirty_ratio']:.3f}")
+    lines.append(f"dirty     {count(c['dirty_bytes'], 'byte')} above the horizon, dirty ratio {c['dirty_ratio']:.3f}")
     if c["retired_pending"]:
-        k = c["retired_pending"]
-        lines.append(f"retired   {k} object{'s' if k != 1 else ''} waiting for gc")
+        lines.append(f"retired   {count(c['retired_pending'], 'object')} waiting for gc")
     policy = ", ".join(f"{k}={v}" for k, v in doc["policy"].items())
     lines.append(f"policy    {policy or 'none: every setting comes from the run'}")
     for d in doc["damaged"]:

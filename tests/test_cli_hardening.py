@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from shale.cli.errors import exit_code_of
 from shale.compactor import Compactor
-from shale.ledger.errors import StoragePermissionError, exit_code_of
+from shale.ledger.errors import StoragePermissionError
 from shale.ledger.storage import clear_backend_cache
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from shale.cli.errors import EXIT_CONFLICT
 from shale.compactor import CompactionConfig, Compactor
 from shale.compactor.verify import verify_topic
-from shale.ledger.errors import EXIT_CONFLICT
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 

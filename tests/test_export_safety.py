@@ -25,9 +25,9 @@ from typing import Any
 
 import pytest
 
-from shale.cli import build_parser
+from shale.cli import build_parser, run_command
+from shale.cli.errors import exit_code_of
 from shale.compactor import CompactionConfig, Compactor
-from shale.compactor.commandline import run_command
 from shale.export import export_topic
 from shale.ledger.errors import InvalidInputError, OutputExistsError
 from shale.metadata.topic import TopicMetadata
@@ -243,7 +243,7 @@ def test_an_output_that_appears_meanwhile_is_never_replaced(disk_topic_uri: str,
 
     with pytest.raises(OutputExistsError, match="appeared while the export was written") as caught:
         export_topic(uri, out, progress=progress)
-    assert caught.value.exit_code == 2
+    assert exit_code_of(caught.value) == 2
     assert appeared and _get(out) == b"written meanwhile"
     if _is_s3(uri):
         assert _state(uri)[1] == []  # no upload left unfinished

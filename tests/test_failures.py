@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from shale.cli.errors import exit_code_of
 from shale.compactor import Compactor, parse_duration
 from shale.compactor.units import format_duration
 from shale.ledger._retry import RetryPolicy
@@ -66,7 +67,7 @@ def test_corrupt_ledger_fails_the_run_and_publishes_nothing(topic_uri: str, wher
         name = _flip(meta, 1, data_end - 5 if where == "entry" else lg.bytes - 120)
     with pytest.raises(CorruptLedgerError) as e:
         Compactor(topic_uri).run()
-    assert name in str(e.value) and e.value.exit_code == 4
+    assert name in str(e.value) and exit_code_of(e.value) == 4
     assert "byte" in str(e.value)
     assert meta.load_compaction().epoch == 0
     assert list(meta.topic.store.list(meta.topic.key("compacted"))) == []

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from shale.cli.errors import exit_code_of
 from shale.compactor import CompactionConfig, Compactor, collect_garbage
 from shale.compactor.retention import truncate
 from shale.ledger.errors import GapError, ObjectNotFoundError
@@ -100,7 +101,7 @@ def test_a_paused_follower_meets_the_gap(disk_topic_uri: str, on_gap: Any) -> No
     if on_gap == "error":
         with pytest.raises(GapError) as e:
             r.read()
-        assert e.value.exit_code == 6 and e.value.first == "2:0:3"
+        assert exit_code_of(e.value) == 6 and e.value.first == "2:0:3"
         assert "records 2:0:3 to 7:… were removed (retention) before this reader read them" in str(e.value)
         assert "goes on at 8:0:0" in str(e.value)
         assert r.position == paused_at and not heard

@@ -16,6 +16,7 @@ import msgpack
 import numpy as np
 import pytest
 
+from shale.cli.errors import exit_code_of
 from shale.ledger.errors import (
     CorruptLedgerError,
     InvalidInputError,
@@ -85,7 +86,7 @@ def expect_corrupt(store: ObjectStore, key: str, *needles: str,
         open_and_read(store, key)
     err = info.value
     msg = str(err)
-    assert err.exit_code == 4
+    assert exit_code_of(err) == 4
     assert store.url(key) in msg, msg
     for n in needles:
         assert n in msg, f"{n!r} not in {msg!r}"
@@ -555,7 +556,7 @@ def test_future_format_version_is_refused_by_version(where: str) -> None:
     store.put(key, bad)
     err = expect_corrupt(store, key, "version 3", "not supported", exc=UnsupportedVersionError)
     assert "checksum" not in str(err)
-    assert isinstance(err, CorruptLedgerError) and err.exit_code == 4
+    assert isinstance(err, CorruptLedgerError) and exit_code_of(err) == 4
 
 
 def test_unknown_version_wins_over_checksum() -> None:
@@ -603,7 +604,7 @@ def test_huge_declared_lengths_are_refused_without_allocating(payload: bytes) ->
     assert peak < 16 * 1024 * 1024
     msg = str(info.value)
     assert store.url(key) in msg and "entry 4:1" in msg
-    assert info.value.exit_code == 4
+    assert exit_code_of(info.value) == 4
 
 
 def test_decode_records_bounds_each_record() -> None:
@@ -649,7 +650,7 @@ def test_encode_entry_refuses_records_over_the_limit() -> None:
     assert encode_entry([rec], max_record_bytes=size).n_records == 1  # exactly at the limit
     with pytest.raises(RecordTooLargeError, match=f"{size} bytes exceeds the maximum of {size - 1}") as info:
         encode_entry([Record(b"a", b"small"), rec], max_record_bytes=size - 1)
-    assert info.value.exit_code == 2 and isinstance(info.value, InvalidInputError)
+    assert exit_code_of(info.value) == 2 and isinstance(info.value, InvalidInputError)
     with pytest.raises(InvalidInputError):
         encode_entry([])
     with pytest.raises(InvalidInputError, match="key must be bytes"):
@@ -699,7 +700,7 @@ def test_message_id_text_form() -> None:
 def test_message_id_parse_errors(text: str) -> None:
     with pytest.raises(InvalidInputError) as info:
         MessageId.parse(text)
-    assert info.value.exit_code == 2
+    assert exit_code_of(info.value) == 2
     msg = str(info.value)
     assert "bad message id" in msg and repr(text) in msg  # quotes what was given
     assert "LEDGER:ENTRY:BATCH" in msg  # and says what is expected
@@ -709,7 +710,7 @@ def test_message_id_parse_errors(text: str) -> None:
 def test_message_id_parse_out_of_range(text: str) -> None:
     with pytest.raises(InvalidInputError, match="out of range") as info:
         MessageId.parse(text)
-    assert info.value.exit_code == 2
+    assert exit_code_of(info.value) == 2
 
 
 def test_message_id_out_of_range_construction() -> None:

@@ -91,9 +91,8 @@ from hypothesis import note as hypothesis_note
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from shale.cli import build_parser
+from shale.cli import build_parser, run_command
 from shale.compactor import CompactionConfig, Compactor, collect_garbage
-from shale.compactor.commandline import run_command
 from shale.compactor.verify import verify_topic
 from shale.ledger.errors import InvalidMetadataError, ShaleError
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, FRAME_HEADER

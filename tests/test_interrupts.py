@@ -163,9 +163,9 @@ sys.meta_path.insert(0, _Stall())
 
 
 @pytest.mark.parametrize("script, module", [
-    ("shale", "shale.compactor.commandline"),  # while shale/cli.py itself is imported
-    ("shale", "shale.compactor.cli"),  # while shale's main loads the compactor's commands
-    ("compact", "shale.compactor.job"),
+    ("shale", "shale.cli.app"),  # while the command line's own modules are imported
+    ("shale", "shale.settings.model"),  # while shale's main builds its commands
+    ("compact", "shale.settings.model"),
     ("compact", "numpy"),
 ])
 def test_ctrl_c_while_the_command_loads_is_one_line(tmp_path: Path, script: str, module: str) -> None:

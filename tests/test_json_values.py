@@ -231,7 +231,7 @@ def test_a_value_nested_as_deep_as_allowed_is_kept(tmp_path: Path) -> None:
 def test_the_rest_of_the_line_is_checked_as_strictly(tmp_path: Path, bad: str, needle: str) -> None:
     topic = str(tmp_path / "t")
     p = run_cli("produce", topic, input='{"key":"a","value":"1"}\n' + bad + '\n{"key":"c","value":"3"}\n')
-    one_line_error(p, 2, "<stdin>:2", needle, "1 earlier records were appended")
+    one_line_error(p, 2, "<stdin>:2", needle, "1 earlier record was appended")
     assert stored(topic) == [(b"a", b"1")]
 
 
@@ -244,7 +244,7 @@ def test_an_event_time_no_reader_holds_is_refused_in_json_lines(tmp_path: Path, 
     topic = str(tmp_path / "t")
     p = run_cli("produce", topic, input=f'{{"key":"a","value":"1","event_time":{EVENT_TIME_MAX_MS}}}\n'
                 f'{{"key":"b","value":"2","event_time":{event_time}}}\n')
-    one_line_error(p, 2, "<stdin>:2", "event_time", RANGE, "1 earlier records were appended")
+    one_line_error(p, 2, "<stdin>:2", "event_time", RANGE, "1 earlier record was appended")
     assert [m.event_time for m in TopicReader(topic)] == [EVENT_TIME_MAX_MS]
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from shale.compactor.settings import mask_secrets
+from shale.ledger.masking import mask_secrets
 from shale.metadata.topic import TopicMetadata
 from tests.conftest import ROOT, run_cli
 from tests.test_many_topics import lines, produce

@@ -220,7 +220,7 @@ def test_run_summaries_read_as_text_not_python(tmp_path: Path) -> None:
             assert python not in r.stdout, (python, r.stdout)
     assert "the first compaction" in first.stdout and "previous compacted ledger" not in first.stdout
     assert "from 1 ledger," in first.stdout and "in 1 part," in first.stdout
-    assert "would write 7 records" in dry.stdout
+    assert "would keep 7 records" in dry.stdout
     assert "(was 1:0:9)" in second.stdout and "and the previous compacted ledger" in second.stdout
 
 

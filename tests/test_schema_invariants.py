@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from shale.cli import main as shale_main
-from shale.ledger.errors import EXIT_CORRUPT, InvalidInputError, InvalidMetadataError
+from shale.cli.errors import EXIT_CORRUPT, exit_code_of
+from shale.ledger.errors import InvalidInputError, InvalidMetadataError
 from shale.ledger.ids import MessageId
 from shale.metadata.schema import LedgerDoc, validate
 from shale.metadata.state import CompactedPart, LedgerInfo
@@ -296,7 +297,7 @@ def _refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], uri: str, docum
              *needles: str) -> None:
     with pytest.raises(InvalidMetadataError) as e:
         load(uri, document)
-    assert e.value.exit_code == EXIT_CORRUPT
+    assert exit_code_of(e.value) == EXIT_CORRUPT
     for n in (f"{uri}/_meta/{document}", *needles):
         assert n in str(e.value), (n, str(e.value))
     # the command line: exit 4, one line naming the document, the field and why

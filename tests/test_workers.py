@@ -15,13 +15,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+from shale.cli.errors import EXIT_CORRUPT, exit_code_of
 from shale.compactor import CompactionConfig, Compactor
 from shale.compactor import pass_one as pass_one_module
 from shale.compactor import workers as workers_module
 from shale.compactor.cpus import available_cpus
 from shale.compactor.keymap import KeyMapBuilder
 from shale.compactor.plan import make_plan
-from shale.ledger.errors import EXIT_CORRUPT, CorruptLedgerError, ShaleError
+from shale.ledger.errors import CorruptLedgerError, ShaleError
 from shale.ledger.format import FRAME_HEADER
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
@@ -98,7 +99,7 @@ def test_a_corrupt_entry_found_by_a_worker_fails_the_run_cleanly(parallel_everyw
     with pytest.raises(CorruptLedgerError, match="checksum mismatch") as e:
         Compactor(uri, CompactionConfig(workers=2)).run()
     # the worker's error arrives whole: its class, exit code, object and position
-    assert e.value.exit_code == EXIT_CORRUPT and e.value.path.endswith(victim.name)
+    assert exit_code_of(e.value) == EXIT_CORRUPT and e.value.path.endswith(victim.name)
     assert e.value.position is not None and 32 < e.value.position < len(data)
     assert TopicMetadata.open(uri).load_compaction().compacted_ledger is None
     assert not [p for p in (tmp_path / "t" / "compacted").rglob("*") if p.is_file()]

@@ -1,4 +1,5 @@
-"""Metrics a CronJob pushes to a Prometheus Pushgateway (``compact --pushgateway URL``).
+"""Metrics a CronJob pushes to a Prometheus Pushgateway (``compact --pushgateway URL``),
+fed by :func:`~shale.compactor.run_many.compact_topics`'s events.
 
 Each topic is its own group (``job``, ``topic``), pushed with POST once its run ends, so a
 run that compacts some topics leaves the others' figures alone, and a failed run leaves
@@ -19,8 +20,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
-from shale.compactor.settings import mask_secrets
 from shale.compactor.summary import STATUSES, RunStatus, RunSummary
+from shale.ledger.masking import mask_secrets
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -38,8 +39,9 @@ _COUNTS: Final = (("records_read", "records read from ledgers and previous compa
                   ("tombstones_dropped", "tombstones dropped (past the delete retention)"))
 
 
-def build_registry(summary: RunSummary, *, now_s: float, dirty_ratio_after: float | None) -> CollectorRegistry:
-    """The gauges of one topic's run."""
+def build_registry(summary: RunSummary, *, exit_code: int, now_s: float,
+                   dirty_ratio_after: float | None) -> CollectorRegistry:
+    """The gauges of one topic's run, which ended with ``exit_code``."""
     # imported here: only a run that pushes metrics pays for the client's import
     from prometheus_client import CollectorRegistry, Gauge
 
@@ -49,10 +51,10 @@ def build_registry(summary: RunSummary, *, now_s: float, dirty_ratio_after: floa
         Gauge(f"shale_compaction_{name}", doc, registry=reg).set(value)
 
     gauge("last_run_timestamp_seconds", "when the last run of this topic ended (Unix time)", now_s)
-    if summary.exit_code == 0 and summary.status is not RunStatus.DRY_RUN:
+    if exit_code == 0 and summary.status is not RunStatus.DRY_RUN:
         gauge("last_success_timestamp_seconds", "when a run of this topic last succeeded (Unix time)", now_s)
     gauge("exit_code", "exit code of the last run (0 ok, 2 usage, 3 lost the publish race, 4 corrupt, 1 other)",
-          summary.exit_code)
+          exit_code)
     status = Gauge("shale_compaction_status", "1 for the last run's status", ["status"], registry=reg)
     for s in STATUSES:
         status.labels(status=s).set(1 if s == summary.status else 0)
@@ -69,7 +71,7 @@ def build_registry(summary: RunSummary, *, now_s: float, dirty_ratio_after: floa
     return reg
 
 
-def push_summary(url: str, summary: RunSummary, *, now_s: float, dirty_ratio_after: float | None,
+def push_summary(url: str, summary: RunSummary, *, exit_code: int, now_s: float, dirty_ratio_after: float | None,
                  job: str = DEFAULT_JOB, timeout_s: float = 10.0, attempts: int = 3) -> None:
     """Push one topic's gauges to the Pushgateway at ``url`` (a few tries; raises the last
     error).  ``user:password@`` in the URL is sent as HTTP basic authentication."""
@@ -79,7 +81,7 @@ def push_summary(url: str, summary: RunSummary, *, now_s: float, dirty_ratio_aft
     from prometheus_client.exposition import basic_auth_handler, default_handler
     from tenacity import retry, stop_after_attempt, wait_exponential
 
-    reg = build_registry(summary, now_s=now_s, dirty_ratio_after=dirty_ratio_after)
+    reg = build_registry(summary, exit_code=exit_code, now_s=now_s, dirty_ratio_after=dirty_ratio_after)
     grouping = {"topic": mask_secrets(summary.topic)}
     u = urllib.parse.urlsplit(url)
     handler = default_handler

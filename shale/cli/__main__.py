@@ -1,0 +1,7 @@
+"""``python -m shale.cli``: the ``shale`` command."""
+
+import sys
+
+from shale.cli import main
+
+sys.exit(main())

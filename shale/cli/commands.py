@@ -1,0 +1,147 @@
+"""The commands: what each is for, what ``--help`` says about it, and the function that
+runs it (imported only when it runs, so that ``--help`` loads little).  A declared table;
+their flags come from the settings model (:mod:`shale.settings`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = ["COMMAND_TABLE", "EXIT_CODES", "Command"]
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One command of ``shale``."""
+
+    name: str
+    #: one line in ``shale --help``
+    summary: str
+    description: str
+    #: what its exit codes mean (the ``exit codes:`` part of its ``--help``)
+    exit_codes: str
+    #: ``module:function`` that runs it, given the parsed arguments and the output streams
+    run: str
+
+
+#: Every command's exit codes, as ``shale --help`` lists them.
+EXIT_CODES: Final = """\
+  0  success (for compact: compacted, nothing to do, or skipped)
+  1  unexpected failure, or storage that failed on its own (unreachable, an I/O error)
+  2  bad usage or input: bad flag, variable or value, bad URI, missing topic, bad
+     record; access refused (file permissions, S3 access denied)
+  3  lost a compare-and-swap race (another writer or compactor won)
+  4  corrupt data: bad checksum, truncated object, unknown format version, a metadata
+     document that breaks its schema or invariants, a link or folder where an object
+     should be
+  5  shale verify: the compacted view does not match the original ledgers; shale get:
+     the key has no value
+  6  shale read (and export --start ID): records it had yet to read were removed by
+     retention (see shale read --on-gap); every record before them was written
+130  interrupted (Ctrl-C): stopped within moments; what a run wrote was removed"""
+
+_COMPACT_CODES: Final = """\
+  0  compacted, nothing to do, or skipped (dirty ratio below --min-dirty-ratio)
+  1  unexpected failure
+  2  bad usage or input: bad flag or variable, bad URI, missing topic
+  3  lost the publish race: another compactor published first (nothing was published
+     by this run and its output was removed); safe to run again
+  4  corrupt data found: a ledger object failed its checks (the object and position
+     are named) or a metadata document broke its schema or invariants (the document
+     and field are named); nothing was published or deleted
+130  interrupted (Ctrl-C): the run stopped within moments, removed what it wrote and
+     published nothing (a second Ctrl-C stops at once, leaving it to gc)
+With several topics, each is compacted and published on its own; the exit code is the
+worst outcome (4, then 1, then 2, then 3)."""
+
+_PRODUCE: Final = (
+    'Append records: JSON lines (one object per line: {"key": str|null, "value": str|object|array|null, '
+    '"value_b64": str, "properties": {str: str}, "event_time": int}), or the rows of a Parquet, Arrow IPC or CSV '
+    "file, whose columns --key-field and --value-field pick. A null or empty value is a tombstone. An object or "
+    "array value is stored as its JSON text exactly as the line gives it (nested at most 512 deep). Lines must be "
+    "strict JSON (no NaN or Infinity). Event times are milliseconds since 1970, years 0001 to 9999 "
+    "(-62135596800000 to 253402300799999). A bad line stops the run (exit 2, naming it) after appending the lines "
+    "before it (a bad row: the batches before its own). Prints what was appended (--json: one JSON line with the "
+    "ids and counts).")
+_EXPORT: Final = (
+    "Write the topic's records from --start (--compacted: its compacted view; --table: the latest record of every "
+    "live key) to OUT, one object: a local path, any URI Shale writes to (s3://bucket/key), or - for standard "
+    "output (then the summary goes to standard error). It becomes visible only once complete. OUT must not be "
+    "inside a topic (the source's folder or --metadata, a folder holding _meta/topic.json, or a name shaped like a "
+    "topic's objects), nor exist (unless --overwrite), nor be anything but a regular file (a link, folder, FIFO or "
+    "device is refused even with --overwrite); a local OUT's folder must exist. A local export writes a hidden "
+    ".shale-export-<nonce>.tmp beside OUT, locked while it runs; each export removes those of its folder whose "
+    "writer was killed. DuckDB, Polars, pandas and Spark read Parquet and Arrow directly. Needs pyarrow for "
+    "Parquet and Arrow (pip install 'shale[arrow]').")
+
+#: Every command of ``shale``, in the order its ``--help`` lists them (``compact`` is also
+#: a console script of its own).
+COMMAND_TABLE: Final[dict[str, Command]] = {c.name: c for c in (
+    Command("produce", "append records to a topic (creating it if needed)", _PRODUCE, EXIT_CODES,
+            "shale.cli.produce:run_produce"),
+    Command("read", "print a topic's records as JSON lines",
+            'Print records as JSON lines {"id","key","value" (or "value_b64"),"properties","publish_time",'
+            '"event_time"}.', EXIT_CODES, "shale.cli.read:run_read"),
+    Command("get", "print the latest record of one key",
+            "Print the latest record of KEY (one JSON line), from the compacted view and the tail above the "
+            "horizon, reading only the footers and the entries whose key hashes match (Pulsar's TableView.get).",
+            "  0  found\n  2  bad usage or missing topic\n  4  corrupt data\n"
+            "  5  the key has no value (deleted or never written)", "shale.cli.read:run_get"),
+    Command("export", "write a topic, its compacted view or its table as Parquet, Arrow or JSON lines", _EXPORT,
+            EXIT_CODES, "shale.cli.read:run_export"),
+    Command("status", "print a topic's ledgers, records and compaction state",
+            "Print a topic's ledgers, its compaction state and its dirty ratio. A damaged ledger or part does not "
+            "stop it: each is named (on standard error too) and the dirty ratio is then estimated from the "
+            "metadata; shale verify --scrub is the check.", EXIT_CODES, "shale.cli.inspect:run_status"),
+    Command("compact", "compact topics (same as the compact command)",
+            "Compact keyed topics: keep the latest record of every key below a new horizon in a new compacted "
+            "ledger, and publish it atomically.", _COMPACT_CODES, "shale.cli.compact:run_compact"),
+    Command("gc", "delete retired compacted ledgers and leftovers past their grace period",
+            "Delete retired compacted ledgers older than --gc-grace and orphaned objects (crashed or beaten runs, "
+            "unregistered ledgers) older than --orphan-grace. Never deletes anything a published state refers to.",
+            "  0  collected (or, with --dry-run, listed) what was past its grace\n"
+            "  1  unexpected failure (storage unreachable after retries)\n"
+            "  2  bad usage or input: bad flag or variable, bad URI, missing topic\n"
+            "  3  the compaction state kept changing (other writers); safe to run again\n"
+            "  4  a metadata document breaks its schema or invariants (nothing is deleted)",
+            "shale.cli.maintain:run_gc"),
+    Command("truncate", "retention: remove the oldest ledgers from a topic",
+            "Remove the oldest ledgers of the topic (retention by hand), by one rule: --before-ledger ID (the "
+            "ledgers with ids below ID), --older-than DURATION (the oldest ledgers whose last record is older) or "
+            "--keep-bytes SIZE (the oldest ledgers until at most SIZE is left). By default only ledgers wholly at "
+            "or below the compaction horizon go: the compacted view keeps the latest record of every key, so "
+            "nothing a compacted reader sees is lost; --before-ledger past the horizon is refused, and the age and "
+            "size rules stop at the horizon. A compaction that read them while they were removed publishes nothing "
+            "and exits 3; their objects are deleted by gc once the orphan grace has passed.",
+            "  0  removed (or, with --dry-run, listed) the ledgers the rule names\n"
+            "  2  bad usage or input: missing topic, ID out of range, or ledgers above the horizon\n"
+            "     without --allow-uncompacted (nothing is removed)\n"
+            "  3  the topic kept changing (other writers); safe to run again\n"
+            "  4  a ledger footer or metadata document is corrupt", "shale.cli.maintain:run_truncate"),
+    Command("config", "show or change a topic's policy (its own compaction and retention settings)",
+            "Show a topic's policy, or change it with --set and --unset (one compare-and-swap). compact applies "
+            "each topic's policy, and produce its compression: a run's flag wins over it, and it wins over SHALE_* "
+            "variables and the defaults.",
+            "  0  shown or changed\n  2  bad setting or missing topic (nothing changed)\n"
+            "  3  the policy kept changing (other writers)", "shale.cli.maintain:run_config"),
+    Command("topics", "list every topic under a prefix",
+            "List every topic under a prefix: ledgers, records, bytes, horizon, dirty ratio (estimated from the "
+            "metadata, as compact --all orders topics), last compaction and policy. A topic whose metadata cannot "
+            "be read is listed with its error.", "  0  listed\n  2  bad URI or no topic under the prefix",
+            "shale.cli.inspect:run_topics"),
+    Command("verify", "recompute the compacted view from the original ledgers and compare",
+            "Recompute the latest record of every key up to the published horizon from the original ledgers that "
+            "still exist (footers only), compare it with the published compacted view, and verify every compacted "
+            "frame's checksum.",
+            "  0  the view matches (and, with --scrub, every object is whole)\n  2  bad usage or missing topic\n"
+            "  4  an object is corrupt (with --scrub: every damaged one is listed)\n"
+            "  5  missing, extra or stale keys (listed)", "shale.cli.maintain:run_verify"),
+    Command("dictionary", "list a topic's zstd dictionaries, or train a new one",
+            "Without --train, list the topic's trained zstd dictionaries. With --train, train one on a sample of "
+            "the topic's newest records, register it, and print what it saves on entries it was not trained on. "
+            "Entries compressed with zstd-dict (the topic's compression policy, or --compression) use the newest "
+            "dictionary; older entries keep theirs, and dictionaries are never deleted.",
+            "  0  listed or trained\n  2  bad usage, missing topic or too few records to train on\n"
+            "  3  the topic kept changing\n  4  a ledger or metadata document is corrupt",
+            "shale.cli.maintain:run_dictionary"),
+)}

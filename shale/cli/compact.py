@@ -1,0 +1,269 @@
+"""``compact`` (also ``shale compact``): :func:`~shale.compactor.run_many.compact_topics` with an
+operator's view of it: one summary line (or JSON line) per topic on standard output,
+events as log lines or JSON on standard error, a progress display on a terminal,
+metrics pushed to a Pushgateway, and the worst outcome as the exit code."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+from shale.cli.app import Streams
+from shale.cli.errors import EXIT_CONFLICT, EXIT_OK, EXIT_USAGE, exit_code_of, worst
+from shale.cli.runlog import event, foreign_lines_as_json, logging_to
+from shale.compactor import interrupts
+from shale.compactor.engine import Engine, LocalEngine
+from shale.compactor.run_many import NoTopicsError, RunEvent, compact_topics
+from shale.compactor.summary import RunStatus, RunSummary
+from shale.ledger.errors import InvalidInputError, error_line
+from shale.ledger.masking import mask_secrets
+from shale.settings import Settings, Value
+from shale.settings.units import count
+
+if TYPE_CHECKING:
+    from shale.cli.progress import TopicProgress
+
+__all__ = ["print_config", "run_compact", "summary_exit_code"]
+
+#: Settings that are not flags but shape a run: shown by --print-config (secrets masked).
+_ENVIRONMENT: Final = ("AWS_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
+                       "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                       "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "GOOGLE_APPLICATION_CREDENTIALS", "SHALE_DEBUG",
+                       "SHALE_KERNELS")
+_SPARK_ONLY: Final = ("spark-master", "spark-conf", "spark-split-size", "no-forward-credentials")
+
+
+def run_compact(args: argparse.Namespace, io: Streams) -> int:
+    if args.print_config:
+        io.out.write(json.dumps(print_config(args.settings), indent=2) + "\n")
+        return EXIT_OK
+    engine = _engine(args.settings)
+    # With Spark and JSON logs, the JVM's own lines on standard error are made JSON too.
+    wrap = foreign_lines_as_json("spark") if engine.name == "spark" and args.log_format == "json" else None
+    with wrap or contextlib.nullcontext():
+        try:
+            return _compact(args, engine, io)
+        finally:
+            close = getattr(engine, "close", None)
+            if close is not None:
+                close()
+
+
+def _engine(settings: Settings) -> Engine:
+    """The engine the settings ask for; Spark settings without ``--engine spark`` are bad usage."""
+    given = [settings[n] for n in _SPARK_ONLY if settings.value(n) not in (None, [], False)]
+    if settings.value("engine") == "local":
+        if given:
+            raise InvalidInputError(f"{given[0].given_as} needs --engine spark")
+        return LocalEngine()
+    from shale.compactor.spark import SparkOptions, require_pyspark
+    from shale.compactor.spark.options import DEFAULT_SPLIT_BYTES
+
+    require_pyspark()
+    from shale.compactor.spark.engine import SparkEngine
+
+    split = settings.value("spark-split-size")
+    return SparkEngine(SparkOptions(master=settings.value("spark-master"), conf=tuple(settings.value("spark-conf")),
+                                    split_bytes=DEFAULT_SPLIT_BYTES if split is None else split,
+                                    forward_credentials=not settings.value("no-forward-credentials")))
+
+
+def _compact(args: argparse.Namespace, engine: Engine, io: Streams) -> int:
+    with logging_to(io.err, args.log_format, "compact"):
+        view = _RunView(args, engine, io)
+        try:
+            summaries = compact_topics(args.settings, engine=engine, on_event=view.tell)
+        except NoTopicsError as e:
+            event(logging.ERROR, "run.done", str(e), topics=0, exit_code=EXIT_USAGE)
+            return EXIT_USAGE
+        finally:
+            view.close()
+        codes = [summary_exit_code(s) for s in summaries]
+        code = worst(codes)
+        event(logging.INFO, "run.done", f"{count(len(codes), 'topic')}, exit code {code}", topics=len(codes),
+              exit_code=code, failed=sum(1 for c in codes if c != EXIT_OK))
+        return code
+
+
+def summary_exit_code(summary: RunSummary) -> int:
+    """What one topic's run exits with: 0 for every outcome but a lost race (3) or an error."""
+    if summary.status is RunStatus.ERROR:
+        return exit_code_of(summary.failure) if summary.failure is not None else 1
+    return EXIT_CONFLICT if summary.status is RunStatus.CONFLICT else EXIT_OK
+
+
+def summary_json(summary: RunSummary) -> dict[str, Any]:
+    """A topic's summary as ``--json`` prints it, with its exit code."""
+    return {**summary.to_json(), "exit_code": summary_exit_code(summary)}
+
+
+class _RunView:
+    """What an operator sees of a run, fed its events (from the topics' threads)."""
+
+    def __init__(self, args: argparse.Namespace, engine: Engine, io: Streams) -> None:
+        self.args, self.engine, self.io = args, engine, io
+        self.show_progress = args.log_format == "text" and io.err.isatty()
+        self.bar: TopicProgress | None = None
+        self.phases: dict[str, Any] = {}
+        self.lock = threading.Lock()  # whole lines, one topic at a time
+        self.total = self.done = 0
+        self.starting: Any = None  # Spark's start-up, on a terminal
+
+    def tell(self, e: RunEvent) -> None:
+        if e.kind == "run.start":
+            self.total = e.topics
+            event(logging.INFO, "run.start", f"compacting {count(e.topics, 'topic')}", topics=e.topics,
+                  engine=self.engine.name, parallel=self.args.parallel)
+        elif e.kind == "spark.starting" and self.show_progress:
+            from rich.console import Console
+
+            self.starting = Console(file=self.io.err).status("starting Spark")
+            self.starting.start()
+        elif e.kind == "spark.start":
+            self._stop_spinner()
+            event(logging.INFO, "spark.start", f"Spark started in {e.seconds:.1f}s", seconds=e.seconds)
+        elif e.kind == "topic.start":
+            self._topic_start(e)
+        elif e.kind == "topic.phase":
+            event(logging.INFO, "topic.phase", f"{e.topic}: {e.phase}", topic=e.topic, phase=e.phase)
+            show = self.phases.get(e.topic)
+            if show is not None:
+                show(e.phase)
+        elif e.kind == "topic.done" and e.summary is not None:
+            self._topic_done(e.summary)
+
+    def _topic_start(self, e: RunEvent) -> None:
+        if self.show_progress and self.bar is None:
+            from shale.cli.progress import TopicProgress
+
+            with self.lock:
+                if self.bar is None:
+                    self.bar = TopicProgress(self.io.err, self.total).__enter__()
+        if self.bar is not None:
+            self.phases[e.topic] = self.bar.start(e.topic)
+        event(logging.INFO, "topic.start", f"{e.topic}: start", topic=e.topic, overdue=e.overdue)
+
+    def _topic_done(self, summary: RunSummary) -> None:
+        if self.bar is not None:
+            self.bar.finish(summary.topic)
+        code = summary_exit_code(summary)
+        with self.lock:
+            self.done += 1
+            if self.done == self.total:  # every topic's outcome is known: an interrupt changes nothing now
+                interrupts.outcome_decided()
+        if summary.status is RunStatus.ERROR:
+            event(logging.ERROR, "topic.error", str(summary.error), topic=summary.topic, exit_code=code)
+        else:
+            event(logging.INFO, "topic.done", f"{summary.topic}: {summary.status}", topic=summary.topic,
+                  status=summary.status, exit_code=code, summary=summary_json(summary))
+        line = json.dumps(summary_json(summary), separators=(",", ":")) if self.args.json else (
+            None if summary.status is RunStatus.ERROR else summary.human())
+        with self.lock:
+            if line is not None:
+                self._print(line)
+        if self.args.pushgateway:
+            _push(self.args, summary, code)
+
+    def _print(self, line: str) -> None:
+        # summary lines bound for the terminal the progress display is on go above it
+        if self.bar is not None and self.io.out.isatty():
+            self.bar.print(line)
+        else:
+            self.io.out.write(line + "\n")
+            self.io.out.flush()
+
+    def _stop_spinner(self) -> None:
+        if self.starting is not None:
+            self.starting.stop()
+            self.starting = None
+
+    def close(self) -> None:
+        self._stop_spinner()
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+
+
+def _push(args: argparse.Namespace, summary: RunSummary, code: int) -> None:
+    """Push the topic's metrics; a failure is a warning, never a different exit code (the
+    run's outcome stands, and the missing push shows as a stale push_time_seconds)."""
+    from shale.cli.metrics import push_summary
+    from shale.compactor.topics import assess
+
+    after = None
+    if summary.status in (RunStatus.COMPACTED, RunStatus.NOTHING_TO_DO, RunStatus.SKIPPED):
+        choice = assess(summary.topic, now_ms=int(time.time() * 1000), metadata_uri=args.metadata)
+        after = None if choice.error else choice.dirty_ratio
+    try:
+        push_summary(args.pushgateway, summary, exit_code=code, now_s=time.time(), dirty_ratio_after=after,
+                     job=args.pushgateway_job)
+    except Exception as e:  # any failure to reach the gateway
+        event(logging.WARNING, "metrics.error",
+              mask_secrets(f"could not push metrics of {summary.topic} to {mask_secrets(args.pushgateway)}: "
+                           f"{getattr(e, 'reason', None) or error_line(e)}"), topic=summary.topic)
+    else:
+        event(logging.INFO, "metrics.pushed", f"{summary.topic}: metrics pushed", topic=summary.topic)
+
+
+# ------------------------------------------------------------------- --print-config
+
+def print_config(settings: Settings, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The effective settings as a JSON-ready document, secrets masked: each with its
+    value, its source (``flag``, ``policy``, ``env`` or ``default``) and its variable.
+    The policies of the topics given are read: with one topic the settings are that
+    topic's; ``policies`` says, for each topic, the settings its policy sets and which
+    value wins there (a topic that cannot be read shows its error)."""
+    from shale.ledger.kernels import KERNELS
+
+    environ = os.environ if environ is None else environ
+    policies = {uri: _read_policy(uri, settings.value("metadata")) for uri in settings.value("topics")}
+    if len(policies) == 1 and isinstance(only := next(iter(policies.values())), dict):
+        settings = settings.with_policy(only)
+    # which hot loops this process runs: "native" (the C kernels) or "numpy" (fallbacks)
+    doc: dict[str, Any] = {"settings": {v.setting.option: _shown(v) for v in settings.values()},
+                           "environment": {}, "kernels": KERNELS,
+                           "policies": {mask_secrets(uri): {"error": p} if isinstance(p, str) else _set_by(settings, p)
+                                        for uri, p in policies.items()}}
+    for name in _ENVIRONMENT:
+        if environ.get(name):
+            doc["environment"][name] = mask_secrets(environ[name], name)
+    return doc
+
+
+def _read_policy(uri: str, metadata: str | None) -> dict[str, Any] | str:
+    """``uri``'s policy, or why it cannot be read (``--print-config`` never fails for a
+    topic it cannot reach)."""
+    from shale.metadata.topic import TopicMetadata
+
+    try:
+        return TopicMetadata.open(uri, metadata).load_policy().to_json()
+    except Exception as e:
+        return error_line(e)
+
+
+def _set_by(settings: Settings, policy: dict[str, Any]) -> dict[str, Any]:
+    """The settings ``policy`` sets, each with the value that wins for its topic."""
+    own = settings.with_policy(policy)
+    return {v.setting.option: _shown(own[name]) for name, v in settings.items()
+            if v.setting.policy and v.setting.py_name in policy}
+
+
+def _shown(v: Value) -> dict[str, Any]:
+    kind, name = v.setting.kind, v.setting.variable
+    value = [kind.to_json(x) for x in v.value] if isinstance(v.value, list) else (
+        None if v.value is None else kind.to_json(v.value))
+    return {"value": _masked(value, name), "source": str(v.source), "variable": name}
+
+
+def _masked(value: Any, name: str) -> Any:
+    if isinstance(value, str):
+        return mask_secrets(value, name)
+    if isinstance(value, list):
+        return [_masked(x, name) for x in value]
+    return value

@@ -1,0 +1,124 @@
+"""The commands that look after a topic: ``gc``, ``truncate``, ``verify`` (and
+``--scrub``), ``config`` and ``dictionary``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+from shale.cli.app import Streams
+from shale.cli.errors import EXIT_CORRUPT, EXIT_MISMATCH
+from shale.cli.output import emit, print_json
+from shale.ledger.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from shale.compactor.scrub import ScrubReport
+    from shale.metadata.topic import TopicMetadata
+
+__all__ = ["run_config", "run_dictionary", "run_gc", "run_truncate", "run_verify"]
+
+
+def _topic(args: argparse.Namespace) -> TopicMetadata:
+    """The topic's metadata; a missing topic is an error, not an empty one."""
+    from shale.metadata.topic import TopicMetadata
+
+    meta = TopicMetadata.open(args.topic, args.metadata)
+    meta.load_topic()
+    return meta
+
+
+def run_gc(args: argparse.Namespace, io: Streams) -> int:
+    from shale.compactor.gc import collect_garbage
+
+    report = collect_garbage(_topic(args), grace_ms=args.gc_grace,  # ages by the store's clock
+                             orphan_grace_ms=args.orphan_grace, dry_run=args.dry_run)
+    emit(report, io.out, args.json)
+    return 0
+
+
+def run_truncate(args: argparse.Namespace, io: Streams) -> int:
+    from shale.compactor.retention import retention_cut, truncate
+
+    meta = _topic(args)
+    before = args.before_ledger
+    if before is None:  # a rule: as many of the oldest ledgers as it lets go
+        before = retention_cut(meta, older_than_ms=args.older_than, keep_bytes=args.keep_bytes,
+                               allow_uncompacted=args.allow_uncompacted)
+    done = truncate(meta, before, allow_uncompacted=args.allow_uncompacted, dry_run=args.dry_run)
+    if args.before_ledger is None:
+        rule = args.settings["older-than" if args.older_than is not None else "keep-bytes"]
+        done = done.by_rule(f"{rule.setting.option} {rule.setting.kind.show(rule.value)}")
+    emit(done, io.out, args.json)
+    return 0
+
+
+def run_config(args: argparse.Namespace, io: Streams) -> int:
+    from shale.compactor.policies import check_workable, parse_assignments, policy_text
+    from shale.metadata.topic import TopicMetadata
+
+    meta = TopicMetadata.open(args.topic, args.metadata)
+    changes, removed = parse_assignments(args.set, args.unset)
+    meta.load_topic()  # a missing topic is an error, and nothing is written for it
+    check_workable(meta, changes)
+    policy = meta.update_policy(changes, removed) if changes or removed else meta.load_policy()
+    shown = policy_text(policy)
+    if args.json:
+        print_json({"topic": meta.uri, "policy": shown, "version": policy.version}, io.out)
+    elif not shown:
+        io.out.write(f"{meta.uri}: no policy: every setting comes from the run (flag, SHALE_* variable, default)\n")
+    else:
+        width = max(map(len, shown))
+        io.out.write("".join(f"{k.ljust(width)}  {v}\n" for k, v in shown.items()))
+    return 0
+
+
+def run_verify(args: argparse.Namespace, io: Streams) -> int:
+    from shale.compactor.verify import verify_topic
+
+    meta = _topic(args)
+    if args.scrub:
+        scrubbed = _scrub(meta, args)
+        emit(scrubbed, io.out, args.json)
+        if not scrubbed.ok:
+            return EXIT_CORRUPT
+    report = verify_topic(meta)
+    emit(report, io.out, args.json)
+    return 0 if report.ok else EXIT_MISMATCH
+
+
+def _scrub(meta: TopicMetadata, args: argparse.Namespace) -> ScrubReport:
+    """The scrub, with a progress bar on a terminal."""
+    from shale.compactor.scrub import scrub_topic
+
+    if not sys.stderr.isatty():
+        return scrub_topic(meta, max_bytes_per_s=args.max_read_bytes_per_second)
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    with Progress("scrub", BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+                  console=Console(file=sys.stderr), transient=True) as bar:
+        task = bar.add_task("scrub", total=None)
+        return scrub_topic(meta, max_bytes_per_s=args.max_read_bytes_per_second,
+                           progress=lambda done, total: bar.update(task, completed=done, total=total))
+
+
+def run_dictionary(args: argparse.Namespace, io: Streams) -> int:
+    from shale.compactor.dictionary import train_and_register
+    from shale.metadata.topic import TopicMetadata
+
+    meta = TopicMetadata.open(args.topic, args.metadata)
+    if args.train:
+        emit(train_and_register(meta, size=args.size, level=args.level, use=args.use), io.out, args.json)
+        return 0
+    if args.use:
+        raise InvalidInputError("--use goes with --train")
+    known = meta.load_topic().dictionaries
+    if args.json:
+        print_json({"topic": meta.uri, "dictionaries": [d.to_json() for d in known]}, io.out)
+    elif not known:
+        io.out.write(f"{meta.uri}: no dictionary (train one with --train)\n")
+    else:
+        io.out.write("".join(f"{d.id}  {d.bytes:,} bytes  {d.object}{'  (newest)' if d is known[-1] else ''}\n"
+                             for d in known))
+    return 0

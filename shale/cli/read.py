@@ -1,0 +1,146 @@
+"""``shale read``, ``shale get`` and ``shale export``: a topic's records out, as JSON lines
+or as one Parquet, Arrow or JSON-lines object."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import itertools
+import sys
+import time
+
+from shale.cli.app import Streams
+from shale.cli.errors import EXIT_NOT_FOUND
+from shale.cli.output import emit
+from shale.ledger.errors import InvalidInputError
+from shale.settings.kinds import shown
+
+__all__ = ["run_export", "run_get", "run_read"]
+
+
+def run_read(args: argparse.Namespace, io: Streams) -> int:
+    from shale.ledger.reader import DEFAULT_CHUNK_BYTES
+
+    chunk_bytes = min(DEFAULT_CHUNK_BYTES, args.max_batch_bytes)
+    if args.table:  # the latest record of every key: the compacted view, necessarily
+        if args.follow:
+            raise InvalidInputError("--table prints the table once; --follow goes with a plain or --compacted read")
+        _read_table(args, io, chunk_bytes)
+    else:
+        _read_records(args, io, chunk_bytes)
+    return 0
+
+
+def _read_table(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> None:
+    from shale.jsonlines import message_line
+    from shale.metadata.topic import TopicMetadata
+    from shale.reader.latest import table_messages
+
+    # footers first, then only the table's records: memory follows records, not values
+    meta = TopicMetadata.open(args.topic, args.metadata)
+    for m in itertools.islice(table_messages(meta, chunk_bytes=chunk_bytes), args.limit):
+        text = message_line(m, args.value_format)
+        del m  # (a big value goes before its line is written)
+        io.out.write(text)
+        io.out.write("\n")
+
+
+def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> None:
+    from shale.jsonlines import message_line
+    from shale.ledger.errors import GapError
+    from shale.reader import TopicReader, parse_position
+    from shale.reader.gaps import Gap
+
+    start = parse_position(args.start)
+
+    def gone_past(gap: Gap) -> None:  # --on-gap skip or compacted: said on stderr, where it falls in the output
+        io.out.flush()
+        io.err.write(f"shale: warning: {gap.human()}\n")
+        io.err.flush()
+
+    with TopicReader(args.topic, metadata_uri=args.metadata, read_compacted=args.compacted, start=start,
+                     follow=args.follow, poll_interval=args.poll_interval / 1000, on_gap=args.on_gap,
+                     gap_listener=gone_past, chunk_bytes=chunk_bytes) as r:
+        try:
+            # islice stops at the limit before asking for one more (a follower would wait for it)
+            for m in itertools.islice(r, args.limit):
+                io.out.write(message_line(m, args.value_format) + "\n")
+                if args.follow:
+                    io.out.flush()
+        except KeyboardInterrupt:
+            if not args.follow:
+                raise
+            io.out.flush()  # whole records only: each line is written at once
+        except GapError:
+            io.out.flush()  # every record read before the gap is out before the error line
+            raise
+
+
+def run_get(args: argparse.Namespace, io: Streams) -> int:
+    from shale.jsonlines import message_line
+    from shale.metadata.topic import TopicMetadata
+    from shale.reader import lookup
+
+    key = _key_bytes(args.key, args.key_b64)
+    found = lookup(TopicMetadata.open(args.topic, args.metadata), key)
+    if found.value is None:
+        io.err.write(f"shale: no value for key {args.key!r} in {args.topic} "
+                     f"({'deleted' if found.message is not None else 'never written'})\n")
+        return EXIT_NOT_FOUND
+    io.out.write((message_line(found.message, args.value_format) if found.message else "{}") + "\n")
+    return 0
+
+
+def _key_bytes(text: str, b64: bool) -> bytes:
+    """KEY as ``get`` takes it: text as UTF-8 (bytes of the command line that are not UTF-8
+    as they were given), or base64 with ``--key-b64``."""
+    if not b64:
+        try:
+            return text.encode("utf-8", "surrogateescape")
+        except UnicodeError:
+            raise InvalidInputError(f"KEY {shown(text)!r} is not valid text (--key-b64 takes a binary key)") from None
+    try:
+        return base64.b64decode(text, validate=True)
+    except ValueError:  # binascii.Error
+        raise InvalidInputError(f"KEY {shown(text)!r} is not base64 (--key-b64)") from None
+
+
+def run_export(args: argparse.Namespace, io: Streams) -> int:
+    from shale.export import export_topic
+    from shale.export_target import is_stdout
+    from shale.reader import parse_position
+
+    progress = _ExportProgress() if sys.stderr.isatty() else None
+    try:
+        result = export_topic(args.topic, args.out, metadata_uri=args.metadata, compacted=args.compacted,
+                              table=args.table, fmt=args.export_format, start=parse_position(args.start),
+                              compression=args.export_compression, utf8=args.utf8,
+                              progress=progress.show if progress else None, overwrite=args.overwrite,
+                              max_batch_bytes=args.max_batch_bytes)
+    finally:
+        if progress is not None:
+            progress.close()
+    # standard output carries the export itself when OUT is -
+    emit(result, io.err if is_stdout(args.out) else io.out, args.json)
+    return 0
+
+
+class _ExportProgress:
+    """Rows and bytes written, on the terminal only, at most ten times a second."""
+
+    def __init__(self) -> None:
+        self._clock = time.monotonic
+        self._last = 0.0
+        self.drawn = False
+
+    def show(self, rows: int, nbytes: int) -> None:
+        now = self._clock()
+        if now - self._last >= 0.1:
+            self._last, self.drawn = now, True
+            sys.stderr.write(f"\rexport: {rows:,} row{'' if rows == 1 else 's'}, {nbytes / 1e6:,.1f} MB written ")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.drawn:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()

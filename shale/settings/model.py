@@ -1,0 +1,297 @@
+"""Every setting of every command, each defined once (:data:`SETTINGS`).
+
+A :class:`Setting` holds a setting's name (its flag without the dashes, its policy key,
+``shale config --set NAME``), the kind of value it takes (:mod:`shale.settings.kinds`:
+type, constraints, how it is typed and shown), its default, its help, the commands that
+take it, and whether a topic's policy may set it.  The command line's flags, their
+``SHALE_*`` variables, ``--help``, ``--print-config``, the policy document's schema
+(:mod:`shale.metadata.policy`), ``shale config`` and the compactor's run settings
+(:class:`~shale.compactor.config.CompactionConfig`) are all made from this table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+from shale.ledger.codecs import DEFAULT_COMPRESSION
+from shale.settings.kinds import (
+    Choice,
+    Codec,
+    Duration,
+    Kind,
+    Pairs,
+    Rate,
+    Ratio,
+    Size,
+    Switch,
+    Text,
+    Uri,
+    Url,
+    Whole,
+)
+
+__all__ = ["COMMANDS", "ENV_PREFIX", "POLICY_SETTINGS", "SETTINGS", "Setting", "settings_for"]
+
+ENV_PREFIX: Final = "SHALE_"
+
+#: Every command, in the order ``shale --help`` lists them.
+COMMANDS: Final = ("produce", "read", "get", "export", "status", "compact", "gc", "truncate", "config", "topics",
+                   "verify", "dictionary")
+#: The commands about one topic, named by a ``TOPIC_URI`` and ``--metadata``.
+_ONE_TOPIC: Final = frozenset(COMMANDS) - {"compact", "topics"}
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One setting, as every command that takes it, its variable and a topic's policy see it."""
+
+    #: how people name it: the flag without its dashes, the policy key, ``--set NAME``
+    name: str
+    kind: Kind
+    help: str
+    #: the commands that take it (none: only a topic's policy sets it)
+    commands: frozenset[str]
+    default: Any = None
+    #: the default in words where it is not a value (``None`` with ``default`` None: no default)
+    default_text: str | None = None
+    #: whether a topic's policy may set it (``shale config --set NAME=VALUE``)
+    policy: bool = False
+    #: its name in Python: a run's settings and the policy document (default: the name in snake case)
+    field: str = ""
+    #: the flag, where it differs from ``--NAME`` (two settings of different commands share a flag)
+    flag: str = ""
+    #: more flags that mean the same (former names)
+    aliases: tuple[str, ...] = ()
+    #: a positional argument's metavar (``TOPIC_URI``); empty: a flag
+    positional: str = ""
+    #: a positional list, or a flag that may be given many times (its variable: one value a line)
+    many: bool = False
+    #: whether a ``SHALE_*`` variable may set it (``--print-config`` is a flag only)
+    env: bool = True
+    #: the settings of one group exclude each other: a flag of one replaces the variables of all
+    group: str = ""
+    #: the group needs one of its settings
+    required: bool = False
+    #: the help in one command's own words: ``(command, help)`` pairs
+    help_for: tuple[tuple[str, str], ...] = ()
+    metavar: str = ""
+
+    @property
+    def dest(self) -> str:
+        """The setting's name as an identifier (``max-topics`` → ``max_topics``)."""
+        return self.name.replace("-", "_")
+
+    @property
+    def py_name(self) -> str:
+        """Its field in a run's settings and in the policy document."""
+        return self.field or self.dest
+
+    @property
+    def option(self) -> str:
+        """How the user names it: its flag, or a positional's metavar."""
+        return self.positional or self.flag or f"--{self.name}"
+
+    @property
+    def variable(self) -> str:
+        """Its ``SHALE_*`` variable: ``SHALE_`` and its name in capitals."""
+        return ENV_PREFIX + self.name.upper().replace("-", "_")
+
+    def help_of(self, command: str) -> str:
+        """The help ``command`` shows."""
+        return dict(self.help_for).get(command, self.help)
+
+    def default_shown(self) -> str | None:
+        """The default as ``--help`` says it, or None."""
+        if self.default_text is not None:
+            return self.default_text
+        if self.default is None or self.kind.switch or self.many:
+            return None
+        return self.kind.show(self.default)
+
+
+def _s(name: str, kind: Kind, help: str, commands: frozenset[str] | set[str], **kw: Any) -> Setting:
+    return Setting(name, kind, help, frozenset(commands), **kw)
+
+
+_JSON_HELP: Final = (("compact", "print one JSON line per topic instead of a summary"),
+                     ("status", "print one JSON document instead of text"),
+                     ("config", "print one JSON document instead of text"),
+                     ("topics", "print one JSON line per topic instead of a table"),
+                     ("verify", "print the report as one JSON line"),
+                     ("produce", "print one JSON line with the ids and counts instead of text"))
+_COMPACT: Final = {"compact"}
+_SPARK: Final = "with --engine spark: "
+_GAP_HELP: Final = (
+    "when retention removed records this read had yet to reach (a paused --follow, a --start id below the oldest "
+    "ledger left): error stops with exit code 6 naming the range; skip goes on at the next record left, with a "
+    "warning; compacted reads the range from the compacted view (the latest value of each of its keys), with a "
+    "warning")
+_VALUE_FORMAT_HELP: Final = (
+    "text: every value as a JSON string of its text (value_b64 when not UTF-8); json: a value that is a JSON "
+    "document strict parsers read is printed as that document, its text as stored (line breaks become spaces), any "
+    "other (not JSON, NaN, Infinity, a number beyond 64-bit floats or of over 4300 digits, nested over 512 deep) as "
+    "a JSON string of its text, value_b64 when not UTF-8. Every line is strict JSON")
+
+#: Every setting.  A declared table: one entry per setting, in the order ``--help`` lists them.
+SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
+    # --------------------------------------------------------------- what to work on
+    _s("topic", Uri(), "topic folder: a local path, file:///path or s3://bucket/prefix", _ONE_TOPIC,
+       positional="TOPIC_URI", env=False),
+    _s("topics", Uri(), "topic folders: local paths, file:///path or s3://bucket/prefix", _COMPACT,
+       positional="TOPIC_URI", many=True, group="topics"),
+    _s("all", Uri(), "compact every topic under this prefix (a topic is a folder holding _meta/topic.json)",
+       _COMPACT, group="topics", metavar="PREFIX_URI"),
+    _s("prefix", Uri(), "a folder holding topics: a local path or s3://bucket/prefix", {"topics"},
+       positional="PREFIX_URI", env=False),
+    _s("metadata", Uri(), "where the topic's metadata lives", _ONE_TOPIC | _COMPACT, default_text="TOPIC_URI/_meta"),
+    _s("key", Text(), "the key, as text", {"get"}, positional="KEY", env=False),
+    _s("key-b64", Switch(), "KEY is base64 (a binary key)", {"get"}, default=False),
+    _s("out", Uri(), "where to write: a local path, s3://bucket/key.parquet, ..., or - (standard output; also "
+       "/dev/stdout)", {"export"}, positional="OUT", env=False),
+    # ---------------------------------------------------------------------- produce
+    _s("input", Text(), "input file", {"produce"}, default="-", default_text="standard input", metavar="PATH|-"),
+    _s("format", Choice(("jsonl", "parquet", "arrow", "csv")), "input format", {"produce"},
+       default_text="from the file name's suffix, else jsonl"),
+    _s("key-field", Text(), "the column of keys (parquet, arrow, csv)", {"produce"}, default_text="key",
+       metavar="COLUMN"),
+    _s("value-field", Text(), "the column of values (parquet, arrow, csv)", {"produce"}, default_text="value",
+       metavar="COLUMN"),
+    _s("properties-field", Text(), "a map<string,string> column of properties (parquet, arrow)", {"produce"},
+       metavar="COLUMN"),
+    _s("event-time-field", Text(), "a timestamp or integer-milliseconds column of event times (parquet, arrow, csv)",
+       {"produce"}, metavar="COLUMN"),
+    _s("max-ledger-records", Whole(1), "seal a ledger after N records", {"produce"}, default=500_000),
+    _s("max-ledger-bytes", Size(1), "seal a ledger once it holds SIZE bytes (64MiB, 1GB)", {"produce"},
+       default=64 << 20),
+    _s("batch-size", Whole(1), "records per entry (as Pulsar batches; fewer once they come to 1 MiB)", {"produce"},
+       default=1000),
+    _s("compression", Codec(),
+       "how entries are compressed: none, lz4, zstd (level 1), zstd:LEVEL (1-22), or zstd-dict[:LEVEL] (zstd with "
+       "the topic's newest trained dictionary: shale dictionary --train)", {"produce", "compact"},
+       default=DEFAULT_COMPRESSION, policy=True,
+       help_for=(("compact", "how the entries a run writes anew (survivors of partly kept entries, packed together) "
+                  "are compressed: none, lz4, zstd (level 1), zstd:LEVEL (1-22), or zstd-dict[:LEVEL] (zstd with "
+                  "the topic's newest trained dictionary); entries kept whole keep their stored bytes"),)),
+    # ------------------------------------------------------------------ read, get, export
+    _s("start", Text(), "where to start: earliest, latest, or a message id LEDGER:ENTRY:BATCH (a missing id "
+       "starts at the next existing one)", {"read", "export"}, default="earliest", metavar="earliest|latest|ID"),
+    _s("limit", Whole(1), "stop after N records", {"read"}),
+    _s("compacted", Switch(), "read the compacted view: compacted ledger up to the horizon, then the tail",
+       {"read", "export"}, default=False),
+    _s("table", Switch(), "only the latest record of every live key (implies --compacted)", {"read", "export"},
+       default=False),
+    _s("follow", Switch(), "keep reading as new ledgers are registered (Ctrl-C ends it, exit code 0)", {"read"},
+       default=False),
+    _s("poll-interval", Duration(), "with --follow: how often to look for new ledgers", {"read"}, default=1000),
+    _s("value-format", Choice(("text", "json")), _VALUE_FORMAT_HELP, {"read", "get"}, default="text"),
+    _s("on-gap", Choice(("error", "skip", "compacted")), _GAP_HELP, {"read"}, default="error"),
+    _s("max-batch-bytes", Size(1), "the most bytes of records, once decompressed, that one batch holds and that are "
+       "decompressed at once (a bigger record goes alone; entries are read 8MiB at most at a time)",
+       {"read", "export"}, default=16 << 20),
+    _s("overwrite", Switch(), "replace OUT if it is an existing regular file (default: refuse, and never replace one "
+       "that appears while the export runs)", {"export"}, default=False),
+    _s("export-format", Choice(("parquet", "arrow", "jsonl")), "what to write", {"export"}, flag="--format",
+       default_text="from OUT's suffix (.parquet, .arrow, .jsonl), else parquet"),
+    _s("utf8", Switch(), "keys and values as text (refused, naming the row, where one is not valid UTF-8) rather "
+       "than binary", {"export"}, default=False),
+    _s("export-compression", Choice(("zstd", "lz4", "snappy", "none")),
+       "how Parquet or Arrow compresses its pages: zstd, lz4, snappy (Parquet only) or none", {"export"},
+       flag="--compression", default="zstd"),
+    # ---------------------------------------------------------------------- compact
+    _s("max-topics", Whole(1), "compact at most N topics this run: overdue ones first, then the highest dirty "
+       "ratio (--all, --max-topics and --max-compaction-lag order the topics so; otherwise they run in the order "
+       "given)", _COMPACT),
+    _s("parallel", Whole(1, 64), "compact N topics at a time; one topic's failure does not stop the others",
+       _COMPACT, default=1),
+    _s("max-compaction-lag", Duration(), "a topic whose oldest uncompacted record is older than this is compacted "
+       "first, whatever its dirty ratio (Kafka's max.compaction.lag.ms)", _COMPACT, policy=True,
+       field="max_compaction_lag_ms"),
+    _s("min-compaction-lag", Duration(), "records younger than this wait for a later run", _COMPACT, default=0,
+       policy=True, field="min_compaction_lag_ms"),
+    _s("delete-retention", Duration(), "keep tombstones this long after the first compaction that kept them (0 "
+       "drops them at once)", _COMPACT, default=24 * 3_600_000, policy=True, field="delete_retention_ms"),
+    _s("retain-null-key", Switch(), "keep records without a key in place (default: drop them)", _COMPACT,
+       default=False, policy=True),
+    _s("min-dirty-ratio", Ratio(), "skip when bytes above the horizon / live bytes is below R", _COMPACT,
+       default=0.0, policy=True),
+    _s("retention", Duration(), "after each publish, remove ledgers wholly below the horizon and older than this",
+       set(), policy=True, field="retention_ms"),
+    _s("retention-bytes", Size(), "after each publish, remove the oldest ledgers below the horizon beyond this many "
+       "bytes", set(), policy=True),
+    _s("dry-run", Switch(), "plan and run pass one only; report what would be written; publish nothing",
+       {"compact", "gc", "truncate"}, default=False,
+       help_for=(("gc", "list what would be deleted, delete nothing"),
+                 ("truncate", "say what would be removed; remove nothing"))),
+    _s("gc-grace", Duration(), "delete a retired compacted ledger only after this long", {"compact", "gc"},
+       default=5 * 60_000, field="gc_grace_ms", aliases=("--grace",),
+       help_for=(("gc", "delete retired compacted ledgers only after this long (--grace is its former name)"),)),
+    _s("orphan-grace", Duration(15 * 60_000, "a writer may pause that long between uploading and publishing"),
+       "delete leftovers of crashed or beaten runs (unreferenced objects) only after this long", {"compact", "gc"},
+       default=3_600_000, field="orphan_grace_ms"),
+    _s("no-gc", Switch(), "do not collect garbage after the run", _COMPACT, default=False),
+    _s("max-part-bytes", Size(64 << 10, why="the least a compacted part may hold"),
+       "roll the compacted ledger into a new part at this size", _COMPACT, default=256 << 20),
+    _s("read-parallelism", Whole(1, 64), "ranged reads pass two keeps in flight, 8 MiB each", _COMPACT, default=4),
+    _s("max-read-bytes-per-second", Rate(), "limit pass two's reads to SIZE per second, at least 64KiB (0: no limit; "
+       "per task with Spark)", {"compact", "verify"}, default=0, field="max_read_bytes_per_s",
+       help_for=(("verify", "with --scrub: read at most SIZE per second, at least 64KiB (0: no limit)"),)),
+    _s("max-write-bytes-per-second", Rate(), "limit pass two's writes to SIZE per second, at least 64KiB (0: no "
+       "limit; per task with Spark)", _COMPACT, default=0, field="max_write_bytes_per_s"),
+    _s("workers", Whole(0, 64), "CPU cores the local engine uses: threads building pass one's key map, processes "
+       "copying in pass two (0: every available CPU, at most 8; small runs use one)", _COMPACT, default=0),
+    _s("max-map-bytes", Size(24, why="one key"), "memory for pass one's key map, 24 bytes per key written since the "
+       "last run; when the new keys need more, compact up to where they fit and let the next run continue; with "
+       "--engine spark, the most one reduce task holds (more reduce partitions, nothing left for the next run)",
+       _COMPACT, default_text="1GiB, about 44 million keys"),
+    _s("json", Switch(), "print one JSON line instead of text", set(COMMANDS), default=False, help_for=_JSON_HELP),
+    _s("log-format", Choice(("text", "json")), "text: errors and warnings as one line each; json: one JSON object "
+       "per event on standard error, for log collectors (no progress display)", _COMPACT, default="text"),
+    _s("pushgateway", Url(), "push each topic's run metrics to this Prometheus Pushgateway (e.g. "
+       "http://pushgateway:9091); a failed push is a warning and does not change the exit code", _COMPACT),
+    _s("pushgateway-job", Text(), "the job label of pushed metrics", _COMPACT, default="shale_compact",
+       metavar="NAME"),
+    _s("print-config", Switch(), "print the effective settings (each with its source: flag, the topic's policy, "
+       "SHALE_* variable or default) as JSON with secrets masked, and exit", _COMPACT, default=False, env=False),
+    _s("engine", Choice(("local", "spark")), "where the two passes run: local, in this process; spark, as Spark "
+       "jobs (needs pip install 'shale[spark]'); planning and publishing always run here", _COMPACT,
+       default="local"),
+    _s("spark-master", Text(), _SPARK + "the Spark master: local[N], spark://HOST:PORT, k8s://https://HOST, yarn",
+       _COMPACT, default_text="spark-submit's master under spark-submit, else local[*]", metavar="URL"),
+    _s("spark-conf", Pairs(), _SPARK + "a Spark setting for the session Shale starts (repeatable)", _COMPACT,
+       many=True),
+    _s("spark-split-size", Size(64 << 10, why="the least a Spark task handles"),
+       _SPARK + "entry bytes one Spark task handles at most", _COMPACT, default_text="128MiB"),
+    _s("no-forward-credentials", Switch(), _SPARK + "do not send the driver's AWS credential variables to "
+       "executors with the tasks (use when executors have their own identity)", _COMPACT, default=False),
+    # ------------------------------------------------------------ gc, truncate, verify
+    _s("before-ledger", Whole(0, (1 << 63) - 1), "remove the ledgers whose id is below ID (at most the last "
+       "ledger's id + 1)", {"truncate"}, group="rule", required=True, metavar="ID"),
+    _s("older-than", Duration(), "remove the oldest ledgers whose last record is older than this (Kafka's "
+       "retention.ms)", {"truncate"}, group="rule", required=True),
+    _s("keep-bytes", Size(), "remove the oldest ledgers until at most SIZE of ledgers is left (retention.bytes)",
+       {"truncate"}, group="rule", required=True),
+    _s("allow-uncompacted", Switch(), "also remove ledgers with records above the horizon, which no compaction has "
+       "kept: those records are lost (the report says how many)", {"truncate"}, default=False),
+    _s("scrub", Switch(), "first read every frame of every ledger and compacted part, superseded ones included, and "
+       "check it (exit 4 naming every damaged object)", {"verify"}, default=False),
+    # -------------------------------------------------------------- config, dictionary
+    _s("set", Text(), "set a policy setting, e.g. delete-retention=7d (repeatable)", {"config"}, many=True,
+       metavar="NAME=VALUE"),
+    _s("unset", Text(), "remove a policy setting: the run's own value applies again (repeatable)", {"config"},
+       many=True, metavar="NAME"),
+    _s("train", Switch(), "train a new dictionary and register it", {"dictionary"}, default=False),
+    _s("size", Size(1 << 10, 1 << 20, why="zstd's dictionaries hold 1KiB to 1MiB"), "the dictionary's size "
+       "(zstd's own default)", {"dictionary"}, default=112 << 10),
+    _s("level", Whole(1, 22), "the zstd level to measure it at, and with --use to write at", {"dictionary"},
+       default=3),
+    _s("use", Switch(), "also set the topic's compression policy to zstd-dict:LEVEL", {"dictionary"}, default=False),
+)}
+
+#: The settings a topic's policy may hold, by name.
+POLICY_SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in SETTINGS.values() if s.policy}
+
+
+def settings_for(command: str) -> tuple[Setting, ...]:
+    """The settings ``command`` takes, in the order its ``--help`` lists them."""
+    return tuple(s for s in SETTINGS.values() if command in s.commands)
