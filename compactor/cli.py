@@ -43,7 +43,7 @@ try:  # a Ctrl-C while the command's modules load ends it as at any other time: 
     from shale.compactor.units import format_duration
     from shale.ledger.codecs import DEFAULT_COMPRESSION
     from shale.ledger.errors import EXIT_FAILURE, EXIT_USAGE, InvalidInputError, error_line, exit_code_of
-    from shale.ledger.storage import mask_uri
+    from shale.storage.base import mask_uri
 except KeyboardInterrupt:
     if getattr(sys.modules.get("shale.compactor.interrupts"), "running_command", lambda: False)():
         raise  # imported by a running command (shale compact), which says it was interrupted
@@ -486,7 +486,7 @@ def _worst(codes: list[int]) -> int:
 def _shown(uri: str) -> str:
     """A topic as summaries name it: its canonical URI, as a run names it, or the URI as
     given (credentials masked) when it does not resolve."""
-    from shale.ledger.storage import resolve
+    from shale.storage import resolve
 
     try:
         return resolve(uri).uri

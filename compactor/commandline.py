@@ -17,7 +17,7 @@ from shale.compactor.units import parse_duration, parse_size
 from shale.ledger.codecs import DEFAULT_COMPRESSION, Compression, parse_compression
 from shale.ledger.errors import InvalidInputError, ShaleError, error_line, exit_code_of
 from shale.ledger.masking import mask_secrets
-from shale.ledger.storage import require, resolve
+from shale.storage import require, resolve
 
 __all__ = ["COMPRESSION_HELP", "METADATA_HELP", "MIN_RATE", "OneLineParser", "add_topic_arguments",
            "compression_arg", "duration_arg", "positive_size_arg", "rate_arg", "run_command", "size_arg"]

@@ -105,7 +105,7 @@ def _unreference_retired(meta: TopicMetadata, report: GcReport, now_ms: int, gra
     """Remove the retired sets past their grace from the state (one compare-and-swap),
     then delete their objects; the state as it then stands.  A state that kept changing
     for every attempt leaves them for the next collection."""
-    from shale.ledger._retry import ConflictPolicy
+    from shale.storage.retry import ConflictPolicy
 
     loc, store = meta.topic, meta.topic.store
     state = meta.load_compaction()

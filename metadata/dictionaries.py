@@ -95,7 +95,7 @@ class DictionaryCache:
 def register_dictionary(meta: TopicMetadata, dictionary: Dictionary, attempts: int = 20) -> DictionaryInfo:
     """Store ``dictionary`` (create-only, under a name no other writer uses) and add it to
     the topic's ``topic.json`` with compare-and-swap; it becomes the newest."""
-    from shale.ledger._retry import ConflictPolicy
+    from shale.storage.retry import ConflictPolicy
 
     store = meta.topic.store
     name = dictionary_object_name(dictionary.id, uuid.uuid4().hex[:12])

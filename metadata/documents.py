@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from shale.ledger.errors import AlreadyExistsError, ConflictError, ObjectNotFoundError
-from shale.ledger.storage import Location, validate_key_part
 from shale.metadata.schema import decode_envelope
+from shale.storage import Location, validate_key_part
 
 __all__ = ["DocumentStore", "Versioned"]
 

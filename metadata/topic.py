@@ -20,13 +20,13 @@ from shale.ledger.errors import (
     InvalidURIError,
     TopicNotFoundError,
 )
-from shale.ledger.storage import Location, require, resolve
 from shale.metadata.dictionaries import DictionaryCache
 from shale.metadata.documents import DocumentStore, Versioned
 from shale.metadata.layout import META_DIR
 from shale.metadata.policy import POLICY_DOC, TopicPolicy
 from shale.metadata.requirements import PublishRequirement, unmet
 from shale.metadata.state import CompactionState, LedgerInfo, TopicState
+from shale.storage import Location, require, resolve
 
 __all__ = ["TopicMetadata", "topic_locations"]
 
@@ -159,7 +159,7 @@ class TopicMetadata:
         check).  The objects stay until garbage collection finds them unregistered past
         the orphan grace.  Returns the new topic state and the ledgers removed.
         """
-        from shale.ledger._retry import ConflictPolicy
+        from shale.storage.retry import ConflictPolicy
 
         now_ms = self.now_ms()
         try:
@@ -185,7 +185,7 @@ class TopicMetadata:
                                 f"({e})") from e
 
     def _stamp_generation(self, generation: int, attempts: int) -> None:
-        from shale.ledger._retry import ConflictPolicy
+        from shale.storage.retry import ConflictPolicy
 
         if generation == 0:
             return
@@ -212,7 +212,7 @@ class TopicMetadata:
                       attempts: int = 20) -> TopicPolicy:
         """Set the policy fields ``changes`` and remove those ``removed``, with one
         compare-and-swap on the current policy (read again on a conflict)."""
-        from shale.ledger._retry import ConflictPolicy
+        from shale.storage.retry import ConflictPolicy
 
         drop = set(removed)
         for attempt in ConflictPolicy(attempts).retrying(f"{self.uri}: changing the policy"):

@@ -37,9 +37,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from shale.ledger._retry import ConflictPolicy
 from shale.ledger.errors import ConflictError, InvalidInputError, ObjectNotFoundError
-from shale.ledger.storage import ObjectStore
 from shale.ledger.writer import relabel_ledger
 from shale.metadata.layout import (
     LEDGER_DIR,
@@ -53,6 +51,8 @@ from shale.metadata.layout import (
 from shale.metadata.state import LedgerInfo, TopicState
 from shale.metadata.topic import TopicMetadata
 from shale.producer import UNREGISTERED_MAX_AGE_S, TopicWriter
+from shale.storage import ObjectStore
+from shale.storage.retry import ConflictPolicy
 
 __all__ = ["LABEL_STRIDE", "StagedLedger", "StagingWriter", "discard_staged", "finish_write", "new_write_id",
            "register_staged"]

@@ -9,8 +9,8 @@ import threading
 import pytest
 
 from shale.ledger.errors import AlreadyExistsError, ConflictError
-from shale.ledger.storage import resolve
 from shale.metadata.documents import DocumentStore
+from shale.storage import resolve
 
 
 @pytest.fixture
@@ -75,7 +75,7 @@ def test_thread_race_one_winner_per_version(docs: DocumentStore) -> None:
 
 
 def _process_bump(uri: str, n: int, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
-    from shale.ledger.storage import clear_backend_cache
+    from shale.storage import clear_backend_cache
 
     clear_backend_cache()
     d = DocumentStore(resolve(uri).child("_meta"))

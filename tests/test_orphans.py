@@ -18,7 +18,6 @@ import pytest
 from shale.compactor.dictionary import train_dictionary
 from shale.compactor.gc import collect_garbage
 from shale.ledger.errors import ConflictError
-from shale.ledger.storage import resolve
 from shale.metadata import dictionaries
 from shale.metadata.dictionaries import register_dictionary
 from shale.metadata.layout import UNREGISTERED_MAX_AGE_MS, staging_done_name, staging_task_name
@@ -26,6 +25,7 @@ from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
 from shale.staging import StagingWriter, new_write_id
+from shale.storage import resolve
 from tests.conftest import make_root, run_cli
 from tests.tamper import read_raw
 

@@ -1,6 +1,6 @@
 """One conformance suite for every object-store backend.
 
-:class:`StoreConformance` holds every behaviour of the :class:`~ledger.storage.ObjectStore`
+:class:`StoreConformance` holds every behaviour of the :class:`~shale.storage.ObjectStore`
 interface; each backend is a subclass that provides the ``store`` and ``prefix``
 fixtures (a fresh, empty folder) and the flags the store must declare: memory, a local
 folder, S3 on a real moto server over HTTP, and the generic fsspec adapter over fsspec's
@@ -34,7 +34,7 @@ from shale.ledger.errors import (
     ObjectNotFoundError,
     UnsupportedOperationError,
 )
-from shale.ledger.storage import CAPABILITIES, Location, ObjectStore, require, resolve
+from shale.storage import CAPABILITIES, Location, ObjectStore, require, resolve
 
 MiB = 1 << 20
 
@@ -546,7 +546,7 @@ class TestFsspecMemoryStore(StoreConformance):
     def store(self) -> Iterator[ObjectStore]:
         import fsspec
 
-        from shale.ledger._fsspec import FsspecStore
+        from shale.storage._fsspec import FsspecStore
 
         fs = fsspec.filesystem("memory")
         netloc = f"conformance-{uuid.uuid4().hex[:12]}"
@@ -572,7 +572,7 @@ class TestFsspecLocalStore(StoreConformance):
     def store(self, tmp_path: Path) -> ObjectStore:
         import fsspec
 
-        from shale.ledger._fsspec import FsspecStore
+        from shale.storage._fsspec import FsspecStore
 
         return FsspecStore(fsspec.filesystem("file"), "fsspecfile", str(tmp_path))
 
@@ -605,7 +605,7 @@ def test_unsafe_object_names_are_refused() -> None:
 
 
 PLUGIN = '''
-from shale.ledger._memory import MemoryStore
+from shale.storage._memory import MemoryStore
 
 def open_store(netloc):
     store = MemoryStore("plugin-" + netloc)
@@ -622,11 +622,11 @@ def _with_plugin(tmp_path: Path, code: str, value: str = "shale_test_plugin:open
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: shale-test-plugin\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text(f"[shale.storage]\nplugged = {value}\n")
-    return {**os.environ, "PYTHONPATH": str(tmp_path)}
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(tmp_path), os.environ.get("PYTHONPATH"))))}
 
 
 def test_a_backend_registers_through_the_entry_point_group(tmp_path: Path) -> None:
-    probe = ("from shale.ledger.storage import resolve\n"
+    probe = ("from shale.storage import resolve\n"
              "loc = resolve('plugged://host/topics/t')\n"
              "loc.store.put(loc.key('a'), b'x')\n"
              "print(type(loc.store).__name__, loc.store.opened_by_plugin, loc.uri, loc.store.get(loc.key('a')))\n")

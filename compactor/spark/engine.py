@@ -53,8 +53,8 @@ from shale.compactor.spark.tasks import (
     write_task,
 )
 from shale.ledger.errors import InvalidInputError, ShaleError
-from shale.ledger.storage import Location
 from shale.metadata.state import CompactedPart
+from shale.storage import Location
 
 __all__ = ["SparkEngine", "SparkJobError", "open_session"]
 

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Final
 
-from shale.ledger.storage import clear_backend_cache
+from shale.storage import clear_backend_cache
 
 __all__ = ["CREDENTIAL_VARIABLES", "SETTING_VARIABLES", "ForwardedEnvironment"]
 

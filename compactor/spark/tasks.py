@@ -47,8 +47,8 @@ from shale.ledger.deletions import read_deletions
 from shale.ledger.errors import CorruptLedgerError, ShaleError, TransientStorageError, error_detail, error_from_detail
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, KIND_COMPACTED
 from shale.ledger.reader import LedgerFile
-from shale.ledger.storage import Location, resolve
 from shale.metadata.state import CompactedPart
+from shale.storage import Location, resolve
 
 __all__ = [
     "CANDIDATE",
