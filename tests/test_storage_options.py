@@ -63,8 +63,13 @@ def test_a_bad_setting_is_named_where_it_is_used() -> None:
     s3 = resolve("s3://some-bucket/t", opts).store
     with pytest.raises(InvalidInputError, match=r"^SHALE_S3_CONNECT_TIMEOUT 'soon': expected a number of seconds$"):
         s3.get("t/a")
+    bad_style = resolve("s3://some-bucket/t", StorageOptions.from_environment({"SHALE_S3_ADDRESSING_STYLE": "up"}))
+    with pytest.raises(InvalidInputError, match=r"^SHALE_S3_ADDRESSING_STYLE 'up': one of auto, virtual, path$"):
+        bad_style.store.get("t/a")
     with pytest.raises(InvalidInputError, match=r"^addressing_style 'sideways': one of auto, virtual, path$"):
-        StorageOptions(s3=S3Options(addressing_style="sideways"))
+        S3Options(addressing_style="sideways")
+    with pytest.raises(InvalidInputError, match=r"^read_timeout 0: must be more than 0 seconds$"):
+        S3Options(read_timeout=0)
 
 
 @pytest.mark.s3

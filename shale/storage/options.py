@@ -73,10 +73,18 @@ class S3Options:
     connect_timeout: float = 10.0
     read_timeout: float = 60.0
     #: the variable each setting was read from, so that a message names what the user set
-    origins: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    origins: tuple[tuple[str, str], ...] = ()
     #: settings that did not parse, as messages: refused when a client is made, so that a
     #: bad S3 variable does not stop a command that never touches S3
-    problems: tuple[str, ...] = field(default=(), compare=False)
+    problems: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.addressing_style not in ADDRESSING_STYLES:
+            raise InvalidInputError(f"addressing_style {self.addressing_style!r}: "
+                                    f"one of {', '.join(ADDRESSING_STYLES)}")
+        for name in _SECONDS:
+            if not getattr(self, name) > 0:
+                raise InvalidInputError(f"{name} {getattr(self, name)!r}: must be more than 0 seconds")
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> S3Options:
@@ -94,8 +102,13 @@ class S3Options:
                 try:
                     value = float(value)
                 except ValueError:
-                    problems.append(f"{found} {value!r}: expected a number of seconds")
+                    value = 0.0
+                if not value > 0:
+                    problems.append(f"{found} {env[found]!r}: expected a number of seconds")
                     continue
+            if name == "addressing_style" and value not in ADDRESSING_STYLES:
+                problems.append(f"{found} {value!r}: one of {', '.join(ADDRESSING_STYLES)}")
+                continue
             values[name] = value
             origins.append((name, found))
         return cls(**values, origins=tuple(origins), problems=tuple(problems))
@@ -110,7 +123,7 @@ class S3Options:
 
     def __repr__(self) -> str:
         shown = (f"{f.name}={mask_secrets(str(v), f.name)!r}" for f in dataclasses.fields(self)
-                 if f.compare and (v := getattr(self, f.name)) != f.default)
+                 if f.name not in ("origins", "problems") and (v := getattr(self, f.name)) != f.default)
         return f"S3Options({', '.join(shown)})"
 
 
@@ -125,9 +138,6 @@ class StorageOptions:
     fsspec: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
-        if self.s3.addressing_style not in ADDRESSING_STYLES:
-            raise InvalidInputError(f"{self.s3.named('addressing_style')} {self.s3.addressing_style!r}: "
-                                    f"one of {', '.join(ADDRESSING_STYLES)}")
         # a copy of the caller's mappings, so that changing them later changes no store
         object.__setattr__(self, "fsspec", {str(k): dict(v) for k, v in self.fsspec.items()})
 
