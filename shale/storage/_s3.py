@@ -81,7 +81,8 @@ def _translate(e: Exception, what: str, options: S3Options | None = None) -> Sha
             return StoragePermissionError(f"{what}: access denied")
         return StorageError(f"{what}: {code or status}: {err.get('Message', '')}".rstrip(": "))
     if isinstance(e, bex.NoCredentialsError | bex.PartialCredentialsError):
-        return StorageError(f"{what}: no AWS credentials found in the environment")
+        return StorageError(f"{what}: no AWS credentials found (none in the storage options, the environment, "
+                            "the AWS profile or an instance role)")
     if isinstance(e, bex.EndpointConnectionError | bex.ConnectionError | bex.HTTPClientError
                   | bex.ReadTimeoutError | bex.ConnectTimeoutError | bex.ResponseStreamingError
                   | bex.IncompleteReadError | ConnectionError | TimeoutError):
