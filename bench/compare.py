@@ -116,9 +116,9 @@ def run_dict(topic: str, out_dir: str) -> dict[str, Any]:
     from shale.ledger.format import KIND_ORIGINAL
     from shale.ledger.reader import LedgerFile
     from shale.ledger.record import Record
-    from shale.ledger.storage import resolve
     from shale.ledger.writer import LedgerWriter, encode_entry
     from shale.metadata.topic import TopicMetadata
+    from shale.storage import resolve
 
     meta = TopicMetadata.open(topic)
     loc = meta.topic

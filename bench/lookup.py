@@ -21,9 +21,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from shale.ledger.storage import clear_backend_cache
 from shale.metadata.topic import TopicMetadata
 from shale.reader import lookup
+from shale.storage import clear_backend_cache
 
 
 def _counting(meta: TopicMetadata) -> dict[str, int]:

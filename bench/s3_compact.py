@@ -46,8 +46,8 @@ def main() -> None:
 
         boto3.client("s3").create_bucket(Bucket="bench")
         from shale.compactor import CompactionConfig, Compactor
-        from shale.ledger.storage import resolve
         from shale.producer import TopicWriter
+        from shale.storage import resolve
 
         uri = "s3://bench/topic"
         rng = random.Random(1)

@@ -19,7 +19,7 @@ from shale.compactor.cpus import worker_count
 from shale.compactor.pass_one import Survivors, pass_one
 from shale.compactor.pass_two import PassTwoResult, decide_work, write_parts, write_vectors
 from shale.compactor.plan import Plan
-from shale.ledger.storage import Location
+from shale.storage import Location
 
 __all__ = ["Engine", "LocalEngine", "SurvivorCounts"]
 

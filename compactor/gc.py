@@ -33,7 +33,7 @@ from shale.metadata.layout import (
     run_dir_of,
     write_dir_of,
 )
-from shale.metadata.state import CompactionState
+from shale.metadata.state import CompactionState, RetiredSet
 from shale.metadata.topic import TopicMetadata
 from shale.settings.units import count
 
@@ -104,25 +104,26 @@ def _unreference_retired(meta: TopicMetadata, report: GcReport, now_ms: int, gra
     """Remove the retired sets past their grace from the state (one compare-and-swap),
     then delete their objects; the state as it then stands.  A state that kept changing
     for every attempt leaves them for the next collection."""
-    from shale.ledger._retry import ConflictPolicy
-
     loc, store = meta.topic, meta.topic.store
-    state = meta.load_compaction()
+    due: tuple[RetiredSet, ...] = ()
+
+    def unreferenced(state: CompactionState) -> CompactionState | None:
+        nonlocal due
+        due = tuple(r for r in state.retired if now_ms - r.retired_ms >= grace_ms)
+        report.retired_waiting = sum(len(r.objects) for r in state.retired) - sum(len(r.objects) for r in due)
+        if not due or dry_run:
+            report.retired_deleted = [o for r in due for o in r.objects]
+            return None
+        # Unreference first, delete second: a crash in between leaves orphans,
+        # never a published state that points at a deleted object.
+        return replace(state, retired=tuple(r for r in state.retired if r not in due))
+
     try:
-        for attempt in ConflictPolicy(attempts).retrying(f"{meta.uri}: garbage collection"):
-            with attempt:
-                state = meta.load_compaction() if attempt.retry_state.attempt_number > 1 else state
-                due = tuple(r for r in state.retired if now_ms - r.retired_ms >= grace_ms)
-                report.retired_waiting = sum(len(r.objects) for r in state.retired) - sum(len(r.objects) for r in due)
-                if not due or dry_run:
-                    report.retired_deleted = [o for r in due for o in r.objects]
-                    return state
-                keep = tuple(r for r in state.retired if r not in due)
-                # Unreference first, delete second: a crash in between leaves orphans,
-                # never a published state that points at a deleted object.
-                state = meta.publish_compaction(replace(state, retired=keep), state)
+        state = meta.update_compaction(unreferenced, attempts=attempts, what="garbage collection")
     except ConflictError:
         return meta.load_compaction()
+    if not due or dry_run:
+        return state
     published = state.referenced_objects()
     for r in due:
         for obj in r.objects:

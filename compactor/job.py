@@ -38,6 +38,7 @@ from shale.metadata.layout import COMPACTED_DIR, HEARTBEAT_NAME
 from shale.metadata.requirements import AssertEpoch, AssertTopicGeneration, RequirementFailedError
 from shale.metadata.state import CompactionState, RetiredSet
 from shale.metadata.topic import TopicMetadata
+from shale.storage import StorageOptions
 
 __all__ = ["Compactor"]
 
@@ -113,7 +114,8 @@ def _note_survivors(summary: RunSummary, survivors: SurvivorCounts) -> None:
 
 
 class Compactor:
-    """Compacts one topic.
+    """Compacts one topic (on stores opened with ``storage_options``, read from the
+    environment when not given).
 
     >>> summary = Compactor("/data/topics/users").run()      # doctest: +SKIP
     >>> summary.status, summary.horizon                       # doctest: +SKIP
@@ -122,10 +124,13 @@ class Compactor:
 
     def __init__(self, topic: str | TopicMetadata, config: CompactionConfig | None = None, *,
                  metadata_uri: str | None = None, clock: Callable[[], float] | None = None,
-                 progress: Callable[[str], None] | None = None, engine: Engine | None = None) -> None:
+                 progress: Callable[[str], None] | None = None, engine: Engine | None = None,
+                 storage_options: StorageOptions | None = None) -> None:
         """``topic``: its URI (its metadata under ``metadata_uri``, by default in the
-        topic's own ``_meta`` folder), or its metadata already opened."""
-        self.meta = topic if isinstance(topic, TopicMetadata) else TopicMetadata.open(topic, metadata_uri)
+        topic's own ``_meta`` folder, reached with ``storage_options``, by default from the
+        environment), or its metadata already opened."""
+        self.meta = (topic if isinstance(topic, TopicMetadata)
+                     else TopicMetadata.open(topic, metadata_uri, storage_options))
         self.config = config or CompactionConfig()
         self.engine: Engine = engine or LocalEngine()
         self.clock = clock

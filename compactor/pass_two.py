@@ -30,10 +30,10 @@ from shale.ledger.format import FRAME_HEADER, KIND_COMPACTED
 from shale.ledger.ids import MessageId
 from shale.ledger.kernels import CopyPlan, Scratch, copy_plan, crc32c_ranges, gather_ranges
 from shale.ledger.reader import LedgerFile
-from shale.ledger.storage import Location
-from shale.ledger.write_behind import WriteBehind
 from shale.ledger.writer import LedgerWriter
 from shale.metadata.state import CompactedPart
+from shale.storage import Location
+from shale.storage.write_behind import WriteBehind
 
 __all__ = ["Copy", "Fate", "PassTwoResult", "Work", "choose_reuse", "decide_work", "plan_work", "reuse_part",
            "slice_fate", "write_parts", "write_vectors"]

@@ -29,9 +29,9 @@ from shale.ledger.deletions import read_deletions
 from shale.ledger.format import FRAME_HEADER, KIND_COMPACTED, KIND_ORIGINAL
 from shale.ledger.ids import MessageId
 from shale.ledger.reader import LedgerFile
-from shale.ledger.storage import Location
 from shale.metadata.state import CompactedPart, CompactionState, LedgerInfo, TopicState
 from shale.metadata.topic import TopicMetadata
+from shale.storage import Location
 
 __all__ = ["ObjectRef", "Plan", "Slice", "make_plan", "open_slice"]
 

@@ -196,7 +196,7 @@ def _retention(meta: TopicMetadata, policy: TopicPolicy, summary: RunSummary) ->
 def _shown(uri: str) -> str:
     """A topic as summaries name it: its canonical URI, as a run names it, or the URI as
     given (credentials masked) when it does not resolve."""
-    from shale.ledger.storage import resolve as resolve_uri
+    from shale.storage import resolve as resolve_uri
 
     try:
         return resolve_uri(uri).uri

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Final
 
 from shale.compactor.interrupts import interrupted
-from shale.ledger.storage import ObjectWriter
+from shale.storage import ObjectWriter
 
 #: How often a throttled wait looks whether the process was interrupted (the interrupt
 #: handler only sets a flag: waking waits from a signal handler could deadlock).

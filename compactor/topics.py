@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 from shale.compactor.plan import dirty_ratio
 from shale.ledger.errors import InvalidInputError, InvalidURIError, error_line
-from shale.ledger.storage import Location, resolve
 from shale.metadata.layout import META_DIR
 from shale.metadata.state import CompactionState, TopicState
 from shale.metadata.topic import TOPIC_DOC, TopicMetadata
+from shale.storage import Location, resolve
 
 __all__ = ["TopicChoice", "assess", "choose", "discover_topics", "estimate_dirt", "refuse_a_file"]
 

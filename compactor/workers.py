@@ -30,8 +30,8 @@ from shale.compactor.config import CompactionConfig
 from shale.compactor.pass_two import Copy, PassTwoResult, Work, write_parts
 from shale.ledger.errors import ShaleError, error_detail, error_from_detail
 from shale.ledger.format import FRAME_HEADER
-from shale.ledger.storage import Location
 from shale.metadata.state import CompactedPart
+from shale.storage import Location
 
 __all__ = ["MIN_PARALLEL_BYTES", "split_work", "work_bytes", "write_parts_in_workers"]
 

@@ -1,6 +1,9 @@
-"""Shale's ledger format: records, message ids, ledger objects and object storage.
+"""Shale's ledger format: records, message ids, ledger objects, codecs and kernels; the
+error hierarchy and the masking of secrets every error's text goes through.
 
-This package is the bottom layer: it imports nothing else of Shale's.
+This package is the bottom layer: it imports nothing else of Shale's.  It reads objects
+through :class:`~shale.ledger.objects.ObjectSource`, which every store of
+:mod:`shale.storage` satisfies.
 """
 
 from shale.ledger.errors import (
@@ -21,9 +24,9 @@ from shale.ledger.errors import (
 )
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, FORMAT_VERSION, KIND_COMPACTED, KIND_ORIGINAL
 from shale.ledger.ids import MAX_ID, MIN_ID, MessageId
+from shale.ledger.objects import ObjectSource
 from shale.ledger.reader import LedgerFile
 from shale.ledger.record import Message, Record, key_hash
-from shale.ledger.storage import Location, ObjectInfo, ObjectStore, ObjectWriter, register_backend, resolve
 from shale.ledger.writer import EncodedEntry, LedgerWriter, encode_entry, relabel_ledger
 
 __all__ = [
@@ -42,13 +45,10 @@ __all__ = [
     "InvalidURIError",
     "LedgerFile",
     "LedgerWriter",
-    "Location",
     "Message",
     "MessageId",
-    "ObjectInfo",
     "ObjectNotFoundError",
-    "ObjectStore",
-    "ObjectWriter",
+    "ObjectSource",
     "Record",
     "RecordTooLargeError",
     "ShaleError",
@@ -60,7 +60,5 @@ __all__ = [
     "UnsupportedVersionError",
     "encode_entry",
     "key_hash",
-    "register_backend",
     "relabel_ledger",
-    "resolve",
 ]

@@ -21,7 +21,7 @@ import numpy.typing as npt
 
 from shale.ledger.errors import CorruptLedgerError, UnsupportedVersionError
 from shale.ledger.format import checksum
-from shale.ledger.storage import ObjectStore
+from shale.ledger.objects import ObjectSource
 
 __all__ = ["DELETIONS_VERSION", "decode_deletions", "encode_deletions", "read_deletions"]
 
@@ -67,6 +67,6 @@ def decode_deletions(data: bytes, records: int, where: str) -> npt.NDArray[np.bo
     return mask
 
 
-def read_deletions(store: ObjectStore, key: str, records: int) -> npt.NDArray[np.bool_]:
+def read_deletions(store: ObjectSource, key: str, records: int) -> npt.NDArray[np.bool_]:
     """Read and check the deletion vector at ``key`` of a part of ``records`` records."""
     return decode_deletions(store.get(key), records, store.url(key))

@@ -25,8 +25,8 @@ from shale.ledger.format import (
 from shale.ledger.ids import MessageId
 from shale.ledger.kernels import Scratch, check_frames, check_kept, check_records, gather_ranges, record_problem
 from shale.ledger.messages import entry_records, messages_at
+from shale.ledger.objects import ObjectSource
 from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES, Message
-from shale.ledger.storage import ObjectStore
 from shale.ledger.stream import PayloadStream
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "RAW_BATCH_BYTES", "LedgerFile"]
@@ -44,7 +44,7 @@ _NO_LIMIT: Final = 1 << 62
 class LedgerFile:
     """An opened ledger object: the footer is in memory, entries are read on demand."""
 
-    def __init__(self, store: ObjectStore, key: str, footer: Footer, size: int,
+    def __init__(self, store: ObjectSource, key: str, footer: Footer, size: int,
                  footer_bytes: int = 0, dictionaries: DictionarySource | None = None) -> None:
         self.store = store
         self.key = key
@@ -60,7 +60,7 @@ class LedgerFile:
         self._batches: npt.NDArray[np.uint32] | None = None
 
     @classmethod
-    def open(cls, store: ObjectStore, key: str, *, ledger_id: int | None = None,
+    def open(cls, store: ObjectSource, key: str, *, ledger_id: int | None = None,
              kind: int | None = None, dictionaries: DictionarySource | None = None) -> LedgerFile:
         """Read and check the trailer and footer of ``key`` (one ranged read when small).
 

@@ -31,7 +31,7 @@ from shale.ledger.errors import (
 )
 from shale.ledger.kernels import crc32c
 from shale.metadata.layout import UNREGISTERED_MAX_AGE_MS, dictionary_object_name
-from shale.metadata.state import DictionaryInfo
+from shale.metadata.state import DictionaryInfo, TopicState
 
 if TYPE_CHECKING:
     from shale.metadata.topic import TopicMetadata
@@ -95,8 +95,6 @@ class DictionaryCache:
 def register_dictionary(meta: TopicMetadata, dictionary: Dictionary, attempts: int = 20) -> DictionaryInfo:
     """Store ``dictionary`` (create-only, under a name no other writer uses) and add it to
     the topic's ``topic.json`` with compare-and-swap; it becomes the newest."""
-    from shale.ledger._retry import ConflictPolicy
-
     store = meta.topic.store
     name = dictionary_object_name(dictionary.id, uuid.uuid4().hex[:12])
     # (a unique name: nobody else writes it, and a failed registration leaves an object
@@ -105,22 +103,24 @@ def register_dictionary(meta: TopicMetadata, dictionary: Dictionary, attempts: i
     uploaded = time.monotonic()
     info = DictionaryInfo(dictionary.id, name, len(dictionary.data), meta.now_ms(), crc32c(dictionary.data),
                           hashlib.sha256(dictionary.data).hexdigest())
+
+    def registered(current: TopicState) -> TopicState:
+        nonlocal name, uploaded, info
+        if any(d.id == dictionary.id for d in current.dictionaries):
+            raise InvalidInputError(f"{meta.uri}: dictionary {dictionary.id} is registered already")
+        if time.monotonic() - uploaded > UNREGISTERED_MAX_AGE_MS / 1000:
+            # garbage collection may take an unregistered object this old for a
+            # leftover: register a fresh copy instead
+            old, name = name, dictionary_object_name(dictionary.id, uuid.uuid4().hex[:12])
+            store.put(meta.topic.key(name), dictionary.data)
+            uploaded = time.monotonic()
+            info = replace(info, object=name)
+            with contextlib.suppress(ObjectNotFoundError):
+                store.delete(meta.topic.key(old))
+        return replace(current, dictionaries=(*current.dictionaries, info))
+
     try:
-        for attempt in ConflictPolicy(attempts).retrying(f"{meta.uri}: registering a dictionary"):
-            with attempt:
-                current = meta.load_topic()
-                if any(d.id == dictionary.id for d in current.dictionaries):
-                    raise InvalidInputError(f"{meta.uri}: dictionary {dictionary.id} is registered already")
-                if time.monotonic() - uploaded > UNREGISTERED_MAX_AGE_MS / 1000:
-                    # garbage collection may take an unregistered object this old for a
-                    # leftover: register a fresh copy instead
-                    old, name = name, dictionary_object_name(dictionary.id, uuid.uuid4().hex[:12])
-                    store.put(meta.topic.key(name), dictionary.data)
-                    uploaded = time.monotonic()
-                    info = replace(info, object=name)
-                    with contextlib.suppress(ObjectNotFoundError):
-                        store.delete(meta.topic.key(old))
-                meta.replace_topic(replace(current, dictionaries=(*current.dictionaries, info)), current)
+        meta.update_topic(registered, attempts=attempts, what="registering a dictionary")
     except ConflictError as e:
         raise ConflictError(f"{meta.uri}: the topic kept changing; the dictionary was not registered ({e})") from e
     return info

@@ -58,6 +58,9 @@ class TopicPolicy:
     version: int = 0
     token: str = ""
 
+    def with_version(self, version: int, token: str) -> TopicPolicy:
+        return TopicPolicy(self.values, version, token)
+
     def to_json(self) -> dict[str, Any]:
         """The settings that are set (a field left out is not set)."""
         doc: dict[str, Any] = msgspec.to_builtins(self.values)

@@ -131,6 +131,9 @@ class TopicState:
                 return lg
         return None
 
+    def with_version(self, version: int, token: str) -> TopicState:
+        return replace(self, version=version, token=token)
+
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"format": 1, "created_ms": self.created_ms,
                              "ledgers": [lg.to_json() for lg in self.ledgers]}

@@ -9,7 +9,7 @@ conflict with each other.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -18,15 +18,17 @@ from shale.ledger.errors import (
     ConflictError,
     InvalidInputError,
     InvalidURIError,
+    StorageError,
     TopicNotFoundError,
 )
-from shale.ledger.storage import Location, require, resolve
 from shale.metadata.dictionaries import DictionaryCache
 from shale.metadata.documents import DocumentStore, Versioned
 from shale.metadata.layout import META_DIR
 from shale.metadata.policy import POLICY_DOC, TopicPolicy
 from shale.metadata.requirements import PublishRequirement, unmet
 from shale.metadata.state import CompactionState, LedgerInfo, TopicState
+from shale.storage import Location, StorageOptions, require, resolve
+from shale.storage.retry import ConflictPolicy
 
 __all__ = ["TopicMetadata", "topic_locations"]
 
@@ -34,27 +36,30 @@ TOPIC_DOC = "topic.json"
 COMPACTION_DOC = "compaction.json"
 
 
-def topic_locations(topic_uri: str, metadata_uri: str | None = None) -> tuple[Location, Location]:
-    """The topic's folder and its metadata folder.
+def topic_locations(topic_uri: str, metadata_uri: str | None = None,
+                    options: StorageOptions | None = None) -> tuple[Location, Location]:
+    """The topic's folder and its metadata folder, on stores opened with ``options`` (the
+    environment's when ``None``).
 
     By default the metadata lives beside the data (``<topic>/_meta``).  With
     ``metadata_uri`` it lives under that folder, at a path derived from the topic URI,
     so one metadata store can serve many topics on many stores.
     """
-    topic = resolve(topic_uri)
+    options = StorageOptions.from_environment() if options is None else options
+    topic = resolve(topic_uri, options)
     if not topic.prefix:
         raise InvalidURIError(f"topic URI {topic_uri!r} names a bucket or root, not a topic folder")
     if metadata_uri is None:
         return topic, topic.child(META_DIR)
-    return topic, _meta_location(topic, topic.prefix, metadata_uri)
+    return topic, _meta_location(topic, topic.prefix, metadata_uri, options)
 
 
-def _meta_location(topic: Location, prefix: str, metadata_uri: str | None) -> Location:
+def _meta_location(topic: Location, prefix: str, metadata_uri: str | None, options: StorageOptions) -> Location:
     """Where the metadata of the topic at ``prefix`` on ``topic``'s store lives."""
     if metadata_uri is None:
         return Location(topic.store, f"{prefix}/{META_DIR}" if prefix else META_DIR,
                         topic.store.url(f"{prefix}/{META_DIR}"))
-    meta_root = resolve(metadata_uri)
+    meta_root = resolve(metadata_uri, options)
     path = "/".join([topic.store.scheme, topic.store.authority or "local", prefix])
     return Location(meta_root.store, meta_root.key(path), f"{meta_root.uri.rstrip('/')}/{path}")
 
@@ -62,10 +67,13 @@ def _meta_location(topic: Location, prefix: str, metadata_uri: str | None) -> Lo
 class TopicMetadata:
     """Reads and writes one topic's metadata documents."""
 
-    def __init__(self, topic: Location, meta: Location, metadata_uri: str | None = None) -> None:
+    def __init__(self, topic: Location, meta: Location, metadata_uri: str | None = None,
+                 options: StorageOptions | None = None) -> None:
         self.topic = topic
         self.meta = meta
         self.metadata_uri = metadata_uri
+        #: what the stores were opened with (what opens the metadata folder of a topic nested in this one)
+        self.options = StorageOptions.from_environment() if options is None else options
         require(meta, "supports_conditional_writes", "a topic's metadata",
                 hint="keep the metadata on s3:// or a local folder (--metadata)")
         self.docs = DocumentStore(meta)
@@ -73,8 +81,12 @@ class TopicMetadata:
         self.dictionaries = DictionaryCache(self)
 
     @classmethod
-    def open(cls, topic_uri: str, metadata_uri: str | None = None) -> TopicMetadata:
-        return cls(*topic_locations(topic_uri, metadata_uri), metadata_uri)
+    def open(cls, topic_uri: str, metadata_uri: str | None = None,
+             options: StorageOptions | None = None) -> TopicMetadata:
+        """The metadata of the topic at ``topic_uri`` (kept under ``metadata_uri`` when
+        given), on stores opened with ``options`` (the environment's when ``None``)."""
+        options = StorageOptions.from_environment() if options is None else options
+        return cls(*topic_locations(topic_uri, metadata_uri, options), metadata_uri, options)
 
     def now_ms(self) -> int:
         """The time by the clock of the store holding the topic's objects: every age
@@ -91,12 +103,25 @@ class TopicMetadata:
     def _topic(self, doc: Versioned) -> TopicState:
         return TopicState.from_json(doc.value, doc.version, doc.token, self.docs.url(TOPIC_DOC))
 
-    def load_topic(self) -> TopicState:
-        """The ledger list; :class:`TopicNotFoundError` if there is no topic here."""
-        doc = self.docs.read(TOPIC_DOC)
+    def _existing_topic(self, doc: Versioned | None) -> TopicState:
         if doc is None:
             raise TopicNotFoundError(f"no topic at {self.topic.uri} ({self.docs.url(TOPIC_DOC)} is missing)")
         return self._topic(doc)
+
+    def load_topic(self) -> TopicState:
+        """The ledger list; :class:`TopicNotFoundError` if there is no topic here."""
+        return self._existing_topic(self.docs.read(TOPIC_DOC))
+
+    def update_topic(self, change: Callable[[TopicState], TopicState | None], *, current: TopicState | None = None,
+                     attempts: int = 20, what: str = "",
+                     on_unknown: Callable[[StorageError], None] | None = None) -> TopicState:
+        """Change the ledger list with :meth:`DocumentStore.update <shale.metadata.documents.DocumentStore.update>`:
+        ``change`` is applied to the list as read (again after each conflict, up to
+        ``attempts`` times) and what it returns swapped in; :class:`TopicNotFoundError`
+        if there is no topic here."""
+        return self.docs.update(TOPIC_DOC, change, load=self._existing_topic, current=current,
+                                policy=ConflictPolicy(attempts), what=f"{self.uri}: {what or 'the ledger list'}",
+                                on_unknown=on_unknown)
 
     def exists(self) -> bool:
         return self.docs.read(TOPIC_DOC) is not None
@@ -122,7 +147,7 @@ class TopicMetadata:
         garbage collection must never have to tell them apart."""
         parts = self.topic.prefix.split("/")
         for i in range(len(parts) - 1, 0, -1):
-            outer = _meta_location(self.topic, "/".join(parts[:i]), self.metadata_uri)
+            outer = _meta_location(self.topic, "/".join(parts[:i]), self.metadata_uri, self.options)
             if outer.store.exists(outer.key(TOPIC_DOC)):
                 return f"it would lie inside the topic {self.topic.store.url('/'.join(parts[:i]))}"
         own = self.meta.key(TOPIC_DOC)
@@ -134,15 +159,19 @@ class TopicMetadata:
                 return f"the topic {under.store.url(inner)} lies inside it"
         return ""
 
-    def append_ledger(self, info: LedgerInfo, expected: TopicState) -> TopicState:
-        """Register a sealed ledger after those of ``expected``; :class:`ConflictError` if the
-        list changed since ``expected`` was read."""
+    @staticmethod
+    def appended(expected: TopicState, info: LedgerInfo) -> TopicState:
+        """``expected`` with a sealed ledger registered after its ledgers (refused,
+        before anything is written, unless its id is after every id the topic has had)."""
         if info.id <= expected.last_ledger_id:
             raise InvalidInputError(
                 f"ledger id {info.id} must be greater than the last one, {expected.last_ledger_id}")
-        new = replace(expected, ledgers=(*expected.ledgers, info))
-        v = self.docs.replace(TOPIC_DOC, new.to_json(), expected.version, token=expected.token or None)
-        return replace(new, version=v.version, token=v.token)
+        return replace(expected, ledgers=(*expected.ledgers, info))
+
+    def append_ledger(self, info: LedgerInfo, expected: TopicState) -> TopicState:
+        """Register a sealed ledger after those of ``expected``; :class:`ConflictError` if the
+        list changed since ``expected`` was read."""
+        return self.replace_topic(self.appended(expected, info), expected)
 
     def replace_topic(self, new: TopicState, expected: TopicState) -> TopicState:
         """Write ``new`` in place of ``expected``; :class:`ConflictError` if the document
@@ -159,79 +188,84 @@ class TopicMetadata:
         check).  The objects stay until garbage collection finds them unregistered past
         the orphan grace.  Returns the new topic state and the ledgers removed.
         """
-        from shale.ledger._retry import ConflictPolicy
-
         now_ms = self.now_ms()
+        removed: list[LedgerInfo] = []
+
+        def truncated(current: TopicState) -> TopicState | None:
+            removed[:] = [lg for lg in current.ledgers if lg.id < before_ledger]
+            if not removed:
+                # An earlier truncation may have stopped between its two writes: finish it.
+                self._stamp_generation(current.generation, attempts)
+                return None
+            return TopicState(tuple(lg for lg in current.ledgers if lg.id >= before_ledger), current.created_ms,
+                              generation=current.generation + 1,
+                              removed_through=max(current.removed_through, removed[-1].id),
+                              truncated_ms=max(now_ms, current.truncated_ms), dictionaries=current.dictionaries)
+
         try:
             # a producer registering a ledger meanwhile is a conflict: read again
-            for attempt in ConflictPolicy(attempts).retrying(f"{self.uri}: truncation"):
-                with attempt:
-                    current = self.load_topic()
-                    removed = [lg for lg in current.ledgers if lg.id < before_ledger]
-                    if not removed:
-                        # An earlier truncation may have stopped between its two writes: finish it.
-                        self._stamp_generation(current.generation, attempts)
-                        return current, []
-                    new = TopicState(tuple(lg for lg in current.ledgers if lg.id >= before_ledger), current.created_ms,
-                                     generation=current.generation + 1,
-                                     removed_through=max(current.removed_through, removed[-1].id),
-                                     truncated_ms=max(now_ms, current.truncated_ms),
-                                     dictionaries=current.dictionaries)
-                    v = self.docs.replace(TOPIC_DOC, new.to_json(), current.version, token=current.token or None)
-            self._stamp_generation(new.generation, attempts)
-            return replace(new, version=v.version, token=v.token), removed
+            new = self.update_topic(truncated, attempts=attempts, what="truncation")
+            if removed:
+                self._stamp_generation(new.generation, attempts)
+            return new, list(removed)
         except ConflictError as e:
             raise ConflictError(f"{self.uri}: the topic kept changing; truncation gave up after {attempts} attempts "
                                 f"({e})") from e
 
     def _stamp_generation(self, generation: int, attempts: int) -> None:
-        from shale.ledger._retry import ConflictPolicy
-
         if generation == 0:
             return
+
+        def stamped(state: CompactionState) -> CompactionState | None:
+            return None if state.topic_generation >= generation else replace(state, topic_generation=generation)
+
         try:
-            for attempt in ConflictPolicy(attempts).retrying(f"{self.uri}: stamping the truncation"):
-                with attempt:
-                    state = self.load_compaction()
-                    if state.topic_generation >= generation:
-                        return
-                    self.publish_compaction(replace(state, topic_generation=generation), state)
+            self.update_compaction(stamped, attempts=attempts, what="stamping the truncation")
         except ConflictError as e:
             raise ConflictError(f"{self.uri}: could not stamp the compaction state after the truncation ({e})") from e
 
     # ----------------------------------------------------------- compaction document
 
-    def load_policy(self) -> TopicPolicy:
-        """The topic's policy (empty, at version 0, if it has none)."""
-        doc = self.docs.read(POLICY_DOC)
+    def _policy(self, doc: Versioned | None) -> TopicPolicy:
         if doc is None:
             return TopicPolicy()
         return TopicPolicy.from_json(doc.value, doc.version, doc.token, self.docs.url(POLICY_DOC))
+
+    def load_policy(self) -> TopicPolicy:
+        """The topic's policy (empty, at version 0, if it has none)."""
+        return self._policy(self.docs.read(POLICY_DOC))
 
     def update_policy(self, changes: Mapping[str, Any], removed: Iterable[str] = (),
                       attempts: int = 20) -> TopicPolicy:
         """Set the policy fields ``changes`` and remove those ``removed``, with one
         compare-and-swap on the current policy (read again on a conflict)."""
-        from shale.ledger._retry import ConflictPolicy
-
         drop = set(removed)
-        for attempt in ConflictPolicy(attempts).retrying(f"{self.uri}: changing the policy"):
-            with attempt:
-                current = self.load_policy()
-                value = {k: v for k, v in {**current.to_json(), **changes}.items() if k not in drop}
-                new = TopicPolicy.from_json(value, current.version + 1, "", self.docs.url(POLICY_DOC))
-                if current.version == 0:
-                    v = self.docs.create(POLICY_DOC, new.to_json())
-                else:
-                    v = self.docs.replace(POLICY_DOC, new.to_json(), current.version, token=current.token or None)
-        return TopicPolicy(new.values, v.version, v.token)
 
-    def load_compaction(self) -> CompactionState:
-        """The published compaction state (an empty state at version 0 if none yet)."""
-        doc = self.docs.read(COMPACTION_DOC)
+        def changed(current: TopicPolicy) -> TopicPolicy:
+            value = {k: v for k, v in {**current.to_json(), **changes}.items() if k not in drop}
+            return TopicPolicy.from_json(value, current.version + 1, "", self.docs.url(POLICY_DOC))
+
+        return self.docs.update(POLICY_DOC, changed, load=self._policy, policy=ConflictPolicy(attempts),
+                                what=f"{self.uri}: changing the policy")
+
+    def _compaction(self, doc: Versioned | None) -> CompactionState:
         if doc is None:
             return CompactionState()
         return CompactionState.from_json(doc.value, doc.version, doc.token, self.docs.url(COMPACTION_DOC))
+
+    def load_compaction(self) -> CompactionState:
+        """The published compaction state (an empty state at version 0 if none yet)."""
+        return self._compaction(self.docs.read(COMPACTION_DOC))
+
+    def update_compaction(self, change: Callable[[CompactionState], CompactionState | None], *,
+                          current: CompactionState | None = None, attempts: int = 20,
+                          what: str = "") -> CompactionState:
+        """Change the compaction state with :meth:`DocumentStore.update
+        <shale.metadata.documents.DocumentStore.update>` (a compaction publishes with
+        :meth:`publish_compaction` instead: it must not retry, but plan again)."""
+        return self.docs.update(COMPACTION_DOC, change, load=self._compaction, current=current,
+                                policy=ConflictPolicy(attempts),
+                                what=f"{self.uri}: {what or 'the compaction state'}", on_unknown=None)
 
     def publish_compaction(self, new: CompactionState, expected: CompactionState,
                            requirements: tuple[PublishRequirement, ...] = ()) -> CompactionState:

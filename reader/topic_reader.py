@@ -29,6 +29,7 @@ from shale.metadata.topic import TopicMetadata
 from shale.reader.arrow import DEFAULT_BATCH_ROWS, DEFAULT_MAX_BATCH_BYTES, BatchReader, require_pyarrow, schema
 from shale.reader.arrow import require as _require
 from shale.reader.gaps import Gap, GapListener, OnGap, check_on_gap, log_gap, log_start
+from shale.storage import StorageOptions
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -65,12 +66,16 @@ class TopicReader:
     every gap gone past (default: a warning on the ``shale.reader`` logger).  Removed
     ledgers the reader had listed are still read while their objects last (they stay for
     the orphan grace), so a reader only a little behind loses nothing.
+
+    ``storage_options`` say how to reach the topic's storage
+    (:class:`~shale.storage.StorageOptions`; read from the environment when not given).
     """
 
     def __init__(self, topic_uri: str, *, metadata_uri: str | None = None, read_compacted: bool = False,
                  start: Position = EARLIEST, chunk_bytes: int = DEFAULT_CHUNK_BYTES, follow: bool = False,
-                 poll_interval: float = 1.0, on_gap: OnGap = "error", gap_listener: GapListener | None = None) -> None:
-        self.meta = TopicMetadata.open(topic_uri, metadata_uri)
+                 poll_interval: float = 1.0, on_gap: OnGap = "error", gap_listener: GapListener | None = None,
+                 storage_options: StorageOptions | None = None) -> None:
+        self.meta = TopicMetadata.open(topic_uri, metadata_uri, storage_options)
         self.read_compacted = read_compacted
         self.chunk_bytes = chunk_bytes
         #: iterating never ends: it waits for new ledgers, looking every ``poll_interval`` s

@@ -22,12 +22,12 @@ from typing import Any, Final
 from shale.export_target import open_output
 from shale.ledger.errors import InvalidInputError
 from shale.ledger.reader import DEFAULT_CHUNK_BYTES
-from shale.ledger.storage import ObjectWriter
 from shale.reader import TopicReader
 from shale.reader.arrow import DEFAULT_MAX_BATCH_BYTES, require_pyarrow, schema
 from shale.reader.latest import table_batches, table_messages
 from shale.reader.topic_reader import EARLIEST, Position
 from shale.settings.units import count
+from shale.storage import ObjectWriter
 
 __all__ = ["CODECS", "FORMATS", "JSONL_BLOCK_BYTES", "ExportResult", "export_topic", "format_of"]
 

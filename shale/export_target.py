@@ -59,7 +59,6 @@ from shale.ledger.errors import (
     TransientStorageError,
     error_line,
 )
-from shale.ledger.storage import Location, ObjectStore, ObjectWriter, resolve
 from shale.metadata.layout import (
     COMPACTED_DIR,
     DICTIONARY_DIR,
@@ -69,6 +68,7 @@ from shale.metadata.layout import (
     is_run_dir,
 )
 from shale.metadata.topic import TopicMetadata
+from shale.storage import Location, ObjectStore, ObjectWriter, resolve
 
 __all__ = ["STDOUT_NAMES", "Output", "is_stdout", "open_output", "temporary_name"]
 

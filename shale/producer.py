@@ -12,6 +12,7 @@ interleaved.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import time
@@ -25,15 +26,13 @@ from typing import Any, Final
 import numpy as np
 
 from shale.columns import DEFAULT_KEY_FIELD, DEFAULT_VALUE_FIELD, Fields, check_event_times, record_columns
-from shale.ledger._retry import ConflictPolicy
 from shale.ledger.codecs import DEFAULT_COMPRESSION, Buffer, Codec, Compression, compress, parse_compression
 from shale.ledger.encoder import EncodedColumns, RecordColumns, Refused, encode_columns, entry_end, entry_of
 from shale.ledger.errors import (
     ConflictError,
     InvalidInputError,
     RecordTooLargeError,
-    StateUnknownError,
-    TransientStorageError,
+    StorageError,
 )
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, KIND_ORIGINAL
 from shale.ledger.ids import MessageId
@@ -52,6 +51,7 @@ from shale.metadata.layout import ledger_object_name
 from shale.metadata.state import LedgerInfo, TopicState
 from shale.metadata.topic import TopicMetadata
 from shale.settings.units import count
+from shale.storage import Location, StorageOptions
 
 __all__ = ["ProduceResult", "SealedLedger", "TopicWriter"]
 
@@ -68,15 +68,38 @@ UNREGISTERED_MAX_AGE_S: Final = 300.0
 @dataclass(slots=True)
 class _Upload:
     """A sealed ledger between registration attempts: its bytes (re-labelled when another
-    writer took its id), its unique name suffix, and the names whose registration had an
-    unknown outcome: such a write may still land, even after a later read did not show it
-    (a request can outlive the client's timeout), so such an object is never deleted here
-    and a later listing of it counts as this writer's."""
+    writer took its id), its unique name suffix, the name of its latest upload, and the
+    names whose registration had an unknown outcome: such a write may still land, even
+    after a later read did not show it (a request can outlive the client's timeout), so
+    such an object is never deleted here and a later listing of it counts as this
+    writer's."""
 
     data: bytes
     label: int
     nonce: str
     uncertain: set[str] = field(default_factory=set)
+    pending: str | None = None
+
+    @property
+    def names(self) -> set[str]:
+        """Every name under which this ledger may be registered."""
+        return self.uncertain | ({self.pending} if self.pending else set())
+
+    def unknown(self, _error: StorageError) -> None:
+        """The latest registration's outcome is unknown: its object is never deleted."""
+        if self.pending:
+            self.uncertain.add(self.pending)
+
+    def drop_pending(self, topic: Location) -> None:
+        """Delete the latest upload, known not to be registered (unless it is uncertain)."""
+        if self.pending is not None and self.pending not in self.uncertain:
+            topic.store.delete(topic.key(self.pending))
+        self.pending = None
+
+
+def _registered(state: TopicState, names: set[str]) -> LedgerInfo | None:
+    """The ledger list's entry for one of ``names`` (this writer's uploads), if any."""
+    return next((lg for lg in state.ledgers if lg.object in names), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +196,9 @@ def _size(b: bytes | bytearray | memoryview | None) -> int:
 class TopicWriter:
     """Appends records to a topic; use it as a context manager (closing flushes).
 
+    ``storage_options`` say how to reach the topic's storage
+    (:class:`~shale.storage.StorageOptions`; read from the environment when not given).
+
     >>> with TopicWriter("/tmp/topics/users") as w:          # doctest: +SKIP
     ...     w.append(b"user-1", b"alice@example.com")
     >>> w.result.last_id                                      # doctest: +SKIP
@@ -191,10 +217,11 @@ class TopicWriter:
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         register_attempts: int = 50,
         clock: Callable[[], float] = time.time,
+        storage_options: StorageOptions | None = None,
     ) -> None:
         if max_ledger_records < 1 or max_ledger_bytes < 1 or batch_size < 1 or max_entry_bytes < 1:
             raise InvalidInputError("max ledger records, max ledger bytes, max entry bytes and batch size must be >= 1")
-        self.meta = TopicMetadata.open(topic_uri, metadata_uri)
+        self.meta = TopicMetadata.open(topic_uri, metadata_uri, storage_options)
         if isinstance(compression, str):
             compression = parse_compression(compression)
         self._compression = resolve_compression(
@@ -368,61 +395,55 @@ class TopicWriter:
             return
         ledger.finish()
         upload = _Upload(buf.getvalue(), ledger.ledger_id, uuid.uuid4().hex[:12])
-        retrying = ConflictPolicy(attempts=self.register_attempts).retrying(f"{self.meta.uri}: registering a ledger")
         try:
-            lid, name = retrying(self._register_once, ledger, upload)
+            self._state = self.meta.update_topic(functools.partial(self._with_ledger, ledger, upload),
+                                                 current=self._state, attempts=self.register_attempts,
+                                                 what="registering a ledger", on_unknown=upload.unknown)
         except ConflictError as exc:
-            raise ConflictError(
-                f"{self.meta.uri}: could not register a ledger after {self.register_attempts} attempts; "
-                "too many writers are appending to this topic at once") from exc
+            # The last attempt lost, or its outcome is unknown: an upload may be registered all the same.
+            self._state = self.meta.load_topic()
+            if _registered(self._state, upload.names) is None:
+                upload.drop_pending(self.meta.topic)
+                raise ConflictError(
+                    f"{self.meta.uri}: could not register a ledger after {self.register_attempts} attempts; "
+                    "too many writers are appending to this topic at once") from exc
+        got = _registered(self._state, upload.names)
+        assert got is not None  # the list written, or read, holds one of this writer's uploads
+        if got.object != upload.pending:
+            upload.drop_pending(self.meta.topic)  # an earlier upload landed late; this one is not needed
+        lid, name = got.id, got.object
         self._sealed.append(SealedLedger(
             lid, name, ledger.n_records, ledger.n_entries, len(upload.data), MessageId(lid, 0, 0),
             MessageId(lid, ledger.n_entries - 1, ledger.last_entry_records - 1),
         ))
         self._ledger = self._buf = None
 
-    def _register_once(self, ledger: LedgerWriter, upload: _Upload) -> tuple[int, str]:
-        """Upload the ledger as the next free id and register it with one compare-and-swap:
-        its id and object name, or :class:`ConflictError` to try again on a fresh state."""
-        state, store, topic = self._state, self.meta.topic.store, self.meta.topic
+    def _with_ledger(self, ledger: LedgerWriter, upload: _Upload, state: TopicState) -> TopicState | None:
+        """The ledger list ``state`` with the ledger uploaded as its next free id (the
+        change :meth:`TopicMetadata.update_topic` swaps in, again on a fresh list after a
+        conflict), or ``None`` when one of this writer's uploads is registered already (a
+        registration whose outcome was unknown landed after all).
+
+        A registration whose outcome is unknown may have landed: the ledger list read
+        again says, and an object that might be registered is never deleted (an
+        unregistered one is left to garbage collection)."""
+        if _registered(state, upload.names) is not None:
+            return None
+        topic = self.meta.topic
+        upload.drop_pending(topic)  # the last attempt lost its race: nothing names its upload
         lid = state.last_ledger_id + 1
         if lid != upload.label:
             upload.data, upload.label = relabel_ledger(upload.data, lid), lid
         name = ledger_object_name(lid, upload.nonce)
-        key = topic.key(name)
-        store.put(key, upload.data)
+        topic.store.put(topic.key(name), upload.data)
+        upload.pending = name
         uploaded = time.monotonic()
         info = LedgerInfo(lid, name, ledger.n_entries, ledger.n_records, len(upload.data),
                           self._first_publish, self._last_publish, int(self._clock() * 1000),
                           len(upload.data) + ledger.bytes_saved)
-        try:
-            if time.monotonic() - uploaded > UNREGISTERED_MAX_AGE_S:
-                raise ConflictError("upload too old to register safely")
-            self._state = self.meta.append_ledger(info, state)
-        except ConflictError:
-            self._state = self.meta.load_topic()
-            if self._registered(upload.uncertain | {name}) is None:
-                if name not in upload.uncertain:
-                    store.delete(key)
-                raise
-        except (StateUnknownError, TransientStorageError) as exc:
-            # The registration may have landed: the ledger list says.  Never delete an
-            # object that might be registered; an unregistered one is left to garbage
-            # collection.
-            upload.uncertain.add(name)
-            self._state = self.meta.load_topic()
-            if self._registered(upload.uncertain) is None:
-                raise ConflictError(f"registering {name}: outcome unknown and not registered") from exc
-        got = self._registered(upload.uncertain | {name})
-        if got is not None and got.object != name:
-            if name not in upload.uncertain:
-                store.delete(key)  # an earlier upload landed late; this one is not needed
-            return got.id, got.object
-        return lid, name
-
-    def _registered(self, names: set[str]) -> LedgerInfo | None:
-        """The ledger list's entry for one of ``names`` (this writer's uploads), if any."""
-        return next((lg for lg in self._state.ledgers if lg.object in names), None)
+        if time.monotonic() - uploaded > UNREGISTERED_MAX_AGE_S:
+            raise ConflictError("upload too old to register safely")
+        return self.meta.appended(state, info)
 
     # --------------------------------------------------------------------- closing
 

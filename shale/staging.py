@@ -37,9 +37,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from shale.ledger._retry import ConflictPolicy
 from shale.ledger.errors import ConflictError, InvalidInputError, ObjectNotFoundError
-from shale.ledger.storage import ObjectStore
 from shale.ledger.writer import relabel_ledger
 from shale.metadata.layout import (
     LEDGER_DIR,
@@ -53,6 +51,7 @@ from shale.metadata.layout import (
 from shale.metadata.state import LedgerInfo, TopicState
 from shale.metadata.topic import TopicMetadata
 from shale.producer import UNREGISTERED_MAX_AGE_S, TopicWriter
+from shale.storage import ObjectStore
 
 __all__ = ["LABEL_STRIDE", "StagedLedger", "StagingWriter", "discard_staged", "finish_write", "new_write_id",
            "register_staged"]
@@ -155,21 +154,21 @@ def register_staged(meta: TopicMetadata, staged: Iterable[StagedLedger], attempt
     todo = [s.ledger for s in _unique(staged)]
     if not todo:
         return meta.load_topic()
+
+    def registered(state: TopicState) -> TopicState:
+        nonlocal todo
+        if todo[0].id <= state.last_ledger_id:
+            todo = [_rewritten(meta, info, state.last_ledger_id + 1 + k) for k, info in enumerate(todo)]
+        else:
+            todo = [_rewritten(meta, info, info.id) if _too_old(meta, info) else info for info in todo]
+        now = int(time.time() * 1000)
+        return replace(state, ledgers=(*state.ledgers, *(replace(i, sealed_ms=now) for i in todo)))
+
     try:
-        for attempt in ConflictPolicy(attempts).retrying(f"{meta.uri}: registering a write's ledgers"):
-            with attempt:
-                state = meta.load_topic()
-                if todo[0].id <= state.last_ledger_id:
-                    todo = [_rewritten(meta, info, state.last_ledger_id + 1 + k) for k, info in enumerate(todo)]
-                else:
-                    todo = [_rewritten(meta, info, info.id) if _too_old(meta, info) else info for info in todo]
-                now = int(time.time() * 1000)
-                new = replace(state, ledgers=(*state.ledgers, *(replace(i, sealed_ms=now) for i in todo)))
-                return meta.replace_topic(new, state)
+        return meta.update_topic(registered, attempts=attempts, what="registering a write's ledgers")
     except ConflictError as exc:
         raise ConflictError(f"{meta.uri}: could not register the write's ledgers after {attempts} attempts; "
                             "too many writers are appending to this topic at once") from exc
-    raise AssertionError("unreachable")
 
 
 def _too_old(meta: TopicMetadata, info: LedgerInfo) -> bool:

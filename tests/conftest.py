@@ -34,7 +34,7 @@ def moto_endpoint() -> Iterator[str]:
                       AWS_SECRET_ACCESS_KEY="testing-secret-key", AWS_DEFAULT_REGION="us-east-1")
     os.environ.pop("AWS_SESSION_TOKEN", None)
     os.environ.pop("AWS_PROFILE", None)
-    from shale.ledger.storage import clear_backend_cache
+    from shale.storage import clear_backend_cache
 
     clear_backend_cache()
     try:

@@ -13,10 +13,10 @@ import pytest
 
 from shale.ledger.format import FRAME_HEADER
 from shale.ledger.reader import LedgerFile
-from shale.ledger.storage import resolve
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
+from shale.storage import resolve
 from tests.conftest import run_cli
 
 

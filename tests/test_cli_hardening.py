@@ -17,10 +17,10 @@ import pytest
 from shale.cli.errors import exit_code_of
 from shale.compactor import Compactor
 from shale.ledger.errors import StoragePermissionError
-from shale.ledger.storage import clear_backend_cache
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
+from shale.storage import clear_backend_cache
 from tests.conftest import run_cli
 from tests.test_cli_errors import one_line_error
 
@@ -138,8 +138,8 @@ def test_access_denied_is_a_permission_error_exit_2_on_every_backend() -> None:
     import botocore.exceptions as bex
     import fsspec
 
-    from shale.ledger._fsspec import FsspecStore
-    from shale.ledger._s3 import _translate
+    from shale.storage._fsspec import FsspecStore
+    from shale.storage._s3 import _translate
 
     denied = bex.ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"},
                               "ResponseMetadata": {"HTTPStatusCode": 403}}, "GetObject")

@@ -29,11 +29,11 @@ from shale.ledger.format import FORMAT_VERSION, KIND_COMPACTED, KIND_ORIGINAL
 from shale.ledger.ids import MessageId
 from shale.ledger.reader import LedgerFile
 from shale.ledger.record import Message, Record
-from shale.ledger.storage import resolve
 from shale.ledger.writer import LedgerWriter, encode_entry
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TableView, TopicReader
+from shale.storage import resolve
 from tests import objects, tamper
 from tests.conftest import run_cli
 

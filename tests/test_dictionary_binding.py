@@ -252,8 +252,8 @@ def test_scrub_hashes_every_form_of_key_a_record_may_have() -> None:
     from shale.ledger.format import KIND_ORIGINAL
     from shale.ledger.reader import LedgerFile
     from shale.ledger.record import Record
-    from shale.ledger.storage import resolve
     from shale.ledger.writer import LedgerWriter, encode_entry
+    from shale.storage import resolve
 
     keys = [None, b"", b"k" * 5, b"m" * 300, b"n" * 70_000, b"tail"]
     records = [Record(k, b"v" * 20, {"i": str(i)}, 1000 + i) for i, k in enumerate(keys)]

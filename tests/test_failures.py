@@ -13,8 +13,6 @@ import pytest
 from shale.cli.errors import exit_code_of
 from shale.compactor import Compactor, parse_duration
 from shale.compactor.units import format_duration
-from shale.ledger._retry import RetryPolicy
-from shale.ledger._s3 import S3Store
 from shale.ledger.errors import (
     AlreadyExistsError,
     ConflictError,
@@ -26,6 +24,8 @@ from shale.ledger.errors import (
 from shale.ledger.reader import LedgerFile
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
+from shale.storage._s3 import S3Store
+from shale.storage.retry import RetryPolicy
 from tests.conftest import run_cli
 
 

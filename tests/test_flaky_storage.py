@@ -74,8 +74,8 @@ def test_conditional_writes_whose_answers_are_lost_are_never_taken_for_conflicts
     policy may retry (it recognises its own landed write); were the S3 client to retry on
     its own, its second attempt would fail the precondition its first one changed, and a
     single writer would see a conflict that never was."""
-    from shale.ledger._s3 import S3Store
     from shale.ledger.errors import ConflictError
+    from shale.storage._s3 import S3Store
 
     with FlakyProxy(moto_endpoint, {"lost": 0.3}, seed=11, methods=frozenset({"PUT"})) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)

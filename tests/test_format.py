@@ -40,8 +40,8 @@ from shale.ledger.format import (
 from shale.ledger.ids import MAX_ID, MIN_ID, MessageId
 from shale.ledger.reader import LedgerFile
 from shale.ledger.record import Message, Record, decode_records, encode_record, key_hash
-from shale.ledger.storage import Location, ObjectStore, resolve
 from shale.ledger.writer import EncodedEntry, LedgerWriter, encode_entry, relabel_ledger
+from shale.storage import Location, ObjectStore, resolve
 
 _HEADER_FMT = "<8sHBBQqI"
 _TRAILER_FMT = "<QQQqIHBB4xI8s"

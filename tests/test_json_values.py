@@ -91,7 +91,7 @@ def test_json_values_are_stored_and_printed_byte_for_byte(disk_topic_uri: str) -
     assert strict(r.stdout)["value"].encode() == EXAMPLE, r.stderr
     out = f"{disk_topic_uri}-export.jsonl"
     assert run_cli("export", disk_topic_uri, out, "--format", "jsonl").returncode == 0
-    from shale.ledger.storage import resolve
+    from shale.storage import resolve
 
     target = resolve(out)
     exported = target.store.get(target.prefix).decode().split("\n")[:-1]
@@ -167,7 +167,7 @@ def test_value_format_json_prints_strict_json_whatever_the_value(disk_topic_uri:
         strict(line)
     out = f"{disk_topic_uri}-all.jsonl"
     assert run_cli("export", disk_topic_uri, out, "--format", "jsonl").returncode == 0
-    from shale.ledger.storage import resolve
+    from shale.storage import resolve
 
     target = resolve(out)
     exported = target.store.get(target.prefix).decode().split("\n")

@@ -1097,7 +1097,7 @@ def test_start_writeback_is_a_hint(tmp_path: Path) -> None:
 
 def test_local_writes_start_writeback_as_they_go_and_still_sync(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    import shale.ledger._local as local
+    import shale.storage._local as local
 
     kicks: list[tuple[int, int]] = []
     syncs: list[int] = []

@@ -22,11 +22,11 @@ import pytest
 
 from shale.cli.errors import exit_code_of
 from shale.compactor import CompactionConfig, Compactor, collect_garbage
-from shale.ledger._local import LocalStore
 from shale.ledger.errors import NotAnObjectError, ObjectNotFoundError, StorageError, StoragePermissionError
-from shale.ledger.storage import Location, ObjectInfo, resolve
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
+from shale.storage import Location, ObjectInfo, resolve
+from shale.storage._local import LocalStore
 
 ROOT = Path(__file__).resolve().parent.parent
 LONG_AGO = time.time() - 400 * 86_400
@@ -219,7 +219,7 @@ def test_a_link_to_dev_zero_is_refused_without_reading_it(base: Path) -> None:
     key = str(base / "zero.ledger").lstrip("/")
     code = textwrap.dedent(f"""
         import resource
-        from shale.ledger._local import LocalStore
+        from shale.storage._local import LocalStore
         from shale.ledger.errors import NotAnObjectError
         used = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
         resource.setrlimit(resource.RLIMIT_AS, (used + (1 << 30), used + (1 << 30)))

@@ -365,7 +365,6 @@ def test_the_setting_is_a_flag_and_a_variable_and_is_checked(tmp_path: Path) -> 
 
 def test_the_spark_source_reads_batches_within_its_budget(tmp_path: Path) -> None:
     pytest.importorskip("pyspark")
-    from shale.compactor.spark.environment import ForwardedEnvironment
     from shale.spark.source import ReadOptions, read_partition
 
     uri = str(tmp_path / "t")
@@ -373,7 +372,7 @@ def test_the_spark_source_reads_batches_within_its_budget(tmp_path: Path) -> Non
     opts = ReadOptions.of({"path": uri, "maxBatchBytes": "1MiB", "batchRows": "100000"})
     assert opts.max_batch_bytes == MiB
     batches = [b for s in plan_splits(TopicMetadata.open(uri), compacted=False)
-               for b in read_partition(opts, ForwardedEnvironment(), s)]
+               for b in read_partition(opts, s)]
     assert all(b.num_rows == 1 or b.nbytes <= MiB for b in batches)
     assert sum(b.num_rows for b in batches) == len(TopicReader(uri).read())
     with pytest.raises(ValueError, match="maxBatchBytes"):

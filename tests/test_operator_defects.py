@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from shale.ledger.errors import RecordTooLargeError
-from shale.ledger.storage import register_backend, resolve
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
+from shale.storage import register_backend, resolve
 from tests.conftest import run_cli
 
 # ------------------------------------------------------------ an oversized record
@@ -74,7 +74,7 @@ def test_the_python_api_keeps_memory_topics() -> None:
 def _fsspec_memory(netloc: str):  # type: ignore[no-untyped-def]
     import fsspec
 
-    from shale.ledger._fsspec import FsspecStore
+    from shale.storage._fsspec import FsspecStore
 
     return FsspecStore(fsspec.filesystem("memory"), "fsmem", netloc)
 

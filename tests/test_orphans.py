@@ -18,14 +18,15 @@ import pytest
 from shale.compactor.dictionary import train_dictionary
 from shale.compactor.gc import collect_garbage
 from shale.ledger.errors import ConflictError
-from shale.ledger.storage import resolve
 from shale.metadata import dictionaries
 from shale.metadata.dictionaries import register_dictionary
+from shale.metadata.documents import DocumentStore
 from shale.metadata.layout import UNREGISTERED_MAX_AGE_MS, staging_done_name, staging_task_name
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
 from shale.staging import StagingWriter, new_write_id
+from shale.storage import resolve
 from tests.conftest import make_root, run_cli
 from tests.tamper import read_raw
 
@@ -155,15 +156,18 @@ def test_a_dictionary_whose_registration_failed_is_collected_and_a_registered_on
     kept = train_dictionary(meta, size=4096, rng=random.Random(1)).dictionary
     register_dictionary(meta, kept)
     failed = train_dictionary(meta, size=4096, rng=random.Random(2)).dictionary
-    real = TopicMetadata.replace_topic
+    real = DocumentStore.replace
+    appended: list[bool] = []
 
-    def another_writer_first(self: TopicMetadata, new: Any, expected: Any) -> Any:
+    def another_writer_first(self: DocumentStore, name: str, *args: Any, **kwargs: Any) -> Any:
         # between the dictionary's upload (done) and its registration: a producer appends
-        with TopicWriter(uri) as w:
-            w.append("meanwhile", "x")
-        return real(self, new, expected)
+        if name == "topic.json" and not appended:
+            appended.append(True)
+            with TopicWriter(uri) as w:
+                w.append("meanwhile", "x")
+        return real(self, name, *args, **kwargs)
 
-    monkeypatch.setattr(TopicMetadata, "replace_topic", another_writer_first)
+    monkeypatch.setattr(DocumentStore, "replace", another_writer_first)
     with pytest.raises(ConflictError, match="the dictionary was not registered"):
         register_dictionary(meta, failed, attempts=1)
     monkeypatch.undo()

@@ -191,8 +191,8 @@ def test_a_failed_write_during_an_incremental_run_publishes_nothing_and_leaves_n
     only after the failure; a vector is written only once the copy has failed."""
     import threading
 
-    from shale.ledger._local import LocalStore
-    from shale.ledger.storage import ObjectWriter
+    from shale.storage import ObjectWriter
+    from shale.storage._local import LocalStore
 
     guard_s = 60  # only reached if the run does not overlap the two writes
     uri = str(tmp_path / "t")

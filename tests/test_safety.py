@@ -13,16 +13,16 @@ import pytest
 
 from shale.compactor import CompactionConfig, Compactor, collect_garbage
 from shale.compactor.job import HEARTBEAT_MAX_GAP_S, _Heartbeat
-from shale.ledger._fsspec import _mtime
 from shale.ledger.errors import CorruptLedgerError, StateUnknownError
 from shale.ledger.format import FORMAT_VERSION, KIND_ORIGINAL, Trailer, checksum, decode_trailer, encode_trailer
 from shale.ledger.reader import LedgerFile
 from shale.ledger.record import Record
-from shale.ledger.storage import ObjectStore, resolve
 from shale.ledger.writer import LedgerWriter, encode_entry
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
+from shale.storage import ObjectStore, resolve
+from shale.storage._fsspec import _mtime
 
 
 def _produce(uri: str, n: int = 60, keys: int = 6) -> None:
@@ -157,8 +157,8 @@ def test_producer_registration_that_lands_after_it_was_looked_for(uri: str) -> N
 def test_s3_retry_that_finds_another_body_is_unknown_not_a_conflict(s3_bucket: str) -> None:
     import boto3
 
-    from shale.ledger._retry import RetryPolicy
-    from shale.ledger._s3 import S3Store
+    from shale.storage._s3 import S3Store
+    from shale.storage.retry import RetryPolicy
 
     raw = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name="us-east-1")
 

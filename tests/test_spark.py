@@ -12,6 +12,7 @@ import sys
 import time
 import zipfile
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,11 @@ import pytest
 
 from shale.compactor import CompactionConfig, Compactor, RunSummary, collect_garbage
 from shale.compactor.plan import make_plan
-from shale.compactor.spark import ForwardedEnvironment, SparkOptions
+from shale.compactor.spark import SparkOptions
 from shale.compactor.spark.engine import SparkEngine, _package_zip
 from shale.compactor.spark.tasks import SplitSpec, cut_slice, group_splits
 from shale.ledger.codecs import Codec, parse_compression
-from shale.ledger.errors import CorruptLedgerError, InvalidInputError
+from shale.ledger.errors import CorruptLedgerError, InvalidInputError, ShaleError
 from shale.ledger.reader import LedgerFile
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
@@ -253,25 +254,34 @@ def test_spark_engine_refuses_a_memory_topic(engine: SparkEngine) -> None:
         Compactor(uri, clock=lambda: 1_700_000_000.0 + HOUR, engine=engine).run()
 
 
-def test_executors_get_storage_settings_only_through_the_engine(engine: SparkEngine,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """The Spark workers were started without AWS variables; the forwarded environment
-    reaches them, and its repr names variables but never shows a value."""
-    monkeypatch.setenv("AWS_SESSION_TOKEN", "token-value-8d1f")
-    env = ForwardedEnvironment.capture()
-    assert "AWS_SESSION_TOKEN" in env.names and "token-value-8d1f" not in repr(env) + str(env)
-    assert "AWS_SESSION_TOKEN" not in ForwardedEnvironment.capture(credentials=False).names
+@pytest.mark.s3
+def test_executors_reach_s3_through_the_shipped_store_and_keep_their_environment(
+        engine: SparkEngine, s3_bucket: str) -> None:
+    """The Spark workers were started without AWS variables: the tasks reach moto through
+    the topic's store, pickled with the driver's storage options, and nothing is written
+    to their environment.  Without forwarded credentials they have none of their own."""
+    uri = f"s3://{s3_bucket}/topics/t"
+    produce(uri, seed=31, n=600, t=1_700_000_000.0)
+    summary = Compactor(uri, clock=lambda: 1_700_000_000.0 + HOUR, engine=engine).run()
+    assert summary.status == "compacted" and len(compacted(uri)) == summary.records_written > 0, summary.error
     sc = engine.session.sparkContext
 
-    def probe(apply: bool) -> list[str | None]:
-        def task(_: Any) -> Iterator[str | None]:
-            if apply:
-                env.apply()
-            yield os.environ.get("AWS_SESSION_TOKEN")
-        return sc.parallelize([0], 1).mapPartitions(task).collect()
+    def environment(_: Any) -> Iterator[list[str]]:
+        yield sorted(k for k in os.environ if k in AWS_VARS)
 
-    assert probe(False) == [None]
-    assert probe(True) == ["token-value-8d1f"]
+    assert sc.parallelize(range(2), 2).mapPartitions(environment).collect() == [[], []]
+    loc = TopicMetadata.open(uri).topic
+
+    def read(_: Any) -> Iterator[bytes]:
+        yield loc.store.get(loc.key("_meta", "topic.json"))[:1]
+
+    assert sc.parallelize(range(2), 2).mapPartitions(read).collect() == [b"{", b"{"]
+
+    produce(uri, seed=32, n=50, t=1_700_000_000.0 + 60)
+    on_their_own = SparkEngine(replace(engine.options, forward_credentials=False), session=engine.session)
+    with pytest.raises(ShaleError, match="no AWS credentials"):
+        Compactor(uri, clock=lambda: 1_700_000_000.0 + 2 * HOUR, engine=on_their_own).run()
+    assert TopicMetadata.open(uri).load_compaction().epoch == 1
 
 
 def test_shipped_code_zip_holds_every_module(tmp_path: Path) -> None:

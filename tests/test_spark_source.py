@@ -200,11 +200,11 @@ def test_a_failed_write_registers_nothing(spark: Any, tmp_path: Path) -> None:
 def _writer(uri: str) -> Any:
     from pyspark.sql.types import StringType, StructField, StructType
 
-    from shale.compactor.spark.environment import ForwardedEnvironment
     from shale.spark.source import ShaleWriter
+    from shale.storage import StorageOptions
 
     schema = StructType([StructField("key", StringType()), StructField("value", StringType())])
-    return ShaleWriter({"path": uri, "maxLedgerRecords": "10"}, schema, ForwardedEnvironment.capture())
+    return ShaleWriter({"path": uri, "maxLedgerRecords": "10"}, schema, StorageOptions.from_environment())
 
 
 def _batch(first: int, n: int) -> Any:

@@ -35,7 +35,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
 
 from shale.ledger.errors import AlreadyExistsError, ConflictError, ObjectNotFoundError
-from shale.ledger.storage import ObjectStore, resolve
+from shale.storage import ObjectStore, resolve
 
 LONG = os.environ.get("SHALE_LONG_TESTS") == "1"
 

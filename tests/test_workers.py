@@ -186,7 +186,7 @@ def test_available_cpus_is_at_least_one() -> None:
 def test_frame_check_names_the_entry(tmp_path: Path) -> None:
     """The vectorised frame check finds a flipped byte in any entry of a chunk."""
     from shale.ledger.reader import LedgerFile
-    from shale.ledger.storage import resolve
+    from shale.storage import resolve
 
     uri = str(tmp_path / "t")
     produce(uri, 1, 2_000, 100, T0)

@@ -1,4 +1,4 @@
-"""Writes done in a thread of their own (:mod:`ledger.write_behind`): order kept, the
+"""Writes done in a thread of their own (:mod:`shale.storage.write_behind`): order kept, the
 caller told when a buffer is free again, failures raised, nothing written after abort.
 
 No test measures time: a write is held by an event (the caller goes on while it is in
@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from shale.ledger.storage import ObjectWriter
-from shale.ledger.write_behind import WriteBehind
+from shale.storage import ObjectWriter
+from shale.storage.write_behind import WriteBehind
 
 DEADLOCK_GUARD_S = 30  # only ever reached when the code under test is broken
 

@@ -5,7 +5,6 @@ Import :class:`SparkEngine` from :mod:`compactor.spark.engine`; that module need
 command line can say how to install it.
 """
 
-from shale.compactor.spark.environment import ForwardedEnvironment
 from shale.compactor.spark.options import SparkOptions, SparkUnavailableError, require_pyspark
 
-__all__ = ["ForwardedEnvironment", "SparkOptions", "SparkUnavailableError", "require_pyspark"]
+__all__ = ["SparkOptions", "SparkUnavailableError", "require_pyspark"]

@@ -34,7 +34,6 @@ from shale.compactor.keyfilter import KeyFilter
 from shale.compactor.keymap import KEY_BYTES
 from shale.compactor.pass_two import PassTwoResult
 from shale.compactor.plan import Plan
-from shale.compactor.spark.environment import ForwardedEnvironment
 from shale.compactor.spark.options import REDUCE_RECORDS_PER_PARTITION, SparkOptions, SparkUnavailableError
 from shale.compactor.spark.splits import Reports, plan_writes, slice_specs, task_of_splits
 from shale.compactor.spark.tasks import (
@@ -53,8 +52,8 @@ from shale.compactor.spark.tasks import (
     write_task,
 )
 from shale.ledger.errors import InvalidInputError, ShaleError
-from shale.ledger.storage import Location
 from shale.metadata.state import CompactedPart
+from shale.storage import Location
 
 __all__ = ["SparkEngine", "SparkJobError", "open_session"]
 
@@ -308,7 +307,9 @@ class SparkEngine:
         if specs:
             sc = self.session.sparkContext
             tasks = group_splits(specs, self.options.split_bytes, self.options.split_records)
-            ctx = TaskContext(topic.uri, ForwardedEnvironment.capture(credentials=self.options.forward_credentials),
+            shipped = topic if self.options.forward_credentials else \
+                Location(topic.store.without_credentials(), topic.prefix, topic.uri)
+            ctx = TaskContext(shipped,
                               tuple(specs), np.array([sp.base for sp in specs], dtype=np.int64), tuple(tasks),
                               len(plan.compacted), self.reduce_partitions(records, config), self.options.split_bytes,
                               self.options.split_records, now_ms, config, plan.dictionaries)
@@ -352,7 +353,7 @@ class SparkEngine:
         if not todo:
             return replace(ctx, new_keys=KeyFilter(np.zeros(size // 8, dtype=np.uint8)))
         sc = self.session.sparkContext
-        sc.setJobDescription(f"shale pass one, new keys: {ctx.topic_uri}")
+        sc.setJobDescription(f"shale pass one, new keys: {ctx.topic.uri}")
         bc = sc.broadcast(ctx)
         try:
             filters = sc.parallelize(todo, len(todo)).mapPartitions(functools.partial(_run_filter, bc, size))

@@ -45,9 +45,10 @@ class SparkOptions:
       split at entry boundaries.
     * ``reduce_partitions`` — partitions of pass one's shuffle (default: enough for
       about four million keys each, and at least Spark's default parallelism).
-    * ``forward_credentials`` — send the driver's AWS credential variables to the
-      executors with the tasks (never logged); turn off when executors have their own
-      identity (IRSA, instance profiles).  Endpoint and region are always sent.
+    * ``forward_credentials`` — send the driver's AWS credentials to the executors with
+      the tasks, in the storage options of the topic's store (never logged); turn off when
+      executors have their own identity (IRSA, instance profiles).  Endpoint, region and
+      the other storage options are always sent.
     * ``ship_code`` — add Shale's own packages to the Spark application as a zip
       (default: yes unless the master is ``local``), so executors need only its
       dependencies installed.

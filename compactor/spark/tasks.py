@@ -41,14 +41,13 @@ from shale.compactor.keyfilter import KeyFilter
 from shale.compactor.pass_two import Copy, Work, reuse_part, write_parts, write_vectors
 from shale.compactor.plan import Slice
 from shale.compactor.rules import latest_of_each_key, tombstone_fate
-from shale.compactor.spark.environment import ForwardedEnvironment
 from shale.ledger.codecs import Dictionary, dictionary_source
 from shale.ledger.deletions import read_deletions
 from shale.ledger.errors import CorruptLedgerError, ShaleError, TransientStorageError, error_detail, error_from_detail
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, KIND_COMPACTED
 from shale.ledger.reader import LedgerFile
-from shale.ledger.storage import Location, resolve
 from shale.metadata.state import CompactedPart
+from shale.storage import Location
 
 __all__ = [
     "CANDIDATE",
@@ -147,8 +146,9 @@ class TaskContext:
     """Everything pass one's tasks need, sent once to each executor as a broadcast:
     one whole-slice :class:`SplitSpec` per slice of the plan, nothing per record."""
 
-    topic_uri: str
-    environment: ForwardedEnvironment
+    #: the topic's folder, its store pickled with the options it was opened with (without
+    #: credentials when the engine is told not to forward them)
+    topic: Location
     slices: tuple[SplitSpec, ...]
     bases: npt.NDArray[np.int64]  # slices' first run positions, ascending
     tasks: tuple[tuple[int, int], ...]  # the slices [i0, i1) each map task handles
@@ -162,8 +162,7 @@ class TaskContext:
     new_keys: KeyFilter | None = None  # the new records' keys, when previous parts settle their own
 
     def location(self) -> Location:
-        self.environment.apply()
-        return resolve(self.topic_uri)
+        return self.topic
 
     def open(self, loc: Location, sp: SplitSpec) -> LedgerFile:
         ident = (loc.store.url(sp.key), sp.ledger_id, sp.kind)

@@ -104,7 +104,7 @@ def check_storage(args: argparse.Namespace) -> None:
     topics are each refused on their own, in their summaries, so that one bad topic does
     not stop the others; in-process storage stops the run."""
     from shale.compactor.topics import refuse_a_file
-    from shale.ledger.storage import require, resolve
+    from shale.storage import require, resolve
 
     for dest, is_topic in _STORAGE:
         given = getattr(args, dest, None)

@@ -14,7 +14,10 @@ whose offsets are message ids.  ``docs/spark.md`` has the options.  Needs PySpar
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shale.storage import StorageOptions
 
 __all__ = ["SOURCE_NAME", "register"]
 
@@ -22,22 +25,23 @@ __all__ = ["SOURCE_NAME", "register"]
 SOURCE_NAME = "shale"
 
 
-def register(spark: Any, *, forward_credentials: bool = True) -> None:
+def register(spark: Any, *, forward_credentials: bool = True, storage_options: StorageOptions | None = None) -> None:
     """Register the ``shale`` data source with a Spark session.
 
-    The storage settings of this process's environment (endpoint, region and, unless
-    ``forward_credentials`` is false, static credentials: the variables the Spark engine
-    forwards) travel with the registered source to the processes that plan and run its
-    reads and writes, which Spark may have started with another environment.  Their
-    values are never printed."""
+    ``storage_options`` (default: this process's environment, read now) travel with the
+    registered source to the processes that plan and run its reads and writes, which
+    Spark may have started with another environment; unless ``forward_credentials`` is
+    false, the credentials among them travel too.  Nothing is written to those processes'
+    environments, and the options' secrets are never printed."""
     from shale.compactor.spark import require_pyspark
 
     require_pyspark()
-    from shale.compactor.spark.environment import ForwardedEnvironment
     from shale.spark.source import ShaleDataSource
+    from shale.storage import StorageOptions
 
+    options = StorageOptions.from_environment() if storage_options is None else storage_options
     # A class made here is pickled by value with the registration, its settings with it.
     source = type("ShaleDataSource", (ShaleDataSource,),
-                  {"forwarded": ForwardedEnvironment.capture(credentials=forward_credentials),
+                  {"storage": options if forward_credentials else options.without_credentials(),
                    "__doc__": ShaleDataSource.__doc__})
     spark.dataSource.register(source)

@@ -1,16 +1,17 @@
 """The ``shale`` PySpark data source: batch reads and writes (streaming: :mod:`.stream`).
 
 Everything a task needs travels in the reader or writer object Spark pickles to it: the
-topic's URI, the options, and the storage settings of the driver's environment
-(:class:`~shale.compactor.spark.ForwardedEnvironment`, never printed).  Tasks read and
-write the topic's store directly; the driver only plans (metadata) and registers.
+topic's URI, the options, and the storage options the source was registered with
+(:class:`~shale.storage.StorageOptions`, never printed; nothing is written to a task's
+environment).  Tasks read and write the topic's store directly; the driver only plans
+(metadata) and registers.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pyspark.sql.datasource import (
@@ -24,7 +25,6 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from shale.columns import shift_rows
-from shale.compactor.spark.environment import ForwardedEnvironment
 from shale.compactor.units import parse_size
 from shale.ledger.errors import InvalidInputError, InvalidURIError, ShaleError
 from shale.ledger.ids import MIN_ID
@@ -34,6 +34,7 @@ from shale.reader.arrow import DEFAULT_BATCH_ROWS, DEFAULT_MAX_BATCH_BYTES
 from shale.reader.splits import DEFAULT_SPLIT_RECORDS, Split, plan_splits, read_split
 from shale.reader.topic_reader import EARLIEST, LATEST, parse_position
 from shale.staging import StagedLedger, StagingWriter, discard_staged, finish_write, new_write_id, register_staged
+from shale.storage import StorageOptions
 
 __all__ = ["ShaleDataSource", "SplitPartition"]
 
@@ -86,6 +87,8 @@ class ReadOptions:
     split_records: int
     batch_rows: int
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
+    #: how to reach the topic's storage (None: the environment of the process opening it)
+    storage: StorageOptions | None = None
 
     @classmethod
     def of(cls, options: Mapping[str, str]) -> ReadOptions:
@@ -104,7 +107,7 @@ class ReadOptions:
                           "publish_time timestamp", "event_time timestamp", "tombstone boolean"])
 
     def meta(self) -> TopicMetadata:
-        return TopicMetadata.open(self.uri, self.metadata)
+        return TopicMetadata.open(self.uri, self.metadata, self.storage)
 
 
 class SplitPartition(InputPartition):
@@ -130,9 +133,8 @@ def _arrow_schema(opts: ReadOptions) -> Any:
                       ("publish_time", ts), ("event_time", ts), ("tombstone", pa.bool_())])
 
 
-def read_partition(opts: ReadOptions, env: ForwardedEnvironment, split: Split) -> Iterator[Any]:
+def read_partition(opts: ReadOptions, split: Split) -> Iterator[Any]:
     """A task's work: the split's records as Arrow batches of Spark's column types."""
-    env.apply()
     target = _arrow_schema(opts)
     for batch in read_split(opts.meta(), split, rows=opts.batch_rows, utf8=opts.utf8, id_text=opts.id_text,
                             max_batch_bytes=opts.max_batch_bytes):
@@ -140,13 +142,11 @@ def read_partition(opts: ReadOptions, env: ForwardedEnvironment, split: Split) -
 
 
 class ShaleBatchReader(DataSourceReader):
-    def __init__(self, opts: ReadOptions, start: str, env: ForwardedEnvironment) -> None:
+    def __init__(self, opts: ReadOptions, start: str) -> None:
         self.opts = opts
-        self.env = env
         self.start = start
 
     def partitions(self) -> list[SplitPartition]:
-        self.env.apply()
         meta = self.opts.meta()
         topic = meta.load_topic()
         position = parse_position(self.start)
@@ -158,7 +158,7 @@ class ShaleBatchReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, SplitPartition)
-        return read_partition(self.opts, self.env, partition.split)
+        return read_partition(self.opts, partition.split)
 
 
 # ------------------------------------------------------------------------- writing
@@ -176,7 +176,7 @@ class ShaleWriter(DataSourceArrowWriter):
     them (abort), and with them whatever tasks it did not hear from staged, or stage
     later (:func:`~shale.staging.finish_write`)."""
 
-    def __init__(self, options: Mapping[str, str], schema: StructType, env: ForwardedEnvironment) -> None:
+    def __init__(self, options: Mapping[str, str], schema: StructType, storage: StorageOptions) -> None:
         uri = options.get("path") or options.get("uri")
         if not uri:
             raise InvalidURIError("no topic: save(\"<topic-uri>\") or option(\"path\", ...)")
@@ -194,20 +194,21 @@ class ShaleWriter(DataSourceArrowWriter):
         self.batch_size = _int(options, "batchSize", 1000)
         self.max_ledger_records = _int(options, "maxLedgerRecords", 500_000)
         self.max_record_bytes = _int(options, "maxRecordBytes", DEFAULT_MAX_RECORD_BYTES)
-        meta = TopicMetadata.open(self.uri, self.metadata)
+        #: how to reach the topic's storage, here and in every task
+        self.storage = storage
+        meta = TopicMetadata.open(self.uri, self.metadata, storage)
         self.base = meta.create_topic().last_ledger_id + 1
         self.write_id = new_write_id()
-        self.env = env
 
     def write(self, iterator: Iterator[Any]) -> StagedMessage:
         from pyspark import TaskContext
 
-        self.env.apply()
         ctx = TaskContext.get()
         partition = ctx.partitionId() if ctx is not None else 0
         w = StagingWriter(self.uri, base=self.base, partition=partition, write=self.write_id,
                           metadata_uri=self.metadata, compression=self.compression, batch_size=self.batch_size,
-                          max_ledger_records=self.max_ledger_records, max_record_bytes=self.max_record_bytes)
+                          max_ledger_records=self.max_ledger_records, max_record_bytes=self.max_record_bytes,
+                          storage_options=self.storage)
         rows = 0
         try:
             for batch in iterator:
@@ -224,8 +225,7 @@ class ShaleWriter(DataSourceArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         staged = [s for m in messages if isinstance(m, StagedMessage) for s in m.staged]
-        self.env.apply()
-        meta = TopicMetadata.open(self.uri, self.metadata)
+        meta = TopicMetadata.open(self.uri, self.metadata, self.storage)
         try:
             register_staged(meta, staged)
         except BaseException:
@@ -241,8 +241,7 @@ class ShaleWriter(DataSourceArrowWriter):
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         staged = [s for m in messages if isinstance(m, StagedMessage) for s in m.staged]
-        self.env.apply()
-        meta = TopicMetadata.open(self.uri, self.metadata)
+        meta = TopicMetadata.open(self.uri, self.metadata, self.storage)
         discard_staged(meta, staged)
         finish_write(meta, self.write_id, self.base)
 
@@ -253,14 +252,15 @@ class ShaleWriter(DataSourceArrowWriter):
 class ShaleDataSource(DataSource):
     """``format("shale")``: see :mod:`shale.spark` and ``docs/spark.md``."""
 
-    #: the storage settings :func:`shale.spark.register` captured (none: this process's)
-    forwarded: ForwardedEnvironment = ForwardedEnvironment()
+    #: the storage options :func:`shale.spark.register` captured (none: this process's environment)
+    storage: StorageOptions | None = None
 
-    def _env(self) -> ForwardedEnvironment:
-        """The storage settings, applied here (the planning process) and sent to tasks."""
-        env = self.forwarded if self.forwarded.values else ForwardedEnvironment.capture()
-        env.apply()
-        return env
+    def _storage(self) -> StorageOptions:
+        """The storage options, used here (the planning process) and sent to tasks."""
+        return StorageOptions.from_environment() if self.storage is None else self.storage
+
+    def _read_options(self) -> ReadOptions:
+        return replace(ReadOptions.of(self.options), storage=self._storage())
 
     @classmethod
     def name(cls) -> str:
@@ -270,14 +270,14 @@ class ShaleDataSource(DataSource):
         return ReadOptions.of(self.options).ddl()
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return ShaleBatchReader(ReadOptions.of(self.options), str(self.options.get("start", EARLIEST)), self._env())
+        return ShaleBatchReader(self._read_options(), str(self.options.get("start", EARLIEST)))
 
     def writer(self, schema: StructType, overwrite: bool) -> ShaleWriter:
         if overwrite:
             raise InvalidInputError("a Shale topic is append-only: write with mode(\"append\")")
-        return ShaleWriter(self.options, schema, self._env())
+        return ShaleWriter(self.options, schema, self._storage())
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from shale.spark.stream import ShaleStreamReader
 
-        return ShaleStreamReader(ReadOptions.of(self.options), self.options, self._env())
+        return ShaleStreamReader(self._read_options(), self.options)

@@ -31,7 +31,6 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
-from shale.compactor.spark.environment import ForwardedEnvironment
 from shale.ledger.errors import InvalidInputError, ObjectNotFoundError
 from shale.ledger.format import KIND_ORIGINAL
 from shale.ledger.ids import MIN_ID, MessageId
@@ -47,9 +46,8 @@ _REMEDY = "option failOnDataLoss=false goes on there"
 
 
 class ShaleStreamReader(DataSourceStreamReader):
-    def __init__(self, opts: ReadOptions, options: Mapping[str, str], env: ForwardedEnvironment) -> None:
+    def __init__(self, opts: ReadOptions, options: Mapping[str, str]) -> None:
         self.opts = opts
-        self.env = env
         self.start = str(options.get("start", EARLIEST))
         limit = options.get("maxRecordsPerTrigger")
         try:
@@ -65,7 +63,6 @@ class ShaleStreamReader(DataSourceStreamReader):
         self.fail_on_data_loss = loss in ("true", "1", "yes")
 
     def _end_of_topic(self) -> MessageId:
-        self.env.apply()
         topic = self.opts.meta().load_topic()
         last = topic.ledgers[-1] if topic.ledgers else None
         return MessageId(last.id, last.entries, 0) if last else log_start(topic)
@@ -76,7 +73,6 @@ class ShaleStreamReader(DataSourceStreamReader):
             return {"next": str(self._end_of_topic()), "view": False}
         if position == EARLIEST:
             # the oldest record left (a compacted stream reads the whole view first)
-            self.env.apply()
             start = MIN_ID if self.opts.compacted else log_start(self.opts.meta().load_topic())
             return {"next": str(start), "view": self.opts.compacted}
         offset = {"next": str(position), "view": self.opts.compacted}
@@ -122,7 +118,6 @@ class ShaleStreamReader(DataSourceStreamReader):
 
     def latestOffset(self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None) -> dict[str, Any]:
         start = start or self.initialOffset()
-        self.env.apply()
         position = MessageId.parse(start["next"])
         meta = self.opts.meta()
         topic = meta.load_topic()
@@ -154,7 +149,6 @@ class ShaleStreamReader(DataSourceStreamReader):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[SplitPartition]:
         if start == end:
             return []
-        self.env.apply()
         meta = self.opts.meta()
         topic = meta.load_topic()
         # a batch re-run after a restart: its ledgers may have been removed since it was planned
@@ -167,7 +161,7 @@ class ShaleStreamReader(DataSourceStreamReader):
         assert isinstance(partition, SplitPartition)
         split = partition.split
         try:
-            yield from read_partition(self.opts, self.env, split)
+            yield from read_partition(self.opts, split)
         except ObjectNotFoundError:
             # removed and collected between planning and reading: data lost, not a damaged topic
             topic = self.opts.meta().load_topic()

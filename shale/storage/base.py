@@ -1,4 +1,4 @@
-"""Object storage: one small interface, backends chosen by URI scheme.
+"""The object-store interface: one small ABC every backend implements.
 
 Every backend stores immutable-ish objects under string keys and offers the two
 conditional writes the metadata store is built on:
@@ -6,26 +6,20 @@ conditional writes the metadata store is built on:
 * :meth:`ObjectStore.put_if_absent` — create only (S3 ``If-None-Match: *``);
 * :meth:`ObjectStore.put_if_match` — compare-and-swap on an opaque token (S3 ``If-Match``).
 
-Backends: ``memory://`` (tests), local paths and ``file://``, ``s3://`` (boto3), and any
-other scheme fsspec knows (data only; no compare-and-swap).  What a backend can do is
-declared by class-level flags (:data:`CAPABILITIES`), which callers check up front with
-:func:`require`.
+What a backend can do is declared by class-level flags (:data:`CAPABILITIES`), which
+callers check up front with :func:`require`.  Backends are chosen by URI scheme in
+:mod:`shale.storage.registry`.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.metadata
-import os
-import threading
-import urllib.parse
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from shale.ledger.errors import AlreadyExistsError, InvalidInputError, InvalidURIError, UnsupportedOperationError
-from shale.ledger.masking import mask_secrets, userinfo
+from shale.ledger.masking import mask_secrets
 
 __all__ = [
     "CAPABILITIES",
@@ -33,11 +27,8 @@ __all__ = [
     "ObjectInfo",
     "ObjectStore",
     "ObjectWriter",
-    "clear_backend_cache",
     "mask_uri",
-    "register_backend",
     "require",
-    "resolve",
     "validate_key_part",
 ]
 
@@ -225,6 +216,13 @@ class ObjectStore(ABC):
             except ShaleError:
                 pass  # a leftover marker is a hidden, empty object that nothing reads
 
+    def without_credentials(self) -> ObjectStore:
+        """This store as a process that must use an identity of its own would open it: the
+        same objects, without the credentials it was given (what the Spark engine ships
+        when told not to forward credentials).  A store that holds none is returned as it
+        is."""
+        return self
+
     def unfinished_writes(self, prefix: str) -> Iterator[ObjectInfo]:
         """Writes under ``prefix`` that were started and never finished or aborted — a
         killed writer's temporary file, an incomplete multipart upload.  ``mtime`` is
@@ -284,7 +282,6 @@ def require(store: ObjectStore | Location, capability: str, what: str, *, hint: 
 # --------------------------------------------------------------------------- URIs
 
 _CONTROL: Final = {chr(c) for c in range(32)} | {"\x7f"}
-_HADOOP_S3: Final = frozenset({"s3a", "s3n"})
 #: Credentials hidden in a text (``s3://KEY:SECRET@b/t`` becomes ``s3://****@b/t``,
 #: ``http://user:pw@host`` becomes ``http://user:****@host``, presigned URLs lose their
 #: signatures): one function for every text Shale shows (:mod:`shale.ledger.masking`).
@@ -324,110 +321,3 @@ class Location:
         if not key.startswith(head):
             raise InvalidURIError(f"object {key!r} is outside {self.uri}")
         return key[len(head):]
-
-
-BackendFactory = Callable[[str], ObjectStore]
-_REGISTRY: dict[str, BackendFactory] = {}
-# Keyed by process id too: a client must not cross a fork.
-_CACHE: dict[tuple[str, str, int], ObjectStore] = {}
-_CACHE_LOCK = threading.Lock()
-
-
-def register_backend(scheme: str, factory: BackendFactory) -> None:
-    """Make ``scheme://netloc/...`` URIs open ``factory(netloc)``."""
-    _REGISTRY[scheme] = factory
-    with _CACHE_LOCK:
-        for k in [k for k in _CACHE if k[0] == scheme]:
-            del _CACHE[k]
-
-
-def clear_backend_cache() -> None:
-    """Drop cached stores so the next :func:`resolve` re-reads the environment."""
-    with _CACHE_LOCK:
-        _CACHE.clear()
-
-
-# Built-in backends register themselves when imported; each is imported only when its
-# scheme is first used (the S3 one pulls in boto3's retry machinery).
-_BUILT_IN: Final = {"file": "shale.ledger._local", "memory": "shale.ledger._memory", "s3": "shale.ledger._s3"}
-
-
-#: The entry-point group through which an installed distribution adds a backend: the
-#: entry point's name is the URI scheme, its value a :data:`BackendFactory`, e.g. in the
-#: plugin's pyproject.toml ``[project.entry-points."shale.storage"] gcsx = "mypkg:open_store"``.
-ENTRY_POINT_GROUP: Final = "shale.storage"
-
-
-def _store_for(scheme: str, netloc: str) -> ObjectStore:
-    if scheme not in _REGISTRY and scheme in _BUILT_IN:
-        importlib.import_module(_BUILT_IN[scheme])
-    elif scheme not in _REGISTRY:
-        _register_entry_point(scheme)
-    with _CACHE_LOCK:
-        store = _CACHE.get((scheme, netloc, os.getpid()))
-        if store is None:
-            factory = _REGISTRY.get(scheme)
-            if factory is None:
-                from shale.ledger._fsspec import fsspec_factory
-
-                factory = fsspec_factory(scheme)
-            store = factory(netloc)
-            _CACHE[(scheme, netloc, os.getpid())] = store
-        return store
-
-
-def _register_entry_point(scheme: str) -> None:
-    # Looked up only for a scheme nothing registered: a plugin is imported when first used.
-    found = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP, name=scheme)
-    for entry in found:
-        try:
-            factory = entry.load()
-        except Exception as exc:
-            raise InvalidURIError(f"the storage backend for {scheme}:// ({entry.value}, entry point "
-                                  f"{ENTRY_POINT_GROUP!r}) cannot be loaded: {exc}") from exc
-        register_backend(scheme, factory)
-        return
-
-
-def resolve(uri: str) -> Location:
-    """Turn a URI or local path into a :class:`Location`.
-
-    ``/data/t``, ``./t``, ``file:///data/t`` → local folder; ``s3://bucket/t``;
-    ``memory://name/t``; a scheme an installed plugin declares in the ``shale.storage``
-    entry-point group; any other scheme fsspec supports.
-    """
-    if not isinstance(uri, str) or not uri.strip():
-        raise InvalidURIError("empty URI")
-    if any(c in _CONTROL for c in uri):
-        raise InvalidURIError(f"URI {mask_uri(uri)!r} contains control characters")
-    parts = urllib.parse.urlsplit(uri)
-    scheme = parts.scheme.lower()
-    if scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt"):
-        path = parts.path if scheme == "file" else uri
-        if scheme == "file" and parts.netloc not in ("", "localhost"):
-            raise InvalidURIError(f"file URI {uri!r} names a host; use file:///path")
-        _check_segments(path, uri)
-        # The operator's own path may pass through links (/data -> /mnt/volume); it is
-        # resolved once, here.  Below it the local store follows no link at all.
-        abspath = os.path.realpath(os.path.expanduser(path))
-        return Location(_store_for("file", ""), abspath.strip("/"), abspath)
-    if scheme in _HADOOP_S3:
-        raise InvalidURIError(f"{mask_uri(uri)}: {scheme}:// is Hadoop's name for S3; use "
-                              f"s3://{uri.split('://', 1)[1]}")
-    if "@" in parts.netloc or userinfo(uri.split("://", 1)[1]):
-        raise InvalidURIError(f"URI {mask_uri(uri)} carries credentials: Shale takes them only from the "
-                              "environment (AWS_ACCESS_KEY_ID, AWS_PROFILE, a web identity, an instance role)")
-    if parts.query or parts.fragment:
-        raise InvalidURIError(f"URI {mask_uri(uri)!r} must not have a query or fragment")
-    if not parts.netloc:
-        raise InvalidURIError(f"URI {uri!r} names no bucket or host")
-    _check_segments(parts.path, uri)
-    prefix = "/".join(s for s in parts.path.split("/") if s)
-    canonical = f"{scheme}://{parts.netloc}/{prefix}".rstrip("/")
-    return Location(_store_for(scheme, parts.netloc), prefix, canonical)
-
-
-def _check_segments(path: str, uri: str) -> None:
-    for seg in path.replace("\\", "/").split("/"):
-        if seg == "..":
-            raise InvalidURIError(f"URI {uri!r} must not contain '..'")

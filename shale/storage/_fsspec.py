@@ -21,7 +21,8 @@ from shale.ledger.errors import (
     UnsupportedOperationError,
 )
 from shale.ledger.masking import masked_cause
-from shale.ledger.storage import ObjectInfo, ObjectStore, ObjectWriter
+from shale.storage.base import ObjectInfo, ObjectStore, ObjectWriter
+from shale.storage.options import StorageOptions
 
 __all__ = ["FsspecStore", "fsspec_factory"]
 
@@ -175,16 +176,18 @@ class FsspecStore(ObjectStore):
                 yield ObjectInfo(key, int(info.get("size") or 0), _mtime(info))
 
 
-def fsspec_factory(scheme: str) -> Callable[[str], ObjectStore]:
-    """A factory for ``scheme`` if fsspec knows it, else an :class:`InvalidURIError`."""
+def fsspec_factory(scheme: str) -> Callable[[str, StorageOptions], ObjectStore]:
+    """A factory for ``scheme`` if fsspec knows it, else an :class:`InvalidURIError`.  The
+    filesystem gets the options' fsspec storage options for ``scheme`` (fsspec adds its own
+    configuration to them); a store pickles as its filesystem does, with them."""
     import fsspec
 
     if scheme not in fsspec.available_protocols():
         raise InvalidURIError(f"unknown URI scheme {scheme!r}")
 
-    def factory(netloc: str) -> ObjectStore:
+    def factory(netloc: str, options: StorageOptions) -> ObjectStore:
         try:
-            fs = fsspec.filesystem(scheme)
+            fs = fsspec.filesystem(scheme, **options.fsspec_options(scheme))
         except ImportError as e:
             raise UnsupportedOperationError(f"{scheme}:// needs an extra package: {e}") from e
         return FsspecStore(fs, scheme, netloc)

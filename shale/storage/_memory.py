@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from shale.ledger.errors import AlreadyExistsError, ConflictError, ObjectNotFoundError
-from shale.ledger.storage import ObjectInfo, ObjectStore, ObjectWriter, register_backend
+from shale.storage.base import ObjectInfo, ObjectStore, ObjectWriter
+from shale.storage.registry import register_backend
 
 __all__ = ["MemoryStore"]
 
@@ -59,6 +60,11 @@ class MemoryStore(ObjectStore):
         self._objects: dict[str, _Obj] = {}
         self._lock = threading.Lock()
         self._counter = 0
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # The objects live in one process: unpickled, this is the store of the same name
+        # in the receiving process (this very store, in this process).
+        return (_factory, (self.name,))
 
     def _new(self, data: bytes) -> _Obj:
         self._counter += 1

@@ -9,7 +9,7 @@ The store follows no symbolic link, anywhere: every folder is opened one compone
 time from ``/`` with ``O_NOFOLLOW`` and every file relative to its folder's descriptor,
 and only regular files are objects (a FIFO, a device, a folder or a link where an object
 should be is refused before it is opened).  The operator's own path may pass through
-links; :func:`ledger.storage.resolve` resolves it once, before it becomes a key.
+links; :func:`shale.storage.resolve` resolves it once, before it becomes a key.
 """
 
 from __future__ import annotations
@@ -25,7 +25,15 @@ from collections.abc import Iterator
 
 import xxhash
 
-from shale.ledger._nofollow import (
+from shale.ledger.errors import (
+    AlreadyExistsError,
+    ConflictError,
+    InvalidInputError,
+    NotAnObjectError,
+    StorageError,
+)
+from shale.ledger.kernels import start_writeback
+from shale.storage._nofollow import (
     _DIR_FLAGS,
     _errors,
     _folder,
@@ -39,15 +47,8 @@ from shale.ledger._nofollow import (
     _unlink,
     _write_all,
 )
-from shale.ledger.errors import (
-    AlreadyExistsError,
-    ConflictError,
-    InvalidInputError,
-    NotAnObjectError,
-    StorageError,
-)
-from shale.ledger.kernels import start_writeback
-from shale.ledger.storage import ObjectInfo, ObjectStore, ObjectWriter, register_backend
+from shale.storage.base import ObjectInfo, ObjectStore, ObjectWriter
+from shale.storage.registry import register_backend
 
 __all__ = ["LocalStore"]
 
@@ -207,6 +208,10 @@ class LocalStore(ObjectStore):
 
     scheme = "file"
     reads_are_local = True
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # One local store per process: another process gets its own (it needs no options).
+        return (_local_store, ())
 
     def _path(self, key: str) -> str:
         return "/" + key
@@ -383,4 +388,11 @@ class LocalStore(ObjectStore):
 
 
 _STORE = LocalStore()
+
+
+def _local_store() -> LocalStore:
+    """This process's local store."""
+    return _STORE
+
+
 register_backend("file", lambda netloc: _STORE)

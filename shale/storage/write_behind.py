@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from shale.ledger.storage import ObjectWriter
+from shale.storage.base import ObjectWriter
 
 __all__ = ["WriteBehind"]
 

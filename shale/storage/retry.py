@@ -1,9 +1,10 @@
 """The retry policies, defined once: storage requests and compare-and-swap loops.
 
-A storage request retries only a :class:`~ledger.errors.TransientStorageError`; conflicts
-and missing objects never are.  A compare-and-swap loop retries only a
-:class:`~ledger.errors.ConflictError`, re-reading the state on every attempt.  ``sleep``
-is injectable so tests do not wait.
+A storage request retries only a :class:`~shale.ledger.errors.TransientStorageError`;
+conflicts and missing objects never are.  A compare-and-swap loop retries only a
+:class:`~shale.ledger.errors.ConflictError`, re-reading the state on every attempt (see
+:meth:`shale.metadata.documents.DocumentStore.update`).  Both are frozen values, picklable
+with the default ``sleep``; ``sleep`` is injectable so tests do not wait.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-import tenacity
+from typing import TYPE_CHECKING
 
 from shale.ledger.errors import ConflictError, TransientStorageError
+
+if TYPE_CHECKING:
+    import tenacity
 
 __all__ = ["ConflictPolicy", "RetryPolicy"]
 
@@ -30,6 +33,9 @@ class RetryPolicy:
     sleep: Callable[[float], None] = field(default=time.sleep)
 
     def retrying(self) -> tenacity.Retrying:
+        """A tenacity loop under this policy (``for attempt in ...: with attempt: ...``)."""
+        import tenacity  # (imported where a loop is made: not every command retries)
+
         return tenacity.Retrying(
             stop=tenacity.stop_after_attempt(self.attempts),
             wait=(tenacity.wait_exponential(multiplier=self.initial_wait, max=self.max_wait)
@@ -53,6 +59,10 @@ class ConflictPolicy:
     sleep: Callable[[float], None] = field(default=time.sleep)
 
     def retrying(self, what: str = "") -> tenacity.Retrying:
+        """A tenacity loop under this policy; ``what`` names the loop in the log line
+        written before each wait."""
+        import tenacity
+
         def note(state: tenacity.RetryCallState) -> None:
             _log.debug("%s: conflict on attempt %d, trying again", what or "compare-and-swap", state.attempt_number)
 

@@ -1,9 +1,12 @@
 """S3 backend (boto3): the only module that talks to S3.
 
-Endpoint, region and credentials come from the standard AWS environment
-(``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, profiles, IRSA ...), so moto's server,
-MinIO and R2 work unchanged.  botocore's own retries are off: transient failures are
-retried by :class:`~ledger._retry.RetryPolicy`, once, here.  Conditional writes use
+Endpoint, region and credentials come from the store's
+:class:`~shale.storage.options.S3Options` (read from the standard AWS variables at the
+edge: ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_PROFILE``, a web identity ...),
+so moto's server, MinIO and R2 work unchanged; what they leave unset boto3 finds on its
+own (profiles, an instance role).  A store pickles with its options, never with its
+client.  botocore's own retries are off: transient failures are retried by
+:class:`~shale.storage.retry.RetryPolicy`, once, here.  Conditional writes use
 ``If-None-Match: *`` and ``If-Match: <etag>``.  Error messages name the bucket and key,
 never credentials: botocore's own texts name the endpoint URL, which may carry a password,
 so an error translated from one is masked, and so is the cause it is chained to.
@@ -11,6 +14,7 @@ so an error translated from one is masked, and so is the cause it is chained to.
 
 from __future__ import annotations
 
+import dataclasses
 import email.utils
 import os
 import threading
@@ -19,7 +23,6 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from shale.ledger._retry import RetryPolicy
 from shale.ledger.errors import (
     AlreadyExistsError,
     BucketNotFoundError,
@@ -34,7 +37,10 @@ from shale.ledger.errors import (
     UnsupportedOperationError,
 )
 from shale.ledger.masking import masked_cause
-from shale.ledger.storage import ObjectInfo, ObjectStore, ObjectWriter, register_backend
+from shale.storage.base import ObjectInfo, ObjectStore, ObjectWriter
+from shale.storage.options import S3Options, StorageOptions
+from shale.storage.registry import open_store, register_backend
+from shale.storage.retry import RetryPolicy
 
 __all__ = ["S3Store"]
 
@@ -49,8 +55,9 @@ _MISSING_CODES = frozenset({"NoSuchKey", "NotFound", "404", "NoSuchUpload"})
 _PART_SIZE = 16 * 1024 * 1024
 
 
-def _translate(e: Exception, what: str) -> ShaleError:
-    """Map a botocore exception to our error hierarchy (the one place this happens)."""
+def _translate(e: Exception, what: str, options: S3Options | None = None) -> ShaleError:
+    """Map a botocore exception to our error hierarchy (the one place this happens);
+    ``options``, the store's, name the endpoint of a missing bucket."""
     import botocore.exceptions as bex
 
     if isinstance(e, bex.ClientError):
@@ -61,7 +68,7 @@ def _translate(e: Exception, what: str) -> ShaleError:
             return ObjectNotFoundError(f"{what}: no such object")
         if code == "NoSuchBucket":
             bucket = err.get("BucketName") or what.removeprefix("s3://").split("/", 1)[0]
-            at = f" at {os.environ[_endpoint_variable()]}" if os.environ.get(_endpoint_variable()) else ""
+            at = f" at {options.endpoint_url}" if options is not None and options.endpoint_url else ""
             return BucketNotFoundError(f"{what}: no such bucket {bucket!r}{at}")
         if code == "PreconditionFailed" or status == 412:
             return ConflictError(f"{what}: precondition failed (changed since it was read)")
@@ -74,7 +81,8 @@ def _translate(e: Exception, what: str) -> ShaleError:
             return StoragePermissionError(f"{what}: access denied")
         return StorageError(f"{what}: {code or status}: {err.get('Message', '')}".rstrip(": "))
     if isinstance(e, bex.NoCredentialsError | bex.PartialCredentialsError):
-        return StorageError(f"{what}: no AWS credentials found in the environment")
+        return StorageError(f"{what}: no AWS credentials found (none in the storage options, the environment, "
+                            "the AWS profile or an instance role)")
     if isinstance(e, bex.EndpointConnectionError | bex.ConnectionError | bex.HTTPClientError
                   | bex.ReadTimeoutError | bex.ConnectTimeoutError | bex.ResponseStreamingError
                   | bex.IncompleteReadError | ConnectionError | TimeoutError):
@@ -158,10 +166,12 @@ class S3Store(ObjectStore):
     supports_conditional_writes = True  # If-None-Match: * and If-Match: <etag>
     shared_between_processes = True
 
-    def __init__(self, bucket: str, *, retry: RetryPolicy | None = None,
+    def __init__(self, bucket: str, *, options: StorageOptions | None = None, retry: RetryPolicy | None = None,
                  client: Any = None, max_workers: int = 8) -> None:
         self.bucket = self.authority = bucket
-        self.retry = retry or RetryPolicy()
+        #: what the client is made from (the environment's, read now, when not given)
+        self.options = StorageOptions.from_environment() if options is None else options
+        self.retry = self.options.retry if retry is None else retry
         self._client = client
         self._injected = client is not None
         self._lock = threading.Lock()
@@ -179,8 +189,21 @@ class S3Store(ObjectStore):
         if self._client is None:
             with self._lock:
                 if self._client is None:
-                    self._client = _make_client()
+                    self._client = _make_client(self.options.s3)
         return self._client
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # A store travels as its bucket and options (the retry policy among them); the
+        # receiving process opens its own client, once per set of options.
+        if self._injected:
+            raise TypeError(f"{self.url('')}: a store given a client of its own cannot be sent to another process")
+        return (open_store, ("s3", self.bucket, dataclasses.replace(self.options, retry=self.retry)))
+
+    def without_credentials(self) -> S3Store:
+        if self._injected:
+            return self
+        return S3Store(self.bucket, options=self.options.without_credentials(), retry=self.retry,
+                       max_workers=self.max_workers)
 
     def url(self, key: str) -> str:
         return f"s3://{self.bucket}/{key}"
@@ -200,7 +223,7 @@ class S3Store(ObjectStore):
         """``e`` as a Shale error, chained to it, or to a stand-in when its text names the
         endpoint with a password.  Raised outside the ``except`` block that caught ``e``,
         so that ``e`` is not left as the error's context either."""
-        err = _translate(e, self.url(key))
+        err = _translate(e, self.url(key), self.options.s3)
         err.__cause__ = masked_cause(e)
         return err
 
@@ -364,50 +387,66 @@ class S3Store(ObjectStore):
             token = r.get("NextContinuationToken")
 
 
-def _make_client() -> Any:
+def _make_client(options: S3Options) -> Any:
     try:
         import boto3
+        import botocore.session
         from botocore.config import Config
     except ImportError as e:  # pragma: no cover - depends on the installation
         raise UnsupportedOperationError(
             "s3:// needs boto3: pip install 'shale[s3]'"
         ) from e
+    if options.problems:
+        raise InvalidInputError(options.problems[0])
     config = Config(
         # total_max_attempts counts the first request (max_attempts would count retries): botocore
         # must never retry on its own, or a conditional write could find its own first attempt
         # applied and report a conflict that was not one (our policy retries, knowing that)
         retries={"total_max_attempts": 1, "mode": "standard"},
-        connect_timeout=float(os.environ.get("SHALE_S3_CONNECT_TIMEOUT", "10")),
-        read_timeout=float(os.environ.get("SHALE_S3_READ_TIMEOUT", "60")),
+        connect_timeout=options.connect_timeout,
+        read_timeout=options.read_timeout,
         max_pool_connections=32,
-        s3={"addressing_style": os.environ.get("SHALE_S3_ADDRESSING_STYLE", "auto")},
+        s3={"addressing_style": options.addressing_style},
     )
     import botocore.exceptions as bex
 
     try:
-        session = boto3.session.Session()
-        if session.region_name is None and not os.environ.get("AWS_DEFAULT_REGION"):
-            return session.client("s3", config=config, region_name="us-east-1")
-        return session.client("s3", config=config)
+        core = botocore.session.Session(profile=options.profile)
+        for name, value in (("region", options.region), ("ca_bundle", options.ca_bundle),
+                            ("sts_regional_endpoints", options.sts_regional_endpoints)):
+            if value:
+                core.set_config_variable(name, value)
+        if options.access_key_id and options.secret_access_key:
+            core.set_credentials(options.access_key_id, options.secret_access_key, options.session_token)
+        elif options.role_arn and options.web_identity_token_file:
+            core.get_component("credential_provider").insert_before("env", _web_identity(core, options))
+        region = None if core.get_config_variable("region") else "us-east-1"
+        return boto3.session.Session(botocore_session=core).client(
+            "s3", config=config, region_name=region, endpoint_url=options.endpoint_url or None)
     except bex.ProfileNotFound:
-        raise InvalidInputError(f"AWS_PROFILE {os.environ.get('AWS_PROFILE', '')!r}: no such profile in the AWS "
+        raise InvalidInputError(f"{options.named('profile')} {options.profile or ''!r}: no such profile in the AWS "
                                 "config and credentials files") from None
     except ValueError as e:
         if "endpoint" in str(e).lower():
-            raise InvalidInputError(f"{_endpoint_variable()} {_endpoint()!r} is not an endpoint URL "
-                                    "(e.g. http://minio:9000)") from None
-        raise InvalidInputError(f"the AWS settings in the environment: {e}") from None
+            shown = f"{options.named('endpoint_url')} {options.endpoint_url!r}" if options.endpoint_url else \
+                "the AWS endpoint"
+            raise InvalidInputError(f"{shown} is not an endpoint URL (e.g. http://minio:9000)") from None
+        raise InvalidInputError(f"the AWS settings: {e}") from None
     except bex.BotoCoreError as e:
-        raise InvalidInputError(f"the AWS settings in the environment: {e}") from None
+        raise InvalidInputError(f"the AWS settings: {e}") from None
 
 
-def _endpoint_variable() -> str:
-    return "AWS_ENDPOINT_URL_S3" if os.environ.get("AWS_ENDPOINT_URL_S3") else "AWS_ENDPOINT_URL"
+def _web_identity(core: Any, options: S3Options) -> Any:
+    """botocore's web-identity provider, reading the role and the token file from
+    ``options`` rather than from this process's environment."""
+    from botocore.credentials import AssumeRoleWithWebIdentityProvider
 
-
-def _endpoint() -> str:
-    """The S3 endpoint the environment names, for messages."""
-    return os.environ.get(_endpoint_variable()) or "the AWS endpoint"
+    config = {"role_arn": options.role_arn, "web_identity_token_file": options.web_identity_token_file}
+    if options.role_session_name:
+        config["role_session_name"] = options.role_session_name
+    return AssumeRoleWithWebIdentityProvider(load_config=lambda: {"profiles": {"shale": config}},
+                                             client_creator=core.create_client, profile_name="shale",
+                                             disable_env_vars=True)
 
 
 _STORES: weakref.WeakSet[S3Store] = weakref.WeakSet()
@@ -421,4 +460,4 @@ def _forget_clients_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_clients_after_fork)
-register_backend("s3", lambda bucket: S3Store(bucket))
+register_backend("s3", lambda bucket, options: S3Store(bucket, options=options))
