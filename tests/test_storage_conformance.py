@@ -129,7 +129,7 @@ def test_resolved_stores_declare_their_capabilities(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("uri", [
     "s3://bucket/a/../b", "memory://x/a/../../etc", "/tmp/a/../b", "s3://bucket/a\x00b", "s3:///nobucket",
-    "", "s3://bucket/t?x=1", "nosuchscheme://x/y",
+    "", "s3://bucket/t?x=1", "nosuchscheme://x/y", "s3:/bucket/x", "s3:bucket", "s3a:/bucket/x",
 ])
 def test_bad_uris_are_refused(uri: str) -> None:
     with pytest.raises(InvalidURIError):

@@ -131,10 +131,12 @@ def resolve(uri: str, options: StorageOptions | None = None) -> Location:
         # resolved once, here.  Below it the local store follows no link at all.
         abspath = os.path.realpath(os.path.expanduser(path))
         return Location(open_store("file", "", options), abspath.strip("/"), abspath)
+    _, slashes, rest = uri.partition("://")
+    if not slashes:
+        raise InvalidURIError(f"URI {mask_uri(uri)!r} has no '//' after its scheme: {scheme}://bucket/prefix")
     if scheme in _HADOOP_S3:
-        raise InvalidURIError(f"{mask_uri(uri)}: {scheme}:// is Hadoop's name for S3; use "
-                              f"s3://{uri.split('://', 1)[1]}")
-    if "@" in parts.netloc or userinfo(uri.split("://", 1)[1]):
+        raise InvalidURIError(f"{mask_uri(uri)}: {scheme}:// is Hadoop's name for S3; use s3://{rest}")
+    if "@" in parts.netloc or userinfo(rest):
         raise InvalidURIError(f"URI {mask_uri(uri)} carries credentials: Shale takes them only from the "
                               "environment (AWS_ACCESS_KEY_ID, AWS_PROFILE, a web identity, an instance role) "
                               "or the storage options")
