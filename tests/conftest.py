@@ -8,12 +8,30 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BACKENDS = ["memory", "local", "s3"]
+AWS_VARS = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
+            "AWS_SESSION_TOKEN", "AWS_REGION")
+
+
+@contextmanager
+def without_aws_environment() -> Iterator[None]:
+    """Every test that starts Spark starts it inside this.  PySpark launches its JVM once per
+    process, with the environment of that moment, and every process Spark starts later
+    (Python workers, local-cluster executors) inherits it: a JVM launched while the moto
+    fixture's variables were set would hand them to every executor of every later test,
+    and the tests that prove executors reach S3 through the shipped store alone would
+    prove nothing."""
+    saved = {k: os.environ.pop(k) for k in AWS_VARS if k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
 
 
 @pytest.fixture(scope="session")

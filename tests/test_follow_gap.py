@@ -30,7 +30,7 @@ from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
 from shale.reader.gaps import Gap
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, without_aws_environment
 from tests.tamper import edit
 
 KEYS = 7
@@ -353,7 +353,8 @@ def spark() -> Iterator[Any]:
     from shale.compactor.spark import SparkOptions
     from shale.compactor.spark.engine import open_session
 
-    session, _ = open_session(SparkOptions(master="local[2]", conf=(("spark.ui.enabled", "false"),)))
+    with without_aws_environment():
+        session, _ = open_session(SparkOptions(master="local[2]", conf=(("spark.ui.enabled", "false"),)))
     shale.spark.register(session)
     yield session
     session.stop()

@@ -29,25 +29,20 @@ from shale.ledger.reader import LedgerFile
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader.topic_reader import TopicReader
-from tests.conftest import ROOT, make_root, run_cli
+from tests.conftest import AWS_VARS, ROOT, make_root, run_cli, without_aws_environment
 
 pytestmark = pytest.mark.slow
 HOUR = 3600.0
-AWS_VARS = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
-            "AWS_SESSION_TOKEN", "AWS_REGION")
 
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[SparkEngine]:
     """One local Spark application for the module, started with no AWS variables in its
     environment: executors reach moto only through what the engine forwards."""
-    saved = {k: os.environ.pop(k) for k in AWS_VARS if k in os.environ}
     eng = SparkEngine(SparkOptions(master="local[2]", split_bytes=1 << 16, split_records=300, reduce_partitions=3,
                                    conf=(("spark.ui.enabled", "false"),)))
-    try:
+    with without_aws_environment():
         eng.session  # noqa: B018  (starts the JVM and its Python workers now)
-    finally:
-        os.environ.update(saved)
     yield eng
     eng.close()
 

@@ -18,7 +18,8 @@ from shale.compactor import CompactionConfig, Compactor, collect_garbage
 from shale.compactor.spark import SparkOptions
 from shale.compactor.spark.engine import SparkEngine
 from shale.metadata.topic import TopicMetadata
-from tests.test_spark import AWS_VARS, HOUR, compacted, figures, produce
+from tests.conftest import without_aws_environment
+from tests.test_spark import HOUR, compacted, figures, produce
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
@@ -27,15 +28,12 @@ MASTER = "local-cluster[2,1,1024]"
 
 @pytest.fixture(scope="module")
 def cluster(moto_endpoint: str) -> Iterator[SparkEngine]:
-    saved = {k: os.environ.pop(k) for k in AWS_VARS if k in os.environ}
     eng = SparkEngine(SparkOptions(master=MASTER, split_bytes=1 << 16, split_records=2_000,
                                    conf=(("spark.ui.enabled", "false"),
                                          ("spark.executor.memory", "512m"))))
-    try:
+    with without_aws_environment():
         sc = eng.session.sparkContext
         sc.parallelize(range(4), 4).count()  # both executors up, their Python workers started
-    finally:
-        os.environ.update(saved)
     yield eng
     eng.close()
 

@@ -27,14 +27,12 @@ from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
 from shale.reader.splits import plan_splits
-from tests.conftest import ROOT, make_root
+from tests.conftest import ROOT, make_root, without_aws_environment
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 T0 = 1_700_000_000_000
-AWS_VARS = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
-            "AWS_SESSION_TOKEN", "AWS_REGION")
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +43,8 @@ def spark(moto_endpoint: str) -> Iterator[Any]:
     import shale.spark
     from shale.compactor.spark.engine import open_session
 
-    saved = {k: os.environ.pop(k) for k in AWS_VARS if k in os.environ}
-    try:
+    with without_aws_environment():
         session, _ = open_session(SparkOptions(master="local[2,2]", conf=(("spark.ui.enabled", "false"),)))
-    finally:
-        os.environ.update(saved)
     shale.spark.register(session)
     yield session
     session.stop()
