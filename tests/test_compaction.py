@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -408,9 +409,12 @@ def test_status_dirty_ratio_is_the_one_compact_uses(topic_uri: str) -> None:
 def test_planning_reads_footers_in_parallel_only_where_it_pays(tmp_path: object, backend_local: bool,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """Footers of a local folder are read by at most one thread per CPU (the reads are
-    CPU work); an object store's are read several at a time (each read waits on latency)."""
+    CPU work); an object store's are read several at a time (each read waits on latency).
+
+    The first reads wait until that many are under way at once, so the test sees the
+    parallelism itself, not whatever a thread pool happened to do on a loaded machine."""
     import threading
-    import time as time_module
+    from concurrent.futures import ThreadPoolExecutor
 
     import shale.compactor.plan as plan_module
     from shale.compactor.plan import make_plan
@@ -421,16 +425,31 @@ def test_planning_reads_footers_in_parallel_only_where_it_pays(tmp_path: object,
     meta = TopicMetadata.open(uri)
     monkeypatch.setattr(type(meta.topic.store), "reads_are_local", backend_local)
     monkeypatch.setattr(plan_module, "available_cpus", lambda: 1)
-    threads: set[str] = set()
+    pools: list[int] = []
 
-    def slow_open(key: str, lid: int | None, kind: int) -> LedgerFile:
-        threads.add(threading.current_thread().name)
-        time_module.sleep(0.02)  # a read that waits: idle threads would be taken if allowed
+    class Pool(ThreadPoolExecutor):
+        def __init__(self, max_workers: int, **kwargs: Any) -> None:
+            pools.append(max_workers)
+            super().__init__(max_workers, **kwargs)
+
+    monkeypatch.setattr(plan_module, "ThreadPoolExecutor", Pool)
+    at_once = 1 if backend_local else plan_module.FOOTER_READS
+    together = threading.Barrier(at_once, timeout=60)  # broken (an error) if fewer ever run at once
+    threads: set[str] = set()
+    lock = threading.Lock()
+    calls = [0]
+
+    def held_open(key: str, lid: int | None, kind: int) -> LedgerFile:
+        with lock:
+            threads.add(threading.current_thread().name)
+            calls[0] += 1
+            first = calls[0] <= at_once
+        if first:
+            together.wait()  # the first `at_once` reads are all under way before any ends
         return LedgerFile.open(meta.topic.store, key, ledger_id=lid, kind=kind)
 
-    plan = make_plan(meta, now_ms=2_000_000_000_000, min_compaction_lag_ms=0, open_file=slow_open)
+    plan = make_plan(meta, now_ms=2_000_000_000_000, min_compaction_lag_ms=0, open_file=held_open)
     assert plan.ledgers_read == 20
-    if backend_local:
-        assert len(threads) == 1
-    else:
-        assert 1 < len(threads) <= plan_module.FOOTER_READS
+    assert pools == [at_once]
+    # no more threads than the pool's, and with the first reads held, as many as it has
+    assert len(threads) == at_once, threads

@@ -1,7 +1,13 @@
 """Four ``compact`` processes started together on one topic, round after round, while a
 producer keeps appending: every epoch is published by exactly one of them, the others
 exit with the conflict code and leave nothing behind, and the final view equals one
-recomputed from scratch."""
+recomputed from scratch.
+
+Every other round is held: its four processes wait just before they publish until all
+four are there (:mod:`tests.gates`), so they always overlap — one wins, three lose the
+race — however fast or loaded the machine.  The rounds between run free: whatever
+interleaving they get, the same checks hold.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ from shale.compactor import CompactionConfig, Compactor
 from shale.compactor.verify import verify_topic
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
+from tests.gates import Gate, start_held_compact
 
 LONG = os.environ.get("SHALE_LONG_TESTS") == "1"
 ROUNDS = 25 if LONG else 5
@@ -37,10 +44,19 @@ def produce_until(uri: str, stop: threading.Event, counts: Counter[str]) -> None
         stop.wait(0.2)  # a steady stream, not a flood: rounds must not slow to a crawl
 
 
-def start_compactor(uri: str) -> subprocess.Popen[str]:
+def start_compactor(uri: str, gate: Gate | None) -> subprocess.Popen[str]:
+    args = (uri, "--json", "--delete-retention", "0s")
+    if gate is not None:
+        return start_held_compact(gate, *args)
     exe = Path(sys.executable).parent / "compact"
-    return subprocess.Popen([str(exe), uri, "--json", "--delete-retention", "0s"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([str(exe), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def append_round(uri: str, rnd: random.Random) -> None:
+    """New records before a round, so that every process of it has work to do."""
+    with TopicWriter(uri, max_ledger_records=1_000, batch_size=50) as w:
+        for i in range(500):
+            w.append(f"key-{rnd.randrange(3_000)}", f"round-{i}")
 
 
 def leftovers(uri: str) -> set[str]:
@@ -52,26 +68,30 @@ def leftovers(uri: str) -> set[str]:
     return (listed - meta.load_compaction().referenced_objects()) | unfinished
 
 
-def campaign(uri: str) -> Counter[str]:
+def campaign(uri: str, gates: Path) -> Counter[str]:
     with TopicWriter(uri) as w:
         w.append("seed", "x")
     stop, produced = threading.Event(), Counter[str]()
     producer = threading.Thread(target=produce_until, args=(uri, stop, produced))
     producer.start()
     outcomes: Counter[str] = Counter()
+    rnd = random.Random(8)
     try:
-        rounds = 0
-        # at least ROUNDS; more (a bounded number) until the processes have overlapped at
-        # least once: on a busy machine four starts may happen to run one after another
-        while rounds < ROUNDS or (outcomes["conflict"] == 0 and rounds < 4 * ROUNDS):
-            rounds += 1
+        for r in range(ROUNDS):
+            append_round(uri, rnd)
             before = TopicMetadata.open(uri).load_compaction().epoch
-            procs = [start_compactor(uri) for _ in range(PROCESSES)]
-            epochs = []
+            gate = Gate(gates / f"round-{r}") if r % 2 == 0 else None
+            procs = [start_compactor(uri, gate) for _ in range(PROCESSES)]
+            reached = [False] * PROCESSES
+            if gate is not None:  # all four plan from epoch `before`; none publishes until all are there
+                reached = gate.wait(procs)
+                gate.open()
+            epochs, statuses, errors = [], [], []
             for p in procs:
                 out, err = p.communicate(timeout=300)
+                errors.append(err)
                 summary = json.loads(out.strip().splitlines()[-1])
-                outcomes[summary["status"]] += 1
+                statuses.append(summary["status"])
                 if summary["status"] == "compacted":
                     assert p.returncode == 0
                     epochs.append(summary["epoch"])
@@ -79,8 +99,13 @@ def campaign(uri: str) -> Counter[str]:
                     assert p.returncode == EXIT_CONFLICT, err
                 else:
                     assert summary["status"] == "nothing-to-do" and p.returncode == 0, (summary, err)
-            # each epoch published once, by one process, with no epoch skipped
-            assert sorted(epochs) == list(range(before + 1, before + 1 + len(epochs)))
+            outcomes.update(f"{s} ({'held' if gate else 'free'})" for s in statuses)
+            if gate is not None:  # overlapped: exactly one won the race
+                assert reached == [True] * PROCESSES, (statuses, errors)
+                assert sorted(statuses) == ["compacted"] + ["conflict"] * (PROCESSES - 1), statuses
+            # each epoch published once, by one process, with no epoch skipped (a round
+            # always has new records, and whoever publishes first from `before` wins)
+            assert epochs and sorted(epochs) == list(range(before + 1, before + 1 + len(epochs)))
             assert TopicMetadata.open(uri).load_compaction().epoch == before + len(epochs)
             # the losers removed what they wrote; the winners left only published objects
             assert not leftovers(uri), leftovers(uri)
@@ -96,16 +121,19 @@ def campaign(uri: str) -> Counter[str]:
     return outcomes
 
 
+HELD_ROUNDS = (ROUNDS + 1) // 2
+
+
 @pytest.mark.timeout(3600 if LONG else 600)
 def test_four_compactors_and_a_producer_local(tmp_path: Path) -> None:
-    outcomes = campaign(str(tmp_path / "topic"))
+    outcomes = campaign(str(tmp_path / "topic"), tmp_path / "gates")
     print(f"\n{ROUNDS} rounds of {PROCESSES} compactors on a local folder: {dict(outcomes)}")
-    assert outcomes["compacted"] >= ROUNDS and outcomes["conflict"] > 0
+    assert outcomes["conflict (held)"] == (PROCESSES - 1) * HELD_ROUNDS
 
 
 @pytest.mark.timeout(3600 if LONG else 600)
 @pytest.mark.s3
-def test_four_compactors_and_a_producer_moto(s3_bucket: str) -> None:
-    outcomes = campaign(f"s3://{s3_bucket}/topic")
+def test_four_compactors_and_a_producer_moto(s3_bucket: str, tmp_path: Path) -> None:
+    outcomes = campaign(f"s3://{s3_bucket}/topic", tmp_path / "gates")
     print(f"\n{ROUNDS} rounds of {PROCESSES} compactors on the moto server: {dict(outcomes)}")
-    assert outcomes["compacted"] >= ROUNDS and outcomes["conflict"] > 0
+    assert outcomes["conflict (held)"] == (PROCESSES - 1) * HELD_ROUNDS

@@ -22,6 +22,8 @@ pytestmark = pytest.mark.s3
 LONG = os.environ.get("SHALE_LONG_TESTS") == "1"
 # short client timeouts so that "slow" answers time out quickly
 FAST = {"SHALE_S3_READ_TIMEOUT": "1", "SHALE_S3_CONNECT_TIMEOUT": "1"}
+#: Requests three rounds of produce, compact and verify make with no fault at all.
+MIN_REQUESTS = 150
 
 
 def records(seed: int, n: int) -> str:
@@ -46,6 +48,11 @@ def test_commands_succeed_through_a_flaky_proxy(moto_endpoint: str, s3_bucket: s
             v = run_cli("verify", uri, env=env)
             assert v.returncode == 0, v.stdout + v.stderr
         print(f"\nflaky proxy: {proxy.requests} requests, injected {dict(proxy.injected)}")
+        # Faults are spread evenly over the requests, so their counts follow from how many
+        # requests there were, whatever the order threads sent them in; and the commands
+        # make at least MIN_REQUESTS (retries and heartbeats only add to those).
+        assert proxy.requests >= MIN_REQUESTS
+        assert all(proxy.injected[f] >= share * proxy.requests - 3 for f, share in faults.items()), proxy.injected
         assert sum(proxy.injected.values()) > 20 and all(proxy.injected[f] for f in ("503", "500", "reset", "lost"))
     # checked directly against the store, past the proxy
     meta = TopicMetadata.open(uri)

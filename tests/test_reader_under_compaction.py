@@ -1,14 +1,17 @@
 """A reader iterating the compacted view while compactions publish and garbage
 collection (with no grace) deletes the parts it is reading, again and again: it finishes
 without an error, without a duplicate, and with exactly the table a full replay of the
-same records gives."""
+same records gives.
+
+Every ``EVERY`` records the reader stops until one more compaction has published and
+collected the parts it was reading, so those rounds land in the middle of its read
+however fast or loaded the machine; between them compactions run freely beside it."""
 
 from __future__ import annotations
 
 import itertools
 import random
 import threading
-import time
 from typing import Any
 
 from shale.compactor import CompactionConfig, Compactor
@@ -18,6 +21,10 @@ from shale.producer import TopicWriter
 from shale.reader import TopicReader
 
 T0 = 1_700_000_000.0
+#: The reader waits for a compaction after this many records.
+EVERY = 3_000
+#: At most this many compactions run beside the reader (it is not held for them).
+FREE = 2
 
 
 def produce(uri: str, rnd: random.Random, n: int) -> None:
@@ -49,26 +56,36 @@ def test_reader_survives_compaction_and_gc_underneath(disk_topic_uri: str) -> No
     reader = TopicReader(uri, read_compacted=True, chunk_bytes=4_096)
     seen: list[Any] = []
     errors: list[BaseException] = []
+    wants, resume = threading.Semaphore(0), threading.Semaphore(0)
 
     def read() -> None:
         try:
             for i, m in enumerate(reader):
                 seen.append(m)
-                if i % 20 == 0:
-                    time.sleep(0.003)
+                if i % EVERY == EVERY - 1:  # hold here until a compaction has replaced what it reads
+                    wants.release()
+                    assert resume.acquire(timeout=300)
         except BaseException as e:  # reported below
             errors.append(e)
 
     t = threading.Thread(target=read)
     t.start()
-    rounds = 0
-    while t.is_alive() and rounds < 40:
+    held = free = 0
+    while t.is_alive():
+        waiting = wants.acquire(timeout=0.01)
+        if not waiting and free >= FREE:
+            continue  # enough rounds beside the reader: only the held ones from here
         produce(uri, rnd, 400)
         assert Compactor(uri, config).run().status == "compacted"
-        rounds += 1
+        if waiting:
+            held += 1
+            resume.release()
+        else:
+            free += 1
     t.join()
     assert not errors, errors
-    assert rounds >= 3  # compactions really ran while it read
+    print(f"\n{held} held rounds, {free} free, {len(seen)} records read")
+    assert held == len(seen) // EVERY >= 3  # rounds that ran in the middle of the read
     assert reader.compaction.version > first_version  # it followed newer states
     ids = [m.id for m in seen]
     assert all(a < b for a, b in itertools.pairwise(ids))

@@ -1,8 +1,10 @@
 """The Spark engine, on real PySpark in local mode, against a local folder and the moto
-server: the same compacted content as the local engine, errors, cleanup, credentials."""
+server: the same compacted content as the local engine and as the rules folded in plain
+Python (:mod:`tests.compaction_model`), errors, cleanup, credentials."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -25,11 +27,14 @@ from shale.compactor.spark.engine import SparkEngine, _package_zip
 from shale.compactor.spark.tasks import SplitSpec, cut_slice, group_splits
 from shale.ledger.codecs import Codec, parse_compression
 from shale.ledger.errors import CorruptLedgerError, InvalidInputError, ShaleError
+from shale.ledger.ids import MessageId
 from shale.ledger.reader import LedgerFile
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader.topic_reader import TopicReader
+from tests.compaction_model import CompactionModel, every_record
 from tests.conftest import AWS_VARS, ROOT, make_root, run_cli, without_aws_environment
+from tests.gates import Gate, start_held_compact
 
 pytestmark = pytest.mark.slow
 HOUR = 3600.0
@@ -75,6 +80,22 @@ def compacted(uri: str) -> list[tuple[str, Any, Any, Any]]:
         return [(str(m.id), m.key, m.value, m.properties) for m in r.read()]
 
 
+def check_model(model: CompactionModel, uri: str, s: RunSummary, cfg: CompactionConfig, t: float, *,
+                horizon_given: bool = False) -> None:
+    """Run ``model`` as ``s`` ran (at ``t``, with ``cfg``): the same horizon (or, with
+    ``horizon_given``, the one ``s`` reached: a run cut short by its key map) and the
+    same compacted view."""
+    records = every_record(uri)
+    given = MessageId.parse(s.horizon) if horizon_given and s.horizon else None
+    horizon = model.run(records, now_ms=int(t * 1000), lag_ms=cfg.min_compaction_lag_ms,
+                        retention_ms=cfg.delete_retention_ms, retain_null_key=cfg.retain_null_key, horizon=given)
+    assert s.horizon == (str(horizon) if horizon is not None else None), (s.horizon, horizon)
+    got, want = compacted(uri), model.rows(records)
+    diff = next(((i, g, w) for i, (g, w) in enumerate(itertools.zip_longest(got, want)) if g != w), None)
+    assert diff is None, (f"record {diff[0]} of the compacted view is {diff[1]}, the model's {diff[2]} "
+                          f"({len(got)} records, the model's {len(want)})")
+
+
 FIGURES = ("status", "horizon", "records_read", "records_written", "keys", "tombstones_kept",
            "tombstones_dropped", "keyless_kept", "keyless_dropped", "held_back_records")
 
@@ -102,6 +123,7 @@ def test_spark_and_local_engines_publish_the_same_content(engine: SparkEngine, r
     local_uri, spark_uri = f"{root}/local", f"{root}/spark"
     t = 1_700_000_000.0
     totals = {"tombstones_dropped": 0, "tombstones_kept": 0, "keyless_kept": 0, "held_back_records": 0}
+    model = CompactionModel()
     for rnd in range(3):
         # every round: new records (some keys again), an hour later, then both engines
         for uri in (local_uri, spark_uri):
@@ -115,6 +137,8 @@ def test_spark_and_local_engines_publish_the_same_content(engine: SparkEngine, r
         assert b.status in ("compacted", "nothing-to-do"), b.error or b.message
         assert figures(a) == figures(b)  # the status included
         assert compacted(local_uri) == compacted(spark_uri)
+        # and both equal the rules folded in plain Python, so a mistake they share shows
+        check_model(model, spark_uri, b, cfg, t)
         if b.status == "compacted" and not b.held_back_records:  # else the reader adds the newer originals
             assert b.records_written == len(compacted(spark_uri))
         for k in totals:
@@ -172,6 +196,7 @@ def test_engines_take_over_from_each_other(engine: SparkEngine, tmp_path: Path) 
     # the local engine keeps parts in place with deletion vectors; Spark reads those
     cfg = CompactionConfig(delete_retention_ms=int(HOUR * 1000), reuse_min_bytes=0, reuse_min_live=0.3)
     t = 1_700_000_000.0
+    model = CompactionModel()
     for rnd, eng in enumerate([None, engine, None, engine]):
         for uri in (one, mixed):
             produce(uri, seed=10 + rnd, n=1_500, t=t, keys=5_000)
@@ -180,6 +205,7 @@ def test_engines_take_over_from_each_other(engine: SparkEngine, tmp_path: Path) 
         s = Compactor(mixed, cfg, clock=lambda t=t: t, engine=eng).run()
         assert s.status == "compacted"
         assert compacted(one) == compacted(mixed)
+        check_model(model, mixed, s, cfg, t)
         same = ("records_read", "keys", "tombstones_kept", "tombstones_dropped", "keyless_dropped")
         assert [getattr(s, k) for k in same] == [getattr(r, k) for k in same]
         assert s.records_written + s.records_reused == r.records_written + r.records_reused
@@ -386,25 +412,29 @@ def test_cli_without_pyspark_says_how_to_install_it(tmp_path: Path) -> None:
 
 
 def test_killed_spark_run_publishes_nothing_and_gc_removes_its_leftovers(tmp_path: Path) -> None:
+    """A Spark run killed once its first part is written: still writing, or held just
+    before it publishes (:mod:`tests.gates`; the gate is never opened), so the kill
+    always lands before the publish, however fast the run or loaded the machine."""
     uri = str(tmp_path / "t")
     produce(uri, seed=8, n=40_000, t=time.time() - HOUR, keys=30_000)
     meta = TopicMetadata.open(uri)
     before = meta.load_compaction()
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "compact"), uri, "--engine", "spark",
-                             "--spark-master", "local[1]", "--spark-split-size", "64KiB",
-                             "--spark-conf", "spark.ui.enabled=false"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    gate = Gate(tmp_path / "gate")
+    proc = start_held_compact(gate, uri, "--engine", "spark", "--spark-master", "local[1]",
+                              "--spark-split-size", "64KiB", "--spark-conf", "spark.ui.enabled=false",
+                              output=subprocess.DEVNULL, new_session=True)
     compacted_dir = Path(uri) / "compacted"
     deadline = time.monotonic() + 240
     try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            if any(compacted_dir.rglob("part-*.ledger")) if compacted_dir.exists() else False:
-                break
-            time.sleep(0.005)
-        assert proc.poll() is None, "the run ended before its first part appeared"
+        while not (compacted_dir.exists() and any(compacted_dir.rglob("part-*.ledger"))):
+            assert proc.poll() is None, "the run ended before it wrote a part"
+            assert time.monotonic() < deadline, "no part after 240 s"
+            time.sleep(0.005)  # how often to look, not how long anything takes
+        assert proc.poll() is None  # (it cannot publish: the gate stays closed)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the driver, its JVM and the Python workers
         proc.wait()
+    print(f"\nkilled {'at the gate, before its publish' if gate.reached(proc) else 'while its tasks wrote'}")
     leftovers = [p for p in compacted_dir.rglob("*") if p.is_file()]
     assert leftovers
     assert meta.load_compaction() == before  # nothing published

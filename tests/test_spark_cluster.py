@@ -1,7 +1,10 @@
 """The Spark engine on ``local-cluster[2,1,1024]``: two executor JVMs in processes of
 their own (with their own Python workers), against the moto server.  Nothing reaches the
 executors but what the engine ships: the AWS variables are removed before Spark starts.
-One run has an executor killed in the middle of its tasks."""
+Results are checked against the local engine and the rules folded in plain Python
+(:mod:`tests.compaction_model`).  One run has an executor killed in the middle of its
+tasks: its writes are held in a proxy until both executors are running a task, so the
+kill always lands on a running task."""
 
 from __future__ import annotations
 
@@ -18,8 +21,10 @@ from shale.compactor import CompactionConfig, Compactor, collect_garbage
 from shale.compactor.spark import SparkOptions
 from shale.compactor.spark.engine import SparkEngine
 from shale.metadata.topic import TopicMetadata
+from tests.compaction_model import CompactionModel
 from tests.conftest import without_aws_environment
-from tests.test_spark import HOUR, compacted, figures, produce
+from tests.flaky_proxy import FlakyProxy
+from tests.test_spark import HOUR, check_model, compacted, figures, produce
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
@@ -70,6 +75,7 @@ def test_executors_in_processes_of_their_own_publish_what_the_local_engine_does(
                            delete_retention_ms=int(HOUR * 1000))
     uris = {name: f"s3://{s3_bucket}/{name}" for name in ("local", "spark")}
     t = 1_700_000_000.0
+    model = CompactionModel()
     for rnd, n in enumerate((5_000, 100, 1_500)):
         for uri in uris.values():
             produce(uri, seed=20 + rnd, n=n, t=t, keys=3_000)
@@ -80,6 +86,7 @@ def test_executors_in_processes_of_their_own_publish_what_the_local_engine_does(
         assert figures(a) == figures(b)
         assert (a.records_reused, a.records_written) == (b.records_reused, b.records_written)
         assert compacted(uris["local"]) == compacted(uris["spark"])
+        check_model(model, uris["spark"], b, cfg, t)
         if rnd == 1:
             assert b.records_reused > 0  # parts kept in place, by executors' deletion vectors
     assert b.keyless_kept > 0 and b.tombstones_kept > 0
@@ -89,19 +96,28 @@ def test_a_partially_cleaned_topic_is_continued_as_the_local_engine_does(cluster
                                                                          s3_bucket: str) -> None:
     uris = {name: f"s3://{s3_bucket}/partial-{name}" for name in ("local", "spark")}
     t = 1_700_000_000.0 + HOUR
+    partial = CompactionConfig(max_map_bytes=24 * 1_000)
     for uri in uris.values():
         produce(uri, seed=12, n=6_000, t=1_700_000_000.0, keys=3_000)
-        first = Compactor(uri, CompactionConfig(max_map_bytes=24 * 1_000), clock=lambda: t).run()
+        first = Compactor(uri, partial, clock=lambda: t).run()
         assert first.deferred_records > 0  # a partial run: the rest is owed
+    model = CompactionModel()
+    check_model(model, uris["spark"], first, partial, t, horizon_given=True)
     a = Compactor(uris["local"], clock=lambda: t).run()
     b = Compactor(uris["spark"], clock=lambda: t, engine=cluster).run()
     assert b.status == "compacted", b.error or b.message
     assert figures(a) == figures(b) and b.deferred_records == 0
     assert compacted(uris["local"]) == compacted(uris["spark"])
+    check_model(model, uris["spark"], b, CompactionConfig(), t)
 
 
-def test_an_executor_killed_mid_task_is_retried_and_the_run_publishes_once(cluster: SparkEngine,
-                                                                           s3_bucket: str) -> None:
+def is_part_write(method: str, path: str) -> bool:
+    """A request that writes (or starts writing) a compacted part."""
+    return method in ("PUT", "POST") and "/compacted/" in path and "/part-" in path
+
+
+def test_an_executor_killed_mid_task_is_retried_and_the_run_publishes_once(cluster: SparkEngine, s3_bucket: str,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     ref, uri = f"s3://{s3_bucket}/ref", f"s3://{s3_bucket}/t"
     for u in (ref, uri):
         produce(u, seed=30, n=12_000, t=1_700_000_000.0, keys=10_000, tomb=0.0)
@@ -109,38 +125,39 @@ def test_an_executor_killed_mid_task_is_retried_and_the_run_publishes_once(clust
     Compactor(ref, clock=clock).run()
     meta = TopicMetadata.open(uri)
     before = meta.load_compaction()
-    # Pass two's reads are throttled so that its tasks last long enough to be caught
-    # running; the kill comes once the run's heartbeat says pass two has begun and
-    # Spark says tasks are running.
-    cfg = CompactionConfig(max_read_bytes_per_s=64 * 1024)
+    # The run reaches the store through a proxy that holds every write of a part.  Each
+    # executor has one core, so once parts of two tasks are held, both executors are in
+    # the middle of a task: the kill lands on one whatever the machine's speed.  The
+    # held writes are then answered with a reset (the killed task's never reaches the
+    # store); the surviving task retries its write, and the killed one is run again.
     killed: list[int] = []
     tracker = cluster.session.sparkContext.statusTracker()
     jobs_before = set(tracker.getJobIdsForGroup())
+    with FlakyProxy(os.environ["AWS_ENDPOINT_URL"], {}, hold=is_part_write) as proxy:
 
-    def running_tasks() -> int:
-        infos = (tracker.getStageInfo(st) for st in tracker.getActiveStageIds())
-        return sum(i.numActiveTasks for i in infos if i is not None)
+        def kill_one_executor() -> None:
+            deadline = time.monotonic() + 240
+            while len({p.split("?")[0] for p in proxy.held}) < 2:  # two tasks' parts
+                if time.monotonic() > deadline:
+                    proxy.release()
+                    return
+                time.sleep(0.02)  # how often to look, not how long anything takes
+            pids = executor_pids()
+            if pids:
+                os.kill(pids[0], signal.SIGKILL)
+                killed.append(pids[0])
+            proxy.release()
 
-    def kill_one_executor() -> None:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            started = any(o.key.endswith("_run.json")
-                          for o in meta.topic.store.list(meta.topic.key("compacted") + "/"))
-            if started and running_tasks() > 0:  # pass two's tasks are running
-                pids = executor_pids()
-                if pids:
-                    os.kill(pids[0], signal.SIGKILL)
-                    killed.append(pids[0])
-                return
-            time.sleep(0.02)
-
-    killer = threading.Thread(target=kill_one_executor)
-    killer.start()
-    try:
-        s = Compactor(uri, cfg, clock=clock, engine=cluster).run()
-    finally:
-        killer.join()
-    assert killed, "pass two never started"
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)  # what the engine forwards to the executors
+        killer = threading.Thread(target=kill_one_executor)
+        killer.start()
+        try:
+            s = Compactor(uri, clock=clock, engine=cluster).run()
+        finally:
+            proxy.release()
+            killer.join()
+        monkeypatch.undo()
+    assert killed, "parts of two tasks were never held at once"
     assert s.status == "compacted", s.error or s.message
     # the kill landed while tasks ran: some failed (executor lost) or a stage was re-attempted
     stages = [tracker.getStageInfo(st) for j in set(tracker.getJobIdsForGroup()) - jobs_before

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -330,40 +330,62 @@ def _committed_end(ck: Path) -> str | None:
     return str(json.loads(last_line)["next"])
 
 
+def _topic_end(uri: str) -> str:
+    """The offset a micro-batch that read the whole topic ends at."""
+    topic = TopicMetadata.open(uri).load_topic()
+    return str(MessageId(topic.ledgers[-1].id, topic.ledgers[-1].entries, 0))
+
+
+def _start_job(script: Path, uri: str, out: str, ck: str, log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
+    with log.open("wb") as err:
+        return subprocess.Popen([sys.executable, str(script), uri, out, ck], env=env, cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+
+
+def _wait(proc: subprocess.Popen[bytes], log: Path, reached: Callable[[], bool], what: str) -> None:
+    """Until ``reached()``, failing if the job ends first."""
+    deadline = time.monotonic() + 240
+    while not reached():
+        assert proc.poll() is None, f"the streaming job ended before {what}: {log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {what} after 240 s"
+        time.sleep(0.01)  # how often to look, not how long anything takes
+
+
 def test_a_killed_stream_restarts_exactly_once(spark: Any, tmp_path: Path) -> None:
+    """The stream reads what the topic holds (the compacted view, then three batches of
+    the tail) and waits for more; one more ledger arrives, and the job is killed as soon
+    as it has logged the batch that reads it — in the middle of that batch, or just after
+    it committed: either way it has read part of the topic, not all.  Restarted from its
+    checkpoint, it delivers every record once."""
     uri, out, ck = str(tmp_path / "topic"), str(tmp_path / "out"), str(tmp_path / "ck")
     _produce(uri, 1, 1500, ledger=200)
     Compactor(uri, CompactionConfig(delete_retention_ms=3_600_000)).run()
-    _produce(uri, 2, 2400, ledger=200)
+    _produce(uri, 2, 1200, ledger=200)  # six ledgers: three batches of two (maxRecordsPerTrigger 300)
     script = tmp_path / "job.py"
     script.write_text(_STREAM_JOB)
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, str(script), uri, out, ck], env=env, cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    log = tmp_path / "job.log"
+    proc = _start_job(script, uri, out, ck, log)
+    commits, offsets = Path(ck) / "commits", Path(ck) / "offsets"
     try:
-        deadline = time.monotonic() + 240
-        commits = Path(ck) / "commits"
-        while time.monotonic() < deadline and len(list(commits.glob("[0-9]*"))) < 3:
-            assert proc.poll() is None, "the streaming job ended early"
-            time.sleep(0.2)
-        assert len(list(commits.glob("[0-9]*"))) >= 3
+        end = _topic_end(uri)
+        _wait(proc, log, lambda: _committed_end(Path(ck)) == end, "everything read")
+        first = len(list(commits.glob("[0-9]*")))
+        assert first == 4  # the view, then three of the tail: it now waits, with nothing to read
+        _produce(uri, 4, 300, ledger=300)  # one ledger: one batch
+        _wait(proc, log, lambda: (offsets / str(first)).exists(), "a batch for the new ledger")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     done = len(list(commits.glob("[0-9]*")))
-    assert done < 7, "the first run was meant to be killed before it read everything (7 batches)"
-    _produce(uri, 3, 300, ledger=200)  # more arrives while it is down
-    topic = TopicMetadata.open(uri).load_topic()
-    end = str(MessageId(topic.ledgers[-1].id, topic.ledgers[-1].entries, 0))
+    assert done in (first, first + 1)  # that batch uncommitted or committed, no other one
+    print(f"\nkilled {'in the middle of' if done == first else 'just after'} batch {first}")
+    _produce(uri, 3, 600, ledger=200)  # more arrives while it is down
+    end = _topic_end(uri)
     # restarted from the checkpoint, until a committed batch ends at the end of the topic
-    proc = subprocess.Popen([sys.executable, str(script), uri, out, ck], env=env, cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = _start_job(script, uri, out, ck, log)
     try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and _committed_end(Path(ck)) != end:
-            assert proc.poll() is None, (proc.stderr.read() if proc.stderr else "")[-3000:]
-            time.sleep(0.2)
-        assert _committed_end(Path(ck)) == end
+        _wait(proc, log, lambda: _committed_end(Path(ck)) == end, "everything read")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
