@@ -53,7 +53,7 @@ LONG = os.environ.get("SHALE_LONG_TESTS") == "1"
 MINUTE = 60_000
 HOUR = 60 * MINUTE
 ORPHAN_GRACE = 15 * MINUTE
-KEYS = (None, "a", "b", "c", "d", "e")
+KEYS = (None, "a", "b", "c", "d", "e", "f", "g", "h")
 Row = tuple[MessageId, bytes | None, bytes | None]  # id, key, value (None or b"": a tombstone when keyed)
 
 
@@ -231,7 +231,7 @@ class ViewMachine(RuleBasedStateMachine):
     def advance_clock(self, seconds: int) -> None:
         self.clock.s += seconds
 
-    @rule(retention=st.sampled_from([0, HOUR]), retain=st.booleans(), in_place=st.booleans(),
+    @rule(retention=st.sampled_from([0, HOUR]), retain=st.booleans(), in_place=st.sampled_from([True, True, False]),
           collect=st.booleans())
     def compact(self, retention: int, retain: bool, in_place: bool, collect: bool) -> None:
         """A run; with ``in_place`` previous parts stay where they are with deletion vectors,
