@@ -181,8 +181,9 @@ class TopicView:
         below ``end``, when given.
 
         ``start`` None reads from the oldest record left (every part, whole; what retention
-        removed before is no gap).  From an id, records from there that retention removed
-        come first as a :class:`Removed` range (:meth:`removed_from`)."""
+        removed before is no gap).  From an id, the records from there that retention
+        removed (:meth:`removed_from`) come before the ledgers as a :class:`Removed` range:
+        in a compacted view, only those the view does not hold (:meth:`uncovered`)."""
         yield from self.parts(start, end)
         tail = self.tail_start(MIN_ID if start is None else start)
         if start is not None:
