@@ -27,10 +27,11 @@ from shale.compactor.cpus import available_cpus
 from shale.ledger.codecs import Dictionary
 from shale.ledger.deletions import read_deletions
 from shale.ledger.format import FRAME_HEADER, KIND_COMPACTED, KIND_ORIGINAL
-from shale.ledger.ids import MessageId
+from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.reader import LedgerFile
 from shale.metadata.state import CompactedPart, CompactionState, LedgerInfo, TopicState
 from shale.metadata.topic import TopicMetadata
+from shale.metadata.view import Segment, TopicView
 from shale.storage import Location
 
 __all__ = ["ObjectRef", "Plan", "Slice", "make_plan", "open_slice"]
@@ -163,61 +164,79 @@ def make_plan(meta: TopicMetadata, *, now_ms: int, min_compaction_lag_ms: int,
               footers: bool = True) -> Plan:
     """Read both metadata documents and the footers needed to fix this run's range
     (every footer with ``footers``; else at most two, see the module's text)."""
-    store, loc = meta.topic.store, meta.topic
-    opener = open_file or (lambda key, lid, kind: LedgerFile.open(store, key, ledger_id=lid, kind=kind,
+    loc = meta.topic
+    opener = open_file or (lambda key, lid, kind: LedgerFile.open(loc.store, key, ledger_id=lid, kind=kind,
                                                                    dictionaries=meta.dictionaries))
     previous = meta.load_compaction()
-    topic = meta.load_topic()
-    prev_h = previous.horizon
+    # What the run reads is the compacted view: every previous part, then the original
+    # ledgers from the previous horizon's successor.
+    view = TopicView(meta.load_topic(), previous)
     cutoff = now_ms - min_compaction_lag_ms
+    todo, held_back = _ledgers_to_read(view, cutoff)
+    compacted, files = _read_footers(meta, view, todo, opener, footers)
+    new, young = _new_slices(loc, todo, files, cutoff)
+    horizon = new[-1].file.record_id(new[-1].stop - 1) if new else previous.horizon
+    dirty = sum(s.data_bytes() for s in new)
+    # Entry bytes on both sides (footers excluded), so the ratio compares like with like.
+    # (records a deletion vector removed do not count as live)
+    live = dirty + sum(int(s.data_bytes() * (s.part.live / s.part.records if s.part and s.part.records else 1))
+                       for s in compacted)
+    dictionaries = meta.dictionaries.all() if view.topic.dictionaries else ()
+    return Plan(view.topic, previous, tuple(compacted), tuple(new), horizon, dirty, live, held_back + young, loc,
+                dictionaries)
 
-    # The ledgers this run reads: every previous part, then the ledgers above the
-    # previous horizon up to the first one holding a record too young to compact.
-    todo: list[LedgerInfo] = []
-    held_back = 0
-    for i, lg in enumerate(topic.ledgers):
-        if prev_h is not None and lg.id < prev_h.ledger:
-            continue
-        todo.append(lg)
-        if lg.last_publish > cutoff:
-            held_back = sum(later.records for later in topic.ledgers[i + 1:])
-            break
 
-    def part_ref(p: CompactedPart) -> ObjectRef:
-        return ObjectRef(loc.key(p.object), previous.part_ledger_id(p), KIND_COMPACTED, p.records, p.bytes,
-                         p.uncompressed_bytes)
+def _ledgers_to_read(view: TopicView, cutoff: int) -> tuple[list[Segment], int]:
+    """The original ledgers of ``view`` above its horizon up to the first one holding a
+    record published after ``cutoff`` (too young to compact), and the records of the
+    ledgers after that one."""
+    todo: list[Segment] = []
+    ledgers = list(view.ledgers(view.tail_start(MIN_ID)))
+    for i, seg in enumerate(ledgers):
+        todo.append(seg)
+        if _ledger(seg).last_publish > cutoff:
+            return todo, sum(_ledger(later).records for later in ledgers[i + 1:])
+    return todo, 0
 
-    def ledger_ref(lg: LedgerInfo) -> ObjectRef:
-        return ObjectRef(loc.key(lg.object), lg.id, KIND_ORIGINAL, lg.records, lg.bytes, lg.uncompressed_bytes)
 
-    def open_part(p: CompactedPart) -> Slice:
-        ref = part_ref(p)
-        f = opener(ref.key, ref.ledger_id, KIND_COMPACTED)
-        gone = read_deletions(store, loc.key(p.deletions), f.n_records) if p.deletions else None
-        return Slice(f, 0, f.n_records, True, p, gone, ref)
+def _read_footers(meta: TopicMetadata, view: TopicView, todo: list[Segment],
+                  opener: Callable[[str, int | None, int], LedgerFile], footers: bool
+                  ) -> tuple[list[Slice], list[LedgerFile | None]]:
+    """The previous parts as slices, and the footers of the ledgers ``todo``: every one
+    with ``footers``; else none of the parts', and only those of the ledger the previous
+    horizon lies in (to find the record after it) and of the last ledger (to cut it at
+    the lag and name the new horizon)."""
+    loc = meta.topic
+    parts = list(view.parts())
 
-    # Without footers, only the ledger holding the previous horizon (to find the record
-    # after it) and the last ledger (to cut it at the lag and name the new horizon).
-    needed = [lg.id == prev_h.ledger if prev_h is not None else False for lg in todo] if not footers else []
-    if needed:
-        needed[-1] = True
+    def open_part(seg: Segment) -> Slice:
+        f = opener(loc.key(seg.object), seg.ledger_id, KIND_COMPACTED)
+        return Slice(f, 0, f.n_records, True, seg.part, seg.deleted(meta, f.n_records), _ref(loc, seg))
+
+    needed = [footers or seg.starts_inside or i == len(todo) - 1 for i, seg in enumerate(todo)]
     # Footers are read several at a time: object stores answer each read with latency,
     # and decoding a big footer is mostly NumPy work that leaves the interpreter lock.
-    reads = min(FOOTER_READS, available_cpus()) if store.reads_are_local else FOOTER_READS
+    reads = min(FOOTER_READS, available_cpus()) if loc.store.reads_are_local else FOOTER_READS
     with ThreadPoolExecutor(max_workers=reads, thread_name_prefix="shale-footer") as pool:
         if footers:
-            parts_opened = pool.map(open_part, previous.parts)  # all submitted at once, both lists
-        ledgers_opened = pool.map(lambda i_lg: opener(loc.key(i_lg[1].object), i_lg[1].id, KIND_ORIGINAL)
-                                  if footers or needed[i_lg[0]] else None, enumerate(todo))
-        compacted = list(parts_opened) if footers else [Slice(None, 0, p.records, True, p, None, part_ref(p))
-                                                          for p in previous.parts]
-        files = list(ledgers_opened)
+            parts_opened = pool.map(open_part, parts)  # all submitted at once, both lists
+        ledgers_opened = pool.map(lambda i_seg: opener(loc.key(i_seg[1].object), i_seg[1].ledger_id, KIND_ORIGINAL)
+                                  if needed[i_seg[0]] else None, enumerate(todo))
+        compacted = list(parts_opened) if footers else [
+            Slice(None, 0, seg.records, True, seg.part, None, _ref(loc, seg)) for seg in parts]
+        return compacted, list(ledgers_opened)
+
+
+def _new_slices(loc: Location, todo: list[Segment], files: list[LedgerFile | None],
+                cutoff: int) -> tuple[list[Slice], int]:
+    """The records of ``todo`` this run reads, and how many of their records it leaves
+    because they, or records before them, are younger than the lag allows."""
     new: list[Slice] = []
-    for lg, f in zip(todo, files, strict=True):
-        n_records = lg.records if f is None else f.n_records
-        start = f.find(prev_h.successor()) if f is not None and prev_h is not None and lg.id == prev_h.ledger else 0
-        stop = n_records
-        if f is not None and lg.last_publish > cutoff:
+    held_back = 0
+    for seg, f in zip(todo, files, strict=True):
+        start = seg.span(f)[0] if f is not None else 0
+        stop = _ledger(seg).records if f is None else f.n_records
+        if f is not None and _ledger(seg).last_publish > cutoff:
             # Only entries published at or before the cutoff, and nothing after the first
             # entry that is too young: the horizon must not skip over a record.
             young = np.nonzero(f.footer.col("e_publish") > cutoff)[0]
@@ -225,15 +244,20 @@ def make_plan(meta: TopicMetadata, *, now_ms: int, min_compaction_lag_ms: int,
             stop = max(start, int(f.footer.e_rec_start[first_young]))
             held_back += f.n_records - stop
         if stop > start:
-            new.append(Slice(f, start, stop, False, ref=ledger_ref(lg)))
-    horizon = new[-1].file.record_id(new[-1].stop - 1) if new else prev_h
-    dirty = sum(s.data_bytes() for s in new)
-    # Entry bytes on both sides (footers excluded), so the ratio compares like with like.
-    # (records a deletion vector removed do not count as live)
-    live = dirty + sum(int(s.data_bytes() * (s.part.live / s.part.records if s.part and s.part.records else 1))
-                       for s in compacted)
-    dictionaries = meta.dictionaries.all() if topic.dictionaries else ()
-    return Plan(topic, previous, tuple(compacted), tuple(new), horizon, dirty, live, held_back, loc, dictionaries)
+            new.append(Slice(f, start, stop, False, ref=_ref(loc, seg)))
+    return new, held_back
+
+
+def _ledger(seg: Segment) -> LedgerInfo:
+    if seg.ledger is None:
+        raise ValueError("an original ledger's segment describes its ledger")
+    return seg.ledger
+
+
+def _ref(loc: Location, seg: Segment) -> ObjectRef:
+    """Where the segment's object is, as the metadata describes it."""
+    d = seg.part if seg.part is not None else _ledger(seg)
+    return ObjectRef(loc.key(seg.object), seg.ledger_id, seg.kind, d.records, d.bytes, d.uncompressed_bytes)
 
 
 def open_slice(meta: TopicMetadata, s: Slice) -> Slice:

@@ -4,7 +4,8 @@ The published state promises that, below its horizon, the compacted parts hold e
 the latest record of every key (tombstones while their retention lasts; keyless records
 only when kept).  Verification recomputes "the latest record of every key up to the
 horizon" from the original ledgers that still exist, from footers only, and compares it
-with what the parts hold, after their deletion vectors:
+with what the parts of the compacted view (:class:`~shale.metadata.view.TopicView`) hold,
+after their deletion vectors:
 
 * **missing** — a key whose latest record is a value, absent from the compacted view;
 * **extra** — a key in the compacted view whose latest record is a tombstone that is not
@@ -19,8 +20,8 @@ well-formed record exactly where the part's footer puts it, with the flags the f
 gives it (exit 4 otherwise): what readers will decode.
 
 "Latest" is decided here by a fold of verification's own
-(:func:`compactor.verify_fold.latest_per_key`), never by the compactor's
-(:func:`compactor.rules.latest_of_each_key` and the C kernels behind it): a bug in
+(:func:`~shale.compactor.verify_fold.latest_per_key`), never by the compactor's
+(:func:`~shale.compactor.rules.latest_of_each_key` and the C kernels behind it): a bug in
 either then shows as a mismatch instead of passing unseen.
 """
 
@@ -33,12 +34,12 @@ import numpy as np
 import numpy.typing as npt
 
 from shale.compactor.verify_fold import latest_per_key
-from shale.ledger.deletions import read_deletions
-from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, KIND_COMPACTED, KIND_ORIGINAL
+from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, KIND_ORIGINAL
 from shale.ledger.ids import MessageId
 from shale.ledger.reader import LedgerFile
-from shale.metadata.state import CompactionState, TopicState
+from shale.metadata.state import TopicState
 from shale.metadata.topic import TopicMetadata
+from shale.metadata.view import TopicView
 from shale.settings.units import count
 
 __all__ = ["VerifyReport", "verify_topic"]
@@ -166,20 +167,19 @@ def verify_topic(meta: TopicMetadata) -> VerifyReport:
     topic = meta.load_topic()
     h = state.horizon
     report = VerifyReport(meta.uri, str(h) if h else None, state.epoch)
-    published = _published(meta, state, report)
+    published = _published(meta, TopicView(topic, state), report)
     original, existing = _recomputed(meta, topic, h)
     _compare(report, published, original, existing)
     return report
 
 
-def _published(meta: TopicMetadata, state: CompactionState, report: VerifyReport) -> _Records:
-    """The live records of the compacted parts, every frame and record checked on the way."""
-    loc = meta.topic
+def _published(meta: TopicMetadata, view: TopicView, report: VerifyReport) -> _Records:
+    """The live records of the compacted parts (every part of the view, whole), every frame
+    and record checked on the way."""
     published = _Records()
-    for p in state.parts:
-        f = LedgerFile.open(loc.store, loc.key(p.object), ledger_id=state.part_ledger_id(p), kind=KIND_COMPACTED,
-                            dictionaries=meta.dictionaries)
-        gone = read_deletions(loc.store, loc.key(p.deletions), f.n_records) if p.deletions else None
+    for part in view.parts():
+        f = part.open(meta)
+        gone = part.deleted(meta, f.n_records)
         for c0, c1 in f.chunks(0, f.n_entries):
             base, buf = f.read_frames(c0, c1)
             f.check_frames(buf, base, c0, c1)

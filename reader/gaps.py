@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from shale.ledger.errors import GapError, InvalidInputError
-from shale.ledger.ids import MIN_ID, MessageId
-from shale.metadata.state import TopicState
+from shale.ledger.ids import MessageId
+from shale.metadata.view import log_start
 
 __all__ = ["ON_GAP_CHOICES", "Gap", "GapListener", "OnGap", "check_on_gap", "log_gap", "log_start"]
 
@@ -49,11 +49,6 @@ def check_on_gap(value: str) -> OnGap:
         if value == choice:
             return choice
     raise InvalidInputError(f"on_gap={value!r}: expected one of {', '.join(ON_GAP_CHOICES)}")
-
-
-def log_start(topic: TopicState) -> MessageId:
-    """The smallest id a record of ``topic`` may still have: past every removed ledger."""
-    return MessageId(topic.removed_through + 1, 0, 0) if topic.removed_through else MIN_ID
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ It is found without holding the view:
 
 1. **Pass one** (:func:`plan_latest`) reads footers only.  The objects of the view as it
    is now — the compacted parts below the horizon (less their deletion vectors) and the
-   original ledgers above it: :func:`~shale.reader.splits.plan_splits` — carry each
+   original ledgers above it: :class:`~shale.metadata.view.TopicView` — carry each
    record's 128-bit key hash and flags.  The records with a key are folded
    (:func:`last_of_each_key`): the last record of each hash in id order is its key's
    latest, and is chosen unless it is a tombstone.  Memory follows the number of records
@@ -45,8 +45,8 @@ from shale.ledger.ids import MessageId
 from shale.ledger.reader import DEFAULT_CHUNK_BYTES
 from shale.ledger.record import Message
 from shale.metadata.topic import TopicMetadata
+from shale.metadata.view import Segment, TopicView
 from shale.reader.arrow import DEFAULT_BATCH_ROWS, DEFAULT_MAX_BATCH_BYTES, BatchReader, require_pyarrow
-from shale.reader.splits import Split, open_split, plan_splits, split_records
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -66,7 +66,7 @@ _T = TypeVar("_T")
 class Chosen:
     """The records of one object of the view that are in the table (indexes, rising)."""
 
-    split: Split
+    segment: Segment
     records: npt.NDArray[np.int64]
 
 
@@ -90,19 +90,18 @@ def plan_latest(meta: TopicMetadata, *, end: MessageId | None = None) -> LatestP
     Memory: for every record with a key, its two hashes (16 bytes), its index (4), whether
     it is a tombstone (1) and its place in the sort order (8); and 16 bytes per key while
     the fold ends."""
-    topic = meta.load_topic()
-    compaction = meta.load_compaction()  # (read after the ledger list: it covers at least what the list lacks)
-    splits = plan_splits(meta, compacted=True, end=end, max_records=1 << 62, topic=topic, compaction=compaction)
+    view = TopicView.load(meta)
+    segments = [s for s in view.segments(end=end) if isinstance(s, Segment) and s.records > 0]
     # Each object's record count bounds what it adds: filled in place, never concatenated.
-    bound = sum(s.records for s in splits)
+    bound = sum(s.records for s in segments)
     hi = np.empty(bound, dtype=np.uint64)
     lo = np.empty(bound, dtype=np.uint64)
     index = np.empty(bound, dtype=np.uint32)  # (an object holds fewer than 2**32 records: its footer is bounded)
     tombstone = np.empty(bound, dtype=np.bool_)
     starts = [0]
-    for split in splits:
-        f = open_split(meta, split)
-        records = split_records(meta, f, split)
+    for segment in segments:
+        f = segment.open(meta)
+        records = segment.live(meta, f)
         flags = f.footer.col("r_flags")[records]
         keyed = records[(flags & FLAG_HAS_KEY) != 0]
         a, b = starts[-1], starts[-1] + len(keyed)
@@ -117,8 +116,8 @@ def plan_latest(meta: TopicMetadata, *, end: MessageId | None = None) -> LatestP
     del hi, lo
     latest = latest[~tombstone[latest]]
     cut = np.searchsorted(latest, starts)
-    chosen = tuple(Chosen(split, index[latest[cut[i]:cut[i + 1]]].astype(np.int64))
-                   for i, split in enumerate(splits) if cut[i + 1] > cut[i])
+    chosen = tuple(Chosen(segment, index[latest[cut[i]:cut[i + 1]]].astype(np.int64))
+                   for i, segment in enumerate(segments) if cut[i + 1] > cut[i])
     return LatestPlan(chosen, n)
 
 
@@ -178,7 +177,7 @@ def latest_batches(meta: TopicMetadata, plan: LatestPlan, *, utf8: bool = False,
     with BatchReader(min(2, len(os.sched_getaffinity(0))), max_batch_bytes=max_batch_bytes, rows=rows,
                      chunk_bytes=min(DEFAULT_CHUNK_BYTES, max_batch_bytes), utf8=utf8) as reader:
         for c in plan.chosen:
-            yield from reader.batches(open_split(meta, c.split), c.records)
+            yield from reader.batches(c.segment.open(meta), c.records)
 
 
 def latest_messages(meta: TopicMetadata, plan: LatestPlan, *,
@@ -187,7 +186,7 @@ def latest_messages(meta: TopicMetadata, plan: LatestPlan, *,
     (:meth:`~shale.ledger.reader.LedgerFile.messages_at`), in ranged reads of about
     ``chunk_bytes``."""
     for c in plan.chosen:
-        yield from open_split(meta, c.split).messages_at(c.records, chunk_bytes=chunk_bytes)
+        yield from c.segment.open(meta).messages_at(c.records, chunk_bytes=chunk_bytes)
 
 
 def table_batches(meta: TopicMetadata, *, end: MessageId | None = None, utf8: bool = False,

@@ -1,8 +1,9 @@
 """Point lookup: the latest record of one key, reading only what can hold it.
 
 Every ledger and compacted part carries the 128-bit hash of each record's key in its
-footer.  A lookup reads the footers of the ledgers above the horizon (newest first) and,
-if the key is not there, of the compacted parts; it then reads only the entries whose
+footer.  A lookup reads the footers of the objects of the compacted view
+(:class:`~shale.metadata.view.TopicView`) newest first: the ledgers above the horizon and,
+if the key is not there, the compacted parts; it then reads only the entries whose
 records' hashes match, and compares the keys themselves (a hash match alone is never
 taken for the key).  Nothing else of the topic is read.
 """
@@ -14,11 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shale.ledger.deletions import read_deletions
-from shale.ledger.format import KIND_COMPACTED, KIND_ORIGINAL
 from shale.ledger.reader import LedgerFile
 from shale.ledger.record import Message, key_hash
 from shale.metadata.topic import TopicMetadata
+from shale.metadata.view import Segment, TopicView
 
 __all__ = ["Lookup", "lookup"]
 
@@ -48,34 +48,21 @@ def _matches(f: LedgerFile, hi: int, lo: int) -> Iterator[int]:
 def lookup(meta: TopicMetadata, key: bytes) -> Lookup:
     """The latest record of ``key`` in the compacted view plus the tail above the horizon
     (the same answer a compacted read would end on)."""
-    store, loc = meta.topic.store, meta.topic
-    topic, state = meta.load_topic(), meta.load_compaction()
     hi, lo = key_hash(key)
     footers = entries = 0
-    h = state.horizon
-    # the tail, newest ledger first: the first match found is the latest
-    for lg in reversed(topic.ledgers):
-        if h is not None and lg.id < h.ledger:
-            break
-        f = LedgerFile.open(store, loc.key(lg.object), ledger_id=lg.id, kind=KIND_ORIGINAL,
-                            dictionaries=meta.dictionaries)
+    # newest first: the tail's ledgers, then the compacted parts (at most one live record
+    # per key); the first match found is the latest
+    segments = [s for s in TopicView.load(meta).segments() if isinstance(s, Segment)]
+    for segment in reversed(segments):
+        f = segment.open(meta)
         footers += 1
-        for i in _matches(f, hi, lo):
-            if h is not None and f.record_id(i) <= h:
-                break  # at or below the horizon: the compacted view answers for it
-            entries += 1
-            m = next(f.messages(i, i + 1))
-            if m.key == key:
-                return Lookup(key, m, footers, entries)
-    # the compacted view: at most one live record per key
-    for part in reversed(state.parts):
-        f = LedgerFile.open(store, loc.key(part.object), ledger_id=state.part_ledger_id(part), kind=KIND_COMPACTED,
-                            dictionaries=meta.dictionaries)
-        footers += 1
-        gone = read_deletions(store, loc.key(part.deletions), f.n_records) if part.deletions else None
+        first = segment.span(f)[0]
+        gone = segment.deleted(meta, f.n_records)
         for i in _matches(f, hi, lo):
             if gone is not None and gone[i]:
                 continue
+            if i < first:
+                break  # at or below the horizon: the compacted view answers for it
             entries += 1
             m = next(f.messages(i, i + 1))
             if m.key == key:

@@ -1,12 +1,14 @@
 """A topic cut into independent splits, for engines that read in parallel (Spark).
 
 :func:`plan_splits` reads only metadata and cuts the records with ids in ``[start, end)``
-into :class:`Split`\\ s: one per compacted part (below the horizon, when reading the
-compacted view), and one per slice of at most ``max_records`` records of each original
-ledger above it.  :func:`read_split` reads one split as Arrow record batches, anywhere the
+into :class:`Split`\\ s, one per segment of the topic's view
+(:class:`~shale.metadata.view.TopicView`): one per compacted part (below the horizon, when
+reading the compacted view), and one per slice of at most ``max_records`` records of each
+original ledger above it.  :func:`read_split` reads one split as Arrow record batches, anywhere the
 topic's store is reachable.  Reading every split of a plan, in plan order, gives what a
 :class:`~shale.reader.TopicReader` positioned at ``start`` gives up to ``end``: no gap, no
-duplicate.
+duplicate.  Records retention removed are not a split: a read from an id at or below a
+removed ledger reads what is left (the streaming source checks for lost records itself).
 """
 
 from __future__ import annotations
@@ -18,12 +20,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from shale.ledger.deletions import read_deletions
-from shale.ledger.format import KIND_COMPACTED, KIND_ORIGINAL
 from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.reader import LedgerFile
 from shale.metadata.state import CompactionState, TopicState
 from shale.metadata.topic import TopicMetadata
+from shale.metadata.view import Segment, TopicView
 from shale.reader.arrow import DEFAULT_MAX_BATCH_BYTES, BatchReader
 
 if TYPE_CHECKING:
@@ -54,6 +55,18 @@ class Split:
         """How many records the split spans at most."""
         return self.stop - self.first
 
+    @property
+    def segment(self) -> Segment:
+        """The segment of the view this split reads."""
+        return Segment(self.object, self.ledger_id, self.kind, self.first, self.stop, MessageId.parse(self.start),
+                       MessageId.parse(self.end) if self.end else None, self.deletions)
+
+    @classmethod
+    def of(cls, segment: Segment) -> Split:
+        """The split that reads ``segment``."""
+        return cls(segment.object, segment.ledger_id, segment.kind, segment.first, segment.stop, str(segment.start),
+                   "" if segment.end is None else str(segment.end), segment.deletions)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -64,49 +77,20 @@ def plan_splits(meta: TopicMetadata, *, compacted: bool, start: MessageId = MIN_
     """The splits of the records with ids in ``[start, end)`` (``end`` None: to the end of
     the topic as it is), reading the compacted view first when ``compacted``."""
     topic = topic or meta.load_topic()
-    bound = "" if end is None else str(end)
-    splits: list[Split] = []
-    position = start
-    if compacted:
-        state = compaction or meta.load_compaction()
-        if state.horizon is not None and position <= state.horizon:
-            for part in state.parts:
-                if part.last_id is None or part.last_id < position or part.records == 0:
-                    continue
-                if end is not None and part.first_id is not None and part.first_id >= end:
-                    continue
-                splits.append(Split(part.object, state.part_ledger_id(part), KIND_COMPACTED, 0, part.records,
-                                    str(position), bound, part.deletions))
-            position = max(position, state.horizon.successor())
-    for lg in topic.ledgers:
-        if lg.id < position.ledger or (end is not None and lg.id > end.ledger) or lg.records == 0:
-            continue
-        if end is not None and lg.id == end.ledger and end.entry == 0 and end.batch == 0:
-            continue
-        for first in range(0, lg.records, max(1, max_records)):
-            splits.append(Split(lg.object, lg.id, KIND_ORIGINAL, first, min(lg.records, first + max_records),
-                                str(position), bound))
-    return splits
+    view = TopicView(topic, (compaction or meta.load_compaction()) if compacted else None)
+    return [Split.of(seg) for seg in view.segments(start, end, max_records=max_records)
+            if isinstance(seg, Segment) and seg.records > 0]
 
 
 def split_records(meta: TopicMetadata, f: LedgerFile, split: Split) -> npt.NDArray[np.int64]:
     """The record indexes of ``f`` (the split's object, opened) that ``split`` reads: its
     range, within its ids, less the records its deletion vector removes."""
-    lo = max(split.first, f.find(MessageId.parse(split.start)))
-    hi = min(split.stop, f.n_records)
-    if split.end:
-        hi = min(hi, f.find(MessageId.parse(split.end)))
-    records = np.arange(lo, max(lo, hi), dtype=np.int64)
-    if split.deletions:
-        gone = read_deletions(meta.topic.store, meta.topic.key(split.deletions), f.n_records)
-        records = records[~gone[records]]
-    return records
+    return split.segment.live(meta, f)
 
 
 def open_split(meta: TopicMetadata, split: Split) -> LedgerFile:
     """The split's object, opened (its footer read and checked)."""
-    return LedgerFile.open(meta.topic.store, meta.topic.key(split.object), ledger_id=split.ledger_id,
-                           kind=split.kind, dictionaries=meta.dictionaries)
+    return split.segment.open(meta)
 
 
 def read_split(meta: TopicMetadata, split: Split, *, rows: int | None = None, utf8: bool = False,

@@ -3,7 +3,10 @@
 A compacted read (``read_compacted=True``) serves every position at or below the
 published horizon from the compacted ledger and every position above it from the
 original ledgers; the switch happens at ``horizon.successor()``, so there is no gap and
-no duplicate.  A reader that opts out sees every original record.
+no duplicate.  A reader that opts out sees every original record.  What each read covers
+comes from the topic's view (:class:`~shale.metadata.view.TopicView`); the reader adds
+what depends on its own history: where it stands, the removed ledgers it had listed, and
+the gaps retention opened ahead of it.
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ import numpy.typing as npt
 
 from shale.ledger.deletions import read_deletions
 from shale.ledger.errors import GapError, ObjectNotFoundError
-from shale.ledger.format import KIND_COMPACTED, KIND_ORIGINAL
+from shale.ledger.format import KIND_ORIGINAL
 from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.reader import DEFAULT_CHUNK_BYTES, LedgerFile
 from shale.ledger.record import Message
-from shale.metadata.state import CompactedPart, CompactionState, LedgerInfo, TopicState
+from shale.metadata.state import CompactionState, LedgerInfo, TopicState
 from shale.metadata.topic import TopicMetadata
+from shale.metadata.view import Segment, TopicView, wholly_below
 from shale.reader.arrow import DEFAULT_BATCH_ROWS, DEFAULT_MAX_BATCH_BYTES, BatchReader, require_pyarrow, schema
 from shale.reader.arrow import require as _require
 from shale.reader.gaps import Gap, GapListener, OnGap, check_on_gap, log_gap, log_start
@@ -158,13 +162,13 @@ class TopicReader:
             self._fresh = self._next
             return
         start = max(self._next, self._floor)
-        through = new.removed_through
-        if through < 1 or start.ledger > through:
+        if TopicView(new).removed_from(start) is None:
             return
+        through = new.removed_through
         # Removed ledgers this reader had listed and not finished: their objects stay until
         # the orphan grace has passed since the truncation, and are read while they do.
         known = {lg.id: lg for lg in (*self._behind, *old.ledgers)}
-        self._behind = tuple(known[i] for i in sorted(known) if i <= through and not _past(known[i], start))
+        self._behind = tuple(known[i] for i in sorted(known) if i <= through and not wholly_below(known[i], start))
         if self.read_compacted:
             self._removed_from(start)  # crossed through the compacted view
         elif through > old.last_ledger_id:
@@ -173,9 +177,10 @@ class TopicReader:
 
     def _removed_from(self, first: MessageId) -> None:
         """Records from ``first`` up to the last removed ledger are gone unread: a gap to cross."""
-        through = self._topic.removed_through
-        if through < 1 or first.ledger > through:
+        gone = TopicView(self._topic).removed_from(first)
+        if gone is None:
             return
+        first, through = gone.first, gone.through
         if self._gap is not None:
             first, through = min(first, self._gap[0]), max(through, self._gap[1])
         self._gap = (first, through)
@@ -255,11 +260,11 @@ class TopicReader:
             out.append(m)
         return out
 
-    def _open(self, key: str, ledger_id: int, kind: int) -> LedgerFile:
+    def _open(self, seg: Segment) -> LedgerFile:
+        key = self.meta.topic.key(seg.object)
         f = self._files.get(key)
         if f is None:
-            f = LedgerFile.open(self.meta.topic.store, key, ledger_id=ledger_id, kind=kind,
-                                dictionaries=self.meta.dictionaries)
+            f = seg.open(self.meta)
             self._files[key] = f
             if len(self._files) > 64:
                 self._files.popitem(last=False)
@@ -267,11 +272,11 @@ class TopicReader:
             self._files.move_to_end(key)
         return f
 
-    def _deletions(self, part: CompactedPart, records: int) -> npt.NDArray[np.bool_] | None:
+    def _deletions(self, seg: Segment, records: int) -> npt.NDArray[np.bool_] | None:
         """The part's deleted records (superseded since it was written), if any."""
-        if not part.deletions:
+        if not seg.deletions:
             return None
-        key = self.meta.topic.key(part.deletions)
+        key = self.meta.topic.key(seg.deletions)
         if self._gone[0] != key:
             self._gone = (key, read_deletions(self.meta.topic.store, key, records))
         return self._gone[1]
@@ -315,16 +320,13 @@ class TopicReader:
         where the position then stands)."""
         while True:
             state = self._compaction
-            if state.horizon is None or self._next > state.horizon:
+            view = TopicView(self._topic, state)
+            if not view.holds(self._next):
                 return
             try:
-                for part in state.parts:
-                    if part.last_id is None or part.last_id < self._next:
-                        continue
-                    if stop is not None and part.first_id is not None and part.first_id >= stop:
-                        break
-                    f = self._open(self.meta.topic.key(part.object), state.part_ledger_id(part), KIND_COMPACTED)
-                    gone = self._deletions(part, f.n_records)
+                for seg in view.parts(self._next, stop):
+                    f = self._open(seg)
+                    gone = self._deletions(seg, f.n_records)
                     if stop is not None and (cut := f.find(stop)) < f.n_records:
                         gone = np.zeros(f.n_records, dtype=np.bool_) if gone is None else gone.copy()
                         gone[cut:] = True
@@ -336,7 +338,7 @@ class TopicReader:
                     raise
                 self._compaction = newer
                 continue
-            self._next = stop if stop is not None else max(self._next, state.horizon.successor())
+            self._next = stop if stop is not None else view.tail_start(self._next)
             return
 
     def _original_part(self, read: Callable[[LedgerFile, int, npt.NDArray[np.bool_] | None], Iterator[_T]]
@@ -344,28 +346,26 @@ class TopicReader:
         """The original ledgers from the position: removed ones still there that this reader
         had listed, then the gap if any, then the listed ones."""
         while True:
-            for lg in self._behind:
-                if self.read_compacted or (self._gap is not None and lg.id >= self._gap[0].ledger):
+            view = TopicView(self._topic)
+            for seg in view.ledgers(self._next, among=self._behind):
+                if self.read_compacted or (self._gap is not None and seg.ledger_id >= self._gap[0].ledger):
                     break
-                if _past(lg, self._next):
-                    continue
                 try:
-                    yield from self._ledger(lg, read)
+                    yield from self._ledger(seg, read)
                 except ObjectNotFoundError:
                     self._removed_from(self._next)  # collected: what is left of the removed range is gone
                     break
             if self._gap is not None:
                 yield from self._cross_gap(read)
             self._behind = ()
-            for lg in self._topic.ledgers:
-                if _past(lg, self._next):
-                    self._next = max(self._next, MessageId(lg.id + 1, 0, 0))
-                    continue
+            view = TopicView(self._topic)
+            self._next = view.skip(self._next)
+            for seg in view.ledgers(self._next):
                 try:
-                    yield from self._ledger(lg, read)
+                    yield from self._ledger(seg, read)
                 except ObjectNotFoundError:
                     newer = self.meta.load_topic()
-                    if newer.ledger(lg.id) is not None or lg.id > newer.removed_through:
+                    if newer.ledger(seg.ledger_id) is not None or seg.ledger_id > newer.removed_through:
                         raise  # not removed by retention: an object missing
                     self._adopt(newer)
                     self._removed_from(self._next)  # removed and collected while this reader read it
@@ -373,11 +373,11 @@ class TopicReader:
             else:
                 return
 
-    def _ledger(self, lg: LedgerInfo, read: Callable[[LedgerFile, int, npt.NDArray[np.bool_] | None], Iterator[_T]]
+    def _ledger(self, seg: Segment, read: Callable[[LedgerFile, int, npt.NDArray[np.bool_] | None], Iterator[_T]]
                 ) -> Iterator[_T]:
-        f = self._open(self.meta.topic.key(lg.object), lg.id, KIND_ORIGINAL)
+        f = self._open(seg)
         yield from read(f, f.find(self._next), None)
-        self._next = max(self._next, MessageId(lg.id + 1, 0, 0))  # sealed: nothing more comes in it
+        self._next = max(self._next, MessageId(seg.ledger_id + 1, 0, 0))  # sealed: nothing more comes in it
 
     def _cross_gap(self, read: Callable[[LedgerFile, int, npt.NDArray[np.bool_] | None], Iterator[_T]]
                    ) -> Iterator[_T]:
@@ -390,7 +390,7 @@ class TopicReader:
             return
         if self.read_compacted or self.on_gap == "compacted":
             state = self._compaction = self.meta.load_compaction()
-            covered = min(self._view_end(state), gap.resume)
+            covered = min(TopicView(self._topic, state).covered(self._behind), gap.resume)
             if self.read_compacted:
                 yield from self._compacted_part(read)
             elif covered > gap.first:
@@ -407,21 +407,6 @@ class TopicReader:
             raise gap.error()
         self._next, self._gap = gap.resume, None
         self.gap_listener(replace(gap, how="skipped"))
-
-    def _view_end(self, state: CompactionState) -> MessageId:
-        """The first id past what ``state``'s view holds: past its horizon, or past the
-        horizon's ledger when retention removed that ledger (truncation removes only
-        ledgers wholly at or below the horizon unless told otherwise; a removed ledger
-        this reader had listed says whether it held records above the horizon)."""
-        h = state.horizon
-        if h is None:
-            return MIN_ID
-        if h.ledger > self._topic.removed_through:
-            return h.successor()
-        known = next((lg for lg in self._behind if lg.id == h.ledger), None)
-        if known is not None and h.entry + 1 < known.entries:
-            return h.successor()
-        return MessageId(h.ledger + 1, 0, 0)
 
     # --------------------------------------------------------------------- Arrow
 
@@ -482,7 +467,3 @@ class TopicReader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def _past(lg: LedgerInfo, position: MessageId) -> bool:
-    """Whether every record of ``lg`` lies below ``position``."""
-    return lg.id < position.ledger or (lg.id == position.ledger and position.entry >= lg.entries)

@@ -1,0 +1,264 @@
+"""What a read of a topic covers, derived in one place: the view.
+
+A **plain** read covers the original ledgers from a position.  A **compacted** read covers
+the compacted parts up to the published horizon, each less its deletion vector, then the
+original ledgers from the horizon's successor (the horizon is inclusive): no gap, no
+duplicate.  Retention removes the oldest ledgers, always a prefix (ids up to the topic's
+``removed_through``); records a read had yet to reach that are gone are named as a
+:class:`Removed` range, with how far the compacted view still holds them.
+
+:class:`TopicView` derives all of it from the two metadata documents alone, as
+:class:`Segment` values: which object, which of its records (indexes, from the record
+counts the metadata gives) and which ids each covers.  A segment's exact record indexes
+come from the object's footer once it is open (:meth:`Segment.span`).  Every reader of
+the topic goes through it: :class:`~shale.reader.TopicReader` (iteration and Arrow
+batches), the splits engines read in parallel (:mod:`shale.reader.splits`), point lookups
+(:mod:`shale.reader.lookup`), the table (:mod:`shale.reader.latest`), ``shale verify``
+and the compaction planner.
+
+It lives in ``metadata``, below both the readers and the compactor (which never import
+each other), because both build on it and it needs nothing but the metadata documents
+and, to resolve record indexes, the ledger format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from shale.ledger.deletions import read_deletions
+from shale.ledger.format import KIND_COMPACTED, KIND_ORIGINAL
+from shale.ledger.ids import MIN_ID, MessageId
+from shale.ledger.reader import LedgerFile
+from shale.metadata.state import CompactedPart, CompactionState, LedgerInfo, TopicState
+
+if TYPE_CHECKING:
+    from shale.metadata.topic import TopicMetadata
+
+__all__ = ["Removed", "Segment", "TopicView", "log_start", "wholly_below"]
+
+
+def wholly_below(lg: LedgerInfo, position: MessageId) -> bool:
+    """Whether every record of ``lg`` lies below ``position``."""
+    return lg.id < position.ledger or (lg.id == position.ledger and position.entry >= lg.entries)
+
+
+def log_start(topic: TopicState) -> MessageId:
+    """The smallest id a record of ``topic`` may still have: past every removed ledger."""
+    return MessageId(topic.removed_through + 1, 0, 0) if topic.removed_through else MIN_ID
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """Records ``[first, stop)`` (indexes, from the metadata's record count) of one object
+    of the view, those with ids in ``[start, end)`` (``end`` None: no bound), less the
+    records its deletion vector (``deletions``) removes.
+
+    ``part`` is the compacted part, ``ledger`` the original ledger, as the metadata
+    describes it."""
+
+    object: str  # relative to the topic's folder
+    ledger_id: int
+    kind: int  # KIND_ORIGINAL or KIND_COMPACTED
+    first: int
+    stop: int
+    start: MessageId
+    end: MessageId | None = None
+    deletions: str | None = None
+    part: CompactedPart | None = None
+    ledger: LedgerInfo | None = None
+
+    @property
+    def compacted(self) -> bool:
+        """Whether this is a compacted part (else an original ledger)."""
+        return self.kind == KIND_COMPACTED
+
+    @property
+    def records(self) -> int:
+        """How many records the segment spans at most."""
+        return self.stop - self.first
+
+    @property
+    def starts_inside(self) -> bool:
+        """Whether its ids begin past the first record of its ledger: where its records
+        begin is then known only from the footer."""
+        return not self.compacted and self.start > MessageId(self.ledger_id, 0, 0)
+
+    def span(self, f: LedgerFile) -> tuple[int, int]:
+        """The record indexes ``[lo, hi)`` of ``f`` (this segment's object, opened) that it
+        covers: its records with ids in its bounds."""
+        lo = max(self.first, f.find(self.start))
+        hi = min(self.stop, f.n_records)
+        if self.end is not None:
+            hi = min(hi, f.find(self.end))
+        return lo, max(lo, hi)
+
+    def open(self, meta: TopicMetadata) -> LedgerFile:
+        """The segment's object, opened (its footer read and checked against its id and kind)."""
+        return LedgerFile.open(meta.topic.store, meta.topic.key(self.object), ledger_id=self.ledger_id,
+                               kind=self.kind, dictionaries=meta.dictionaries)
+
+    def deleted(self, meta: TopicMetadata, records: int) -> npt.NDArray[np.bool_] | None:
+        """Per record of the object (``records`` of them), whether its deletion vector
+        removed it; None when it has none."""
+        if not self.deletions:
+            return None
+        return read_deletions(meta.topic.store, meta.topic.key(self.deletions), records)
+
+    def live(self, meta: TopicMetadata, f: LedgerFile) -> npt.NDArray[np.int64]:
+        """The record indexes of ``f`` (this segment's object, opened) a read of the segment
+        gives: its :meth:`span`, less what its deletion vector removed."""
+        lo, hi = self.span(f)
+        records = np.arange(lo, hi, dtype=np.int64)
+        gone = self.deleted(meta, f.n_records)
+        return records if gone is None else records[~gone[records]]
+
+
+@dataclass(frozen=True, slots=True)
+class Removed:
+    """Records from id ``first`` through the end of ledger ``through`` that retention
+    removed before a read reached them.  The compacted view holds the latest record of
+    every key among those below ``covered``; ``horizon`` is its horizon (None: none)."""
+
+    first: MessageId
+    through: int
+    covered: MessageId
+    horizon: MessageId | None = None
+
+    @property
+    def resume(self) -> MessageId:
+        """The first id past the range: where the records left go on."""
+        return MessageId(self.through + 1, 0, 0)
+
+    @property
+    def uncovered(self) -> bool:
+        """Whether part of the range is held by no compacted view."""
+        return self.covered < self.resume
+
+
+@dataclass(frozen=True, slots=True)
+class TopicView:
+    """The view of one topic as two metadata documents describe it: the original ledgers
+    of ``topic`` and, for a compacted view, what ``compaction`` published (None: the plain
+    view, original ledgers only)."""
+
+    topic: TopicState
+    compaction: CompactionState | None = None
+
+    @classmethod
+    def load(cls, meta: TopicMetadata, *, compacted: bool = True) -> TopicView:
+        """The view as it is now: the ledger list, then (compacted) the compaction state,
+        read after it so that it covers at least what the list lacks."""
+        topic = meta.load_topic()
+        return cls(topic, meta.load_compaction() if compacted else None)
+
+    @property
+    def horizon(self) -> MessageId | None:
+        """The last id the compacted parts answer for (None: a plain view, or never compacted)."""
+        return None if self.compaction is None else self.compaction.horizon
+
+    def holds(self, position: MessageId) -> bool:
+        """Whether a read from ``position`` starts in the compacted parts."""
+        h = self.horizon
+        return h is not None and position <= h
+
+    def tail_start(self, start: MessageId) -> MessageId:
+        """Where the original ledgers take over from a read of the view begun at ``start``."""
+        h = self.horizon
+        return start if h is None else max(start, h.successor())
+
+    # ---------------------------------------------------------------- segments
+
+    def segments(self, start: MessageId | None = None, end: MessageId | None = None, *,
+                 max_records: int | None = None) -> Iterator[Segment | Removed]:
+        """What a read of the view covers, in id order: the compacted parts holding ids from
+        ``start`` (for a compacted view), then the original ledgers from where they take
+        over, each ledger whole or in slices of at most ``max_records`` records; only ids
+        below ``end``, when given.
+
+        ``start`` None reads from the oldest record left (every part, whole; what retention
+        removed before is no gap).  From an id, the records from there that retention
+        removed (:meth:`removed_from`) come before the ledgers as a :class:`Removed` range:
+        in a compacted view, only those the view does not hold (:meth:`uncovered`)."""
+        yield from self.parts(start, end)
+        tail = self.tail_start(MIN_ID if start is None else start)
+        if start is not None:
+            gone = self.removed_from(tail)
+            if gone is not None and self.compaction is not None:
+                gone = self.uncovered(gone)
+            if gone is not None and (end is None or gone.first < end):
+                yield gone
+        yield from self.ledgers(tail, end, max_records=max_records)
+
+    def parts(self, start: MessageId | None = None, stop: MessageId | None = None) -> Iterator[Segment]:
+        """The compacted parts holding ids from ``start`` up to the horizon, before ``stop``.
+        ``start`` None: every published part, whole (those without records too)."""
+        state = self.compaction
+        if state is None or (start is not None and not self.holds(start)):
+            return
+        for part in state.parts:
+            if start is not None and (part.last_id is None or part.last_id < start):
+                continue
+            if stop is not None and part.first_id is not None and part.first_id >= stop:
+                break
+            yield Segment(part.object, state.part_ledger_id(part), KIND_COMPACTED, 0, part.records,
+                          MIN_ID if start is None else start, stop, part.deletions, part=part)
+
+    def ledgers(self, start: MessageId = MIN_ID, end: MessageId | None = None, *, max_records: int | None = None,
+                among: Iterable[LedgerInfo] | None = None) -> Iterator[Segment]:
+        """The original ledgers with ids from ``start`` and below ``end``, whole or in slices
+        of at most ``max_records`` records each (record indexes from the metadata: a slice
+        wholly before ``start`` covers nothing).  ``among``: these ledgers (removed ones a
+        reader had listed) rather than the topic's."""
+        step = None if max_records is None else max(1, max_records)
+        for lg in self.topic.ledgers if among is None else among:
+            if wholly_below(lg, start):
+                continue
+            if end is not None and lg.first_id >= end:
+                break
+            for first in range(0, max(lg.records, 1), step or max(lg.records, 1)):
+                stop = lg.records if step is None else min(lg.records, first + step)
+                yield Segment(lg.object, lg.id, KIND_ORIGINAL, first, stop, start, end, ledger=lg)
+
+    def skip(self, position: MessageId) -> MessageId:
+        """``position`` moved past the sealed ledgers wholly below it: a ledger read to its
+        end leaves a read at the first id of the next one."""
+        for lg in self.topic.ledgers:
+            if not wholly_below(lg, position):
+                break
+            position = max(position, MessageId(lg.id + 1, 0, 0))
+        return position
+
+    # ---------------------------------------------------------------- retention
+
+    def removed_from(self, first: MessageId) -> Removed | None:
+        """Records from ``first`` on that retention removed (None: none were)."""
+        through = self.topic.removed_through
+        if through < 1 or first.ledger > through:
+            return None
+        return Removed(first, through, min(self.covered(), MessageId(through + 1, 0, 0)), self.horizon)
+
+    def covered(self, listed: Iterable[LedgerInfo] = ()) -> MessageId:
+        """The first id past what the compacted view holds: past its horizon, or past the
+        horizon's ledger when retention removed that ledger (truncation removes only
+        ledgers wholly at or below the horizon unless told otherwise; a removed ledger a
+        reader had ``listed`` says whether it held records above the horizon)."""
+        h = self.horizon
+        if h is None:
+            return MIN_ID
+        if h.ledger > self.topic.removed_through:
+            return h.successor()
+        known = next((lg for lg in listed if lg.id == h.ledger), None)
+        if known is not None and h.entry + 1 < known.entries:
+            return h.successor()
+        return MessageId(h.ledger + 1, 0, 0)
+
+    def uncovered(self, gone: Removed) -> Removed | None:
+        """What of ``gone`` a read of the compacted view cannot give (None: nothing; it
+        holds the latest record of every key of the rest)."""
+        first = max(gone.first, gone.covered)
+        return None if first >= gone.resume else Removed(first, gone.through, gone.covered, gone.horizon)
