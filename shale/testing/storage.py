@@ -18,7 +18,7 @@ and the capability flags the store must declare::
 
 A test of something a store may lack skips by the store's declared capability flag,
 never by its class, so a new backend is checked by writing one subclass.  Shale's own
-backends run it in ``tests/test_storage_conformance.py``.  Needs pytest.
+backends run it in ``tests/storage/test_storage_conformance.py``.  Needs pytest.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The hostile fuzz (``tests/test_fuzz_hostile.py``) for compressed frames and dictionaries:
+"""The hostile fuzz (``tests/metadata/test_fuzz_hostile.py``) for compressed frames and dictionaries:
 lies told inside the checksums of compressed entries, and dictionaries changed under
 their registration.
 
@@ -76,7 +76,16 @@ from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
 from tests import objects, tamper
-from tests.test_fuzz_hostile import DAY_MS, EXAMPLE_TIMEOUT_S, ORPHAN_GRACE_MS, Hung, _settings, event, note, watchdog
+from tests.metadata.test_fuzz_hostile import (
+    DAY_MS,
+    EXAMPLE_TIMEOUT_S,
+    ORPHAN_GRACE_MS,
+    Hung,
+    _settings,
+    event,
+    note,
+    watchdog,
+)
 
 PER_ENTRY = 40
 NAMES = ["alice", "bob", "carol", "dave", "erin"]

@@ -22,9 +22,9 @@ from shale.compactor.spark import SparkOptions
 from shale.compactor.spark.engine import SparkEngine
 from shale.metadata.topic import TopicMetadata
 from tests.compaction_model import CompactionModel
+from tests.compactor.spark.test_spark import HOUR, check_model, compacted, figures, produce
 from tests.conftest import without_aws_environment
 from tests.flaky_proxy import FlakyProxy
-from tests.test_spark import HOUR, check_model, compacted, figures, produce
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 

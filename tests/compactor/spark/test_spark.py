@@ -54,7 +54,7 @@ def engine() -> Iterator[SparkEngine]:
 
 @pytest.fixture(params=["local"])
 def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """Where the scenarios run: a local folder (tests/test_spark_cluster.py runs them on
+    """Where the scenarios run: a local folder (tests/compactor/spark/test_spark_cluster.py runs them on
     S3, with executors in processes of their own)."""
     if request.param == "s3":
         request.applymarker(pytest.mark.s3)

@@ -17,7 +17,7 @@ that ends before its kill is checked the same way.  After every kill:
   no unfinished write.
 
 CI runs a bounded, seeded campaign on a local folder and on the moto server; run
-``SHALE_LONG_TESTS=1 pytest tests/test_kill.py -s`` for a long one.  The counts print
+``SHALE_LONG_TESTS=1 pytest tests/compactor/test_kill.py -s`` for a long one.  The counts print
 with ``-s``.
 """
 

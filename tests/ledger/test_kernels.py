@@ -48,8 +48,8 @@ from shale.ledger import kernels
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
+from tests.compactor.test_compaction import expected_view
 from tests.conftest import run_cli
-from tests.test_compaction import expected_view
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]

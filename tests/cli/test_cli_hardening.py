@@ -21,8 +21,8 @@ from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
 from shale.storage import clear_backend_cache
+from tests.cli.test_cli_errors import one_line_error
 from tests.conftest import run_cli
-from tests.test_cli_errors import one_line_error
 
 # ------------------------------------------------------------- settings that cannot work
 

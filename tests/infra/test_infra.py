@@ -1,7 +1,7 @@
 """infra/: the Kubernetes manifests, rendered by the real kustomize (``kubectl kustomize``)
 and validated against the Kubernetes schemas in strict mode; the settings they give
 ``compact``; what the Dockerfile's instructions promise about the images (the images are
-built and run in ``tests/test_image.py``); and the Spark image's entrypoint, run with a
+built and run in ``tests/infra/test_image.py``); and the Spark image's entrypoint, run with a
 fake ``compact`` and a fake ``java``."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import yaml
 
 from shale.compactor.cli import build_compact_parser
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "infra" / "k8s"
 DOCKER = ROOT / "infra" / "docker"
 DOCKERFILE = DOCKER / "Dockerfile"
@@ -413,7 +413,7 @@ def test_compact_accepts_the_settings(overlay: str, rendered: Render) -> None:
 
 # --- (d) the Dockerfile ----------------------------------------------------------------------
 # These tests parse the Dockerfile's instructions for promises about every target that
-# hold without building it; tests/test_image.py builds the images and runs them (and the
+# hold without building it; tests/infra/test_image.py builds the images and runs them (and the
 # build itself checks that the C kernels import and that SPARK_HOME holds Spark's jars).
 
 class Stage(NamedTuple):

@@ -16,7 +16,7 @@ from shale.metadata.policy import PolicyDoc
 from shale.settings import COMMANDS, POLICY_SETTINGS, SETTINGS, Setting, VariableError, resolve, settings_for
 from shale.settings.kinds import Choice, Codec, Duration, Kind, Pairs, Rate, Ratio, Size, Uri, Url, Whole
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _words(text: str) -> str:

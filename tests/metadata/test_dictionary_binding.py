@@ -25,7 +25,7 @@ from shale.metadata.topic import TopicMetadata
 from shale.reader import TableView, TopicReader
 from tests import objects, tamper
 from tests.conftest import run_cli
-from tests.test_dictionaries import _model, _produce, _rows
+from tests.metadata.test_dictionaries import _model, _produce, _rows
 
 ROWS = _rows(4000, 3)
 

@@ -21,8 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from shale.ledger.masking import mask_secrets
 from shale.metadata.topic import TopicMetadata
+from tests.compactor.test_many_topics import lines, produce
 from tests.conftest import ROOT, run_cli
-from tests.test_many_topics import lines, produce
 
 
 def config(r: subprocess.CompletedProcess[str]) -> dict[str, dict[str, object]]:

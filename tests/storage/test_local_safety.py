@@ -28,7 +28,7 @@ from shale.producer import TopicWriter
 from shale.storage import Location, ObjectInfo, resolve
 from shale.storage._local import LocalStore
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LONG_AGO = time.time() - 400 * 86_400
 
 
