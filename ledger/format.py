@@ -520,7 +520,7 @@ def _tiling_error(offset: npt.NDArray[np.uint32], size: npt.NDArray[np.uint32], 
                   lengths: npt.NDArray[np.uint32]) -> str:
     """Why the records do not tile their entries' payloads ("" when they do): the first
     record of an entry starts at 0, each next one where the previous ends, and the last
-    ends at the payload's end (one pass in C, :func:`ledger.kernels.tiling_error`)."""
+    ends at the payload's end (one pass in C, :func:`shale.ledger.kernels.tiling_error`)."""
     return _TILING_ERRORS[tiling_error(offset, size, e_rec_start, lengths)]
 
 

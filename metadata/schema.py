@@ -13,7 +13,7 @@ invariants the rest of Shale relies on:
   named as compacted objects (so never a registered ledger nor a metadata document),
   none of them still published.
 
-A violation is an :class:`~ledger.errors.InvalidMetadataError` (exit 4) naming the
+A violation is an :class:`~shale.ledger.errors.InvalidMetadataError` (exit 4) naming the
 document and the field; nothing is deleted or published on the strength of it.
 """
 

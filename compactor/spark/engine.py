@@ -1,7 +1,7 @@
 """The Spark engine (driver side): splits the plan, runs the jobs, gathers the parts.
 
 The driver plans, heartbeats and publishes exactly as the local engine does
-(:class:`~compactor.job.Compactor`); only the two passes run on executors.  Executors
+(:class:`~shale.compactor.job.Compactor`); only the two passes run on executors.  Executors
 reach storage through Shale's own storage layer (boto3 for ``s3://``, fsspec for other
 schemes), so no Hadoop S3 connector is involved, and they write only under the run's
 folder, which the driver removes if the run fails.
