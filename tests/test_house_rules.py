@@ -12,8 +12,11 @@ from __future__ import annotations
 import ast
 import builtins
 import importlib
+import json
 import os
 import re
+import subprocess
+import sys
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -257,6 +260,80 @@ def test_every_cross_reference_resolves() -> None:
     documents = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     problems = broken_references(shipped_sources(), documents)
     assert not problems, "\n".join(problems)
+
+
+# Run in a fresh interpreter: imports every module of the installed package (a module
+# whose optional extra is missing aside) and prints what the imports changed in the
+# process.  The third-party modules Shale's modules import at their top are imported
+# before the first look, so that what they do on import (NumPy adds warning filters) is
+# not counted as Shale's.
+_IMPORT_EVERYTHING = """
+import ast, importlib, importlib.util, json, logging, os, pkgutil, signal, sys, threading, warnings
+
+def look():
+    root = logging.getLogger()
+    return {"os.environ": dict(os.environ), "working directory": os.getcwd(),
+            "signal handlers": {signal.Signals(s).name if s in signal.Signals._value2member_map_ else str(int(s)):
+                                repr(signal.getsignal(s)) for s in signal.valid_signals()
+                                if s not in (signal.SIGKILL, signal.SIGSTOP)},
+            "root logger": [repr(h) for h in root.handlers] + [root.level],
+            "warnings filters": [repr(f) for f in warnings.filters],
+            "threads": sorted(t.name for t in threading.enumerate()),
+            "excepthooks": [repr(sys.excepthook), repr(threading.excepthook)]}
+
+# (found without importing anything of Shale's: walk_packages imports each package)
+home = importlib.util.find_spec("shale").submodule_search_locations[0]
+files = [os.path.join(d, f) for d, _, fs in os.walk(home, followlinks=True) for f in fs if f.endswith(".py")]
+for path in files:
+    statements = list(ast.parse(open(path).read()).body)
+    while statements:
+        node = statements.pop()
+        if isinstance(node, (ast.If, ast.Try)):
+            statements += node.body + node.orelse + getattr(node, "finalbody", [])
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+        for dependency in names:
+            if dependency.split(".")[0] != "shale":
+                try:
+                    importlib.import_module(dependency)
+                except ImportError:
+                    pass
+before = look()
+import shale
+modules = [m.name for m in pkgutil.walk_packages(shale.__path__, "shale.") if not m.name.endswith(".__main__")]
+skipped = []
+for name in modules:
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if (e.name or "shale").split(".")[0] == "shale":
+            raise
+        skipped.append(f"{name} (needs {e.name})")
+after = look()
+changed = {what: [before[what], after[what]] for what in before if before[what] != after[what]}
+print(json.dumps({"modules": len(modules), "skipped": skipped, "changed": changed}))
+"""
+
+
+def test_importing_any_module_changes_nothing_in_the_process() -> None:
+    # A bare environment: this process's may hold what an import here already wrote.
+    clean = {k: os.environ[k] for k in ("PATH", "PYTHONPATH", "HOME", "LANG", "TMPDIR") if k in os.environ}
+    run = subprocess.run([sys.executable, "-c", _IMPORT_EVERYTHING], env=clean, cwd=ROOT, capture_output=True,
+                         text=True)
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout.splitlines()[-1])
+    assert seen["modules"] > 50
+    changes = []
+    for what, (before, after) in seen["changed"].items():
+        if isinstance(before, dict):
+            diff = {k: (before.get(k), after.get(k)) for k in sorted(set(before) | set(after))
+                    if before.get(k) != after.get(k)}
+            changes.append(f"{what}: {diff}")
+        else:
+            changes.append(f"{what}: {before} -> {after}")
+    assert not changes, ("importing Shale's modules changed the process; an import must only define things"
+                         " (set up the process in a command's main(), or where a function is called):\n"
+                         + "\n".join(changes))
 
 
 # -- each check sees a violation ------------------------------------------------------------
