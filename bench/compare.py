@@ -223,6 +223,17 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 # ------------------------------------------------------------------ driver
 
 def main() -> None:
+    a = arguments()
+    if a.child:
+        child(a.child[0], a.child[1:])
+        return
+    base, topic, parquet = data_set(a)
+    peers = [x for x in ("duckdb", "polars", "dict") if x not in a.skip]
+    runs, pairs = interleaved_runs(a, base, topic, parquet, peers)
+    report(runs, pairs, peers)
+
+
+def arguments() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--records", type=int, default=20_000_000)
     p.add_argument("--keys", type=int, default=2_000_000)
@@ -234,10 +245,12 @@ def main() -> None:
     p.add_argument("--skip", action="append", default=[], choices=["duckdb", "polars", "dict"])
     p.add_argument("--dir", default=str(ROOT / "bench" / "data"))
     p.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    a = p.parse_args()
-    if a.child:
-        child(a.child[0], a.child[1:])
-        return
+    return p.parse_args()
+
+
+def data_set(a: argparse.Namespace) -> tuple[Path, Path, str]:
+    """The data set's folder, its topic (uncompacted, as generated) and its Parquet file;
+    generated on first use only."""
     codec = a.compression.replace(":", "")
     base = Path(a.dir) / f"compare-{a.records}-{a.keys}-{a.value_bytes}{'' if codec == 'none' else '-' + codec}"
     topic, parquet = base / "topic", str(base / "records.parquet")
@@ -251,6 +264,12 @@ def main() -> None:
     # every full run starts from the uncompacted topic as generated
     shutil.rmtree(topic / "compacted", ignore_errors=True)
     (topic / "_meta" / "compaction.json").unlink(missing_ok=True)
+    return base, topic, parquet
+
+
+def interleaved_runs(a: argparse.Namespace, base: Path, topic: Path, parquet: str,
+                     peers: list[str]) -> tuple[dict[str, list[dict[str, Any]]], list[float]]:
+    """Each run's figures by name, and each incremental run's time over the full run's just before it."""
     work = base / "full"
     runs: dict[str, list[dict[str, Any]]] = {}
 
@@ -258,7 +277,6 @@ def main() -> None:
         runs.setdefault(name, []).append(r)
         print(json.dumps({"run": name, **r, "records_per_s": round(a.records / r["seconds"])}), flush=True)
 
-    peers = [x for x in ("duckdb", "polars", "dict") if x not in a.skip]
     warm_up(peers)
     # One untimed full run first: every timed run then finds the topic in the page cache,
     # as the peers find their Parquet file after their first run.
@@ -266,7 +284,7 @@ def main() -> None:
     spawn("shale", str(work), a.compression)
     inc = int(a.records * a.increment)
     template = base / "incremental-template"
-    pairs: list[float] = []  # each incremental run's time over the full run's just before it
+    pairs: list[float] = []
     for i in range(a.repeat):  # interleaved, so that a slow spell of the machine hits everyone
         link_copy(topic, work)
         full = spawn("shale", str(work), a.compression)
@@ -291,6 +309,11 @@ def main() -> None:
         pairs.append(r["run_seconds"] / full["run_seconds"])
         print(json.dumps({"run": "shale incremental", "new_records": inc, **r,
                           "run_over_full_run": round(pairs[-1], 3)}), flush=True)
+    return runs, pairs
+
+
+def report(runs: dict[str, list[dict[str, Any]]], pairs: list[float], peers: list[str]) -> None:
+    """Median and best of each figure per run, then the peers' and the incremental runs' ratios."""
     summary = {name: summarize(rs) for name, rs in runs.items()}
     for name, sm in summary.items():
         print(json.dumps({"summary": name, **sm}), flush=True)

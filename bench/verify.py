@@ -9,8 +9,8 @@ source tree given (this checkout first, then every ``--tree``), interleaved, so 
 slow spell of the machine hits each alike: one JSON line per run (wall seconds of the
 whole process, peak RSS), then the median of each.  Last, in this process, the two
 folds on the topic's original records: ``shale verify``'s own
-(:func:`compactor.verify_fold.latest_per_key`) and the compactor's
-(:func:`compactor.rules.latest_of_each_key`), medians of interleaved calls.
+(:func:`shale.compactor.verify_fold.latest_per_key`) and the compactor's
+(:func:`shale.compactor.rules.latest_of_each_key`), medians of interleaved calls.
 """
 
 from __future__ import annotations

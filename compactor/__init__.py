@@ -7,14 +7,7 @@ command then handles a Ctrl-C that comes while its modules load.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
-
-# Shale never calls BLAS, but NumPy's OpenBLAS starts a thread per core when NumPy is
-# imported, and each spins for a while before it sleeps: on a small machine that takes
-# a core from the run (bench/README.md).  One thread, unless the environment says
-# otherwise; this only has an effect before NumPy's import.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 if TYPE_CHECKING:
     from shale.compactor.config import CompactionConfig

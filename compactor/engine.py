@@ -1,10 +1,10 @@
 """Engines run the two passes of a planned compaction; the run around them is shared.
 
 Planning, the heartbeat, the publish and garbage collection happen in
-:class:`~compactor.job.Compactor` on one machine whatever the engine, so both engines
+:class:`~shale.compactor.job.Compactor` on one machine whatever the engine, so both engines
 publish through the same compare-and-swap and are judged by the same rules.  The local
 engine runs both passes in this process; the Spark engine
-(:mod:`compactor.spark`) runs them as Spark jobs.
+(:mod:`shale.compactor.spark`) runs them as Spark jobs.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class Engine(Protocol):
 
 class LocalEngine:
     """Pass one in this process (NumPy over footers), pass two a raw byte copy in this
-    process or, for big runs, in forked worker processes (:mod:`compactor.workers`)."""
+    process or, for big runs, in forked worker processes (:mod:`shale.compactor.workers`)."""
 
     name = "local"
     plans_with_footers = True

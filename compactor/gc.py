@@ -139,8 +139,19 @@ def _orphans(meta: TopicMetadata, state: CompactionState, now_ms: int, grace_ms:
              dry_run: bool) -> list[str]:
     """Leftovers: only objects named as this topic names what it writes, directly in its
     own folders (another topic nested in them, or a stranger's file, is never one)."""
+    deleted = _orphaned_parts(meta, state, now_ms, grace_ms, dry_run)
+    deleted += _finished_writes(meta, now_ms, grace_ms, dry_run)
+    deleted += _unfinished_writes(meta, now_ms, grace_ms, dry_run)
+    deleted += _unregistered_dictionaries(meta, now_ms, grace_ms, dry_run)
+    deleted += _unregistered_ledgers(meta, now_ms, grace_ms, dry_run)
+    return deleted
+
+
+def _orphaned_parts(meta: TopicMetadata, state: CompactionState, now_ms: int, grace_ms: int,
+                    dry_run: bool) -> list[str]:
+    """Compacted objects no state names: whole runs that never got published, and the
+    parts of a published run that no state names any more."""
     loc, store = meta.topic, meta.topic.store
-    deleted: list[str] = []
     runs: dict[str, list[tuple[str, float]]] = {}
     for info in store.list(loc.key(COMPACTED_DIR)):
         rel = loc.relative(info.key)
@@ -150,28 +161,25 @@ def _orphans(meta: TopicMetadata, state: CompactionState, now_ms: int, grace_ms:
     fresh = meta.load_compaction()
     referenced = state.referenced_objects() | fresh.referenced_objects()
     referenced_runs = {run_dir_of(o) for o in referenced}
+    doomed: list[str] = []
     for run, objs in sorted(runs.items()):
         if run in referenced_runs:
             # A published run's folder is never written again, but a part kept in place
             # can keep it referenced for ever: collect what no state names in it.
-            for rel, mtime in objs:
-                if rel not in referenced and now_ms - mtime * 1000 >= grace_ms:
-                    if not dry_run:
-                        store.delete(loc.key(rel))
-                    deleted.append(rel)
-            continue
-        newest = max(m for _, m in objs)
-        if now_ms - newest * 1000 < grace_ms:
-            continue  # may belong to a compaction still running
-        for rel, _ in objs:
-            if not dry_run:
-                store.delete(loc.key(rel))
-            deleted.append(rel)
+            doomed += [rel for rel, mtime in objs if rel not in referenced and now_ms - mtime * 1000 >= grace_ms]
+        elif now_ms - max(m for _, m in objs) * 1000 >= grace_ms:  # else it may belong to a compaction still running
+            doomed += [rel for rel, _ in objs]
+    if not dry_run:
+        for rel in doomed:
+            store.delete(loc.key(rel))
+    return doomed
 
-    deleted += _finished_writes(meta, now_ms, grace_ms, dry_run)
 
-    # Writes a killed writer never finished (temporary files, multipart uploads): no
-    # state can name them, so only their age (and their name) matters.
+def _unfinished_writes(meta: TopicMetadata, now_ms: int, grace_ms: int, dry_run: bool) -> list[str]:
+    """Writes a killed writer never finished (temporary files, multipart uploads): no
+    state can name them, so only their age (and their name) matters."""
+    loc, store = meta.topic, meta.topic.store
+    deleted = []
     for folder, ours in ((COMPACTED_DIR, is_compacted_object), (LEDGER_DIR, is_ledger_object),
                          (STAGING_DIR, is_staging_object), (DICTIONARY_DIR, is_dictionary_name)):
         for info in list(store.unfinished_writes(loc.key(folder))):
@@ -181,12 +189,18 @@ def _orphans(meta: TopicMetadata, state: CompactionState, now_ms: int, grace_ms:
             if not dry_run:
                 store.discard_write(info)
             deleted.append(f"{rel} (unfinished write)")
+    return deleted
 
-    deleted += _unregistered_dictionaries(meta, now_ms, grace_ms, dry_run)
+
+def _unregistered_ledgers(meta: TopicMetadata, now_ms: int, grace_ms: int, dry_run: bool) -> list[str]:
+    """Ledger objects ``topic.json`` does not register, older than the orphan grace; none
+    while a truncation is younger than the grace."""
+    loc, store = meta.topic, meta.topic.store
     topic = meta.load_topic()
     if now_ms - topic.truncated_ms < grace_ms:
-        return deleted  # readers may still be reading the ledgers a truncation just removed
+        return []  # readers may still be reading the ledgers a truncation just removed
     registered = {lg.object for lg in topic.ledgers}
+    deleted = []
     for info in store.list(loc.key(LEDGER_DIR)):
         rel = loc.relative(info.key)
         if not is_ledger_object(rel) or rel in registered or now_ms - info.mtime * 1000 < grace_ms:

@@ -265,10 +265,16 @@ class Compactor:
             heartbeat.stop()
             if remove_output:
                 self._remove(run_dir, written)
+        return self._after_publish(summary, run_dir, t, phase, done)
+
+    def _after_publish(self, summary: RunSummary, run_dir: str, t: float, phase: Callable[[str, float], float],
+                       done: Callable[..., RunSummary]) -> RunSummary:
+        """A published run: its heartbeat removed, then garbage collection (unless an
+        interrupt came: the epoch is published, collecting is left to the next run)."""
         with contextlib.suppress(ShaleError):  # published: a leftover is collected as unreferenced
             self.meta.topic.store.delete(self.meta.topic.key(f"{run_dir}/{HEARTBEAT_NAME}"))
-        interrupts.check(f"{self.meta.uri}: published epoch {epoch} (horizon {summary.horizon}) before it stopped; "
-                         "garbage collection is left to the next run")
+        interrupts.check(f"{self.meta.uri}: published epoch {summary.epoch} (horizon {summary.horizon}) before it "
+                         "stopped; garbage collection is left to the next run")
         self._gc(summary)
         phase("gc", t)
         more = (f"the key map was full: {summary.deferred_records:,} newer records are left for the next run"

@@ -165,7 +165,7 @@ class KeyMapBuilder:
     """Collects the latest position of each key, chunk by chunk, in position order.
 
     With the C kernels every record goes straight into one hash table
-    (:func:`ledger.kernels.new_key_table`), read out sorted at the end.  Without them
+    (:func:`shale.ledger.kernels.new_key_table`), read out sorted at the end.  Without them
     (or when keys crafted to share their top hash bits crowd that table) the merged map
     is kept sorted by hash and new chunks (records in position order, a key possibly
     several times) wait until they outnumber the map a few times over, then merge into

@@ -4,10 +4,10 @@ Every ledger footer carries the 128-bit key hash and flags of each record as den
 arrays, so this pass never reads a payload.  Positions number the run's records in id
 order (previous compacted parts first, then the new ledgers).
 
-The keys above the previous horizon go into a bounded map (:mod:`compactor.keymap`, 24
+The keys above the previous horizon go into a bounded map (:mod:`shale.compactor.keymap`, 24
 bytes per key).  A new record survives when it is its key's entry in the map; a record
 of the previous compacted ledger survives when its key is not in the map (nothing newer
-was written).  Tombstones then follow :func:`~compactor.rules.tombstone_fate`.  When the
+was written).  Tombstones then follow :func:`~shale.compactor.rules.tombstone_fate`.  When the
 new keys outgrow ``max_map_bytes`` the run is cut short at an entry boundary (partial
 cleaning) and the plan it returns says so.
 """

@@ -323,7 +323,7 @@ def _copy_batch(f: LedgerFile, sel: npt.NDArray[Any], kept: npt.NDArray[np.int64
     """Copy the kept records of entries ``sel`` (frames checked, all in ``buf`` read from
     ``base``): an entry whose records all survive keeps its stored bytes, compressed or
     not; the rest is packed into new entries, compressed as the run says
-    (:mod:`compactor.packing`).  A run that writes entries uncompressed copies the
+    (:mod:`shale.compactor.packing`).  A run that writes entries uncompressed copies the
     survivors of a partly kept uncompressed entry into a frame of their own
     (:func:`_copy_entries`) and packs only those of compressed entries."""
     if config.compression.codec != Codec.NONE:

@@ -16,7 +16,7 @@ def latest_of_each_key(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -
     hash order (by ``hi``, then ``lo``).  Both engines decide "latest" with this one
     function.
 
-    With the C kernels (:mod:`ledger.kernels`) each record goes once into a hash table
+    With the C kernels (:mod:`shale.ledger.kernels`) each record goes once into a hash table
     homed on the top bits of ``hi``, so reading the table out gives the keys nearly in
     hash order; without them, or for keys crafted to crowd that table, the records are
     sorted (:func:`latest_by_sorting`).

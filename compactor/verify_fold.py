@@ -1,7 +1,7 @@
 """``shale verify``'s own fold: the latest record of every key, computed apart from the
 compactor's.
 
-Compaction decides "latest" with :func:`compactor.rules.latest_of_each_key` (a hash table
+Compaction decides "latest" with :func:`shale.compactor.rules.latest_of_each_key` (a hash table
 in C, or a sort of packed words in NumPy).  Verification must not share that code, or a
 bug in it would pass unseen: this module imports neither, and folds by a plain argsort
 of the high hash halves, the greatest position of each run of equal halves, and an exact

@@ -166,7 +166,7 @@ def _copy_group(g: int) -> tuple[PassTwoResult | None, dict[str, Any] | None]:
 def write_parts_in_workers(work: Sequence[Work], config: CompactionConfig, workers: int, *, topic: Location,
                            run_dir: str, epoch: int, now_ms: int,
                            on_object: Callable[[str], None]) -> PassTwoResult:
-    """:func:`~compactor.pass_two.write_parts` over ``workers`` forked processes."""
+    """:func:`~shale.compactor.pass_two.write_parts` over ``workers`` forked processes."""
     # imported here: a run small enough for one process never pays for them
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor

@@ -105,7 +105,7 @@ class Dictionary:
 
 
 #: The topic's dictionaries by id (raising a :class:`CorruptLedgerError` for one it does not
-#: have or that is damaged; another :class:`ShaleError` when the store fails).
+#: have or that is damaged; another :class:`~shale.ledger.errors.ShaleError` when the store fails).
 DictionarySource = Callable[[int], Dictionary]
 
 

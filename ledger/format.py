@@ -407,17 +407,7 @@ def decode_footer(data: bytes | memoryview, trailer: Trailer, where: str) -> Foo
     pos = trailer.footer_offset
     if checksum(data) != trailer.footer_crc:
         raise CorruptLedgerError(f"{where}: footer checksum mismatch at byte {pos}", path=where, position=pos)
-    split = _split_footer(memoryview(data))
-    try:
-        if split is not None:
-            n_entries, raw_cols, meta = split
-        else:
-            doc = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=MAX_FOOTER_BYTES)
-            n_entries = int(doc["n_entries"])
-            raw_cols = doc["cols"]
-            meta = doc.get("meta") or {}
-    except (ValueError, KeyError, TypeError, AttributeError, msgpack.UnpackException) as e:
-        raise CorruptLedgerError(f"{where}: undecodable footer at byte {pos}: {e}", path=where, position=pos) from e
+    n_entries, raw_cols, meta = _footer_document(data, where, pos)
 
     def bad(why: str) -> CorruptLedgerError:
         return CorruptLedgerError(f"{where}: inconsistent footer at byte {pos}: {why}", path=where, position=pos)
@@ -437,27 +427,44 @@ def decode_footer(data: bytes | memoryview, trailer: Trailer, where: str) -> Foo
     if len(raw_start) != n_entries + 1 or raw_start[0] != 0 or raw_start[-1] >= 1 << 40:
         raise bad("entry record index has the wrong shape")
     e_rec_start = raw_start.astype(np.int64)
-    counts = np.diff(e_rec_start)
-    if n_entries and np.any(counts < 1):
+    if n_entries and np.any(np.diff(e_rec_start) < 1):
         raise bad("an entry holds no records or the record index goes backwards")
     n_records = int(e_rec_start[-1])
     cols: dict[str, npt.NDArray[Any]] = {}
     for name in columns_of(trailer.version, trailer.kind):
         dtype, per = COLUMNS[name]
-        arr = column(name, dtype)
-        if len(arr) != (n_entries if per == "e" else n_records):
-            raise bad(f"column {name} has {len(arr)} rows")
-        cols[name] = arr
-    if "e_codec" in cols and n_entries:
-        unknown = np.flatnonzero(cols["e_codec"] > max(Codec))
-        if len(unknown):
-            raise UnsupportedVersionError(
-                f"{where}: entry {int(unknown[0])} is compressed with codec {int(cols['e_codec'][unknown[0]])}, "
-                "which this build does not read", path=where, position=pos)
+        cols[name] = column(name, dtype)
+        if len(cols[name]) != (n_entries if per == "e" else n_records):
+            raise bad(f"column {name} has {len(cols[name])} rows")
+    _check_codecs_known(cols, n_entries, where, pos)
     why = _layout_error(cols, e_rec_start, pos) if n_entries else ""
     if why:
         raise bad(why)
     return Footer(trailer.kind, trailer.ledger_id, pos, e_rec_start, cols, meta, trailer.version)
+
+
+def _footer_document(data: bytes | memoryview, where: str, pos: int) -> tuple[int, Any, Any]:
+    """A footer's entry count, raw columns and meta (unchecked), split without copying
+    the columns when it has the usual layout, else decoded as any MessagePack map."""
+    split = _split_footer(memoryview(data))
+    if split is not None:
+        return split
+    try:
+        doc = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=MAX_FOOTER_BYTES)
+        return int(doc["n_entries"]), doc["cols"], doc.get("meta") or {}
+    except (ValueError, KeyError, TypeError, AttributeError, msgpack.UnpackException) as e:
+        raise CorruptLedgerError(f"{where}: undecodable footer at byte {pos}: {e}", path=where, position=pos) from e
+
+
+def _check_codecs_known(cols: dict[str, npt.NDArray[Any]], n_entries: int, where: str, pos: int) -> None:
+    """Every entry's codec is one this build reads."""
+    if "e_codec" not in cols or not n_entries:
+        return
+    unknown = np.flatnonzero(cols["e_codec"] > max(Codec))
+    if len(unknown):
+        raise UnsupportedVersionError(
+            f"{where}: entry {int(unknown[0])} is compressed with codec {int(cols['e_codec'][unknown[0]])}, "
+            "which this build does not read", path=where, position=pos)
 
 
 def _layout_error(cols: dict[str, npt.NDArray[Any]], e_rec_start: npt.NDArray[np.int64], data_end: int) -> str:
@@ -520,7 +527,7 @@ def _tiling_error(offset: npt.NDArray[np.uint32], size: npt.NDArray[np.uint32], 
                   lengths: npt.NDArray[np.uint32]) -> str:
     """Why the records do not tile their entries' payloads ("" when they do): the first
     record of an entry starts at 0, each next one where the previous ends, and the last
-    ends at the payload's end (one pass in C, :func:`ledger.kernels.tiling_error`)."""
+    ends at the payload's end (one pass in C, :func:`shale.ledger.kernels.tiling_error`)."""
     return _TILING_ERRORS[tiling_error(offset, size, e_rec_start, lengths)]
 
 

@@ -452,7 +452,7 @@ def latest_positions(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> 
     """Indexes of the last occurrence of every distinct ``(hi, lo)``, in hash order — or
     ``None`` when the C kernels are not in use or the keys crowd its table (keys crafted
     to share their top hash bits); the caller then sorts instead
-    (:func:`compactor.rules.latest_of_each_key`)."""
+    (:func:`shale.compactor.rules.latest_of_each_key`)."""
     if _native is None:
         return None
     got = _native.latest_of_each_key(np.ascontiguousarray(hi, dtype=np.uint64),
@@ -491,7 +491,7 @@ def distinct_estimate(his: Sequence[npt.NDArray[np.uint64]]) -> int | None:
 def new_key_table(expected: int = 0) -> KeyTable | None:
     """An empty table for the latest position of every key (with room for ``expected``
     keys from the start), or ``None`` without the C kernels
-    (:class:`compactor.keymap.KeyMapBuilder` then merges sorted runs)."""
+    (:class:`shale.compactor.keymap.KeyMapBuilder` then merges sorted runs)."""
     if _native is None:
         return None
     table: KeyTable = _native.KeyTable(expected)

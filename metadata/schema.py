@@ -13,7 +13,7 @@ invariants the rest of Shale relies on:
   named as compacted objects (so never a registered ledger nor a metadata document),
   none of them still published.
 
-A violation is an :class:`~ledger.errors.InvalidMetadataError` (exit 4) naming the
+A violation is an :class:`~shale.ledger.errors.InvalidMetadataError` (exit 4) naming the
 document and the field; nothing is deleted or published on the strength of it.
 """
 
@@ -199,8 +199,10 @@ def check_topic(doc: TopicDoc, where: str) -> None:
         ids.add(d.id)
 
 
-def check_compaction(doc: CompactionDoc, where: str) -> tuple[MessageId | None, list[tuple[MessageId | None,
-                                                                                             MessageId | None]]]:
+_PartIds = list[tuple[MessageId | None, MessageId | None]]
+
+
+def check_compaction(doc: CompactionDoc, where: str) -> tuple[MessageId | None, _PartIds]:
     """The compaction state's invariants; returns the parsed horizon and each part's
     first and last ids."""
     horizon = message_id(doc.horizon, where, "horizon")
@@ -210,7 +212,15 @@ def check_compaction(doc: CompactionDoc, where: str) -> tuple[MessageId | None, 
         raise InvalidMetadataError(f"{where}: field horizon: missing although parts are published")
     if horizon is not None and doc.epoch == 0:
         raise InvalidMetadataError(f"{where}: field epoch: 0 although a horizon is published")
-    ids = []
+    ids, published = _check_parts(doc, horizon, where)
+    _check_retired(doc, published, where)
+    return horizon, ids
+
+
+def _check_parts(doc: CompactionDoc, horizon: MessageId | None, where: str) -> tuple[_PartIds, set[str]]:
+    """Each part's own invariants, their order, and no object published twice; each
+    part's first and last ids, and every object the parts publish."""
+    ids: _PartIds = []
     published: set[str] = set()
     previous: MessageId | None = None
     for i, p in enumerate(doc.parts):
@@ -229,6 +239,11 @@ def check_compaction(doc: CompactionDoc, where: str) -> tuple[MessageId | None, 
                 raise InvalidMetadataError(f"{where}: field {field}: {name!r} is published twice")
             if name is not None:
                 published.add(name)
+    return ids, published
+
+
+def _check_retired(doc: CompactionDoc, published: set[str], where: str) -> None:
+    """Retired sets: no later than the state, only compaction objects, none still published."""
     for i, r in enumerate(doc.retired):
         if r.epoch > doc.epoch:
             raise InvalidMetadataError(f"{where}: field retired[{i}].epoch: {r.epoch} is after the state's epoch")
@@ -239,7 +254,6 @@ def check_compaction(doc: CompactionDoc, where: str) -> tuple[MessageId | None, 
                     f"{where}: field {field}: {name!r} is not an object a compaction writes (only those are retired)")
             if name in published:
                 raise InvalidMetadataError(f"{where}: field {field}: {name!r} is retired but still published")
-    return horizon, ids
 
 
 def _check_part(p: PartDoc, i: int, first: MessageId | None, last: MessageId | None, horizon: MessageId | None,

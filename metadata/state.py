@@ -148,7 +148,7 @@ class TopicState:
     @classmethod
     def from_json(cls, d: Any, version: int, token: str, where: str = "topic.json") -> TopicState:
         """The ledger list of a ``topic.json`` value, checked against its schema and
-        invariants (:class:`~ledger.errors.InvalidMetadataError` naming ``where`` and the
+        invariants (:class:`~shale.ledger.errors.InvalidMetadataError` naming ``where`` and the
         field otherwise)."""
         doc = validate(d, TopicDoc, where)
         check_topic(doc, where)
@@ -286,7 +286,7 @@ class CompactionState:
     @classmethod
     def from_json(cls, d: Any, version: int, token: str, where: str = "compaction.json") -> CompactionState:
         """The state of a ``compaction.json`` value, checked against its schema and
-        invariants (:class:`~ledger.errors.InvalidMetadataError` naming ``where`` and the
+        invariants (:class:`~shale.ledger.errors.InvalidMetadataError` naming ``where`` and the
         field otherwise)."""
         doc = validate(d, CompactionDoc, where)
         horizon, ids = check_compaction(doc, where)

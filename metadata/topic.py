@@ -272,7 +272,7 @@ class TopicMetadata:
         """One compare-and-swap from ``expected`` to ``new``.
 
         ``requirements`` are checked against ``expected`` before anything is written, and
-        against the state found when the swap loses: :class:`RequirementFailedError` names
+        against the state found when the swap loses: :class:`~shale.metadata.requirements.RequirementFailedError` names
         the first one that failed; a plain :class:`ConflictError` means the state changed
         while every requirement still holds."""
         where = self.docs.url(COMPACTION_DOC)

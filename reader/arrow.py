@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_BATCH_ROWS", "DEFAULT_MAX_BATCH_BYTES", "ROW_BYTES", "BatchReader", "record_bytes", "require",
            "require_pyarrow", "schema"]
 
-#: Rows per record batch unless asked otherwise (:meth:`TopicReader.iter_batches`).
+#: Rows per record batch unless asked otherwise (:meth:`~shale.reader.TopicReader.iter_batches`).
 DEFAULT_BATCH_ROWS: Final = 65_536
 #: Decompressed bytes a batch holds at most, and the entries a reader decompresses at once
 #: across its threads, unless asked otherwise (``--max-batch-bytes``; bench/README.md,

@@ -8,9 +8,10 @@ EXTRAS="${SHALE_EXTRAS-dev,s3,spark,arrow}"
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-# pyproject.toml and the C kernels: a change to either reinstalls (and rebuilds them).
+# pyproject.toml and the C sources: a change to any reinstalls (and rebuilds the kernels).
 # An install with more extras than asked for serves too.
-hash="$(cat pyproject.toml ledger/_kernels.c | cksum | cut -d' ' -f1)"
+source "$ROOT/scripts/_install_hash.sh"
+hash="$(install_hash "$ROOT")"
 installed=""
 for stamp in .venv/.shale-installed-"$hash"-*; do
   [ -e "$stamp" ] || continue

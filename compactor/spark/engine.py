@@ -1,7 +1,7 @@
 """The Spark engine (driver side): splits the plan, runs the jobs, gathers the parts.
 
 The driver plans, heartbeats and publishes exactly as the local engine does
-(:class:`~compactor.job.Compactor`); only the two passes run on executors.  Executors
+(:class:`~shale.compactor.job.Compactor`); only the two passes run on executors.  Executors
 reach storage through Shale's own storage layer (boto3 for ``s3://``, fsspec for other
 schemes), so no Hadoop S3 connector is involved, and they write only under the run's
 folder, which the driver removes if the run fails.
@@ -25,7 +25,7 @@ from typing import Any, Final, TypeVar
 
 import numpy as np
 import numpy.typing as npt
-from pyspark import RDD, Broadcast, StorageLevel
+from pyspark import RDD, Broadcast, SparkContext, StorageLevel
 from pyspark.sql import SparkSession
 
 from shale.compactor.config import CompactionConfig
@@ -120,31 +120,37 @@ _PANDAS_FILTER = f"ignore:{_PANDAS_WARNING}:FutureWarning"
 
 def open_session(options: SparkOptions) -> tuple[SparkSession, str | None]:
     """Start (or join) the Spark session the engine runs in; also return the code zip
-    shipped to executors, if any (the caller deletes it when done)."""
+    shipped to executors, if any (the caller deletes it when done).  This process's
+    environment is left as it is: what Spark's processes need goes through Spark's settings."""
     builder = SparkSession.builder.appName(options.app_name)
     # PySpark warns, in the driver and in every Python worker, that it does not fully
     # support the pandas installed: Shale's tasks use no pandas, and a run's standard error
-    # is one line per error.  (Workers inherit the filter through the environment.)
+    # is one line per error.  Workers get the filter as an executor variable.
     warnings.filterwarnings("ignore", message=_PANDAS_WARNING, category=FutureWarning)
-    if _PANDAS_FILTER not in os.environ.get("PYTHONWARNINGS", ""):
-        os.environ["PYTHONWARNINGS"] = ",".join(filter(None, (os.environ.get("PYTHONWARNINGS"), _PANDAS_FILTER)))
+    given = os.environ.get("PYTHONWARNINGS", "")
+    builder = builder.config("spark.executorEnv.PYTHONWARNINGS",
+                             given if _PANDAS_FILTER in given else ",".join(filter(None, (given, _PANDAS_FILTER))))
     master = options.effective_master
     if master is not None:
         builder = builder.master(master)
     if options.is_local:
-        # Python workers must run this interpreter, which has Shale and its dependencies.
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         builder = builder.config("spark.ui.showConsoleProgress", "false")
         if not any(k == "spark.driver.extraJavaOptions" for k, _ in options.conf):
             log_conf = Path(__file__).with_name("log4j2.properties")
             builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log_conf}")
     for k, v in options.conf:
         builder = builder.config(k, v)
+    creates = SparkContext._active_spark_context is None
     try:
         session = builder.getOrCreate()
     except Exception as e:
         where = master or "from spark-submit"
         raise SparkUnavailableError(f"cannot start Spark with master {where!r}: {_first_line(e)}") from None
+    if options.is_local and creates and "PYSPARK_PYTHON" not in os.environ:
+        # Python workers must run this interpreter, which has Shale and its dependencies;
+        # PySpark takes theirs from PYSPARK_PYTHON alone (else `python3` on the path), as
+        # the context starts, so the context it started is told.
+        session.sparkContext.pythonExec = sys.executable
     shipped = None
     if options.ship_code if options.ship_code is not None else not options.is_local:
         shipped = _package_zip()

@@ -13,10 +13,6 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-# As the compactor's package does (see compactor/__init__.py): one BLAS thread, set
-# before anything imports NumPy.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
 if TYPE_CHECKING:
     from shale.cli.parsing import OneLineParser
 
@@ -33,7 +29,17 @@ def compact_main(argv: Sequence[str] | None = None) -> int:
     return _main("compact", argv, "compact")
 
 
+def _set_up_process() -> None:
+    # Shale never calls BLAS, but NumPy's OpenBLAS starts a thread per core when NumPy is
+    # imported, and each spins for a while before it sleeps: on a small machine that takes
+    # a core from the run (bench/README.md).  One thread, unless the environment says
+    # otherwise; set by the commands alone, before anything imports NumPy (the processes
+    # the command starts, forked workers and Spark's, inherit it), never by an import.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
 def _main(prog: str, argv: Sequence[str] | None, command: str | None) -> int:
+    _set_up_process()
     try:
         from shale.cli.app import run_command
     except KeyboardInterrupt:

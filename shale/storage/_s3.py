@@ -55,31 +55,57 @@ _MISSING_CODES = frozenset({"NoSuchKey", "NotFound", "404", "NoSuchUpload"})
 _PART_SIZE = 16 * 1024 * 1024
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Refusal:
+    """What S3 answered to one request (its error code and HTTP status), and about what."""
+
+    what: str
+    code: str
+    status: int
+    error: dict[str, Any]
+    options: S3Options | None
+
+
+def _missing_bucket(r: _Refusal) -> ShaleError:
+    bucket = r.error.get("BucketName") or r.what.removeprefix("s3://").split("/", 1)[0]
+    at = f" at {r.options.endpoint_url}" if r.options is not None and r.options.endpoint_url else ""
+    return BucketNotFoundError(f"{r.what}: no such bucket {bucket!r}{at}")
+
+
+# What an error answer means, in order: the first rule that matches the answer names the error.
+_REFUSALS: tuple[tuple[Callable[[_Refusal], bool], Callable[[_Refusal], ShaleError]], ...] = (
+    (lambda r: r.code in _MISSING_CODES or (r.status == 404 and r.code != "NoSuchBucket"),
+     lambda r: ObjectNotFoundError(f"{r.what}: no such object")),
+    (lambda r: r.code == "NoSuchBucket", _missing_bucket),
+    (lambda r: r.code == "PreconditionFailed" or r.status == 412,
+     lambda r: ConflictError(f"{r.what}: precondition failed (changed since it was read)")),
+    (lambda r: r.code in _TRANSIENT_CODES or r.status in (409, 429) or r.status >= 500,
+     lambda r: TransientStorageError(f"{r.what}: {r.code or r.status} (transient)")),
+    (lambda r: r.code == "NotImplemented" or r.status == 501,
+     lambda r: UnsupportedOperationError(f"{r.what}: the server does not implement this request")),
+    # how the command is run (its identity, the bucket's policy), not the data
+    (lambda r: r.code in ("AccessDenied", "403") or r.status == 403,
+     lambda r: StoragePermissionError(f"{r.what}: access denied")),
+)
+
+
+def _translate_refusal(response: dict[str, Any], what: str, options: S3Options | None) -> ShaleError:
+    err = response.get("Error", {})
+    refusal = _Refusal(what, str(err.get("Code", "")),
+                       int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0), err, options)
+    for matches, error in _REFUSALS:
+        if matches(refusal):
+            return error(refusal)
+    return StorageError(f"{what}: {refusal.code or refusal.status}: {err.get('Message', '')}".rstrip(": "))
+
+
 def _translate(e: Exception, what: str, options: S3Options | None = None) -> ShaleError:
     """Map a botocore exception to our error hierarchy (the one place this happens);
     ``options``, the store's, name the endpoint of a missing bucket."""
     import botocore.exceptions as bex
 
     if isinstance(e, bex.ClientError):
-        err = e.response.get("Error", {})
-        code = str(err.get("Code", ""))
-        status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-        if code in _MISSING_CODES or (status == 404 and code != "NoSuchBucket"):
-            return ObjectNotFoundError(f"{what}: no such object")
-        if code == "NoSuchBucket":
-            bucket = err.get("BucketName") or what.removeprefix("s3://").split("/", 1)[0]
-            at = f" at {options.endpoint_url}" if options is not None and options.endpoint_url else ""
-            return BucketNotFoundError(f"{what}: no such bucket {bucket!r}{at}")
-        if code == "PreconditionFailed" or status == 412:
-            return ConflictError(f"{what}: precondition failed (changed since it was read)")
-        if code in _TRANSIENT_CODES or status in (409, 429) or status >= 500:
-            return TransientStorageError(f"{what}: {code or status} (transient)")
-        if code == "NotImplemented" or status == 501:
-            return UnsupportedOperationError(f"{what}: the server does not implement this request")
-        if code in ("AccessDenied", "403") or status == 403:
-            # how the command is run (its identity, the bucket's policy), not the data
-            return StoragePermissionError(f"{what}: access denied")
-        return StorageError(f"{what}: {code or status}: {err.get('Message', '')}".rstrip(": "))
+        return _translate_refusal(e.response, what, options)
     if isinstance(e, bex.NoCredentialsError | bex.PartialCredentialsError):
         return StorageError(f"{what}: no AWS credentials found (none in the storage options, the environment, "
                             "the AWS profile or an instance role)")

@@ -105,7 +105,7 @@ class ObjectStore(ABC):
 
     @abstractmethod
     def get(self, key: str) -> bytes:
-        """The whole object; :class:`ObjectNotFoundError` if missing."""
+        """The whole object; :class:`~shale.ledger.errors.ObjectNotFoundError` if missing."""
 
     @abstractmethod
     def get_range(self, key: str, start: int, end: int) -> bytes:
@@ -129,7 +129,7 @@ class ObjectStore(ABC):
 
     @abstractmethod
     def stat(self, key: str) -> ObjectInfo:
-        """Size, modification time and token; :class:`ObjectNotFoundError` if missing."""
+        """Size, modification time and token; :class:`~shale.ledger.errors.ObjectNotFoundError` if missing."""
 
     def exists(self, key: str) -> bool:
         from shale.ledger.errors import ObjectNotFoundError
@@ -181,7 +181,7 @@ class ObjectStore(ABC):
     def put_if_match(self, key: str, data: bytes, token: str) -> str:
         """Replace the object only if its token is still ``token``; return the new token.
 
-        Raises :class:`ConflictError` when the object changed (or vanished).
+        Raises :class:`~shale.ledger.errors.ConflictError` when the object changed (or vanished).
         """
 
     @abstractmethod

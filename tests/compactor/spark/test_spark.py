@@ -47,9 +47,33 @@ def engine() -> Iterator[SparkEngine]:
     eng = SparkEngine(SparkOptions(master="local[2]", split_bytes=1 << 16, split_records=300, reduce_partitions=3,
                                    conf=(("spark.ui.enabled", "false"),)))
     with without_aws_environment():
+        _ENVIRONMENT["before"] = dict(os.environ)
         eng.session  # noqa: B018  (starts the JVM and its Python workers now)
+        _ENVIRONMENT["after"] = dict(os.environ)
     yield eng
     eng.close()
+
+
+# This process's environment as the engine's fixture found it and as starting the session left it.
+_ENVIRONMENT: dict[str, dict[str, str]] = {}
+
+
+def test_starting_the_session_leaves_this_process_environment_alone(engine: SparkEngine) -> None:
+    """What the Python workers need goes through Spark's own settings: they run this
+    interpreter and ignore PySpark's warning about the pandas installed, and nothing was
+    written into this process's environment."""
+    before, after = _ENVIRONMENT["before"], _ENVIRONMENT["after"]
+    changed = {k: (before.get(k), after.get(k)) for k in set(before) | set(after) if before.get(k) != after.get(k)}
+    # (PySpark's SparkContext writes these two itself as it starts)
+    assert {k: v for k, v in changed.items() if k not in ("SPARK_AUTH_SOCKET_TIMEOUT", "SPARK_BUFFER_SIZE")} == {}
+
+    def worker(_: Any) -> Iterator[tuple[str, str]]:
+        yield sys.executable, os.environ.get("PYTHONWARNINGS", "")
+
+    seen = engine.session.sparkContext.parallelize(range(2), 2).mapPartitions(worker).collect()
+    python = os.environ.get("PYSPARK_PYTHON", sys.executable)
+    assert seen == [(python, seen[0][1])] * 2
+    assert "ignore:PySpark does not yet fully support pandas:FutureWarning" in seen[0][1].split(",")
 
 
 @pytest.fixture(params=["local"])
