@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,6 +34,38 @@ def without_aws_environment() -> Iterator[None]:
         yield
     finally:
         os.environ.update(saved)
+
+
+#: the local Spark application shared by the tests that run Spark in this process, while it runs
+_LOCAL_SPARK: list[Any] = []
+
+
+def local_spark() -> Any:
+    """The local Spark application (``local[2,2]``: two cores, a failed task tried once
+    more) that the tests running Spark in this process share, started on first use inside
+    :func:`without_aws_environment` and stopped when the session ends.  PySpark keeps one
+    application per process: one for every module would cost each its start and stop.
+    Engines given it (``SparkEngine(options, session=...)``) do not stop it; a module
+    whose application needs another master calls :func:`stop_local_spark` first."""
+    if _LOCAL_SPARK and _LOCAL_SPARK[0].sparkContext._jsc is not None:
+        return _LOCAL_SPARK[0]
+    from shale.compactor.spark import SparkOptions
+    from shale.compactor.spark.engine import open_session
+
+    with without_aws_environment():
+        session, _ = open_session(SparkOptions(master="local[2,2]", conf=(("spark.ui.enabled", "false"),)))
+    _LOCAL_SPARK[:] = [session]
+    return session
+
+
+def stop_local_spark() -> None:
+    """Stop the shared local Spark application, if it runs."""
+    while _LOCAL_SPARK:
+        _LOCAL_SPARK.pop().stop()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    stop_local_spark()
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TableView, TopicReader
 from tests import objects, tamper
-from tests.conftest import run_cli, run_cli_here, without_aws_environment
+from tests.conftest import local_spark, run_cli, run_cli_here
 
 #: Records per entry, and the entry of the first ledger that is lied about.
 BATCH = 50
@@ -199,9 +199,7 @@ def test_the_spark_engine_refuses_it_too(tmp_path: Path) -> None:
     name = lie(uri, "content size other than the footer's", ledger=2)
     before = tamper.snapshot(uri)
     engine = SparkEngine(SparkOptions(master="local[2]", split_bytes=1 << 16, split_records=100,
-                                      conf=(("spark.ui.enabled", "false"),)))
-    with without_aws_environment():
-        engine.session  # noqa: B018  (starts Spark now, away from the moto fixture's variables)
+                                      conf=(("spark.ui.enabled", "false"),)), session=local_spark())
     try:
         for written in ("zstd", "none"):
             config = CompactionConfig(delete_retention_ms=0, compression=parse_compression(written))

@@ -33,7 +33,7 @@ from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader.topic_reader import TopicReader
 from tests.compaction_model import CompactionModel, every_record
-from tests.conftest import AWS_VARS, ROOT, make_root, run_cli, without_aws_environment
+from tests.conftest import AWS_VARS, ROOT, local_spark, make_root, run_cli
 from tests.gates import Gate, start_held_compact
 
 pytestmark = pytest.mark.slow
@@ -42,14 +42,13 @@ HOUR = 3600.0
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[SparkEngine]:
-    """One local Spark application for the module, started with no AWS variables in its
-    environment: executors reach moto only through what the engine forwards."""
+    """An engine in the tests' shared local Spark application, started with no AWS
+    variables in its environment: executors reach moto only through what the engine
+    forwards."""
     eng = SparkEngine(SparkOptions(master="local[2]", split_bytes=1 << 16, split_records=300, reduce_partitions=3,
-                                   conf=(("spark.ui.enabled", "false"),)))
-    with without_aws_environment():
-        eng.session  # noqa: B018  (starts the JVM and its Python workers now)
+                                   conf=(("spark.ui.enabled", "false"),)), session=local_spark())
     yield eng
-    eng.close()
+    eng.close()  # (leaves the shared application running)
 
 
 @pytest.fixture(params=["local"])

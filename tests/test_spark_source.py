@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from shale.compactor import CompactionConfig, Compactor
-from shale.compactor.spark import SparkOptions
 from shale.ledger.errors import ConflictError
 from shale.ledger.ids import MessageId
 from shale.ledger.record import Message, Record
@@ -27,7 +26,7 @@ from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
 from shale.reader.splits import plan_splits
-from tests.conftest import ROOT, make_root, without_aws_environment
+from tests.conftest import ROOT, local_spark, make_root
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("pyspark")
@@ -41,13 +40,10 @@ def spark(moto_endpoint: str) -> Iterator[Any]:
     environment (the processes Spark starts inherit it): they reach moto only through
     what ``register`` captured and forwards."""
     import shale.spark
-    from shale.compactor.spark.engine import open_session
 
-    with without_aws_environment():
-        session, _ = open_session(SparkOptions(master="local[2,2]", conf=(("spark.ui.enabled", "false"),)))
+    session = local_spark()  # (local[2,2], shared with the other modules that run Spark here)
     shale.spark.register(session)
     yield session
-    session.stop()
 
 
 def _produce(uri: str, seed: int, n: int, *, ledger: int = 400) -> None:
