@@ -3,6 +3,7 @@ every backend, and helpers to run the console scripts."""
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,6 +34,44 @@ def without_aws_environment() -> Iterator[None]:
         yield
     finally:
         os.environ.update(saved)
+
+
+#: the local Spark application shared by the tests that run Spark in this process, while it runs
+_LOCAL_SPARK: list[Any] = []
+
+
+#: This process's environment just before and just after the shared application last started.
+LOCAL_SPARK_ENVIRONMENT: dict[str, dict[str, str]] = {}
+
+
+def local_spark() -> Any:
+    """The local Spark application (``local[2,2]``: two cores, a failed task tried once
+    more) that the tests running Spark in this process share, started on first use inside
+    :func:`without_aws_environment` and stopped when the session ends.  PySpark keeps one
+    application per process: one for every module would cost each its start and stop.
+    Engines given it (``SparkEngine(options, session=...)``) do not stop it; a module
+    whose application needs another master calls :func:`stop_local_spark` first."""
+    if _LOCAL_SPARK and _LOCAL_SPARK[0].sparkContext._jsc is not None:
+        return _LOCAL_SPARK[0]
+    from shale.compactor.spark import SparkOptions
+    from shale.compactor.spark.engine import open_session
+
+    with without_aws_environment():
+        LOCAL_SPARK_ENVIRONMENT["before"] = dict(os.environ)
+        session, _ = open_session(SparkOptions(master="local[2,2]", conf=(("spark.ui.enabled", "false"),)))
+        LOCAL_SPARK_ENVIRONMENT["after"] = dict(os.environ)
+    _LOCAL_SPARK[:] = [session]
+    return session
+
+
+def stop_local_spark() -> None:
+    """Stop the shared local Spark application, if it runs."""
+    while _LOCAL_SPARK:
+        _LOCAL_SPARK.pop().stop()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    stop_local_spark()
 
 
 @pytest.fixture(scope="session")
@@ -121,3 +161,30 @@ def run_cli(*args: str, input: str | None = None, env: dict[str, str] | None = N
                                                    "shale.cli" if script == "shale" else "shale.compactor.cli", *args]
     return subprocess.run(cmd, input=input, capture_output=True, text=True, env={**os.environ, **(env or {})},
                           timeout=timeout, cwd=ROOT)
+
+
+def run_cli_here(*args: str, input: str | None = None, env: dict[str, str] | None = None,
+                 script: str = "shale") -> subprocess.CompletedProcess[str]:
+    """:func:`run_cli` in this process: the same parser, command, one-line errors and exit
+    code, without starting Python and importing Shale again (about half a second a run).
+    For tests of what a command does; what only a process shows (signals, lines written
+    past Python to the file descriptors, the console script itself) needs :func:`run_cli`."""
+    from shale.cli import build_compact_parser, build_parser, run_command
+
+    out, err = io.StringIO(), io.StringIO()
+    saved = {k: os.environ.get(k) for k in env or {}}
+    stdin = sys.stdin
+    try:
+        os.environ.update(env or {})
+        if input is not None:
+            sys.stdin = io.TextIOWrapper(io.BytesIO(input.encode()), encoding="utf-8")
+        parser = build_compact_parser() if script == "compact" else build_parser()
+        code = run_command(list(args), parser, out=out, err=err, prog=script)
+    finally:
+        sys.stdin = stdin
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return subprocess.CompletedProcess([script, *args], code, out.getvalue(), err.getvalue())

@@ -51,6 +51,8 @@ _S3_VARIABLES: Final = {
     "read_timeout": ("SHALE_S3_READ_TIMEOUT",),
 }
 _SECONDS: Final = ("connect_timeout", "read_timeout")
+#: How many times a transient storage failure is tried (the only retry setting a variable sets).
+_ATTEMPTS_VARIABLE: Final = "SHALE_S3_ATTEMPTS"
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -143,9 +145,21 @@ class StorageOptions:
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> StorageOptions:
-        """The options the environment gives now (``environ``, else this process's).
-        fsspec's own configuration is read by fsspec where a store is opened."""
-        return cls(s3=S3Options.from_environment(environ))
+        """The options the environment gives now (``environ``, else this process's):
+        S3's settings, and ``SHALE_S3_ATTEMPTS``, how many times a transient S3 failure is
+        tried before it is given up (the retry policy's ``attempts``).  fsspec's own
+        configuration is read by fsspec where a store is opened."""
+        env = os.environ if environ is None else environ
+        s3 = S3Options.from_environment(env)
+        given = env.get(_ATTEMPTS_VARIABLE)
+        if not given:
+            return cls(s3=s3)
+        attempts = int(given) if given.isascii() and given.isdigit() and len(given) <= 4 else 0
+        if attempts < 1:
+            # like a bad S3 variable: refused by the first S3 request, not by commands that never make one
+            problem = f"{_ATTEMPTS_VARIABLE} {given!r}: expected a whole number of attempts from 1 to 9999"
+            return cls(s3=dataclasses.replace(s3, problems=(*s3.problems, problem)))
+        return cls(s3=s3, retry=RetryPolicy(attempts=attempts))
 
     def without_credentials(self) -> StorageOptions:
         """The same options without the S3 credentials and profile: a process given these

@@ -176,12 +176,15 @@ def _unreachable_port() -> int:
 
 @pytest.fixture(params=["unreachable", "moto"])
 def endpoint_with_password(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """``AWS_ENDPOINT_URL`` with a password in it, pointing at nothing or at the moto server."""
+    """``AWS_ENDPOINT_URL`` with a password in it, pointing at nothing or at the moto server.
+    Nothing listening is tried twice (``SHALE_S3_ATTEMPTS``) rather than six times: the
+    error still comes through the retry policy, without its growing waits."""
     if request.param == "moto":
         request.applymarker(pytest.mark.s3)
         port = int(str(request.getfixturevalue("moto_endpoint")).rsplit(":", 1)[1])
     else:
         port = _unreachable_port()
+        monkeypatch.setenv("SHALE_S3_ATTEMPTS", "2")
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://admin:{PASSWORD}@127.0.0.1:{port}")
     for name, value in (("AWS_ACCESS_KEY_ID", "testing-key-id"), ("AWS_SECRET_ACCESS_KEY", "testing-secret-key"),
                         ("AWS_DEFAULT_REGION", "us-east-1")):

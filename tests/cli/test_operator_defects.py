@@ -247,7 +247,7 @@ def test_bad_aws_settings_are_one_line_usage_errors(env: dict[str, str], needle:
 
 def test_an_unreachable_endpoint_is_named() -> None:
     env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y",
-           "SHALE_S3_CONNECT_TIMEOUT": "1"}
+           "SHALE_S3_CONNECT_TIMEOUT": "1", "SHALE_S3_ATTEMPTS": "2"}
     r = run_cli("status", "s3://bucket/t", env=env)
     assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
     assert "http://127.0.0.1:9" in r.stderr and "EndpointConnectionError" not in r.stderr

@@ -14,7 +14,7 @@ from shale.ledger.record import Message, Record
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TableView, TopicReader
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_cli_here
 
 HOUR = 3_600_000
 
@@ -354,26 +354,26 @@ def test_send_keeps_publish_time(topic_uri: str) -> None:
 
 def test_compact_cli_json_and_status(disk_topic_uri: str) -> None:
     lines = "".join(json.dumps({"key": f"k{i % 10}", "value": f"v{i}"}) + "\n" for i in range(500))
-    assert run_cli("produce", disk_topic_uri, "--max-ledger-records", "100", input=lines).returncode == 0
-    p = run_cli("--json", disk_topic_uri, "--delete-retention", "0", script="compact")
+    assert run_cli_here("produce", disk_topic_uri, "--max-ledger-records", "100", input=lines).returncode == 0
+    p = run_cli_here("--json", disk_topic_uri, "--delete-retention", "0", script="compact")
     assert p.returncode == 0, p.stderr
     summary = json.loads(p.stdout)
     assert summary["status"] == "compacted" and summary["keys"] == 10 and summary["records_written"] == 10
     assert summary["records_read"] == 500 and summary["epoch"] == 1 and summary["horizon"] == "5:0:99"
     assert set(summary["durations"]) >= {"plan", "pass_one", "pass_two", "publish", "total"}
-    p = run_cli("compact", disk_topic_uri, "--json")
+    p = run_cli_here("compact", disk_topic_uri, "--json")
     assert json.loads(p.stdout)["status"] == "nothing-to-do" and p.returncode == 0
-    st = json.loads(run_cli("status", disk_topic_uri, "--json").stdout)
+    st = json.loads(run_cli_here("status", disk_topic_uri, "--json").stdout)
     c = st["compaction"]
     assert c["horizon"] == "5:0:99" and c["epoch"] == 1 and c["keys"] == 10 and c["dirty_ratio"] == 0.0
     assert c["last_compaction_ms"] and c["compacted_ledger"]
-    r = run_cli("read", disk_topic_uri, "--compacted")
+    r = run_cli_here("read", disk_topic_uri, "--compacted")
     assert [json.loads(x)["value"] for x in r.stdout.splitlines()] == [f"v{490 + i}" for i in range(10)]
-    t = run_cli("read", disk_topic_uri, "--compacted", "--table")
+    t = run_cli_here("read", disk_topic_uri, "--compacted", "--table")
     assert len(t.stdout.splitlines()) == 10
     # human summary
-    assert run_cli("produce", disk_topic_uri, input="".join(lines.splitlines(keepends=True)[:100])).returncode == 0
-    h = run_cli(disk_topic_uri, script="compact")
+    assert run_cli_here("produce", disk_topic_uri, input="".join(lines.splitlines(keepends=True)[:100])).returncode == 0
+    h = run_cli_here(disk_topic_uri, script="compact")
     assert h.returncode == 0 and "compacted to horizon" in h.stdout and "10 keys" in h.stdout
 
 
@@ -387,8 +387,8 @@ def test_compact_cli_exit_codes(disk_topic_uri: str, tmp_path: object) -> None:
 
 def test_compact_several_topics_reports_worst(disk_topic_uri: str) -> None:
     lines = "".join(json.dumps({"key": f"k{i % 3}", "value": "v"}) + "\n" for i in range(30))
-    run_cli("produce", disk_topic_uri, input=lines)
-    p = run_cli("--json", disk_topic_uri, disk_topic_uri + "-missing", script="compact")
+    run_cli_here("produce", disk_topic_uri, input=lines)
+    p = run_cli_here("--json", disk_topic_uri, disk_topic_uri + "-missing", script="compact")
     out = [json.loads(x) for x in p.stdout.splitlines()]
     assert [o["status"] for o in out] == ["compacted", "error"]
     assert p.returncode == 2 and "no topic" in out[1]["error"]

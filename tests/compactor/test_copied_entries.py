@@ -25,7 +25,7 @@ from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TableView, TopicReader
 from tests import objects, tamper
-from tests.conftest import run_cli, without_aws_environment
+from tests.conftest import local_spark, run_cli, run_cli_here
 
 #: Records per entry, and the entry of the first ledger that is lied about.
 BATCH = 50
@@ -89,11 +89,11 @@ def lie(uri: str, kind: str, ledger: int = 0, entry: int = ENTRY) -> str:
     return name
 
 
-def refused(uri: str, why: str, name: str, *flags: str) -> None:
+def refused(uri: str, why: str, name: str, *flags: str, run: Callable[..., Any] = run_cli) -> None:
     """``compact`` refuses in one line (exit 4) naming the object and why, and publishes
     nothing: the topic's objects are all as they were, retention policy or not."""
     before = tamper.snapshot(uri)
-    r = run_cli(uri, *flags, script="compact")
+    r = run(uri, *flags, script="compact")
     assert r.returncode == 4, r.stderr
     line = r.stderr.strip()
     assert len(line.splitlines()) == 1 and name in line and why in line and "Traceback" not in line, line
@@ -106,12 +106,13 @@ def test_compaction_refuses_a_compressed_entry_that_does_not_decode_as_its_foote
                                                                                         written: str) -> None:
     """Whether the run writes compressed entries (whole entries kept among packed ones)
     or uncompressed ones (whole entries copied as they are), with a retention policy
-    that would remove every compacted ledger after a publish."""
+    that would remove every compacted ledger after a publish.  (The commands run in this
+    process; the tests below run them as processes, whose standard error is one line.)"""
     uri = str(tmp_path / "t")
     produce(uri)
-    assert run_cli("config", uri, "--set", "retention=1ms").returncode == 0
+    assert run_cli_here("config", uri, "--set", "retention=1ms").returncode == 0
     name = lie(uri, kind)
-    refused(uri, HOSTILE[kind][1], name, "--compression", written)
+    refused(uri, HOSTILE[kind][1], name, "--compression", written, run=run_cli_here)
     # every record outside the entry is still readable where it was
     records = TopicReader(uri, start=f"1:{ENTRY + 1}:0").read()
     assert len(records) == 400 - (ENTRY + 1) * BATCH
@@ -119,7 +120,7 @@ def test_compaction_refuses_a_compressed_entry_that_does_not_decode_as_its_foote
         return  # (nothing was published: what readers say does not depend on the run's codec)
     # and readers agree with compaction
     for args in (("read", uri), ("read", uri, "--compacted"), ("verify", uri, "--scrub")):
-        r = run_cli(*args)
+        r = run_cli_here(*args)
         assert r.returncode == 4 and name in r.stdout + r.stderr, (args, r.stdout, r.stderr)
 
 
@@ -198,9 +199,7 @@ def test_the_spark_engine_refuses_it_too(tmp_path: Path) -> None:
     name = lie(uri, "content size other than the footer's", ledger=2)
     before = tamper.snapshot(uri)
     engine = SparkEngine(SparkOptions(master="local[2]", split_bytes=1 << 16, split_records=100,
-                                      conf=(("spark.ui.enabled", "false"),)))
-    with without_aws_environment():
-        engine.session  # noqa: B018  (starts Spark now, away from the moto fixture's variables)
+                                      conf=(("spark.ui.enabled", "false"),)), session=local_spark())
     try:
         for written in ("zstd", "none"):
             config = CompactionConfig(delete_retention_ms=0, compression=parse_compression(written))

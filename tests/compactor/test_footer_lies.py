@@ -24,7 +24,7 @@ from shale.ledger.format import (
 )
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
-from tests.conftest import run_cli
+from tests.conftest import run_cli_here
 
 Columns = dict[str, Any]
 
@@ -70,10 +70,10 @@ def test_a_moved_record_boundary_is_refused_by_compaction(tmp_path: Path) -> Non
     uri, ledger = _topic(tmp_path)
     rewrite_footer(ledger, move_boundary)
     # a plain read decodes the payload as a stream and still prints every record ...
-    r = run_cli("read", uri)
+    r = run_cli_here("read", uri)
     assert r.returncode == 0 and len(r.stdout.splitlines()) == 100
     # ... but compaction copies by the footer: it must refuse, and publish nothing
-    r = run_cli(uri, "--json", script="compact")
+    r = run_cli_here(uri, "--json", script="compact")
     assert r.returncode == 4, r.stdout + r.stderr
     line = json.loads(r.stdout)
     assert line["status"] == "error" and ledger.name in line["error"] and "entry 1:0" in line["error"]
@@ -88,13 +88,13 @@ def test_verify_checks_the_compacted_records_themselves(tmp_path: Path) -> None:
     stands: verify says so, naming the part."""
     uri, _ = _topic(tmp_path)
     assert Compactor(uri, CompactionConfig()).run().status == "compacted"
-    assert run_cli("verify", uri).returncode == 0
+    assert run_cli_here("verify", uri).returncode == 0
     part = next((tmp_path / "t" / "compacted").rglob("*.ledger"))
     rewrite_footer(part, move_boundary)
-    r = run_cli("verify", uri)
+    r = run_cli_here("verify", uri)
     assert r.returncode == 4, r.stdout + r.stderr
     assert part.name in r.stderr and r.stderr.count("\n") == 1
-    r = run_cli(uri, script="compact")  # nothing new: nothing copied, nothing to refuse
+    r = run_cli_here(uri, script="compact")  # nothing new: nothing copied, nothing to refuse
     assert r.returncode == 0, r.stderr
 
 
@@ -123,10 +123,10 @@ def test_bytes_in_properties_are_refused_and_never_published(tmp_path: Path) -> 
     payload = bytes(data[frame + FRAME_HEADER.size:frame + FRAME_HEADER.size + plen])
     data[frame + 4:frame + 8] = checksum(payload).to_bytes(4, "little")
     ledger.write_bytes(bytes(data))
-    r = run_cli("read", uri)
+    r = run_cli_here("read", uri)
     assert r.returncode == 4 and "text" in r.stderr and r.stderr.count("\n") == 1, r.stderr
     assert "Error" not in r.stderr and "Traceback" not in r.stderr
-    r = run_cli(uri, script="compact")
+    r = run_cli_here(uri, script="compact")
     assert r.returncode == 4, r.stdout + r.stderr
     assert TopicMetadata.open(uri).load_compaction().epoch == 0
 
@@ -164,7 +164,7 @@ def test_read_prints_no_record_of_an_entry_that_fails(tmp_path: Path) -> None:
         cols["r_offset"][50] = 0
 
     rewrite_footer(ledger, change, body)
-    r = run_cli("read", uri)
+    r = run_cli_here("read", uri)
     assert r.returncode == 4, r.stderr
     printed = [json.loads(x)["id"] for x in r.stdout.splitlines()]
     assert printed == [f"1:0:{i}" for i in range(50)], "only entry 0, whose records are all there"

@@ -17,7 +17,7 @@ from shale.compactor.verify import verify_topic
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
-from tests.conftest import run_cli
+from tests.conftest import run_cli_here
 
 
 def produce(uri: str, seed: int, n: int) -> None:
@@ -60,7 +60,7 @@ def test_ids_stay_monotonic_and_removed_ledgers_wait_for_the_grace(tmp_path: Pat
     produce(uri, 1, 3_000)
     meta = TopicMetadata.open(uri)
     last = meta.load_topic().last_ledger_id
-    r = run_cli("truncate", uri, "--before-ledger", str(last + 1), "--allow-uncompacted", "--json")
+    r = run_cli_here("truncate", uri, "--before-ledger", str(last + 1), "--allow-uncompacted", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["ledgers"] == 0 and out["generation"] == 1 and len(out["removed"]) == 3
@@ -74,5 +74,5 @@ def test_ids_stay_monotonic_and_removed_ledgers_wait_for_the_grace(tmp_path: Pat
     assert not any(o.startswith("ledgers/") for o in kept.orphans_deleted)  # readers may still need them
     later = collect_garbage(meta, now_ms=now + grace + 60_000, grace_ms=0, orphan_grace_ms=grace)
     assert len([o for o in later.orphans_deleted if o.startswith("ledgers/")]) == 3
-    assert run_cli("truncate", uri, "--before-ledger", "x").returncode == 2
-    assert run_cli("truncate", str(tmp_path / "missing"), "--before-ledger", "3").returncode == 2
+    assert run_cli_here("truncate", uri, "--before-ledger", "x").returncode == 2
+    assert run_cli_here("truncate", str(tmp_path / "missing"), "--before-ledger", "3").returncode == 2

@@ -23,7 +23,7 @@ from shale.compactor.verify import verify_topic
 from shale.compactor.verify_fold import latest_per_key
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
-from tests.conftest import run_cli
+from tests.conftest import run_cli_here
 
 T0 = 1_700_000_000.0
 HOUR = 3600.0
@@ -51,7 +51,7 @@ def test_views_built_by_several_runs_verify(disk_topic_uri: str) -> None:
         assert report.ok, report.human()
         assert report.keys_expected > 1_000 and report.records_checked >= report.keys_expected
         assert report.frames_checked > 0 and report.unverifiable == 0
-    r = run_cli("verify", uri, "--json")
+    r = run_cli_here("verify", uri, "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["ok"] is True
 
@@ -68,7 +68,7 @@ def test_a_lost_part_is_missing_keys(tmp_path: Path) -> None:
     produce(uri, 1, 6_000, T0)
     compact(uri, 1, max_part_bytes=1 << 16)
     _tamper(uri, lambda v: v["parts"].pop(0))
-    r = run_cli("verify", uri)
+    r = run_cli_here("verify", uri)
     assert r.returncode == EXIT_MISMATCH, r.stdout + r.stderr
     assert "MISMATCH" in r.stdout and "missing: the key of record" in r.stdout
     assert verify_topic(TopicMetadata.open(uri)).missing > 0
@@ -108,13 +108,13 @@ def test_a_corrupt_compacted_part_exits_4(tmp_path: Path) -> None:
     data = bytearray(part.read_bytes())
     data[100] ^= 0x40
     part.write_bytes(bytes(data))
-    r = run_cli("verify", uri)
+    r = run_cli_here("verify", uri)
     assert r.returncode == 4 and part.name in r.stderr and r.stderr.count("\n") == 1
 
 
 @pytest.mark.parametrize("args", [["verify", "/nonexistent/topic"], ["verify"]])
 def test_bad_usage_exits_2(args: list[str]) -> None:
-    r = run_cli(*args)
+    r = run_cli_here(*args)
     assert r.returncode == 2 and r.stderr.count("\n") == 1
 
 

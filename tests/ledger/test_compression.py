@@ -35,7 +35,7 @@ from shale.producer import TopicWriter
 from shale.reader import TableView, TopicReader
 from shale.storage import resolve
 from tests import objects, tamper
-from tests.conftest import run_cli
+from tests.conftest import run_cli_here
 
 CODECS = ["none", "lz4", "zstd", "zstd:9"]
 
@@ -290,7 +290,7 @@ def test_the_producers_default_is_the_topics_policy_else_zstd(tmp_path: Any) -> 
     uri = str(tmp_path / "t")
     _produce(uri, _rows(100, 10, seed=5))
     assert _codecs_of(uri) == {Codec.ZSTD}
-    r = run_cli("config", uri, "--set", "compression=lz4")
+    r = run_cli_here("config", uri, "--set", "compression=lz4")
     assert r.returncode == 0, r.stderr
     _produce(uri, _rows(100, 10, seed=6))
     meta = TopicMetadata.open(uri)
@@ -299,41 +299,41 @@ def test_the_producers_default_is_the_topics_policy_else_zstd(tmp_path: Any) -> 
         Codec.LZ4}
     # the command's flag wins over the policy; the policy over the variable
     lines = "".join(json.dumps({"key": k, "value": v}) + "\n" for k, v in _rows(50, 5, seed=7))
-    r = run_cli("produce", uri, "--compression", "none", "--json", input=lines)
+    r = run_cli_here("produce", uri, "--compression", "none", "--json", input=lines)
     assert r.returncode == 0, r.stderr
-    r = run_cli("produce", uri, "--json", input=lines, env={"SHALE_COMPRESSION": "none"})
+    r = run_cli_here("produce", uri, "--json", input=lines, env={"SHALE_COMPRESSION": "none"})
     assert r.returncode == 0, r.stderr
     ledgers = TopicMetadata.open(uri).load_topic().ledgers
     got = [set(LedgerFile.open(meta.topic.store, meta.topic.key(lg.object)).footer.codecs().tolist())
            for lg in ledgers[-2:]]
     assert got == [{Codec.NONE}, {Codec.LZ4}]
-    r = run_cli("config", uri, "--set", "compression=brotli")
+    r = run_cli_here("config", uri, "--set", "compression=brotli")
     assert r.returncode == 2 and "unknown compression 'brotli'" in r.stderr
-    r = run_cli("produce", uri, "--compression", "zstd:99", input=lines)
+    r = run_cli_here("produce", uri, "--compression", "zstd:99", input=lines)
     assert r.returncode == 2 and "zstd level 99 must be from 1 to 22" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_a_hostile_compression_policy_is_refused(tmp_path: Any) -> None:
     uri = str(tmp_path / "t")
     _produce(uri, _rows(20, 5, seed=8))
-    assert run_cli("config", uri, "--set", "compression=zstd:4").returncode == 0
+    assert run_cli_here("config", uri, "--set", "compression=zstd:4").returncode == 0
     tamper.edit(uri, "policy.json", lambda d: d["value"].update(compression="zstd:77"))
     with pytest.raises(InvalidMetadataError, match="field compression: zstd level 77"):
         TopicWriter(uri)
-    r = run_cli("compact", uri)
+    r = run_cli_here("compact", uri)
     assert r.returncode == 4 and "compression" in r.stderr
 
 
 def test_status_shows_bytes_stored_and_uncompressed(tmp_path: Any) -> None:
     uri = str(tmp_path / "t")
     _produce(uri, _rows(3000, 200, seed=9), compression="zstd")
-    assert run_cli("compact", uri).returncode == 0
-    r = run_cli("status", uri, "--json")
+    assert run_cli_here("compact", uri).returncode == 0
+    r = run_cli_here("status", uri, "--json")
     doc = json.loads(r.stdout)
     assert doc["raw_bytes"] > 2 * doc["bytes"]
     assert all(lg["raw_bytes"] > lg["bytes"] for lg in doc["ledger_list"])
     assert doc["compaction"]["compacted_raw_bytes"] > doc["compaction"]["compacted_bytes"]
-    text = run_cli("status", uri).stdout
+    text = run_cli_here("status", uri).stdout
     assert f"{doc['bytes']:,} bytes stored ({doc['raw_bytes']:,} uncompressed," in text
     assert "raw bytes" in text
 
@@ -351,20 +351,20 @@ def _refused(uri: str, expect: str, name: str) -> None:
     """``compact`` refuses with exit 4 in one line saying ``expect``, and publishes
     nothing; ``read`` and ``verify --scrub`` refuse too (exit 4), naming object ``name``."""
     before = tamper.read_raw(uri, "_meta/compaction.json")
-    r = run_cli("compact", uri)
+    r = run_cli_here("compact", uri)
     assert r.returncode == 4, r.stderr
     assert expect in r.stderr and name in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     assert tamper.read_raw(uri, "_meta/compaction.json") == before
-    r = run_cli("read", uri)
+    r = run_cli_here("read", uri)
     assert r.returncode == 4 and name in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    r = run_cli("verify", uri, "--scrub")
+    r = run_cli_here("verify", uri, "--scrub")
     assert r.returncode == 4 and name in r.stdout + r.stderr
 
 
 def _compacted_once(uri: str) -> None:
     _produce(uri, _rows(600, 60, seed=10), compression="zstd", batch_size=50)
-    assert run_cli("compact", uri).returncode == 0
+    assert run_cli_here("compact", uri).returncode == 0
     _produce(uri, _rows(600, 60, seed=11), compression="zstd", batch_size=50)
 
 
@@ -433,7 +433,7 @@ def test_an_unknown_codec_is_named(tmp_path: Any) -> None:
     meta = TopicMetadata.open(uri)
     with pytest.raises(UnsupportedVersionError, match="entry 2 is compressed with codec 9, which this build"):
         LedgerFile.open(meta.topic.store, meta.topic.key(name))
-    r = run_cli("compact", uri)
+    r = run_cli_here("compact", uri)
     assert r.returncode == 4 and "codec 9" in r.stderr
 
 
@@ -450,7 +450,7 @@ def test_records_that_lie_inside_a_compressed_entry_are_refused_by_compaction(tm
     p.cols["r_size"][54] -= 1
     tamper.write_raw(uri, name, objects.build(p))
     before = tamper.read_raw(uri, "_meta/compaction.json") if (tmp_path / "t/_meta/compaction.json").exists() else None
-    r = run_cli("compact", uri)
+    r = run_cli_here("compact", uri)
     assert r.returncode == 4, r.stderr
     assert "of its decompressed payload" in r.stderr and name in r.stderr
     after = tamper.read_raw(uri, "_meta/compaction.json") if (tmp_path / "t/_meta/compaction.json").exists() else None

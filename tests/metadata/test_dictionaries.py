@@ -21,7 +21,7 @@ from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TableView, TopicReader
 from tests import objects, tamper
-from tests.conftest import run_cli
+from tests.conftest import run_cli_here
 
 
 def _rows(n: int, seed: int) -> list[tuple[str, str | None]]:
@@ -63,12 +63,12 @@ def test_a_trained_dictionary_shrinks_small_entries_and_everything_reads_back(di
     uri = disk_topic_uri
     rows = _rows(6000, 1)
     _produce(uri, rows[:3000])
-    r = run_cli("dictionary", uri, "--train", "--size", "8KiB", "--use", "--json")
+    r = run_cli_here("dictionary", uri, "--train", "--size", "8KiB", "--use", "--json")
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     assert report["used"] and report["records_sampled"] > 1000
     assert report["zstd_dict_bytes"] * 1.5 < report["zstd_bytes"], report  # clearly smaller on entries of 2 records
-    assert run_cli("config", uri).stdout.strip() == "compression  zstd-dict:3"
+    assert run_cli_here("config", uri).stdout.strip() == "compression  zstd-dict:3"
     # a producer follows the policy; so does a compaction (and entries of 2 records are
     # small: all packed anew, with the dictionary)
     _produce(uri, rows[3000:])
@@ -76,15 +76,15 @@ def test_a_trained_dictionary_shrinks_small_entries_and_everything_reads_back(di
     first, last = meta.load_topic().ledgers[0], meta.load_topic().ledgers[-1]
     assert first.bytes > last.bytes * 1.3
     assert _codecs(uri) >= {Codec.ZSTD, Codec.ZSTD_DICT}
-    assert run_cli("compact", uri).returncode == 0
+    assert run_cli_here("compact", uri).returncode == 0
     assert _codecs(uri, "parts") == {Codec.ZSTD_DICT}
     assert dict(TableView(uri)) == _model(rows)
     assert [m.value for m in TopicReader(uri)] == [v.encode() if v else None for _, v in rows]
-    r = run_cli("verify", uri, "--scrub")
+    r = run_cli_here("verify", uri, "--scrub")
     assert r.returncode == 0, r.stdout + r.stderr
-    r = run_cli("get", uri, rows[-1][0])
+    r = run_cli_here("get", uri, rows[-1][0])
     assert r.returncode in (0, 5)
-    listing = run_cli("dictionary", uri, "--json")
+    listing = run_cli_here("dictionary", uri, "--json")
     (d,) = json.loads(listing.stdout)["dictionaries"]
     assert d["id"] == report["dictionary_id"] and d["object"].startswith("dictionaries/")
 
@@ -104,7 +104,7 @@ def test_a_newer_dictionary_leaves_older_entries_readable_and_gc_keeps_every_dic
     assert [d.id for d in TopicMetadata.open(uri).load_topic().dictionaries] == [first.id, second.id]
     # retention removes the ledgers written with the first dictionary; gc deletes them,
     # and never a dictionary: the compacted part still holds entries that need it
-    assert run_cli("truncate", uri, "--before-ledger", "5").returncode == 0
+    assert run_cli_here("truncate", uri, "--before-ledger", "5").returncode == 0
     report = collect_garbage(TopicMetadata.open(uri), grace_ms=0, orphan_grace_ms=15 * 60_000,
                              now_ms=TopicMetadata.open(uri).now_ms() + 3_600_000)
     assert any("ledgers/" in x for x in report.to_json()["deleted"]), report.to_json()
@@ -119,12 +119,12 @@ def test_zstd_dict_without_a_dictionary_is_refused_in_words(tmp_path: Path) -> N
     with pytest.raises(InvalidInputError, match="needs a trained dictionary and the topic has none"):
         TopicWriter(uri, compression="zstd-dict")
     lines = "".join(json.dumps({"key": "k", "value": "v"}) + "\n" for _ in range(10))
-    r = run_cli("produce", uri, "--compression", "zstd-dict", input=lines)
+    r = run_cli_here("produce", uri, "--compression", "zstd-dict", input=lines)
     assert r.returncode == 2 and "shale dictionary" in r.stderr and "Traceback" not in r.stderr
-    assert run_cli("produce", uri, input=lines).returncode == 0
-    r = run_cli("compact", uri, "--compression", "zstd-dict:4")
+    assert run_cli_here("produce", uri, input=lines).returncode == 0
+    r = run_cli_here("compact", uri, "--compression", "zstd-dict:4")
     assert r.returncode == 2 and "needs a trained dictionary" in r.stderr
-    r = run_cli("dictionary", uri, "--train")
+    r = run_cli_here("dictionary", uri, "--train")
     assert r.returncode == 2 and "cannot train a dictionary on" in r.stderr and len(r.stderr.splitlines()) == 1
 
 
@@ -132,7 +132,7 @@ def _dictionary_topic(tmp_path: Path) -> tuple[str, TopicMetadata]:
     uri = str(tmp_path / "t")
     rows = _rows(4000, 3)
     _produce(uri, rows[:2000])
-    assert run_cli("dictionary", uri, "--train", "--size", "4KiB", "--use").returncode == 0
+    assert run_cli_here("dictionary", uri, "--train", "--size", "4KiB", "--use").returncode == 0
     _produce(uri, rows[2000:])
     return uri, TopicMetadata.open(uri)
 
@@ -146,7 +146,7 @@ def test_a_changed_dictionary_object_is_refused_naming_it(tmp_path: Path) -> Non
     path.write_bytes(bytes(data))
     before = tamper.read_raw(uri, "_meta/topic.json")
     for args in (("read", uri), ("compact", uri)):
-        r = run_cli(*args)
+        r = run_cli_here(*args)
         assert r.returncode == 4, (args, r.stderr)
         assert d.object in r.stderr and "changed since it was registered" in r.stderr
     assert tamper.read_raw(uri, "_meta/topic.json") == before
@@ -166,7 +166,7 @@ def test_an_entry_naming_an_unknown_dictionary_is_refused(tmp_path: Path) -> Non
                                dictionaries=meta.dictionaries))
     p.payloads[0] = bytes(compress(payload, Compression(Codec.ZSTD_DICT, 3, stranger))[1])
     tamper.write_raw(uri, last, objects.build(p))
-    r = run_cli("read", uri)
+    r = run_cli_here("read", uri)
     assert r.returncode == 4 and f"dictionary {stranger.id}" in r.stderr and "no dictionary" in r.stderr
 
 
@@ -182,7 +182,7 @@ def test_hostile_dictionary_entries_in_topic_json_are_refused(tmp_path: Path) ->
         tamper.edit(uri, "topic.json", change)
         with pytest.raises(InvalidMetadataError, match=why):
             TopicMetadata.open(uri).load_topic()
-        r = run_cli("read", uri)
+        r = run_cli_here("read", uri)
         assert r.returncode == 4 and "topic.json: field dictionaries[" in r.stderr
         tamper.write_raw(uri, "_meta/topic.json", saved)
 

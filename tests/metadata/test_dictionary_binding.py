@@ -24,7 +24,7 @@ from shale.ledger.kernels import crc32c
 from shale.metadata.topic import TopicMetadata
 from shale.reader import TableView, TopicReader
 from tests import objects, tamper
-from tests.conftest import run_cli
+from tests.conftest import run_cli_here
 from tests.metadata.test_dictionaries import _model, _produce, _rows
 
 ROWS = _rows(4000, 3)
@@ -35,7 +35,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A topic whose second half is written with a trained dictionary (made once)."""
     uri = tmp_path_factory.mktemp("template") / "t"
     _produce(str(uri), ROWS[:2000])
-    assert run_cli("dictionary", str(uri), "--train", "--size", "4KiB", "--use").returncode == 0
+    assert run_cli_here("dictionary", str(uri), "--train", "--size", "4KiB", "--use").returncode == 0
     _produce(str(uri), ROWS[2000:])
     return uri
 
@@ -94,7 +94,7 @@ def test_a_registration_carries_the_sha256_of_the_dictionary(topic: str) -> None
     doc = json.loads(tamper.read_raw(topic, "_meta/topic.json"))
     (d,) = doc["value"]["dictionaries"]
     assert d["sha256"] == hashlib.sha256(data).hexdigest() and d["object"] == name
-    r = run_cli("dictionary", topic, "--json")
+    r = run_cli_here("dictionary", topic, "--json")
     assert json.loads(r.stdout)["dictionaries"][0]["sha256"] == d["sha256"]
     for bad in ("ABC", "0" * 63, "g" * 64, 7):
         saved = tamper.read_raw(topic, "_meta/topic.json")
@@ -110,12 +110,12 @@ def test_a_swapped_dictionary_with_matching_size_and_crc_is_refused_by_every_com
     before = tamper.snapshot(topic)
     for args, kw in ((("read", topic), {}), (("read", topic, "--table"), {}), (("get", topic, "user-00001"), {}),
                      (("produce", topic), {"input": lines}), ((topic,), {"script": "compact"})):
-        r = run_cli(*args, **kw)  # type: ignore[arg-type]
+        r = run_cli_here(*args, **kw)  # type: ignore[arg-type]
         assert r.returncode == 4, (args, r.stderr)
         line = r.stderr.strip()
         assert len(line.splitlines()) == 1 and name in line and "changed since it was registered" in line, line
     assert tamper.snapshot(topic) == before  # nothing produced, nothing published
-    r = run_cli("verify", topic, "--scrub")
+    r = run_cli_here("verify", topic, "--scrub")
     assert r.returncode == 4 and name in r.stdout
 
 
@@ -123,9 +123,9 @@ def test_frames_with_a_content_checksum_catch_a_swap_the_registration_cannot(top
     """A registration made before the SHA-256 was recorded (or one a writer of the bucket
     rewrote): frames written since carry zstd's content checksum, which fails."""
     swap_dictionary(topic, keep_sha256=False)
-    r = run_cli("read", topic)
+    r = run_cli_here("read", topic)
     assert r.returncode == 4 and "doesn't match checksum" in r.stderr, r.stderr
-    r = run_cli(topic, script="compact")
+    r = run_cli_here(topic, script="compact")
     assert r.returncode == 4 and "doesn't match checksum" in r.stderr, r.stderr
 
 
@@ -135,11 +135,11 @@ def test_scrub_catches_a_swap_in_frames_without_a_content_checksum(topic: str) -
     decoded key is hashed again against the footer)."""
     without_content_checksums(topic)
     assert dict(TableView(topic)) == _model(ROWS)
-    assert run_cli("verify", topic, "--scrub").returncode == 0  # the rewrite itself is sound
+    assert run_cli_here("verify", topic, "--scrub").returncode == 0  # the rewrite itself is sound
     swap_dictionary(topic, keep_sha256=False)
     keys = {m.key for m in TopicReader(topic).read()}
     assert any(k is not None and k.startswith(b"usex-") for k in keys)  # what readers see, and cannot tell
-    r = run_cli("verify", topic, "--scrub", "--json")
+    r = run_cli_here("verify", topic, "--scrub", "--json")
     assert r.returncode == 4, r.stdout + r.stderr
     doc = json.loads(r.stdout.splitlines()[0])
     assert doc["damaged"] and all("its key does not hash to the key hash its footer gives" in d["error"]
@@ -151,7 +151,7 @@ def test_scrub_catches_a_footer_whose_key_hash_is_not_its_keys(topic: str) -> No
     p = objects.parse(tamper.read_raw(topic, name))
     p.cols["r_hash_lo"][5] ^= 1
     tamper.write_raw(topic, name, objects.build(p))
-    r = run_cli("verify", topic, "--scrub")
+    r = run_cli_here("verify", topic, "--scrub")
     assert r.returncode == 4 and f"damaged {name}" in r.stdout and "entry 1:2, record 1: its key" in r.stdout, r.stdout
 
 
@@ -166,7 +166,7 @@ def test_a_dictionary_zstd_cannot_use_is_refused_naming_it(topic: str) -> None:
     lines = "".join(json.dumps({"key": f"user-{i:05d}", "value": "v" * 50}) + "\n" for i in range(10))
     for args, kw in ((("produce", topic), {"input": lines}), ((topic,), {"script": "compact"}),
                      (("read", topic), {})):
-        r = run_cli(*args, **kw)  # type: ignore[arg-type]
+        r = run_cli_here(*args, **kw)  # type: ignore[arg-type]
         assert r.returncode == 4, (args, r.stderr)
         line = r.stderr.strip()
         assert len(line.splitlines()) == 1 and name in line and "not a usable zstd dictionary" in line, (args, line)
@@ -178,11 +178,11 @@ def test_a_missing_registered_dictionary_is_damage_for_every_command(topic: str)
     lines = "".join(json.dumps({"key": f"user-{i:05d}", "value": "v"}) + "\n" for i in range(10))
     for args, kw in ((("produce", topic), {"input": lines}), ((topic,), {"script": "compact"}),
                      (("read", topic), {}), (("get", topic, "user-00001"), {})):
-        r = run_cli(*args, **kw)  # type: ignore[arg-type]
+        r = run_cli_here(*args, **kw)  # type: ignore[arg-type]
         assert r.returncode == 4, (args, r.stderr)
         line = r.stderr.strip()
         assert len(line.splitlines()) == 1 and name in line and "missing" in line, (args, line)
-    r = run_cli("verify", topic, "--scrub")
+    r = run_cli_here("verify", topic, "--scrub")
     assert r.returncode == 4 and name in r.stdout
 
 

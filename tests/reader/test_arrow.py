@@ -18,7 +18,7 @@ from shale.ledger.ids import MessageId
 from shale.ledger.record import Message, Record
 from shale.producer import TopicWriter
 from shale.reader import TableView, TopicReader
-from tests.conftest import run_cli
+from tests.conftest import run_cli_here
 
 pa = pytest.importorskip("pyarrow")
 T0 = 1_700_000_000_000
@@ -123,7 +123,7 @@ def test_export_is_read_back_by_duckdb_polars_and_pyarrow(disk_topic_uri: str, t
     _topic(uri)
     view = TopicReader(uri, read_compacted=True).read()
     out = str(tmp_path / "view.parquet")
-    r = run_cli("export", uri, out, "--compacted", "--json")
+    r = run_cli_here("export", uri, out, "--compacted", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["rows"] == len(view)
     assert _rows_of_table(pq.read_table(out)) == _rows_of(view)
@@ -132,14 +132,14 @@ def test_export_is_read_back_by_duckdb_polars_and_pyarrow(disk_topic_uri: str, t
     assert polars.read_parquet(out).height == len(view)
     # the table (the latest value of every live key) queried by DuckDB
     table_out = str(tmp_path / "table.parquet")
-    assert run_cli("export", uri, table_out, "--table").returncode == 0
+    assert run_cli_here("export", uri, table_out, "--table").returncode == 0
     got = dict(duckdb.sql(f"SELECT key, value FROM '{table_out}'").fetchall())
     assert got == dict(TableView(uri).items())
     # Arrow IPC and JSON lines
-    assert run_cli("export", uri, str(tmp_path / "all.arrow")).returncode == 0
+    assert run_cli_here("export", uri, str(tmp_path / "all.arrow")).returncode == 0
     ipc = pa.ipc.open_file(str(tmp_path / "all.arrow")).read_all()
     assert _rows_of_table(ipc) == _rows_of(TopicReader(uri).read())
-    assert run_cli("export", uri, str(tmp_path / "all.jsonl"), "--start", "2:0:0").returncode == 0
+    assert run_cli_here("export", uri, str(tmp_path / "all.jsonl"), "--start", "2:0:0").returncode == 0
     lines = (tmp_path / "all.jsonl").read_text().splitlines()
     assert [json.loads(x)["id"] for x in lines] == [str(m.id) for m in TopicReader(uri, start=MessageId(2, 0, 0))]
 
@@ -151,7 +151,7 @@ def test_export_to_s3_appears_whole_or_not_at_all(s3_bucket: str, tmp_path: Path
     uri = str(tmp_path / "t")
     _topic(uri)
     out = f"s3://{s3_bucket}/exports/view.parquet"
-    r = run_cli("export", uri, out, "--compacted")
+    r = run_cli_here("export", uri, out, "--compacted")
     assert r.returncode == 0, r.stderr
     client = boto3.client("s3", region_name="us-east-1")
     body = client.get_object(Bucket=s3_bucket, Key="exports/view.parquet")["Body"].read()
@@ -161,7 +161,7 @@ def test_export_to_s3_appears_whole_or_not_at_all(s3_bucket: str, tmp_path: Path
     # a failed export (a value that is not text) leaves nothing under its name
     with TopicWriter(uri) as w:
         w.append("bad", b"\xff")
-    r = run_cli("export", uri, f"s3://{s3_bucket}/exports/failed.parquet", "--utf8")
+    r = run_cli_here("export", uri, f"s3://{s3_bucket}/exports/failed.parquet", "--utf8")
     assert r.returncode == 2 and "not valid UTF-8" in r.stderr and len(r.stderr.splitlines()) == 1
     listed = client.list_objects_v2(Bucket=s3_bucket, Prefix="exports/").get("Contents", [])
     assert [o["Key"] for o in listed] == ["exports/view.parquet"]
@@ -175,7 +175,7 @@ def test_export_as_text_for_a_sql_query(tmp_path: Path) -> None:
             w.append(f"user-{i % 50}", json.dumps({"email": f"u{i % 50}@example.com", "seq": i}))
     Compactor(uri).run()
     out = str(tmp_path / "users.parquet")
-    assert run_cli("export", uri, out, "--table", "--utf8").returncode == 0
+    assert run_cli_here("export", uri, out, "--table", "--utf8").returncode == 0
     rows = duckdb.sql(f"SELECT key, value->>'email', (value->>'seq')::INT FROM '{out}' ORDER BY key LIMIT 2").fetchall()
     assert rows == [("user-0", "u0@example.com", 250), ("user-1", "u1@example.com", 251)]
 
@@ -183,11 +183,11 @@ def test_export_as_text_for_a_sql_query(tmp_path: Path) -> None:
 def test_export_usage_errors_are_one_line(tmp_path: Path) -> None:
     uri = str(tmp_path / "t")
     _produce(uri, 1, 20, "zstd")
-    r = run_cli("export", uri, str(tmp_path / "x.parquet"), "--table", "--start", "1:0:3")
+    r = run_cli_here("export", uri, str(tmp_path / "x.parquet"), "--table", "--start", "1:0:3")
     assert r.returncode == 2 and "--table exports every key" in r.stderr
-    r = run_cli("export", str(tmp_path / "missing"), str(tmp_path / "x.parquet"))
+    r = run_cli_here("export", str(tmp_path / "missing"), str(tmp_path / "x.parquet"))
     assert r.returncode == 2 and "no topic" in r.stderr
-    r = run_cli("export", uri, str(tmp_path / "x.parquet"), "--format", "csv")
+    r = run_cli_here("export", uri, str(tmp_path / "x.parquet"), "--format", "csv")
     assert r.returncode == 2 and "csv" in r.stderr
     assert not (tmp_path / "x.parquet").exists()
 

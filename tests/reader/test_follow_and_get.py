@@ -18,7 +18,7 @@ from shale.compactor import Compactor
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TableView, TopicReader, lookup
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, run_cli_here
 
 
 def _produce(topic: str, items: list[tuple[str, str | None]], per: int = 10) -> None:
@@ -135,13 +135,13 @@ def test_lookup_answers_from_the_tail_then_the_compacted_view(topic_uri: str) ->
 
 def test_shale_get_prints_the_latest_value(disk_topic_uri: str) -> None:
     _produce(disk_topic_uri, _updates(60, 6))
-    assert run_cli("compact", disk_topic_uri).returncode == 0
+    assert run_cli_here("compact", disk_topic_uri).returncode == 0
     _produce(disk_topic_uri, [("k2", "fresh")])
-    r = run_cli("get", disk_topic_uri, "k2")
+    r = run_cli_here("get", disk_topic_uri, "k2")
     assert r.returncode == 0 and json.loads(r.stdout)["value"] == "fresh", r.stderr
-    r = run_cli("get", disk_topic_uri, "k5")
+    r = run_cli_here("get", disk_topic_uri, "k5")
     assert r.returncode == 0 and json.loads(r.stdout)["value"] == "v59", r.stderr
-    r = run_cli("get", disk_topic_uri, "missing")
+    r = run_cli_here("get", disk_topic_uri, "missing")
     assert r.returncode == 5 and r.stdout == "" and "no value for key 'missing'" in r.stderr, r.stderr
 
 
@@ -151,20 +151,20 @@ def test_read_value_format_json_and_table_implies_compacted(tmp_path: Path) -> N
     topic = str(tmp_path / "t")
     records = [{"key": "a", "value": {"name": "Ann", "n": 1}}, {"key": "b", "value": "plain"},
                {"key": "a", "value": {"name": "Ann", "n": 2}}]
-    r = run_cli("produce", topic, input="".join(json.dumps(x) + "\n" for x in records))
+    r = run_cli_here("produce", topic, input="".join(json.dumps(x) + "\n" for x in records))
     assert r.returncode == 0, r.stderr
-    assert run_cli("compact", topic).returncode == 0
-    r = run_cli("read", topic, "--table", "--value-format", "json")
+    assert run_cli_here("compact", topic).returncode == 0
+    r = run_cli_here("read", topic, "--table", "--value-format", "json")
     assert r.returncode == 0, r.stderr
     got = {d["key"]: d["value"] for d in map(json.loads, r.stdout.splitlines())}
     assert got == {"a": {"name": "Ann", "n": 2}, "b": "plain"}
-    raw = [json.loads(x)["value"] for x in run_cli("read", topic).stdout.splitlines()]
+    raw = [json.loads(x)["value"] for x in run_cli_here("read", topic).stdout.splitlines()]
     assert raw[0] == '{"name": "Ann", "n": 1}'  # text by default: the value as stored, as given
 
 
 @pytest.mark.parametrize("bad", ['{"key": "a", "value": 5}', '{"key": "a", "value": true}'])
 def test_produce_refuses_values_that_are_not_text_or_objects(tmp_path: Path, bad: str) -> None:
-    r = run_cli("produce", str(tmp_path / "t"), input=bad + "\n")
+    r = run_cli_here("produce", str(tmp_path / "t"), input=bad + "\n")
     assert r.returncode == 2 and "<stdin>:1" in r.stderr, r.stderr
 
 
@@ -186,8 +186,8 @@ def test_compacted_readers_follow_retention_into_the_compacted_view(tmp_path: Pa
     follower = TopicReader(topic, read_compacted=True, follow=True, poll_interval=0.01)
     assert len(follower.read()) == 20
     _produce(topic, [(f"b{i}", "2") for i in range(20)])
-    assert run_cli("config", topic, "--set", "retention-bytes=1").returncode == 0
-    r = run_cli("compact", topic)
+    assert run_cli_here("config", topic, "--set", "retention-bytes=1").returncode == 0
+    r = run_cli_here("compact", topic)
     assert r.returncode == 0 and "retention removed" in r.stdout, r.stdout
     assert TopicMetadata.open(topic).load_topic().ledgers == ()
     view.refresh()

@@ -30,7 +30,7 @@ from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
 from shale.reader.gaps import Gap
-from tests.conftest import ROOT, run_cli, without_aws_environment
+from tests.conftest import ROOT, local_spark, run_cli
 from tests.tamper import edit
 
 KEYS = 7
@@ -350,14 +350,10 @@ def spark() -> Iterator[Any]:
     pytest.importorskip("pyspark")
     pytest.importorskip("pyarrow")
     import shale.spark
-    from shale.compactor.spark import SparkOptions
-    from shale.compactor.spark.engine import open_session
 
-    with without_aws_environment():
-        session, _ = open_session(SparkOptions(master="local[2]", conf=(("spark.ui.enabled", "false"),)))
+    session = local_spark()  # (shared with the other modules that run Spark here)
     shale.spark.register(session)
     yield session
-    session.stop()
 
 
 @pytest.mark.slow

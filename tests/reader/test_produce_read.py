@@ -12,7 +12,7 @@ from shale.ledger.ids import MessageId
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import LATEST, TopicReader
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_cli_here
 
 
 def produce(uri: str, n: int, **kw: int) -> None:
@@ -157,11 +157,11 @@ def test_cli_round_trip_100k_records_byte_exact(disk_topic_uri: str, tmp_path: o
 def test_cli_read_start_and_limit(disk_topic_uri: str) -> None:
     topic_uri = disk_topic_uri
     produce(topic_uri, 20, batch_size=5)
-    p = run_cli("read", topic_uri, "--start", "1:2:3", "--limit", "2")
+    p = run_cli_here("read", topic_uri, "--start", "1:2:3", "--limit", "2")
     assert p.returncode == 0, p.stderr
     got = [json.loads(x) for x in p.stdout.splitlines()]
     assert [g["id"] for g in got] == ["1:2:3", "1:2:4"] and got[0]["value"] == "v13"
-    p = run_cli("read", topic_uri, "--start", "latest")
+    p = run_cli_here("read", topic_uri, "--start", "latest")
     assert p.returncode == 0 and p.stdout == ""
 
 

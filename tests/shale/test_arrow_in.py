@@ -20,7 +20,7 @@ from shale.ledger.record import Message
 from shale.ledger.writer import encode_entry
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
-from tests.conftest import run_cli
+from tests.conftest import run_cli_here
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -238,7 +238,8 @@ def test_produce_reads_parquet_arrow_and_csv(tmp_path: Path) -> None:
     files = _files(tmp_path, 3000)
     for fmt, path in files.items():
         uri = str(tmp_path / f"topic-{fmt}")
-        r = run_cli("produce", uri, "--input", str(path), "--key-field", "id", "--value-field", "payload", "--json")
+        r = run_cli_here("produce", uri, "--input", str(path), "--key-field", "id", "--value-field", "payload",
+                         "--json")
         assert r.returncode == 0, r.stderr
         got = [(m.key, m.value) for m in TopicReader(uri)]
         assert got == [(f"k{i % 40}".encode(), f"value-{i}".encode()) for i in range(3000)], fmt
@@ -265,7 +266,7 @@ def test_produce_errors_are_one_line_and_append_nothing(tmp_path: Path) -> None:
         (["--input", str(files["csv"]), "--format", "jsonl", "--key-field", "id"], "--key-field picks a column"),
     ]
     for args, message in cases:
-        r = run_cli("produce", uri, *args)
+        r = run_cli_here("produce", uri, *args)
         assert r.returncode == 2, (args, r.stderr)
         assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert "Traceback" not in r.stderr
@@ -277,7 +278,7 @@ def test_produce_names_the_file_row_of_a_bad_record(tmp_path: Path) -> None:
     values = ["v"] * 2999 + ["x" * 70_000_000]
     pq.write_table(pa.table({"key": [f"k{i}" for i in range(3000)], "value": values}), path, row_group_size=1000)
     uri = str(tmp_path / "topic")
-    r = run_cli("produce", uri, "--input", str(path))
+    r = run_cli_here("produce", uri, "--input", str(path))
     assert r.returncode == 2, r.stderr
     assert "column 'value', row 2999: 70,000,000 bytes" in r.stderr, r.stderr
     # the batches before the bad one were sealed and registered whole; the bad one not at all

@@ -19,7 +19,7 @@ from shale.ledger.record import EVENT_TIME_MAX_MS, EVENT_TIME_MIN_MS, Record
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
-from tests.conftest import run_cli
+from tests.conftest import run_cli_here
 
 EXAMPLE = (b'{"price":19.99000000000000021316282072803,"id":12345678901234567890123456789.0,'
            b'"amount":1e400,"dup":1,"dup":2}')
@@ -81,16 +81,16 @@ GIVEN = [
 
 def test_json_values_are_stored_and_printed_byte_for_byte(disk_topic_uri: str) -> None:
     lines = b"".join(b'{"key":"k%d","value":%s}\n' % (i, v) for i, v in enumerate(GIVEN))
-    p = run_cli("produce", disk_topic_uri, input=lines.decode())
+    p = run_cli_here("produce", disk_topic_uri, input=lines.decode())
     assert p.returncode == 0, p.stderr
     assert stored(disk_topic_uri) == [(b"k%d" % i, v) for i, v in enumerate(GIVEN)]
     # read, get and export (text): each value is a JSON string of its exact text
-    for line, want in zip(lines_of(run_cli("read", disk_topic_uri)), GIVEN, strict=True):
+    for line, want in zip(lines_of(run_cli_here("read", disk_topic_uri)), GIVEN, strict=True):
         assert strict(line)["value"].encode() == want
-    r = run_cli("get", disk_topic_uri, "k0")
+    r = run_cli_here("get", disk_topic_uri, "k0")
     assert strict(r.stdout)["value"].encode() == EXAMPLE, r.stderr
     out = f"{disk_topic_uri}-export.jsonl"
-    assert run_cli("export", disk_topic_uri, out, "--format", "jsonl").returncode == 0
+    assert run_cli_here("export", disk_topic_uri, out, "--format", "jsonl").returncode == 0
     from shale.storage import resolve
 
     target = resolve(out)
@@ -98,13 +98,13 @@ def test_json_values_are_stored_and_printed_byte_for_byte(disk_topic_uri: str) -
     assert [strict(x)["value"].encode() for x in exported] == GIVEN
     # --value-format json: embedded as its exact text where every strict parser reads it;
     # the example's 1e400 is beyond 64-bit floats (msgspec refuses it): a string of its text
-    for line, want in zip(lines_of(run_cli("read", disk_topic_uri, "--value-format", "json")), GIVEN, strict=True):
+    for line, want in zip(lines_of(run_cli_here("read", disk_topic_uri, "--value-format", "json")), GIVEN, strict=True):
         doc = strict(line)
         if b"1e400" in want:
             assert doc["value"].encode() == want
         else:
             assert printed_value(line) == want
-    r = run_cli("get", disk_topic_uri, "k1", "--value-format", "json")
+    r = run_cli_here("get", disk_topic_uri, "k1", "--value-format", "json")
     assert printed_value(r.stdout) == GIVEN[1] and strict(r.stdout)["value"]["spaced"][1] == 2.5
 
 
@@ -116,7 +116,7 @@ def test_a_string_value_and_binary_values_keep_their_meaning(tmp_path: Path) -> 
                                          "value_b64": base64.b64encode(raw).decode()},
             {"key": "c", "value": None}, {"key": "d", "value": ""}, {"key": "e"},
             {"key": "f", "value": "x", "properties": {"p": "é", "q": ""}, "event_time": -5}]
-    p = run_cli("produce", topic, input="".join(json.dumps(d) + "\n" for d in docs))
+    p = run_cli_here("produce", topic, input="".join(json.dumps(d) + "\n" for d in docs))
     assert p.returncode == 0, p.stderr
     got = list(TopicReader(topic))
     assert [(m.key, m.value) for m in got] == [(b"a", text.encode()), (b"\xfe\x00", raw), (b"c", None),
@@ -147,7 +147,7 @@ def test_value_format_json_prints_strict_json_whatever_the_value(disk_topic_uri:
         for i, (value, _) in enumerate(HOSTILE):
             w.append(f"k{i}", value, {"p": "\u2028"}, event_time=i)
         w.append("multi", b'{\r\n  "a": [1,\n 2.50]\n}\n')
-    read = lines_of(run_cli("read", disk_topic_uri, "--value-format", "json"))
+    read = lines_of(run_cli_here("read", disk_topic_uri, "--value-format", "json"))
     assert len(read) == len(HOSTILE) + 1
     for line, (value, how) in zip(read, HOSTILE, strict=False):
         doc = strict(line)
@@ -161,12 +161,12 @@ def test_value_format_json_prints_strict_json_whatever_the_value(disk_topic_uri:
     assert printed_value(read[-1]) == b'{    "a": [1,  2.50] }'
     # the same through get, and in text through read and export
     for i in (0, 5, 15, 20, 28):
-        r = run_cli("get", disk_topic_uri, f"k{i}", "--value-format", "json")
+        r = run_cli_here("get", disk_topic_uri, f"k{i}", "--value-format", "json")
         assert r.stdout.count("\n") == 1 and strict(r.stdout)["key"] == f"k{i}", r.stderr
-    for line in lines_of(run_cli("read", disk_topic_uri)):
+    for line in lines_of(run_cli_here("read", disk_topic_uri)):
         strict(line)
     out = f"{disk_topic_uri}-all.jsonl"
-    assert run_cli("export", disk_topic_uri, out, "--format", "jsonl").returncode == 0
+    assert run_cli_here("export", disk_topic_uri, out, "--format", "jsonl").returncode == 0
     from shale.storage import resolve
 
     target = resolve(out)
@@ -191,7 +191,7 @@ def test_value_format_json_prints_strict_json_whatever_the_value(disk_topic_uri:
 def test_a_line_nested_too_deep_is_refused_with_its_number(tmp_path: Path, third: str) -> None:
     topic = str(tmp_path / "t")
     text = '{"key":"a","value":"1"}\n{"key":"b","value":"2"}\n' + third + '\n{"key":"c","value":"3"}\n'
-    p = run_cli("produce", topic, input=text)
+    p = run_cli_here("produce", topic, input=text)
     line = one_line_error(p, 2, "<stdin>:3", "2 earlier records were appended, last id 1:0:1")
     assert "Recursion" not in line and "recursion" not in line
     assert stored(topic) == [(b"a", b"1"), (b"b", b"2")]
@@ -201,10 +201,10 @@ def test_a_line_nested_too_deep_is_refused_with_its_number(tmp_path: Path, third
 def test_a_value_nested_as_deep_as_allowed_is_kept(tmp_path: Path) -> None:
     topic = str(tmp_path / "t")
     deep = '{"a":' * MAX_JSON_DEPTH + "1" + "}" * MAX_JSON_DEPTH
-    p = run_cli("produce", topic, input='{"key":"x","value":' + deep + "}\n")
+    p = run_cli_here("produce", topic, input='{"key":"x","value":' + deep + "}\n")
     assert p.returncode == 0, p.stderr
     assert stored(topic) == [(b"x", deep.encode())]
-    (line,) = lines_of(run_cli("read", topic, "--value-format", "json"))
+    (line,) = lines_of(run_cli_here("read", topic, "--value-format", "json"))
     assert printed_value(line) == deep.encode()
     strict(line)
 
@@ -230,7 +230,7 @@ def test_a_value_nested_as_deep_as_allowed_is_kept(tmp_path: Path) -> None:
 ])
 def test_the_rest_of_the_line_is_checked_as_strictly(tmp_path: Path, bad: str, needle: str) -> None:
     topic = str(tmp_path / "t")
-    p = run_cli("produce", topic, input='{"key":"a","value":"1"}\n' + bad + '\n{"key":"c","value":"3"}\n')
+    p = run_cli_here("produce", topic, input='{"key":"a","value":"1"}\n' + bad + '\n{"key":"c","value":"3"}\n')
     one_line_error(p, 2, "<stdin>:2", needle, "1 earlier record was appended")
     assert stored(topic) == [(b"a", b"1")]
 
@@ -242,8 +242,8 @@ def test_the_rest_of_the_line_is_checked_as_strictly(tmp_path: Path, bad: str, n
                                         1 << 63, 10 ** 30])
 def test_an_event_time_no_reader_holds_is_refused_in_json_lines(tmp_path: Path, event_time: int) -> None:
     topic = str(tmp_path / "t")
-    p = run_cli("produce", topic, input=f'{{"key":"a","value":"1","event_time":{EVENT_TIME_MAX_MS}}}\n'
-                f'{{"key":"b","value":"2","event_time":{event_time}}}\n')
+    p = run_cli_here("produce", topic, input=f'{{"key":"a","value":"1","event_time":{EVENT_TIME_MAX_MS}}}\n'
+                     f'{{"key":"b","value":"2","event_time":{event_time}}}\n')
     one_line_error(p, 2, "<stdin>:2", "event_time", RANGE, "1 earlier record was appended")
     assert [m.event_time for m in TopicReader(topic)] == [EVENT_TIME_MAX_MS]
 
@@ -294,7 +294,7 @@ def test_an_event_time_no_reader_holds_is_refused_in_an_input_file(tmp_path: Pat
     src = tmp_path / "rows.parquet"
     pq.write_table(pa.table({"key": ["a", "b", "c"], "value": ["1", "2", "3"],
                              "at": pa.array([1, 2, -(1 << 62)], pa.int64())}), src)
-    p = run_cli("produce", topic, "--input", str(src), "--event-time-field", "at")
+    p = run_cli_here("produce", topic, "--input", str(src), "--event-time-field", "at")
     one_line_error(p, 2, str(src), "column 'at', row 2", RANGE, "nothing was appended")
     assert stored(topic) == []
 
@@ -308,14 +308,14 @@ def test_exported_extreme_event_times_read_everywhere(tmp_path: Path) -> None:
     pl = pytest.importorskip("polars")
     pd = pytest.importorskip("pandas")
     topic = str(tmp_path / "t")
-    p = run_cli("produce", topic, input=f'{{"key":"lo","value":"1","event_time":{EVENT_TIME_MIN_MS}}}\n'
-                f'{{"key":"hi","value":"2","event_time":{EVENT_TIME_MAX_MS}}}\n')
+    p = run_cli_here("produce", topic, input=f'{{"key":"lo","value":"1","event_time":{EVENT_TIME_MIN_MS}}}\n'
+                     f'{{"key":"hi","value":"2","event_time":{EVENT_TIME_MAX_MS}}}\n')
     assert p.returncode == 0, p.stderr
     utc = datetime.UTC
     want = [datetime.datetime(1, 1, 1, tzinfo=utc), datetime.datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=utc)]
     parquet, arrow = tmp_path / "out.parquet", tmp_path / "out.arrow"
     for out in (parquet, arrow):
-        assert run_cli("export", topic, str(out)).returncode == 0
+        assert run_cli_here("export", topic, str(out)).returncode == 0
 
     def instants(times: Any) -> list[datetime.datetime]:
         return [t.astimezone(utc) for t in times]

@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from shale.compactor import CompactionConfig, Compactor
-from shale.compactor.spark import SparkOptions
 from shale.ledger.errors import ConflictError
 from shale.ledger.ids import MessageId
 from shale.ledger.record import Message, Record
@@ -27,7 +26,7 @@ from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
 from shale.reader.splits import plan_splits
-from tests.conftest import ROOT, make_root, without_aws_environment
+from tests.conftest import ROOT, local_spark, make_root
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("pyspark")
@@ -41,13 +40,10 @@ def spark(moto_endpoint: str) -> Iterator[Any]:
     environment (the processes Spark starts inherit it): they reach moto only through
     what ``register`` captured and forwards."""
     import shale.spark
-    from shale.compactor.spark.engine import open_session
 
-    with without_aws_environment():
-        session, _ = open_session(SparkOptions(master="local[2,2]", conf=(("spark.ui.enabled", "false"),)))
+    session = local_spark()  # (local[2,2], shared with the other modules that run Spark here)
     shale.spark.register(session)
     yield session
-    session.stop()
 
 
 def _produce(uri: str, seed: int, n: int, *, ledger: int = 400) -> None:
@@ -315,7 +311,7 @@ spark, _ = open_session(SparkOptions(master="local[2]", conf=(("spark.ui.enabled
 shale.spark.register(spark)
 stream = (spark.readStream.format("shale").option("compacted", "true").option("maxRecordsPerTrigger", "300")
           .load(uri).writeStream.format("parquet").option("path", out).option("checkpointLocation", ck))
-stream.trigger(processingTime="1 second").start().awaitTermination()  # until killed
+stream.trigger(processingTime="100 milliseconds").start().awaitTermination()  # until killed
 """
 
 
@@ -357,7 +353,8 @@ def test_a_killed_stream_restarts_exactly_once(spark: Any, tmp_path: Path) -> No
     the tail) and waits for more; one more ledger arrives, and the job is killed as soon
     as it has logged the batch that reads it — in the middle of that batch, or just after
     it committed: either way it has read part of the topic, not all.  Restarted from its
-    checkpoint, it delivers every record once."""
+    checkpoint (in this process's Spark application: nothing of the killed one is left but
+    its checkpoint and output), it delivers every record once."""
     uri, out, ck = str(tmp_path / "topic"), str(tmp_path / "out"), str(tmp_path / "ck")
     _produce(uri, 1, 1500, ledger=200)
     Compactor(uri, CompactionConfig(delete_retention_ms=3_600_000)).run()
@@ -382,13 +379,18 @@ def test_a_killed_stream_restarts_exactly_once(spark: Any, tmp_path: Path) -> No
     print(f"\nkilled {'in the middle of' if done == first else 'just after'} batch {first}")
     _produce(uri, 3, 600, ledger=200)  # more arrives while it is down
     end = _topic_end(uri)
-    # restarted from the checkpoint, until a committed batch ends at the end of the topic
-    proc = _start_job(script, uri, out, ck, log)
+    # restarted from the checkpoint, with the job's options, until a committed batch ends at the end of the topic
+    query = (spark.readStream.format("shale").option("compacted", "true").option("maxRecordsPerTrigger", "300")
+             .load(uri).writeStream.format("parquet").option("path", out).option("checkpointLocation", ck)
+             .trigger(processingTime="100 milliseconds").start())
     try:
-        _wait(proc, log, lambda: _committed_end(Path(ck)) == end, "everything read")
+        deadline = time.monotonic() + 240
+        while _committed_end(Path(ck)) != end:
+            assert query.isActive, f"the restarted stream ended before it read everything: {query.exception()}"
+            assert time.monotonic() < deadline, "not everything read after 240 s"
+            time.sleep(0.01)  # how often to look, not how long anything takes
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        query.stop()
     rows = spark.read.parquet(out).select("ledger", "entry", "batch", "value").collect()
     got = sorted((r.ledger, r.entry, r.batch, None if r.value is None else bytes(r.value)) for r in rows)
     want = sorted((m.id.ledger, m.id.entry, m.id.batch, m.value) for m in TopicReader(uri, read_compacted=True))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import subprocess
 import sys
 import uuid
@@ -70,6 +71,28 @@ def test_a_bad_setting_is_named_where_it_is_used() -> None:
         S3Options(addressing_style="sideways")
     with pytest.raises(InvalidInputError, match=r"^read_timeout 0: must be more than 0 seconds$"):
         S3Options(read_timeout=0)
+
+
+def test_shale_s3_attempts_sets_how_often_a_transient_failure_is_tried() -> None:
+    """``SHALE_S3_ATTEMPTS`` is the retry policy's number of attempts; a value that is no
+    whole number from 1 is refused by the first S3 request, naming the variable."""
+    assert StorageOptions.from_environment({"SHALE_S3_ATTEMPTS": "2"}).retry == RetryPolicy(attempts=2)
+    assert StorageOptions.from_environment({"SHALE_S3_ATTEMPTS": ""}).retry == RetryPolicy()
+    # an endpoint nothing listens on: each attempt fails at once, and every one is counted
+    waits: list[float] = []
+    for given in ("1", "3"):
+        opts = StorageOptions.from_environment({"SHALE_S3_ATTEMPTS": given, "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+                                                "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y",
+                                                "AWS_DEFAULT_REGION": "us-east-1"})
+        store = S3Store("some-bucket", options=replace(opts, retry=replace(opts.retry, sleep=waits.append)))
+        with pytest.raises(TransientStorageError, match=r"127\.0\.0\.1:9"):
+            store.get("t/a")
+        assert len(waits) == int(given) - 1  # a wait between two attempts
+        waits.clear()
+    for bad in ("0", "-1", "two", "1.5", "99999"):
+        s3 = resolve("s3://some-bucket/t", StorageOptions.from_environment({"SHALE_S3_ATTEMPTS": bad})).store
+        with pytest.raises(InvalidInputError, match=rf"^SHALE_S3_ATTEMPTS '{re.escape(bad)}': expected a whole"):
+            s3.get("t/a")
 
 
 @pytest.mark.s3

@@ -18,7 +18,7 @@ from shale.metadata.state import LedgerInfo
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
-from tests.conftest import run_cli
+from tests.conftest import run_cli_here
 
 SKEW_S = 20 * 60  # the gc's clock runs 20 minutes ahead
 ORPHAN_GRACE = "15m"
@@ -80,13 +80,13 @@ def test_gc_command_with_a_clock_ahead(tmp_path: Path) -> None:
     (skew / "sitecustomize.py").write_text(
         f"import time\n_real = time.time\ntime.time = lambda: _real() + {SKEW_S}\n")
     env = {"PYTHONPATH": str(skew)}
-    probe = run_cli("-c", "import time; print(time.time())", env=env, script="python")
+    probe = run_cli_here("-c", "import time; print(time.time())", env=env, script="python")
     if probe.returncode == 0:
         assert float(probe.stdout) > time.time() + SKEW_S - 60, "the skew is in force"
-    r = run_cli("gc", uri, "--orphan-grace", ORPHAN_GRACE, "--grace", "0", env=env)
+    r = run_cli_here("gc", uri, "--orphan-grace", ORPHAN_GRACE, "--grace", "0", env=env)
     assert r.returncode == 0, r.stderr
     assert info.object not in r.stdout
-    r = run_cli("compact", uri, "--orphan-grace", ORPHAN_GRACE, env=env)
+    r = run_cli_here("compact", uri, "--orphan-grace", ORPHAN_GRACE, env=env)
     assert r.returncode == 0, r.stderr
     _register_and_read(meta, info, uri)
 

@@ -33,7 +33,7 @@ from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader.topic_reader import TopicReader
 from tests.compaction_model import CompactionModel, every_record
-from tests.conftest import AWS_VARS, ROOT, make_root, run_cli, without_aws_environment
+from tests.conftest import AWS_VARS, LOCAL_SPARK_ENVIRONMENT, ROOT, local_spark, make_root, run_cli
 from tests.gates import Gate, start_held_compact
 
 pytestmark = pytest.mark.slow
@@ -42,27 +42,20 @@ HOUR = 3600.0
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[SparkEngine]:
-    """One local Spark application for the module, started with no AWS variables in its
-    environment: executors reach moto only through what the engine forwards."""
+    """An engine in the tests' shared local Spark application, started with no AWS
+    variables in its environment: executors reach moto only through what the engine
+    forwards."""
     eng = SparkEngine(SparkOptions(master="local[2]", split_bytes=1 << 16, split_records=300, reduce_partitions=3,
-                                   conf=(("spark.ui.enabled", "false"),)))
-    with without_aws_environment():
-        _ENVIRONMENT["before"] = dict(os.environ)
-        eng.session  # noqa: B018  (starts the JVM and its Python workers now)
-        _ENVIRONMENT["after"] = dict(os.environ)
+                                   conf=(("spark.ui.enabled", "false"),)), session=local_spark())
     yield eng
-    eng.close()
-
-
-# This process's environment as the engine's fixture found it and as starting the session left it.
-_ENVIRONMENT: dict[str, dict[str, str]] = {}
+    eng.close()  # (leaves the shared application running)
 
 
 def test_starting_the_session_leaves_this_process_environment_alone(engine: SparkEngine) -> None:
     """What the Python workers need goes through Spark's own settings: they run this
     interpreter and ignore PySpark's warning about the pandas installed, and nothing was
     written into this process's environment."""
-    before, after = _ENVIRONMENT["before"], _ENVIRONMENT["after"]
+    before, after = LOCAL_SPARK_ENVIRONMENT["before"], LOCAL_SPARK_ENVIRONMENT["after"]
     changed = {k: (before.get(k), after.get(k)) for k in set(before) | set(after) if before.get(k) != after.get(k)}
     # (PySpark's SparkContext writes these two itself as it starts)
     assert {k: v for k, v in changed.items() if k not in ("SPARK_AUTH_SOCKET_TIMEOUT", "SPARK_BUFFER_SIZE")} == {}
@@ -392,8 +385,9 @@ def test_cli_spark_json_logs_are_json_down_to_the_jvms_own_lines(tmp_path: Path)
     descriptor) are wrapped; Spark's start-up is an event of its own, with its duration."""
     uri = str(tmp_path / "t")
     produce(uri, seed=9, n=2_000, t=time.time() - HOUR)
+    # (one run, which prints its summary as JSON too: a Spark application per run is what this costs)
     res = run_cli(uri, "--engine", "spark", "--spark-master", "local[1]", "--spark-conf", "spark.ui.enabled=false",
-                  "--log-format", "json", script="compact")
+                  "--log-format", "json", "--json", script="compact")
     assert res.returncode == 0, res.stderr
     docs = [json.loads(line) for line in res.stderr.splitlines()]  # every line parses
     assert all(isinstance(d, dict) for d in docs)
@@ -402,10 +396,7 @@ def test_cli_spark_json_logs_are_json_down_to_the_jvms_own_lines(tmp_path: Path)
     start = next(d for d in docs if d["event"] == "spark.start")
     assert start["seconds"] > 0
     # and a phase of the run's summary
-    text = run_cli(uri, "--engine", "spark", "--spark-master", "local[1]", "--spark-conf", "spark.ui.enabled=false",
-                   "--json", script="compact")
-    assert text.returncode == 0, text.stderr
-    assert json.loads(text.stdout)["durations"]["spark_start"] > 0, text.stdout
+    assert json.loads(res.stdout)["durations"]["spark_start"] > 0, res.stdout
     # lines of the JVM's own, if it wrote any, are kept as messages
     assert all(d["message"] for d in docs if d["event"] == "spark.output")
 

@@ -23,7 +23,7 @@ from shale.compactor.spark.engine import SparkEngine
 from shale.metadata.topic import TopicMetadata
 from tests.compaction_model import CompactionModel
 from tests.compactor.spark.test_spark import HOUR, check_model, compacted, figures, produce
-from tests.conftest import without_aws_environment
+from tests.conftest import stop_local_spark, without_aws_environment
 from tests.flaky_proxy import FlakyProxy
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
@@ -33,6 +33,7 @@ MASTER = "local-cluster[2,1,1024]"
 
 @pytest.fixture(scope="module")
 def cluster(moto_endpoint: str) -> Iterator[SparkEngine]:
+    stop_local_spark()  # (a running application would be joined, whatever its master)
     eng = SparkEngine(SparkOptions(master=MASTER, split_bytes=1 << 16, split_records=2_000,
                                    conf=(("spark.ui.enabled", "false"),
                                          ("spark.executor.memory", "512m"))))
