@@ -20,6 +20,10 @@ a warning and goes on with the oldest records left.  A batch's end offset is the
 ledger (``L:E:0``, ``E`` its entry count), so a query that read a ledger whole loses nothing
 when that ledger goes; a ``start`` id at or below a removed ledger is refused when the
 query begins.  ``earliest`` starts at the oldest record left.
+
+``trigger(availableNow=True)`` reads what the topic holds when the query starts, up to the
+end of the last ledger registered then, in batches of ``maxRecordsPerTrigger``, and stops;
+a restarted query first re-runs the batch it had not committed, then reads on to that end.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from dataclasses import replace
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 from shale.ledger.errors import InvalidInputError, ObjectNotFoundError
 from shale.ledger.format import KIND_ORIGINAL
@@ -45,7 +49,7 @@ __all__ = ["ShaleStreamReader"]
 _REMEDY = "option failOnDataLoss=false goes on there"
 
 
-class ShaleStreamReader(DataSourceStreamReader):
+class ShaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, opts: ReadOptions, options: Mapping[str, str]) -> None:
         self.opts = opts
         self.start = str(options.get("start", EARLIEST))
@@ -61,6 +65,14 @@ class ShaleStreamReader(DataSourceStreamReader):
             raise InvalidInputError(f"option failOnDataLoss={loss!r}: expected true or false")
         #: fail the query when records it had yet to read were removed (else: a warning, and on)
         self.fail_on_data_loss = loss in ("true", "1", "yes")
+        #: under ``availableNow``: the end of the topic when the query started, read no further
+        self.target: MessageId | None = None
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Fix the end an ``availableNow`` query reads to: the end of the last ledger
+        registered now.  Without it Spark would read everything in one batch, whatever
+        ``maxRecordsPerTrigger`` says."""
+        self.target = self._end_of_topic()
 
     def _end_of_topic(self) -> MessageId:
         topic = self.opts.meta().load_topic()
@@ -122,7 +134,8 @@ class ShaleStreamReader(DataSourceStreamReader):
         meta = self.opts.meta()
         topic = meta.load_topic()
         gap = self._check_loss(start, topic)
-        ahead = [lg for lg in topic.ledgers if MessageId(lg.id, lg.entries, 0) > position]
+        ahead = [lg for lg in topic.ledgers if MessageId(lg.id, lg.entries, 0) > position
+                 and (self.target is None or MessageId(lg.id, lg.entries, 0) <= self.target)]
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         taken: list[LedgerInfo] = []
         records = 0

@@ -379,22 +379,44 @@ def test_a_killed_stream_restarts_exactly_once(spark: Any, tmp_path: Path) -> No
     print(f"\nkilled {'in the middle of' if done == first else 'just after'} batch {first}")
     _produce(uri, 3, 600, ledger=200)  # more arrives while it is down
     end = _topic_end(uri)
-    # restarted from the checkpoint, with the job's options, until a committed batch ends at the end of the topic
+    # restarted from the checkpoint, with the job's options, as a catch-up: availableNow re-runs
+    # the batch left uncommitted, then reads on to the end of the topic in batches, and stops
     query = (spark.readStream.format("shale").option("compacted", "true").option("maxRecordsPerTrigger", "300")
              .load(uri).writeStream.format("parquet").option("path", out).option("checkpointLocation", ck)
-             .trigger(processingTime="100 milliseconds").start())
+             .trigger(availableNow=True).start())
     try:
-        deadline = time.monotonic() + 240
-        while _committed_end(Path(ck)) != end:
-            assert query.isActive, f"the restarted stream ended before it read everything: {query.exception()}"
-            assert time.monotonic() < deadline, "not everything read after 240 s"
-            time.sleep(0.01)  # how often to look, not how long anything takes
+        assert query.awaitTermination(240), "not everything read after 240 s"
     finally:
         query.stop()
+    assert query.exception() is None, query.exception()
+    assert _committed_end(Path(ck)) == end
+    # the 600 records that arrived while it was down, three ledgers of 200: two batches of at most 300 and a bit
+    assert len(list(commits.glob("[0-9]*"))) == first + 1 + 2
     rows = spark.read.parquet(out).select("ledger", "entry", "batch", "value").collect()
     got = sorted((r.ledger, r.entry, r.batch, None if r.value is None else bytes(r.value)) for r in rows)
     want = sorted((m.id.ledger, m.id.entry, m.id.batch, m.value) for m in TopicReader(uri, read_compacted=True))
     assert got == want  # every record of the compacted view and the tail, each once
+
+
+def test_available_now_reads_to_the_end_the_query_started_with_in_batches(tmp_path: Path) -> None:
+    """Under ``trigger(availableNow=True)`` the source fixes its end when the query starts
+    (the end of the last ledger registered then), hands it out in batches of
+    ``maxRecordsPerTrigger``, and never offers what was registered later."""
+    from shale.spark.source import ReadOptions
+    from shale.spark.stream import ShaleStreamReader
+
+    uri = str(tmp_path / "t")
+    _produce(uri, 1, 1000, ledger=200)  # five ledgers
+    options = {"path": uri, "maxRecordsPerTrigger": "300"}
+    reader = ShaleStreamReader(ReadOptions.of(options), options)
+    reader.prepareForTriggerAvailableNow()
+    _produce(uri, 2, 400, ledger=200)  # two more, after the query started
+    ends, start = [], reader.initialOffset()
+    while (end := reader.latestOffset(start, reader.getDefaultReadLimit())) != start:
+        ends.append(MessageId.parse(end["next"]))
+        start = end
+    five = TopicMetadata.open(uri).load_topic().ledgers[:5]
+    assert ends == [MessageId(five[i].id, five[i].entries, 0) for i in (1, 3, 4)]  # two ledgers, two, the last
 
 
 def test_spark_writes_refuse_an_event_time_no_reader_holds(spark: Any, tmp_path: Path) -> None:
