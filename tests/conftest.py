@@ -44,13 +44,17 @@ _LOCAL_SPARK: list[Any] = []
 LOCAL_SPARK_ENVIRONMENT: dict[str, dict[str, str]] = {}
 
 
-def local_spark() -> Any:
+def local_spark(*, fresh: bool = False) -> Any:
     """The local Spark application (``local[2,2]``: two cores, a failed task tried once
     more) that the tests running Spark in this process share, started on first use inside
     :func:`without_aws_environment` and stopped when the session ends.  PySpark keeps one
     application per process: one for every module would cost each its start and stop.
     Engines given it (``SparkEngine(options, session=...)``) do not stop it; a module
-    whose application needs another master calls :func:`stop_local_spark` first."""
+    whose application needs another master calls :func:`stop_local_spark` first.  The
+    modules that register the ``shale`` data source ask for a ``fresh`` one: a session on
+    which an earlier module had registered it once failed to find it for writes."""
+    if fresh:
+        stop_local_spark()
     if _LOCAL_SPARK and _LOCAL_SPARK[0].sparkContext._jsc is not None:
         return _LOCAL_SPARK[0]
     from shale.compactor.spark import SparkOptions

@@ -351,7 +351,7 @@ def spark() -> Iterator[Any]:
     pytest.importorskip("pyarrow")
     import shale.spark
 
-    session = local_spark()  # (shared with the other modules that run Spark here)
+    session = local_spark(fresh=True)  # (started anew: this module registers the data source)
     shale.spark.register(session)
     yield session
 

@@ -41,7 +41,7 @@ def spark(moto_endpoint: str) -> Iterator[Any]:
     what ``register`` captured and forwards."""
     import shale.spark
 
-    session = local_spark()  # (local[2,2], shared with the other modules that run Spark here)
+    session = local_spark(fresh=True)  # (local[2,2], started anew: this module registers the data source)
     shale.spark.register(session)
     yield session
 
