@@ -168,21 +168,32 @@ def test_the_prometheusrule_is_generated_from_the_rules() -> None:
     assert generated.main(["--check"]) == 0
 
 
+def render_overlay(tmp_path: Path, overlay: str, extra: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    """``kubectl kustomize`` of a copy of an overlay with ``extra`` (components, patches)
+    added to its kustomization, as an operator would edit it."""
+    k8s = tmp_path / "k8s"
+    shutil.copytree(K8S, k8s, dirs_exist_ok=True)
+    path = k8s / "overlays" / overlay / "kustomization.yaml"
+    kustomization = yaml.safe_load(path.read_text())
+    for key, value in extra.items():
+        kustomization[key] = kustomization.get(key, []) + value
+    path.write_text(yaml.safe_dump(kustomization))
+    return subprocess.run(["kubectl", "kustomize", str(path.parent)], capture_output=True, text=True, timeout=120)
+
+
+def the_prometheusrule(rendered: str) -> dict[str, Any]:
+    found = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "PrometheusRule"]
+    assert len(found) == 1
+    return found[0]
+
+
 @needs_kubectl
 @needs_promtool
 @pytest.mark.parametrize("overlay", ["local", "spark"])
 def test_an_overlay_with_the_monitoring_component_renders_the_rules(overlay: str, tmp_path: Path) -> None:
-    # What the README tells an operator to do: add the component to the overlay they apply.
-    k8s = tmp_path / "k8s"
-    shutil.copytree(K8S, k8s)
-    kustomization = k8s / "overlays" / overlay / "kustomization.yaml"
-    kustomization.write_text(kustomization.read_text() + "components:\n  - ../../components/monitoring\n")
-    r = subprocess.run(["kubectl", "kustomize", str(kustomization.parent)], capture_output=True, text=True,
-                       timeout=120)
+    r = render_overlay(tmp_path, overlay, {"components": ["../../components/monitoring"]})
     assert r.returncode == 0, r.stderr
-    found = [d for d in yaml.safe_load_all(r.stdout) if d and d["kind"] == "PrometheusRule"]
-    assert len(found) == 1
-    rule = found[0]
+    rule = the_prometheusrule(r.stdout)
     assert rule["apiVersion"] == "monitoring.coreos.com/v1"
     assert rule["metadata"]["namespace"] == "shale"
     assert rule["metadata"]["labels"]["app.kubernetes.io/name"] == "shale"
@@ -192,6 +203,30 @@ def test_an_overlay_with_the_monitoring_component_renders_the_rules(overlay: str
     extracted.write_text(yaml.safe_dump(rule["spec"]))
     r2 = promtool("check", "rules", extracted)
     assert r2.returncode == 0, r2.stdout + r2.stderr
+
+
+def readme_kustomizations() -> list[dict[str, Any]]:
+    """The kustomization snippets of infra/monitoring/README.md that patch the PrometheusRule."""
+    blocks = re.findall(r"```yaml\n(.*?)```", (MONITORING / "README.md").read_text(), re.S)
+    return [doc for doc in map(yaml.safe_load, blocks) if "PrometheusRule" in json.dumps(doc)]
+
+
+@needs_kubectl
+def test_the_readmes_patches_label_the_rules_and_change_a_threshold(tmp_path: Path) -> None:
+    label, threshold = readme_kustomizations()
+    r = render_overlay(tmp_path, "local", {"components": label["components"],
+                                           "patches": label["patches"] + threshold["patches"]})
+    assert r.returncode == 0, r.stderr
+    rule = the_prometheusrule(r.stdout)
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    dirty = rule["spec"]["groups"][0]["rules"][5]
+    assert (dirty["alert"], dirty["expr"], dirty["for"]) == \
+        ("ShaleDirtyRatioHigh", "shale_compaction_dirty_ratio_after > 0.7", "12h")
+    # the patch's `test` refuses a rule list whose order changed
+    moved = yaml.safe_load(yaml.safe_dump(threshold["patches"]))
+    moved[0]["patch"] = moved[0]["patch"].replace("rules/5", "rules/4")
+    r = render_overlay(tmp_path / "moved", "local", {"components": label["components"], "patches": moved})
+    assert r.returncode != 0 and "test" in r.stderr.lower(), r.stderr
 
 
 # --- the dashboard ------------------------------------------------------------------------------
