@@ -1,7 +1,7 @@
 """A real Pushgateway and a real Prometheus for tests: both started on free 127.0.0.1
 ports with their data under a temporary folder, Prometheus with the shipped
 ``infra/monitoring/prometheus.yml`` (its target rewritten to the Pushgateway, its
-intervals to one second, its rule files those shipped beside it), and a small client of
+intervals to half a second, its rule files those shipped beside it), and a small client of
 Prometheus's HTTP API.
 
 The ``prometheus_stack`` fixture (tests/conftest.py) shares one stack per session; each
@@ -107,10 +107,10 @@ class _Server:
 
 
 def config_for_tests(shipped: Path, target: str, rules: Path) -> dict[str, Any]:
-    """The shipped config, scraping ``target`` every second and loading the rule files
+    """The shipped config, scraping ``target`` twice a second and loading the rule files
     from ``rules`` (the shipped ones' folder): otherwise as shipped."""
     doc: dict[str, Any] = yaml.safe_load(shipped.read_text())
-    doc["global"].update(scrape_interval="1s", evaluation_interval="1s")
+    doc["global"].update(scrape_interval="500ms", evaluation_interval="500ms")
     doc["rule_files"] = [str(rules / f) for f in doc.get("rule_files", [])]
     [job] = doc["scrape_configs"]
     assert job["honor_labels"] is True
@@ -133,8 +133,11 @@ class PrometheusStack:
             self.prometheus = _Server("Prometheus", lambda port: [
                 "prometheus", f"--config.file={config}", f"--storage.tsdb.path={folder / 'data'}",
                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"], folder / "prometheus.log")
+            # ready once it has scraped the Pushgateway (its first scrape waits for target
+            # discovery, some seconds): every test after this waits half a second at most
+            self.wait_for('up{job="pushgateway"}', lambda rows: any(v == 1 for _, v in rows))
         except BaseException:
-            self.pushgateway.stop()
+            self.stop()
             raise
 
     @property
@@ -188,5 +191,6 @@ class PrometheusStack:
         self.wait_for("push_time_seconds", caught_up)
 
     def stop(self) -> None:
-        self.prometheus.stop()
+        if hasattr(self, "prometheus"):
+            self.prometheus.stop()
         self.pushgateway.stop()

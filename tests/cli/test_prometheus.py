@@ -6,10 +6,16 @@ again, then is mended."""
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from shale.cli.metrics import failures_after
+from shale.compactor.summary import RunStatus
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from tests.compactor.test_many_topics import lines, produce
@@ -156,3 +162,21 @@ def _delays(m: Series, a: str, b: str, c: str, d: str) -> None:
     # d failed: its records wait since they were published
     assert 3 * HOUR <= (one(m, "max_delay_seconds", d) or 0) < 3 * HOUR + 600
     assert one(m, "max_lag_seconds", c) == 2 * HOUR and one(m, "max_lag_seconds", a) == 0
+
+
+def test_the_failure_count_rules() -> None:
+    """A failure adds one (one when the count could not be read back), a success clears
+    it, a dry run or a lost race leaves it (None: the gauge is not pushed, so it stays)."""
+    assert failures_after(RunStatus.ERROR, 2) == 3 and failures_after(RunStatus.ERROR, None) == 1
+    for ok in (RunStatus.COMPACTED, RunStatus.NOTHING_TO_DO, RunStatus.SKIPPED):
+        assert failures_after(ok, 5) == 0 == failures_after(ok, None)
+    for neither in (RunStatus.DRY_RUN, RunStatus.CONFLICT):
+        assert failures_after(neither, 4) == 4 and failures_after(neither, None) is None
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (scripts/_system.sh installs it)")
+def test_the_shipped_config_is_valid() -> None:
+    """What ``promtool`` says of the shipped config (and of the rule files it loads)."""
+    r = subprocess.run(["promtool", "check", "config", str(MONITORING / "prometheus.yml")], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
