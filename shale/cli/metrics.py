@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_JOB", "AfterRun", "build_registry", "failures_after", "push_summary"]
 
 DEFAULT_JOB: Final = "shale_compact"
-FAILURES: Final = "shale_compaction_consecutive_failures"
+_FAILURES: Final = "shale_compaction_consecutive_failures"
 _COUNTS: Final = (("records_read", "records read from ledgers and previous compacted parts"),
                   ("bytes_read", "bytes read"),
                   ("records_written", "records written to the new compacted ledger"),
@@ -178,8 +178,8 @@ def _previous_failures(url: str, auth: tuple[str, str] | None, *, job: str, topi
         with urllib.request.urlopen(request, timeout=timeout_s) as r:
             groups = json.load(r)["data"]
         for g in groups:
-            if g.get("labels", {}).get("job") == job and g["labels"].get("topic") == topic and FAILURES in g:
-                return int(float(g[FAILURES]["metrics"][0]["value"]))
+            if g.get("labels", {}).get("job") == job and g["labels"].get("topic") == topic and _FAILURES in g:
+                return int(float(g[_FAILURES]["metrics"][0]["value"]))
     except Exception:  # an older Pushgateway, a proxy that only takes pushes, or none at all
         return None
     return 0
