@@ -113,6 +113,15 @@ def _note_survivors(summary: RunSummary, survivors: SurvivorCounts) -> None:
     summary.keyless_kept = survivors.keyless_kept
 
 
+def _replaced_bytes(plan: Plan, out: PassTwoResult) -> int:
+    """Stored bytes of what the run's parts replace in the compacted view: each ledger's
+    share up to the new horizon (in proportion to its records) and every previous part
+    not kept in place."""
+    kept = {p.object for p in out.parts}
+    parts = sum(s.part.bytes for s in plan.compacted if s.part is not None and s.part.object not in kept)
+    return parts + sum(s.object.bytes * s.records // max(s.object.records, 1) for s in plan.new)
+
+
 class Compactor:
     """Compacts one topic (on stores opened with ``storage_options``, read from the
     environment when not given).
@@ -244,6 +253,7 @@ class Compactor:
                             "this run's output was removed", gc=False)
             t = phase("pass_two", t)
             self._note_output(summary, out, survivors)
+            summary.bytes_replaced = _replaced_bytes(plan, out)
             heartbeat.stop()
             if not heartbeat.healthy():
                 summary.horizon = summary.previous_horizon

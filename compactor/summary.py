@@ -44,6 +44,9 @@ class RunSummary:
     records_written: int = 0
     records_reused: int = 0  # live records of previous parts kept in place (not copied)
     bytes_written: int = 0
+    #: stored bytes of what the new parts replace in the compacted view: the ledgers' share
+    #: up to the new horizon (by records) and the previous parts not kept in place
+    bytes_replaced: int = 0
     keys: int = 0
     tombstones_kept: int = 0
     tombstones_dropped: int = 0

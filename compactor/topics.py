@@ -17,12 +17,15 @@ from dataclasses import dataclass
 
 from shale.compactor.plan import dirty_ratio
 from shale.ledger.errors import InvalidInputError, InvalidURIError, error_line
+from shale.ledger.format import KIND_ORIGINAL
+from shale.ledger.reader import LedgerFile
 from shale.metadata.layout import META_DIR
 from shale.metadata.state import CompactionState, TopicState
 from shale.metadata.topic import TOPIC_DOC, TopicMetadata
 from shale.storage import Location, resolve
 
-__all__ = ["TopicChoice", "assess", "choose", "discover_topics", "estimate_dirt", "refuse_a_file"]
+__all__ = ["Backlog", "TopicChoice", "assess", "backlog", "choose", "discover_topics", "estimate_dirt",
+           "refuse_a_file"]
 
 
 def refuse_a_file(loc: Location) -> None:
@@ -95,3 +98,32 @@ def choose(uris: list[str], *, now_ms: int, max_lag_ms: int | None = None, max_t
                for u in uris]
     choices.sort(key=lambda c: (not c.overdue, c.oldest_uncompacted_ms if c.overdue else 0, -c.dirty_ratio, c.uri))
     return choices[:max_topics] if max_topics is not None else choices
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """What a topic has left above its horizon (what its metrics show after a run)."""
+
+    dirty_ratio: float  # estimated from ledger sizes, as :func:`assess`
+    oldest_ms: int | None  # publish time of the oldest record above the horizon; None: nothing is
+    max_lag_ms: int | None  # the max compaction lag in force for the topic; None: none is set
+
+
+def backlog(uri: str, *, max_lag_ms: int | None = None, metadata_uri: str | None = None,
+            policy_lag: bool = False) -> Backlog:
+    """``uri``'s backlog; with ``policy_lag`` the topic's own max compaction lag, if its
+    policy sets one, replaces ``max_lag_ms``.  Unlike :func:`assess` the age is exact:
+    when the horizon lies inside a ledger, that ledger's footer says when the entry after
+    the horizon was published (one read).  Raises what reading the topic raises."""
+    meta = TopicMetadata.open(uri, metadata_uri)
+    topic, state = meta.load_topic(), meta.load_compaction()
+    if policy_lag and (own := meta.load_policy().get("max_compaction_lag_ms")) is not None:
+        max_lag_ms = own
+    h = state.horizon
+    times = [lg.first_publish for lg in topic.ledgers if h is None or lg.id > h.ledger]
+    at = next((lg for lg in topic.ledgers if h is not None and lg.id == h.ledger and h.entry + 1 < lg.entries), None)
+    if at is not None and h is not None:
+        f = LedgerFile.open(meta.topic.store, meta.topic.key(at.object), ledger_id=at.id, kind=KIND_ORIGINAL,
+                            dictionaries=meta.dictionaries)
+        times.append(int(f.footer.col("e_publish")[h.entry + 1:].min()))
+    return Backlog(estimate_dirt(topic, state)[1], min(times, default=None), max_lag_ms)

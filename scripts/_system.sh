@@ -14,3 +14,25 @@ if ! { command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; }; then
       || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q "${missing[@]}" >/dev/null; }
   fi
 fi
+
+# The monitoring tests run a real Pushgateway and Prometheus (and promtool for the alert
+# rules). As root on Debian they are installed here when missing; their services are
+# kept from starting (a policy-rc.d that refuses, unless the image already has one), so
+# the install works the same with or without an init system.
+missing=()
+for tool in prometheus prometheus-pushgateway promtool; do
+  command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
+done
+if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "installing prometheus and prometheus-pushgateway for the monitoring tests" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  refuse=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && refuse=1
+  fi
+  pkgs=(prometheus prometheus-pushgateway)
+  apt-get install -y -q --no-install-recommends "${pkgs[@]}" >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends "${pkgs[@]}" >/dev/null; } \
+    || echo "could not install ${pkgs[*]}: the monitoring tests will be skipped" >&2
+  if [ -n "$refuse" ]; then rm -f /usr/sbin/policy-rc.d; fi
+fi

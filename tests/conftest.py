@@ -192,3 +192,19 @@ def run_cli_here(*args: str, input: str | None = None, env: dict[str, str] | Non
             else:
                 os.environ[k] = v
     return subprocess.CompletedProcess([script, *args], code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture(scope="session")
+def prometheus_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real Pushgateway and Prometheus (tests/monitoring.py), one per session; skipped
+    where their binaries are not installed."""
+    from tests.monitoring import PrometheusStack, missing_binaries
+
+    why = missing_binaries()
+    if why is not None:
+        pytest.skip(why)
+    stack = PrometheusStack(tmp_path_factory.mktemp("monitoring"))
+    try:
+        yield stack
+    finally:
+        stack.stop()

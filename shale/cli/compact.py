@@ -28,6 +28,7 @@ from shale.settings import Settings, Value
 from shale.settings.units import count
 
 if TYPE_CHECKING:
+    from shale.cli.metrics import AfterRun
     from shale.cli.progress import TopicProgress
 
 __all__ = ["print_config", "run_compact", "summary_exit_code"]
@@ -194,14 +195,10 @@ def _push(args: argparse.Namespace, summary: RunSummary, code: int) -> None:
     """Push the topic's metrics; a failure is a warning, never a different exit code (the
     run's outcome stands, and the missing push shows as a stale push_time_seconds)."""
     from shale.cli.metrics import push_summary
-    from shale.compactor.topics import assess
 
-    after = None
-    if summary.status in (RunStatus.COMPACTED, RunStatus.NOTHING_TO_DO, RunStatus.SKIPPED):
-        choice = assess(summary.topic, now_ms=int(time.time() * 1000), metadata_uri=args.metadata)
-        after = None if choice.error else choice.dirty_ratio
     try:
-        push_summary(args.pushgateway, summary, exit_code=code, now_s=time.time(), dirty_ratio_after=after,
+        now_s = time.time()
+        push_summary(args.pushgateway, summary, exit_code=code, now_s=now_s, after=_after_run(args, summary, now_s),
                      job=args.pushgateway_job)
     except Exception as e:  # any failure to reach the gateway
         event(logging.WARNING, "metrics.error",
@@ -209,6 +206,25 @@ def _push(args: argparse.Namespace, summary: RunSummary, code: int) -> None:
                            f"{getattr(e, 'reason', None) or error_line(e)}"), topic=summary.topic)
     else:
         event(logging.INFO, "metrics.pushed", f"{summary.topic}: metrics pushed", topic=summary.topic)
+
+
+def _after_run(args: argparse.Namespace, summary: RunSummary, now_s: float) -> AfterRun:
+    """What the topic's metadata says after its run: its dirty ratio, the age of its
+    oldest record above the horizon, and the max compaction lag in force (the run's flag,
+    else the topic's policy, as the run chose topics by)."""
+    from shale.cli.metrics import AfterRun
+    from shale.compactor.topics import backlog
+    from shale.settings import Source
+
+    settings = args.settings
+    lag = settings.value("max-compaction-lag")
+    try:
+        b = backlog(summary.topic, max_lag_ms=lag, metadata_uri=args.metadata,
+                    policy_lag=settings.source("max-compaction-lag") is not Source.FLAG)
+    except Exception:  # the topic cannot be read (its error, if any, is the run's): those gauges stay
+        return AfterRun(max_lag_s=(lag or 0) / 1000)
+    delay = 0.0 if b.oldest_ms is None else max(0.0, now_s - b.oldest_ms / 1000)
+    return AfterRun(b.dirty_ratio, delay, (b.max_lag_ms or 0) / 1000)
 
 
 # ------------------------------------------------------------------- --print-config

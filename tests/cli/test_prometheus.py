@@ -1,0 +1,182 @@
+"""``compact --all --pushgateway`` into a real Pushgateway, scraped by a real Prometheus
+with the shipped config: every metric docs/operations.md documents, asked of
+Prometheus's HTTP API, after runs over a few topics of which one fails, then fails
+again, then is mended."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shale.cli.metrics import failures_after
+from shale.compactor.summary import RunStatus
+from shale.metadata.topic import TopicMetadata
+from shale.producer import TopicWriter
+from tests.compactor.test_many_topics import lines, produce
+from tests.conftest import ROOT, run_cli_here
+from tests.monitoring import MONITORING, PrometheusStack
+
+HOUR = 3600.0
+PHASES = {"total", "plan", "pass_one", "pass_two", "publish", "gc"}
+Series = dict[tuple[str, str, tuple[tuple[str, str], ...]], float]
+
+
+def documented() -> set[str]:
+    """The metric names of the table in docs/operations.md (``_x`` short for
+    ``shale_compaction_x``, as the table writes them)."""
+    text = (ROOT / "docs" / "operations.md").read_text()
+    table = text[text.index("| metric | meaning |"):]
+    names = set()
+    for row in table[: table.index("\n\n")].splitlines()[2:]:
+        first = row.split("|")[1]
+        for token in re.findall(r"`([^`]+)`", first):
+            name = token.split("{")[0]
+            names.add("shale_compaction" + name if name.startswith("_") else name)
+    return names
+
+
+def scraped(stack: PrometheusStack, root: str) -> Series:
+    """Every series of the topics under ``root`` as Prometheus has them after the
+    Pushgateway's latest pushes."""
+    stack.sync()
+    under = re.escape(root).replace("\\", "\\\\")  # a regular expression, in a PromQL string
+    rows = stack.query(f'{{__name__=~"shale_compaction_.+", topic=~"{under}/.+"}}')
+    return {(r["__name__"], r["topic"], tuple(sorted((k, v) for k, v in r.items()
+                                                     if k not in ("__name__", "topic", "job", "instance")))): v
+            for r, v in rows}
+
+
+def one(series: Series, name: str, topic: str, **labels: str) -> float | None:
+    return series.get((f"shale_compaction_{name}", topic, tuple(sorted(labels.items()))))
+
+
+def mixed_ages(uri: str, now: float) -> None:
+    """A ledger of 30 records three hours old, then 15 half an hour old (a lag of an hour
+    puts the horizon inside it), and a ledger of records ten minutes old."""
+    t = [now - 3 * HOUR]
+    with TopicWriter(uri, max_ledger_records=50, batch_size=10, clock=lambda: t[0]) as w:
+        for i in range(45):
+            if i == 30:
+                t[0] = now - HOUR / 2
+            w.append(f"k{i % 17}", f"v{i}")
+    produce(uri, 20, first=45, t=now - HOUR / 6)
+
+
+def compact(*args: str) -> dict[str, dict[str, Any]]:
+    r = run_cli_here("compact", *args, "--json", "--min-compaction-lag", "1h")
+    return {str(s["topic"]): s for s in lines(r.stdout)}
+
+
+def test_a_run_over_topics_shows_in_prometheus(prometheus_stack: PrometheusStack, tmp_path: Path) -> None:
+    stack, now = prometheus_stack, time.time()
+    root = str(tmp_path / "topics")
+    a, b, c, d = (f"{root}/{x}" for x in "abcd")
+    produce(a, 100, t=now - 3 * HOUR)
+    produce(b, 40, t=now - 3 * HOUR)
+    mixed_ages(c, now)
+    TopicMetadata.open(c).update_policy({"max_compaction_lag_ms": 2 * 3_600_000})
+    produce(d, 10, t=now - 3 * HOUR)  # one entry whose records all survive: pass two reads it
+    [victim] = (tmp_path / "topics" / "d" / "ledgers").glob("*.ledger")
+    good = victim.read_bytes()
+    victim.write_bytes(good[:60] + bytes([good[60] ^ 0xFF]) + good[61:])
+
+    start = time.time()
+    first = compact("--all", root, "--pushgateway", stack.pushgateway_url)
+    m = scraped(stack, root)
+    assert {s["status"] for s in first.values()} == {"compacted", "error"} and first[d]["exit_code"] == 4
+    # every documented metric, for every topic (but a success time for the failing one)
+    names = {n for n, _, _ in m}
+    assert documented() <= names, documented() - names
+    for topic in (a, b, c, d):
+        assert {n for n, t, _ in m if t == topic} == documented() - ({
+            "shale_compaction_last_success_timestamp_seconds"} if topic == d else set())
+    _outcomes(m, first, (a, b, c), d, start)
+    _volumes(m, first, a, c)
+    _delays(m, a, b, c, d)
+
+    second = compact("--all", root, "--pushgateway", stack.pushgateway_url)
+    assert second[a]["status"] == "nothing-to-do" and second[d]["status"] == "error"
+    m = scraped(stack, root)
+    assert one(m, "consecutive_failures", d) == 2 and one(m, "uncleanable", d) == 1
+    assert one(m, "consecutive_failures", a) == 0 and one(m, "records_reclaimed", a) == 0
+    assert one(m, "bytes_reclaimed", a) == 0
+    # a dry run (it reads footers only, so it does not meet the damage) neither counts nor clears
+    assert compact(d, "--dry-run", "--pushgateway", stack.pushgateway_url)[d]["status"] == "dry-run"
+    m = scraped(stack, root)
+    assert one(m, "consecutive_failures", d) == 2 and one(m, "uncleanable", d) == 0
+    assert one(m, "last_success_timestamp_seconds", d) is None
+
+    victim.write_bytes(good)  # mended: the next run compacts it and clears the count
+    third = compact(d, "--pushgateway", stack.pushgateway_url)
+    assert third[d]["status"] == "compacted"
+    m = scraped(stack, root)
+    assert one(m, "consecutive_failures", d) == 0 and one(m, "uncleanable", d) == 0
+    assert one(m, "exit_code", d) == 0 and (one(m, "last_success_timestamp_seconds", d) or 0) >= start
+    assert one(m, "max_delay_seconds", d) == 0
+    if list((MONITORING / "rules").glob("*.yml")):  # the shipped recording rule, once rules are shipped
+        rows = stack.wait_for(f'shale:compaction_seconds_since_success{{topic="{a}"}}')
+        assert 0 <= rows[0][1] < time.time() - start + 60
+
+
+def _outcomes(m: Series, s: dict[str, dict[str, Any]], good: tuple[str, ...], bad: str, start: float) -> None:
+    for topic in good:
+        assert one(m, "uncleanable", topic) == 0 and one(m, "consecutive_failures", topic) == 0
+        assert one(m, "exit_code", topic) == 0 and one(m, "status", topic, status="compacted") == 1
+        assert start <= (one(m, "last_success_timestamp_seconds", topic) or 0) <= time.time()
+        phases = {dict(ls)["phase"] for n, t, ls in m if n == "shale_compaction_duration_seconds" and t == topic}
+        assert phases == PHASES
+        total = one(m, "duration_seconds", topic, phase="total") or 0
+        assert total > 0 and all((one(m, "duration_seconds", topic, phase=p) or 0) <= total for p in PHASES)
+        assert abs(total - s[topic]["durations"]["total"]) < 1e-3
+    assert one(m, "uncleanable", bad) == 1 and one(m, "consecutive_failures", bad) == 1
+    assert one(m, "exit_code", bad) == 4 and one(m, "status", bad, status="error") == 1
+    assert one(m, "status", bad, status="compacted") == 0
+    assert start <= (one(m, "last_run_timestamp_seconds", bad) or 0) <= time.time()
+
+
+def _volumes(m: Series, s: dict[str, dict[str, Any]], a: str, c: str) -> None:
+    for topic, read, kept in ((a, 100, 17), (c, 30, 17)):
+        assert one(m, "records_read", topic) == s[topic]["records_read"] == read
+        assert one(m, "records_written", topic) == s[topic]["records_written"] == kept
+        assert one(m, "records_reclaimed", topic) == read - kept
+        assert one(m, "bytes_written", topic) == s[topic]["bytes_written"] > 0
+        assert one(m, "keys", topic) == 17 and one(m, "dirty_ratio_before", topic) == 1.0
+    # what the run replaced, by the topics' own ledger sizes: all of a's, 30 of c's 45 records
+    replaced_a = sum(lg.bytes for lg in TopicMetadata.open(a).load_topic().ledgers)
+    ledger_c = TopicMetadata.open(c).load_topic().ledgers[0]
+    assert one(m, "bytes_reclaimed", a) == replaced_a - s[a]["bytes_written"] > 0
+    assert one(m, "bytes_reclaimed", c) == ledger_c.bytes * 30 // 45 - s[c]["bytes_written"]
+    assert one(m, "dirty_ratio_after", a) == 0 and (one(m, "dirty_ratio_after", c) or 0) > 0
+
+
+def _delays(m: Series, a: str, b: str, c: str, d: str) -> None:
+    # c: the horizon lies inside its ledger, above it records half an hour old
+    assert HOUR / 2 <= (one(m, "max_delay_seconds", c) or 0) < HOUR / 2 + 600
+    assert one(m, "max_delay_seconds", a) == one(m, "max_delay_seconds", b) == 0
+    # d failed: its records wait since they were published
+    assert 3 * HOUR <= (one(m, "max_delay_seconds", d) or 0) < 3 * HOUR + 600
+    assert one(m, "max_lag_seconds", c) == 2 * HOUR and one(m, "max_lag_seconds", a) == 0
+
+
+def test_the_failure_count_rules() -> None:
+    """A failure adds one (one when the count could not be read back), a success clears
+    it, a dry run or a lost race leaves it (None: the gauge is not pushed, so it stays)."""
+    assert failures_after(RunStatus.ERROR, 2) == 3 and failures_after(RunStatus.ERROR, None) == 1
+    for ok in (RunStatus.COMPACTED, RunStatus.NOTHING_TO_DO, RunStatus.SKIPPED):
+        assert failures_after(ok, 5) == 0 == failures_after(ok, None)
+    for neither in (RunStatus.DRY_RUN, RunStatus.CONFLICT):
+        assert failures_after(neither, 4) == 4 and failures_after(neither, None) is None
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (scripts/_system.sh installs it)")
+def test_the_shipped_config_is_valid() -> None:
+    """What ``promtool`` says of the shipped config (and of the rule files it loads)."""
+    r = subprocess.run(["promtool", "check", "config", str(MONITORING / "prometheus.yml")], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
