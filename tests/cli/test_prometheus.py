@@ -180,3 +180,41 @@ def test_the_shipped_config_is_valid() -> None:
     r = subprocess.run(["promtool", "check", "config", str(MONITORING / "prometheus.yml")], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _dashboard() -> Any:
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("_shale_dashboard", MONITORING / "dashboard.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_dashboard_panel_returns_data(prometheus_stack: PrometheusStack, tmp_path: Path) -> None:
+    """Each query of each panel of the shipped dashboard, asked of the real Prometheus after
+    runs over a good topic and a failing one, answers for this test's topics: a panel
+    that names a metric no run pushes, or mistypes a label, shows nothing."""
+    stack, now = prometheus_stack, time.time()
+    root = str(tmp_path / "topics")
+    good, bad = f"{root}/good", f"{root}/bad"
+    mixed_ages(good, now)
+    produce(bad, 10, t=now - 3 * HOUR)
+    [victim] = (tmp_path / "topics" / "bad" / "ledgers").glob("*.ledger")
+    data = victim.read_bytes()
+    victim.write_bytes(data[:60] + bytes([data[60] ^ 0xFF]) + data[61:])
+    for _ in range(2):
+        compact("--all", root, "--pushgateway", stack.pushgateway_url)
+    stack.sync()
+    mine = re.escape(root).replace("\\", "\\\\") + "/.+"
+    queries = _dashboard().panel_queries()
+    assert len(queries) >= 10
+    for title, expr in queries:
+        assert '".+"' in expr, (title, expr)
+        rows = stack.query(expr.replace('".+"', f'"{mine}"'))
+        assert rows, f"panel {title!r}: {expr} returned no data"
+        topics = {r["topic"] for r, _ in rows if "topic" in r}
+        assert topics <= {good, bad}, (title, topics)
