@@ -65,7 +65,7 @@ def server(request: pytest.FixtureRequest, tmp_path: Path) -> Server:
 
 @pytest.fixture
 def seaweed(request: pytest.FixtureRequest, tmp_path: Path) -> Server:
-    request.node.add_marker(pytest.mark.seaweedfs)
+    """A fresh folder on SeaweedFS alone."""
     import boto3
 
     loc = resolve(make_root("seaweedfs", request, tmp_path))
