@@ -1,5 +1,6 @@
-"""Shared fixtures: a real moto S3 server (started once per session), fresh topics on
-every backend, and helpers to run the console scripts."""
+"""Shared fixtures: a real moto S3 server and a real SeaweedFS server (each started once
+per session, when first needed), fresh topics on every backend, and helpers to run the
+console scripts."""
 
 from __future__ import annotations
 
@@ -122,8 +123,53 @@ def s3_bucket(moto_endpoint: str) -> str:
     return name
 
 
+#: the one bucket the tests share on SeaweedFS (each test gets a fresh folder in it)
+SEAWEEDFS_BUCKET = "shale-tests"
+
+
+@pytest.fixture(scope="session")
+def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A SeaweedFS server (``weed mini``, :mod:`shale.testing.seaweedfs`) on 127.0.0.1,
+    its data under the session's temporary folder, with :data:`SEAWEEDFS_BUCKET`.  It
+    leaves the environment alone: a test reaches it through :func:`seaweedfs_env`."""
+    from shale.testing.seaweedfs import SeaweedFS
+
+    with SeaweedFS(tmp_path_factory.mktemp("seaweedfs"), buckets=(SEAWEEDFS_BUCKET,)) as weed:
+        yield weed
+
+
+@pytest.fixture
+def seaweedfs_env(seaweedfs: Any, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The AWS environment pointed at SeaweedFS for this test only, stores resolved anew
+    on both sides: moto's session-wide variables are back for the next test.  A test
+    that uses moto too gets moto started first, so that moto's fixture never saves (and
+    restores at the session's end) SeaweedFS's variables."""
+    from shale.storage import clear_backend_cache
+
+    if "moto_endpoint" in request.fixturenames:
+        request.getfixturevalue("moto_endpoint")
+    for k in (*AWS_VARS, "AWS_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in seaweedfs.environment().items():
+        monkeypatch.setenv(k, v)
+    clear_backend_cache()
+    yield seaweedfs
+    clear_backend_cache()
+
+
+def seaweedfs_root(request: pytest.FixtureRequest) -> str:
+    """A fresh folder on SeaweedFS, the environment pointed at it for this test.  A folder
+    in one shared bucket, not a bucket of its own: SeaweedFS gives every bucket volumes of
+    its own, so a bucket costs a fraction of a second and the server runs out of volumes
+    after some dozens (see docs/operations.md)."""
+    request.getfixturevalue("seaweedfs_env")
+    request.applymarker(pytest.mark.seaweedfs)
+    return f"s3://{SEAWEEDFS_BUCKET}/{uuid.uuid4().hex[:12]}/root"
+
+
 def make_root(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh folder URI on backend ``kind``."""
+    """A fresh folder URI on backend ``kind`` (``seaweedfs``: on the SeaweedFS server,
+    through ``s3://``, with the environment pointed there for the test)."""
     if kind == "memory":
         return f"memory://test-{uuid.uuid4().hex[:12]}/root"
     if kind == "local":
@@ -131,6 +177,8 @@ def make_root(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if kind == "s3":
         bucket = request.getfixturevalue("s3_bucket")
         return f"s3://{bucket}/root"
+    if kind == "seaweedfs":
+        return seaweedfs_root(request)
     raise ValueError(kind)
 
 
@@ -138,6 +186,8 @@ def make_root(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
 def backend(request: pytest.FixtureRequest) -> str:
     if request.param == "s3":
         request.applymarker(pytest.mark.s3)
+    if request.param == "seaweedfs":
+        request.applymarker(pytest.mark.seaweedfs)
     return str(request.param)
 
 

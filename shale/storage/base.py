@@ -190,7 +190,10 @@ class ObjectStore(ABC):
 
     @abstractmethod
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
-        """Every object under the folder ``prefix`` (recursively), in key order."""
+        """Every object under the folder ``prefix`` (recursively), in key order: byte order
+        of whole keys, or, on a store keeping real folders (SeaweedFS's S3 gateway), folder
+        by folder, each folder's objects where its name falls.  Callers never rely on
+        the order across folders."""
 
     def now_ms(self, prefix: str) -> int:
         """The store's own current time, in milliseconds since the epoch, as it would stamp

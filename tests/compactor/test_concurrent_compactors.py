@@ -27,6 +27,7 @@ from shale.compactor import CompactionConfig, Compactor
 from shale.compactor.verify import verify_topic
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
+from tests.conftest import make_root
 from tests.gates import Gate, start_held_compact
 
 LONG = os.environ.get("SHALE_LONG_TESTS") == "1"
@@ -136,4 +137,15 @@ def test_four_compactors_and_a_producer_local(tmp_path: Path) -> None:
 def test_four_compactors_and_a_producer_moto(s3_bucket: str, tmp_path: Path) -> None:
     outcomes = campaign(f"s3://{s3_bucket}/topic", tmp_path / "gates")
     print(f"\n{ROUNDS} rounds of {PROCESSES} compactors on the moto server: {dict(outcomes)}")
+    assert outcomes["conflict (held)"] == (PROCESSES - 1) * HELD_ROUNDS
+
+
+
+@pytest.mark.timeout(3600 if LONG else 600)
+@pytest.mark.seaweedfs
+def test_four_compactors_and_a_producer_seaweedfs(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """Unserialised: SeaweedFS makes each conditional write atomic itself, as S3 does,
+    where the moto server must run one request at a time."""
+    outcomes = campaign(f"{make_root('seaweedfs', request, tmp_path)}/topic", tmp_path / "gates")
+    print(f"\n{ROUNDS} rounds of {PROCESSES} compactors on SeaweedFS: {dict(outcomes)}")
     assert outcomes["conflict (held)"] == (PROCESSES - 1) * HELD_ROUNDS

@@ -1,6 +1,7 @@
 """The store conformance suite (:mod:`shale.testing.storage`, shipped for plugin authors)
 run on every built-in backend: memory, a local folder, S3 on a real moto server over
-HTTP, and the generic fsspec adapter over fsspec's own memory and local filesystems.
+HTTP and on a real SeaweedFS server (whose conditional writes are atomic of their own:
+its races run unserialised), and the generic fsspec adapter over fsspec's own memory and local filesystems.
 The tests of URIs, names, resolving and plugins, which need no one store, close the file.
 """
 
@@ -18,6 +19,7 @@ import pytest
 from shale.ledger.errors import InvalidURIError, UnsupportedOperationError
 from shale.storage import Location, ObjectStore, require, resolve
 from shale.testing.storage import StoreConformance
+from tests.conftest import SEAWEEDFS_BUCKET
 
 # ------------------------------------------------------------------------ backends
 
@@ -71,6 +73,20 @@ class TestS3Store(StoreConformance):
     @pytest.fixture
     def store(self, s3_bucket: str) -> ObjectStore:
         return resolve(f"s3://{s3_bucket}/root").store
+
+
+@pytest.mark.seaweedfs
+class TestSeaweedFSStore(StoreConformance):
+    flags = TestS3Store.flags
+    lists_folder_by_folder = True
+
+    @pytest.fixture
+    def store(self, seaweedfs_env: object) -> ObjectStore:
+        return resolve(f"s3://{SEAWEEDFS_BUCKET}").store
+
+    @pytest.fixture
+    def prefix(self) -> str:
+        return f"{uuid.uuid4().hex[:12]}/root"
 
 
 class TestFsspecMemoryStore(StoreConformance):

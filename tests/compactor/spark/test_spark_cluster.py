@@ -1,5 +1,6 @@
 """The Spark engine on ``local-cluster[2,1,1024]``: two executor JVMs in processes of
-their own (with their own Python workers), against the moto server.  Nothing reaches the
+their own (with their own Python workers), against the moto server (and, for the first
+test, against SeaweedFS too: its requests signed and checked).  Nothing reaches the
 executors but what the engine ships: the AWS variables are removed before Spark starts.
 Results are checked against the local engine and the rules folded in plain Python
 (:mod:`tests.compaction_model`).  One run has an executor killed in the middle of its
@@ -23,7 +24,7 @@ from shale.compactor.spark.engine import SparkEngine
 from shale.metadata.topic import TopicMetadata
 from tests.compaction_model import CompactionModel
 from tests.compactor.spark.test_spark import HOUR, check_model, compacted, figures, produce
-from tests.conftest import stop_local_spark, without_aws_environment
+from tests.conftest import make_root, stop_local_spark, without_aws_environment
 from tests.flaky_proxy import FlakyProxy
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
@@ -69,12 +70,19 @@ def executor_pids() -> list[int]:
     return sorted(out)
 
 
+@pytest.fixture(params=["s3", pytest.param("seaweedfs", marks=pytest.mark.seaweedfs)])
+def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh folder on moto or on SeaweedFS (the environment pointed there for the
+    test: what the driver resolves is what it ships to the executors)."""
+    return make_root(str(request.param), request, tmp_path)
+
+
 def test_executors_in_processes_of_their_own_publish_what_the_local_engine_does(
-        cluster: SparkEngine, s3_bucket: str) -> None:
+        cluster: SparkEngine, root: str) -> None:
     assert len(executor_pids()) == 2
     cfg = CompactionConfig(max_part_bytes=1 << 16, reuse_min_bytes=1 << 10, retain_null_key=True,
                            delete_retention_ms=int(HOUR * 1000))
-    uris = {name: f"s3://{s3_bucket}/{name}" for name in ("local", "spark")}
+    uris = {name: f"{root}/{name}" for name in ("local", "spark")}
     t = 1_700_000_000.0
     model = CompactionModel()
     for rnd, n in enumerate((5_000, 100, 1_500)):
