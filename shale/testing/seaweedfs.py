@@ -38,6 +38,8 @@ __all__ = ["SeaweedFS", "SeaweedFSError", "find_weed"]
 _SERVICES: Final = ("master", "volume", "filer", "s3", "admin")
 _GRPC_OFFSET: Final = 10_000
 _READY_TIMEOUT_S: Final = 120.0
+_VOLUMES: Final = 200
+_VOLUME_MB: Final = 256
 
 
 class SeaweedFSError(RuntimeError):
@@ -125,7 +127,10 @@ class SeaweedFS:
                 "-master.telemetry=false", "-admin.ui=false", "-webdav=false", "-s3.port.iceberg=0",
                 "-s3.port.lance=0", f"-master.port={p['master']}", f"-volume.port={p['volume']}",
                 f"-filer.port={p['filer']}", f"-s3.port={p['s3']}", f"-admin.port={p['admin']}",
-                f"-filer.localSocket={self.data_dir}/filer.sock", f"-s3.localSocket={self.data_dir}/s3.sock"]
+                f"-filer.localSocket={self.data_dir}/filer.sock", f"-s3.localSocket={self.data_dir}/s3.sock",
+                # a fixed count of volumes (files that grow as written): left to itself the server
+                # allows free disk / volume size, which on a small disk is too few for one bucket
+                f"-volume.max={_VOLUMES}", f"-master.volumeSizeLimitMB={_VOLUME_MB}"]
         if self.buckets:
             args.append(f"-bucket={','.join(self.buckets)}")
         # the keys given in its environment become the server's only identity
