@@ -8,11 +8,13 @@ interpreter's environment, which holds the ``seaweedfs`` extra).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,23 +63,64 @@ def test_demo_on_s3_compacts_reads_back_verifies_and_stops_seaweedfs(tmp_path: P
     assert _processes_naming(tmp_path) == []
 
 
+def _stop_leftovers(folder: Path) -> None:
+    """After a failure: SIGTERM whatever still names ``folder`` (a server stops its weed)."""
+    for found in _processes_naming(folder):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(found.split(":", 1)[0]), signal.SIGTERM)
+
+
+def _demo_waiting_in_compact(tmp_path: Path) -> tuple[subprocess.Popen[str], list[str]]:
+    """``demo.sh --s3`` started in a process group of its own, once it waits for its first
+    ``compact``: a stand-in that says so and sleeps, so that a signal finds the script
+    waiting for a command, as Ctrl-C does in a long step (not between two commands)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "compact").write_text('#!/bin/sh\necho "compact: started"\nexec sleep 600\n')
+    (bin_dir / "compact").chmod(0o755)
+    env = _env()
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    proc = subprocess.Popen(["bash", str(DEMO), "--s3", str(tmp_path / "demo")], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    seen: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith("compact: started"):
+            break
+    else:
+        proc.wait(timeout=60)
+        raise AssertionError(f"the demo ended before it compacted: {''.join(seen)}")
+    running = _processes_naming(tmp_path / "demo")
+    assert any("weed" in c for c in running), running
+    return proc, seen
+
+
 def test_demo_on_s3_stops_seaweedfs_when_interrupted(tmp_path: Path) -> None:
-    data = tmp_path / "demo"
-    proc = subprocess.Popen(["bash", str(DEMO), "--s3", str(data)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, env=_env(), start_new_session=True)
+    proc, seen = _demo_waiting_in_compact(tmp_path)
     try:
-        assert proc.stdout is not None
-        for line in proc.stdout:  # SeaweedFS is up once the demo produces into it
-            if line.startswith("== produce"):
-                break
-        else:
-            raise AssertionError("the demo ended before it produced anything")
-        assert any("weed" in c for c in _processes_naming(tmp_path))
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in the terminal: the whole foreground group
-        proc.communicate(timeout=120)
+        out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
+            _stop_leftovers(tmp_path / "demo")
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert proc.returncode != 0
-    assert _processes_naming(tmp_path) == []
+    assert proc.returncode == 130, f"{''.join(seen)}{out}"
+    assert _processes_naming(tmp_path / "demo") == [], f"{''.join(seen)}{out}"
+
+
+def test_seaweedfs_stops_when_the_demo_is_killed_outright(tmp_path: Path) -> None:
+    """SIGKILL leaves the script no trap to run: the server notices that its parent is gone."""
+    proc, _ = _demo_waiting_in_compact(tmp_path)
+    try:
+        proc.kill()
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 120  # generous: only a server that never stops fails
+        while _processes_naming(tmp_path / "demo") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _processes_naming(tmp_path / "demo") == []
+    finally:
+        _stop_leftovers(tmp_path / "demo")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the stand-in compact, left behind by the killed shell
