@@ -1,10 +1,15 @@
 # Sourced by the other scripts: make sure .venv exists and holds Shale with the extras
 # the script needs (SHALE_EXTRAS; the test suite's default: every extra; the demo: none).
+# SHALE_NO_VENV=1: make and install nothing, run the python and shale found on PATH (the
+# test suite runs the scripts so, in the environment it runs in itself).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PYTHON="${PYTHON:-python3}"
-EXTRAS="${SHALE_EXTRAS-dev,s3,spark,arrow}"
+EXTRAS="${SHALE_EXTRAS-dev,s3,spark,arrow,seaweedfs}"
+if [ -n "${SHALE_NO_VENV:-}" ]; then
+  return 0
+fi
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi

@@ -1,13 +1,53 @@
 #!/usr/bin/env bash
-# The main job on a local folder: create a sample topic with many updates per key,
-# compact it, read the compacted view back, then add 1% more records and compact again.
-# The main job needs none of the extras (S3, Spark, the developer tools).
-SHALE_EXTRAS="${SHALE_EXTRAS-}"
+# The main job: create a sample topic with many updates per key, compact it, read the
+# compacted view back, then add 1% more records and compact again.
+#   ./scripts/demo.sh [DIR]         on a local folder (DIR/users); needs none of the extras
+#   ./scripts/demo.sh --s3 [DIR]    on s3://demo/users in SeaweedFS, a real S3-compatible
+#                                   store started here (its data under DIR/seaweedfs) and
+#                                   stopped when the demo ends, however it ends
+S3=""
+if [ "${1:-}" = "--s3" ]; then S3=1; shift; fi
+if [ -n "$S3" ]; then
+  SHALE_EXTRAS="${SHALE_EXTRAS-s3,seaweedfs}"
+else
+  SHALE_EXTRAS="${SHALE_EXTRAS-}"
+fi
 source "$(dirname "$0")/_venv.sh"
-DATA="${1:-$ROOT/demo-data}"
-TOPIC="$DATA/users"
-rm -rf "$TOPIC"
-mkdir -p "$DATA"
+DATA="$(mkdir -p "${1:-$ROOT/demo-data}" && cd "${1:-$ROOT/demo-data}" && pwd)"
+
+if [ -n "$S3" ]; then
+  WEED="$DATA/seaweedfs"
+  rm -rf "$WEED" && mkdir -p "$WEED"
+  weed_pid=""
+  stop_weed() {
+    if [ -n "$weed_pid" ]; then
+      kill -TERM "$weed_pid" 2>/dev/null || true  # the server stops weed, then exits
+      wait "$weed_pid" 2>/dev/null || true
+      weed_pid=""
+    fi
+  }
+  trap stop_weed EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+  echo "== start SeaweedFS (data and log in $WEED)"
+  python -m shale.testing.seaweedfs "$WEED" --bucket demo >"$WEED/env.sh" 2>"$WEED/server.err" &
+  weed_pid=$!
+  # ready once it has printed its variables (AWS_REGION is the last), or failed
+  until grep -q '^export AWS_REGION=' "$WEED/env.sh"; do
+    if ! kill -0 "$weed_pid" 2>/dev/null; then
+      weed_pid=""
+      cat "$WEED/server.err" >&2
+      exit 1
+    fi
+    sleep 0.2
+  done
+  source "$WEED/env.sh"
+  echo "   S3 endpoint $AWS_ENDPOINT_URL, bucket demo"
+  TOPIC="s3://demo/users"
+else
+  TOPIC="$DATA/users"
+  rm -rf "$TOPIC"
+fi
 
 echo "== produce 200,000 updates of 20,000 keys (with deletes and keyless records) into $TOPIC"
 python scripts/sample_records.py --records 200000 --keys 20000 --seed 1 \

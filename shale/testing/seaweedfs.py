@@ -11,7 +11,8 @@ runs never meet), and credentials of its own: requests are signed and checked, a
         ...  # s3://demo/topics/users
 
 Run as a script (``python -m shale.testing.seaweedfs DIR [--bucket NAME]``) it prints
-``export`` lines for a shell, then serves until it is sent SIGTERM or SIGINT.
+``export`` lines for a shell, then serves until it is sent SIGTERM or SIGINT, or the
+process that started it exits.
 """
 
 from __future__ import annotations
@@ -208,17 +209,21 @@ def _listening(port: int) -> bool:
 
 def _serve(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m shale.testing.seaweedfs",
-                                     description="Run SeaweedFS on 127.0.0.1 and print the variables to reach it.")
+                                     description="Run SeaweedFS on 127.0.0.1 and print the variables to reach it; "
+                                                 "serve until SIGTERM, SIGINT or the parent process exits.")
     parser.add_argument("dir", help="the folder for SeaweedFS's data and log")
     parser.add_argument("--bucket", action="append", default=[], help="a bucket to create (repeatable)")
     args = parser.parse_args(argv)
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
+    parent = os.getppid()
     try:
         with SeaweedFS(args.dir, buckets=args.bucket) as weed:
             for k, v in weed.environment().items():
                 print(f"export {k}={v}", flush=True)
-            while not stopping:
+            # a parent gone (a shell closed or killed) is a stop too: weed runs in a
+            # session of its own, and nothing else would ever stop it
+            while not stopping and os.getppid() == parent:
                 time.sleep(0.2)
     except KeyboardInterrupt:
         pass
