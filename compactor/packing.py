@@ -7,7 +7,8 @@ run compresses, each small one) is decompressed once, its survivors are checked,
 survivors of neighbouring entries are cut into new entries of about ``entry_bytes``
 (decompressed), each compressed on its own.  A new entry never spans an entry copied
 whole, so the output keeps the records' order; every record keeps its original id (a
-compacted part of format version 2 carries one per record).
+compacted part of format version 2 carries one per record) and its event time (its
+publish time where it has none: version 3 keeps it in the footer).
 
 Everything here works on one batch of entries read together and returns their output
 as :class:`Frames`, for pass two to append to its parts.
@@ -22,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shale.ledger.codecs import Codec, Compression, compress
+from shale.ledger.events import copied_event_times
 from shale.ledger.format import FRAME_HEADER, KIND_COMPACTED
 from shale.ledger.kernels import Scratch, copy_plan, crc32c, gather_ranges
 from shale.ledger.reader import RAW_BATCH_BYTES, LedgerFile
@@ -49,6 +51,7 @@ class Frames(NamedTuple):
     entries: npt.NDArray[np.uint64]
     batches: npt.NDArray[np.uint32]
     rec: npt.NDArray[np.int64]  # the source record of each, in the ledger read
+    events: npt.NDArray[np.int64]  # each record's event time (its publish time where it has none)
 
 
 def record_ids(f: LedgerFile, sel: npt.NDArray[Any], kept: npt.NDArray[np.int64], rec: npt.NDArray[np.int64],
@@ -120,13 +123,15 @@ def _pack_piece(f: LedgerFile, sel: npt.NDArray[Any], kept: npt.NDArray[np.int64
     np.cumsum([len(x) for x in ordered], out=frame_at[1:])
     publish = foot.col("e_publish")[sel]
     ledgers, entries, batches = record_ids(f, sel, kept, rec, plan.in_entry)
+    # (scratch is free again: the packed records were copied out of it)
+    events = copied_event_times(f, buf, base, sel, kept, rec, scratch)
     return Frames(
         b"".join(ordered), frame_at, np.r_[kept[w], packed.counts][order].astype(np.int64),
         np.r_[publish[w], packed.publish][order], np.r_[codecs[w], packed.codecs][order].astype(np.uint8),
         np.r_[foot.raw_lengths()[sel][w], packed.raw][order].astype(np.int64),
         {"r_hash_hi": foot.col("r_hash_hi")[rec], "r_hash_lo": foot.col("r_hash_lo")[rec],
          "r_flags": foot.col("r_flags")[rec], "r_offset": offsets, "r_size": foot.col("r_size")[rec]},
-        ledgers, entries, batches, rec)
+        ledgers, entries, batches, rec, events)
 
 
 class _Packed(NamedTuple):

@@ -26,6 +26,7 @@ from shale.compactor.plan import Plan, Slice
 from shale.compactor.throttle import Throttle, ThrottledWriter
 from shale.ledger.codecs import Codec
 from shale.ledger.deletions import encode_deletions
+from shale.ledger.events import copied_event_times
 from shale.ledger.format import FRAME_HEADER, KIND_COMPACTED
 from shale.ledger.ids import MessageId
 from shale.ledger.kernels import CopyPlan, Scratch, copy_plan, crc32c_ranges, gather_ranges
@@ -370,8 +371,9 @@ def _copy_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes | 
     cols = {"r_hash_hi": foot.col("r_hash_hi")[rec], "r_hash_lo": foot.col("r_hash_lo")[rec],
             "r_flags": foot.col("r_flags")[rec], "r_offset": plan.new_off, "r_size": foot.col("r_size")[rec]}
     raw = np.where(plan.whole, foot.raw_lengths()[sel], lengths - FRAME_HEADER.size)
+    events = copied_event_times(f, buf, base, sel, kept, rec, sink.raw_buffer)
     _write_frames(sink, Frames(blob, frame_at, kept, foot.col("e_publish")[sel], codecs, raw, cols, ledgers, entries,
-                               r_batch, rec), since)
+                               r_batch, rec, events), since)
     sink.batch_done()
 
 
@@ -402,7 +404,7 @@ def _write_frames(sink: _PartSink, fr: Frames, since: npt.NDArray[np.int64] | No
         w.add_frames(fr.blob[int(fr.frame_at[i0]):int(fr.frame_at[i1])], lengths[i0:i1], kept[i0:i1],
                      fr.publish[i0:i1], {k: v[a:b] for k, v in fr.cols.items()}, codecs=fr.codecs[i0:i1],
                      raw_lengths=fr.raw_lengths[i0:i1], ledgers=ledgers[a:b], entry_ids=entries[a:b],
-                     batch=fr.batches[a:b], delete_since=r_since[a:b])
+                     batch=fr.batches[a:b], delete_since=r_since[a:b], events=fr.events[a:b])
         sink.note_ids(MessageId(int(ledgers[a]), int(entries[a]), int(fr.batches[a])),
                       MessageId(int(ledgers[b - 1]), int(entries[b - 1]), int(fr.batches[b - 1])))
         i0 = i1

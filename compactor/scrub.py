@@ -8,7 +8,8 @@ compacted part, checks each frame's checksum, decompresses every compressed entr
 frame or block and nothing after it, of the footer's size, its content checksum when it
 has one), checks each record against its footer and hashes its key again against the
 footer's key hash (so entries that decode to other keys than were written, through a
-changed dictionary, say, are caught even in frames without a content checksum), and
+changed dictionary, say, are caught even in frames without a content checksum) and its
+event time against the footer's (format version 3: compaction orders by them), and
 reports every damaged object (it does not stop at the first), at a bounded read rate so
 that it can run beside producers and readers.
 
@@ -111,7 +112,7 @@ def _scrub_object(meta: TopicMetadata, name: str, ledger_id: int | None, kind: i
     for c0, c1 in f.chunks(0, f.n_entries):
         base, buf = f.read_frames(c0, c1)
         f.check_frames(buf, base, c0, c1)
-        f.check_entries(buf, base, np.arange(c0, c1, dtype=np.int64), scratch, key_hashes=True)
+        f.check_entries(buf, base, np.arange(c0, c1, dtype=np.int64), scratch, key_hashes=True, event_times=True)
         report.entries += c1 - c0
         report.records += int(starts[c1] - starts[c0])
         report.bytes_checked += len(buf)

@@ -102,6 +102,9 @@ class EncodedColumns:
     hash_lo: npt.NDArray[np.uint64]
     flags: npt.NDArray[np.uint8]
     publish_time: int
+    #: each record's event time, or ``publish_time`` where it has none (``None``: no
+    #: record has one)
+    events: I64 | None = None
     #: where each record ends (``offsets + sizes``)
     ends: I64 = field(init=False)
 
@@ -126,6 +129,7 @@ def encode_columns(cols: RecordColumns, publish_time: int, max_record_bytes: int
     n = len(cols)
     if _native is None:
         return _encode_python(cols, publish_time, max_record_bytes)
+    events = _events(cols, publish_time)
     p = cols.properties
     got = _native.encode_records(
         n, _c(cols.key.offsets), cols.key.data, _c(cols.key.valid), _c(cols.value.offsets), cols.value.data,
@@ -138,7 +142,19 @@ def encode_columns(cols: RecordColumns, publish_time: int, max_record_bytes: int
     payload, offsets, sizes, hi, lo, flags = got
     return EncodedColumns(payload, np.frombuffer(offsets, np.int64), np.frombuffer(sizes, np.uint32),
                           np.frombuffer(hi, np.uint64), np.frombuffer(lo, np.uint64), np.frombuffer(flags, np.uint8),
-                          publish_time)
+                          publish_time, events)
+
+
+def _events(cols: RecordColumns, publish_time: int) -> I64 | None:
+    """Each record's event time, or ``publish_time`` where it has none; ``None`` when no
+    record has one (the footer then leaves the column out)."""
+    if cols.event_time is None:
+        return None
+    times = np.asarray(cols.event_time, dtype=np.int64)
+    if cols.event_valid is None:
+        return times
+    valid = np.asarray(cols.event_valid, dtype=bool)
+    return np.where(valid, times, np.int64(publish_time)) if valid.any() else None
 
 
 def _c(a: npt.NDArray[np.generic] | None) -> npt.NDArray[np.generic] | None:
@@ -168,7 +184,7 @@ def _encode_python(cols: RecordColumns, publish_time: int, max_record_bytes: int
     sizes = np.fromiter((len(b) for b in parts), np.uint32, n)
     offsets = np.zeros(n, np.int64)
     np.cumsum(sizes[:-1], out=offsets[1:])
-    return EncodedColumns(b"".join(parts), offsets, sizes, hi, lo, flags, publish_time)
+    return EncodedColumns(b"".join(parts), offsets, sizes, hi, lo, flags, publish_time, _events(cols, publish_time))
 
 
 def entry_end(enc: EncodedColumns, start: int, max_records: int, max_entry_bytes: int) -> int:
@@ -184,4 +200,5 @@ def entry_of(enc: EncodedColumns, start: int, end: int) -> EncodedEntry:
     at = int(enc.offsets[start])
     return EncodedEntry(memoryview(enc.payload)[at:int(enc.ends[end - 1])],
                         (enc.offsets[start:end] - at).astype(np.uint32), enc.sizes[start:end],
-                        enc.hash_hi[start:end], enc.hash_lo[start:end], enc.flags[start:end], enc.publish_time)
+                        enc.hash_hi[start:end], enc.hash_lo[start:end], enc.flags[start:end], enc.publish_time,
+                        None if enc.events is None else enc.events[start:end])

@@ -13,10 +13,13 @@ All integers are little-endian.  The footer's columns are raw little-endian arra
 compaction's pass one reads key hashes and positions as NumPy arrays without touching
 payloads, and a reader seeks to any entry with one ranged read.
 
-Version 2 (this build writes it) records each entry's codec and decompressed size, and
-gives each record of a compacted part its own original id, so that a compaction may pack
-the survivors of many entries into one compressed entry.  Version 1 (no compression;
-a compacted part's ids per entry) is still read.
+Version 3 (this build writes it) adds, to version 2, each record's event time (its
+publish time when it has none) in the optional column ``r_event``, written only when some
+record's differs from its entry's publish time, so that compaction may order records by
+event time from the footer alone.  Version 2 records each entry's codec and decompressed
+size, and gives each record of a compacted part its own original id, so that a compaction
+may pack the survivors of many entries into one compressed entry.  Versions 1 (no
+compression; a compacted part's ids per entry) and 2 are still read.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from shale.ledger.kernels import crc32c, tiling_error
 __all__ = [
     "FLAG_HAS_KEY",
     "FLAG_TOMBSTONE",
+    "EVENT_TIME_VERSION",
     "FORMAT_VERSION",
     "FRAME_HEADER",
     "HEADER_SIZE",
@@ -54,14 +58,15 @@ __all__ = [
     "encode_footer",
     "encode_header",
     "encode_trailer",
+    "optional_columns_of",
 ]
 
 MAGIC: Final = b"SHALELDG"
 END_MAGIC: Final = b"SHALEEND"
 #: The version this build writes.
-FORMAT_VERSION: Final = 2
+FORMAT_VERSION: Final = 3
 #: The versions this build reads.
-READ_VERSIONS: Final = (1, 2)
+READ_VERSIONS: Final = (1, 2, 3)
 
 KIND_ORIGINAL: Final = 0
 KIND_COMPACTED: Final = 1
@@ -98,6 +103,7 @@ COLUMNS: Final[dict[str, tuple[str, str]]] = {
     "r_entry": ("<u8", "r"),
     "r_batch": ("<u4", "r"),
     "r_delete_since": ("<i8", "r"),
+    "r_event": ("<i8", "r"),
 }
 
 _BASE_COLUMNS: Final = ("e_offset", "e_length", "e_publish", "r_hash_hi", "r_hash_lo", "r_flags", "r_offset", "r_size")
@@ -107,11 +113,23 @@ _LAYOUTS: Final[dict[tuple[int, int], tuple[str, ...]]] = {
     (2, 0): (*_BASE_COLUMNS, "e_codec", "e_raw_length"),
     (2, 1): (*_BASE_COLUMNS, "e_codec", "e_raw_length", "r_ledger", "r_entry", "r_batch", "r_delete_since"),
 }
+_LAYOUTS[(3, 0)] = _LAYOUTS[(2, 0)]
+_LAYOUTS[(3, 1)] = _LAYOUTS[(2, 1)]
+#: Columns a footer of this version may hold or leave out, after those of its layout.
+_OPTIONAL: Final[dict[int, tuple[str, ...]]] = {1: (), 2: (), 3: ("r_event",)}
+#: The first version whose footers give each record's event time.
+EVENT_TIME_VERSION: Final = 3
 
 
 def columns_of(version: int, kind: int) -> tuple[str, ...]:
-    """The footer columns of a ledger object of this format version and kind."""
+    """The footer columns every ledger object of this format version and kind has
+    (optional ones, :func:`optional_columns_of`, come after them when present)."""
     return _LAYOUTS[(version, kind)]
+
+
+def optional_columns_of(version: int) -> tuple[str, ...]:
+    """The footer columns an object of this format version may hold or leave out."""
+    return _OPTIONAL[version]
 
 
 def _version_error(version: int, where: str, position: int) -> UnsupportedVersionError:
@@ -311,6 +329,18 @@ class Footer:
             return self.cols["r_delete_since"]
         return np.zeros(self.n_records, dtype=np.int64)
 
+    def event_times(self) -> npt.NDArray[np.int64] | None:
+        """Each record's event time in ms, or its publish time where it has none (version
+        3: the column ``r_event``, or, where the footer leaves it out, each entry's publish
+        time for all its records); ``None`` for versions 1 and 2, whose footers do not
+        say (the records must be decoded)."""
+        if self.version < EVENT_TIME_VERSION:
+            return None
+        got = self.cols.get("r_event")
+        if got is not None:
+            return got
+        return np.repeat(self.cols["e_publish"], np.diff(self.e_rec_start))
+
 
 def encode_footer(
     kind: int, e_rec_start: npt.NDArray[Any], cols: Mapping[str, npt.NDArray[Any] | Sequence[npt.NDArray[Any]]],
@@ -328,11 +358,15 @@ def encode_footer(
         col = cols[name]
         chunks = [col] if isinstance(col, np.ndarray) else list(col)
         arrays[name] = [np.ascontiguousarray(c, dtype=dtype) for c in chunks]
-    if len(arrays) > 15:
-        raise ValueError("too many footer columns for a fixmap")
+    for name in optional_columns_of(version):
+        col = cols.get(name)
+        if col is not None:
+            chunks = [col] if isinstance(col, np.ndarray) else list(col)
+            arrays[name] = [np.ascontiguousarray(c, dtype=COLUMNS[name][0]) for c in chunks]
+    # a fixmap up to 15 columns, else a map 16 (a compacted part with event times has 16)
+    head = bytes([0x80 | len(arrays)]) if len(arrays) <= 15 else b"\xde" + len(arrays).to_bytes(2, "big")
     pieces: list[bytes | memoryview] = [
-        b"\x83" + msgpack.packb("n_entries") + msgpack.packb(len(e_rec_start) - 1)
-        + msgpack.packb("cols") + bytes([0x80 | len(arrays)])]
+        b"\x83" + msgpack.packb("n_entries") + msgpack.packb(len(e_rec_start) - 1) + msgpack.packb("cols") + head]
     for name, chunks in arrays.items():
         raws = [c.data.cast("B") for c in chunks if c.nbytes]
         pieces.append(msgpack.packb(name) + _BIN32.pack(0xC6, sum(len(r) for r in raws)))
@@ -350,6 +384,16 @@ def _uint_at(data: memoryview, p: int) -> tuple[int, int] | None:
     if size is None or p + 1 + size > len(data):
         return None
     return int.from_bytes(data[p + 1:p + 1 + size], "big"), p + 1 + size
+
+
+def _map_len_at(data: memoryview, p: int) -> tuple[int, int] | None:
+    """The length of the msgpack fixmap or map 16 at ``p`` and the position after its header."""
+    b = data[p]
+    if b & 0xF0 == 0x80:
+        return b & 0x0F, p + 1
+    if b == 0xDE and p + 3 <= len(data):
+        return int.from_bytes(data[p + 1:p + 3], "big"), p + 3
+    return None
 
 
 def _str_at(data: memoryview, p: int) -> tuple[str, int] | None:
@@ -379,11 +423,14 @@ def _split_footer(data: memoryview) -> tuple[int, dict[str, memoryview], Any] | 
             return None
         n_entries, p = got
         key = _str_at(data, p)
-        if key is None or key[0] != "cols" or data[key[1]] & 0xF0 != 0x80:
+        if key is None or key[0] != "cols":
             return None
-        p = key[1] + 1
+        got = _map_len_at(data, key[1])
+        if got is None:
+            return None
+        n_cols, p = got
         cols: dict[str, memoryview] = {}
-        for _ in range(data[key[1]] & 0x0F):
+        for _ in range(n_cols):
             name = _str_at(data, p)
             if name is None or name[0] in cols or data[name[1]] != 0xC6:
                 return None
@@ -431,7 +478,8 @@ def decode_footer(data: bytes | memoryview, trailer: Trailer, where: str) -> Foo
         raise bad("an entry holds no records or the record index goes backwards")
     n_records = int(e_rec_start[-1])
     cols: dict[str, npt.NDArray[Any]] = {}
-    for name in columns_of(trailer.version, trailer.kind):
+    optional = [n for n in optional_columns_of(trailer.version) if n in raw_cols]
+    for name in (*columns_of(trailer.version, trailer.kind), *optional):
         dtype, per = COLUMNS[name]
         cols[name] = column(name, dtype)
         if len(cols[name]) != (n_entries if per == "e" else n_records):

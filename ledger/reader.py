@@ -11,6 +11,7 @@ import numpy.typing as npt
 
 from shale.ledger.codecs import Codec, DictionarySource, decompress
 from shale.ledger.errors import CorruptLedgerError
+from shale.ledger.events import check_event_times
 from shale.ledger.format import (
     FRAME_HEADER,
     HEADER_SIZE,
@@ -58,6 +59,7 @@ class LedgerFile:
         self._ledgers: npt.NDArray[np.uint64] | None = None
         self._entries: npt.NDArray[np.uint64] | None = None
         self._batches: npt.NDArray[np.uint32] | None = None
+        self._events: npt.NDArray[np.int64] | None = None
 
     @classmethod
     def open(cls, store: ObjectSource, key: str, *, ledger_id: int | None = None,
@@ -133,6 +135,14 @@ class LedgerFile:
         if self._batches is None:
             self._batches = self.footer.batch_indexes()
         return self._batches
+
+    def event_times(self) -> npt.NDArray[np.int64] | None:
+        """Each record's event time, or publish time where it has none, by the footer
+        (:meth:`~shale.ledger.format.Footer.event_times`); ``None`` when the footer does
+        not say (format versions 1 and 2)."""
+        if self._events is None:
+            self._events = self.footer.event_times()
+        return self._events
 
     def _batch_of(self, index: int, entry: int) -> int:
         # in an original ledger a record's batch index is its place in its entry: no need
@@ -329,7 +339,8 @@ class LedgerFile:
         self.check_entries(buf, base, np.arange(first, stop, dtype=np.int64))
 
     def check_entries(self, buf: bytes | memoryview, base: int, sel: npt.NDArray[np.int64],
-                      scratch: Scratch | None = None, *, key_hashes: bool = False) -> None:
+                      scratch: Scratch | None = None, *, key_hashes: bool = False, event_times: bool = False
+                      ) -> None:
         """Prove entries ``sel`` (ascending, frames checked, inside ``buf`` read from
         ``base``) decodable: each compressed one decompresses, as :func:`decompress` checks
         (one frame or block and nothing after it, the footer's size, the frame's content
@@ -340,12 +351,16 @@ class LedgerFile:
         ``key_hashes``: also hash every record's key again and compare with the footer's
         hash, so that records that decompress to other keys than were written (a
         dictionary changed under frames without a content checksum, a footer lying about
-        its hashes) are caught."""
+        its hashes) are caught.  ``event_times``: also decode every record's event time
+        (its publish time where it has none) and compare it with its footer's, where the
+        footer gives them."""
         for piece, raw, frames in self.decompressed(buf, base, sel, scratch):
             counts, records = self._all_records(piece)
             self.check_kept(raw, base, piece, counts, records, frames=frames)
             if key_hashes:
                 self._check_key_hashes(raw, piece, counts, records, frames)
+            if event_times:
+                check_event_times(self, raw, frames, counts, records)
 
     def _check_key_hashes(self, raw: bytes | bytearray | memoryview, sel: npt.NDArray[np.int64],
                           counts: npt.NDArray[np.int64], records: npt.NDArray[np.int64],

@@ -51,6 +51,9 @@ class EncodedEntry:
     r_hash_lo: npt.NDArray[np.uint64]
     r_flags: npt.NDArray[np.uint8]
     publish_time: int
+    #: each record's event time, or its publish time where it has none; ``None``: every
+    #: record's is ``publish_time``
+    r_event: npt.NDArray[np.int64] | None = None
 
     @property
     def n_records(self) -> int:
@@ -68,6 +71,7 @@ def encode_entry(records: Sequence[Record], *, max_record_bytes: int = DEFAULT_M
     hi = np.zeros(n, dtype=np.uint64)
     lo = np.zeros(n, dtype=np.uint64)
     flags = np.zeros(n, dtype=np.uint8)
+    events = np.empty(n, dtype=np.int64)
     pos = 0
     publish = 0
     for i, rec in enumerate(records):
@@ -87,10 +91,12 @@ def encode_entry(records: Sequence[Record], *, max_record_bytes: int = DEFAULT_M
         if not rec.value:
             f |= FLAG_TOMBSTONE
         flags[i] = f
+        events[i] = rec.publish_time if rec.event_time is None else rec.event_time
         publish = max(publish, rec.publish_time)
     if pos >= 1 << 32:
         raise RecordTooLargeError(f"entry of {pos} bytes exceeds 4 GiB")
-    return EncodedEntry(b"".join(parts), offsets, sizes, hi, lo, flags, publish)
+    return EncodedEntry(b"".join(parts), offsets, sizes, hi, lo, flags, publish,
+                        None if np.all(events == publish) else events)
 
 
 #: Footer column chunks at least this big on average are written without joining them.
@@ -100,13 +106,15 @@ IdArray = npt.NDArray[np.uint64]
 
 
 class LedgerWriter:
-    """Writes one ledger object (format version 2), entry by entry, into a :class:`Sink`.
+    """Writes one ledger object (format version 3), entry by entry, into a :class:`Sink`.
 
     Original ledgers get implicit ids (entry i of ledger L is ``L:i``); compacted parts
     pass the original ``ledger``/``entry``/``batch`` id of every record and tombstone
     ``delete_since`` times with every entry they add.  Entries added with
     :meth:`add_entry` are compressed with ``compression`` (each kept as it is where that
-    would not make it smaller); :meth:`add_frames` takes frames already stored.
+    would not make it smaller); :meth:`add_frames` takes frames already stored.  Each
+    record's event time (its publish time where it has none) goes into the footer's
+    column ``r_event``, left out when every record's equals its entry's publish time.
     """
 
     def __init__(self, sink: Sink, *, kind: int, ledger_id: int, created_ms: int,
@@ -128,8 +136,12 @@ class LedgerWriter:
         self._e_scalars: dict[str, list[int]] = {name: [] for name in self._columns if COLUMNS[name][1] == "e"}
         self._r_chunks: dict[str, list[npt.NDArray[Any]]] = {
             name: [] for name in self._columns if COLUMNS[name][1] == "r"}
+        #: each record's event time, per entry or batch of frames (``None``: each record's
+        #: is its entry's publish time)
+        self._events: list[tuple[int, npt.NDArray[np.int64] | None]] = []
         self._footer_per_entry = sum(np.dtype(COLUMNS[n][0]).itemsize for n in self._e_scalars) + 8
-        self._footer_per_record = sum(np.dtype(COLUMNS[n][0]).itemsize for n in self._r_chunks)
+        # (r_event counted: an upper bound)
+        self._footer_per_record = sum(np.dtype(COLUMNS[n][0]).itemsize for n in (*self._r_chunks, "r_event"))
         self._finished = False
         self._write(encode_header(kind, ledger_id, created_ms))
 
@@ -205,6 +217,7 @@ class LedgerWriter:
             "r_offset": entry.r_offset, "r_size": entry.r_size}
         rcols |= self._record_ids(n, ledger, entry_id, batch, delete_since)
         self._add_columns(rcols, n)
+        self._add_events(entry.r_event, n)
         self._e_scalars["e_offset"].append(self._pos)
         self._e_scalars["e_length"].append(length)
         self._e_scalars["e_publish"].append(entry.publish_time)
@@ -223,18 +236,39 @@ class LedgerWriter:
                 raise InvalidInputError(f"column {name} has {len(col)} rows for {n} records")
             chunks.append(col)
 
+    def _add_events(self, events: npt.NDArray[np.int64] | None, n: int) -> None:
+        if events is not None and len(events) != n:
+            raise InvalidInputError(f"{len(events)} event times for {n} records")
+        self._events.append((n, events))
+
+    def _event_column(self, publish: npt.NDArray[np.int64]) -> npt.NDArray[np.int64] | None:
+        """The footer's ``r_event`` column, or ``None`` when it would only repeat each
+        entry's publish time (``publish``) for its records: then it is left out."""
+        if all(e is None for _, e in self._events):
+            return None
+        implicit = np.repeat(publish, np.diff(np.asarray(self._e_rec_start, dtype=np.int64)))
+        col = implicit.copy()
+        at = 0
+        for n, e in self._events:  # (in the records' order)
+            if e is not None:
+                col[at:at + n] = e
+            at += n
+        return None if np.array_equal(col, implicit) else col
+
     def add_frames(self, blob: bytes | bytearray | memoryview, lengths: npt.NDArray[np.int64],
                    counts: npt.NDArray[np.int64], publish: npt.NDArray[Any], records: dict[str, npt.NDArray[Any]], *,
                    codecs: npt.NDArray[np.uint8] | None = None, raw_lengths: npt.NDArray[np.int64] | None = None,
                    ledgers: npt.ArrayLike | None = None, entry_ids: npt.ArrayLike | None = None,
                    batch: npt.NDArray[np.uint32] | None = None,
-                   delete_since: npt.NDArray[np.int64] | None = None) -> None:
+                   delete_since: npt.NDArray[np.int64] | None = None,
+                   events: npt.NDArray[np.int64] | None = None) -> None:
         """Append many complete, checksummed frames at once: ``blob`` is the frames back to
         back, ``lengths`` their sizes, ``counts`` their record counts, ``codecs`` and
         ``raw_lengths`` how each payload is stored and its size decompressed (default:
         stored as it is); ``records`` holds the footer columns of all their records, in
         order, and a compacted part the original id of each (``ledgers``, ``entry_ids``,
-        ``batch``) and ``delete_since``."""
+        ``batch``) and ``delete_since``; ``events`` each record's event time, or its
+        publish time where it has none (``None``: each record's is its frame's ``publish``)."""
         if self._finished:
             raise InvalidInputError("ledger already finished")
         n_entries, n = len(lengths), int(counts.sum())
@@ -252,6 +286,7 @@ class LedgerWriter:
             raise InvalidInputError("codecs and raw lengths must have one row per frame")
         rcols = dict(records) | self._record_ids(n, ledgers, entry_ids, batch, delete_since)
         self._add_columns(rcols, n)
+        self._add_events(None if events is None else np.asarray(events, dtype=np.int64), n)
         starts = self._pos + np.concatenate([[0], np.cumsum(lengths)[:-1]])
         self._e_scalars["e_offset"].extend(starts.tolist())
         self._e_scalars["e_length"].extend(lengths.tolist())
@@ -276,6 +311,9 @@ class LedgerWriter:
             # would be a write of its own.
             big = sum(c.nbytes for c in chunks) >= _BIG_CHUNK_BYTES * len(chunks)  # (no chunks: an empty column)
             cols[name] = chunks if big else np.concatenate(chunks) if chunks else np.empty(0, COLUMNS[name][0])
+        events = self._event_column(np.asarray(self._e_scalars["e_publish"], dtype=np.int64))
+        if events is not None:
+            cols["r_event"] = events
         footer_offset = self._pos
         crc = 0
         for piece in encode_footer(self.kind, np.asarray(self._e_rec_start, dtype=np.uint64), cols, meta or {}):

@@ -6,7 +6,8 @@ keeping every checksum right.
 entry; :func:`build` lays them out again with fresh frame headers (lengths and CRC32C of
 whatever the payloads now are), footer and trailer, so the result passes every checksum
 whatever it says.  :func:`downgrade` turns an object this build wrote, with no entry
-compressed, into the version 1 object an older Shale would have written for it.
+compressed, into the version 1 object an older Shale would have written for it, and
+:func:`to_version_2` any object it wrote into the version 2 one (no event times).
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ from shale.ledger.format import (
     decode_header,
     decode_trailer,
     encode_footer,
+    optional_columns_of,
     encode_header,
     encode_trailer,
 )
 
-__all__ = ["Parsed", "build", "downgrade", "parse"]
+__all__ = ["Parsed", "build", "downgrade", "parse", "to_version_2"]
 
 
 @dataclass(slots=True)
@@ -54,8 +56,9 @@ def parse(data: bytes) -> Parsed:
     header = decode_header(data, "object")
     doc = msgpack.unpackb(data[trailer.footer_offset:trailer.footer_offset + trailer.footer_length], raw=False)
     e_rec_start = np.frombuffer(doc["cols"]["e_rec_start"], dtype="<u8").copy()
-    cols = {name: np.frombuffer(doc["cols"][name], dtype=COLUMNS[name][0]).copy()
-            for name in columns_of(trailer.version, trailer.kind)}
+    names = [*columns_of(trailer.version, trailer.kind),
+             *(n for n in optional_columns_of(trailer.version) if n in doc["cols"])]
+    cols = {name: np.frombuffer(doc["cols"][name], dtype=COLUMNS[name][0]).copy() for name in names}
     payloads, counts = [], []
     for off, length in zip(cols["e_offset"].tolist(), cols["e_length"].tolist(), strict=True):
         _, _, n = FRAME_HEADER.unpack_from(data, off)
@@ -90,9 +93,9 @@ def downgrade(data: bytes) -> bytes:
     entry may be compressed; a compacted part's entries must each hold records of one
     original entry)."""
     p = parse(data)
-    assert p.version == 2
+    assert p.version in (2, 3)
     assert not p.cols["e_codec"].any(), "version 1 has no compressed entries"
-    cols = {k: v for k, v in p.cols.items() if k not in ("e_codec", "e_raw_length", "r_ledger", "r_entry")}
+    cols = {k: v for k, v in p.cols.items() if k not in ("e_codec", "e_raw_length", "r_ledger", "r_entry", "r_event")}
     if p.kind == KIND_COMPACTED:
         starts = p.e_rec_start.astype(np.int64)
         for name, col in (("e_ledger", p.cols["r_ledger"]), ("e_entry", p.cols["r_entry"])):
@@ -100,4 +103,14 @@ def downgrade(data: bytes) -> bytes:
             assert np.array_equal(np.repeat(firsts, np.diff(starts)), col), "an entry packs several original entries"
             cols[name] = firsts
     p.cols, p.version = cols, 1
+    return build(p)
+
+
+def to_version_2(data: bytes) -> bytes:
+    """The version 2 object an older Shale would have written with the same entries
+    (version 3 without its records' event times)."""
+    p = parse(data)
+    assert p.version == 3
+    p.cols.pop("r_event", None)
+    p.version = 2
     return build(p)

@@ -140,7 +140,7 @@ def test_a_ledger_records_each_entrys_codec_and_size_and_may_mix_codecs() -> Non
         w.add_entry(encode_entry(recs))
     w.finish()
     data = buf.getvalue()
-    assert int.from_bytes(data[8:10], "little") == FORMAT_VERSION == 2
+    assert int.from_bytes(data[8:10], "little") == FORMAT_VERSION == 3
     store = resolve("memory://fmt-mix/x").store
     store.put("t/l", data)
     f = LedgerFile.open(store, "t/l", ledger_id=3, kind=KIND_ORIGINAL)

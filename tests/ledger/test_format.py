@@ -212,7 +212,7 @@ def test_header_and_trailer_fields_at_documented_offsets() -> None:
     # header (docs/format.md): magic 0-7, version 8-9, kind 10, flags 11, ledger id 12-19,
     # created 20-27, CRC32C 28-31 of the header with the CRC zeroed
     assert data[0:8] == MAGIC == b"SHALELDG"
-    assert struct.unpack_from("<H", data, 8)[0] == FORMAT_VERSION == 2
+    assert struct.unpack_from("<H", data, 8)[0] == FORMAT_VERSION == 3
     assert data[10] == KIND_ORIGINAL and data[11] == 0
     assert struct.unpack_from("<Q", data, 12)[0] == 0x0102030405060708
     assert struct.unpack_from("<q", data, 20)[0] == CREATED
@@ -228,7 +228,7 @@ def test_header_and_trailer_fields_at_documented_offsets() -> None:
     assert fo + fl == len(data) - TRAILER_SIZE
     assert lid == 0x0102030405060708 and created == CREATED
     assert struct.unpack_from("<I", tr, 32)[0] == checksum(data[fo: fo + fl])
-    assert struct.unpack_from("<H", tr, 36)[0] == 2 and tr[38] == KIND_ORIGINAL and tr[39] == 0
+    assert struct.unpack_from("<H", tr, 36)[0] == 3 and tr[38] == KIND_ORIGINAL and tr[39] == 0
     assert tr[40:44] == b"\0\0\0\0"
     zeroed = bytearray(tr)
     zeroed[44:48] = b"\0\0\0\0"
@@ -545,16 +545,16 @@ def test_future_format_version_is_refused_by_version(where: str) -> None:
     data = build(sample_entries())
     bad = data
     if where in ("trailer", "both"):
-        bad = _with_trailer_version(bad, 3)
+        bad = _with_trailer_version(bad, 4)
         # the patched trailer is well formed: its own checksum matches
         fields = struct.unpack_from(_TRAILER_FMT, bad, len(bad) - TRAILER_SIZE)
         body = struct.pack(_TRAILER_FMT, *fields[:8], 0, fields[9])
         assert checksum(body) == fields[8]
     if where in ("header", "both"):
-        bad = _with_header_version(bad, 3)
+        bad = _with_header_version(bad, 4)
     store, key, _ = put_open(mem(), data)
     store.put(key, bad)
-    err = expect_corrupt(store, key, "version 3", "not supported", exc=UnsupportedVersionError)
+    err = expect_corrupt(store, key, "version 4", "not supported", exc=UnsupportedVersionError)
     assert "checksum" not in str(err)
     assert isinstance(err, CorruptLedgerError) and exit_code_of(err) == 4
 
@@ -821,8 +821,8 @@ def test_footer_columns_are_views_of_the_footer_and_equal_a_msgpack_decode() -> 
 
 
 @pytest.mark.parametrize("framing,needle", [
-    (b"\x83\xa9n_entries\x28\xa4cols\x8b\xabe_rec_start\xc6\x7f\xff\xff\xff", "undecodable"),  # bin past the end
-    (b"\x83\xa9n_entries\x28\xa4cols\x8b\xabe_rec_stert", "e_rec_start missing"),  # renamed column
+    (b"\x83\xa9n_entries\x28\xa4cols\x8c\xabe_rec_start\xc6\x7f\xff\xff\xff", "undecodable"),  # bin past the end
+    (b"\x83\xa9n_entries\x28\xa4cols\x8c\xabe_rec_stert", "e_rec_start missing"),  # renamed column
     (b"\x83\xa9n_entries\x29", "wrong shape"),  # one entry too many
 ])
 def test_hostile_footers_in_the_writers_framing(framing: bytes, needle: str) -> None:

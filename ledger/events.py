@@ -1,0 +1,88 @@
+"""Records' event times: from a footer where it gives them (format version 3), else
+decoded from the records themselves.
+
+A record's event time is the one its producer gave it, or its publish time where it has
+none.  Compaction copies each record's into the footer of the part it writes, so it
+takes them from the footer of the object it reads when that footer has them, and decodes
+the records it copies otherwise (objects written before version 3); a scrub decodes every
+record and compares.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from shale.ledger.errors import CorruptLedgerError
+from shale.ledger.format import FRAME_HEADER
+from shale.ledger.kernels import Scratch, record_columns
+
+if TYPE_CHECKING:
+    from shale.ledger.reader import LedgerFile
+
+__all__ = ["check_event_times", "copied_event_times", "decoded_event_times"]
+
+#: Records decoded at once (their decoded columns take ~100 bytes each).
+_BLOCK: Final = 1 << 18
+
+I64 = npt.NDArray[np.int64]
+
+
+def decoded_event_times(f: LedgerFile, raw: bytes | bytearray | memoryview, frames: I64, counts: I64,
+                        records: I64) -> I64:
+    """The event time (or publish time) of each of ``records`` of ``f``, decoded: checked
+    records, ``counts[i]`` of them in the entry whose frame starts at ``frames[i]`` of
+    ``raw`` (laid out as :meth:`~shale.ledger.reader.LedgerFile.raw_frames` gives it)."""
+    foot = f.footer
+    at = np.repeat(frames + FRAME_HEADER.size, counts) + foot.col("r_offset")[records].astype(np.int64)
+    sizes = foot.col("r_size")[records].astype(np.int64)
+    out = np.empty(len(records), dtype=np.int64)
+    for a in range(0, len(records), _BLOCK):  # (arrays bounded by records, not bytes)
+        b = min(a + _BLOCK, len(records))
+        bad, cols = record_columns(raw, at[a:b], sizes[a:b])
+        if cols is None:
+            mid = f.record_id(int(records[a + bad]))
+            raise CorruptLedgerError(f"{f.url}: record {mid} cannot be decoded", path=f.url)
+        out[a:b] = np.where(cols.has_event, cols.event, cols.publish)
+    return out
+
+
+def copied_event_times(f: LedgerFile, buf: bytes | memoryview, base: int, sel: I64, kept: I64, rec: I64,
+                       scratch: Scratch | None = None) -> I64:
+    """The event time (or publish time) of each of the records ``rec`` of ``f`` that
+    compaction copies (``kept[i]`` of them from entry ``sel[i]``, their frames checked,
+    inside ``buf`` read from ``base``; the records checked): from the footer when it
+    gives them, else decoded, decompressing what is compressed (into ``scratch``)."""
+    known = f.event_times()
+    if known is not None:
+        return np.asarray(known[rec], dtype=np.int64)
+    out = np.empty(len(rec), dtype=np.int64)
+    first = np.zeros(len(sel) + 1, dtype=np.int64)
+    np.cumsum(kept, out=first[1:])
+    i = 0
+    for piece, raw, frames in f.decompressed(buf, base, np.asarray(sel, dtype=np.int64), scratch):
+        j = i + len(piece)
+        a, b = int(first[i]), int(first[j])
+        out[a:b] = decoded_event_times(f, raw, frames, kept[i:j], rec[a:b])
+        i = j
+    return out
+
+
+def check_event_times(f: LedgerFile, raw: bytes | bytearray | memoryview, frames: I64, counts: I64,
+                      records: I64) -> None:
+    """Each of ``records`` (checked, laid out as for :func:`decoded_event_times`) has the
+    event time its footer gives, when the footer gives them: a footer that says otherwise
+    would make compaction keep another record than the newest."""
+    known = f.event_times()
+    if known is None or not len(records):
+        return
+    decoded = decoded_event_times(f, raw, frames, counts, records)
+    wrong = np.flatnonzero(decoded != known[records])
+    if len(wrong):
+        index = int(records[wrong[0]])
+        e = int(f.footer.entry_of(index))
+        raise CorruptLedgerError(
+            f"{f.url}: record {f.record_id(index)}: its event time {int(decoded[wrong[0]])} is not the "
+            f"{int(known[index])} its footer gives", path=f.url, position=int(f.footer.col("e_offset")[e]))
