@@ -182,6 +182,36 @@ def test_spark_and_local_engines_publish_the_same_content(engine: SparkEngine, r
     assert codecs == ({Codec.LZ4} if scenario == "mixed-codecs" else {Codec.ZSTD})
 
 
+def test_spark_parts_keep_each_records_event_time_as_local_ones_do(engine: SparkEngine, tmp_path: Path) -> None:
+    """The footers of the parts Spark tasks write give each record's event time (its
+    publish time where it has none), as the local engine's do, from version 3 ledgers and
+    from a version 2 one (whose records are decoded)."""
+    from tests import objects, tamper
+    from tests.compactor.test_event_times import check_event_times
+    from tests.compactor.test_event_times import produce as produce_with_events
+
+    cfg = CompactionConfig(delete_retention_ms=0, max_part_bytes=1 << 16)
+    local_uri, spark_uri = str(tmp_path / "local"), str(tmp_path / "spark")
+    for uri in (local_uri, spark_uri):
+        produce_with_events(uri, 5, 700)
+        first = TopicMetadata.open(uri).load_topic().ledgers[0].object
+        tamper.write_raw(uri, first, objects.to_version_2(tamper.read_raw(uri, first)))
+    Compactor(local_uri, cfg).run()
+    assert Compactor(spark_uri, cfg, engine=engine).run().engine == "spark"
+    assert check_event_times(spark_uri) >= 1
+    assert compacted(local_uri) == compacted(spark_uri)
+    def events_of(uri: str) -> list[int]:
+        meta = TopicMetadata.open(uri)
+        out: list[int] = []
+        for p in meta.load_compaction().parts:
+            got = LedgerFile.open(meta.topic.store, meta.topic.key(p.object)).event_times()
+            assert got is not None
+            out += got.tolist()
+        return out
+
+    assert events_of(local_uri) == events_of(spark_uri) != []
+
+
 def test_spark_reads_and_writes_entries_compressed_with_the_topics_dictionary(engine: SparkEngine,
                                                                             tmp_path: Path) -> None:
     """Executors get the topic's dictionaries with the tasks: both engines publish the
