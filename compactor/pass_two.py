@@ -1,9 +1,11 @@
 """Pass two: copy the surviving records, in id order, into the new compacted ledger.
 
-Records are copied as raw bytes, never decoded: an entry whose records all survive is
+Records are copied as raw bytes, never re-encoded: an entry whose records all survive is
 copied whole (frame and checksum unchanged; a compressed one only once it is proven to
 decompress to what its footer says); otherwise its surviving records' bytes are joined
-into a new frame.  Reads are large ranged reads of consecutive entries; output
+into a new frame.  Each record's event time goes with it into the new footer, from the
+footer it is copied from, or decoded from the record when that footer is older than
+format version 3 (:mod:`shale.ledger.events`).  Reads are large ranged reads of consecutive entries; output
 parts roll at ``max_part_bytes`` and stream to storage.
 """
 

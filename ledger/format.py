@@ -38,9 +38,9 @@ from shale.ledger.errors import CorruptLedgerError, UnsupportedVersionError
 from shale.ledger.kernels import crc32c, tiling_error
 
 __all__ = [
+    "EVENT_TIME_VERSION",
     "FLAG_HAS_KEY",
     "FLAG_TOMBSTONE",
-    "EVENT_TIME_VERSION",
     "FORMAT_VERSION",
     "FRAME_HEADER",
     "HEADER_SIZE",
@@ -353,16 +353,12 @@ def encode_footer(
     may be given as a list of chunks, which are then written one after another (a writer
     that collected a column batch by batch need not join the batches first)."""
     arrays: dict[str, list[npt.NDArray[Any]]] = {"e_rec_start": [np.ascontiguousarray(e_rec_start, dtype="<u8")]}
-    for name in columns_of(version, kind):
+    # (an optional column goes out when given)
+    for name in (*columns_of(version, kind), *(n for n in optional_columns_of(version) if n in cols)):
         dtype = COLUMNS[name][0]
         col = cols[name]
         chunks = [col] if isinstance(col, np.ndarray) else list(col)
         arrays[name] = [np.ascontiguousarray(c, dtype=dtype) for c in chunks]
-    for name in optional_columns_of(version):
-        col = cols.get(name)
-        if col is not None:
-            chunks = [col] if isinstance(col, np.ndarray) else list(col)
-            arrays[name] = [np.ascontiguousarray(c, dtype=COLUMNS[name][0]) for c in chunks]
     # a fixmap up to 15 columns, else a map 16 (a compacted part with event times has 16)
     head = bytes([0x80 | len(arrays)]) if len(arrays) <= 15 else b"\xde" + len(arrays).to_bytes(2, "big")
     pieces: list[bytes | memoryview] = [

@@ -246,7 +246,8 @@ class LedgerWriter:
         entry's publish time (``publish``) for its records: then it is left out."""
         if all(e is None for _, e in self._events):
             return None
-        implicit = np.repeat(publish, np.diff(np.asarray(self._e_rec_start, dtype=np.int64)))
+        starts = np.asarray(self._e_rec_start, dtype=np.int64)
+        implicit = np.repeat(publish, starts[1:] - starts[:-1])
         col = implicit.copy()
         at = 0
         for n, e in self._events:  # (in the records' order)

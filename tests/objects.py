@@ -30,9 +30,9 @@ from shale.ledger.format import (
     decode_header,
     decode_trailer,
     encode_footer,
-    optional_columns_of,
     encode_header,
     encode_trailer,
+    optional_columns_of,
 )
 
 __all__ = ["Parsed", "build", "downgrade", "parse", "to_version_2"]
