@@ -62,6 +62,9 @@ class CompactionConfig:
     * ``orphan_grace_ms`` — unreferenced leftovers (crashed runs, lost races) are deleted
       only after this long; it must exceed the longest pause a writer can take between
       uploading and publishing.
+    * ``event_times`` — the parts keep each record's event time in their footers (column
+      ``r_event``); otherwise (the default) pass two gathers none and the parts say
+      nothing of them (docs/format.md).  No setting gives it yet.
     """
 
     min_compaction_lag_ms: int = SETTINGS["min-compaction-lag"].default
@@ -83,6 +86,7 @@ class CompactionConfig:
     workers: int = SETTINGS["workers"].default
     compression: Compression = SETTINGS["compression"].default
     entry_bytes: int = 64 * 1024
+    event_times: bool = False
 
     def __post_init__(self) -> None:
         # the settings a command line gives are checked as their flags are

@@ -7,8 +7,8 @@ run compresses, each small one) is decompressed once, its survivors are checked,
 survivors of neighbouring entries are cut into new entries of about ``entry_bytes``
 (decompressed), each compressed on its own.  A new entry never spans an entry copied
 whole, so the output keeps the records' order; every record keeps its original id (a
-compacted part of format version 2 carries one per record) and its event time (its
-publish time where it has none: version 3 keeps it in the footer).
+compacted part of format version 2 carries one per record) and, when the run keeps
+them, its event time (version 3 keeps it in the footer).
 
 Everything here works on one batch of entries read together and returns their output
 as :class:`Frames`, for pass two to append to its parts.
@@ -51,7 +51,7 @@ class Frames(NamedTuple):
     entries: npt.NDArray[np.uint64]
     batches: npt.NDArray[np.uint32]
     rec: npt.NDArray[np.int64]  # the source record of each, in the ledger read
-    events: npt.NDArray[np.int64]  # each record's event time (its publish time where it has none)
+    events: npt.NDArray[np.int64] | None  # each record's event time, when the run keeps them
 
 
 def record_ids(f: LedgerFile, sel: npt.NDArray[Any], kept: npt.NDArray[np.int64], rec: npt.NDArray[np.int64],
@@ -70,11 +70,12 @@ def record_ids(f: LedgerFile, sel: npt.NDArray[Any], kept: npt.NDArray[np.int64]
 
 def pack(f: LedgerFile, sel: npt.NDArray[Any], kept: npt.NDArray[np.int64], base: int, buf: bytes | memoryview,
          keep: npt.NDArray[np.bool_], compression: Compression, entry_bytes: int,
-         scratch: Scratch) -> Iterator[Frames]:
+         scratch: Scratch, *, event_times: bool = False) -> Iterator[Frames]:
     """The output of entries ``sel`` (``kept[i]`` records of ``sel[i]`` survive, by
     ``keep``; frames checked, inside ``buf`` read from ``base``) when the run compresses:
     big entries kept whole as they are stored, everything else packed.  In pieces whose
-    decompressed bytes stay under :data:`~shale.ledger.reader.RAW_BATCH_BYTES`."""
+    decompressed bytes stay under :data:`~shale.ledger.reader.RAW_BATCH_BYTES`.
+    ``event_times``: give each record's event time with it."""
     foot = f.footer
     counts = foot.e_rec_start[sel + 1] - foot.e_rec_start[sel]
     raw = foot.raw_lengths()[sel]
@@ -83,13 +84,14 @@ def pack(f: LedgerFile, sel: npt.NDArray[Any], kept: npt.NDArray[np.int64], base
     i = 0
     while i < len(sel):
         j = max(i + 1, int(np.searchsorted(ends, (int(ends[i - 1]) if i else 0) + RAW_BATCH_BYTES, side="right")))
-        yield _pack_piece(f, sel[i:j], kept[i:j], whole[i:j], base, buf, keep, compression, entry_bytes, scratch)
+        yield _pack_piece(f, sel[i:j], kept[i:j], whole[i:j], base, buf, keep, compression, entry_bytes, scratch,
+                          event_times)
         i = j
 
 
 def _pack_piece(f: LedgerFile, sel: npt.NDArray[Any], kept: npt.NDArray[np.int64], whole: npt.NDArray[np.bool_],
                 base: int, buf: bytes | memoryview, keep: npt.NDArray[np.bool_], compression: Compression,
-                entry_bytes: int, scratch: Scratch) -> Frames:
+                entry_bytes: int, scratch: Scratch, event_times: bool) -> Frames:
     foot = f.footer
     offs = foot.col("e_offset")[sel].astype(np.int64) - base
     lens = foot.col("e_length")[sel].astype(np.int64)
@@ -124,7 +126,7 @@ def _pack_piece(f: LedgerFile, sel: npt.NDArray[Any], kept: npt.NDArray[np.int64
     publish = foot.col("e_publish")[sel]
     ledgers, entries, batches = record_ids(f, sel, kept, rec, plan.in_entry)
     # (scratch is free again: the packed records were copied out of it)
-    events = copied_event_times(f, buf, base, sel, kept, rec, scratch)
+    events = copied_event_times(f, buf, base, sel, kept, rec, scratch) if event_times else None
     return Frames(
         b"".join(ordered), frame_at, np.r_[kept[w], packed.counts][order].astype(np.int64),
         np.r_[publish[w], packed.publish][order], np.r_[codecs[w], packed.codecs][order].astype(np.uint8),

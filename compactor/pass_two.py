@@ -3,10 +3,12 @@
 Records are copied as raw bytes, never re-encoded: an entry whose records all survive is
 copied whole (frame and checksum unchanged; a compressed one only once it is proven to
 decompress to what its footer says); otherwise its surviving records' bytes are joined
-into a new frame.  Each record's event time goes with it into the new footer, from the
-footer it is copied from, or decoded from the record when that footer is older than
-format version 3 (:mod:`shale.ledger.events`).  Reads are large ranged reads of consecutive entries; output
-parts roll at ``max_part_bytes`` and stream to storage.
+into a new frame.  When the run keeps event times (``CompactionConfig.event_times``),
+each record's goes with it into the new footer, from the footer it is copied from, or
+decoded from the record when that footer does not say (:mod:`shale.ledger.events`);
+otherwise the parts say nothing of them, and none is gathered.  Reads are large ranged
+reads of consecutive entries; output parts roll at ``max_part_bytes`` and stream to
+storage.
 """
 
 from __future__ import annotations
@@ -330,7 +332,8 @@ def _copy_batch(f: LedgerFile, sel: npt.NDArray[Any], kept: npt.NDArray[np.int64
     survivors of a partly kept uncompressed entry into a frame of their own
     (:func:`_copy_entries`) and packs only those of compressed entries."""
     if config.compression.codec != Codec.NONE:
-        for frames in pack(f, sel, kept, base, buf, keep, config.compression, config.entry_bytes, sink.raw_buffer):
+        for frames in pack(f, sel, kept, base, buf, keep, config.compression, config.entry_bytes, sink.raw_buffer,
+                           event_times=config.event_times):
             _write_frames(sink, frames, since)
         return
     foot = f.footer
@@ -339,18 +342,18 @@ def _copy_batch(f: LedgerFile, sel: npt.NDArray[Any], kept: npt.NDArray[np.int64
     for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
         if repack[a]:
             for frames in pack(f, sel[a:b], kept[a:b], base, buf, keep, config.compression, config.entry_bytes,
-                               sink.raw_buffer):
+                               sink.raw_buffer, event_times=config.event_times):
                 _write_frames(sink, frames, since)
         else:
-            _copy_entries(f, sel[a:b], base, buf, keep, since, sink)
+            _copy_entries(f, sel[a:b], base, buf, keep, since, sink, config.event_times)
 
 
 def _copy_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes | memoryview, keep: npt.NDArray[np.bool_],
-                  since: npt.NDArray[np.int64] | None, sink: _PartSink) -> None:
+                  since: npt.NDArray[np.int64] | None, sink: _PartSink, event_times: bool) -> None:
     """Copy the kept records of entries ``sel`` (all checked, all in ``buf`` read from
     ``base``; the partly kept ones stored uncompressed) in one batch: whole frames where
     every record survives, otherwise new frames of the surviving records' bytes (see
-    :func:`_frames_blob`)."""
+    :func:`_frames_blob`); ``event_times``: with each record's event time."""
     foot = f.footer
     plan = copy_plan(keep, foot.e_rec_start, sel, foot.col("e_offset")[sel].astype(np.int64) - base,
                      foot.col("e_length")[sel].astype(np.int64), foot.col("r_offset"), foot.col("r_size"))
@@ -373,7 +376,7 @@ def _copy_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes | 
     cols = {"r_hash_hi": foot.col("r_hash_hi")[rec], "r_hash_lo": foot.col("r_hash_lo")[rec],
             "r_flags": foot.col("r_flags")[rec], "r_offset": plan.new_off, "r_size": foot.col("r_size")[rec]}
     raw = np.where(plan.whole, foot.raw_lengths()[sel], lengths - FRAME_HEADER.size)
-    events = copied_event_times(f, buf, base, sel, kept, rec, sink.raw_buffer)
+    events = copied_event_times(f, buf, base, sel, kept, rec, sink.raw_buffer) if event_times else None
     _write_frames(sink, Frames(blob, frame_at, kept, foot.col("e_publish")[sel], codecs, raw, cols, ledgers, entries,
                                r_batch, rec, events), since)
     sink.batch_done()
@@ -406,7 +409,8 @@ def _write_frames(sink: _PartSink, fr: Frames, since: npt.NDArray[np.int64] | No
         w.add_frames(fr.blob[int(fr.frame_at[i0]):int(fr.frame_at[i1])], lengths[i0:i1], kept[i0:i1],
                      fr.publish[i0:i1], {k: v[a:b] for k, v in fr.cols.items()}, codecs=fr.codecs[i0:i1],
                      raw_lengths=fr.raw_lengths[i0:i1], ledgers=ledgers[a:b], entry_ids=entries[a:b],
-                     batch=fr.batches[a:b], delete_since=r_since[a:b], events=fr.events[a:b])
+                     batch=fr.batches[a:b], delete_since=r_since[a:b],
+                     events=None if fr.events is None else fr.events[a:b])
         sink.note_ids(MessageId(int(ledgers[a]), int(entries[a]), int(fr.batches[a])),
                       MessageId(int(ledgers[b - 1]), int(entries[b - 1]), int(fr.batches[b - 1])))
         i0 = i1

@@ -9,7 +9,7 @@ frame or block and nothing after it, of the footer's size, its content checksum 
 has one), checks each record against its footer and hashes its key again against the
 footer's key hash (so entries that decode to other keys than were written, through a
 changed dictionary, say, are caught even in frames without a content checksum) and its
-event time against the footer's (format version 3: compaction orders by them), and
+event time against the footer's (format version 3, where the footer gives them), and
 reports every damaged object (it does not stop at the first), at a bounded read rate so
 that it can run beside producers and readers.
 

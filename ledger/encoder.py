@@ -17,6 +17,7 @@ from typing import Final, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from shale.ledger.format import NO_EVENT_TIME
 from shale.ledger.kernels import load_native
 from shale.ledger.record import Record, encode_record, key_hash
 from shale.ledger.writer import EncodedEntry
@@ -102,8 +103,8 @@ class EncodedColumns:
     hash_lo: npt.NDArray[np.uint64]
     flags: npt.NDArray[np.uint8]
     publish_time: int
-    #: each record's event time, or ``publish_time`` where it has none (``None``: no
-    #: record has one)
+    #: each record's event time, :data:`~shale.ledger.format.NO_EVENT_TIME` where it has
+    #: none (``None``: no record has one)
     events: I64 | None = None
     #: where each record ends (``offsets + sizes``)
     ends: I64 = field(init=False)
@@ -129,7 +130,7 @@ def encode_columns(cols: RecordColumns, publish_time: int, max_record_bytes: int
     n = len(cols)
     if _native is None:
         return _encode_python(cols, publish_time, max_record_bytes)
-    events = _events(cols, publish_time)
+    events = _events(cols)
     p = cols.properties
     got = _native.encode_records(
         n, _c(cols.key.offsets), cols.key.data, _c(cols.key.valid), _c(cols.value.offsets), cols.value.data,
@@ -145,16 +146,16 @@ def encode_columns(cols: RecordColumns, publish_time: int, max_record_bytes: int
                           publish_time, events)
 
 
-def _events(cols: RecordColumns, publish_time: int) -> I64 | None:
-    """Each record's event time, or ``publish_time`` where it has none; ``None`` when no
-    record has one (the footer then leaves the column out)."""
+def _events(cols: RecordColumns) -> I64 | None:
+    """Each record's event time, :data:`NO_EVENT_TIME` where it has none; ``None`` when
+    no record has one (the footer then leaves the column out)."""
     if cols.event_time is None:
         return None
     times = np.asarray(cols.event_time, dtype=np.int64)
     if cols.event_valid is None:
         return times
     valid = np.asarray(cols.event_valid, dtype=bool)
-    return np.where(valid, times, np.int64(publish_time)) if valid.any() else None
+    return np.where(valid, times, np.int64(NO_EVENT_TIME)) if valid.any() else None
 
 
 def _c(a: npt.NDArray[np.generic] | None) -> npt.NDArray[np.generic] | None:
@@ -184,7 +185,7 @@ def _encode_python(cols: RecordColumns, publish_time: int, max_record_bytes: int
     sizes = np.fromiter((len(b) for b in parts), np.uint32, n)
     offsets = np.zeros(n, np.int64)
     np.cumsum(sizes[:-1], out=offsets[1:])
-    return EncodedColumns(b"".join(parts), offsets, sizes, hi, lo, flags, publish_time, _events(cols, publish_time))
+    return EncodedColumns(b"".join(parts), offsets, sizes, hi, lo, flags, publish_time, _events(cols))
 
 
 def entry_end(enc: EncodedColumns, start: int, max_records: int, max_entry_bytes: int) -> int:

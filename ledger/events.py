@@ -1,11 +1,12 @@
 """Records' event times: from a footer where it gives them (format version 3), else
 decoded from the records themselves.
 
-A record's event time is the one its producer gave it, or its publish time where it has
-none.  Compaction copies each record's into the footer of the part it writes, so it
-takes them from the footer of the object it reads when that footer has them, and decodes
-the records it copies otherwise (objects written before version 3); a scrub decodes every
-record and compares.
+A record's event time is the one its producer gave it, or :data:`NO_EVENT_TIME` where it
+has none.  A compaction run that keeps event times copies each record's into the footer
+of the part it writes, so it takes them from the footer of the object it reads when that
+footer has them, and decodes the records it copies otherwise (objects written before
+version 3, parts written by runs that did not keep them); a scrub decodes every record
+and compares where the footer says.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shale.ledger.errors import CorruptLedgerError
-from shale.ledger.format import FRAME_HEADER
+from shale.ledger.format import FRAME_HEADER, NO_EVENT_TIME
 from shale.ledger.kernels import Scratch, record_columns
 
 if TYPE_CHECKING:
@@ -32,9 +33,9 @@ I64 = npt.NDArray[np.int64]
 
 def decoded_event_times(f: LedgerFile, raw: bytes | bytearray | memoryview, frames: I64, counts: I64,
                         records: I64) -> I64:
-    """The event time (or publish time) of each of ``records`` of ``f``, decoded: checked
-    records, ``counts[i]`` of them in the entry whose frame starts at ``frames[i]`` of
-    ``raw`` (laid out as :meth:`~shale.ledger.reader.LedgerFile.raw_frames` gives it)."""
+    """The event time (:data:`NO_EVENT_TIME` where none) of each of ``records`` of
+    ``f``, decoded: checked records, ``counts[i]`` of them in the entry whose frame starts
+    at ``frames[i]`` of ``raw`` (laid out as :meth:`~shale.ledger.reader.LedgerFile.raw_frames` gives it)."""
     foot = f.footer
     at = np.repeat(frames + FRAME_HEADER.size, counts) + foot.col("r_offset")[records].astype(np.int64)
     sizes = foot.col("r_size")[records].astype(np.int64)
@@ -45,14 +46,14 @@ def decoded_event_times(f: LedgerFile, raw: bytes | bytearray | memoryview, fram
         if cols is None:
             mid = f.record_id(int(records[a + bad]))
             raise CorruptLedgerError(f"{f.url}: record {mid} cannot be decoded", path=f.url)
-        out[a:b] = np.where(cols.has_event, cols.event, cols.publish)
+        out[a:b] = np.where(cols.has_event, cols.event, np.int64(NO_EVENT_TIME))
     return out
 
 
 def copied_event_times(f: LedgerFile, buf: bytes | memoryview, base: int, sel: I64, kept: I64, rec: I64,
                        scratch: Scratch | None = None) -> I64:
-    """The event time (or publish time) of each of the records ``rec`` of ``f`` that
-    compaction copies (``kept[i]`` of them from entry ``sel[i]``, their frames checked,
+    """The event time (:data:`NO_EVENT_TIME` where none) of each of the records ``rec``
+    of ``f`` that compaction copies (``kept[i]`` of them from entry ``sel[i]``, their frames checked,
     inside ``buf`` read from ``base``; the records checked): from the footer when it
     gives them, else decoded, decompressing what is compressed (into ``scratch``)."""
     known = f.event_times()
@@ -84,5 +85,9 @@ def check_event_times(f: LedgerFile, raw: bytes | bytearray | memoryview, frames
         index = int(records[wrong[0]])
         e = int(f.footer.entry_of(index))
         raise CorruptLedgerError(
-            f"{f.url}: record {f.record_id(index)}: its event time {int(decoded[wrong[0]])} is not the "
-            f"{int(known[index])} its footer gives", path=f.url, position=int(f.footer.col("e_offset")[e]))
+            f"{f.url}: record {f.record_id(index)}: its event time {_shown(int(decoded[wrong[0]]))} is not the "
+            f"{_shown(int(known[index]))} its footer gives", path=f.url, position=int(f.footer.col("e_offset")[e]))
+
+
+def _shown(ms: int) -> str:
+    return "none" if ms == NO_EVENT_TIME else str(ms)

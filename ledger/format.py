@@ -13,10 +13,12 @@ All integers are little-endian.  The footer's columns are raw little-endian arra
 compaction's pass one reads key hashes and positions as NumPy arrays without touching
 payloads, and a reader seeks to any entry with one ranged read.
 
-Version 3 (this build writes it) adds, to version 2, each record's event time (its
-publish time when it has none) in the optional column ``r_event``, written only when some
-record's differs from its entry's publish time, so that compaction may order records by
-event time from the footer alone.  Version 2 records each entry's codec and decompressed
+Version 3 (this build writes it) adds, to version 2, each record's event time in the
+optional column ``r_event`` (:data:`NO_EVENT_TIME` for a record without one), so that
+compaction may order records by event time from the footer alone.  An original ledger
+leaves the column out when none of its records has an event time (producers that set
+none pay nothing); a compacted part holds it exactly when the run that wrote it kept
+event times, and says nothing of them otherwise.  Version 2 records each entry's codec and decompressed
 size, and gives each record of a compacted part its own original id, so that a compaction
 may pack the survivors of many entries into one compressed entry.  Versions 1 (no
 compression; a compacted part's ids per entry) and 2 are still read.
@@ -46,6 +48,7 @@ __all__ = [
     "HEADER_SIZE",
     "KIND_COMPACTED",
     "KIND_ORIGINAL",
+    "NO_EVENT_TIME",
     "READ_VERSIONS",
     "TRAILER_SIZE",
     "Footer",
@@ -119,6 +122,9 @@ _LAYOUTS[(3, 1)] = _LAYOUTS[(2, 1)]
 _OPTIONAL: Final[dict[int, tuple[str, ...]]] = {1: (), 2: (), 3: ("r_event",)}
 #: The first version whose footers give each record's event time.
 EVENT_TIME_VERSION: Final = 3
+#: ``r_event`` of a record its producer gave no event time (producers accept only
+#: years 0001 to 9999, so no event time they take is this).
+NO_EVENT_TIME: Final = -(1 << 63)
 
 
 def columns_of(version: int, kind: int) -> tuple[str, ...]:
@@ -330,16 +336,19 @@ class Footer:
         return np.zeros(self.n_records, dtype=np.int64)
 
     def event_times(self) -> npt.NDArray[np.int64] | None:
-        """Each record's event time in ms, or its publish time where it has none (version
-        3: the column ``r_event``, or, where the footer leaves it out, each entry's publish
-        time for all its records); ``None`` for versions 1 and 2, whose footers do not
-        say (the records must be decoded)."""
+        """Each record's event time in ms as its producer gave it, :data:`NO_EVENT_TIME`
+        for a record without one (version 3: the column ``r_event``; an original ledger
+        without it has no record with an event time); ``None`` when the footer does not
+        say: versions 1 and 2, and a compacted part without the column (written by a run
+        that did not keep event times).  The records then say (they must be decoded)."""
         if self.version < EVENT_TIME_VERSION:
             return None
         got = self.cols.get("r_event")
         if got is not None:
             return got
-        return np.repeat(self.cols["e_publish"], np.diff(self.e_rec_start))
+        if self.kind == KIND_COMPACTED:
+            return None
+        return np.full(self.n_records, NO_EVENT_TIME, dtype=np.int64)
 
 
 def encode_footer(

@@ -137,9 +137,9 @@ class LedgerFile:
         return self._batches
 
     def event_times(self) -> npt.NDArray[np.int64] | None:
-        """Each record's event time, or publish time where it has none, by the footer
+        """Each record's event time, ``NO_EVENT_TIME`` where it has none, by the footer
         (:meth:`~shale.ledger.format.Footer.event_times`); ``None`` when the footer does
-        not say (format versions 1 and 2)."""
+        not say (format versions 1 and 2, compacted parts written without them)."""
         if self._events is None:
             self._events = self.footer.event_times()
         return self._events
@@ -352,8 +352,7 @@ class LedgerFile:
         hash, so that records that decompress to other keys than were written (a
         dictionary changed under frames without a content checksum, a footer lying about
         its hashes) are caught.  ``event_times``: also decode every record's event time
-        (its publish time where it has none) and compare it with its footer's, where the
-        footer gives them."""
+        and compare it with its footer's, where the footer gives them."""
         for piece, raw, frames in self.decompressed(buf, base, sel, scratch):
             counts, records = self._all_records(piece)
             self.check_kept(raw, base, piece, counts, records, frames=frames)

@@ -20,6 +20,7 @@ from shale.ledger.format import (
     HEADER_SIZE,
     KIND_COMPACTED,
     KIND_ORIGINAL,
+    NO_EVENT_TIME,
     TRAILER_SIZE,
     Trailer,
     checksum,
@@ -51,8 +52,8 @@ class EncodedEntry:
     r_hash_lo: npt.NDArray[np.uint64]
     r_flags: npt.NDArray[np.uint8]
     publish_time: int
-    #: each record's event time, or its publish time where it has none; ``None``: every
-    #: record's is ``publish_time``
+    #: each record's event time, :data:`NO_EVENT_TIME` where it has none; ``None``: no
+    #: record has one
     r_event: npt.NDArray[np.int64] | None = None
 
     @property
@@ -91,12 +92,13 @@ def encode_entry(records: Sequence[Record], *, max_record_bytes: int = DEFAULT_M
         if not rec.value:
             f |= FLAG_TOMBSTONE
         flags[i] = f
-        events[i] = rec.publish_time if rec.event_time is None else rec.event_time
+        events[i] = NO_EVENT_TIME if rec.event_time is None else rec.event_time
         publish = max(publish, rec.publish_time)
     if pos >= 1 << 32:
         raise RecordTooLargeError(f"entry of {pos} bytes exceeds 4 GiB")
+    # (records without event times, each stamped with its own publish time, cost nothing)
     return EncodedEntry(b"".join(parts), offsets, sizes, hi, lo, flags, publish,
-                        None if np.all(events == publish) else events)
+                        None if np.all(events == NO_EVENT_TIME) else events)
 
 
 #: Footer column chunks at least this big on average are written without joining them.
@@ -113,8 +115,10 @@ class LedgerWriter:
     ``delete_since`` times with every entry they add.  Entries added with
     :meth:`add_entry` are compressed with ``compression`` (each kept as it is where that
     would not make it smaller); :meth:`add_frames` takes frames already stored.  Each
-    record's event time (its publish time where it has none) goes into the footer's
-    column ``r_event``, left out when every record's equals its entry's publish time.
+    record's event time (:data:`NO_EVENT_TIME` where it has none) goes into the footer's
+    column ``r_event``: an original ledger leaves it out when no record has one; a
+    compacted part holds it exactly when its event times are given with every batch of
+    records it adds (a part given none says nothing of them).
     """
 
     def __init__(self, sink: Sink, *, kind: int, ledger_id: int, created_ms: int,
@@ -136,8 +140,8 @@ class LedgerWriter:
         self._e_scalars: dict[str, list[int]] = {name: [] for name in self._columns if COLUMNS[name][1] == "e"}
         self._r_chunks: dict[str, list[npt.NDArray[Any]]] = {
             name: [] for name in self._columns if COLUMNS[name][1] == "r"}
-        #: each record's event time, per entry or batch of frames (``None``: each record's
-        #: is its entry's publish time)
+        #: each record's event time, per entry or batch of frames (``None``: none has one,
+        #: or, in a compacted part, not given)
         self._events: list[tuple[int, npt.NDArray[np.int64] | None]] = []
         self._footer_per_entry = sum(np.dtype(COLUMNS[n][0]).itemsize for n in self._e_scalars) + 8
         # (r_event counted: an upper bound)
@@ -241,20 +245,15 @@ class LedgerWriter:
             raise InvalidInputError(f"{len(events)} event times for {n} records")
         self._events.append((n, events))
 
-    def _event_column(self, publish: npt.NDArray[np.int64]) -> npt.NDArray[np.int64] | None:
-        """The footer's ``r_event`` column, or ``None`` when it would only repeat each
-        entry's publish time (``publish``) for its records: then it is left out."""
+    def _event_column(self) -> npt.NDArray[np.int64] | None:
+        """The footer's ``r_event`` column, or ``None`` when it is left out: in an original
+        ledger when no record has an event time, in a compacted part when none were given."""
         if all(e is None for _, e in self._events):
             return None
-        starts = np.asarray(self._e_rec_start, dtype=np.int64)
-        implicit = np.repeat(publish, starts[1:] - starts[:-1])
-        col = implicit.copy()
-        at = 0
-        for n, e in self._events:  # (in the records' order)
-            if e is not None:
-                col[at:at + n] = e
-            at += n
-        return None if np.array_equal(col, implicit) else col
+        if self.kind == KIND_COMPACTED and any(e is None for _, e in self._events):
+            raise InvalidInputError("a compacted part needs the event times of all its records or of none")
+        col = np.concatenate([np.full(n, NO_EVENT_TIME, dtype=np.int64) if e is None else e for n, e in self._events])
+        return None if self.kind == KIND_ORIGINAL and np.all(col == NO_EVENT_TIME) else col
 
     def add_frames(self, blob: bytes | bytearray | memoryview, lengths: npt.NDArray[np.int64],
                    counts: npt.NDArray[np.int64], publish: npt.NDArray[Any], records: dict[str, npt.NDArray[Any]], *,
@@ -268,8 +267,9 @@ class LedgerWriter:
         ``raw_lengths`` how each payload is stored and its size decompressed (default:
         stored as it is); ``records`` holds the footer columns of all their records, in
         order, and a compacted part the original id of each (``ledgers``, ``entry_ids``,
-        ``batch``) and ``delete_since``; ``events`` each record's event time, or its
-        publish time where it has none (``None``: each record's is its frame's ``publish``)."""
+        ``batch``) and ``delete_since``; ``events`` each record's event time,
+        :data:`NO_EVENT_TIME` where it has none (``None``: none has one, or, in a compacted
+        part, they are not kept)."""
         if self._finished:
             raise InvalidInputError("ledger already finished")
         n_entries, n = len(lengths), int(counts.sum())
@@ -312,7 +312,7 @@ class LedgerWriter:
             # would be a write of its own.
             big = sum(c.nbytes for c in chunks) >= _BIG_CHUNK_BYTES * len(chunks)  # (no chunks: an empty column)
             cols[name] = chunks if big else np.concatenate(chunks) if chunks else np.empty(0, COLUMNS[name][0])
-        events = self._event_column(np.asarray(self._e_scalars["e_publish"], dtype=np.int64))
+        events = self._event_column()
         if events is not None:
             cols["r_event"] = events
         footer_offset = self._pos

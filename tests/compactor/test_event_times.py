@@ -1,10 +1,12 @@
-"""Compacted parts keep each record's event time (its publish time where it has none)
-in their footers, taken from the footers of what they copy or, for objects written
-before format version 3, decoded; ``verify --scrub`` refuses a footer whose event times
-are not the records'."""
+"""A run that keeps event times (``CompactionConfig.event_times``) gives its parts each
+record's event time in their footers, taken from the footers of what they copy or, where
+those do not say (format version 2, parts written without them), decoded; by default
+parts carry none and say so.  ``verify --scrub`` refuses a footer whose event times are
+not the records'."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import pytest
 
 from shale.compactor import CompactionConfig, Compactor
 from shale.ledger.codecs import parse_compression
-from shale.ledger.format import KIND_COMPACTED
+from shale.ledger.format import KIND_COMPACTED, NO_EVENT_TIME
 from shale.ledger.reader import LedgerFile
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
@@ -45,15 +47,15 @@ def objects_of(uri: str) -> list[LedgerFile]:
 
 
 def check_event_times(uri: str) -> int:
-    """Every object's footer of version 3 gives each record's event time (or publish
-    time); returns how many compacted parts there are."""
+    """Every object's footer of version 3 gives each record's event time
+    (``NO_EVENT_TIME`` where none); returns how many compacted parts there are."""
     parts = 0
     for f in objects_of(uri):
         got = f.event_times()
         if f.footer.version < 3:
             assert got is None
             continue
-        want = [m.publish_time if m.event_time is None else m.event_time for m in f.messages()]
+        want = [NO_EVENT_TIME if m.event_time is None else m.event_time for m in f.messages()]
         assert got is not None and got.tolist() == want, f.url
         parts += f.footer.kind == KIND_COMPACTED
     return parts
@@ -71,7 +73,7 @@ def test_compacted_parts_keep_each_records_event_time(tmp_path: Path, codec: str
     records are decoded), first and incremental runs."""
     uri = str(tmp_path / "t")
     cfg = CompactionConfig(delete_retention_ms=0, compression=parse_compression(codec), max_part_bytes=1 << 16,
-                           reuse_min_bytes=1 << 40)
+                           reuse_min_bytes=1 << 40, event_times=True)
     produce(uri, 1, 900, compression=codec)
     meta = TopicMetadata.open(uri)
     old = [lg.object for lg in meta.load_topic().ledgers[:2]]
@@ -87,11 +89,33 @@ def test_compacted_parts_keep_each_records_event_time(tmp_path: Path, codec: str
     assert check_event_times(uri) >= 1
 
 
-def test_parts_of_records_without_event_times_may_leave_the_column_out(tmp_path: Path) -> None:
+def test_parts_of_records_without_event_times_keep_that_they_have_none(tmp_path: Path) -> None:
     uri = str(tmp_path / "t")
     produce(uri, 3, 600, compression="none", events=False)
-    assert Compactor(uri, CompactionConfig(delete_retention_ms=0, compression=parse_compression("none"))).run()
-    check_event_times(uri)
+    cfg = CompactionConfig(delete_retention_ms=0, compression=parse_compression("none"), event_times=True)
+    assert Compactor(uri, cfg).run()
+    assert check_event_times(uri) >= 1
+    assert all("r_event" not in f.footer.cols for f in objects_of(uri) if f.footer.kind != KIND_COMPACTED)
+
+
+@pytest.mark.parametrize("codec", ["none", "zstd"])
+def test_by_default_parts_carry_no_event_times_and_say_so(tmp_path: Path, codec: str) -> None:
+    """Packed entries mix records of several entries, so a part without the column must
+    not read as "no record has an event time": it reads as unknown, and a scrub of it
+    passes; a later run that keeps event times decodes its records."""
+    uri = str(tmp_path / "t")
+    produce(uri, 6, 500, compression=codec)
+    cfg = CompactionConfig(delete_retention_ms=0, compression=parse_compression(codec), max_part_bytes=1 << 16,
+                           reuse_min_bytes=1 << 40)
+    assert Compactor(uri, cfg).run().status == "compacted"
+    parts = [f for f in objects_of(uri) if f.footer.kind == KIND_COMPACTED]
+    assert parts and all(f.footer.version == 3 and "r_event" not in f.footer.cols for f in parts)
+    assert all(f.event_times() is None for f in parts)
+    assert any(m.event_time is not None for f in parts for m in f.messages())
+    assert run_cli_here("verify", uri, "--scrub").returncode == 0
+    produce(uri, 7, 200, compression=codec)
+    assert Compactor(uri, dataclasses.replace(cfg, event_times=True)).run().status == "compacted"
+    assert check_event_times(uri) >= 1
 
 
 def lie_about_an_event_time(data: bytes) -> bytes:
@@ -110,7 +134,7 @@ def lie_about_an_event_time(data: bytes) -> bytes:
 def test_scrub_refuses_a_footer_whose_event_time_lies(tmp_path: Path, which: str) -> None:
     uri = str(tmp_path / "t")
     produce(uri, 4, 400)
-    Compactor(uri, CompactionConfig(delete_retention_ms=0)).run()
+    Compactor(uri, CompactionConfig(delete_retention_ms=0, event_times=True)).run()
     meta = TopicMetadata.open(uri)
     assert run_cli_here("verify", uri, "--scrub").returncode == 0
     name = meta.load_topic().ledgers[0].object if which == "ledger" else meta.load_compaction().parts[0].object

@@ -1,6 +1,7 @@
-"""Each record's event time in the footer (format version 3): the column ``r_event``,
-left out when it would only repeat the entries' publish times, written by every writer,
-read back by :meth:`Footer.event_times` and refused when it has the wrong length."""
+"""Each record's event time in the footer (format version 3): the column ``r_event``
+(``NO_EVENT_TIME`` for a record without one), left out when no record has one (whatever
+the records' publish times), written by every writer, read back by
+:meth:`Footer.event_times` and refused when it has the wrong length."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from shale.columns import Fields
 from shale.ingest import produce_columnar
 from shale.ledger.errors import CorruptLedgerError
-from shale.ledger.format import KIND_ORIGINAL
+from shale.ledger.format import KIND_ORIGINAL, NO_EVENT_TIME
 from shale.ledger.reader import LedgerFile
 from shale.ledger.record import Record
 from shale.ledger.writer import LedgerWriter, encode_entry
@@ -41,8 +42,8 @@ def _open(data: bytes) -> LedgerFile:
 
 
 def _decoded(f: LedgerFile) -> list[int]:
-    """Each record's event time, or its publish time where it has none, decoded."""
-    return [m.publish_time if m.event_time is None else m.event_time for m in f.messages()]
+    """Each record's event time, ``NO_EVENT_TIME`` where it has none, decoded."""
+    return [NO_EVENT_TIME if m.event_time is None else m.event_time for m in f.messages()]
 
 
 def _entries(events: list[int | None], publish: list[int] | None = None) -> list[list[Record]]:
@@ -67,15 +68,17 @@ def test_round_trip_with_none_some_or_all_event_times(which: str) -> None:
     assert got is not None and got.dtype == np.int64
     assert got.tolist() == _decoded(f)
     if which == "none":
-        assert got.tolist() == np.repeat(f.footer.col("e_publish"), np.diff(f.footer.e_rec_start)).tolist()
+        assert got.tolist() == [NO_EVENT_TIME] * n
 
 
-def test_records_of_one_entry_published_at_different_times_keep_their_own() -> None:
-    """An entry's publish time is its greatest; a record without an event time counts
-    as its own publish time, so the column is written."""
+def test_records_without_event_times_published_at_different_times_cost_nothing() -> None:
+    """Records of one entry published at different times (as ``append`` stamps them),
+    none with an event time: no column, and the footer says so exactly."""
     f = _open(_write(_entries([None] * 8, publish=[100, 101, 102, 103, 104, 104, 104, 104])))
-    assert "r_event" in f.footer.cols
-    assert f.event_times().tolist() == [100, 101, 102, 103, 104, 104, 104, 104]  # type: ignore[union-attr]
+    assert "r_event" not in f.footer.cols
+    assert f.event_times().tolist() == [NO_EVENT_TIME] * 8  # type: ignore[union-attr]
+    mixed = _open(_write(_entries([None, 7, None, None], publish=[100, 101, 102, 103])))
+    assert mixed.event_times().tolist() == [NO_EVENT_TIME, 7, NO_EVENT_TIME, NO_EVENT_TIME]  # type: ignore[union-attr]
 
 
 def test_versions_1_and_2_do_not_say() -> None:
@@ -84,7 +87,7 @@ def test_versions_1_and_2_do_not_say() -> None:
     v1 = _open(objects.downgrade(data))
     assert (v2.footer.version, v1.footer.version) == (2, 1)
     assert v2.event_times() is None and v1.event_times() is None and v2.footer.event_times() is None
-    assert _decoded(v2) == _decoded(v1) == [7, 1000, 9, 11, 1001, 3]
+    assert _decoded(v2) == _decoded(v1) == [7, NO_EVENT_TIME, 9, 11, NO_EVENT_TIME, 3]
 
 
 @pytest.mark.parametrize("delta", [-1, 1])
@@ -118,8 +121,9 @@ def test_producer_append_writes_each_records_event_time(tmp_path: Path) -> None:
             w.append(f"k{i % 9}", f"v{i}", event_time=None if i % 4 else 1_600_000_000_000 - i)
     _check_topic(uri, columns=True)
     plain = str(tmp_path / "plain")
-    with TopicWriter(plain, batch_size=6, max_ledger_records=20) as w:  # one publish time, no event times
+    with TopicWriter(plain, batch_size=6, max_ledger_records=20, clock=lambda: clock[0]) as w:
         for i in range(30):
+            clock[0] += 0.001  # each record its own publish time, none an event time: no column
             w.append(f"k{i % 9}", f"v{i}")
     _check_topic(plain, columns=False)
 

@@ -183,14 +183,14 @@ def test_spark_and_local_engines_publish_the_same_content(engine: SparkEngine, r
 
 
 def test_spark_parts_keep_each_records_event_time_as_local_ones_do(engine: SparkEngine, tmp_path: Path) -> None:
-    """The footers of the parts Spark tasks write give each record's event time (its
-    publish time where it has none), as the local engine's do, from version 3 ledgers and
-    from a version 2 one (whose records are decoded)."""
+    """When the run keeps event times, the footers of the parts Spark tasks write give
+    each record's, as the local engine's do, from version 3 ledgers and from a version 2
+    one (whose records are decoded)."""
     from tests import objects, tamper
     from tests.compactor.test_event_times import check_event_times
     from tests.compactor.test_event_times import produce as produce_with_events
 
-    cfg = CompactionConfig(delete_retention_ms=0, max_part_bytes=1 << 16)
+    cfg = CompactionConfig(delete_retention_ms=0, max_part_bytes=1 << 16, event_times=True)
     local_uri, spark_uri = str(tmp_path / "local"), str(tmp_path / "spark")
     for uri in (local_uri, spark_uri):
         produce_with_events(uri, 5, 700)
