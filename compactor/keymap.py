@@ -26,9 +26,11 @@ import numpy.typing as npt
 from shale.compactor.rules import latest_of_each_key
 from shale.ledger.kernels import KeyTable, new_key_table
 
-__all__ = ["KEY_BYTES", "KeyMap", "KeyMapBuilder"]
+__all__ = ["EVENT_KEY_BYTES", "KEY_BYTES", "KeyMap", "KeyMapBuilder"]
 
 KEY_BYTES: Final = 24
+#: A map that also keeps each key's winning event time (event-time order).
+EVENT_KEY_BYTES: Final = 32
 # Waiting records are merged once they outnumber the map this many times (or reach
 # _MIN_MERGE): each merge costs a sort of map + waiting, so waiting longer means fewer
 # passes over the map, at up to this many times its memory in waiting records.
@@ -43,7 +45,8 @@ I64 = npt.NDArray[np.int64]
 
 @dataclass(frozen=True, slots=True, eq=False)
 class KeyMap:
-    """Distinct keys with the run position of their latest record, sorted by hash.
+    """Distinct keys with the run position of their latest record, sorted by hash, and
+    under event-time order that record's event time (``event``, ``None`` otherwise).
 
     Lookups (:meth:`contains`) go through a hash table of the C kernels, or without them
     through a one-byte-per-key filter in front of a binary search; either is built on
@@ -53,6 +56,7 @@ class KeyMap:
     lo: U64
     pos: I64
     shared_high: bool  # two keys share the high 64 bits (lookups then take a slower path)
+    event: I64 | None = None
     _lookup: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
@@ -60,17 +64,50 @@ class KeyMap:
 
     @property
     def nbytes(self) -> int:
-        return int(self.hi.nbytes + self.lo.nbytes + self.pos.nbytes)
+        extra = self.event.nbytes if self.event is not None else 0
+        return int(self.hi.nbytes + self.lo.nbytes + self.pos.nbytes + extra)
 
     @classmethod
-    def sorted(cls, hi: U64, lo: U64, pos: I64) -> KeyMap:
+    def sorted(cls, hi: U64, lo: U64, pos: I64, event: I64 | None = None) -> KeyMap:
         """A map of distinct keys sorted by hash."""
-        return cls.of(hi, lo, pos, bool(len(hi) > 1 and np.any(hi[1:] == hi[:-1])))
+        return cls.of(hi, lo, pos, bool(len(hi) > 1 and np.any(hi[1:] == hi[:-1])), event)
 
     @classmethod
-    def of(cls, hi: U64, lo: U64, pos: I64, shared_high: bool) -> KeyMap:
+    def of(cls, hi: U64, lo: U64, pos: I64, shared_high: bool, event: I64 | None = None) -> KeyMap:
         """A map of hash-sorted arrays."""
-        return cls(hi, lo, pos, shared_high)
+        return cls(hi, lo, pos, shared_high, event)
+
+    def events_of(self, hi: U64, lo: U64) -> tuple[npt.NDArray[np.bool_], I64]:
+        """For each query hash, whether the map holds it and the event time of its
+        winning record there (0 where it does not).  Only for a map with event times."""
+        if self.event is None:
+            raise ValueError("this key map keeps no event times")
+        at = self._index(hi, lo)
+        found = at >= 0
+        events = np.zeros(len(hi), dtype=np.int64)
+        events[found] = self.event[at[found]]
+        return found, events
+
+    def _index(self, hi: U64, lo: U64) -> I64:
+        """Where each query hash is in the map, -1 where it is not."""
+        n = len(self.hi)
+        out = np.full(len(hi), -1, dtype=np.int64)
+        if not n or not len(hi):
+            return out
+        idx = np.searchsorted(self.hi, hi)
+        safe = np.minimum(idx, n - 1)
+        same_hi = (idx < n) & (self.hi[safe] == hi)
+        exact = same_hi & (self.lo[safe] == lo)
+        out[exact] = safe[exact]
+        if self.shared_high:
+            # several keys may share this high half: their low halves are sorted after it
+            for q in np.flatnonzero(same_hi & ~exact).tolist():
+                stop = int(np.searchsorted(self.hi, hi[q], side="right"))
+                start = int(idx[q])
+                j = start + int(np.searchsorted(self.lo[start:stop], lo[q]))
+                if j < stop and self.lo[j] == lo[q]:
+                    out[q] = j
+        return out
 
     @property
     def filter_words(self) -> npt.NDArray[np.uint64]:

@@ -6,9 +6,13 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from shale.ledger.kernels import latest_positions
+from shale.ledger.kernels import latest_positions, new_key_table
 
-__all__ = ["latest_by_sorting", "latest_of_each_key", "tombstone_fate"]
+__all__ = ["latest_by_event_time", "latest_by_sorting", "latest_of_each_key", "tombstone_fate"]
+
+#: When more than this share of the last-written records of keys arrived late, sorting
+#: everything by event time beats repairing those keys one by one.
+_REPAIR_SHARE = 0.25
 
 
 def latest_of_each_key(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> npt.NDArray[np.intp]:
@@ -83,6 +87,52 @@ def _latest_exact(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> npt
     last = np.ones(len(order), dtype=bool)
     last[:-1] = (shi[1:] != shi[:-1]) | (slo[1:] != slo[:-1])
     return order[last]
+
+
+def latest_by_event_time(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64],
+                         event: npt.NDArray[np.int64]) -> npt.NDArray[np.intp]:
+    """Indexes of the record with the greatest ``event`` of every distinct hash
+    ``(hi, lo)``, the later index breaking ties, in the hash order of
+    :func:`latest_of_each_key`.  ``event`` is each record's event time in ms, records
+    without one already given what they count as.
+
+    Event times arrive nearly in index order, so the last record of a key usually wins
+    anyway: whenever it is not late (no earlier record has a greater event time), no
+    earlier record can beat it.  Only the keys whose last record is late have all their
+    records looked up and decided exactly; when many are, everything is sorted by event
+    time instead.
+    """
+    last = latest_of_each_key(hi, lo)
+    if len(last) == 0:
+        return last
+    before = np.maximum.accumulate(event)  # greatest event time up to each index
+    late = np.zeros(len(last), dtype=bool)
+    inner = last > 0
+    late[inner] = event[last[inner]] < before[last[inner] - 1]
+    del before
+    n_late = int(np.count_nonzero(late))
+    if not n_late:
+        return last
+    if n_late > _REPAIR_SHARE * len(last):
+        return _latest_by_event_sort(hi, lo, event)
+    doubtful = last[late]
+    table = new_key_table(len(doubtful))
+    if table is None or table.add(hi[doubtful], lo[doubtful]) != len(doubtful):
+        return _latest_by_event_sort(hi, lo, event)  # no C kernels, or crafted keys crowd the table
+    members = np.flatnonzero(np.frombuffer(table.contains(hi, lo), dtype=np.bool_))
+    del table
+    out = last.copy()
+    # the same keys, in the same hash order
+    out[late] = members[_latest_by_event_sort(hi[members], lo[members], event[members])]
+    return out
+
+
+def _latest_by_event_sort(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64],
+                          event: npt.NDArray[np.int64]) -> npt.NDArray[np.intp]:
+    """:func:`latest_by_event_time` by a stable sort on event time: the last occurrence
+    in that order is the greatest ``(event, index)``."""
+    order = np.argsort(event, kind="stable")
+    return order[latest_of_each_key(hi[order], lo[order])]
 
 
 def tombstone_fate(since: npt.NDArray[np.int64], now_ms: int,

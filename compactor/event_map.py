@@ -1,0 +1,132 @@
+"""The key map of pass one under event-time order: 32 bytes per key.
+
+Besides each key's hash and the run position of its winning record (the 24 bytes of
+:mod:`shale.compactor.keymap`), the map keeps that record's event time, so that a
+record read later — in a later ledger, or on a later run — can be weighed against it:
+the record with the greatest event time wins, a later position breaking ties.
+
+Records arrive in position order, but their event times need not: a later ledger may
+hold an older event.  The C key table keeps the last record it was given, so this
+builder merges sorted runs in NumPy alone, like :class:`~shale.compactor.keymap.KeyMapBuilder`
+without its table: chunks wait until they outnumber the map a few times over, are
+reduced to one record per key, and merged into the map.  Waiting records count against
+the capacity like the map's keys.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from shale.compactor.keymap import EVENT_KEY_BYTES, KeyMap
+from shale.compactor.rules import latest_by_event_time, latest_of_each_key
+
+__all__ = ["EventKeyMapBuilder", "event_map_capacity"]
+
+U64 = npt.NDArray[np.uint64]
+I64 = npt.NDArray[np.int64]
+Columns = tuple[U64, U64, I64, I64]
+
+# As in keymap: merge once the waiting records outnumber the map this many times (or
+# reach _MIN_MERGE), trading passes over the map against memory in waiting records.
+_MERGE_FACTOR: Final = 3
+_MIN_MERGE: Final = 1 << 22
+
+
+def event_map_capacity(max_map_bytes: int) -> int:
+    """How many keys an event-time map of at most ``max_map_bytes`` bytes holds."""
+    return max(1, max_map_bytes // EVENT_KEY_BYTES)
+
+
+def _empty() -> Columns:
+    return (np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.uint64),
+            np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
+
+
+class EventKeyMapBuilder:
+    """Collects, for each key, the position and event time of its record with the
+    greatest ``(event time, position)``, chunk by chunk in position order."""
+
+    def __init__(self, capacity: int) -> None:
+        """``capacity``: keys at most (see :func:`event_map_capacity`)."""
+        self.capacity = max(1, capacity)
+        self._map: Columns = _empty()
+        self._waiting: list[Columns] = []
+        self._pending = 0  # records waiting since the last merge
+
+    @property
+    def upper_bound(self) -> int:
+        """Distinct keys at most (exact right after a merge)."""
+        return len(self._map[0]) + self._pending
+
+    def fits(self, hi: U64, lo: U64) -> bool:
+        """Whether adding these keys keeps the map within capacity (merging if needed)."""
+        if self.upper_bound + len(hi) <= self.capacity:
+            return True
+        self.merge()
+        if self.upper_bound + len(hi) <= self.capacity:
+            return True
+        all_hi = np.concatenate([self._map[0], hi])
+        all_lo = np.concatenate([self._map[1], lo])
+        return len(latest_of_each_key(all_hi, all_lo)) <= self.capacity
+
+    def add(self, hi: U64, lo: U64, event: I64, pos: I64 | None = None, *, first: int = 0,
+            part_shift: int = 64, part: int = 0) -> None:
+        """Add one chunk of records, in position order, every position after those of
+        earlier chunks (a key may appear several times); ``event`` is each record's event
+        time (what it counts as, for a record without one).  ``pos``, ``first``,
+        ``part_shift`` and ``part`` are as for :meth:`KeyMapBuilder.add
+        <shale.compactor.keymap.KeyMapBuilder.add>`."""
+        if pos is None:
+            pos = np.arange(first, first + len(hi), dtype=np.int64)
+        if part_shift < 64:
+            mine = (hi >> np.uint64(part_shift)) == part
+            hi, lo, pos, event = hi[mine], lo[mine], pos[mine], event[mine]
+        self._waiting.append((hi, lo, pos, np.asarray(event, dtype=np.int64)))
+        self._pending += len(hi)
+        if self._pending > max(_MERGE_FACTOR * len(self._map[0]), _MIN_MERGE):
+            self.merge()
+
+    def merge(self) -> None:
+        """Fold the waiting chunks into the map, keeping each key's winner."""
+        if not self._waiting:
+            return
+        hi, lo, pos, event = (np.concatenate(cols) for cols in zip(*self._waiting, strict=True))
+        self._waiting, self._pending = [], 0
+        # Waiting records are in position order, so a later index is a later position.
+        keep = latest_by_event_time(hi, lo, event)
+        self._map = _merge_sorted(self._map, (hi[keep], lo[keep], pos[keep], event[keep]))
+
+    def finish(self) -> Columns:
+        """The merged keys sorted by hash, with the position and event time of each
+        one's winner; the builder is left empty."""
+        self.merge()
+        out, self._map = self._map, _empty()
+        return out
+
+    def build(self) -> KeyMap:
+        """The finished map, sorted by hash, with its event times."""
+        hi, lo, pos, event = self.finish()
+        return KeyMap.sorted(hi, lo, pos, event)
+
+
+def _merge_sorted(old: Columns, new: Columns) -> Columns:
+    """Two maps of distinct keys sorted by hash, as one: a key in both keeps the newer
+    map's record unless the older one's event time is greater (every position of ``new``
+    comes after those of ``old``)."""
+    if not len(old[0]):
+        return new
+    hi = np.concatenate([old[0], new[0]])
+    lo = np.concatenate([old[1], new[1]])
+    # The last occurrence of each key is its entry in ``new`` where it has one; the last
+    # occurrence in the reversed concatenation is its entry in ``old``.  Both answers
+    # list the same keys in the same hash order.
+    last = latest_of_each_key(hi, lo)
+    n = len(hi)
+    first = n - 1 - latest_of_each_key(hi[::-1].copy(), lo[::-1].copy())
+    event = np.concatenate([old[3], new[3]])
+    pick = np.where(event[first] > event[last], first, last)
+    pos = np.concatenate([old[2], new[2]])
+    return hi[pick], lo[pick], pos[pick], event[pick]

@@ -1,0 +1,259 @@
+"""Event-time order's building blocks against a plain dict model: the record with the
+greatest event time wins for its key, the later index (position) breaking ties.
+
+* :func:`~shale.compactor.rules.latest_by_event_time` on random, late, equal, missing
+  (``NO_EVENT_TIME``) and extreme event times, keys sharing their high hash halves, with
+  and without the C kernels;
+* :class:`~shale.compactor.event_map.EventKeyMapBuilder` over many ``add`` calls with
+  merges forced, where a later chunk holds older events; its capacity at 32 bytes a key;
+* :meth:`~shale.compactor.keymap.KeyMap.events_of` lookups.
+
+Every case has a late record, so that "the last write wins" fails it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shale.compactor import event_map as event_map_module
+from shale.compactor import rules as rules_module
+from shale.compactor.event_map import EventKeyMapBuilder, event_map_capacity
+from shale.compactor.keymap import EVENT_KEY_BYTES, KEY_BYTES, KeyMap
+from shale.compactor.rules import latest_by_event_time, latest_of_each_key
+from shale.ledger import kernels
+from shale.ledger.format import NO_EVENT_TIME
+
+U64 = npt.NDArray[np.uint64]
+I64 = npt.NDArray[np.int64]
+Key = tuple[int, int]
+
+I64_MAX = np.iinfo(np.int64).max
+
+
+def u64(values: list[int]) -> U64:
+    return np.array(values, dtype=np.uint64)
+
+
+def model(hi: U64, lo: U64, event: I64, pos: I64 | None = None) -> dict[Key, tuple[int, int]]:
+    """Each key's winner as ``(event, position)``: the greatest, in plain Python."""
+    positions = range(len(hi)) if pos is None else pos.tolist()
+    out: dict[Key, tuple[int, int]] = {}
+    for key, e, p in zip(zip(hi.tolist(), lo.tolist(), strict=True), event.tolist(), positions, strict=True):
+        if (e, p) >= out.get(key, (NO_EVENT_TIME - 1, -1)):
+            out[key] = (e, p)
+    return out
+
+
+def last_write(hi: U64, lo: U64) -> dict[Key, int]:
+    return {k: i for i, k in enumerate(zip(hi.tolist(), lo.tolist(), strict=True))}
+
+
+def check_latest(hi: U64, lo: U64, event: I64) -> None:
+    got = latest_by_event_time(hi, lo, event)
+    want = model(hi, lo, event)
+    assert got.dtype == np.intp
+    # in the hash order of latest_of_each_key
+    assert hi[got].tolist() == hi[latest_of_each_key(hi, lo)].tolist()
+    assert lo[got].tolist() == lo[latest_of_each_key(hi, lo)].tolist()
+    assert {(int(hi[i]), int(lo[i])): int(i) for i in got} == {k: p for k, (_, p) in want.items()}
+
+
+@pytest.fixture(params=["native", "numpy"])
+def paths(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Once with the C kernels (when in use), once with the NumPy fallbacks."""
+    if request.param == "numpy":
+        monkeypatch.setattr(rules_module, "new_key_table", lambda expected=0: None)
+        monkeypatch.setattr(rules_module, "latest_positions", lambda hi, lo: None)
+    elif kernels._native is None:
+        pytest.skip("the C kernels are not in use")
+    return str(request.param)
+
+
+def nearly_sorted(rng: np.random.Generator, n: int, late_share: float) -> I64:
+    event = np.arange(n, dtype=np.int64) * 5 + 1_700_000_000_000
+    late = rng.random(n) < late_share
+    event[late] -= rng.integers(1, 5_000, size=int(late.sum()))
+    return event
+
+
+@pytest.mark.parametrize("late_share", [0.0, 0.05, 0.5, 1.0])
+def test_latest_by_event_time_on_random_records(paths: str, late_share: float) -> None:
+    rng = np.random.default_rng(40)
+    n_keys, n = 3_000, 30_000
+    k_hi, k_lo = rng.integers(0, 2**64, size=(2, n_keys), dtype=np.uint64)
+    pick = rng.integers(0, n_keys, size=n)
+    hi, lo = k_hi[pick], k_lo[pick]
+    event = nearly_sorted(rng, n, late_share) if late_share < 1 else rng.integers(-10**6, 10**6, size=n)
+    event[rng.random(n) < 0.02] = NO_EVENT_TIME
+    check_latest(hi, lo, event)
+    if late_share:
+        assert model(hi, lo, event).keys() == last_write(hi, lo).keys()
+        assert {k: p for k, (_, p) in model(hi, lo, event).items()} != last_write(hi, lo)
+
+
+def test_latest_by_event_time_edges(paths: str) -> None:
+    empty = np.empty(0, dtype=np.uint64)
+    assert latest_by_event_time(empty, empty, np.empty(0, dtype=np.int64)).tolist() == []
+    hi, lo = u64([1, 2, 1, 2, 1]), u64([5, 5, 5, 5, 5])
+    assert latest_by_event_time(hi, lo, np.full(5, 7, dtype=np.int64)).tolist() == [4, 3]  # ties: later wins
+    extremes = np.array([I64_MAX, NO_EVENT_TIME, NO_EVENT_TIME, I64_MAX - 1, NO_EVENT_TIME], dtype=np.int64)
+    assert latest_by_event_time(hi, lo, extremes).tolist() == [0, 3]
+    missing = np.array([NO_EVENT_TIME, 0, NO_EVENT_TIME, NO_EVENT_TIME, NO_EVENT_TIME], dtype=np.int64)
+    assert latest_by_event_time(hi, lo, missing).tolist() == [4, 1]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3),
+                          st.sampled_from([NO_EVENT_TIME, -1, 0, 1, 2, I64_MAX])), max_size=40))
+def test_latest_by_event_time_on_keys_sharing_high_halves(records: list[tuple[int, int, int]]) -> None:
+    # tiny hashes: many keys share their high half, and the top bits of every key are 0
+    hi = u64([(r[0] << 62) if r[0] & 1 else r[0] for r in records])
+    lo = u64([r[1] for r in records])
+    event = np.array([r[2] for r in records], dtype=np.int64)
+    for crowded in (False, True):
+        with pytest.MonkeyPatch.context() as mp:
+            if crowded:
+                mp.setattr(rules_module, "latest_positions", lambda hi, lo: None)
+            check_latest(hi, lo, event)
+
+
+def test_latest_by_event_time_with_crafted_keys_crowding_the_table() -> None:
+    rng = np.random.default_rng(41)
+    n_keys = 20_000
+    k_hi = (np.uint64(0xABCDEF1234) << np.uint64(24)) | np.arange(n_keys, dtype=np.uint64)
+    k_lo = rng.integers(0, 2**64, size=n_keys, dtype=np.uint64)
+    pick = rng.integers(0, n_keys, size=60_000)
+    check_latest(k_hi[pick], k_lo[pick], nearly_sorted(rng, 60_000, 0.1))
+
+
+# ------------------------------------------------------------------ the key map with event times
+
+Chunk = tuple[U64, U64, I64, I64 | None, int]
+
+
+def chunks_of(rng: np.random.Generator, n_keys: int, sizes: list[int]) -> list[Chunk]:
+    """Chunks in position order; each later chunk's events reach back before the earlier ones'."""
+    k_hi, k_lo = rng.integers(0, 2**64, size=(2, n_keys), dtype=np.uint64)
+    out: list[Chunk] = []
+    at = 0
+    for i, size in enumerate(sizes):
+        pick = rng.integers(0, n_keys, size=size)
+        event = rng.integers(0, 1_000, size=size) + 200 * i  # overlapping ranges: late ledgers
+        event[rng.random(size) < 0.05] = NO_EVENT_TIME
+        event[rng.random(size) < 0.05] = 500  # equal events across chunks
+        if i % 2:
+            out.append((k_hi[pick], k_lo[pick], event, None, at))
+        else:
+            out.append((k_hi[pick], k_lo[pick], event, np.arange(at, at + size, dtype=np.int64) * 3, 0))
+        at += size
+    return out
+
+
+def chunk_model(chunks: list[Chunk]) -> dict[Key, tuple[int, int]]:
+    if not chunks:
+        return {}
+    hi = np.concatenate([c[0] for c in chunks])
+    lo = np.concatenate([c[1] for c in chunks])
+    event = np.concatenate([c[2] for c in chunks])
+    pos = np.concatenate([c[3] if c[3] is not None else np.arange(c[4], c[4] + len(c[0]), dtype=np.int64)
+                          for c in chunks])
+    return model(hi, lo, event, pos)
+
+
+def built(chunks: list[Chunk], capacity: int = 10**7) -> KeyMap:
+    builder = EventKeyMapBuilder(capacity)
+    for hi, lo, event, pos, first in chunks:
+        builder.add(hi, lo, event, pos, first=first)
+    return builder.build()
+
+
+def map_model(m: KeyMap) -> dict[Key, tuple[int, int]]:
+    assert m.event is not None
+    keys = list(zip(m.hi.tolist(), m.lo.tolist(), strict=True))
+    assert keys == sorted(keys)
+    return dict(zip(keys, zip(m.event.tolist(), m.pos.tolist(), strict=True), strict=True))
+
+
+@pytest.mark.parametrize("min_merge", [1, 64, 1 << 22])
+def test_event_map_keeps_each_keys_greatest_event_across_merges(min_merge: int,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(event_map_module, "_MIN_MERGE", min_merge)
+    merges = []
+    real_merge = EventKeyMapBuilder.merge
+    monkeypatch.setattr(EventKeyMapBuilder, "merge", lambda self: (merges.append(self._pending), real_merge(self)))
+    rng = np.random.default_rng(42)
+    chunks = chunks_of(rng, 2_000, [3_000, 500, 1, 0, 4_000, 2_500, 700, 3_000])
+    m = built(chunks)
+    want = chunk_model(chunks)
+    assert map_model(m) == want
+    if min_merge < 1 << 22:
+        assert len(merges) > 2, "merges were meant to happen between add calls"
+    # the last write would have kept other records
+    last: dict[Key, int] = {}
+    for hi, lo, _, pos, first in chunks:
+        p = pos.tolist() if pos is not None else range(first, first + len(hi))
+        last.update(zip(zip(hi.tolist(), lo.tolist(), strict=True), p, strict=True))
+    assert {k: p for k, (_, p) in want.items()} != last
+    assert m.nbytes == EVENT_KEY_BYTES * len(m)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2), st.integers(-2, 2)), max_size=10),
+                max_size=8), st.integers(1, 8))
+def test_event_map_against_the_model_on_tiny_hashes(chunk_records: list[list[tuple[int, int, int]]],
+                                                     min_merge: int) -> None:
+    chunks: list[Chunk] = []
+    at = 0
+    for recs in chunk_records:
+        hi = u64([((r[0] & 1) << 63) | (r[0] >> 1) for r in recs])  # keys share high halves
+        lo = u64([r[1] for r in recs])
+        event = np.array([NO_EVENT_TIME if r[2] == -2 else r[2] for r in recs], dtype=np.int64)
+        chunks.append((hi, lo, event, None, at))
+        at += len(recs)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(event_map_module, "_MIN_MERGE", min_merge)
+        m = built(chunks)
+    want = chunk_model(chunks)
+    assert map_model(m) == want
+    probe_hi = u64([((h & 1) << 63) | (h >> 1) for h in range(4) for _ in range(3)])
+    probe_lo = u64([x for _ in range(4) for x in range(3)])
+    found, events = m.events_of(probe_hi, probe_lo)
+    for k, (f, e) in zip(zip(probe_hi.tolist(), probe_lo.tolist(), strict=True),
+                         zip(found.tolist(), events.tolist(), strict=True), strict=True):
+        assert f == (k in want)
+        assert e == (want[k][0] if k in want else 0)
+
+
+def test_event_map_capacity_counts_32_bytes_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(event_map_module, "_MIN_MERGE", 16)
+    rng = np.random.default_rng(43)
+    chunks = chunks_of(rng, 300, [400, 400, 400])
+    keys = len(chunk_model(chunks))
+    max_map_bytes = keys * EVENT_KEY_BYTES
+    assert event_map_capacity(max_map_bytes) == keys
+    assert event_map_capacity(max_map_bytes - 1) == keys - 1
+    assert event_map_capacity(max_map_bytes) < max_map_bytes // KEY_BYTES
+    for capacity, fits in ((keys, True), (keys - 1, False)):
+        builder = EventKeyMapBuilder(capacity)
+        for hi, lo, event, pos, first in chunks[:-1]:
+            builder.add(hi, lo, event, pos, first=first)
+        last = chunks[-1]
+        assert builder.fits(last[0], last[1]) == fits
+    builder.add(last[0], last[1], last[2], last[3], first=last[4])
+    m = builder.build()
+    assert len(m) == keys and m.nbytes == max_map_bytes
+
+
+def test_events_of_answers_for_present_and_absent_keys() -> None:
+    hi = u64([1, 1, 1, 5, 9])  # three keys share a high half
+    lo = u64([2, 4, 6, 0, 1])
+    m = KeyMap.sorted(hi, lo, np.arange(5, dtype=np.int64), np.array([10, NO_EVENT_TIME, 30, 40, 50]))
+    found, events = m.events_of(u64([1, 1, 1, 1, 9, 9, 0, 10]), u64([6, 4, 3, 2, 1, 2, 0, 0]))
+    assert found.tolist() == [True, True, False, True, True, False, False, False]
+    assert events.tolist() == [30, NO_EVENT_TIME, 0, 10, 50, 0, 0, 0]
+    with pytest.raises(ValueError, match="no event times"):
+        KeyMap.sorted(hi, lo, np.arange(5, dtype=np.int64)).events_of(hi, lo)
