@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -28,7 +29,7 @@ from shale.compactor.event_map import EventKeyMapBuilder
 from shale.compactor.keymap import KeyMapBuilder
 from shale.compactor.rules import _latest_by_event_sort, latest_by_event_time, latest_of_each_key
 
-Arrays = tuple[np.ndarray, np.ndarray, np.ndarray]
+Arrays = tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.int64]]
 
 
 def records(n: int, keys: int, late_share: float, seed: int = 7) -> Arrays:

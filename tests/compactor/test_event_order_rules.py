@@ -164,10 +164,10 @@ def chunk_model(chunks: list[Chunk]) -> dict[Key, tuple[int, int]]:
     return model(hi, lo, event, pos)
 
 
-def built(chunks: list[Chunk], capacity: int = 10**7) -> KeyMap:
+def built(chunks: list[Chunk], capacity: int = 10**7, part_shift: int = 64, part: int = 0) -> KeyMap:
     builder = EventKeyMapBuilder(capacity)
     for hi, lo, event, pos, first in chunks:
-        builder.add(hi, lo, event, pos, first=first)
+        builder.add(hi, lo, event, pos, first=first, part_shift=part_shift, part=part)
     return builder.build()
 
 
@@ -199,6 +199,10 @@ def test_event_map_keeps_each_keys_greatest_event_across_merges(min_merge: int,
         last.update(zip(zip(hi.tolist(), lo.tolist(), strict=True), p, strict=True))
     assert {k: p for k, (_, p) in want.items()} != last
     assert m.nbytes == EVENT_KEY_BYTES * len(m)
+    for part in (0, 1):  # one thread's share of the hash range
+        share = {k: w for k, w in want.items() if k[0] >> 63 == part}
+        assert 0 < len(share) < len(want)
+        assert map_model(built(chunks, part_shift=63, part=part)) == share
 
 
 @settings(max_examples=60, deadline=None)
@@ -246,6 +250,9 @@ def test_event_map_capacity_counts_32_bytes_a_key(monkeypatch: pytest.MonkeyPatc
     builder.add(last[0], last[1], last[2], last[3], first=last[4])
     m = builder.build()
     assert len(m) == keys and m.nbytes == max_map_bytes
+    # offset order's map is unchanged: 24 bytes a key, no event column
+    plain = KeyMap.sorted(m.hi, m.lo, m.pos)
+    assert plain.event is None and plain.nbytes == KEY_BYTES * keys
 
 
 def test_events_of_answers_for_present_and_absent_keys() -> None:
