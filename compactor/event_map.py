@@ -118,6 +118,31 @@ def _merge_sorted(old: Columns, new: Columns) -> Columns:
     comes after those of ``old``)."""
     if not len(old[0]):
         return new
+    o_hi = old[0]
+    if len(o_hi) > 1 and np.any(o_hi[1:] == o_hi[:-1]):
+        return _merge_by_sorting(old, new)
+    # No two keys of ``old`` share a high half, so the one key of ``old`` a query can
+    # match is where its high half would go.
+    at = np.searchsorted(o_hi, new[0])
+    safe = np.minimum(at, len(o_hi) - 1)
+    same_hi = (at < len(o_hi)) & (o_hi[safe] == new[0])
+    both = same_hi & (old[1][safe] == new[1])
+    hi, lo, pos, event = (col.copy() for col in old)
+    win = both.copy()
+    win[both] = new[3][both] >= event[safe[both]]
+    for mine, theirs in zip((hi, lo, pos, event), new, strict=True):
+        mine[safe[win]] = theirs[win]
+    # the others go in hash order: after the key of ``old`` with their high half when
+    # its low half is smaller
+    fresh = ~both
+    at = at + (same_hi & (old[1][safe] < new[1]))
+    where = at[fresh]
+    return (np.insert(hi, where, new[0][fresh]), np.insert(lo, where, new[1][fresh]),
+            np.insert(pos, where, new[2][fresh]), np.insert(event, where, new[3][fresh]))
+
+
+def _merge_by_sorting(old: Columns, new: Columns) -> Columns:
+    """:func:`_merge_sorted` for keys of ``old`` that share high halves."""
     hi = np.concatenate([old[0], new[0]])
     lo = np.concatenate([old[1], new[1]])
     # The last occurrence of each key is its entry in ``new`` where it has one; the last

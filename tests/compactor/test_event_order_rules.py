@@ -264,3 +264,28 @@ def test_events_of_answers_for_present_and_absent_keys() -> None:
     assert events.tolist() == [30, NO_EVENT_TIME, 0, 10, 50, 0, 0, 0]
     with pytest.raises(ValueError, match="no event times"):
         KeyMap.sorted(hi, lo, np.arange(5, dtype=np.int64)).events_of(hi, lo)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.dictionaries(st.tuples(st.integers(0, 5), st.integers(0, 3)), st.integers(-2, 2), max_size=8),
+       st.dictionaries(st.tuples(st.integers(0, 5), st.integers(0, 3)), st.integers(-2, 2), max_size=8))
+def test_merging_two_maps_keeps_the_greater_event(old: dict[Key, int], new: dict[Key, int]) -> None:
+    # one key per high half in ``old`` (the searching merge), any keys in ``new``
+    old = {k: e for k, e in old.items() if k[1] == min(x[1] for x in old if x[0] == k[0])}
+
+    def columns(d: dict[Key, int], base: int) -> tuple[U64, U64, I64, I64]:
+        keys = sorted(d)
+        return (u64([k[0] for k in keys]), u64([k[1] for k in keys]),
+                np.arange(base, base + len(keys), dtype=np.int64), np.array([d[k] for k in keys], dtype=np.int64))
+
+    o, n = columns(old, 0), columns(new, 100)
+    want = {k: (e, p) for k, e, p in zip(zip(o[0].tolist(), o[1].tolist(), strict=True), o[3].tolist(),
+                                          o[2].tolist(), strict=True)}
+    for k, e, p in zip(zip(n[0].tolist(), n[1].tolist(), strict=True), n[3].tolist(), n[2].tolist(), strict=True):
+        if (e, p) > want.get(k, (NO_EVENT_TIME, -1)):
+            want[k] = (e, p)
+    for merge in (event_map_module._merge_sorted, event_map_module._merge_by_sorting):
+        hi, lo, pos, event = merge(o, n)
+        keys = list(zip(hi.tolist(), lo.tolist(), strict=True))
+        assert keys == sorted(want)
+        assert dict(zip(keys, zip(event.tolist(), pos.tolist(), strict=True), strict=True)) == want
