@@ -64,8 +64,10 @@ def check_latest(hi: U64, lo: U64, event: I64) -> None:
 
 @pytest.fixture(params=["native", "numpy"])
 def paths(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Once with the C kernels (when in use), once with the NumPy fallbacks."""
+    """Once with the C kernels (when in use), once with the NumPy fallbacks (and late
+    records found in small blocks)."""
     if request.param == "numpy":
+        monkeypatch.setattr(rules_module, "_LATE_BLOCK", 7)
         monkeypatch.setattr(rules_module, "new_key_table", lambda expected=0: None)
         monkeypatch.setattr(rules_module, "latest_positions", lambda hi, lo: None)
     elif kernels._native is None:
@@ -118,6 +120,7 @@ def test_latest_by_event_time_on_keys_sharing_high_halves(records: list[tuple[in
         with pytest.MonkeyPatch.context() as mp:
             if crowded:
                 mp.setattr(rules_module, "latest_positions", lambda hi, lo: None)
+                mp.setattr(rules_module, "_LATE_BLOCK", 3)
             check_latest(hi, lo, event)
 
 
