@@ -253,6 +253,7 @@ def test_event_map_capacity_counts_32_bytes_a_key(monkeypatch: pytest.MonkeyPatc
     builder.add(last[0], last[1], last[2], last[3], first=last[4])
     m = builder.build()
     assert len(m) == keys and m.nbytes == max_map_bytes
+    assert map_model(m) == chunk_model(chunks)
     # offset order's map is unchanged: 24 bytes a key, no event column
     plain = KeyMap.sorted(m.hi, m.lo, m.pos)
     assert plain.event is None and plain.nbytes == KEY_BYTES * keys
@@ -267,6 +268,13 @@ def test_events_of_answers_for_present_and_absent_keys() -> None:
     assert events.tolist() == [30, NO_EVENT_TIME, 0, 10, 50, 0, 0, 0]
     with pytest.raises(ValueError, match="no event times"):
         KeyMap.sorted(hi, lo, np.arange(5, dtype=np.int64)).events_of(hi, lo)
+    # built from ledgers where a later one holds older events: the map answers the winners'
+    builder = EventKeyMapBuilder(100)
+    builder.add(u64([1, 1, 5]), u64([2, 6, 0]), np.array([30, 20, NO_EVENT_TIME]))
+    builder.add(u64([1, 5, 1]), u64([2, 0, 6]), np.array([10, NO_EVENT_TIME, 20]), first=3)
+    found, events = builder.build().events_of(u64([1, 1, 5, 5]), u64([2, 6, 0, 1]))
+    assert found.tolist() == [True, True, True, False]
+    assert events.tolist() == [30, 20, NO_EVENT_TIME, 0]
 
 
 @settings(max_examples=100, deadline=None)
