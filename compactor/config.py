@@ -8,6 +8,7 @@ from typing import Any, Final
 
 from shale.ledger.codecs import Compression
 from shale.ledger.errors import InvalidInputError
+from shale.ledger.ordering import TopicOrder
 from shale.settings import SETTINGS, Setting, Settings
 from shale.settings.kinds import Duration, Size
 
@@ -64,7 +65,13 @@ class CompactionConfig:
       uploading and publishing.
     * ``event_times`` — the parts keep each record's event time in their footers (column
       ``r_event``); otherwise (the default) pass two gathers none and the parts say
-      nothing of them (docs/format.md).  No setting gives it yet.
+      nothing of them (docs/format.md).  Runs whose order needs times keep them
+      whatever this says (:attr:`keeps_times`).
+    * ``order`` — which record of a key wins: ``offset`` or ``event-time``
+      (:mod:`shale.ledger.ordering`); ``key_ttl_ms`` — keys whose winner is older than
+      this are dropped (0: never).
+    * ``rewrite`` — compact every original ledger still kept again, with the compacted
+      view, as a first run would (needed to change the order of a compacted view).
     """
 
     min_compaction_lag_ms: int = SETTINGS["min-compaction-lag"].default
@@ -87,6 +94,9 @@ class CompactionConfig:
     compression: Compression = SETTINGS["compression"].default
     entry_bytes: int = 64 * 1024
     event_times: bool = False
+    order: str = SETTINGS["order"].default
+    key_ttl_ms: int = SETTINGS["key-ttl"].default
+    rewrite: bool = False
 
     def __post_init__(self) -> None:
         # the settings a command line gives are checked as their flags are
@@ -101,6 +111,16 @@ class CompactionConfig:
             raise InvalidInputError("entry bytes must be from 1 KiB to 16 MiB")
         if self.chunk_bytes < 1 << 12:
             raise InvalidInputError("chunk bytes must be at least 4 KiB")
+
+    @property
+    def topic_order(self) -> TopicOrder:
+        """The order and key TTL this run decides by."""
+        return TopicOrder(self.order, self.key_ttl_ms)
+
+    @property
+    def keeps_times(self) -> bool:
+        """Whether the parts this run writes keep each record's event and publish times."""
+        return self.event_times or self.topic_order.needs_times
 
     @classmethod
     def from_settings(cls, settings: Settings) -> CompactionConfig:
@@ -119,7 +139,7 @@ class CompactionConfig:
         return {"min_compaction_lag_ms": self.min_compaction_lag_ms,
                 "delete_retention_ms": self.delete_retention_ms,
                 "retain_null_key": self.retain_null_key, "min_dirty_ratio": self.min_dirty_ratio,
-                "compression": str(self.compression)}
+                "compression": str(self.compression), **self.topic_order.to_json()}
 
 
 #: The fields that are settings of the ``compact`` command, checked as their flags are.

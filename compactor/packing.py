@@ -52,6 +52,8 @@ class Frames(NamedTuple):
     batches: npt.NDArray[np.uint32]
     rec: npt.NDArray[np.int64]  # the source record of each, in the ledger read
     events: npt.NDArray[np.int64] | None  # each record's event time, when the run keeps them
+    #: each record's publish time as the topic's order counts it, when the run keeps times
+    record_publish: npt.NDArray[np.int64] | None = None
 
 
 def record_ids(f: LedgerFile, sel: npt.NDArray[Any], kept: npt.NDArray[np.int64], rec: npt.NDArray[np.int64],
@@ -133,7 +135,7 @@ def _pack_piece(f: LedgerFile, sel: npt.NDArray[Any], kept: npt.NDArray[np.int64
         np.r_[foot.raw_lengths()[sel][w], packed.raw][order].astype(np.int64),
         {"r_hash_hi": foot.col("r_hash_hi")[rec], "r_hash_lo": foot.col("r_hash_lo")[rec],
          "r_flags": foot.col("r_flags")[rec], "r_offset": offsets, "r_size": foot.col("r_size")[rec]},
-        ledgers, entries, batches, rec, events)
+        ledgers, entries, batches, rec, events, f.footer.record_publish()[rec] if event_times else None)
 
 
 class _Packed(NamedTuple):

@@ -3,7 +3,7 @@
 Records are copied as raw bytes, never re-encoded: an entry whose records all survive is
 copied whole (frame and checksum unchanged; a compressed one only once it is proven to
 decompress to what its footer says); otherwise its surviving records' bytes are joined
-into a new frame.  When the run keeps event times (``CompactionConfig.event_times``),
+into a new frame.  When the run keeps event times (``CompactionConfig.keeps_times``),
 each record's goes with it into the new footer, from the footer it is copied from, or
 decoded from the record when that footer does not say (:mod:`shale.ledger.events`);
 otherwise the parts say nothing of them, and none is gathered.  Reads are large ranged
@@ -333,7 +333,7 @@ def _copy_batch(f: LedgerFile, sel: npt.NDArray[Any], kept: npt.NDArray[np.int64
     (:func:`_copy_entries`) and packs only those of compressed entries."""
     if config.compression.codec != Codec.NONE:
         for frames in pack(f, sel, kept, base, buf, keep, config.compression, config.entry_bytes, sink.raw_buffer,
-                           event_times=config.event_times):
+                           event_times=config.keeps_times):
             _write_frames(sink, frames, since)
         return
     foot = f.footer
@@ -342,10 +342,10 @@ def _copy_batch(f: LedgerFile, sel: npt.NDArray[Any], kept: npt.NDArray[np.int64
     for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
         if repack[a]:
             for frames in pack(f, sel[a:b], kept[a:b], base, buf, keep, config.compression, config.entry_bytes,
-                               sink.raw_buffer, event_times=config.event_times):
+                               sink.raw_buffer, event_times=config.keeps_times):
                 _write_frames(sink, frames, since)
         else:
-            _copy_entries(f, sel[a:b], base, buf, keep, since, sink, config.event_times)
+            _copy_entries(f, sel[a:b], base, buf, keep, since, sink, config.keeps_times)
 
 
 def _copy_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes | memoryview, keep: npt.NDArray[np.bool_],
@@ -378,7 +378,7 @@ def _copy_entries(f: LedgerFile, sel: npt.NDArray[Any], base: int, buf: bytes | 
     raw = np.where(plan.whole, foot.raw_lengths()[sel], lengths - FRAME_HEADER.size)
     events = copied_event_times(f, buf, base, sel, kept, rec, sink.raw_buffer) if event_times else None
     _write_frames(sink, Frames(blob, frame_at, kept, foot.col("e_publish")[sel], codecs, raw, cols, ledgers, entries,
-                               r_batch, rec, events), since)
+                               r_batch, rec, events, foot.record_publish()[rec] if event_times else None), since)
     sink.batch_done()
 
 
@@ -410,7 +410,8 @@ def _write_frames(sink: _PartSink, fr: Frames, since: npt.NDArray[np.int64] | No
                      fr.publish[i0:i1], {k: v[a:b] for k, v in fr.cols.items()}, codecs=fr.codecs[i0:i1],
                      raw_lengths=fr.raw_lengths[i0:i1], ledgers=ledgers[a:b], entry_ids=entries[a:b],
                      batch=fr.batches[a:b], delete_since=r_since[a:b],
-                     events=None if fr.events is None else fr.events[a:b])
+                     events=None if fr.events is None else fr.events[a:b],
+                     record_publish=None if fr.record_publish is None else fr.record_publish[a:b])
         sink.note_ids(MessageId(int(ledgers[a]), int(entries[a]), int(fr.batches[a])),
                       MessageId(int(ledgers[b - 1]), int(entries[b - 1]), int(fr.batches[b - 1])))
         i0 = i1

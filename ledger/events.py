@@ -91,3 +91,32 @@ def check_event_times(f: LedgerFile, raw: bytes | bytearray | memoryview, frames
 
 def _shown(ms: int) -> str:
     return "none" if ms == NO_EVENT_TIME else str(ms)
+
+
+def read_event_times(f: LedgerFile, start: int = 0, stop: int | None = None) -> I64:
+    """The event time (:data:`NO_EVENT_TIME` where none) of records ``[start, stop)`` of
+    ``f``: from the footer when it gives them, else read and decoded (the entries holding
+    them, checked, in chunks)."""
+    stop = f.n_records if stop is None else stop
+    known = f.event_times()
+    if known is not None:
+        return np.asarray(known[start:stop], dtype=np.int64)
+    out = np.empty(stop - start, dtype=np.int64)
+    if stop <= start:
+        return out
+    foot = f.footer
+    starts = foot.e_rec_start
+    e0 = int(np.searchsorted(starts, start, side="right")) - 1
+    e1 = int(np.searchsorted(starts, stop, side="left"))
+    scratch = Scratch()
+    for c0, c1 in f.chunks(e0, e1):
+        base, buf = f.read_frames(c0, c1)
+        f.check_frames(buf, base, c0, c1)
+        for piece, raw, frames in f.decompressed(buf, base, np.arange(c0, c1, dtype=np.int64), scratch):
+            first = starts[piece].astype(np.int64)
+            counts = starts[piece + 1].astype(np.int64) - first
+            records = np.repeat(first - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
+            times = decoded_event_times(f, raw, frames, counts, records)
+            inside = (records >= start) & (records < stop)
+            out[records[inside] - start] = times[inside]
+    return out

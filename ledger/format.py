@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import msgpack
@@ -107,6 +107,7 @@ COLUMNS: Final[dict[str, tuple[str, str]]] = {
     "r_batch": ("<u4", "r"),
     "r_delete_since": ("<i8", "r"),
     "r_event": ("<i8", "r"),
+    "r_publish": ("<i8", "r"),
 }
 
 _BASE_COLUMNS: Final = ("e_offset", "e_length", "e_publish", "r_hash_hi", "r_hash_lo", "r_flags", "r_offset", "r_size")
@@ -119,7 +120,7 @@ _LAYOUTS: Final[dict[tuple[int, int], tuple[str, ...]]] = {
 _LAYOUTS[(3, 0)] = _LAYOUTS[(2, 0)]
 _LAYOUTS[(3, 1)] = _LAYOUTS[(2, 1)]
 #: Columns a footer of this version may hold or leave out, after those of its layout.
-_OPTIONAL: Final[dict[int, tuple[str, ...]]] = {1: (), 2: (), 3: ("r_event",)}
+_OPTIONAL: Final[dict[int, tuple[str, ...]]] = {1: (), 2: (), 3: ("r_event", "r_publish")}
 #: The first version whose footers give each record's event time.
 EVENT_TIME_VERSION: Final = 3
 #: ``r_event`` of a record its producer gave no event time (producers accept only
@@ -250,6 +251,8 @@ class Footer:
     cols: dict[str, npt.NDArray[Any]]
     meta: dict[str, Any]
     version: int = FORMAT_VERSION
+    #: columns derived from the others, made once on first use
+    _derived: dict[str, npt.NDArray[Any]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def n_entries(self) -> int:
@@ -349,6 +352,20 @@ class Footer:
         if self.kind == KIND_COMPACTED:
             return None
         return np.full(self.n_records, NO_EVENT_TIME, dtype=np.int64)
+
+    def record_publish(self) -> npt.NDArray[np.int64]:
+        """Each record's publish time as the topic's order and key expiry count it: the
+        publish time of the entry it was first written in (``e_publish`` of an original
+        ledger; a compacted part keeps it in the column ``r_publish`` when its run kept
+        record times, and otherwise gives its own entries' times, which are never earlier)."""
+        got = self.cols.get("r_publish")
+        if got is not None:
+            return np.asarray(got, dtype=np.int64)
+        made = self._derived.get("r_publish")
+        if made is None:
+            made = self._derived["r_publish"] = np.repeat(self.cols["e_publish"].astype(np.int64),
+                                                          np.diff(self.e_rec_start))
+        return made
 
 
 def encode_footer(

@@ -143,9 +143,13 @@ class LedgerWriter:
         #: each record's event time, per entry or batch of frames (``None``: none has one,
         #: or, in a compacted part, not given)
         self._events: list[tuple[int, npt.NDArray[np.int64] | None]] = []
+        #: in a compacted part, each record's publish time as its order counts it
+        #: (``r_publish``), given with the event times or not at all
+        self._publish: list[npt.NDArray[np.int64]] = []
         self._footer_per_entry = sum(np.dtype(COLUMNS[n][0]).itemsize for n in self._e_scalars) + 8
-        # (r_event counted: an upper bound)
-        self._footer_per_record = sum(np.dtype(COLUMNS[n][0]).itemsize for n in (*self._r_chunks, "r_event"))
+        # (r_event and r_publish counted: an upper bound)
+        self._footer_per_record = sum(np.dtype(COLUMNS[n][0]).itemsize
+                                      for n in (*self._r_chunks, "r_event", "r_publish"))
         self._finished = False
         self._write(encode_header(kind, ledger_id, created_ms))
 
@@ -261,7 +265,8 @@ class LedgerWriter:
                    ledgers: npt.ArrayLike | None = None, entry_ids: npt.ArrayLike | None = None,
                    batch: npt.NDArray[np.uint32] | None = None,
                    delete_since: npt.NDArray[np.int64] | None = None,
-                   events: npt.NDArray[np.int64] | None = None) -> None:
+                   events: npt.NDArray[np.int64] | None = None,
+                   record_publish: npt.NDArray[np.int64] | None = None) -> None:
         """Append many complete, checksummed frames at once: ``blob`` is the frames back to
         back, ``lengths`` their sizes, ``counts`` their record counts, ``codecs`` and
         ``raw_lengths`` how each payload is stored and its size decompressed (default:
@@ -269,7 +274,8 @@ class LedgerWriter:
         order, and a compacted part the original id of each (``ledgers``, ``entry_ids``,
         ``batch``) and ``delete_since``; ``events`` each record's event time,
         :data:`NO_EVENT_TIME` where it has none (``None``: none has one, or, in a compacted
-        part, they are not kept)."""
+        part, they are not kept); ``record_publish``, in a compacted part that keeps event
+        times, the publish time of the entry each record was first written in."""
         if self._finished:
             raise InvalidInputError("ledger already finished")
         n_entries, n = len(lengths), int(counts.sum())
@@ -288,6 +294,10 @@ class LedgerWriter:
         rcols = dict(records) | self._record_ids(n, ledgers, entry_ids, batch, delete_since)
         self._add_columns(rcols, n)
         self._add_events(None if events is None else np.asarray(events, dtype=np.int64), n)
+        if record_publish is not None:
+            if self.kind != KIND_COMPACTED or events is None or len(record_publish) != n:
+                raise InvalidInputError("record publish times go with the event times of a compacted part's records")
+            self._publish.append(np.asarray(record_publish, dtype=np.int64))
         starts = self._pos + np.concatenate([[0], np.cumsum(lengths)[:-1]])
         self._e_scalars["e_offset"].extend(starts.tolist())
         self._e_scalars["e_length"].extend(lengths.tolist())
@@ -315,6 +325,10 @@ class LedgerWriter:
         events = self._event_column()
         if events is not None:
             cols["r_event"] = events
+            if self._publish:
+                if sum(len(x) for x in self._publish) != len(events):
+                    raise InvalidInputError("a compacted part needs the publish times of all its records or of none")
+                cols["r_publish"] = self._publish if len(self._publish) > 1 else self._publish[0]
         footer_offset = self._pos
         crc = 0
         for piece in encode_footer(self.kind, np.asarray(self._e_rec_start, dtype=np.uint64), cols, meta or {}):

@@ -121,6 +121,9 @@ class CompactionDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     compacted_ms: Millis = 0
     last_run: dict[str, Any] = {}
     topic_generation: Count = 0
+    #: how the view was decided (shale.ledger.ordering): left out for offset order, no TTL
+    order: Literal["offset", "event-time"] = "offset"
+    key_ttl_ms: Millis = 0
 
 
 T = TypeVar("T")

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shale.ledger.ids import MessageId
+from shale.ledger.ordering import TopicOrder
 from shale.metadata.schema import (
     CompactionDoc,
     LedgerDoc,
@@ -248,6 +249,8 @@ class CompactionState:
     version: int = 0
     token: str = ""
     topic_generation: int = 0  # the topic's truncation count this state was last checked against
+    #: the order and key TTL the view was compacted with (readers decide "latest" by it)
+    order: TopicOrder = field(default_factory=TopicOrder)
 
     @property
     def records(self) -> int:
@@ -281,7 +284,8 @@ class CompactionState:
                 "parts": [p.to_json() for p in self.parts],
                 "retired": [r.to_json() for r in self.retired],
                 "keys": self.keys, "tombstones": self.tombstones, "compacted_ms": self.compacted_ms,
-                "last_run": self.last_run, "topic_generation": self.topic_generation}
+                "last_run": self.last_run, "topic_generation": self.topic_generation,
+                **self.order.to_json()}
 
     @classmethod
     def from_json(cls, d: Any, version: int, token: str, where: str = "compaction.json") -> CompactionState:
@@ -293,4 +297,4 @@ class CompactionState:
         parts = tuple(CompactedPart.from_doc(p, first, last) for p, (first, last) in zip(doc.parts, ids, strict=True))
         return cls(doc.epoch, horizon, doc.compacted_ledger, parts, tuple(RetiredSet.from_doc(r) for r in doc.retired),
                    doc.keys, doc.tombstones, doc.compacted_ms, dict(doc.last_run), version, token,
-                   doc.topic_generation)
+                   doc.topic_generation, TopicOrder(doc.order, doc.key_ttl_ms))

@@ -16,7 +16,7 @@ import re
 import sys
 import urllib.parse
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Final, NoReturn
+from typing import Annotated, Any, ClassVar, Final, Literal, NoReturn
 
 import msgspec
 
@@ -255,6 +255,10 @@ class Choice(Kind):
     """One of a few words."""
 
     values: tuple[str, ...] = ()
+
+    @property  # (one of this instance's words, in a policy document)
+    def doc_type(self) -> Any:
+        return Literal[self.values]
 
     def parse(self, text: str) -> str:
         return self.check(text.strip())

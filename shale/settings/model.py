@@ -215,6 +215,15 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        default=False, policy=True),
     _s("min-dirty-ratio", Ratio(), "skip when bytes above the horizon / live bytes is below R", _COMPACT,
        default=0.0, policy=True),
+    _s("order", Choice(("offset", "event-time")), "which record of a key wins: offset (the one written last) or "
+       "event-time (the greatest event time, a record without one counting as its publish time; a later offset "
+       "breaks ties); changing it needs --rewrite once a compacted view exists", _COMPACT, default="offset",
+       policy=True),
+    _s("key-ttl", Duration(), "drop a key from the compacted view, and hide it from readers, once its latest record "
+       "is older than this (by event time under event-time order, else by publish time; 0: never)", _COMPACT,
+       default=0, policy=True, field="key_ttl_ms"),
+    _s("rewrite", Switch(), "compact the whole topic again, every original ledger still kept and the compacted view, "
+       "as when the order changes (reads every ledger; writes a new compacted view)", _COMPACT, default=False),
     _s("retention", Duration(), "after each publish, remove ledgers wholly below the horizon and older than this",
        set(), policy=True, field="retention_ms"),
     _s("retention-bytes", Size(), "after each publish, remove the oldest ledgers below the horizon beyond this many "

@@ -93,6 +93,8 @@ def _good(kind: Kind) -> str:
         return "1GiB"
     if isinstance(kind, Ratio):
         return "0.5"
+    if isinstance(kind, Choice):
+        return kind.values[-1]
     return "true"
 
 
