@@ -27,12 +27,14 @@ from shale.compactor.plan import Plan, make_plan, open_slice
 from shale.compactor.summary import RunStatus, RunSummary
 from shale.ledger.errors import (
     ConflictError,
+    InvalidInputError,
     ObjectNotFoundError,
     ShaleError,
     StateUnknownError,
     TransientStorageError,
 )
-from shale.ledger.format import FLAG_TOMBSTONE
+from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE
+from shale.ledger.ordering import decoded_times
 from shale.metadata.dictionaries import resolve_compression
 from shale.metadata.layout import COMPACTED_DIR, HEARTBEAT_NAME
 from shale.metadata.requirements import AssertEpoch, AssertTopicGeneration, RequirementFailedError
@@ -111,6 +113,7 @@ def _note_survivors(summary: RunSummary, survivors: SurvivorCounts) -> None:
     summary.tombstones_dropped = survivors.tombstones_dropped
     summary.keyless_dropped = survivors.keyless_dropped
     summary.keyless_kept = survivors.keyless_kept
+    summary.keys_expired = survivors.keys_expired
 
 
 def _replaced_bytes(plan: Plan, out: PassTwoResult) -> int:
@@ -120,6 +123,20 @@ def _replaced_bytes(plan: Plan, out: PassTwoResult) -> int:
     kept = {p.object for p in out.parts}
     parts = sum(s.part.bytes for s in plan.compacted if s.part is not None and s.part.object not in kept)
     return parts + sum(s.object.bytes * s.records // max(s.object.records, 1) for s in plan.new)
+
+
+def _check_order(uri: str, plan: Plan, config: CompactionConfig) -> None:
+    """Refuse to compact a view in another order than it was compacted in, unless the run
+    rewrites it: records the view dropped under its order cannot be weighed again."""
+    was, now = plan.previous.order.order, config.order
+    if plan.previous.horizon is None or was == now or config.rewrite:
+        return
+    ledgers = plan.topic.ledgers
+    size = sum(lg.bytes for lg in ledgers)
+    raise InvalidInputError(
+        f"{uri}: the compacted view is in {was} order; compacting it in {now} order needs --rewrite, which reads "
+        f"all {len(ledgers):,} ledgers still kept ({size / 1e6:,.1f} MB) and the compacted view, and writes the "
+        f"view again (records retention already removed count only as the view kept them)")
 
 
 class Compactor:
@@ -182,9 +199,13 @@ class Compactor:
         self.config = dataclasses.replace(self.config, compression=resolve_compression(self.meta,
                                                                                        self.config.compression))
         plan = make_plan(self.meta, now_ms=now_ms, min_compaction_lag_ms=self.config.min_compaction_lag_ms,
-                         footers=self.engine.plans_with_footers)
+                         footers=self.engine.plans_with_footers, rewrite=self.config.rewrite)
         t = phase("plan", t0)
         _note_plan(summary, plan)
+        _check_order(self.meta.uri, plan, self.config)
+        # a rewrite, or a change of key TTL, is a run even with nothing new to read
+        changed = self.config.rewrite or (plan.previous.horizon is not None
+                                          and plan.previous.order != self.config.topic_order)
 
         def done(status: RunStatus, message: str = "", *, gc: bool = True) -> RunSummary:
             if gc:
@@ -192,7 +213,8 @@ class Compactor:
             summary.durations["total"] = time.perf_counter() - t0
             return summary.finish(status, message)
 
-        if plan.new_records == 0 and not self._tombstones_expire(plan, now_ms):
+        if plan.new_records == 0 and not changed and not self._tombstones_expire(plan, now_ms) \
+                and not self._keys_expire(plan, now_ms):
             why = "no records above the horizon"
             if plan.held_back_records:
                 why += f" old enough to compact ({plan.held_back_records} held back by the minimum lag)"
@@ -200,7 +222,7 @@ class Compactor:
         # A run that stopped short because its key map was full is continued whatever
         # the ratio: the rest of its backlog is owed, not optional.
         owed = bool(plan.previous.last_run.get("deferred_records"))
-        if plan.new_records and not owed and plan.dirty_ratio < self.config.min_dirty_ratio:
+        if plan.new_records and not owed and not changed and plan.dirty_ratio < self.config.min_dirty_ratio:
             return done(RunStatus.SKIPPED,
                         f"dirty ratio {plan.dirty_ratio:.3f} is below {self.config.min_dirty_ratio:.3f}")
 
@@ -349,13 +371,13 @@ class Compactor:
         last_run = {k: v for k, v in summary.to_json().items()
                     if k in ("records_read", "records_written", "records_reused", "deferred_records",
                              "bytes_read", "bytes_written",
-                             "tombstones_dropped", "keyless_dropped", "dirty_ratio")}
+                             "tombstones_dropped", "keyless_dropped", "keys_expired", "dirty_ratio")}
         last_run["config"] = self.config.to_json()
         return CompactionState(
             epoch=epoch, horizon=plan.horizon, compacted_ledger=run_id, parts=tuple(out.parts),
             retired=retired, keys=survivors.keys, tombstones=survivors.tombstones_kept,
             compacted_ms=now_ms, last_run=last_run,
-            topic_generation=max(prev.topic_generation, plan.topic.generation))
+            topic_generation=max(prev.topic_generation, plan.topic.generation), order=self.config.topic_order)
 
     def _remove(self, run_dir: str, written: list[str]) -> None:
         # Everything a run writes lies under its own folder, whoever wrote it (Spark
@@ -388,6 +410,20 @@ class Compactor:
             if s.gone is not None:
                 tomb &= ~s.gone
             if ((since > 0) & tomb & (now_ms - since >= self.config.delete_retention_ms)).any():
+                return True
+        return False
+
+    def _keys_expire(self, plan: Plan, now_ms: int) -> bool:
+        """Whether a run without new records would still drop keys past the key TTL."""
+        if not self.config.key_ttl_ms:
+            return False
+        order = self.config.topic_order
+        for s in plan.compacted:
+            s = open_slice(self.meta, s)
+            keyed = (s.file.footer.col("r_flags") & FLAG_HAS_KEY) != 0
+            if s.gone is not None:
+                keyed &= ~s.gone
+            if order.expired(decoded_times(s.file, order), now_ms)[keyed].any():
                 return True
         return False
 

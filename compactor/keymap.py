@@ -88,6 +88,13 @@ class KeyMap:
         events[found] = self.event[at[found]]
         return found, events
 
+    def index_of(self, hi: U64, lo: U64) -> tuple[npt.NDArray[np.bool_], I64]:
+        """For each query hash, whether the map holds it and where (its index into the
+        map's arrays; 0 where it does not)."""
+        at = self._index(hi, lo)
+        found = at >= 0
+        return found, np.where(found, at, 0)
+
     def _index(self, hi: U64, lo: U64) -> I64:
         """Where each query hash is in the map, -1 where it is not."""
         n = len(self.hi)

@@ -10,6 +10,13 @@ of the previous compacted ledger survives when its key is not in the map (nothin
 was written).  Tombstones then follow :func:`~shale.compactor.rules.tombstone_fate`.  When the
 new keys outgrow ``max_map_bytes`` the run is cut short at an entry boundary (partial
 cleaning) and the plan it returns says so.
+
+Under event-time order (:mod:`shale.ledger.ordering`) the map also keeps each key's
+winning time (32 bytes per key): a new record wins for its key when its time is the
+greatest, a later position breaking ties, and a record of a previous part survives when
+its key is not in the map *or* its time is greater than the map's winner, which then
+loses.  The times come from the footers: a part written under event order keeps them.
+With a key TTL, winners whose time is past it are dropped after the merge.
 """
 
 from __future__ import annotations
@@ -24,11 +31,13 @@ import numpy.typing as npt
 
 from shale.compactor.config import CompactionConfig
 from shale.compactor.cpus import worker_count
+from shale.compactor.event_map import EventKeyMapBuilder, event_map_capacity
 from shale.compactor.keymap import KEY_BYTES, KeyMap, KeyMapBuilder
 from shale.compactor.plan import Plan, Slice
 from shale.compactor.rules import latest_of_each_key, tombstone_fate
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE
 from shale.ledger.kernels import distinct_estimate
+from shale.ledger.ordering import decoded_times
 
 __all__ = ["Survivors", "latest_of_each_key", "pass_one", "tombstone_fate"]
 
@@ -63,6 +72,7 @@ class Survivors:
     map_keys: int
     map_bytes: int
     deferred_records: int
+    keys_expired: int = 0  # live keys dropped for their age (key TTL)
 
     @property
     def records_kept(self) -> int:
@@ -112,7 +122,7 @@ def _hashes(s: Slice) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
     return foot.col("r_hash_hi")[s.start:s.stop], foot.col("r_hash_lo")[s.start:s.stop]
 
 
-def _fit_prefix(builder: KeyMapBuilder, s: Slice, base: int, must_progress: bool) -> int:
+def _fit_prefix(builder: KeyMapBuilder | EventKeyMapBuilder, s: Slice, base: int, must_progress: bool) -> int:
     """The end record of the longest run of whole entries of ``s`` whose keys still fit.
     When nothing was taken yet (``must_progress``) at least one entry is, so every run
     makes progress; otherwise the answer may be ``s.start`` (nothing of ``s``)."""
@@ -199,9 +209,41 @@ def _build_map(plan: Plan, config: CompactionConfig) -> tuple[Plan, KeyMap, int]
     return plan, builder.build(for_lookups=bool(plan.compacted)), 0
 
 
+def _build_event_map(plan: Plan, config: CompactionConfig) -> tuple[Plan, KeyMap, int]:
+    """:func:`_build_map` under event-time order: the map keeps each key's greatest
+    ``(time, position)`` and its time."""
+    order = config.topic_order
+    builder = EventKeyMapBuilder(event_map_capacity(config.max_map_bytes))
+    base = sum(s.records for s in plan.compacted)
+    for i, s in enumerate(plan.new):
+        hi, lo, pos, first = _slice_records(s, base)
+        times = decoded_times(s.file, order, s.start, s.stop)
+        if pos is not None:
+            times = times[pos - base]
+        if builder.fits(hi, lo):
+            builder.add(hi, lo, times, pos, first=first)
+            base += s.records
+            continue
+        stop = _fit_prefix(builder, s, base, must_progress=i == 0)
+        if stop <= s.start:
+            kept_new = plan.new[:i]
+        else:
+            k = stop - s.start if pos is None else int(np.searchsorted(pos, base + stop - s.start))
+            builder.add(hi[:k], lo[:k], times[:k], None if pos is None else pos[:k], first=first)
+            kept_new = (*plan.new[:i], dataclasses.replace(s, stop=stop))
+        deferred = sum(x.records for x in plan.new) - sum(x.records for x in kept_new)
+        last = kept_new[-1] if kept_new else None
+        horizon = last.file.record_id(last.stop - 1) if last else plan.previous.horizon
+        return dataclasses.replace(plan, new=tuple(kept_new), horizon=horizon), builder.build(), deferred
+    return plan, builder.build(), 0
+
+
 def pass_one(plan: Plan, config: CompactionConfig, now_ms: int) -> Survivors:
     """Decide the survivors of ``plan`` under ``config`` at time ``now_ms``."""
-    plan, key_map, deferred = _build_map(plan, config)
+    if config.topic_order.by_event_time:
+        plan, key_map, deferred = _build_event_map(plan, config)
+    else:
+        plan, key_map, deferred = _build_map(plan, config)
     threads = worker_count(config.workers)
     # One pool for the lookups of every previous part (threads started once, not per part).
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="shale-lookup") as lookups:
@@ -218,7 +260,7 @@ def _lookups_ahead(plan: Plan, key_map: KeyMap, threads: int,
     the pool at once (by slice): each part's answer is then taken in order, so the pool
     looks up the next parts while the caller finishes the part before."""
     previous = [i for i, s in enumerate(plan.slices) if s.compacted]
-    if len(previous) < threads or threads <= 1:
+    if len(previous) < threads or threads <= 1 or key_map.event is not None:
         return {}
     key_map.prepare_lookups()
     return {i: lookups.submit(key_map.contains, *_hashes(plan.slices[i])) for i in previous}
@@ -237,6 +279,11 @@ def _decide(plan: Plan, key_map: KeyMap, deferred: int, config: CompactionConfig
     absent = 0  # records of previous parts that a deletion vector already removed
     tomb_bits = np.uint8(FLAG_HAS_KEY | FLAG_TOMBSTONE)
     ahead = _lookups_ahead(plan, key_map, threads, lookups)
+    order = config.topic_order
+    beaten = 0  # keys of the map whose previous part's record has the greater time
+    expired_keys = 0  # live keys past the key TTL
+    expired_tombs = 0  # tombstones past the key TTL (dropped as when past delete retention)
+    cutoff = now_ms - config.key_ttl_ms
     for i, s in enumerate(plan.slices):
         a, b = offsets[i], offsets[i + 1]
         foot = s.file.footer
@@ -248,7 +295,20 @@ def _decide(plan: Plan, key_map: KeyMap, deferred: int, config: CompactionConfig
         n_keyed = int(np.count_nonzero(has_key))
         keyed_total += n_keyed
         k = keep[a:b]
-        if s.compacted:
+        times = decoded_times(s.file, order, s.start, s.stop) if order.needs_times else None
+        if s.compacted and times is not None and key_map.event is not None:
+            # event order: a previous record survives unless the map's winner is at
+            # least as new (a tie goes to the later position, the map's record)
+            found, at = key_map.index_of(*_hashes(s))
+            wins = has_key & found
+            wins[wins] = times[wins] > key_map.event[at[wins]]
+            keep[key_map.pos[at[wins]]] = False
+            beaten += int(np.count_nonzero(wins))
+            live = has_key & (~found | wins)
+            k |= live
+            unsuperseded += int(np.count_nonzero(live))
+            since = foot.delete_since()[s.start:s.stop]
+        elif s.compacted:
             # every record is looked up (no gather of the keyed ones): the answer for a
             # keyless or deleted one is masked out below
             newer = ahead.pop(i).result() if i in ahead else key_map.contains(*_hashes(s), threads=threads,
@@ -264,6 +324,14 @@ def _decide(plan: Plan, key_map: KeyMap, deferred: int, config: CompactionConfig
             if s.gone is not None:
                 keyless_here &= ~s.gone
             k |= keyless_here
+        if config.key_ttl_ms and times is not None:
+            # the winners past the TTL go, as if deleted (aged after the merge, by the
+            # time that orders: no older record of the key can come back)
+            old = k & has_key & (times < cutoff)
+            old_tombs = old & ((flags & tomb_bits) == tomb_bits)
+            expired_tombs += int(np.count_nonzero(old_tombs))
+            expired_keys += int(np.count_nonzero(old)) - int(np.count_nonzero(old_tombs))
+            k &= ~old
         tomb = np.flatnonzero(k & ((flags & tomb_bits) == tomb_bits))
         tomb_at.append(a + tomb)
         tomb_since.append(since[tomb] if since is not None else np.zeros(len(tomb), dtype=np.int64))
@@ -272,12 +340,12 @@ def _decide(plan: Plan, key_map: KeyMap, deferred: int, config: CompactionConfig
     # Tombstones stay for delete_retention after the first run that kept them (KIP-534).
     expired, first_kept = tombstone_fate(since_all, now_ms, config.delete_retention_ms)
     keep[tomb[expired]] = False
-    distinct = len(key_map) + unsuperseded
+    distinct = len(key_map) + unsuperseded - beaten - expired_keys - expired_tombs
     keyless = n - absent - keyed_total
     return Survivors(
         plan=plan, keep=keep, since_at=tomb[~expired], since_ms=first_kept[~expired], offsets=tuple(offsets),
         records_read=n - absent, keys=distinct - len(tomb), tombstones_kept=len(tomb) - int(expired.sum()),
-        tombstones_dropped=int(expired.sum()),
+        tombstones_dropped=int(expired.sum()) + expired_tombs, keys_expired=expired_keys,
         keyless_kept=keyless if config.retain_null_key else 0,
         keyless_dropped=0 if config.retain_null_key else keyless,
         footer_bytes=sum(s.file.footer_bytes for s in plan.slices),

@@ -161,9 +161,14 @@ class Plan:
 
 def make_plan(meta: TopicMetadata, *, now_ms: int, min_compaction_lag_ms: int,
               open_file: Callable[[str, int | None, int], LedgerFile] | None = None,
-              footers: bool = True) -> Plan:
+              footers: bool = True, rewrite: bool = False) -> Plan:
     """Read both metadata documents and the footers needed to fix this run's range
-    (every footer with ``footers``; else at most two, see the module's text)."""
+    (every footer with ``footers``; else at most two, see the module's text).
+
+    ``rewrite``: read every original ledger still kept, not only those above the previous
+    horizon, besides the previous parts (which hold what retention removed since): the
+    whole topic competes again, as when its order changes.  The new horizon is then never
+    below the previous one, whatever the lag (those records were compacted already)."""
     loc = meta.topic
     opener = open_file or (lambda key, lid, kind: LedgerFile.open(loc.store, key, ledger_id=lid, kind=kind,
                                                                    dictionaries=meta.dictionaries))
@@ -172,9 +177,10 @@ def make_plan(meta: TopicMetadata, *, now_ms: int, min_compaction_lag_ms: int,
     # ledgers from the previous horizon's successor.
     view = TopicView(meta.load_topic(), previous)
     cutoff = now_ms - min_compaction_lag_ms
-    todo, held_back = _ledgers_to_read(view, cutoff)
-    compacted, files = _read_footers(meta, view, todo, opener, footers)
-    new, young = _new_slices(loc, todo, files, cutoff)
+    floor = previous.horizon if rewrite else None
+    todo, held_back = _ledgers_to_read(view, cutoff, MIN_ID if rewrite else view.tail_start(MIN_ID), floor)
+    compacted, files = _read_footers(meta, view, todo, opener, footers or rewrite)
+    new, young = _new_slices(loc, todo, files, cutoff, floor)
     horizon = new[-1].file.record_id(new[-1].stop - 1) if new else previous.horizon
     dirty = sum(s.data_bytes() for s in new)
     # Entry bytes on both sides (footers excluded), so the ratio compares like with like.
@@ -186,15 +192,16 @@ def make_plan(meta: TopicMetadata, *, now_ms: int, min_compaction_lag_ms: int,
                 dictionaries)
 
 
-def _ledgers_to_read(view: TopicView, cutoff: int) -> tuple[list[Segment], int]:
-    """The original ledgers of ``view`` above its horizon up to the first one holding a
-    record published after ``cutoff`` (too young to compact), and the records of the
-    ledgers after that one."""
+def _ledgers_to_read(view: TopicView, cutoff: int, start: MessageId,
+                     floor: MessageId | None = None) -> tuple[list[Segment], int]:
+    """The original ledgers of ``view`` from ``start`` up to the first one holding a
+    record published after ``cutoff`` (too young to compact) and past ``floor``, and the
+    records of the ledgers after that one."""
     todo: list[Segment] = []
-    ledgers = list(view.ledgers(view.tail_start(MIN_ID)))
+    ledgers = list(view.ledgers(start))
     for i, seg in enumerate(ledgers):
         todo.append(seg)
-        if _ledger(seg).last_publish > cutoff:
+        if _ledger(seg).last_publish > cutoff and (floor is None or seg.ledger_id > floor.ledger):
             return todo, sum(_ledger(later).records for later in ledgers[i + 1:])
     return todo, 0
 
@@ -228,9 +235,10 @@ def _read_footers(meta: TopicMetadata, view: TopicView, todo: list[Segment],
 
 
 def _new_slices(loc: Location, todo: list[Segment], files: list[LedgerFile | None],
-                cutoff: int) -> tuple[list[Slice], int]:
+                cutoff: int, floor: MessageId | None = None) -> tuple[list[Slice], int]:
     """The records of ``todo`` this run reads, and how many of their records it leaves
-    because they, or records before them, are younger than the lag allows."""
+    because they, or records before them, are younger than the lag allows (never those
+    up to ``floor``)."""
     new: list[Slice] = []
     held_back = 0
     for seg, f in zip(todo, files, strict=True):
@@ -242,6 +250,8 @@ def _new_slices(loc: Location, todo: list[Segment], files: list[LedgerFile | Non
             young = np.nonzero(f.footer.col("e_publish") > cutoff)[0]
             first_young = int(young[0]) if len(young) else f.n_entries
             stop = max(start, int(f.footer.e_rec_start[first_young]))
+            if floor is not None and seg.ledger_id <= floor.ledger:
+                stop = max(stop, min(f.n_records, f.find(floor) + 1))
             held_back += f.n_records - stop
         if stop > start:
             new.append(Slice(f, start, stop, False, ref=_ref(loc, seg)))

@@ -52,6 +52,7 @@ class RunSummary:
     tombstones_dropped: int = 0
     keyless_dropped: int = 0
     keyless_kept: int = 0
+    keys_expired: int = 0  # live keys dropped past the key TTL
     held_back_records: int = 0
     deferred_records: int = 0  # above the horizon because the key map was full (partial cleaning)
     map_keys: int = 0
@@ -101,7 +102,8 @@ class RunSummary:
         return (f"{self.topic}: {'would compact' if dry else 'compacted'} to horizon {self.horizon} ({was}), "
                 f"epoch {self.epoch}: {self._read(dry)} from {sources}, {self._kept(dry, kept)}, "
                 f"{smaller:.1f}% fewer records; {count(self.keys, 'key')}, tombstones kept {self.tombstones_kept:,} "
-                f"dropped {self.tombstones_dropped:,}, keyless dropped {self.keyless_dropped:,}; "
+                f"dropped {self.tombstones_dropped:,}, keyless dropped {self.keyless_dropped:,}"
+                + (f", keys expired {self.keys_expired:,}" if self.keys_expired else "") + "; "
                 f"{t.get('total', 0.0):.2f}s ({phases})" + (f"; {self.message}" if self.message else ""))
 
     def _read(self, dry: bool) -> str:

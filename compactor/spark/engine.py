@@ -88,6 +88,7 @@ class SparkSurvivors:
     rdd: RDD[tuple[int, bytes]] | None
     context: Broadcast[TaskContext] | None
     writes: WriteContext | None
+    keys_expired: int = 0
 
     @property
     def records_kept(self) -> int:
