@@ -40,6 +40,7 @@ from shale.metadata.layout import COMPACTED_DIR, HEARTBEAT_NAME
 from shale.metadata.requirements import AssertEpoch, AssertTopicGeneration, RequirementFailedError
 from shale.metadata.state import CompactionState, RetiredSet
 from shale.metadata.topic import TopicMetadata
+from shale.settings.units import count
 from shale.storage import StorageOptions
 
 __all__ = ["Compactor"]
@@ -135,7 +136,7 @@ def _check_order(uri: str, plan: Plan, config: CompactionConfig) -> None:
     size = sum(lg.bytes for lg in ledgers)
     raise InvalidInputError(
         f"{uri}: the compacted view is in {was} order; compacting it in {now} order needs --rewrite, which reads "
-        f"all {len(ledgers):,} ledgers still kept ({size / 1e6:,.1f} MB) and the compacted view, and writes the "
+        f"all {count(len(ledgers), 'ledger')} still kept ({size / 1e6:,.1f} MB) and the compacted view, and writes the "
         f"view again (records retention already removed count only as the view kept them)")
 
 
@@ -282,7 +283,7 @@ class Compactor:
                 return done(RunStatus.CONFLICT, "the run's heartbeat went stale, so garbage collection may have taken "
                             "its output; nothing was published", gc=False)
             self.progress("publishing")
-            new_state = self._new_state(plan, survivors, out, run_id, epoch, summary)
+            new_state = self._new_state(plan, survivors, out, run_id, epoch, summary, now_ms)
             remove_output = False  # from here a failure may have published: never remove on a guess
             with interrupts.deferring():  # an interrupt lets the swap finish: its outcome is then known
                 lost = self._publish(new_state, prev, run_id)
@@ -353,7 +354,7 @@ class Compactor:
         return ""
 
     def _new_state(self, plan: Plan, survivors: SurvivorCounts, out: PassTwoResult, run_id: str, epoch: int,
-                   summary: RunSummary) -> CompactionState:
+                   summary: RunSummary, decided_ms: int) -> CompactionState:
         # Retirement is stamped at publish time: the grace period of readers of the old
         # ledger starts when they can first see the new one, not when this run began.
         # By the store's clock, as garbage collection judges it.
@@ -373,6 +374,8 @@ class Compactor:
                              "bytes_read", "bytes_written",
                              "tombstones_dropped", "keyless_dropped", "keys_expired", "dirty_ratio")}
         last_run["config"] = self.config.to_json()
+        if self.config.key_ttl_ms:
+            last_run["decided_ms"] = decided_ms  # the "now" keys were aged at (verify ages them alike)
         return CompactionState(
             epoch=epoch, horizon=plan.horizon, compacted_ledger=run_id, parts=tuple(out.parts),
             retired=retired, keys=survivors.keys, tombstones=survivors.tombstones_kept,

@@ -19,6 +19,11 @@ part is read and its checksum verified too, and every record in it is checked to
 well-formed record exactly where the part's footer puts it, with the flags the footer
 gives it (exit 4 otherwise): what readers will decode.
 
+Under event-time order "latest" is the greatest time, a later id breaking ties, and a
+key whose latest record is past the key TTL (at the "now" the run aged keys at) is
+expected gone, like a dropped tombstone; a compacted record from a removed ledger is
+stale only when an existing ledger holds a record of greater ``(time, id)``.
+
 "Latest" is decided here by a fold of verification's own
 (:func:`~shale.compactor.verify_fold.latest_per_key`), never by the compactor's
 (:func:`~shale.compactor.rules.latest_of_each_key` and the C kernels behind it): a bug in
@@ -33,9 +38,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from shale.compactor.verify_fold import latest_per_key
+from shale.compactor.verify_fold import latest_per_key, latest_per_key_by_time
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, KIND_ORIGINAL
 from shale.ledger.ids import MessageId
+from shale.ledger.ordering import TopicOrder, decoded_times
 from shale.ledger.reader import LedgerFile
 from shale.metadata.state import TopicState
 from shale.metadata.topic import TopicMetadata
@@ -61,6 +67,9 @@ class VerifyReport:
     extra: int = 0
     stale: int = 0
     unverifiable: int = 0
+    #: event order: keys the view holds a value of that is older than a delete of theirs
+    #: the view no longer keeps (dropped past the delete retention): what the order allows
+    resurrected: int = 0
     examples: list[str] = field(default_factory=list)
 
     @property
@@ -78,6 +87,7 @@ class VerifyReport:
                 f"{count(self.records_checked, 'compacted record')} and {count(self.frames_checked, 'frame')} "
                 f"checked; missing {self.missing:,}, extra {self.extra:,}, "
                 f"stale {self.stale:,}, unverifiable {self.unverifiable:,}"
+                + (f", older than a dropped delete {self.resurrected:,}" if self.resurrected else "")
                 + "".join(f"\n  {e}" for e in self.examples))
 
 
@@ -89,13 +99,17 @@ class _Records:
     lo: list[npt.NDArray[np.uint64]] = field(default_factory=list)
     ids: list[npt.NDArray[np.uint64]] = field(default_factory=list)  # (n, 3)
     tomb: list[npt.NDArray[np.bool_]] = field(default_factory=list)
+    times: list[npt.NDArray[np.int64]] = field(default_factory=list)  # when the order needs them
 
-    def add(self, f: LedgerFile, start: int, stop: int, present: npt.NDArray[np.bool_] | None = None) -> None:
+    def add(self, f: LedgerFile, start: int, stop: int, present: npt.NDArray[np.bool_] | None = None,
+            order: TopicOrder | None = None) -> None:
         idx = _keyed(f, start, stop, present)
         self.hi.append(f.footer.col("r_hash_hi")[idx])
         self.lo.append(f.footer.col("r_hash_lo")[idx])
         self.ids.append(f.record_ids(idx))
         self.tomb.append((f.footer.col("r_flags")[idx] & FLAG_TOMBSTONE) != 0)
+        if order is not None and order.needs_times:
+            self.times.append(decoded_times(f, order, start, stop)[idx - start])
 
     def arrays(self) -> tuple[Any, Any, Any, Any]:
         if not self.hi:
@@ -103,6 +117,9 @@ class _Records:
             return e, e, np.empty((0, 3), dtype=np.uint64), np.empty(0, dtype=bool)
         return (np.concatenate(self.hi), np.concatenate(self.lo), np.concatenate(self.ids),
                 np.concatenate(self.tomb))
+
+    def all_times(self) -> npt.NDArray[np.int64]:
+        return np.concatenate(self.times) if self.times else np.empty(0, dtype=np.int64)
 
 
 @dataclass(slots=True)
@@ -115,14 +132,20 @@ class _Originals:
     lo: list[npt.NDArray[np.uint64]] = field(default_factory=list)
     tomb: list[npt.NDArray[np.bool_]] = field(default_factory=list)
     sources: list[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64]]] = field(default_factory=list)
+    times: list[npt.NDArray[np.int64]] = field(default_factory=list)  # when the order needs them
 
-    def add(self, f: LedgerFile, ledger_id: int, start: int, stop: int) -> None:
+    def add(self, f: LedgerFile, ledger_id: int, start: int, stop: int, order: TopicOrder | None = None) -> None:
         foot = f.footer
         idx = _keyed(f, start, stop, None)
         self.hi.append(foot.col("r_hash_hi")[idx])
         self.lo.append(foot.col("r_hash_lo")[idx])
         self.tomb.append((foot.col("r_flags")[idx] & FLAG_TOMBSTONE) != 0)
         self.sources.append((ledger_id, np.array(foot.e_rec_start, dtype=np.int64), idx))
+        if order is not None and order.needs_times:
+            self.times.append(decoded_times(f, order, start, stop)[idx - start])
+
+    def all_times(self) -> npt.NDArray[np.int64]:
+        return np.concatenate(self.times) if self.times else np.empty(0, dtype=np.int64)
 
     def arrays(self) -> tuple[Any, Any, Any]:
         if not self.hi:
@@ -167,13 +190,14 @@ def verify_topic(meta: TopicMetadata) -> VerifyReport:
     topic = meta.load_topic()
     h = state.horizon
     report = VerifyReport(meta.uri, str(h) if h else None, state.epoch)
-    published = _published(meta, TopicView(topic, state), report)
-    original, existing = _recomputed(meta, topic, h)
-    _compare(report, published, original, existing)
+    published = _published(meta, TopicView(topic, state), report, state.order)
+    original, existing = _recomputed(meta, topic, h, state.order)
+    decided = int(state.last_run.get("decided_ms") or state.compacted_ms)
+    _compare(report, published, original, existing, state.order, decided)
     return report
 
 
-def _published(meta: TopicMetadata, view: TopicView, report: VerifyReport) -> _Records:
+def _published(meta: TopicMetadata, view: TopicView, report: VerifyReport, order: TopicOrder) -> _Records:
     """The live records of the compacted parts (every part of the view, whole), every frame
     and record checked on the way."""
     published = _Records()
@@ -186,11 +210,12 @@ def _published(meta: TopicMetadata, view: TopicView, report: VerifyReport) -> _R
             # the records themselves, as readers will decode them (decompressed)
             f.check_records_in(buf, base, c0, c1)
             report.frames_checked += c1 - c0
-        published.add(f, 0, f.n_records, None if gone is None else ~gone)
+        published.add(f, 0, f.n_records, None if gone is None else ~gone, order)
     return published
 
 
-def _recomputed(meta: TopicMetadata, topic: TopicState, h: MessageId | None) -> tuple[_Originals, set[int]]:
+def _recomputed(meta: TopicMetadata, topic: TopicState, h: MessageId | None,
+                order: TopicOrder) -> tuple[_Originals, set[int]]:
     """The keyed records of the original ledgers up to the horizon (footers only), and
     the ids of the ledgers that still exist there."""
     loc = meta.topic
@@ -203,25 +228,33 @@ def _recomputed(meta: TopicMetadata, topic: TopicState, h: MessageId | None) -> 
             existing.add(lg.id)
             f = LedgerFile.open(loc.store, loc.key(lg.object), ledger_id=lg.id, kind=KIND_ORIGINAL)
             stop = f.find(h.successor()) if lg.id == h.ledger else f.n_records
-            original.add(f, lg.id, 0, stop)
+            original.add(f, lg.id, 0, stop, order)
     return original, existing
 
 
-def _compare(report: VerifyReport, published: _Records, original: _Originals, existing: set[int]) -> None:
+def _compare(report: VerifyReport, published: _Records, original: _Originals, existing: set[int],
+             topic_order: TopicOrder, decided_ms: int) -> None:
     """Count and name, in ``report``, what the published view has that the recomputed
     one has not, and the other way round."""
     p_hi, p_lo, p_ids, p_tomb = published.arrays()
     o_hi, o_lo, o_tomb = original.arrays()
+    o_t, p_t = original.all_times(), published.all_times()
     report.records_checked = len(p_hi)
     # verify's own fold, not the compactor's (so that either can catch the other)
-    latest = latest_per_key(o_hi, o_lo)  # sorted by hash
+    by_time = topic_order.by_event_time
+    latest = latest_per_key_by_time(o_hi, o_lo, o_t) if by_time else latest_per_key(o_hi, o_lo)  # by hash
     e_hi, e_lo, e_tomb = o_hi[latest], o_lo[latest], o_tomb[latest]
-    del o_hi, o_lo, o_tomb
+    e_t = o_t[latest] if len(o_t) else o_t
+    del o_hi, o_lo, o_tomb, o_t
+    if topic_order.key_ttl_ms:
+        e_tomb = e_tomb | topic_order.expired(e_t, decided_ms)  # expected gone, as a dropped tombstone is
     e_ids = original.ids(latest)
     report.keys_expected = int((~e_tomb).sum())
     # the compacted view holds one record per key; look each up among the expected ones
     order = np.lexsort((p_lo, p_hi))
     p_hi, p_lo, p_ids, p_tomb = p_hi[order], p_lo[order], p_ids[order], p_tomb[order]
+    if len(p_t):
+        p_t = p_t[order]
     at = _find(e_hi, e_lo, p_hi, p_lo)
     found = at >= 0
     j = at[found]
@@ -230,7 +263,17 @@ def _compare(report: VerifyReport, published: _Records, original: _Originals, ex
     other[found] = np.any(p_ids[found] != e_ids[j], axis=1)
     newer = np.zeros(len(p_hi), dtype=bool)  # ... and an existing ledger holds a newer record
     newer[found] = _later(e_ids[j], p_ids[found])
-    differs = other & newer
+    if by_time:  # newer by (time, id)
+        newer[found] = (e_t[j] > p_t[found]) | ((e_t[j] == p_t[found]) & newer[found])
+        # a value written late, older than a delete whose tombstone the view dropped once
+        # past its retention: the order keeps it (docs/compaction.md), so it is no mismatch
+        after_delete = np.zeros(len(p_hi), dtype=bool)
+        after_delete[found] = other[found] & newer[found] & e_tomb[j] & ~p_tomb[found] & _later(
+            p_ids[found], e_ids[j])
+        report.resurrected = int(after_delete.sum())
+    else:
+        after_delete = np.zeros(len(p_hi), dtype=bool)
+    differs = other & newer & ~after_delete
     flag = np.zeros(len(p_hi), dtype=bool)
     flag[found] = p_tomb[found] != e_tomb[j]
     flag &= ~other

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["latest_per_key"]
+__all__ = ["latest_per_key", "latest_per_key_by_time"]
 
 
 def latest_per_key(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> npt.NDArray[np.intp]:
@@ -57,3 +57,18 @@ def _last_of_each(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64],
     last = np.ones(len(o), dtype=bool)
     last[:-1] = (h[1:] != h[:-1]) | (lw[1:] != lw[:-1])
     return o[last]
+
+
+def latest_per_key_by_time(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64],
+                           times: npt.NDArray[np.int64]) -> npt.NDArray[np.intp]:
+    """Under event-time order: the position of the record with the greatest
+    ``(time, position)`` of every distinct hash ``(hi, lo)``, ordered by ``hi``, then
+    ``lo`` (one exact four-key sort)."""
+    n = len(hi)
+    if not n:
+        return np.empty(0, dtype=np.intp)
+    o = np.lexsort((np.arange(n), times, lo, hi))
+    h, lw = hi[o], lo[o]
+    last = np.ones(n, dtype=bool)
+    last[:-1] = (h[1:] != h[:-1]) | (lw[1:] != lw[:-1])
+    return o[last].astype(np.intp, copy=False)

@@ -24,7 +24,7 @@ from shale.ledger.format import KIND_COMPACTED
 from shale.ledger.reader import LedgerFile
 from shale.metadata.state import CompactionState, TopicState
 from shale.metadata.topic import TopicMetadata
-from shale.settings.units import count
+from shale.settings.units import count, format_duration
 
 __all__ = ["status_text", "topic_status"]
 
@@ -73,6 +73,10 @@ def topic_status(topic_uri: str, metadata_uri: str | None = None) -> dict[str, A
             "tombstones": comp.tombstones,
             "dirty_bytes": dirty,
             "dirty_ratio": round(ratio, 6),
+            # how the view decided its latest records (readers decide by the same)
+            "order": comp.order.order,
+            "key_ttl_ms": comp.order.key_ttl_ms,
+            "keys_expired": int(comp.last_run.get("keys_expired", 0)),
             "last_compaction_ms": comp.compacted_ms or None,
             "retired_pending": sum(len(r.objects) for r in comp.retired),
             "parts": [{"object": p.object, "records": p.records, "live": p.live, "bytes": p.bytes,
@@ -152,6 +156,9 @@ def status_text(doc: dict[str, Any]) -> str:
         lines.append(f"compacted {count(c['keys'], 'key')} ({count(c['tombstones'], 'tombstone')}), "
                      f"{count(c['compacted_records'], 'live record')}, "
                      f"{_stored(c['compacted_bytes'], c['compacted_raw_bytes'])} in {count(len(parts), 'part')}")
+        ttl = (f"; keys expire {format_duration(c['key_ttl_ms'])} after their latest record "
+               f"({count(c['keys_expired'], 'key')} expired by the last run)" if c["key_ttl_ms"] else "")
+        lines.append(f"order     {c['order']}{ttl}")
         if parts:
             rows = [("object", "records", "live", "bytes", "raw bytes")]
             rows += [(str(p["object"]), f"{p['records']:,}", f"{p['live']:,}", f"{p['bytes']:,}",
