@@ -36,10 +36,17 @@ def decoded_event_times(f: LedgerFile, raw: bytes | bytearray | memoryview, fram
     """The event time (:data:`NO_EVENT_TIME` where none) of each of ``records`` of
     ``f``, decoded: checked records, ``counts[i]`` of them in the entry whose frame starts
     at ``frames[i]`` of ``raw`` (laid out as :meth:`~shale.ledger.reader.LedgerFile.raw_frames` gives it)."""
+    return _decoded_times(f, raw, frames, counts, records)[0]
+
+
+def _decoded_times(f: LedgerFile, raw: bytes | bytearray | memoryview, frames: I64, counts: I64,
+                   records: I64) -> tuple[I64, I64]:
+    """:func:`decoded_event_times`, and each record's own publish time."""
     foot = f.footer
     at = np.repeat(frames + FRAME_HEADER.size, counts) + foot.col("r_offset")[records].astype(np.int64)
     sizes = foot.col("r_size")[records].astype(np.int64)
     out = np.empty(len(records), dtype=np.int64)
+    publish = np.empty(len(records), dtype=np.int64)
     for a in range(0, len(records), _BLOCK):  # (arrays bounded by records, not bytes)
         b = min(a + _BLOCK, len(records))
         bad, cols = record_columns(raw, at[a:b], sizes[a:b])
@@ -47,7 +54,8 @@ def decoded_event_times(f: LedgerFile, raw: bytes | bytearray | memoryview, fram
             mid = f.record_id(int(records[a + bad]))
             raise CorruptLedgerError(f"{f.url}: record {mid} cannot be decoded", path=f.url)
         out[a:b] = np.where(cols.has_event, cols.event, np.int64(NO_EVENT_TIME))
-    return out
+        publish[a:b] = cols.publish
+    return out, publish
 
 
 def copied_event_times(f: LedgerFile, buf: bytes | memoryview, base: int, sel: I64, kept: I64, rec: I64,
@@ -79,7 +87,18 @@ def check_event_times(f: LedgerFile, raw: bytes | bytearray | memoryview, frames
     known = f.event_times()
     if known is None or not len(records):
         return
-    decoded = decoded_event_times(f, raw, frames, counts, records)
+    decoded, publish = _decoded_times(f, raw, frames, counts, records)
+    kept_publish = f.footer.cols.get("r_publish")
+    if kept_publish is not None:
+        # a record's entry was published no earlier than the record itself
+        early = np.flatnonzero(kept_publish[records] < publish)
+        if len(early):
+            index = int(records[early[0]])
+            e = int(f.footer.entry_of(index))
+            raise CorruptLedgerError(
+                f"{f.url}: record {f.record_id(index)}: its footer's publish time {int(kept_publish[index])} is "
+                f"before the record's own {int(publish[early[0]])}", path=f.url,
+                position=int(f.footer.col("e_offset")[e]))
     wrong = np.flatnonzero(decoded != known[records])
     if len(wrong):
         index = int(records[wrong[0]])

@@ -144,3 +144,42 @@ def test_scrub_refuses_a_footer_whose_event_time_lies(tmp_path: Path, which: str
     lines = [line for line in (r.stdout + r.stderr).splitlines() if "event time" in line]
     assert len(lines) == 1 and name in lines[0] and "record" in lines[0] and "footer" in lines[0], r.stdout
     assert "Traceback" not in r.stderr
+
+
+def test_parts_keep_each_records_entry_publish_time_and_scrub_checks_it(tmp_path: Path) -> None:
+    """A run in event-time order keeps, per record, the publish time of the entry it was
+    first written in (``r_publish``) — not the packed entry's, the latest of what it
+    packs — and a footer that puts it before the record's own is refused (exit 4)."""
+    uri = str(tmp_path / "t")
+    produce(uri, 8, 600)
+    meta = TopicMetadata.open(uri)
+    loc = meta.topic
+    first_publish = {}
+    for lg in meta.load_topic().ledgers:
+        f = LedgerFile.open(loc.store, loc.key(lg.object))
+        for i, m in enumerate(f.messages()):
+            first_publish[m.id] = int(f.footer.record_publish()[i])
+    cfg = CompactionConfig(delete_retention_ms=0, order="event-time", compression=parse_compression("zstd"),
+                           entry_bytes=1 << 10)
+    assert Compactor(uri, cfg).run().status == "compacted"
+    parts = [f for f in objects_of(uri) if f.footer.kind == KIND_COMPACTED]
+    assert parts and all("r_publish" in f.footer.cols for f in parts)
+    packed_later = 0
+    for f in parts:
+        kept = f.footer.record_publish()
+        for i, m in enumerate(f.messages()):
+            assert int(kept[i]) == first_publish[m.id]
+        packed = np.repeat(f.footer.cols["e_publish"], np.diff(f.footer.e_rec_start.astype(np.int64)))
+        packed_later += int(np.count_nonzero(packed > kept))
+    assert packed_later, "no packed entry mixes records of entries published apart"
+    assert run_cli_here("verify", uri, "--scrub").returncode == 0
+    name = meta.load_compaction().parts[0].object
+    p = objects.parse(tamper.read_raw(uri, name))
+    early = p.cols["r_publish"].copy()
+    early[3] = 0
+    p.cols["r_publish"] = early
+    tamper.write_raw(uri, name, objects.build(p))
+    r = run_cli_here("verify", uri, "--scrub")
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert "publish time" in r.stdout + r.stderr and name in r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
