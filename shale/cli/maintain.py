@@ -63,6 +63,12 @@ def run_config(args: argparse.Namespace, io: Streams) -> int:
     check_workable(meta, changes)
     policy = meta.update_policy(changes, removed) if changes or removed else meta.load_policy()
     shown = policy_text(policy)
+    view = meta.load_compaction()
+    order = policy.get("order") or "offset"
+    if view.horizon is not None and order != view.order.order:
+        # not refused: the policy is what a rewrite then applies
+        io.err.write(f"{meta.uri}: note: the compacted view is in {view.order.order} order; compactions in "
+                     f"{order} order are refused until one rewrites it: shale compact {meta.uri} --rewrite\n")
     if args.json:
         print_json({"topic": meta.uri, "policy": shown, "version": policy.version}, io.out)
     elif not shown:
