@@ -13,7 +13,7 @@ Gauges (all per topic): ``shale_compaction_last_run_timestamp_seconds``,
 ``shale_compaction_duration_seconds{phase}`` (``total`` and each phase),
 ``shale_compaction_records_read``, ``..._bytes_read``, ``..._records_written``,
 ``..._bytes_written``, ``..._records_reused``, ``..._keys``, ``..._tombstones_kept``,
-``..._tombstones_dropped``, ``..._dirty_ratio_before`` (the run's plan),
+``..._tombstones_dropped``, ``..._keys_expired``, ``..._dirty_ratio_before`` (the run's plan),
 ``..._dirty_ratio_after`` (estimated from ledger sizes after the run), and what Kafka's
 log cleaner reports:
 
@@ -58,7 +58,8 @@ _COUNTS: Final = (("records_read", "records read from ledgers and previous compa
                   ("records_reused", "live records of previous compacted parts kept in place"),
                   ("keys", "distinct live keys below the new horizon"),
                   ("tombstones_kept", "tombstones kept in the compacted ledger"),
-                  ("tombstones_dropped", "tombstones dropped (past the delete retention)"))
+                  ("tombstones_dropped", "tombstones dropped (past the delete retention or the key TTL)"),
+                  ("keys_expired", "live keys dropped past the key TTL"))
 #: the runs that set the failure count back to 0 (those that did what a CronJob asks)
 _SUCCESSES: Final = (RunStatus.COMPACTED, RunStatus.NOTHING_TO_DO, RunStatus.SKIPPED)
 
