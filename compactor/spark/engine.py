@@ -31,20 +31,20 @@ from pyspark.sql import SparkSession
 from shale.compactor.config import CompactionConfig
 from shale.compactor.engine import SurvivorCounts
 from shale.compactor.keyfilter import KeyFilter
-from shale.compactor.keymap import KEY_BYTES
+from shale.compactor.keymap import EVENT_KEY_BYTES, KEY_BYTES
 from shale.compactor.pass_two import PassTwoResult
 from shale.compactor.plan import Plan
+from shale.compactor.spark.newkeys import filter_task
 from shale.compactor.spark.options import REDUCE_RECORDS_PER_PARTITION, SparkOptions, SparkUnavailableError
 from shale.compactor.spark.splits import Reports, plan_writes, slice_specs, task_of_splits
 from shale.compactor.spark.tasks import (
-    CANDIDATE,
     ERROR_KEY,
     MAP_KEY,
     STATS_KEY,
     TaskContext,
     WriteContext,
+    candidate_type,
     error_from_record,
-    filter_task,
     group_splits,
     map_task,
     reduce_partition,
@@ -296,10 +296,12 @@ class SparkEngine:
     def reduce_partitions(self, records: int, config: CompactionConfig) -> int:
         """Partitions of pass one's shuffle: at least Spark's default parallelism, and
         enough that no reduce task holds more than ``config.max_map_bytes`` of keys (as
-        the local engine's key map counts them) nor four million records."""
+        the local engine's key map counts them: 32 bytes a key under event-time order, else
+        24) nor four million records."""
         if self.options.reduce_partitions:
             return self.options.reduce_partitions
-        per_task = max(1, min(REDUCE_RECORDS_PER_PARTITION, config.max_map_bytes // KEY_BYTES))
+        key_bytes = EVENT_KEY_BYTES if config.topic_order.by_event_time else KEY_BYTES
+        per_task = max(1, min(REDUCE_RECORDS_PER_PARTITION, config.max_map_bytes // key_bytes))
         return max(self.session.sparkContext.defaultParallelism, math.ceil(records / per_task))
 
     def pass_one(self, plan: Plan, config: CompactionConfig, now_ms: int) -> SparkSurvivors:
@@ -341,11 +343,12 @@ class SparkEngine:
                 raise
         retain = config.retain_null_key
         return SparkSurvivors(
-            plan=plan, records_read=reports.records, keys=reports.keys - reports.tombstones,
+            plan=plan, records_read=reports.records, keys=reports.keys - reports.tombstones - reports.expired,
             tombstones_kept=reports.tombstones - reports.dropped, tombstones_dropped=reports.dropped,
             keyless_kept=reports.keyless if retain else 0, keyless_dropped=0 if retain else reports.keyless,
             footer_bytes=reports.footer_bytes, kept_keyed=reports.kept, map_keys=reports.most_keys,
-            map_bytes=reports.most_candidates * CANDIDATE.itemsize, rdd=rdd, context=bc, writes=writes)
+            map_bytes=reports.most_candidates * candidate_type(config.topic_order).itemsize, rdd=rdd, context=bc,
+            writes=writes, keys_expired=reports.expired)
 
     def _with_new_keys(self, ctx: TaskContext) -> TaskContext:
         """``ctx`` with a Bloom filter of the new records' keys, when the previous parts

@@ -55,6 +55,7 @@ class Reports:
     keys: int = 0
     tombstones: int = 0
     dropped: int = 0
+    expired: int = 0  # live keys past the key TTL
     kept: int = 0
     most_keys: int = 0  # of one reduce task
     most_candidates: int = 0  # of one reduce task
@@ -76,12 +77,14 @@ class Reports:
                 self.keys += int(settled["keys"])
                 self.tombstones += int(settled["tombstones"])
                 self.dropped += int(settled["dropped"])
+                self.expired += int(settled["expired"])
                 self.kept += int(settled["kept"])
                 self.live[i] = self.live.get(i, 0) + int(settled["kept"])
         elif key == STATS_KEY:
             self.keys += int(d["keys"])
             self.tombstones += int(d["tombstones"])
             self.dropped += int(d["dropped"])
+            self.expired += int(d["expired"])
             self.kept += int(d["kept"])
             self.most_keys = max(self.most_keys, int(d["keys"]))
             self.most_candidates = max(self.most_candidates, int(d["candidates"]))

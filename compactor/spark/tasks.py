@@ -8,12 +8,15 @@ numbers them.  Consecutive slices are grouped into map tasks (small ledgers shar
 
 * **map** (one task per group of slices): read each slice's footer, keep the latest
   record of each key within the slice, and send each survivor ``(hash, position, flags,
-  first-kept time)`` — 33 bytes, as NumPy buffers — to the reduce partition of its hash;
-  report to the driver where the slice may be cut for pass two (entry boundaries, by
-  ``split_bytes`` and ``split_records``), and its record counts;
-* **reduce** (one task per hash partition): keep the latest position of each key, apply
-  the tombstone rules, and group the kept positions by the slice they came from; report
-  the counts, and how many records of each previous part survive;
+  first-kept time)`` — 33 bytes, as NumPy buffers — to the reduce partition of its hash
+  (41 bytes with the record's time, when the topic's order or key TTL needs it:
+  :mod:`shale.ledger.ordering`); report to the driver where the slice may be cut for
+  pass two (entry boundaries, by ``split_bytes`` and ``split_records``), and its record
+  counts;
+* **reduce** (one task per hash partition): keep the latest record of each key (the
+  greatest ``(time, position)`` under event-time order), drop the winners past the key
+  TTL, apply the tombstone rules, and group the kept positions by the slice they came
+  from; report the counts, and how many records of each previous part survive;
 * **write** (one task per group of splits, planned by the driver from the map reports):
   copy the kept records of its splits, in order, into parts named
   ``part-<task>-<n>.ledger`` under the run folder; a previous part the driver chose to
@@ -40,11 +43,13 @@ from shale.compactor.config import CompactionConfig
 from shale.compactor.keyfilter import KeyFilter
 from shale.compactor.pass_two import Copy, Work, reuse_part, write_parts, write_vectors
 from shale.compactor.plan import Slice
-from shale.compactor.rules import latest_of_each_key, tombstone_fate
+from shale.compactor.rules import latest_by_event_time, latest_of_each_key, tombstone_fate
+from shale.compactor.spark.newkeys import settle
 from shale.ledger.codecs import Dictionary, dictionary_source
 from shale.ledger.deletions import read_deletions
 from shale.ledger.errors import CorruptLedgerError, ShaleError, TransientStorageError, error_detail, error_from_detail
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, KIND_COMPACTED
+from shale.ledger.ordering import TopicOrder, decoded_times
 from shale.ledger.reader import LedgerFile
 from shale.metadata.state import CompactedPart
 from shale.storage import Location
@@ -58,19 +63,21 @@ __all__ = [
     "SplitSpec",
     "TaskContext",
     "WriteContext",
+    "candidate_type",
     "cut_slice",
     "error_from_record",
-    "filter_task",
     "group_splits",
     "map_task",
     "reduce_partition",
     "resplit",
-    "settle",
     "write_task",
 ]
 
 #: One candidate survivor in pass one's shuffle.
 CANDIDATE: Final = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("pos", "<i8"), ("since", "<i8"), ("flags", "u1")])
+#: A candidate with its record's time, when the topic's order or key TTL needs it.
+TIMED_CANDIDATE: Final = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("pos", "<i8"), ("since", "<i8"), ("flags", "u1"),
+                                   ("time", "<i8")])
 #: One kept record sent from a reduce task to the write task of its split.
 KEPT: Final = np.dtype([("pos", "<i8"), ("since", "<i8")])
 #: The key under which reduce tasks report their counts.
@@ -99,6 +106,21 @@ class SplitSpec:
     @property
     def records(self) -> int:
         return self.stop - self.start
+
+
+def candidate_type(order: TopicOrder) -> np.dtype[Any]:
+    """The rows pass one shuffles under ``order``: times travel only when deciding needs them."""
+    return TIMED_CANDIDATE if order.needs_times else CANDIDATE
+
+
+def _winners(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64], times: npt.NDArray[np.int64] | None,
+             order: TopicOrder) -> npt.NDArray[np.intp]:
+    """Indexes of each key's winner among records in position order: the greatest
+    ``(time, position)`` under event order, else the last."""
+    if order.by_event_time:
+        assert times is not None
+        return latest_by_event_time(hi, lo, times)
+    return latest_of_each_key(hi, lo)
 
 
 def group_splits(splits: Sequence[SplitSpec], split_bytes: int, split_records: int) -> list[tuple[int, int]]:
@@ -246,21 +268,25 @@ def _map_task(ctx: TaskContext, task_indexes: Iterable[int]) -> Iterator[tuple[i
         has_key = (flags & FLAG_HAS_KEY) != 0
         keyed_mask = has_key if present is None else has_key & present
         n_keyed = int(np.count_nonzero(keyed_mask))
-        settled = settle(ctx, sp, f, present)
+        rule = ctx.config.topic_order
+        times = decoded_times(f, rule, sp.start, sp.stop) if rule.needs_times else None
+        settled = settle(ctx, sp, f, present, times)
         if settled is not None:
             keyed_mask = settled.pending  # only these go to the reduce side
         keyed = np.flatnonzero(keyed_mask)
         hi = foot.col("r_hash_hi")[sp.start:sp.stop][keyed]
         lo = foot.col("r_hash_lo")[sp.start:sp.stop][keyed]
-        # The latest of each key within the slice is the only one that can win overall.
+        # The winner of each key within the slice is the only one that can win overall.
         # In position order, so every chunk a reduce task receives is sorted by position.
-        idx = np.sort(keyed[latest_of_each_key(hi, lo)])
-        cand = np.empty(len(idx), dtype=CANDIDATE)
+        idx = np.sort(keyed[_winners(hi, lo, None if times is None else times[keyed], rule)])
+        cand = np.empty(len(idx), dtype=candidate_type(rule))
         cand["hi"] = foot.col("r_hash_hi")[sp.start:sp.stop][idx]
         cand["lo"] = foot.col("r_hash_lo")[sp.start:sp.stop][idx]
         cand["pos"] = sp.base + idx
         cand["since"] = foot.delete_since()[sp.start:sp.stop][idx]
         cand["flags"] = flags[idx]
+        if times is not None:
+            cand["time"] = times[idx]
         # 16-bit buckets sort by radix; stable keeps each bucket in position order
         btype = np.uint16 if parts <= 1 << 16 else np.int64
         bucket = (cand["hi"] % np.uint64(parts)).astype(btype)
@@ -279,78 +305,6 @@ def _map_task(ctx: TaskContext, task_indexes: Iterable[int]) -> Iterator[tuple[i
         yield MAP_KEY, json.dumps(report).encode()
 
 
-@dataclass(frozen=True, slots=True)
-class Settled:
-    """The records of a previous part's split whose key is surely not new: each is the
-    last of its key (a compacted part holds one per key), so it is kept, unless it is a
-    tombstone past its retention.  Masks and times over the split's records."""
-
-    pending: npt.NDArray[np.bool_]  # keyed records whose key may be new: decided by the reduce side
-    keep: npt.NDArray[np.bool_]  # settled here and kept
-    since: npt.NDArray[np.int64]  # when each kept tombstone was first kept (0 elsewhere)
-    keys: int  # settled keyed records
-    tombstones: int
-    dropped: int
-
-    def counts(self) -> dict[str, int]:
-        return {"keys": self.keys, "tombstones": self.tombstones, "dropped": self.dropped,
-                "kept": int(np.count_nonzero(self.keep))}
-
-
-def settle(ctx: TaskContext, sp: SplitSpec, f: LedgerFile, present: npt.NDArray[np.bool_] | None) -> Settled | None:
-    """What a split of a previous part decides without the shuffle (None: nothing, no
-    filter of new keys, or not a previous part).  The map task and the write task both
-    call it on the same records and get the same answer."""
-    if ctx.new_keys is None or not sp.previous:
-        return None
-    foot = f.footer
-    flags = foot.col("r_flags")[sp.start:sp.stop]
-    keyed = (flags & FLAG_HAS_KEY) != 0
-    if present is not None:
-        keyed &= present
-    idx = np.flatnonzero(keyed)
-    maybe = ctx.new_keys.may_contain(foot.col("r_hash_hi")[sp.start:sp.stop][idx],
-                                     foot.col("r_hash_lo")[sp.start:sp.stop][idx])
-    pending = np.zeros(sp.records, dtype=bool)
-    pending[idx[maybe]] = True
-    sure = idx[~maybe]
-    tomb = sure[(flags[sure] & FLAG_TOMBSTONE) != 0]
-    expired, first_kept = tombstone_fate(foot.delete_since()[sp.start:sp.stop][tomb], ctx.now_ms,
-                                         ctx.config.delete_retention_ms)
-    keep = np.zeros(sp.records, dtype=bool)
-    keep[sure] = True
-    keep[tomb[expired]] = False
-    since = np.zeros(sp.records, dtype=np.int64)
-    since[tomb[~expired]] = first_kept[~expired]
-    return Settled(pending, keep, since, len(sure), len(tomb), int(np.count_nonzero(expired)))
-
-
-def filter_task(ctx: TaskContext, size: int, task_indexes: Iterable[int]) -> Iterator[KeyFilter]:
-    """The Bloom filter of the keys of the new records in these map tasks' slices.  A
-    slice that cannot be read gives a filter of every key, so that pass one's map task
-    meets the same error and reports it."""
-    loc = ctx.location()
-    out = KeyFilter(np.zeros(size // 8, dtype=np.uint8))
-    for i in (i for t in task_indexes for i in range(*ctx.tasks[t])):
-        sp = ctx.slices[i]
-        if sp.previous:
-            continue
-        try:
-            f = ctx.open(loc, sp)
-        except TransientStorageError:
-            raise  # Spark retries the task
-        except ShaleError:
-            f = None
-        if f is None or sp.stop > f.n_records:
-            yield KeyFilter(np.full(size // 8, 0xFF, dtype=np.uint8))
-            return
-        foot = f.footer
-        keyed = np.flatnonzero((foot.col("r_flags")[sp.start:sp.stop] & FLAG_HAS_KEY) != 0)
-        out = out.union(KeyFilter.of(foot.col("r_hash_hi")[sp.start:sp.stop][keyed],
-                                     foot.col("r_hash_lo")[sp.start:sp.stop][keyed], size))
-    yield out
-
-
 def reduce_partition(ctx: TaskContext, items: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
     """Pass one, reduce side: the latest record of each key in this hash partition,
     minus expired tombstones, grouped by the slice that holds it; then this task's counts."""
@@ -358,24 +312,31 @@ def reduce_partition(ctx: TaskContext, items: Iterable[tuple[int, bytes]]) -> It
 
 
 def _reduce_partition(ctx: TaskContext, items: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
+    rule = ctx.config.topic_order
+    row = candidate_type(rule)
     chunks = []
     for k, v in items:
         if k in (ERROR_KEY, MAP_KEY):
             yield k, v  # a map task's error or report, on its way to the driver
         else:
-            chunks.append(np.frombuffer(v, dtype=CANDIDATE))
+            chunks.append(np.frombuffer(v, dtype=row))
     # Each chunk is sorted by position and chunks of different slices do not overlap,
     # so ordering chunks by their first position sorts everything: the latest record of
     # a key is then its last occurrence.
     chunks.sort(key=lambda c: int(c["pos"][0]) if len(c) else -1)
-    cand = np.concatenate(chunks) if chunks else np.empty(0, dtype=CANDIDATE)
+    cand = np.concatenate(chunks) if chunks else np.empty(0, dtype=row)
     del chunks
     if len(cand) > 1 and not bool(np.all(cand["pos"][1:] > cand["pos"][:-1])):
         cand = cand[np.argsort(cand["pos"], kind="stable")]  # never expected; cheap to be sure
-    win = cand[latest_of_each_key(cand["hi"], cand["lo"])]
-    tomb = np.nonzero(win["flags"] & FLAG_TOMBSTONE)[0]
+    win = cand[_winners(cand["hi"], cand["lo"], cand["time"] if rule.needs_times else None, rule)]
+    is_tomb = (win["flags"] & FLAG_TOMBSTONE) != 0
+    # Winners past the key TTL go as if deleted (aged after the merge, by the time that
+    # orders): a live one counts as expired, a tombstone as dropped.
+    old = rule.expired(win["time"], ctx.now_ms) if rule.key_ttl_ms else np.zeros(len(win), dtype=bool)
+    old_tombs = int(np.count_nonzero(old & is_tomb))
+    tomb = np.nonzero(is_tomb & ~old)[0]
     expired, first_kept = tombstone_fate(win["since"][tomb], ctx.now_ms, ctx.config.delete_retention_ms)
-    keep = np.ones(len(win), dtype=bool)
+    keep = ~old
     keep[tomb[expired]] = False
     since = np.zeros(len(win), dtype=np.int64)
     since[tomb[~expired]] = first_kept[~expired]
@@ -393,8 +354,9 @@ def _reduce_partition(ctx: TaskContext, items: Iterable[tuple[int, bytes]]) -> I
             if i < ctx.compacted:
                 live[i] = int(b - a)
             yield i, kept[a:b].tobytes()
-    counts = {"keys": len(win), "tombstones": len(tomb), "dropped": int(expired.sum()), "kept": len(kept),
-              "candidates": len(cand), "live": live}
+    counts = {"keys": len(win), "tombstones": int(np.count_nonzero(is_tomb)), "dropped": int(expired.sum()) + old_tombs,
+              "expired": int(np.count_nonzero(old)) - old_tombs, "kept": len(kept), "candidates": len(cand),
+              "live": live}
     yield STATS_KEY, json.dumps(counts).encode()
 
 
