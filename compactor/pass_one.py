@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
@@ -266,6 +268,53 @@ def _lookups_ahead(plan: Plan, key_map: KeyMap, threads: int,
     return {i: lookups.submit(key_map.contains, *_hashes(plan.slices[i])) for i in previous}
 
 
+@dataclass(slots=True)
+class _Tally:
+    """What :func:`_decide` counts as it goes through the slices."""
+
+    keyed: int = 0
+    unsuperseded: int = 0  # records of previous parts whose key has no newer record
+    absent: int = 0  # records of previous parts that a deletion vector already removed
+    beaten: int = 0  # keys of the map whose previous part's record has the greater time
+    expired_keys: int = 0  # live keys past the key TTL
+    expired_tombs: int = 0  # tombstones past the key TTL (dropped as when past delete retention)
+
+
+_TOMB_BITS: Final = np.uint8(FLAG_HAS_KEY | FLAG_TOMBSTONE)
+
+
+def _previous_live(s: Slice, has_key: npt.NDArray[np.bool_], times: npt.NDArray[np.int64] | None, key_map: KeyMap,
+                   keep: npt.NDArray[np.bool_], newer: Callable[[], npt.NDArray[np.bool_]],
+                   tally: _Tally) -> npt.NDArray[np.bool_]:
+    """Which keyed records of a previous part survive: their key has no new record, or
+    (event order) theirs is newer than the map's winner, which then loses (a tie goes
+    to the later position, the map's record)."""
+    if times is not None and key_map.event is not None:
+        found, at = key_map.index_of(*_hashes(s))
+        wins = has_key & found
+        wins[wins] = times[wins] > key_map.event[at[wins]]
+        keep[key_map.pos[at[wins]]] = False
+        tally.beaten += int(np.count_nonzero(wins))
+        live = has_key & (~found | wins)
+    else:
+        # every record is looked up (no gather of the keyed ones): the answer for a
+        # keyless or deleted one is masked out here
+        live = has_key & ~newer()
+    tally.unsuperseded += int(np.count_nonzero(live))
+    return live
+
+
+def _expire(k: npt.NDArray[np.bool_], has_key: npt.NDArray[np.bool_], flags: npt.NDArray[np.uint8],
+            times: npt.NDArray[np.int64], cutoff: int, tally: _Tally) -> None:
+    """Drop the winners past the key TTL, as if deleted (aged after the merge, by the
+    time that orders: no older record of their key can come back)."""
+    old = k & has_key & (times < cutoff)
+    old_tombs = int(np.count_nonzero(old & ((flags & _TOMB_BITS) == _TOMB_BITS)))
+    tally.expired_tombs += old_tombs
+    tally.expired_keys += int(np.count_nonzero(old)) - old_tombs
+    k &= ~old
+
+
 def _decide(plan: Plan, key_map: KeyMap, deferred: int, config: CompactionConfig, now_ms: int, threads: int,
             lookups: ThreadPoolExecutor) -> Survivors:
     offsets = list(itertools.accumulate((s.records for s in plan.slices), initial=0))
@@ -274,16 +323,9 @@ def _decide(plan: Plan, key_map: KeyMap, deferred: int, config: CompactionConfig
     keep[key_map.pos] = True  # each new key's latest record
     tomb_at: list[npt.NDArray[np.int64]] = []
     tomb_since: list[npt.NDArray[np.int64]] = []
-    keyed_total = 0
-    unsuperseded = 0  # records of the previous compacted ledger whose key was not written again
-    absent = 0  # records of previous parts that a deletion vector already removed
-    tomb_bits = np.uint8(FLAG_HAS_KEY | FLAG_TOMBSTONE)
+    tally = _Tally()
     ahead = _lookups_ahead(plan, key_map, threads, lookups)
     order = config.topic_order
-    beaten = 0  # keys of the map whose previous part's record has the greater time
-    expired_keys = 0  # live keys past the key TTL
-    expired_tombs = 0  # tombstones past the key TTL (dropped as when past delete retention)
-    cutoff = now_ms - config.key_ttl_ms
     for i, s in enumerate(plan.slices):
         a, b = offsets[i], offsets[i + 1]
         foot = s.file.footer
@@ -291,61 +333,48 @@ def _decide(plan: Plan, key_map: KeyMap, deferred: int, config: CompactionConfig
         has_key = (flags & FLAG_HAS_KEY) != 0
         if s.gone is not None:
             has_key &= ~s.gone
-            absent += int(np.count_nonzero(s.gone))
+            tally.absent += int(np.count_nonzero(s.gone))
         n_keyed = int(np.count_nonzero(has_key))
-        keyed_total += n_keyed
+        tally.keyed += n_keyed
         k = keep[a:b]
         times = decoded_times(s.file, order, s.start, s.stop) if order.needs_times else None
-        if s.compacted and times is not None and key_map.event is not None:
-            # event order: a previous record survives unless the map's winner is at
-            # least as new (a tie goes to the later position, the map's record)
-            found, at = key_map.index_of(*_hashes(s))
-            wins = has_key & found
-            wins[wins] = times[wins] > key_map.event[at[wins]]
-            keep[key_map.pos[at[wins]]] = False
-            beaten += int(np.count_nonzero(wins))
-            live = has_key & (~found | wins)
-            k |= live
-            unsuperseded += int(np.count_nonzero(live))
+        since = None
+        if s.compacted:
+            def newer(i: int = i, s: Slice = s) -> npt.NDArray[np.bool_]:
+                return ahead.pop(i).result() if i in ahead else key_map.contains(*_hashes(s), threads=threads,
+                                                                                 pool=lookups)
+
+            k |= _previous_live(s, has_key, times, key_map, keep, newer, tally)
             since = foot.delete_since()[s.start:s.stop]
-        elif s.compacted:
-            # every record is looked up (no gather of the keyed ones): the answer for a
-            # keyless or deleted one is masked out below
-            newer = ahead.pop(i).result() if i in ahead else key_map.contains(*_hashes(s), threads=threads,
-                                                                               pool=lookups)
-            live = has_key & ~newer
-            k |= live
-            unsuperseded += int(np.count_nonzero(live))
-            since = foot.delete_since()[s.start:s.stop]
-        else:
-            since = None
         if config.retain_null_key and n_keyed < b - a:
             keyless_here = (flags & FLAG_HAS_KEY) == 0
             if s.gone is not None:
                 keyless_here &= ~s.gone
             k |= keyless_here
         if config.key_ttl_ms and times is not None:
-            # the winners past the TTL go, as if deleted (aged after the merge, by the
-            # time that orders: no older record of the key can come back)
-            old = k & has_key & (times < cutoff)
-            old_tombs = old & ((flags & tomb_bits) == tomb_bits)
-            expired_tombs += int(np.count_nonzero(old_tombs))
-            expired_keys += int(np.count_nonzero(old)) - int(np.count_nonzero(old_tombs))
-            k &= ~old
-        tomb = np.flatnonzero(k & ((flags & tomb_bits) == tomb_bits))
+            _expire(k, has_key, flags, times, now_ms - config.key_ttl_ms, tally)
+        tomb = np.flatnonzero(k & ((flags & _TOMB_BITS) == _TOMB_BITS))
         tomb_at.append(a + tomb)
         tomb_since.append(since[tomb] if since is not None else np.zeros(len(tomb), dtype=np.int64))
+    return _survivors(plan, keep, tomb_at, tomb_since, offsets, tally, key_map, deferred, config, now_ms)
+
+
+def _survivors(plan: Plan, keep: npt.NDArray[np.bool_], tomb_at: list[npt.NDArray[np.int64]],
+               tomb_since: list[npt.NDArray[np.int64]], offsets: list[int], tally: _Tally, key_map: KeyMap,
+               deferred: int, config: CompactionConfig, now_ms: int) -> Survivors:
+    """The decision, once the kept tombstones' fate is settled, with its counts."""
+    n = offsets[-1]
     tomb = np.concatenate(tomb_at) if tomb_at else np.empty(0, dtype=np.int64)
     since_all = np.concatenate(tomb_since) if tomb_since else np.empty(0, dtype=np.int64)
     # Tombstones stay for delete_retention after the first run that kept them (KIP-534).
     expired, first_kept = tombstone_fate(since_all, now_ms, config.delete_retention_ms)
     keep[tomb[expired]] = False
-    distinct = len(key_map) + unsuperseded - beaten - expired_keys - expired_tombs
-    keyless = n - absent - keyed_total
+    distinct = len(key_map) + tally.unsuperseded - tally.beaten - tally.expired_keys - tally.expired_tombs
+    keyless = n - tally.absent - tally.keyed
     return Survivors(
         plan=plan, keep=keep, since_at=tomb[~expired], since_ms=first_kept[~expired], offsets=tuple(offsets),
-        records_read=n - absent, keys=distinct - len(tomb), tombstones_kept=len(tomb) - int(expired.sum()),
-        tombstones_dropped=int(expired.sum()) + expired_tombs, keys_expired=expired_keys,
+        records_read=n - tally.absent, keys=distinct - len(tomb), tombstones_kept=len(tomb) - int(expired.sum()),
+        tombstones_dropped=int(expired.sum()) + tally.expired_tombs, keys_expired=tally.expired_keys,
         keyless_kept=keyless if config.retain_null_key else 0,
         keyless_dropped=0 if config.retain_null_key else keyless,
         footer_bytes=sum(s.file.footer_bytes for s in plan.slices),

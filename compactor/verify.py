@@ -263,16 +263,12 @@ def _compare(report: VerifyReport, published: _Records, original: _Originals, ex
     other[found] = np.any(p_ids[found] != e_ids[j], axis=1)
     newer = np.zeros(len(p_hi), dtype=bool)  # ... and an existing ledger holds a newer record
     newer[found] = _later(e_ids[j], p_ids[found])
-    if by_time:  # newer by (time, id)
-        newer[found] = (e_t[j] > p_t[found]) | ((e_t[j] == p_t[found]) & newer[found])
-        # a value written late, older than a delete whose tombstone the view dropped once
-        # past its retention: the order keeps it (docs/compaction.md), so it is no mismatch
-        after_delete = np.zeros(len(p_hi), dtype=bool)
-        after_delete[found] = other[found] & newer[found] & e_tomb[j] & ~p_tomb[found] & _later(
-            p_ids[found], e_ids[j])
+    after_delete = np.zeros(len(p_hi), dtype=bool)
+    if by_time:
+        newer[found] = (e_t[j] > p_t[found]) | ((e_t[j] == p_t[found]) & newer[found])  # by (time, id)
+        after_delete[found] = _after_delete(other[found] & newer[found], e_tomb[j], p_tomb[found], p_ids[found],
+                                            e_ids[j])
         report.resurrected = int(after_delete.sum())
-    else:
-        after_delete = np.zeros(len(p_hi), dtype=bool)
     differs = other & newer & ~after_delete
     flag = np.zeros(len(p_hi), dtype=bool)
     flag[found] = p_tomb[found] != e_tomb[j]
@@ -294,6 +290,14 @@ def _compare(report: VerifyReport, published: _Records, original: _Originals, ex
     examples += [f"missing: the key of record {_id(e_ids[i])} (its latest) is not in the compacted view"
                  for i in lost[:_EXAMPLES]]
     report.examples = examples[:_EXAMPLES]
+
+
+def _after_delete(stale: npt.NDArray[np.bool_], e_tomb: npt.NDArray[np.bool_], p_tomb: npt.NDArray[np.bool_],
+                  p_ids: npt.NDArray[np.uint64], e_ids: npt.NDArray[np.uint64]) -> npt.NDArray[np.bool_]:
+    """Of compacted records newer ones outweigh (``stale``), the values written after a
+    delete of greater time that the view no longer keeps (dropped once past its
+    retention): event-time order keeps them (docs/compaction.md), so they are no mismatch."""
+    return np.asarray(stale & e_tomb & ~p_tomb & _later(p_ids, e_ids))
 
 
 def _later(a: npt.NDArray[np.uint64], b: npt.NDArray[np.uint64]) -> npt.NDArray[np.bool_]:
