@@ -142,11 +142,7 @@ def plan_latest(meta: TopicMetadata, *, end: MessageId | None = None, order: Top
         starts.append(b)
         del f, records, flags, keyed
     n = starts[-1]
-    if order.by_event_time:
-        assert times is not None
-        latest = np.sort(latest_by_event_time(hi[:n], lo[:n], times[:n])).astype(np.int64, copy=False)
-    else:
-        latest = last_of_each_key(hi[:n], lo[:n])
+    latest = _winners(hi[:n], lo[:n], None if times is None else times[:n], order)
     del hi, lo
     latest = latest[~tombstone[latest]]
     expired = 0
@@ -160,6 +156,16 @@ def plan_latest(meta: TopicMetadata, *, end: MessageId | None = None, order: Top
     chosen = tuple(Chosen(segment, index[latest[cut[i]:cut[i + 1]]].astype(np.int64))
                    for i, segment in enumerate(segments) if cut[i + 1] > cut[i])
     return LatestPlan(chosen, n, order, expired)
+
+
+def _winners(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64], times: npt.NDArray[np.int64] | None,
+             order: TopicOrder) -> npt.NDArray[np.int64]:
+    """Positions (rising) of the latest record of each key ``(hi, lo)`` under ``order``
+    (``times``: each record's, when the order needs them)."""
+    if not order.by_event_time:
+        return last_of_each_key(hi, lo)
+    assert times is not None
+    return np.sort(latest_by_event_time(hi, lo, times)).astype(np.int64, copy=False)
 
 
 def last_of_each_key(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:

@@ -11,7 +11,7 @@ entry it was first written in, from the footers), a later id breaking ties: a la
 older than the key's current value is ignored, and so is a late one older than the
 tombstone that deleted its key (the view remembers the time of each key's winning
 tombstone for that).  With a key TTL, a key whose winning record is older than the TTL is
-not in the view: "now" is read once per :meth:`refresh`, and each refresh also drops the
+not in the view: "now" is read once per :meth:`TableView.refresh`, and each refresh also drops the
 keys that expired since, telling listeners as of a deletion.
 """
 
