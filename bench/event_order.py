@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from shale.compactor.event_map import EventKeyMapBuilder
 from shale.compactor.keymap import KeyMapBuilder
-from shale.compactor.rules import _latest_by_event_sort, latest_by_event_time, latest_of_each_key
+from shale.ledger.latest import _latest_by_event_sort, latest_by_event_time, latest_of_each_key
 
 Arrays = tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.int64]]
 

@@ -16,6 +16,7 @@ import msgspec
 
 from shale.ledger.codecs import Compression, parse_compression
 from shale.ledger.errors import InvalidInputError, InvalidMetadataError
+from shale.ledger.ordering import OFFSET, TopicOrder
 from shale.settings import POLICY_SETTINGS
 from shale.settings.units import MAX_BYTES, MAX_MILLIS
 
@@ -88,3 +89,8 @@ class TopicPolicy:
         """The topic's compression, if its policy sets one."""
         codec = self.get("compression")
         return None if codec is None else parse_compression(codec)
+
+    @property
+    def order(self) -> TopicOrder:
+        """The order and key TTL the policy sets (the default for what it leaves out)."""
+        return TopicOrder(self.get("order") or OFFSET, self.get("key_ttl_ms") or 0)

@@ -16,6 +16,9 @@ batches), the splits engines read in parallel (:mod:`shale.reader.splits`), poin
 (:mod:`shale.reader.lookup`), the table (:mod:`shale.reader.latest`), ``shale verify``
 and the compaction planner.
 
+It also says, in one place, which order every reader of "the latest value" decides by
+(:func:`reading_order`).
+
 It lives in ``metadata``, below both the readers and the compactor (which never import
 each other), because both build on it and it needs nothing but the metadata documents
 and, to resolve record indexes, the ledger format.
@@ -33,13 +36,14 @@ import numpy.typing as npt
 from shale.ledger.deletions import read_deletions
 from shale.ledger.format import KIND_COMPACTED, KIND_ORIGINAL
 from shale.ledger.ids import MIN_ID, MessageId
+from shale.ledger.ordering import TopicOrder
 from shale.ledger.reader import LedgerFile
 from shale.metadata.state import CompactedPart, CompactionState, LedgerInfo, TopicState
 
 if TYPE_CHECKING:
     from shale.metadata.topic import TopicMetadata
 
-__all__ = ["Removed", "Segment", "TopicView", "log_start", "wholly_below"]
+__all__ = ["Removed", "Segment", "TopicView", "log_start", "reading_order", "wholly_below"]
 
 
 def wholly_below(lg: LedgerInfo, position: MessageId) -> bool:
@@ -50,6 +54,17 @@ def wholly_below(lg: LedgerInfo, position: MessageId) -> bool:
 def log_start(topic: TopicState) -> MessageId:
     """The smallest id a record of ``topic`` may still have: past every removed ledger."""
     return MessageId(topic.removed_through + 1, 0, 0) if topic.removed_through else MIN_ID
+
+
+def reading_order(meta: TopicMetadata, state: CompactionState | None) -> TopicOrder:
+    """The order and key TTL by which the readers of "the latest value" (the table, point
+    lookups, :class:`~shale.reader.TableView`, the Spark source's table) decide it: those
+    the published compacted view (``state``) was compacted with, since its parts hold the
+    winners by them; before the first compaction, those the topic's policy sets (read
+    then, and only then); else the default, offset order with no key TTL."""
+    if state is not None and state.epoch > 0:
+        return state.order
+    return meta.load_policy().order
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +170,10 @@ class TopicView:
         read after it so that it covers at least what the list lacks."""
         topic = meta.load_topic()
         return cls(topic, meta.load_compaction() if compacted else None)
+
+    def order(self, meta: TopicMetadata) -> TopicOrder:
+        """:func:`reading_order` of this view (``meta``: its topic's, for the policy)."""
+        return reading_order(meta, self.compaction)
 
     @property
     def horizon(self) -> MessageId | None:

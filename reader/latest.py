@@ -18,6 +18,16 @@ It is found without holding the view:
    :class:`~shale.reader.arrow.BatchReader` is) or as messages (:func:`latest_messages`,
    one entry decompressed at a time).
 
+Which record of a key is its latest follows the topic's order
+(:func:`~shale.metadata.view.reading_order`: the published view's, else the topic's
+policy).  Under offset order it is the last in id order, as above.  Under event-time order
+pass one also takes each record's time from the footers (its event time, or for a record
+without one the publish time of its entry: :meth:`~shale.ledger.ordering.TopicOrder.times`)
+and the record with the greatest time wins, the later id breaking ties
+(:func:`~shale.ledger.latest.latest_by_event_time`); 8 more bytes per record.  With a key
+TTL, a key whose winner's time (its publish time under offset order) is older than "now"
+less the TTL is left out as if deleted; "now" is taken once per plan.
+
 Pass two reads what pass one planned and nothing else, so a record published in between
 is not in the table: objects never change once written (a new deletion vector is a new
 object).  As compaction does, the table knows a key by its 128-bit hash.
@@ -32,8 +42,9 @@ gives — with nothing written aside.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, TypeVar
 
 import numpy as np
@@ -42,6 +53,8 @@ import numpy.typing as npt
 from shale.ledger.errors import ObjectNotFoundError
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE
 from shale.ledger.ids import MessageId
+from shale.ledger.latest import latest_by_event_time
+from shale.ledger.ordering import TopicOrder, decoded_times
 from shale.ledger.reader import DEFAULT_CHUNK_BYTES
 from shale.ledger.record import Message
 from shale.metadata.topic import TopicMetadata
@@ -72,10 +85,13 @@ class Chosen:
 
 @dataclass(frozen=True, slots=True)
 class LatestPlan:
-    """What pass one chose, object by object in id order, and how many records it folded."""
+    """What pass one chose, object by object in id order, how many records it folded, the
+    order it decided by, and how many keys it left out as expired."""
 
     chosen: tuple[Chosen, ...]
     records: int
+    order: TopicOrder = field(default_factory=TopicOrder)
+    expired: int = 0
 
     @property
     def rows(self) -> int:
@@ -83,14 +99,23 @@ class LatestPlan:
         return sum(len(c.records) for c in self.chosen)
 
 
-def plan_latest(meta: TopicMetadata, *, end: MessageId | None = None) -> LatestPlan:
+def plan_latest(meta: TopicMetadata, *, end: MessageId | None = None, order: TopicOrder | None = None,
+                now_ms: int | None = None) -> LatestPlan:
     """Pass one: the records of the table of the view as it is now (``end``: of the
-    records with ids below ``end`` only), reading footers alone.
+    records with ids below ``end`` only), reading footers alone (and, under event-time
+    order, the records of a compacted part whose footer does not give their times).
+
+    ``order``: decide by it rather than by the topic's (:func:`reading_order
+    <shale.metadata.view.reading_order>`); ``now_ms``: what a key TTL counts from (default:
+    the clock, read once).
 
     Memory: for every record with a key, its two hashes (16 bytes), its index (4), whether
-    it is a tombstone (1) and its place in the sort order (8); and 16 bytes per key while
-    the fold ends."""
+    it is a tombstone (1) and its place in the sort order (8), and under event-time order
+    or with a key TTL its time (8); and 16 bytes per key while the fold ends."""
     view = TopicView.load(meta)
+    order = view.order(meta) if order is None else order
+    if order.key_ttl_ms and now_ms is None:
+        now_ms = int(time.time() * 1000)
     segments = [s for s in view.segments(end=end) if isinstance(s, Segment) and s.records > 0]
     # Each object's record count bounds what it adds: filled in place, never concatenated.
     bound = sum(s.records for s in segments)
@@ -98,6 +123,8 @@ def plan_latest(meta: TopicMetadata, *, end: MessageId | None = None) -> LatestP
     lo = np.empty(bound, dtype=np.uint64)
     index = np.empty(bound, dtype=np.uint32)  # (an object holds fewer than 2**32 records: its footer is bounded)
     tombstone = np.empty(bound, dtype=np.bool_)
+    # (offset order without a TTL, the default, needs no times: none are gathered)
+    times = np.empty(bound, dtype=np.int64) if order.needs_times else None
     starts = [0]
     for segment in segments:
         f = segment.open(meta)
@@ -109,16 +136,36 @@ def plan_latest(meta: TopicMetadata, *, end: MessageId | None = None) -> LatestP
         lo[a:b] = f.footer.col("r_hash_lo")[keyed]
         index[a:b] = keyed
         tombstone[a:b] = (f.footer.col("r_flags")[keyed] & FLAG_TOMBSTONE) != 0
+        if times is not None and len(keyed):
+            first = int(keyed[0])
+            times[a:b] = decoded_times(f, order, first, int(keyed[-1]) + 1)[keyed - first]
         starts.append(b)
         del f, records, flags, keyed
     n = starts[-1]
-    latest = last_of_each_key(hi[:n], lo[:n])
+    latest = _winners(hi[:n], lo[:n], None if times is None else times[:n], order)
     del hi, lo
     latest = latest[~tombstone[latest]]
+    expired = 0
+    if order.key_ttl_ms:
+        assert times is not None and now_ms is not None
+        gone = order.expired(times[latest], now_ms)
+        expired = int(np.count_nonzero(gone))
+        latest = latest[~gone]
+    del times
     cut = np.searchsorted(latest, starts)
     chosen = tuple(Chosen(segment, index[latest[cut[i]:cut[i + 1]]].astype(np.int64))
                    for i, segment in enumerate(segments) if cut[i + 1] > cut[i])
-    return LatestPlan(chosen, n)
+    return LatestPlan(chosen, n, order, expired)
+
+
+def _winners(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64], times: npt.NDArray[np.int64] | None,
+             order: TopicOrder) -> npt.NDArray[np.int64]:
+    """Positions (rising) of the latest record of each key ``(hi, lo)`` under ``order``
+    (``times``: each record's, when the order needs them)."""
+    if not order.by_event_time:
+        return last_of_each_key(hi, lo)
+    assert times is not None
+    return np.sort(latest_by_event_time(hi, lo, times)).astype(np.int64, copy=False)
 
 
 def last_of_each_key(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
@@ -190,26 +237,28 @@ def latest_messages(meta: TopicMetadata, plan: LatestPlan, *,
 
 
 def table_batches(meta: TopicMetadata, *, end: MessageId | None = None, utf8: bool = False,
-                  max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
-                  rows: int | None = DEFAULT_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+                  max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, rows: int | None = DEFAULT_BATCH_ROWS,
+                  order: TopicOrder | None = None, now_ms: int | None = None) -> Iterator[pa.RecordBatch]:
     """Both passes, as Arrow record batches (:func:`plan_latest`, :func:`latest_batches`)."""
-    return _planned(meta, end, lambda plan: latest_batches(meta, plan, utf8=utf8, max_batch_bytes=max_batch_bytes,
-                                                          rows=rows))
+    return _planned(meta, end, order, now_ms,
+                    lambda plan: latest_batches(meta, plan, utf8=utf8, max_batch_bytes=max_batch_bytes, rows=rows))
 
 
-def table_messages(meta: TopicMetadata, *, end: MessageId | None = None,
-                   chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[Message]:
+def table_messages(meta: TopicMetadata, *, end: MessageId | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                   order: TopicOrder | None = None, now_ms: int | None = None) -> Iterator[Message]:
     """Both passes, as messages (:func:`plan_latest`, :func:`latest_messages`)."""
-    return _planned(meta, end, lambda plan: latest_messages(meta, plan, chunk_bytes=chunk_bytes))
+    return _planned(meta, end, order, now_ms, lambda plan: latest_messages(meta, plan, chunk_bytes=chunk_bytes))
 
 
-def _planned(meta: TopicMetadata, end: MessageId | None, read: Callable[[LatestPlan], Iterator[_T]]
-             ) -> Iterator[_T]:
+def _planned(meta: TopicMetadata, end: MessageId | None, order: TopicOrder | None, now_ms: int | None,
+             read: Callable[[LatestPlan], Iterator[_T]]) -> Iterator[_T]:
     """What ``read`` gives of a plan of the table.  An object of the view removed before
     pass two has given anything (a newer compaction retired it, gc deleted it once its
-    grace was over) is no loss: the table is planned again from the newest view."""
+    grace was over) is no loss: the table is planned again from the newest view (with
+    the same "now" for a key TTL: the read is one read)."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     for attempt in range(_PLANS):
-        plan = plan_latest(meta, end=end)
+        plan = plan_latest(meta, end=end, order=order, now_ms=now_ms)
         given = False
         try:
             for item in read(plan):

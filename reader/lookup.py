@@ -6,15 +6,26 @@ footer.  A lookup reads the footers of the objects of the compacted view
 if the key is not there, the compacted parts; it then reads only the entries whose
 records' hashes match, and compares the keys themselves (a hash match alone is never
 taken for the key).  Nothing else of the topic is read.
+
+The topic's order decides which record is the latest
+(:func:`~shale.metadata.view.reading_order`).  Under offset order it is the newest match,
+and the lookup stops there.  Under event-time order a late record may lie anywhere, so
+every footer of the view is read; the matches are taken greatest time first (their
+times come from the footers: :meth:`~shale.ledger.ordering.TopicOrder.times`), the later
+id breaking ties, and the first whose key is the key wins.  With a key TTL, a key whose
+winner is older than the TTL (counted from the clock, read once) is not found, as if
+deleted (:attr:`Lookup.expired`).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
+from shale.ledger.ordering import TopicOrder, record_time
 from shale.ledger.reader import LedgerFile
 from shale.ledger.record import Message, key_hash
 from shale.metadata.topic import TopicMetadata
@@ -25,13 +36,15 @@ __all__ = ["Lookup", "lookup"]
 
 @dataclass(frozen=True, slots=True)
 class Lookup:
-    """The answer to a lookup: the key's latest message (None if the key has none, or its
-    latest is a tombstone), and what was read to find it."""
+    """The answer to a lookup: the key's latest message (None if the key has none, or it
+    expired; a tombstone if its latest is one), and what was read to find it.
+    ``expired``: the key's latest record is older than the topic's key TTL."""
 
     key: bytes
     message: Message | None
     footers_read: int
     entries_read: int
+    expired: bool = False
 
     @property
     def value(self) -> bytes | None:
@@ -45,26 +58,73 @@ def _matches(f: LedgerFile, hi: int, lo: int) -> Iterator[int]:
     return (int(i) for i in found[::-1])
 
 
-def lookup(meta: TopicMetadata, key: bytes) -> Lookup:
+def lookup(meta: TopicMetadata, key: bytes, *, now_ms: int | None = None) -> Lookup:
     """The latest record of ``key`` in the compacted view plus the tail above the horizon
-    (the same answer a compacted read would end on)."""
+    (the same answer a compacted read would end on, under the topic's order).
+    ``now_ms``: what a key TTL counts from (default: the clock)."""
+    view = TopicView.load(meta)
+    order = view.order(meta)
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    # newest first: the tail's ledgers, then the compacted parts (at most one live record per key)
+    segments = [s for s in view.segments() if isinstance(s, Segment)]
+    if order.by_event_time:
+        return _by_event_time(meta, key, list(reversed(segments)), order, now)
     hi, lo = key_hash(key)
     footers = entries = 0
-    # newest first: the tail's ledgers, then the compacted parts (at most one live record
-    # per key); the first match found is the latest
-    segments = [s for s in TopicView.load(meta).segments() if isinstance(s, Segment)]
     for segment in reversed(segments):
         f = segment.open(meta)
         footers += 1
-        first = segment.span(f)[0]
-        gone = segment.deleted(meta, f.n_records)
-        for i in _matches(f, hi, lo):
-            if gone is not None and gone[i]:
-                continue
-            if i < first:
-                break  # at or below the horizon: the compacted view answers for it
+        for i in _live_matches(meta, segment, f, hi, lo):
             entries += 1
             m = next(f.messages(i, i + 1))
-            if m.key == key:
+            if m.key == key:  # the first match found is the latest
+                if order.expired_at(int(f.footer.record_publish()[i]), now):
+                    return Lookup(key, None, footers, entries, expired=True)
                 return Lookup(key, m, footers, entries)
     return Lookup(key, None, footers, entries)
+
+
+def _live_matches(meta: TopicMetadata, segment: Segment, f: LedgerFile, hi: int, lo: int) -> Iterator[int]:
+    """The records of ``segment`` (``f`` opened) whose key hash is ``(hi, lo)`` and that a
+    read of the view gives, newest first."""
+    first = segment.span(f)[0]
+    gone = segment.deleted(meta, f.n_records)
+    for i in _matches(f, hi, lo):
+        if gone is not None and gone[i]:
+            continue
+        if i < first:
+            break  # at or below the horizon: the compacted view answers for it
+        yield i
+
+
+def _by_event_time(meta: TopicMetadata, key: bytes, newest_first: list[Segment], order: TopicOrder,
+                   now: int) -> Lookup:
+    """:func:`lookup` under event-time order: every matching record of every footer, the
+    greatest ``(time, id)`` whose key is ``key`` wins."""
+    hi, lo = key_hash(key)
+    entries = 0
+    # (time, -segment, index): segment 0 is the newest, so this orders equal times by id
+    found: list[tuple[int, int, int, LedgerFile]] = []
+    decoded: dict[tuple[int, int], Message] = {}
+    for n, segment in enumerate(newest_first):
+        f = segment.open(meta)
+        for i in _live_matches(meta, segment, f, hi, lo):
+            times = order.times(f.footer, i, i + 1)
+            if times is not None:
+                t = int(times[0])
+            else:  # a part whose footer does not give event times: the record says
+                entries += 1
+                m = decoded[(n, i)] = next(f.messages(i, i + 1))
+                t = record_time(m.event_time, int(f.footer.record_publish()[i]))
+            found.append((t, -n, i, f))
+    found.sort(key=lambda c: c[:3], reverse=True)
+    for t, neg_n, i, f in found:
+        if (-neg_n, i) not in decoded:
+            entries += 1
+            decoded[(-neg_n, i)] = next(f.messages(i, i + 1))
+        m = decoded[(-neg_n, i)]
+        if m.key == key:
+            if order.expired_at(t, now):
+                return Lookup(key, None, len(newest_first), entries, expired=True)
+            return Lookup(key, m, len(newest_first), entries)
+    return Lookup(key, None, len(newest_first), entries)

@@ -2,15 +2,30 @@
 
 Built from a compacted read: the compacted ledger first, then the tail above the
 horizon.  Tombstones remove keys; records without a key are ignored.
+
+Which record of a key is its latest follows the topic's order
+(:func:`~shale.metadata.view.reading_order`), as every reader of the table does.  Under
+offset order the record read last wins.  Under event-time order the record with the
+greatest time wins (its event time, or for a record without one the publish time of the
+entry it was first written in, from the footers), a later id breaking ties: a late record
+older than the key's current value is ignored, and so is a late one older than the
+tombstone that deleted its key (the view remembers the time of each key's winning
+tombstone for that).  With a key TTL, a key whose winning record is older than the TTL is
+not in the view: "now" is read once per :meth:`TableView.refresh`, and each refresh also drops the
+keys that expired since, telling listeners as of a deletion.
 """
 
 from __future__ import annotations
 
+import heapq
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
+from shale.ledger.ordering import TopicOrder
 from shale.ledger.record import Message
+from shale.metadata.view import reading_order
 from shale.reader.arrow import DEFAULT_MAX_BATCH_BYTES, require_pyarrow, schema
 from shale.reader.arrow import require as _require
 from shale.reader.latest import table_batches
@@ -24,20 +39,55 @@ __all__ = ["Listener", "TableView"]
 #: Told of each change to the view: the key and its new value (None: deleted).
 Listener = Callable[[bytes, bytes | None], None]
 
+#: Stale entries the expiry queue holds at most beyond twice the keys it ages, before it
+#: is built again from the live ones.
+_QUEUE_SLACK: Final = 1024
+
 
 class TableView(Mapping[bytes, bytes]):
-    """``key -> latest value`` of a topic; :meth:`refresh` catches up with new records."""
+    """``key -> latest value`` of a topic; :meth:`refresh` catches up with new records.
 
-    def __init__(self, topic_uri: str, *, metadata_uri: str | None = None) -> None:
+    The order and key TTL are the topic's when the view is built (:attr:`order`); build a
+    new view after they change (which rewrites the compacted view).  ``clock`` gives "now"
+    in seconds, for a key TTL."""
+
+    def __init__(self, topic_uri: str, *, metadata_uri: str | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self._uri, self._metadata_uri = topic_uri, metadata_uri
+        #: what "now" is read from, in seconds (for a key TTL)
+        self._clock = clock
         self._reader = TopicReader(topic_uri, metadata_uri=metadata_uri, read_compacted=True, start=EARLIEST)
+        #: the order and key TTL the view decides by
+        self.order: TopicOrder = reading_order(self._reader.meta, self._reader.compaction)
         self._latest: dict[bytes, Message] = {}
+        #: each key's winning time, when the order needs times
+        self._times: dict[bytes, int] = {}
+        #: under event-time order, the time of each deleted key's winning tombstone
+        self._deleted: dict[bytes, int] = {}
+        #: with a key TTL: (time, key) of every winner set, oldest first (stale ones skipped)
+        self._queue: list[tuple[int, bytes]] = []
+        #: the "now" of the last refresh (what the key TTL counted from)
+        self._now: int | None = None
         self._listeners: list[Listener] = []
         self.refresh()
 
     def refresh(self) -> int:
         """Apply every message published since the last refresh; return how many.  Each
-        listener hears of every change: ``(key, value)``, value None for a deletion."""
+        listener hears of every change: ``(key, value)``, value None for a deletion (a
+        key that expired included)."""
+        if self.order.is_default:
+            return self._refresh_by_offset()
+        now = self._now = int(self._clock() * 1000)
+        n = 0
+        for m, t in self._reader.timed_messages(self.order):
+            n += 1
+            if m.key is not None:
+                self._apply(m, m.key, t, now)
+        self._expire(now)
+        return n
+
+    def _refresh_by_offset(self) -> int:
+        """:meth:`refresh` under offset order without a key TTL: the record read last wins."""
         n = 0
         for m in self._reader:
             n += 1
@@ -50,6 +100,55 @@ class TableView(Mapping[bytes, bytes]):
             for listener in self._listeners:
                 listener(m.key, None if m.is_tombstone else m.value)
         return n
+
+    def _apply(self, m: Message, key: bytes, t: int, now: int) -> None:
+        """Take ``m`` (time ``t``) into the view if it wins for its key."""
+        order = self.order
+        if order.by_event_time:
+            held = self._times.get(key, self._deleted.get(key))
+            if held is not None and t < held:
+                return  # late: older than the key's winner (equal times: the later id wins)
+        if m.is_tombstone or order.expired_at(t, now):
+            had = self._latest.pop(key, None)
+            self._times.pop(key, None)
+            self._deleted.pop(key, None)
+            if m.is_tombstone and order.by_event_time:
+                self._deleted[key] = t
+                self._queue_for_expiry(t, key)
+            # (a winner already expired: anything older that comes later is expired too)
+            if m.is_tombstone or had is not None:
+                self._tell(key, None)
+            return
+        self._latest[key] = m
+        self._times[key] = t
+        self._deleted.pop(key, None)
+        self._queue_for_expiry(t, key)
+        self._tell(key, m.value)
+
+    def _queue_for_expiry(self, t: int, key: bytes) -> None:
+        if self.order.key_ttl_ms:
+            heapq.heappush(self._queue, (t, key))
+
+    def _expire(self, now: int) -> None:
+        """Drop the keys whose winner's time is past the key TTL at ``now`` (and forget the
+        tombstones that are: whatever comes late for their keys is older, so expired too)."""
+        if not self.order.key_ttl_ms:
+            return
+        queue = self._queue
+        while queue and self.order.expired_at(queue[0][0], now):
+            t, key = heapq.heappop(queue)
+            if self._times.get(key) == t:  # still its winner's time
+                del self._latest[key], self._times[key]
+                self._tell(key, None)
+            elif self._deleted.get(key) == t:
+                del self._deleted[key]
+        if len(queue) > 2 * (len(self._times) + len(self._deleted)) + _QUEUE_SLACK:
+            self._queue = [(t, k) for k, t in (*self._times.items(), *self._deleted.items())]
+            heapq.heapify(self._queue)
+
+    def _tell(self, key: bytes, value: bytes | None) -> None:
+        for listener in self._listeners:
+            listener(key, value)
 
     def listen(self, listener: Listener) -> None:
         """Call ``listener(key, value)`` on every change :meth:`refresh` applies from now on."""
@@ -83,11 +182,12 @@ class TableView(Mapping[bytes, bytes]):
         every live key, in id order, with the columns of :mod:`shale.reader.arrow` (read
         afresh from the topic's compacted view, in columns: footers first, then only the
         records of the table, in batches of at most ``max_batch_bytes``; see
-        :mod:`shale.reader.latest`).  Needs pyarrow."""
+        :mod:`shale.reader.latest`), decided by the view's order and, for a key TTL, the
+        "now" of the last refresh.  Needs pyarrow."""
         pa = require_pyarrow()
         # (records published since the last refresh are not in the view yet)
         batches = table_batches(self._reader.meta, end=self._reader.position, utf8=utf8,
-                                max_batch_bytes=max_batch_bytes)
+                                max_batch_bytes=max_batch_bytes, order=self.order, now_ms=self._now)
         return pa.Table.from_batches(list(batches), schema=schema(utf8))
 
     def to_pandas(self, *, utf8: bool = False, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> Any:

@@ -25,6 +25,7 @@ from shale.ledger.deletions import read_deletions
 from shale.ledger.errors import GapError, ObjectNotFoundError
 from shale.ledger.format import KIND_ORIGINAL
 from shale.ledger.ids import MIN_ID, MessageId
+from shale.ledger.ordering import TopicOrder, record_time
 from shale.ledger.reader import DEFAULT_CHUNK_BYTES, LedgerFile
 from shale.ledger.record import Message
 from shale.metadata.state import CompactionState, LedgerInfo, TopicState
@@ -259,6 +260,26 @@ class TopicReader:
                 break
             out.append(m)
         return out
+
+    def timed_messages(self, order: TopicOrder) -> Iterator[tuple[Message, int]]:
+        """The messages there are now from the position on (never waits, even when
+        following), each with its time as ``order`` counts it (:mod:`shale.ledger.ordering`):
+        under event-time order its event time, or for a message without one the publish
+        time of the entry it was first written in; otherwise that publish time.  Both come
+        from the footers (a message's own ``publish_time`` may be earlier than its entry's).
+        The position moves past what was read."""
+        if self._pending is not None:  # a message looked at but not taken is read again
+            self._next, self._pending = self._pending.id, None
+        self._it = None
+
+        def read(f: LedgerFile, start: int, gone: npt.NDArray[np.bool_] | None) -> Iterator[tuple[Message, int]]:
+            publish = f.footer.record_publish()[start:]
+            if gone is not None:  # the records _file_messages gives: those from start not gone
+                publish = publish[~gone[start:]]
+            for p, m in zip(publish, self._file_messages(f, start, gone), strict=False):
+                yield m, record_time(m.event_time, int(p)) if order.by_event_time else int(p)
+
+        return self._walk(read)
 
     def _open(self, seg: Segment) -> LedgerFile:
         key = self.meta.topic.key(seg.object)

@@ -84,8 +84,8 @@ def run_get(args: argparse.Namespace, io: Streams) -> int:
     key = _key_bytes(args.key, args.key_b64)
     found = lookup(TopicMetadata.open(args.topic, args.metadata), key)
     if found.value is None:
-        io.err.write(f"shale: no value for key {args.key!r} in {args.topic} "
-                     f"({'deleted' if found.message is not None else 'never written'})\n")
+        why = "expired" if found.expired else "deleted" if found.message is not None else "never written"
+        io.err.write(f"shale: no value for key {args.key!r} in {args.topic} ({why})\n")
         return EXIT_NOT_FOUND
     io.out.write((message_line(found.message, args.value_format) if found.message else "{}") + "\n")
     return 0

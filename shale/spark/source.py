@@ -1,5 +1,10 @@
 """The ``shale`` PySpark data source: batch reads and writes (streaming: :mod:`.stream`).
 
+A batch read with ``table`` gives the topic's table, the latest record of every live key
+as ``shale read --table`` gives it (:mod:`shale.reader.latest`): the driver plans it from
+the footers, under the topic's order and key TTL, and each task reads its share of the
+chosen records.
+
 Everything a task needs travels in the reader or writer object Spark pickles to it: the
 topic's URI, the options, and the storage options the source was registered with
 (:class:`~shale.storage.StorageOptions`, never printed; nothing is written to a task's
@@ -10,10 +15,12 @@ environment).  Tasks read and write the topic's store directly; the driver only 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
@@ -30,13 +37,14 @@ from shale.ledger.errors import InvalidInputError, InvalidURIError, ShaleError
 from shale.ledger.ids import MIN_ID
 from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES
 from shale.metadata.topic import TopicMetadata
-from shale.reader.arrow import DEFAULT_BATCH_ROWS, DEFAULT_MAX_BATCH_BYTES
+from shale.reader.arrow import DEFAULT_BATCH_ROWS, DEFAULT_MAX_BATCH_BYTES, BatchReader
+from shale.reader.latest import plan_latest
 from shale.reader.splits import DEFAULT_SPLIT_RECORDS, Split, plan_splits, read_split
 from shale.reader.topic_reader import EARLIEST, LATEST, parse_position
 from shale.staging import StagedLedger, StagingWriter, discard_staged, finish_write, new_write_id, register_staged
 from shale.storage import StorageOptions
 
-__all__ = ["ShaleDataSource", "SplitPartition"]
+__all__ = ["ShaleDataSource", "SplitPartition", "TablePartition"]
 
 _TRUE = ("true", "1", "yes")
 
@@ -89,6 +97,8 @@ class ReadOptions:
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
     #: how to reach the topic's storage (None: the environment of the process opening it)
     storage: StorageOptions | None = None
+    #: the topic's table: the latest record of every live key (a batch read from the start)
+    table: bool = False
 
     @classmethod
     def of(cls, options: Mapping[str, str]) -> ReadOptions:
@@ -98,7 +108,7 @@ class ReadOptions:
         return cls(str(uri), options.get("metadata"), _flag(options, "compacted"), _flag(options, "utf8"),
                    _flag(options, "idText"), _int(options, "splitRecords", DEFAULT_SPLIT_RECORDS),
                    _int(options, "batchRows", DEFAULT_BATCH_ROWS),
-                   _size(options, "maxBatchBytes", DEFAULT_MAX_BATCH_BYTES))
+                   _size(options, "maxBatchBytes", DEFAULT_MAX_BATCH_BYTES), table=_flag(options, "table"))
 
     def ddl(self) -> str:
         data = "string" if self.utf8 else "binary"
@@ -119,6 +129,46 @@ class SplitPartition(InputPartition):
     @property
     def split(self) -> Split:
         return Split(**self.value)
+
+
+class TablePartition(InputPartition):
+    """Some of the records of one object that are in the topic's table (their indexes,
+    rising, as unsigned 32-bit integers: an object holds fewer than 2**32 records)."""
+
+    def __init__(self, split: Split, records: bytes) -> None:
+        super().__init__((split.to_dict(), records))
+
+    @property
+    def split(self) -> Split:
+        return Split(**self.value[0])
+
+    @property
+    def records(self) -> Any:
+        return np.frombuffer(self.value[1], dtype=np.uint32).astype(np.int64)
+
+
+def plan_table(opts: ReadOptions) -> list[TablePartition]:
+    """The driver's work for a ``table`` read: pass one of the table (footers only, the
+    key TTL counted from now, read once), its chosen records cut into partitions of at
+    most ``splitRecords`` records."""
+    plan = plan_latest(opts.meta(), now_ms=int(time.time() * 1000))
+    out = []
+    for chosen in plan.chosen:
+        split = Split.of(chosen.segment)
+        for a in range(0, len(chosen.records), opts.split_records):
+            out.append(TablePartition(split, chosen.records[a:a + opts.split_records].astype(np.uint32).tobytes()))
+    return out
+
+
+def read_table_partition(opts: ReadOptions, partition: TablePartition) -> Iterator[Any]:
+    """A task's work for a ``table`` read: its records, as Arrow batches of Spark's column types."""
+    target = _arrow_schema(opts)
+    meta = opts.meta()
+    f = partition.split.segment.open(meta)
+    with BatchReader(1, max_batch_bytes=opts.max_batch_bytes, rows=opts.batch_rows, utf8=opts.utf8,
+                     id_text=opts.id_text) as reader:
+        for batch in reader.batches(f, partition.records):
+            yield batch.cast(target)
 
 
 def _arrow_schema(opts: ReadOptions) -> Any:
@@ -146,7 +196,11 @@ class ShaleBatchReader(DataSourceReader):
         self.opts = opts
         self.start = start
 
-    def partitions(self) -> list[SplitPartition]:
+    def partitions(self) -> list[InputPartition]:
+        if self.opts.table:
+            if parse_position(self.start) != EARLIEST:
+                raise InvalidInputError("option table reads every key: it takes no start")
+            return list(plan_table(self.opts))
         meta = self.opts.meta()
         topic = meta.load_topic()
         position = parse_position(self.start)
@@ -157,6 +211,8 @@ class ShaleBatchReader(DataSourceReader):
                                                       max_records=self.opts.split_records, topic=topic)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        if isinstance(partition, TablePartition):
+            return read_table_partition(self.opts, partition)
         assert isinstance(partition, SplitPartition)
         return read_partition(self.opts, partition.split)
 
@@ -280,4 +336,8 @@ class ShaleDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from shale.spark.stream import ShaleStreamReader
 
-        return ShaleStreamReader(self._read_options(), self.options)
+        opts = self._read_options()
+        if opts.table:
+            raise InvalidInputError("option table is for batch reads (a stream with compacted reads the latest "
+                                    "value of every key first, then the tail)")
+        return ShaleStreamReader(opts, self.options)

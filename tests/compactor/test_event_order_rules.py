@@ -20,11 +20,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shale.compactor import event_map as event_map_module
-from shale.compactor import rules as rules_module
 from shale.compactor.event_map import EventKeyMapBuilder, event_map_capacity
 from shale.compactor.keymap import EVENT_KEY_BYTES, KEY_BYTES, KeyMap
 from shale.compactor.rules import latest_by_event_time, latest_of_each_key
 from shale.ledger import kernels
+from shale.ledger import latest as rules_module
 from shale.ledger.format import NO_EVENT_TIME
 
 U64 = npt.NDArray[np.uint64]

@@ -21,6 +21,7 @@ from shale.compactor import CompactionConfig, Compactor, keymap, rules, verify, 
 from shale.compactor.rules import latest_by_sorting
 from shale.compactor.verify import verify_topic
 from shale.compactor.verify_fold import latest_per_key
+from shale.ledger import latest as ledger_latest
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from tests.conftest import run_cli_here
@@ -146,7 +147,7 @@ def test_a_wrong_latest_in_the_compactors_fold_is_caught(tmp_path: Path, monkeyp
     calls: list[int] = []
     # the broken choice is made where every user of rules.latest_of_each_key gets it
     # (compaction's key map, and anything else that imports it) ...
-    monkeypatch.setattr(rules, "latest_positions", _one_wrong(rules.latest_positions, calls))
+    monkeypatch.setattr(ledger_latest, "latest_positions", _one_wrong(ledger_latest.latest_positions, calls))
     # ... and compaction takes that path rather than the key table in C
     monkeypatch.setattr(keymap, "new_key_table", lambda expected=0: None)
     compact(uri, 1)

@@ -21,10 +21,12 @@ import pytest
 from shale.compactor import CompactionConfig, Compactor
 from shale.ledger.errors import ConflictError
 from shale.ledger.ids import MessageId
+from shale.ledger.ordering import EVENT_TIME, TopicOrder
 from shale.ledger.record import Message, Record
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
+from shale.reader.latest import table_messages
 from shale.reader.splits import plan_splits
 from tests.conftest import ROOT, local_spark, make_root
 
@@ -100,6 +102,50 @@ def test_read_equals_the_reader(spark: Any, disk_topic_uri: str) -> None:
     first = text.orderBy("ledger", "entry", "batch").first()
     m = next(iter(TopicReader(uri)))
     assert (first.id, first.key) == (str(m.id), m.key.decode() if m.key else None)
+
+
+def test_the_table_option_reads_the_table_in_the_topics_order(spark: Any, tmp_path: Path) -> None:
+    """``option("table", "true")``: the latest record of every live key as ``read --table``
+    gives it, under the topic's order and key TTL: before the first compaction (the
+    policy's), and over a view compacted in event-time order with late records above it."""
+    import random
+
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    uri, hour = str(tmp_path / "t"), 3_600_000
+    now = int(time.time() * 1000)
+    ttl = 240 * hour
+
+    def produce(seed: int, n: int) -> None:
+        rnd = random.Random(seed)
+        with TopicWriter(uri, batch_size=3, max_ledger_records=30) as w:
+            for i in range(n):
+                key = None if rnd.random() < 0.05 else f"k{rnd.randrange(40)}".encode()
+                value = None if rnd.random() < 0.15 else f"v{seed}-{i}".encode()
+                # whole hours, none within an hour of the TTL's boundary: the clock may move on
+                age = rnd.choice([*range(0, 239), *range(242, 480)])
+                w.send(Record(key, value, {}, now - (5 - seed) * 24 * hour + i,
+                              None if rnd.random() < 0.2 else now - age * hour))
+
+    def table(**options: str) -> Any:
+        reader = spark.read.format("shale").option("table", "true").option("splitRecords", "7")
+        for k, v in options.items():
+            reader = reader.option(k, v)
+        return reader.load(uri)
+
+    produce(1, 300)
+    meta = TopicMetadata.open(uri)
+    meta.update_policy({"order": EVENT_TIME, "key_ttl_ms": ttl})
+    want = list(table_messages(meta))
+    assert _want(want) != _want(list(table_messages(meta, order=TopicOrder())))  # the order matters here
+    assert _got(table().collect()) == _want(want)
+    Compactor(uri, CompactionConfig(order=EVENT_TIME, key_ttl_ms=ttl)).run()
+    produce(2, 200)
+    want = list(table_messages(meta))
+    df = table()
+    assert df.rdd.getNumPartitions() >= len(want) // 7
+    assert _got(df.collect()) == _want(want)
+    with pytest.raises(Exception, match="takes no start"):
+        table(start="1:0:0").collect()
 
 
 def _frame(spark: Any, n: int, *, fail_at: int | None = None, big_at: int | None = None) -> Any:
