@@ -47,18 +47,27 @@ def records(n: int, keys: int, late_share: float, seed: int = 7) -> Arrays:
     return k_hi[pick], k_lo[pick], event
 
 
-def timed(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
+def timed(fn: Callable[[], object]) -> tuple[float, float]:
+    """Wall and CPU seconds (of every thread of the process) of one call."""
+    start, cpu = time.perf_counter(), time.process_time()
     fn()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu
 
 
-def interleaved(cases: dict[str, Callable[[], object]], pairs: int) -> dict[str, float]:
-    runs: dict[str, list[float]] = {name: [] for name in cases}
+def interleaved(cases: dict[str, Callable[[], object]], pairs: int) -> dict[str, tuple[float, float]]:
+    """Median wall and CPU seconds of each case, the cases run in turn ``pairs`` times."""
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in cases}
     for _ in range(pairs):
         for name, fn in cases.items():
             runs[name].append(timed(fn))
-    return {name: statistics.median(t) for name, t in runs.items()}
+    return {name: (statistics.median(w for w, _ in t), statistics.median(c for _, c in t)) for name, t in runs.items()}
+
+
+def report(got: dict[str, tuple[float, float]], base_of: Callable[[str], str]) -> None:
+    for name, (wall, cpu) in got.items():
+        base_wall, base_cpu = got[base_of(name)]
+        print(f"  {name:38s} {wall * 1000:8.0f} ms wall {base_wall / wall:5.2f}x, {cpu * 1000:8.0f} ms CPU "
+              f"{base_cpu / cpu:5.2f}x offset order's speed")
 
 
 def rules_bench(n: int, keys: int, pairs: int) -> None:
@@ -70,10 +79,8 @@ def rules_bench(n: int, keys: int, pairs: int) -> None:
         "event time (latest_by_event_time)": lambda: latest_by_event_time(hi, lo, event),
         "event time (stable sort only)": lambda: _latest_by_event_sort(hi, lo, event),
     }, pairs)
-    base = got["offset order (latest_of_each_key)"]
     print(f"{n:,} records, {keys:,} keys, 5 % late, median of {pairs}:")
-    for name, t in got.items():
-        print(f"  {name:38s} {t * 1000:8.0f} ms  {base / t:5.2f}x offset order's speed")
+    report(got, lambda name: "offset order (latest_of_each_key)")
 
 
 def map_bench(n: int, keys: int, pairs: int) -> None:
@@ -129,9 +136,7 @@ def map_bench(n: int, keys: int, pairs: int) -> None:
         "offset order, 2 threads": in_threads(offset_map),
         "event time, 2 threads": in_threads(event_map),
     }, pairs)
-    for name, t in got.items():
-        base = got["offset order, 2 threads" if "threads" in name else "offset order (KeyMapBuilder)"]
-        print(f"  {name:38s} {t * 1000:8.0f} ms  {base / t:5.2f}x offset order's speed")
+    report(got, lambda name: "offset order, 2 threads" if "threads" in name else "offset order (KeyMapBuilder)")
     # lookups as an incremental run makes them: the previous part's keys, half of them written again
     rng = np.random.default_rng(8)
     q_hi, q_lo = rng.integers(0, 2**64, size=(2, keys), dtype=np.uint64)
@@ -148,8 +153,7 @@ def map_bench(n: int, keys: int, pairs: int) -> None:
 
     got = interleaved({"offset order (contains)": contains, "event time (events_of)": events_of}, pairs)
     print(f"lookups of {keys:,} keys, half in the map (the lookup table built first):")
-    for name, t in got.items():
-        print(f"  {name:38s} {t * 1000:8.0f} ms  {got['offset order (contains)'] / t:5.2f}x offset order's speed")
+    report(got, lambda name: "offset order (contains)")
 
 
 def main() -> None:
