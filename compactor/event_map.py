@@ -6,11 +6,14 @@ record read later — in a later ledger, or on a later run — can be weighed ag
 the record with the greatest event time wins, a later position breaking ties.
 
 Records arrive in position order, but their event times need not: a later ledger may
-hold an older event.  The C key table keeps the last record it was given, so this
-builder merges sorted runs in NumPy alone, like :class:`~shale.compactor.keymap.KeyMapBuilder`
-without its table: chunks wait until they outnumber the map a few times over, are
-reduced to one record per key, and merged into the map.  Waiting records count against
-the capacity like the map's keys.
+hold an older event.  With the C kernels every record goes into one event table
+(:func:`shale.ledger.kernels.new_event_key_table`), which keeps each key's greatest
+``(event time, position)`` and is read out sorted at the end, as
+:class:`~shale.compactor.keymap.KeyMapBuilder` does with its table.  Without them (or
+when keys crafted to share their top hash bits crowd that table) sorted runs are merged
+in NumPy: chunks wait until they outnumber the map a few times over, are reduced to one
+record per key, and merged into the map.  Waiting records count against the capacity
+like the map's keys.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import numpy.typing as npt
 
 from shale.compactor.keymap import EVENT_KEY_BYTES, KeyMap
 from shale.compactor.rules import latest_by_event_time, latest_of_each_key
+from shale.ledger.kernels import EventKeyTable, new_event_key_table
 
 __all__ = ["EventKeyMapBuilder", "event_map_capacity"]
 
@@ -49,22 +53,28 @@ class EventKeyMapBuilder:
     """Collects, for each key, the position and event time of its record with the
     greatest ``(event time, position)``, chunk by chunk in position order."""
 
-    def __init__(self, capacity: int) -> None:
-        """``capacity``: keys at most (see :func:`event_map_capacity`)."""
+    def __init__(self, capacity: int, expected: int = 0) -> None:
+        """``capacity``: keys at most (see :func:`event_map_capacity`); ``expected``: how
+        many keys to make room for from the start (a guess; the table grows past it)."""
         self.capacity = max(1, capacity)
+        self._table: EventKeyTable | None = new_event_key_table(min(expected, self.capacity))
         self._map: Columns = _empty()
         self._waiting: list[Columns] = []
         self._pending = 0  # records waiting since the last merge
 
     @property
     def upper_bound(self) -> int:
-        """Distinct keys at most (exact right after a merge)."""
-        return len(self._map[0]) + self._pending
+        """Distinct keys at most (exact right after a merge, and always with the table)."""
+        in_table = len(self._table) if self._table is not None else 0
+        return in_table + len(self._map[0]) + self._pending
 
     def fits(self, hi: U64, lo: U64) -> bool:
         """Whether adding these keys keeps the map within capacity (merging if needed)."""
         if self.upper_bound + len(hi) <= self.capacity:
             return True
+        if self._table is not None:
+            new = np.frombuffer(self._table.contains(hi, lo), dtype=np.bool_) == 0
+            return len(self._table) + len(latest_of_each_key(hi[new], lo[new])) <= self.capacity
         self.merge()
         if self.upper_bound + len(hi) <= self.capacity:
             return True
@@ -79,12 +89,21 @@ class EventKeyMapBuilder:
         time (what it counts as, for a record without one).  ``pos``, ``first``,
         ``part_shift`` and ``part`` are as for :meth:`KeyMapBuilder.add
         <shale.compactor.keymap.KeyMapBuilder.add>`."""
+        event = np.ascontiguousarray(event, dtype=np.int64)
+        if self._table is not None:
+            taken = self._table.add(hi, lo, pos, first, part_shift, part, event=event)
+            if taken == len(hi):
+                return
+            # crafted keys crowd the table: go on merging sorted runs, from what it holds
+            self._map = self._read_table()
+            hi, lo, event = hi[taken:], lo[taken:], event[taken:]
+            pos, first = (pos[taken:], 0) if pos is not None else (None, first + taken)
         if pos is None:
             pos = np.arange(first, first + len(hi), dtype=np.int64)
         if part_shift < 64:
             mine = (hi >> np.uint64(part_shift)) == part
             hi, lo, pos, event = hi[mine], lo[mine], pos[mine], event[mine]
-        self._waiting.append((hi, lo, pos, np.asarray(event, dtype=np.int64)))
+        self._waiting.append((hi, lo, pos, event))
         self._pending += len(hi)
         if self._pending > max(_MERGE_FACTOR * len(self._map[0]), _MIN_MERGE):
             self.merge()
@@ -99,9 +118,20 @@ class EventKeyMapBuilder:
         keep = latest_by_event_time(hi, lo, event)
         self._map = _merge_sorted(self._map, (hi[keep], lo[keep], pos[keep], event[keep]))
 
+    def _read_table(self) -> Columns:
+        table, self._table = self._table, None
+        if table is None:
+            return self._map
+        hi, lo, pos, event = table.finish()
+        return (np.frombuffer(hi, dtype=np.uint64), np.frombuffer(lo, dtype=np.uint64),
+                np.frombuffer(pos, dtype=np.int64), np.frombuffer(event, dtype=np.int64))
+
     def finish(self) -> Columns:
         """The merged keys sorted by hash, with the position and event time of each
         one's winner; the builder is left empty."""
+        if self._table is not None:
+            self._map = self._read_table()
+            self._table = new_event_key_table()
         self.merge()
         out, self._map = self._map, _empty()
         return out

@@ -48,9 +48,9 @@ class KeyMap:
     """Distinct keys with the run position of their latest record, sorted by hash, and
     under event-time order that record's event time (``event``, ``None`` otherwise).
 
-    Lookups (:meth:`contains`) go through a hash table of the C kernels, or without them
-    through a one-byte-per-key filter in front of a binary search; either is built on
-    the first lookup (a full run never looks up)."""
+    Lookups (:meth:`contains`, :meth:`events_of`) go through a hash table of the C
+    kernels, or without them through a one-byte-per-key filter in front of a binary
+    search; either is built on the first lookup (a full run never looks up)."""
 
     hi: U64
     lo: U64
@@ -101,6 +101,11 @@ class KeyMap:
         out = np.full(len(hi), -1, dtype=np.int64)
         if not n or not len(hi):
             return out
+        self.prepare_lookups()
+        table = self._lookup["table"]
+        if table is not None and self._lookup.get("indexed"):
+            at: I64 = np.frombuffer(table.lookup(hi, lo)[0], dtype=np.int64)
+            return at
         idx = np.searchsorted(self.hi, hi)
         safe = np.minimum(idx, n - 1)
         same_hi = (idx < n) & (self.hi[safe] == hi)
@@ -178,8 +183,10 @@ class KeyMap:
         if "table" not in self._lookup:
             n = len(self.hi)
             table = new_key_table(n) if n else None
-            if table is not None and table.add(self.hi, self.lo, self.pos) != n:
+            # the table holds each key's index into the map's arrays (for _index)
+            if table is not None and table.add(self.hi, self.lo) != n:
                 table = None  # crafted keys crowd it: search instead
+            self._lookup["indexed"] = table is not None
             if table is not None:
                 table.prepare_lookups()
             else:

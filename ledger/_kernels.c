@@ -1,6 +1,7 @@
 /*
  * Shale's hot loops in C: CRC32C over many ranges of one buffer, gathering many ranges
- * of one buffer into one, and "the latest record of every 128-bit key hash".
+ * of one buffer into one, and "the latest record of every 128-bit key hash" (or under
+ * event-time order the one with the greatest event time).
  *
  * Each of them is a loop NumPy can only express with a Python-level step per element
  * (a memoryview per frame, a slice per survivor) or with random gathers over the whole
@@ -1299,6 +1300,11 @@ free:
  * order and finishing with an insertion sort gives them sorted, at a cost that grows
  * with how far keys sit from their home slot (a slot or two at half load).  Records
  * are visited in index order, so the index a key ends with is its last occurrence.
+ *
+ * An event table (KeyTable(with_events=True)) keeps each key's record with the greatest
+ * (event time, position) instead: its slots are a slot_t followed by that record's event
+ * time, 32 bytes.  The functions a record or a lookup runs through are written once for
+ * both slot sizes, and inlined with the size a constant.
  */
 
 typedef struct {
@@ -1306,8 +1312,23 @@ typedef struct {
     int64_t idx; /* -1: empty; positions are never negative */
 } slot_t;
 
+/* Bytes of an event table's slot: the slot_t, then the event time (an int64_t). */
+#define EVENT_SLOT_BYTES (sizeof(slot_t) + sizeof(int64_t))
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
+static ALWAYS_INLINE slot_t *slot_at(const slot_t *slots, size_t s, size_t stride) {
+    return (slot_t *)((const char *)slots + s * stride);
+}
+
+/* The event time of an event table's slot (read and written as an int64_t only; the
+ * const is the slot's, not its event's, so that readers and writers share one helper). */
+static ALWAYS_INLINE int64_t *event_of(const slot_t *x) {
+    return (int64_t *)(void *)((const char *)x + sizeof(slot_t));
+}
+
 typedef struct {
-    slot_t *slots;
+    slot_t *slots;  /* `size` slots of `stride` bytes */
+    size_t stride;  /* sizeof(slot_t), or EVENT_SLOT_BYTES in an event table */
     size_t cap;     /* home slots (any number: the table is sized to what it will hold) */
     size_t size;    /* cap plus the overflow area */
     int skip;       /* top bits every key shares (one thread's part of the hash range) */
@@ -1384,15 +1405,16 @@ static void *table_alloc(size_t bytes) {
     return p;
 }
 
-/* An empty table: TABLE_OK or TABLE_NO_MEMORY. */
-static int table_init(table_t *t, size_t cap, int skip) {
+/* An empty table of slots of `stride` bytes: TABLE_OK or TABLE_NO_MEMORY. */
+static int table_init(table_t *t, size_t cap, int skip, size_t stride) {
     memset(t, 0, sizeof(table_t));
     t->skip = skip;
     t->cap = cap;
+    t->stride = stride;
     t->size = t->cap + t->cap / 8 + 64;
-    t->slots = table_alloc(t->size * sizeof(slot_t));
+    t->slots = table_alloc(t->size * stride);
     if (!t->slots) return TABLE_NO_MEMORY;
-    for (size_t i = 0; i < t->size; i++) t->slots[i].idx = -1;
+    for (size_t i = 0; i < t->size; i++) slot_at(t->slots, i, stride)->idx = -1;
     return TABLE_OK;
 }
 
@@ -1403,23 +1425,35 @@ enum {
     PUT_DONE = 1,        /* placed, or its position raised (or kept) */
 };
 
-/* Puts a key (or raises its position); PUT_DONE, PUT_OFF_THE_END or PUT_CROWDED. */
-static inline int table_put(table_t *t, uint64_t hi, uint64_t lo, int64_t idx) {
+/* Puts a key (or raises its position: in an event table, its (event, position)) into a
+ * table of slots of `stride` bytes; PUT_DONE, PUT_OFF_THE_END or PUT_CROWDED. */
+static ALWAYS_INLINE int table_put_as(table_t *t, uint64_t hi, uint64_t lo, int64_t idx, int64_t event,
+                                      const size_t stride) {
+    const int events = stride != sizeof(slot_t);
     size_t s = home(t, hi), first = s;
     size_t stop = s + MAX_PROBES < t->size ? s + MAX_PROBES : t->size;
     slot_t *slots = t->slots;
     for (; s < stop; s++) {
-        slot_t *x = slots + s;
+        slot_t *x = slot_at(slots, s, stride);
         if (x->idx < 0) {
             x->hi = hi;
             x->lo = lo;
             x->idx = idx;
+            if (events) *event_of(x) = event;
             t->count++;
             t->probes += s - first;
             return PUT_DONE;
         }
         if (x->hi == hi && x->lo == lo) {
-            if (idx > x->idx) x->idx = idx;
+            if (!events) {
+                if (idx > x->idx) x->idx = idx;
+            } else {
+                int64_t *e = event_of(x);
+                if (event > *e || (event == *e && idx > x->idx)) {
+                    *e = event;
+                    x->idx = idx;
+                }
+            }
             t->probes += s - first;
             return PUT_DONE;
         }
@@ -1428,15 +1462,28 @@ static inline int table_put(table_t *t, uint64_t hi, uint64_t lo, int64_t idx) {
     return stop == t->size ? PUT_OFF_THE_END : PUT_CROWDED;
 }
 
+static inline int table_put(table_t *t, uint64_t hi, uint64_t lo, int64_t idx) {
+    return table_put_as(t, hi, lo, idx, 0, sizeof(slot_t));
+}
+
+static inline int table_put_event(table_t *t, uint64_t hi, uint64_t lo, int64_t idx, int64_t event) {
+    return table_put_as(t, hi, lo, idx, event, EVENT_SLOT_BYTES);
+}
+
 /* Re-insert everything into a table of the next size that takes it: TABLE_OK,
  * TABLE_NO_MEMORY, or TABLE_CROWDED when none up to max_cap slots does. */
 static int table_grow(table_t *t, size_t max_cap) {
+    const size_t stride = t->stride;
     for (size_t cap = t->cap * 2; cap <= max_cap && cap < ((size_t)1 << 58); cap *= 2) {
         table_t bigger;
-        if (table_init(&bigger, cap, t->skip) != TABLE_OK) return TABLE_NO_MEMORY;
+        if (table_init(&bigger, cap, t->skip, stride) != TABLE_OK) return TABLE_NO_MEMORY;
         int put = PUT_DONE;
-        for (size_t i = 0; i < t->size && put == PUT_DONE; i++)
-            if (t->slots[i].idx >= 0) put = table_put(&bigger, t->slots[i].hi, t->slots[i].lo, t->slots[i].idx);
+        for (size_t i = 0; i < t->size && put == PUT_DONE; i++) {
+            const slot_t *x = slot_at(t->slots, i, stride);
+            if (x->idx < 0) continue;
+            put = stride == sizeof(slot_t) ? table_put(&bigger, x->hi, x->lo, x->idx)
+                                           : table_put_event(&bigger, x->hi, x->lo, x->idx, *event_of(x));
+        }
         if (put == PUT_DONE) {
             bigger.records = t->records; /* re-inserting costs no budget */
             bigger.probes = t->probes;
@@ -1458,26 +1505,37 @@ static int slot_cmp(const void *a, const void *b) {
     return slot_less(x, y) ? -1 : slot_less(y, x) ? 1 : 0;
 }
 
-/* Copies the occupied slots of src[0 .. size) to dst in slot order (dst may be src) and
- * sorts them: an insertion sort moves the few keys that sit past a bigger one (qsort if
- * crafted keys make that long).  Returns how many there are. */
-static size_t sort_occupied(const slot_t *src, size_t size, slot_t *dst) {
+/* Copies the occupied slots (of `stride` bytes) of src[0 .. size) to dst in slot order
+ * (dst may be src) and sorts them: an insertion sort moves the few keys that sit past a
+ * bigger one (qsort if crafted keys make that long).  Returns how many there are. */
+static ALWAYS_INLINE size_t sort_occupied_as(const slot_t *src, size_t size, slot_t *dst, const size_t stride) {
     size_t m = 0;
-    for (size_t i = 0; i < size; i++)
-        if (src[i].idx >= 0) dst[m++] = src[i];
+    for (size_t i = 0; i < size; i++) {
+        const slot_t *x = slot_at(src, i, stride);
+        if (x->idx >= 0) memmove(slot_at(dst, m++, stride), x, stride);
+    }
     size_t moves = 0, budget = 64 * m + 1024;
+    union {
+        slot_t key;
+        unsigned char bytes[EVENT_SLOT_BYTES];
+    } held;
     for (size_t i = 1; i < m && moves <= budget; i++) {
-        slot_t x = dst[i];
+        memcpy(held.bytes, slot_at(dst, i, stride), stride);
         size_t j = i;
-        while (j > 0 && slot_less(&x, dst + j - 1)) {
-            dst[j] = dst[j - 1];
+        while (j > 0 && slot_less(&held.key, slot_at(dst, j - 1, stride))) {
+            memcpy(slot_at(dst, j, stride), slot_at(dst, j - 1, stride), stride);
             j--;
             moves++;
         }
-        dst[j] = x;
+        memcpy(slot_at(dst, j, stride), held.bytes, stride);
     }
-    if (moves > budget) qsort(dst, m, sizeof(slot_t), slot_cmp);
+    if (moves > budget) qsort(dst, m, stride, slot_cmp);
     return m;
+}
+
+static size_t sort_occupied(const table_t *t, slot_t *dst) {
+    return t->stride == sizeof(slot_t) ? sort_occupied_as(t->slots, t->size, dst, sizeof(slot_t))
+                                       : sort_occupied_as(t->slots, t->size, dst, EVENT_SLOT_BYTES);
 }
 
 /* The lookup filter: most keys looked up in a kept table are not in it (an incremental
@@ -1503,11 +1561,13 @@ static void table_build_filter(table_t *t) {
     uint64_t *f = calloc(bits / 64, sizeof(uint64_t));
     if (!f) return; /* lookups work without it */
     uint64_t mask = (uint64_t)bits - 1;
-    for (size_t i = 0; i < t->size; i++)
-        if (t->slots[i].idx >= 0) {
-            uint64_t b = t->slots[i].lo & mask;
+    for (size_t i = 0; i < t->size; i++) {
+        const slot_t *x = slot_at(t->slots, i, t->stride);
+        if (x->idx >= 0) {
+            uint64_t b = x->lo & mask;
             f[b >> 6] |= (uint64_t)1 << (b & 63);
         }
+    }
     t->filter = f;
     t->fmask = mask;
 }
@@ -1523,7 +1583,7 @@ static int latest_keys(const uint64_t *hi, const uint64_t *lo, Py_ssize_t n, tab
     /* small to begin with (a key map is often far smaller than its records), then doubled:
      * growing re-inserts keys that are nearly in order, which costs little */
     size_t cap0 = cap_for((size_t)n < ((size_t)1 << 15) ? (size_t)n : ((size_t)1 << 15));
-    if (table_init(t, cap0, 0) != TABLE_OK) return TABLE_NO_MEMORY;
+    if (table_init(t, cap0, 0, sizeof(slot_t)) != TABLE_OK) return TABLE_NO_MEMORY;
     /* A crowded stretch of the table usually means sorted keys (a finished map merged
      * with new records): doubling spreads them out.  Only once the table has room for
      * every record as its own key is a crowd taken for crafted keys. */
@@ -1576,17 +1636,22 @@ static int get_hash_views(PyObject *hi_obj, PyObject *lo_obj, Py_buffer *hi, Py_
     return 0;
 }
 
-/* The sorted keys of a table as three bytearrays (hi, lo, pos), from `sorted`, which
- * holds m of them. */
-static PyObject *keys_tuple(const slot_t *sorted, size_t m, PyObject *hi, PyObject *lo, PyObject *pos) {
+/* The sorted keys of a table as bytearrays (hi, lo, pos), and with `event` not NULL
+ * (an event table's) their event times, from `sorted`, which holds m slots of `stride`
+ * bytes. */
+static PyObject *keys_tuple(const slot_t *sorted, size_t m, size_t stride, PyObject *hi, PyObject *lo, PyObject *pos,
+                            PyObject *event) {
     uint64_t *h = (uint64_t *)PyByteArray_AS_STRING(hi), *l = (uint64_t *)PyByteArray_AS_STRING(lo);
     int64_t *p = (int64_t *)PyByteArray_AS_STRING(pos);
+    int64_t *e = event ? (int64_t *)PyByteArray_AS_STRING(event) : NULL;
     for (size_t i = 0; i < m; i++) {
-        h[i] = sorted[i].hi;
-        l[i] = sorted[i].lo;
-        p[i] = sorted[i].idx;
+        const slot_t *x = slot_at(sorted, i, stride);
+        h[i] = x->hi;
+        l[i] = x->lo;
+        p[i] = x->idx;
+        if (e) e[i] = *event_of(x);
     }
-    return PyTuple_Pack(3, hi, lo, pos);
+    return event ? PyTuple_Pack(4, hi, lo, pos, event) : PyTuple_Pack(3, hi, lo, pos);
 }
 
 PyDoc_STRVAR(latest_of_each_key_doc,
@@ -1606,7 +1671,7 @@ static PyObject *py_latest_of_each_key(PyObject *Py_UNUSED(self), PyObject *args
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = latest_keys(hi.buf, lo.buf, hi.len / 8, &t);
-    if (rc == TABLE_OK) t.count = sort_occupied(t.slots, t.size, t.slots);
+    if (rc == TABLE_OK) t.count = sort_occupied(&t, t.slots);
     Py_END_ALLOW_THREADS
     if (rc == TABLE_CROWDED) {
         result = Py_NewRef(Py_None); /* the caller sorts instead */
@@ -1683,18 +1748,20 @@ done:
 /*
  * Pass one adds the records of many ledgers, in position order, to one table and reads
  * it out once, instead of merging sorted runs.  A record's position is given (or is
- * `first` plus its index); the table keeps the greatest position of each key.  Lookups
- * may run in several threads at once; a call that changes the table (add, finish)
- * made while any other call runs on it (they run without the interpreter lock) raises
- * instead of racing it.
+ * `first` plus its index); the table keeps the greatest position of each key, or in an
+ * event table (event-time order) the greatest (event time, position).  Lookups may run
+ * in several threads at once; a call that changes the table (add, finish) made while
+ * any other call runs on it (they run without the interpreter lock) raises instead of
+ * racing it.
  */
 
 typedef struct {
     PyObject_HEAD
-    table_t t;    /* t.slots is NULL until the first record arrives and after finish() */
-    size_t cap0;  /* the size asked for at creation, used by the first add */
-    int busy;     /* an add or finish is running (they change the table) */
-    int readers;  /* lookups running (they may run side by side) */
+    table_t t;     /* t.slots is NULL until the first record arrives and after finish() */
+    size_t cap0;   /* the size asked for at creation, used by the first add */
+    size_t stride; /* bytes a slot: sizeof(slot_t), or EVENT_SLOT_BYTES in an event table */
+    int busy;      /* an add or finish is running (they change the table) */
+    int readers;   /* lookups running (they may run side by side) */
 } KeyTableObject;
 
 static void keytable_dealloc(KeyTableObject *self) {
@@ -1704,15 +1771,17 @@ static void keytable_dealloc(KeyTableObject *self) {
 }
 
 static PyObject *keytable_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"expected", NULL};
+    static char *kwlist[] = {"expected", "with_events", NULL};
     Py_ssize_t expected = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|n", kwlist, &expected)) return NULL;
+    int with_events = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|np", kwlist, &expected, &with_events)) return NULL;
     KeyTableObject *self = (KeyTableObject *)type->tp_alloc(type, 0);
     if (!self) return NULL;
     memset(&self->t, 0, sizeof(table_t));
     /* room for `expected` keys from the first add: no growing, and sorted keys (a
      * finished map) spread over the whole table instead of crowding its start */
     self->cap0 = cap_for(expected > 0 ? (size_t)expected : ((size_t)1 << 15));
+    self->stride = with_events ? EVENT_SLOT_BYTES : sizeof(slot_t);
     self->busy = 0;
     self->readers = 0;
     return (PyObject *)self;
@@ -1738,17 +1807,19 @@ static int keytable_enter(KeyTableObject *self, int reading) {
 #define PICK_BLOCK 4096
 
 PyDoc_STRVAR(keytable_add_doc,
-             "add(hi, lo, pos=None, first=0, part_shift=64, part=0) -> int\n\n"
+             "add(hi, lo, pos=None, first=0, part_shift=64, part=0, event=None) -> int\n\n"
              "Add records: uint64 hashes hi and lo, int64 positions pos >= 0 (or first, first + 1,\n"
-             "... when pos is None).  With part_shift < 64 only records whose hi >> part_shift\n"
-             "equals part are added (every add to one table uses one part_shift).  Returns how\n"
-             "many records were taken: all of them, or fewer when crafted keys crowd the table\n"
-             "(the rest are for the caller to handle).");
+             "... when pos is None), and for an event table (and only for one) their int64 event\n"
+             "times.  With part_shift < 64 only records whose hi >> part_shift equals part are\n"
+             "added (every add to one table uses one part_shift).  Returns how many records were\n"
+             "taken: all of them, or fewer when crafted keys crowd the table (the rest are for the\n"
+             "caller to handle).");
 
 /* KeyTable.add's records: the caller's buffers (each value read once, checked, then used). */
 typedef struct {
     const uint64_t *hi, *lo; /* at any alignment */
     const int64_t *pos;      /* at any alignment; NULL: positions first, first + 1, ... */
+    const int64_t *event;    /* at any alignment; an event table's only */
     int64_t first;
     Py_ssize_t n;
     int part_shift; /* 64: every record; otherwise those whose hi >> part_shift is part */
@@ -1774,15 +1845,16 @@ static inline Py_ssize_t pick_mine(const add_job_t *j, Py_ssize_t b, Py_ssize_t 
     return m;
 }
 
-/* Puts one record (key hi, lo at position at) into t, growing t when it runs out of room:
- * TABLE_OK; TABLE_CROWDED when crafted keys crowd it (or the probes went over budget) and
- * no more records are to be taken, with *in set when this one went in before that was
- * found; TABLE_NO_MEMORY. */
-static inline int table_add_one(table_t *t, uint64_t hi, uint64_t lo, int64_t at, int *in) {
+/* Puts one record (key hi, lo at position at, of this event time in an event table) into
+ * t, growing t when it runs out of room: TABLE_OK; TABLE_CROWDED when crafted keys crowd
+ * it (or the probes went over budget) and no more records are to be taken, with *in set
+ * when this one went in before that was found; TABLE_NO_MEMORY. */
+static ALWAYS_INLINE int table_add_one(table_t *t, uint64_t hi, uint64_t lo, int64_t at, int64_t event, int *in,
+                                       const size_t stride) {
     int rc = TABLE_OK, put;
     *in = 0;
     t->records++;
-    while ((put = table_put(t, hi, lo, at)) != PUT_DONE) {
+    while ((put = table_put_as(t, hi, lo, at, event, stride)) != PUT_DONE) {
         size_t max_cap = (t->count + 1) * CROWD_SLOTS_PER_KEY + ((size_t)1 << 16);
         if (put == PUT_CROWDED && t->cap >= max_cap) break;
         if ((rc = table_grow(t, put == PUT_CROWDED ? max_cap * 2 : (size_t)1 << 58)) != TABLE_OK) break;
@@ -1799,13 +1871,16 @@ static inline int table_add_one(table_t *t, uint64_t hi, uint64_t lo, int64_t at
     return TABLE_OK;
 }
 
-/* Adds the job's records to t, block by block: first the indexes of the block's records
- * that are in this table's part are picked, then those are put, reading ahead of the one
- * at hand.  TABLE_OK with *taken = n; otherwise why not, with *taken the records taken
- * before (TABLE_CROWDED), or the index of the negative position (TABLE_NEGATIVE_POSITION). */
-static int table_add_records(table_t *t, const add_job_t *j, Py_ssize_t *taken) {
+/* Adds the job's records to t (of slots of `stride` bytes), block by block: first the
+ * indexes of the block's records that are in this table's part are picked, then those
+ * are put, reading ahead of the one at hand.  TABLE_OK with *taken = n; otherwise why
+ * not, with *taken the records taken before (TABLE_CROWDED), or the index of the
+ * negative position (TABLE_NEGATIVE_POSITION). */
+static ALWAYS_INLINE int table_add_records_as(table_t *t, const add_job_t *j, Py_ssize_t *taken,
+                                              const size_t stride) {
+    const int events = stride != sizeof(slot_t);
     const uint64_t *h = j->hi, *l = j->lo;
-    const int64_t *ps = j->pos;
+    const int64_t *ps = j->pos, *ev = j->event;
     const int64_t first = j->first;
     const Py_ssize_t n = j->n;
     uint32_t mine[PICK_BLOCK];
@@ -1816,14 +1891,15 @@ static int table_add_records(table_t *t, const add_job_t *j, Py_ssize_t *taken) 
         for (Py_ssize_t k = 0; k < m; k++) {
             i = b + mine[k];
             if (k + PREFETCH_AHEAD < m)
-                __builtin_prefetch(t->slots + home(t, ld64(h + b + mine[k + PREFETCH_AHEAD])), 1, 3);
+                __builtin_prefetch(slot_at(t->slots, home(t, ld64(h + b + mine[k + PREFETCH_AHEAD])), stride), 1, 3);
             int64_t at = ps ? (int64_t)ld64((const uint64_t *)(ps + i)) : first + i;
             if (at < 0) {
                 rc = TABLE_NEGATIVE_POSITION;
                 break;
             }
+            int64_t event = events ? (int64_t)ld64((const uint64_t *)(ev + i)) : 0;
             int in;
-            if ((rc = table_add_one(t, ld64(h + i), ld64(l + i), at, &in)) != TABLE_OK) {
+            if ((rc = table_add_one(t, ld64(h + i), ld64(l + i), at, event, &in, stride)) != TABLE_OK) {
                 i += in;
                 break;
             }
@@ -1832,6 +1908,11 @@ static int table_add_records(table_t *t, const add_job_t *j, Py_ssize_t *taken) 
     }
     *taken = i;
     return rc;
+}
+
+static int table_add_records(table_t *t, const add_job_t *j, Py_ssize_t *taken) {
+    return t->stride == sizeof(slot_t) ? table_add_records_as(t, j, taken, sizeof(slot_t))
+                                       : table_add_records_as(t, j, taken, EVENT_SLOT_BYTES);
 }
 
 /* Readies the table for records of this part_shift (skip: 64 - part_shift) when there are
@@ -1847,36 +1928,56 @@ static int keytable_prepare_add(KeyTableObject *self, int skip, Py_ssize_t n) {
         free(t->slots); /* nothing in it yet: start again with this part_shift */
         t->slots = NULL;
     }
-    if (!t->slots && n && table_init(t, self->cap0, skip) != TABLE_OK) {
+    if (!t->slots && n && table_init(t, self->cap0, skip, self->stride) != TABLE_OK) {
         PyErr_NoMemory();
         return -1;
     }
     return 0;
 }
 
+/* The event times of KeyTable.add into `event` (NULL obj: none given), checked against the
+ * kind of table and the records' count: 0, or -1 with an exception set and nothing held. */
+static int get_add_events(const KeyTableObject *self, PyObject *obj, Py_buffer *event, Py_ssize_t n) {
+    int events = self->stride != sizeof(slot_t);
+    if ((obj != NULL) != events) {
+        PyErr_SetString(PyExc_ValueError, events ? "an event table needs the records' event times (event=)"
+                                                 : "this table keeps no event times (event= is for an event table)");
+        return -1;
+    }
+    if (!events) return 0;
+    if (get_int64_view(obj, event, "event", 1) < 0) return -1;
+    if (event->len / 8 != n) {
+        PyErr_SetString(PyExc_ValueError, "hi, lo and event must have one length");
+        PyBuffer_Release(event);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *keytable_add(KeyTableObject *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"hi", "lo", "pos", "first", "part_shift", "part", NULL};
-    PyObject *hi_obj, *lo_obj, *pos_obj = Py_None;
+    static char *kwlist[] = {"hi", "lo", "pos", "first", "part_shift", "part", "event", NULL};
+    PyObject *hi_obj, *lo_obj, *pos_obj = Py_None, *event_obj = Py_None;
     long long first = 0;
     int part_shift = 64;
     unsigned long long part = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|OLiK", kwlist, &hi_obj, &lo_obj, &pos_obj, &first, &part_shift,
-                                     &part))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|OLiKO", kwlist, &hi_obj, &lo_obj, &pos_obj, &first, &part_shift,
+                                     &part, &event_obj))
         return NULL;
     if (part_shift < 1 || part_shift > 64) {
         PyErr_SetString(PyExc_ValueError, "part_shift must be between 1 and 64");
         return NULL;
     }
-    Py_buffer hi, lo, pos = {0};
+    Py_buffer hi, lo, pos = {0}, event = {0};
     if (get_hash_views(hi_obj, lo_obj, &hi, &lo) < 0) return NULL;
     PyObject *result = NULL;
     int have_pos = pos_obj != Py_None, entered = 0;
+    Py_ssize_t n = hi.len / 8, taken;
+    if (get_add_events(self, event_obj != Py_None ? event_obj : NULL, &event, n) < 0) goto done;
     if (have_pos && get_int64_view(pos_obj, &pos, "pos", 1) < 0) goto done;
     if (have_pos && pos.len != hi.len) {
         PyErr_SetString(PyExc_ValueError, "hi, lo and pos must have one length");
         goto done;
     }
-    Py_ssize_t n = hi.len / 8, taken;
     if (!have_pos && (first < 0 || first > INT64_MAX - n)) {
         PyErr_SetString(PyExc_ValueError, "positions must lie between 0 and 2**63 - 1");
         goto done;
@@ -1884,8 +1985,8 @@ static PyObject *keytable_add(KeyTableObject *self, PyObject *args, PyObject *kw
     if (keytable_enter(self, 0) < 0) goto done;
     entered = 1;
     if (keytable_prepare_add(self, 64 - part_shift, n) < 0) goto done;
-    const add_job_t job = {.hi = hi.buf, .lo = lo.buf, .pos = have_pos ? pos.buf : NULL, .first = (int64_t)first,
-                           .n = n, .part_shift = part_shift, .part = (uint64_t)part};
+    const add_job_t job = {.hi = hi.buf, .lo = lo.buf, .pos = have_pos ? pos.buf : NULL, .event = event.buf,
+                           .first = (int64_t)first, .n = n, .part_shift = part_shift, .part = (uint64_t)part};
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = table_add_records(&self->t, &job, &taken);
@@ -1900,8 +2001,69 @@ done:
     if (entered) self->busy = 0;
     PyBuffer_Release(&hi);
     PyBuffer_Release(&lo);
-    if (have_pos && pos.obj) PyBuffer_Release(&pos);
+    if (pos.obj) PyBuffer_Release(&pos);
+    if (event.obj) PyBuffer_Release(&event);
     return result;
+}
+
+/* What a lookup writes for each key looked up (each NULL or n long): whether the table
+ * holds it; the position it holds for it (-1: none); its event time (0: none). */
+typedef struct {
+    uint8_t *found;
+    int64_t *pos;
+    int64_t *event;
+} lookup_out_t;
+
+/* The slot of key (hi, lo), or NULL: keys sit at most MAX_PROBES past their home slot,
+ * and none is ever removed. */
+static ALWAYS_INLINE const slot_t *table_find(const table_t *t, uint64_t hi, uint64_t lo, const size_t stride) {
+    size_t s = home(t, hi);
+    size_t stop = s + MAX_PROBES < t->size ? s + MAX_PROBES : t->size;
+    for (; s < stop; s++) {
+        const slot_t *x = slot_at(t->slots, s, stride);
+        if (x->idx < 0) return NULL;
+        if (x->hi == hi && x->lo == lo) return x;
+    }
+    return NULL;
+}
+
+/* Looks the n keys (h, l) up in t (of slots of `stride` bytes), writing what o asks for. */
+static ALWAYS_INLINE void table_lookup_as(const table_t *t, const uint64_t *h, const uint64_t *l, Py_ssize_t n,
+                                          const lookup_out_t *o, const size_t stride) {
+    const uint64_t *f = t->filter, fmask = t->fmask;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const slot_t *x = NULL;
+        if (f) {
+            /* the filter word two strides ahead, the table slot one stride ahead only
+             * when its filter word (fetched a stride ago) lets it through */
+            if (i + 2 * PREFETCH_AHEAD < n)
+                __builtin_prefetch(f + ((ld64(l + i + 2 * PREFETCH_AHEAD) & fmask) >> 6), 0, 3);
+            if (i + PREFETCH_AHEAD < n && filter_may_hold(f, fmask, ld64(l + i + PREFETCH_AHEAD)))
+                __builtin_prefetch(slot_at(t->slots, home(t, ld64(h + i + PREFETCH_AHEAD)), stride), 0, 3);
+            if (filter_may_hold(f, fmask, ld64(l + i))) x = table_find(t, ld64(h + i), ld64(l + i), stride);
+        } else {
+            if (i + PREFETCH_AHEAD < n)
+                __builtin_prefetch(slot_at(t->slots, home(t, ld64(h + i + PREFETCH_AHEAD)), stride), 0, 3);
+            x = table_find(t, ld64(h + i), ld64(l + i), stride);
+        }
+        if (o->found) o->found[i] = x != NULL;
+        if (o->pos) o->pos[i] = x ? x->idx : -1;
+        if (o->event) o->event[i] = x ? *event_of(x) : 0;
+    }
+}
+
+static void table_lookup(const table_t *t, const uint64_t *h, const uint64_t *l, Py_ssize_t n, const lookup_out_t *o) {
+    if (!t->slots) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (o->found) o->found[i] = 0;
+            if (o->pos) o->pos[i] = -1;
+            if (o->event) o->event[i] = 0;
+        }
+    } else if (t->stride == sizeof(slot_t)) {
+        table_lookup_as(t, h, l, n, o, sizeof(slot_t));
+    } else {
+        table_lookup_as(t, h, l, n, o, EVENT_SLOT_BYTES);
+    }
 }
 
 PyDoc_STRVAR(keytable_contains_doc,
@@ -1915,36 +2077,9 @@ static PyObject *keytable_contains(KeyTableObject *self, PyObject *args) {
     PyObject *out = NULL;
     if (keytable_enter(self, 1) == 0) {
         if ((out = PyByteArray_FromStringAndSize(NULL, hi.len / 8))) {
-            uint8_t *found = (uint8_t *)PyByteArray_AS_STRING(out);
-            const uint64_t *h = hi.buf, *l = lo.buf;
-            const table_t *t = &self->t;
-            Py_ssize_t n = hi.len / 8;
-            const uint64_t *f = t->filter, fmask = t->fmask;
+            const lookup_out_t o = {.found = (uint8_t *)PyByteArray_AS_STRING(out)};
             Py_BEGIN_ALLOW_THREADS
-            for (Py_ssize_t i = 0; i < n; i++) {
-                found[i] = 0;
-                if (!t->slots) continue;
-                if (f) {
-                    /* the filter word two strides ahead, the table slot one stride ahead
-                     * only when its filter word (fetched a stride ago) lets it through */
-                    if (i + 2 * PREFETCH_AHEAD < n)
-                        __builtin_prefetch(f + ((ld64(l + i + 2 * PREFETCH_AHEAD) & fmask) >> 6), 0, 3);
-                    if (i + PREFETCH_AHEAD < n && filter_may_hold(f, fmask, ld64(l + i + PREFETCH_AHEAD)))
-                        __builtin_prefetch(t->slots + home(t, ld64(h + i + PREFETCH_AHEAD)), 0, 3);
-                    if (!filter_may_hold(f, fmask, ld64(l + i))) continue;
-                } else if (i + PREFETCH_AHEAD < n) {
-                    __builtin_prefetch(t->slots + home(t, ld64(h + i + PREFETCH_AHEAD)), 0, 3);
-                }
-                /* keys sit at most MAX_PROBES past their home slot, and none is ever removed */
-                uint64_t key_hi = ld64(h + i), key_lo = ld64(l + i);
-                size_t s = home(t, key_hi);
-                size_t stop = s + MAX_PROBES < t->size ? s + MAX_PROBES : t->size;
-                for (; s < stop && t->slots[s].idx >= 0; s++)
-                    if (t->slots[s].hi == key_hi && t->slots[s].lo == key_lo) {
-                        found[i] = 1;
-                        break;
-                    }
-            }
+            table_lookup(&self->t, hi.buf, lo.buf, hi.len / 8, &o);
             Py_END_ALLOW_THREADS
         }
         self->readers--;
@@ -1954,10 +2089,46 @@ static PyObject *keytable_contains(KeyTableObject *self, PyObject *args) {
     return out;
 }
 
+PyDoc_STRVAR(keytable_lookup_doc,
+             "lookup(hi, lo) -> (pos, event)\n\n"
+             "For each (hi, lo), the position the table holds for that key (-1 where it holds\n"
+             "none), as a bytearray of int64 values; and for an event table the event time it\n"
+             "holds (0 where none) likewise, None for another table.");
+
+static PyObject *keytable_lookup(KeyTableObject *self, PyObject *args) {
+    PyObject *hi_obj, *lo_obj;
+    if (!PyArg_ParseTuple(args, "OO", &hi_obj, &lo_obj)) return NULL;
+    Py_buffer hi, lo;
+    if (get_hash_views(hi_obj, lo_obj, &hi, &lo) < 0) return NULL;
+    PyObject *result = NULL;
+    if (keytable_enter(self, 1) == 0) {
+        Py_ssize_t n = hi.len / 8;
+        int events = self->stride != sizeof(slot_t);
+        PyObject *pos = PyByteArray_FromStringAndSize(NULL, n * 8);
+        PyObject *event = events ? PyByteArray_FromStringAndSize(NULL, n * 8) : Py_NewRef(Py_None);
+        if (pos && event) {
+            const lookup_out_t o = {.pos = (int64_t *)PyByteArray_AS_STRING(pos),
+                                    .event = events ? (int64_t *)PyByteArray_AS_STRING(event) : NULL};
+            Py_BEGIN_ALLOW_THREADS
+            table_lookup(&self->t, hi.buf, lo.buf, n, &o);
+            Py_END_ALLOW_THREADS
+            result = PyTuple_Pack(2, pos, event);
+        }
+        Py_XDECREF(pos);
+        Py_XDECREF(event);
+        self->readers--;
+    }
+    PyBuffer_Release(&hi);
+    PyBuffer_Release(&lo);
+    return result;
+}
+
 PyDoc_STRVAR(keytable_finish_doc,
-             "finish(keep=False) -> (hi, lo, pos)\n\n"
-             "The keys sorted by (hi, lo) with their greatest position, as three bytearrays of\n"
-             "64-bit values.  The table is left empty, or with keep=True as it was (for lookups).");
+             "finish(keep=False) -> (hi, lo, pos) or (hi, lo, pos, event)\n\n"
+             "The keys sorted by (hi, lo) with their greatest position (in an event table: the\n"
+             "position and event time of their greatest (event time, position)), as bytearrays\n"
+             "of 64-bit values.  The table is left empty, or with keep=True as it was (for\n"
+             "lookups).");
 
 static PyObject *keytable_finish(KeyTableObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"keep", NULL};
@@ -1965,26 +2136,28 @@ static PyObject *keytable_finish(KeyTableObject *self, PyObject *args, PyObject 
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "|p", kwlist, &keep)) return NULL;
     if (keytable_enter(self, 0) < 0) return NULL;
     table_t *t = &self->t;
-    size_t m = t->slots ? t->count : 0;
+    size_t m = t->slots ? t->count : 0, stride = self->stride;
+    int events = stride != sizeof(slot_t);
     /* everything that can fail first, so that a failure leaves the table as it was */
     PyObject *hi = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)m * 8);
     PyObject *lo = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)m * 8);
     PyObject *pos = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)m * 8);
+    PyObject *event = events ? PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)m * 8) : NULL;
     slot_t *sorted = NULL;
     PyObject *result = NULL;
-    if (!hi || !lo || !pos) goto done;
+    if (!hi || !lo || !pos || (events && !event)) goto done;
     if (t->slots) {
-        sorted = keep ? malloc((m ? m : 1) * sizeof(slot_t)) : t->slots;
+        sorted = keep ? malloc((m ? m : 1) * stride) : t->slots;
         if (!sorted) {
             PyErr_NoMemory();
             goto done;
         }
         Py_BEGIN_ALLOW_THREADS
-        sort_occupied(t->slots, t->size, sorted);
+        sort_occupied(t, sorted);
         if (keep) table_build_filter(t); /* kept for lookups */
         Py_END_ALLOW_THREADS
     }
-    result = keys_tuple(sorted, m, hi, lo, pos);
+    result = keys_tuple(sorted, m, stride, hi, lo, pos, event);
     if (keep) {
         free(sorted);
     } else {
@@ -1997,13 +2170,14 @@ done:
     Py_XDECREF(hi);
     Py_XDECREF(lo);
     Py_XDECREF(pos);
+    Py_XDECREF(event);
     return result;
 }
 
 PyDoc_STRVAR(keytable_prepare_lookups_doc,
              "prepare_lookups() -> None\n\n"
-             "Make later contains() calls faster when most keys looked up are not in the table\n"
-             "(finish(keep=True) does this too).  Any add undoes it.");
+             "Make later contains() and lookup() calls faster when most keys looked up are not in\n"
+             "the table (finish(keep=True) does this too).  Any add undoes it.");
 
 static PyObject *keytable_prepare_lookups(KeyTableObject *self, PyObject *Py_UNUSED(args)) {
     if (keytable_enter(self, 0) < 0) return NULL;
@@ -2018,12 +2192,17 @@ static Py_ssize_t keytable_len(KeyTableObject *self) { return (Py_ssize_t)self->
 
 static PyObject *keytable_nbytes(KeyTableObject *self, void *Py_UNUSED(closure)) {
     size_t filter = self->t.filter ? ((size_t)self->t.fmask + 1) / 8 : 0;
-    return PyLong_FromSize_t(self->t.slots ? self->t.size * sizeof(slot_t) + filter : 0);
+    return PyLong_FromSize_t(self->t.slots ? self->t.size * self->stride + filter : 0);
+}
+
+static PyObject *keytable_with_events(KeyTableObject *self, void *Py_UNUSED(closure)) {
+    return PyBool_FromLong(self->stride != sizeof(slot_t));
 }
 
 static PyMethodDef keytable_methods[] = {
     {"add", (PyCFunction)(void (*)(void))keytable_add, METH_VARARGS | METH_KEYWORDS, keytable_add_doc},
     {"contains", (PyCFunction)keytable_contains, METH_VARARGS, keytable_contains_doc},
+    {"lookup", (PyCFunction)keytable_lookup, METH_VARARGS, keytable_lookup_doc},
     {"finish", (PyCFunction)(void (*)(void))keytable_finish, METH_VARARGS | METH_KEYWORDS, keytable_finish_doc},
     {"prepare_lookups", (PyCFunction)keytable_prepare_lookups, METH_NOARGS, keytable_prepare_lookups_doc},
     {NULL, NULL, 0, NULL},
@@ -2031,6 +2210,7 @@ static PyMethodDef keytable_methods[] = {
 
 static PyGetSetDef keytable_getset[] = {
     {"nbytes", (getter)keytable_nbytes, NULL, "Bytes the table takes now.", NULL},
+    {"with_events", (getter)keytable_with_events, NULL, "Whether this is an event table.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -2042,8 +2222,10 @@ static PyTypeObject KeyTableType = {
     .tp_dealloc = (destructor)keytable_dealloc,
     .tp_as_sequence = &keytable_as_sequence,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "KeyTable(expected=0)\n\nThe latest position of every 128-bit key hash, built record by record\n"
-              "(with room for `expected` keys from the first add).",
+    .tp_doc = "KeyTable(expected=0, with_events=False)\n\nThe latest position of every 128-bit key hash, built\n"
+              "record by record (with room for `expected` keys from the first add).  With\n"
+              "with_events, the position and event time of each key's record with the greatest\n"
+              "(event time, position) instead.",
     .tp_methods = keytable_methods,
     .tp_getset = keytable_getset,
     .tp_new = keytable_new,

@@ -20,9 +20,10 @@ import numpy.typing as npt
 
 from shale.ledger._record_parser import record_fields_at, record_problem_at
 
-__all__ = ["KERNELS", "CopyPlan", "KeyTable", "RecordColumns", "Scratch", "check_frames", "check_kept", "check_records",
-           "copy_plan", "crc32c", "crc32c_ranges", "distinct_estimate", "gather_ranges", "latest_positions",
-           "load_native", "new_key_table", "record_columns", "record_problem", "start_writeback", "tiling_error"]
+__all__ = ["KERNELS", "CopyPlan", "EventKeyTable", "KeyTable", "RecordColumns", "Scratch", "check_frames", "check_kept",
+           "check_records", "copy_plan", "crc32c", "crc32c_ranges", "distinct_estimate", "gather_ranges",
+           "latest_positions", "load_native", "new_event_key_table", "new_key_table", "record_columns",
+           "record_problem", "start_writeback", "tiling_error"]
 
 Buffer = bytes | bytearray | memoryview
 
@@ -468,6 +469,9 @@ class KeyTable(Protocol):
     @property
     def nbytes(self) -> int: ...
 
+    @property
+    def with_events(self) -> bool: ...
+
     def __len__(self) -> int: ...
 
     def add(self, hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64], pos: npt.NDArray[np.int64] | None = None,
@@ -475,7 +479,35 @@ class KeyTable(Protocol):
 
     def contains(self, hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> bytearray: ...
 
+    def lookup(self, hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> tuple[bytearray, None]:
+        """The position held for each key (int64, -1 where none)."""
+
     def finish(self, keep: bool = False) -> tuple[bytearray, bytearray, bytearray]: ...
+
+    def prepare_lookups(self) -> None: ...
+
+
+class EventKeyTable(Protocol):
+    """The C kernels' table of each key's record with the greatest ``(event time,
+    position)``: a :class:`KeyTable` made with ``with_events=True``, 32 bytes a slot."""
+
+    @property
+    def nbytes(self) -> int: ...
+
+    @property
+    def with_events(self) -> bool: ...
+
+    def __len__(self) -> int: ...
+
+    def add(self, hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64], pos: npt.NDArray[np.int64] | None = None,
+            first: int = 0, part_shift: int = 64, part: int = 0, *, event: npt.NDArray[np.int64]) -> int: ...
+
+    def contains(self, hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> bytearray: ...
+
+    def lookup(self, hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> tuple[bytearray, bytearray]:
+        """The position and event time held for each key (int64 each, -1 and 0 where none)."""
+
+    def finish(self, keep: bool = False) -> tuple[bytearray, bytearray, bytearray, bytearray]: ...
 
     def prepare_lookups(self) -> None: ...
 
@@ -495,6 +527,17 @@ def new_key_table(expected: int = 0) -> KeyTable | None:
     if _native is None:
         return None
     table: KeyTable = _native.KeyTable(expected)
+    return table
+
+
+def new_event_key_table(expected: int = 0) -> EventKeyTable | None:
+    """An empty table for the position and event time of each key's record with the
+    greatest ``(event time, position)`` (with room for ``expected`` keys from the start),
+    or ``None`` without the C kernels (:class:`shale.compactor.event_map.EventKeyMapBuilder`
+    then merges sorted runs)."""
+    if _native is None:
+        return None
+    table: EventKeyTable = _native.KeyTable(expected, with_events=True)
     return table
 
 

@@ -4,14 +4,18 @@ greatest event time wins for its key, the later index (position) breaking ties.
 * :func:`~shale.compactor.rules.latest_by_event_time` on random, late, equal, missing
   (``NO_EVENT_TIME``) and extreme event times, keys sharing their high hash halves, with
   and without the C kernels;
-* :class:`~shale.compactor.event_map.EventKeyMapBuilder` over many ``add`` calls with
-  merges forced, where a later chunk holds older events; its capacity at 32 bytes a key;
-* :meth:`~shale.compactor.keymap.KeyMap.events_of` lookups.
+* :class:`~shale.compactor.event_map.EventKeyMapBuilder` over many ``add`` calls, where a
+  later chunk holds older events, with the C event table and without it (sorted runs,
+  merges forced); crafted keys crowding the table mid-way; threads building shares of the
+  hash range; its capacity at 32 bytes a key;
+* :meth:`~shale.compactor.keymap.KeyMap.events_of` lookups, through the C table and not.
 
 Every case has a late record, so that "the last write wins" fails it.
 """
 
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import numpy.typing as npt
@@ -20,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shale.compactor import event_map as event_map_module
+from shale.compactor import keymap as keymap_module
 from shale.compactor.event_map import EventKeyMapBuilder, event_map_capacity
 from shale.compactor.keymap import EVENT_KEY_BYTES, KEY_BYTES, KeyMap
 from shale.compactor.rules import latest_by_event_time, latest_of_each_key
@@ -136,10 +141,12 @@ def test_latest_by_event_time_with_crafted_keys_crowding_the_table() -> None:
 # ------------------------------------------------------------------ the key map with event times
 
 Chunk = tuple[U64, U64, I64, I64 | None, int]
+Columns = tuple[U64, U64, I64, I64]
 
 
 def chunks_of(rng: np.random.Generator, n_keys: int, sizes: list[int]) -> list[Chunk]:
-    """Chunks in position order; each later chunk's events reach back before the earlier ones'."""
+    """Chunks in position order (every position after those of earlier chunks, some with
+    gaps); each later chunk's events reach back before the earlier ones'."""
     k_hi, k_lo = rng.integers(0, 2**64, size=(2, n_keys), dtype=np.uint64)
     out: list[Chunk] = []
     at = 0
@@ -150,9 +157,10 @@ def chunks_of(rng: np.random.Generator, n_keys: int, sizes: list[int]) -> list[C
         event[rng.random(size) < 0.05] = 500  # equal events across chunks
         if i % 2:
             out.append((k_hi[pick], k_lo[pick], event, None, at))
+            at += size
         else:
-            out.append((k_hi[pick], k_lo[pick], event, np.arange(at, at + size, dtype=np.int64) * 3, 0))
-        at += size
+            out.append((k_hi[pick], k_lo[pick], event, at + np.arange(size, dtype=np.int64) * 3, 0))
+            at += 3 * size
     return out
 
 
@@ -167,10 +175,30 @@ def chunk_model(chunks: list[Chunk]) -> dict[Key, tuple[int, int]]:
     return model(hi, lo, event, pos)
 
 
-def built(chunks: list[Chunk], capacity: int = 10**7, part_shift: int = 64, part: int = 0) -> KeyMap:
+@pytest.fixture(params=["table", "numpy"])
+def map_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Once with the C event table (when the kernels are in use), once merging sorted
+    runs in NumPy (and looking keys up without the C table)."""
+    if request.param == "numpy":
+        numpy_maps(monkeypatch)
+    elif kernels._native is None:
+        pytest.skip("the C kernels are not in use")
+    return str(request.param)
+
+
+def numpy_maps(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(event_map_module, "new_event_key_table", lambda expected=0: None)
+    mp.setattr(keymap_module, "new_key_table", lambda expected=0: None)
+
+
+def built(chunks: list[Chunk], capacity: int = 10**7, part_shift: int = 64, part: int = 0,
+          table: bool | None = None) -> KeyMap:
+    """The map of the chunks; ``table``: whether the builder must have used the C table."""
     builder = EventKeyMapBuilder(capacity)
     for hi, lo, event, pos, first in chunks:
         builder.add(hi, lo, event, pos, first=first, part_shift=part_shift, part=part)
+    if table is not None:
+        assert (builder._table is not None) == table, "not the path meant"
     return builder.build()
 
 
@@ -182,7 +210,7 @@ def map_model(m: KeyMap) -> dict[Key, tuple[int, int]]:
 
 
 @pytest.mark.parametrize("min_merge", [1, 64, 1 << 22])
-def test_event_map_keeps_each_keys_greatest_event_across_merges(min_merge: int,
+def test_event_map_keeps_each_keys_greatest_event_across_merges(min_merge: int, map_path: str,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(event_map_module, "_MIN_MERGE", min_merge)
     merges = []
@@ -190,10 +218,10 @@ def test_event_map_keeps_each_keys_greatest_event_across_merges(min_merge: int,
     monkeypatch.setattr(EventKeyMapBuilder, "merge", lambda self: (merges.append(self._pending), real_merge(self)))
     rng = np.random.default_rng(42)
     chunks = chunks_of(rng, 2_000, [3_000, 500, 1, 0, 4_000, 2_500, 700, 3_000])
-    m = built(chunks)
+    m = built(chunks, table=map_path == "table")
     want = chunk_model(chunks)
     assert map_model(m) == want
-    if min_merge < 1 << 22:
+    if min_merge < 1 << 22 and map_path == "numpy":
         assert len(merges) > 2, "merges were meant to happen between add calls"
     # the last write would have kept other records
     last: dict[Key, int] = {}
@@ -205,7 +233,7 @@ def test_event_map_keeps_each_keys_greatest_event_across_merges(min_merge: int,
     for part in (0, 1):  # one thread's share of the hash range
         share = {k: w for k, w in want.items() if k[0] >> 63 == part}
         assert 0 < len(share) < len(want)
-        assert map_model(built(chunks, part_shift=63, part=part)) == share
+        assert map_model(built(chunks, part_shift=63, part=part, table=map_path == "table")) == share
 
 
 @settings(max_examples=60, deadline=None)
@@ -221,21 +249,24 @@ def test_event_map_against_the_model_on_tiny_hashes(chunk_records: list[list[tup
         event = np.array([NO_EVENT_TIME if r[2] == -2 else r[2] for r in recs], dtype=np.int64)
         chunks.append((hi, lo, event, None, at))
         at += len(recs)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(event_map_module, "_MIN_MERGE", min_merge)
-        m = built(chunks)
     want = chunk_model(chunks)
-    assert map_model(m) == want
     probe_hi = u64([((h & 1) << 63) | (h >> 1) for h in range(4) for _ in range(3)])
     probe_lo = u64([x for _ in range(4) for x in range(3)])
-    found, events = m.events_of(probe_hi, probe_lo)
-    for k, (f, e) in zip(zip(probe_hi.tolist(), probe_lo.tolist(), strict=True),
-                         zip(found.tolist(), events.tolist(), strict=True), strict=True):
-        assert f == (k in want)
-        assert e == (want[k][0] if k in want else 0)
+    for path in ("table", "numpy") if kernels._native is not None else ("numpy",):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(event_map_module, "_MIN_MERGE", min_merge)
+            if path == "numpy":
+                numpy_maps(mp)
+            m = built(chunks, table=path == "table")
+            assert map_model(m) == want
+            found, events = m.events_of(probe_hi, probe_lo)
+        for k, (f, e) in zip(zip(probe_hi.tolist(), probe_lo.tolist(), strict=True),
+                             zip(found.tolist(), events.tolist(), strict=True), strict=True):
+            assert f == (k in want)
+            assert e == (want[k][0] if k in want else 0)
 
 
-def test_event_map_capacity_counts_32_bytes_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_event_map_capacity_counts_32_bytes_a_key(map_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(event_map_module, "_MIN_MERGE", 16)
     rng = np.random.default_rng(43)
     chunks = chunks_of(rng, 300, [400, 400, 400])
@@ -259,7 +290,7 @@ def test_event_map_capacity_counts_32_bytes_a_key(monkeypatch: pytest.MonkeyPatc
     assert plain.event is None and plain.nbytes == KEY_BYTES * keys
 
 
-def test_events_of_answers_for_present_and_absent_keys() -> None:
+def test_events_of_answers_for_present_and_absent_keys(map_path: str) -> None:
     hi = u64([1, 1, 1, 5, 9])  # three keys share a high half
     lo = u64([2, 4, 6, 0, 1])
     m = KeyMap.sorted(hi, lo, np.arange(5, dtype=np.int64), np.array([10, NO_EVENT_TIME, 30, 40, 50]))
@@ -272,9 +303,86 @@ def test_events_of_answers_for_present_and_absent_keys() -> None:
     builder = EventKeyMapBuilder(100)
     builder.add(u64([1, 1, 5]), u64([2, 6, 0]), np.array([30, 20, NO_EVENT_TIME]))
     builder.add(u64([1, 5, 1]), u64([2, 0, 6]), np.array([10, NO_EVENT_TIME, 20]), first=3)
-    found, events = builder.build().events_of(u64([1, 1, 5, 5]), u64([2, 6, 0, 1]))
+    m = builder.build()
+    found, events = m.events_of(u64([1, 1, 5, 5]), u64([2, 6, 0, 1]))
     assert found.tolist() == [True, True, True, False]
     assert events.tolist() == [30, 20, NO_EVENT_TIME, 0]
+    assert m._lookup["indexed"] == (map_path == "table")  # looked up in the C table, or searched
+
+
+def test_events_of_on_many_keys_and_crafted_ones(map_path: str) -> None:
+    rng = np.random.default_rng(44)
+    random_keys = rng.integers(0, 2**64, size=(2, 30_000), dtype=np.uint64)
+    crafted_hi = (np.uint64(0xABCDEF1234) << np.uint64(24)) | np.arange(20_000, dtype=np.uint64)
+    crafted = (crafted_hi, rng.integers(0, 2**64, size=20_000, dtype=np.uint64))
+    for k_hi, k_lo in (random_keys, crafted):
+        order = np.lexsort((k_lo, k_hi))
+        hi, lo = k_hi[order], k_lo[order]
+        event = rng.integers(-5, 5, size=len(hi))
+        event[::7] = NO_EVENT_TIME
+        m = KeyMap.sorted(hi, lo, rng.permutation(len(hi)).astype(np.int64) * 2, event)
+        q_hi = np.concatenate([hi, hi ^ np.uint64(1), rng.integers(0, 2**64, size=5_000, dtype=np.uint64)])
+        q_lo = np.concatenate([lo, lo, lo[:5_000]])
+        found, events = m.events_of(q_hi, q_lo)
+        n = len(hi)
+        assert found.tolist() == [True] * n + [False] * (len(q_hi) - n)
+        assert events.tolist() == event.tolist() + [0] * (len(q_hi) - n)
+        # a crafted map crowds the table: it is searched either way
+        assert m._lookup["indexed"] == (map_path == "table" and k_hi is not crafted_hi)
+
+
+def test_event_map_survives_a_table_crowded_mid_way() -> None:
+    if kernels._native is None:
+        pytest.skip("the C kernels are not in use")
+    rng = np.random.default_rng(45)
+    chunks = chunks_of(rng, 3_000, [4_000, 2_000])
+    crafted_hi = (np.uint64(0xABCDEF1234) << np.uint64(24)) | np.arange(20_000, dtype=np.uint64)
+    crafted_lo = rng.integers(0, 2**64, size=20_000, dtype=np.uint64)
+    pick = np.concatenate([rng.permutation(20_000), rng.integers(0, 20_000, size=10_000)])
+    at = chunks[1][4] + len(chunks[1][0])  # after the second chunk, of ``first`` positions
+    crowd: Chunk = (crafted_hi[pick], crafted_lo[pick], rng.integers(0, 3_000, size=len(pick)), None, at)
+    at += len(pick)
+    # records of the first keys with older events than before, then fresh keys
+    older = chunks[0][2][:2_000]
+    older = np.where(older == NO_EVENT_TIME, older, older - 300)
+    later = chunks_of(rng, 3_000, [3_000])[0]
+    again: Chunk = (np.concatenate([chunks[0][0][:2_000], later[0]]), np.concatenate([chunks[0][1][:2_000], later[1]]),
+                    np.concatenate([older, later[2]]), None, at)
+    all_chunks = [*chunks, crowd, again]
+    want = chunk_model(all_chunks)
+    assert any(want[k][1] < at for k in zip(chunks[0][0][:2_000].tolist(), chunks[0][1][:2_000].tolist(),
+                                            strict=True)), "the late records were meant to lose"
+    builder = EventKeyMapBuilder(10**7)
+    for hi, lo, event, pos, first in all_chunks[:3]:
+        builder.add(hi, lo, event, pos, first=first)
+    assert builder._table is None, "the crafted keys should have crowded the C table"
+    keys_so_far = len(chunk_model(all_chunks[:3]))
+    last = all_chunks[3]
+    new_keys = len(want) - keys_so_far
+    assert new_keys > 0
+    for capacity, fits in ((len(want), True), (len(want) - 1, False)):
+        builder.capacity = capacity
+        assert builder.fits(last[0], last[1]) == fits
+    builder.add(last[0], last[1], last[2], last[3], first=last[4])
+    assert map_model(builder.build()) == want
+
+
+def test_event_map_built_by_threads_in_shares_of_the_hash_range(map_path: str) -> None:
+    rng = np.random.default_rng(46)
+    chunks = chunks_of(rng, 5_000, [6_000, 3_000, 6_000, 1_000])
+    shift, parts = 62, 4
+
+    def build(part: int) -> Columns:
+        builder = EventKeyMapBuilder(10**7, expected=2_000)
+        for hi, lo, event, pos, first in chunks:
+            builder.add(hi, lo, event, pos, first=first, part_shift=shift, part=part)
+        return builder.finish()
+
+    with ThreadPoolExecutor(max_workers=parts) as pool:
+        shares = list(pool.map(build, range(parts)))
+    m = KeyMap.sorted(*(np.concatenate(cols) for cols in zip(*shares, strict=True)))
+    assert map_model(m) == chunk_model(chunks)
+    assert all(len(share[0]) for share in shares)
 
 
 @settings(max_examples=100, deadline=None)
@@ -300,3 +408,15 @@ def test_merging_two_maps_keeps_the_greater_event(old: dict[Key, int], new: dict
         keys = list(zip(hi.tolist(), lo.tolist(), strict=True))
         assert keys == sorted(want)
         assert dict(zip(keys, zip(event.tolist(), pos.tolist(), strict=True), strict=True)) == want
+
+
+def test_event_map_of_nothing(map_path: str) -> None:
+    builder = EventKeyMapBuilder(10)
+    empty = np.empty(0, dtype=np.uint64)
+    assert builder.fits(empty, empty)
+    builder.add(empty, empty, np.empty(0, dtype=np.int64), first=5)
+    assert builder.upper_bound == 0
+    m = builder.build()
+    assert len(m) == 0 and m.event is not None and m.nbytes == 0
+    found, events = m.events_of(u64([1, 2]), u64([3, 4]))
+    assert found.tolist() == [False, False] and events.tolist() == [0, 0]
