@@ -215,7 +215,8 @@ def _build_event_map(plan: Plan, config: CompactionConfig) -> tuple[Plan, KeyMap
     """:func:`_build_map` under event-time order: the map keeps each key's greatest
     ``(time, position)`` and its time."""
     order = config.topic_order
-    builder = EventKeyMapBuilder(event_map_capacity(config.max_map_bytes))
+    # room for the keys the new records hold, so that the table need not grow
+    builder = EventKeyMapBuilder(event_map_capacity(config.max_map_bytes), expected=_expected_keys(plan))
     base = sum(s.records for s in plan.compacted)
     for i, s in enumerate(plan.new):
         hi, lo, pos, first = _slice_records(s, base)
