@@ -26,7 +26,7 @@ import itertools
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -39,7 +39,7 @@ from shale.compactor.plan import Plan, Slice
 from shale.compactor.rules import latest_of_each_key, tombstone_fate
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE
 from shale.ledger.kernels import distinct_estimate
-from shale.ledger.ordering import decoded_times
+from shale.ledger.ordering import TopicOrder, decoded_times
 
 __all__ = ["Survivors", "latest_of_each_key", "pass_one", "tombstone_fate"]
 
@@ -155,21 +155,30 @@ def _expected_keys(plan: Plan) -> int:
     return estimate + estimate // 16 + 1024
 
 
-def _build_in_threads(plan: Plan, capacity: int, base: int, threads: int) -> KeyMap:
+def _build_in_threads(plan: Plan, capacity: int, base: int, threads: int,
+                      order: TopicOrder | None = None) -> KeyMap:
     """The map of every new record, built by ``threads`` threads that each take the keys
     of one range of hash values (NumPy's sorts and gathers run without the interpreter
     lock, so the threads share the CPUs).  Only for runs whose records fit the map even
-    before duplicates are removed: no partial cleaning to decide."""
+    before duplicates are removed: no partial cleaning to decide.  With an event-time
+    ``order``, the map of each key's greatest (time, position) and its time."""
     shift = 64 - (threads - 1).bit_length()
     parts = 1 << (threads - 1).bit_length()
     expected = _expected_keys(plan) // parts  # hashes are uniform: each part holds its share
+    times = [decoded_times(s.file, order, s.start, s.stop) for s in plan.new] if order is not None else []
 
-    def build(t: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
-        builder = KeyMapBuilder(capacity, expected=expected)
+    def build(t: int) -> tuple[npt.NDArray[Any], ...]:
+        builder: KeyMapBuilder | EventKeyMapBuilder = (
+            EventKeyMapBuilder(capacity, expected=expected) if order is not None
+            else KeyMapBuilder(capacity, expected=expected))
         at = base
-        for s in plan.new:
+        for i, s in enumerate(plan.new):
             hi, lo, pos, first = _slice_records(s, at)
-            builder.add(hi, lo, pos, first=first, part_shift=shift, part=t)
+            if isinstance(builder, EventKeyMapBuilder):
+                event = times[i] if pos is None else times[i][pos - at]
+                builder.add(hi, lo, event, pos, first=first, part_shift=shift, part=t)
+            else:
+                builder.add(hi, lo, pos, first=first, part_shift=shift, part=t)
             at += s.records
         return builder.finish()
 
@@ -215,9 +224,13 @@ def _build_event_map(plan: Plan, config: CompactionConfig) -> tuple[Plan, KeyMap
     """:func:`_build_map` under event-time order: the map keeps each key's greatest
     ``(time, position)`` and its time."""
     order = config.topic_order
-    # room for the keys the new records hold, so that the table need not grow
-    builder = EventKeyMapBuilder(event_map_capacity(config.max_map_bytes), expected=_expected_keys(plan))
+    capacity = event_map_capacity(config.max_map_bytes)
     base = sum(s.records for s in plan.compacted)
+    threads = worker_count(config.workers)
+    if threads > 1 and _MIN_THREADED_RECORDS <= sum(s.records for s in plan.new) <= capacity:
+        return plan, _build_in_threads(plan, capacity, base, threads, order), 0
+    # room for the keys the new records hold, so that the table need not grow
+    builder = EventKeyMapBuilder(capacity, expected=_expected_keys(plan))
     for i, s in enumerate(plan.new):
         hi, lo, pos, first = _slice_records(s, base)
         times = decoded_times(s.file, order, s.start, s.stop)

@@ -65,6 +65,8 @@ class _PartSink:
                  name_prefix: str = "part-", throttle: Throttle | None = None) -> None:
         self.topic, self.run_dir, self.epoch, self.now_ms = topic, run_dir, epoch, now_ms
         self.name_prefix = name_prefix
+        #: parts keep records' publish times only where one lacks an event time (event order)
+        self.publish_for_untimed_only = False
         self.throttle = throttle
         self.max_part_bytes = max_part_bytes
         self.result = result
@@ -104,6 +106,7 @@ class _PartSink:
                                        self._writes)
             self._writer = LedgerWriter(self._upload, kind=KIND_COMPACTED, ledger_id=self.epoch,
                                         created_ms=self.now_ms)
+            self._writer.publish_for_untimed_only = self.publish_for_untimed_only
         return self._writer
 
     def note_ids(self, first: MessageId, last: MessageId) -> None:
@@ -248,6 +251,7 @@ def write_parts(work: Iterable[Work], config: CompactionConfig,
     writer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shale-write")
     sink = _PartSink(topic, run_dir, epoch, now_ms, config.max_part_bytes, result, on_object, writer_thread,
                      name_prefix, writes if writes.rate else None)
+    sink.publish_for_untimed_only = config.topic_order.by_event_time
     pool = ThreadPoolExecutor(max_workers=config.read_parallelism, thread_name_prefix="shale-read")
     try:
         for item in work:

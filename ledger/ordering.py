@@ -70,13 +70,16 @@ class TopicOrder:
         footer does not give event times (a compacted part written by a run that did not
         keep them, or format 1 and 2): :func:`decoded_times` then says."""
         stop = footer.n_records if stop is None else stop
-        publish = footer.record_publish()[start:stop]
         if not self.by_event_time:
-            return publish
+            return footer.record_publish()[start:stop]
         events = footer.event_times()
         if events is None:
             return None
-        return combine(events[start:stop], publish)
+        got = events[start:stop]
+        missing = got == NO_EVENT_TIME
+        if not missing.any():
+            return np.asarray(got, dtype=np.int64)  # every record has one: no publish times needed
+        return np.where(missing, footer.record_publish()[start:stop], got)
 
     def expired(self, times: I64, now_ms: int) -> npt.NDArray[np.bool_]:
         """Which of these times (of keys' winning records) are past the key TTL at ``now_ms``."""

@@ -146,6 +146,9 @@ class LedgerWriter:
         #: in a compacted part, each record's publish time as its order counts it
         #: (``r_publish``), given with the event times or not at all
         self._publish: list[npt.NDArray[np.int64]] = []
+        #: keep ``r_publish`` only when some record lacks an event time (event-time order,
+        #: where a record's publish time counts only in place of its event time)
+        self.publish_for_untimed_only = False
         self._footer_per_entry = sum(np.dtype(COLUMNS[n][0]).itemsize for n in self._e_scalars) + 8
         # (r_event and r_publish counted: an upper bound)
         self._footer_per_record = sum(np.dtype(COLUMNS[n][0]).itemsize
@@ -325,7 +328,7 @@ class LedgerWriter:
         events = self._event_column()
         if events is not None:
             cols["r_event"] = events
-            if self._publish:
+            if self._publish and not (self.publish_for_untimed_only and not np.any(events == NO_EVENT_TIME)):
                 if sum(len(x) for x in self._publish) != len(events):
                     raise InvalidInputError("a compacted part needs the publish times of all its records or of none")
                 cols["r_publish"] = self._publish if len(self._publish) > 1 else self._publish[0]

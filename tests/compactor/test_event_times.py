@@ -183,3 +183,20 @@ def test_parts_keep_each_records_entry_publish_time_and_scrub_checks_it(tmp_path
     assert r.returncode == 4, r.stdout + r.stderr
     assert "publish time" in r.stdout + r.stderr and name in r.stdout + r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_parts_of_all_timed_records_in_event_order_keep_no_publish_times(tmp_path: Path) -> None:
+    """Under event-time order a record's publish time counts only in place of its event
+    time: a part whose records all have one holds no ``r_publish``, and reads the same.
+    Under offset order with a key TTL, which ages by publish time, it does."""
+    uri = str(tmp_path / "t")
+    with TopicWriter(uri, batch_size=7) as w:
+        for i in range(100):
+            w.append(f"k{i % 13}", f"v{i}", event_time=1_600_000_000_000 + (i * 7919) % 1000)
+    assert Compactor(uri, CompactionConfig(delete_retention_ms=0, order="event-time")).run().status == "compacted"
+    parts = [f for f in objects_of(uri) if f.footer.kind == KIND_COMPACTED]
+    assert parts and all("r_event" in f.footer.cols and "r_publish" not in f.footer.cols for f in parts)
+    assert run_cli_here("verify", uri, "--scrub").returncode == 0
+    assert Compactor(uri, CompactionConfig(delete_retention_ms=0, key_ttl_ms=10**13, rewrite=True)).run().ok
+    parts = [f for f in objects_of(uri) if f.footer.kind == KIND_COMPACTED]
+    assert parts and all("r_publish" in f.footer.cols for f in parts)
