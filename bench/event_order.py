@@ -137,7 +137,12 @@ def map_bench(n: int, keys: int, pairs: int) -> None:
         "event time, 2 threads": in_threads(event_map),
     }, pairs)
     report(got, lambda name: "offset order, 2 threads" if "threads" in name else "offset order (KeyMapBuilder)")
-    # lookups as an incremental run makes them: the previous part's keys, half of them written again
+    lookup_bench(o, e, keys, pairs)
+
+
+def lookup_bench(o: KeyMap, e: KeyMap, keys: int, pairs: int) -> None:
+    """Lookups as an incremental run makes them: the previous part's keys, half of them
+    written again (``o``, ``e``: the offset and event maps of the same records)."""
     rng = np.random.default_rng(8)
     q_hi, q_lo = rng.integers(0, 2**64, size=(2, keys), dtype=np.uint64)
     half = rng.permutation(len(o))[: keys // 2]
