@@ -156,14 +156,14 @@ def status_text(doc: dict[str, Any]) -> str:
         lines.append(f"compacted {count(c['keys'], 'key')} ({count(c['tombstones'], 'tombstone')}), "
                      f"{count(c['compacted_records'], 'live record')}, "
                      f"{_stored(c['compacted_bytes'], c['compacted_raw_bytes'])} in {count(len(parts), 'part')}")
-        ttl = (f"; keys expire {format_duration(c['key_ttl_ms'])} after their latest record "
-               f"({count(c['keys_expired'], 'key')} expired by the last run)" if c["key_ttl_ms"] else "")
-        lines.append(f"order     {c['order']}{ttl}")
         if parts:
             rows = [("object", "records", "live", "bytes", "raw bytes")]
             rows += [(str(p["object"]), f"{p['records']:,}", f"{p['live']:,}", f"{p['bytes']:,}",
                       f"{p['raw_bytes']:,}") for p in parts]
             lines += _table(rows)
+        ttl = (f"; keys expire {format_duration(c['key_ttl_ms'])} after their latest record "
+               f"({count(c['keys_expired'], 'key')} expired by the last run)" if c["key_ttl_ms"] else "")
+        lines.append(f"order     {c['order']}{ttl}")
     lines.append(f"dirty     {count(c['dirty_bytes'], 'byte')} above the horizon, dirty ratio {c['dirty_ratio']:.3f}")
     if c["retired_pending"]:
         lines.append(f"retired   {count(c['retired_pending'], 'object')} waiting for gc")
