@@ -358,6 +358,19 @@ def _check_text(pa: Any, f: LedgerFile, recs: npt.NDArray[np.int64], array: Any,
         raise
 
 
+def _plain(pa: Any, values: npt.NDArray[Any], kind: Any) -> Any:
+    """A NumPy array of fixed-width values as an Arrow array without a copy, and without
+    ``pa.array``, which looks for pandas objects and so imports pandas (a fifth of a
+    second) on its first call."""
+    values = np.ascontiguousarray(values)
+    return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(values)])
+
+
+def _flags(pa: Any, values: npt.NDArray[np.bool_]) -> Any:
+    """A NumPy bool array as an Arrow boolean array (bit-packed), without ``pa.array``."""
+    return pa.Array.from_buffers(pa.bool_(), len(values), [None, pa.py_buffer(np.packbits(values, bitorder="little"))])
+
+
 def _batch(pa: Any, f: LedgerFile, raw: Any, cols: RecordColumns, recs: npt.NDArray[np.int64], utf8: bool,
            id_text: bool) -> Any:
     n = len(recs)
@@ -372,14 +385,16 @@ def _batch(pa: Any, f: LedgerFile, raw: Any, cols: RecordColumns, recs: npt.NDAr
     texts = _binary(pa, raw, cols.pval_at, cols.pval_len, pa.string())
     prop_offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(cols.pairs, out=prop_offsets[1:])
-    properties = pa.MapArray.from_arrays(pa.array(prop_offsets), names, texts)
+    properties = pa.MapArray.from_arrays(_plain(pa, prop_offsets, pa.int32()), names, texts)
     ts = pa.timestamp("ms", tz="UTC")
     publish = pa.Array.from_buffers(ts, n, [None, pa.py_buffer(np.ascontiguousarray(cols.publish))])
     has_event = cols.has_event
     event_validity = None if has_event.all() else pa.py_buffer(np.packbits(has_event, bitorder="little"))
     event = pa.Array.from_buffers(ts, n, [event_validity, pa.py_buffer(np.ascontiguousarray(cols.event))],
                                   null_count=int(n - has_event.sum()))
-    ledger, entry, batch = pa.array(ledgers), pa.array(entries), pa.array(batches.astype(np.uint32))
+    ledger = _plain(pa, ledgers.astype(np.uint64), pa.uint64())
+    entry = _plain(pa, entries.astype(np.uint64), pa.uint64())
+    batch = _plain(pa, batches.astype(np.uint32), pa.uint32())
     text = []
     if id_text:  # (costs about a third of the rest: asked for, not given by default)
         import pyarrow.compute as pc
@@ -388,4 +403,4 @@ def _batch(pa: Any, f: LedgerFile, raw: Any, cols: RecordColumns, recs: npt.NDAr
                                             pc.cast(batch, pa.string()), ":")]
     tombstone = ((f.footer.col("r_flags")[recs] & FLAG_TOMBSTONE) != 0) & (cols.key_len >= 0)
     return pa.RecordBatch.from_arrays([*text, ledger, entry, batch, key, value, properties, publish, event,
-                                       pa.array(tombstone)], schema=schema(utf8, id_text))
+                                       _flags(pa, tombstone)], schema=schema(utf8, id_text))

@@ -301,3 +301,21 @@ def test_get_says_a_key_expired(tmp_path: Path) -> None:
     assert run_cli_here("get", uri, "ooo").returncode == 0
     found = lookup(TopicMetadata.open(uri), b"old")
     assert found.expired and found.message is None and found.value is None
+
+
+def test_to_arrow_does_not_import_pandas(tmp_path: Path) -> None:
+    """Arrow out builds its arrays from buffers: ``pa.array`` would import pandas (a fifth
+    of a second) in the decode thread."""
+    import subprocess
+    import sys
+
+    uri = str(tmp_path / "t")
+    with TopicWriter(uri) as w:
+        for i in range(50):
+            w.append(f"k{i % 7}", f"v{i}", event_time=T + i if i % 2 else None)
+    code = ("import sys; from shale.reader import TopicReader; "
+            f"t = TopicReader({uri!r}).to_arrow(); "
+            "assert t.num_rows == 50 and t.column('tombstone').to_pylist() == [False] * 50; "
+            "print('pandas' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr
