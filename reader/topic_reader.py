@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shale.ledger.deletions import read_deletions
-from shale.ledger.errors import GapError, ObjectNotFoundError
+from shale.ledger.errors import GapError, InvalidInputError, ObjectNotFoundError
 from shale.ledger.format import KIND_ORIGINAL
 from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.ordering import TopicOrder, record_time
@@ -34,6 +34,7 @@ from shale.metadata.view import Segment, TopicView, wholly_below
 from shale.reader.arrow import DEFAULT_BATCH_ROWS, DEFAULT_MAX_BATCH_BYTES, BatchReader, require_pyarrow, schema
 from shale.reader.arrow import require as _require
 from shale.reader.gaps import Gap, GapListener, OnGap, check_on_gap, log_gap, log_start
+from shale.reader.subscriber import Subscriber
 from shale.storage import StorageOptions
 
 if TYPE_CHECKING:
@@ -45,6 +46,8 @@ EARLIEST: Final = "earliest"
 LATEST: Final = "latest"
 Position = MessageId | Literal["earliest", "latest"]
 _T = TypeVar("_T")
+#: reads records ``start..`` of an opened object (those ``gone`` skipped), moving the position past them
+_Read = Callable[[LedgerFile, int, npt.NDArray[np.bool_] | None], Iterator[_T]]
 
 
 def parse_position(text: str) -> Position:
@@ -74,12 +77,17 @@ class TopicReader:
 
     ``storage_options`` say how to reach the topic's storage
     (:class:`~shale.storage.StorageOptions`; read from the environment when not given).
+
+    ``subscription`` names a durable subscription: the reader starts where it last
+    committed (a new one is created at ``start``); :meth:`commit`, or ``auto_commit``,
+    commits the position after the last message returned (:mod:`shale.reader.subscriber`).
     """
 
     def __init__(self, topic_uri: str, *, metadata_uri: str | None = None, read_compacted: bool = False,
                  start: Position = EARLIEST, chunk_bytes: int = DEFAULT_CHUNK_BYTES, follow: bool = False,
                  poll_interval: float = 1.0, on_gap: OnGap = "error", gap_listener: GapListener | None = None,
-                 storage_options: StorageOptions | None = None) -> None:
+                 storage_options: StorageOptions | None = None, subscription: str | None = None,
+                 auto_commit: bool = False) -> None:
         self.meta = TopicMetadata.open(topic_uri, metadata_uri, storage_options)
         self.read_compacted = read_compacted
         self.chunk_bytes = chunk_bytes
@@ -105,6 +113,13 @@ class TopicReader:
         self._behind: tuple[LedgerInfo, ...] = ()
         #: records gone unread: from this id to the end of that removed ledger
         self._gap: tuple[MessageId, int] | None = None
+        #: the durable subscription it reads as, if any
+        self.subscriber: Subscriber | None = None
+        if subscription is not None:
+            self.subscriber = Subscriber(self.meta, subscription, start, auto_commit, self._handed_out)
+            start = self.subscriber.start
+        elif auto_commit:
+            raise InvalidInputError("auto_commit needs a subscription (TopicReader(..., subscription=NAME))")
         self.seek(start)
 
     # ---------------------------------------------------------------- positioning
@@ -123,6 +138,21 @@ class TopicReader:
     @property
     def topic(self) -> TopicState:
         return self._topic
+
+    def commit(self, position: MessageId | None = None) -> MessageId:
+        """Commit to the reader's subscription the position after the last message
+        returned (or ``position``: the id of one returned but not handled), and return it."""
+        if self.subscriber is None:
+            raise InvalidInputError("this reader reads as no subscription (TopicReader(..., subscription=NAME))")
+        return self.subscriber.commit(position)
+
+    def _handed_out(self) -> MessageId:
+        """The position after the last message returned (a message looked at but not taken is not)."""
+        return self._pending.id if self._pending is not None else self._next
+
+    def _tick(self) -> None:
+        if self.subscriber is not None:
+            self.subscriber.tick()
 
     def refresh(self) -> None:
         """Re-read the ledger list and the compaction state."""
@@ -199,6 +229,7 @@ class TopicReader:
         self._it = None  # each pass starts from the position and the newest state
         while (m := self._take()) is not None:
             yield m
+        self._tick()
 
     def _following(self) -> Iterator[Message]:
         while True:
@@ -239,12 +270,14 @@ class TopicReader:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return None
+            self._tick()
             time.sleep(self.poll_interval if left is None else min(self.poll_interval, left))
 
     def read(self, limit: int | None = None) -> list[Message]:
         """Up to ``limit`` messages there are now (all of them when ``None``); never waits.
         Should records it had yet to read have been removed, it returns the messages before
         them, and the next call raises :class:`~shale.ledger.errors.GapError`."""
+        self._tick()  # what the last read returned was handled
         out: list[Message] = []
         # Each read starts from the position and the newest state: a reader resumed later
         # must not go on from bytes it read before (its compacted part may be gone since).
@@ -320,12 +353,14 @@ class TopicReader:
             if gone is None or not gone[i]:
                 yield m
 
-    def _walk(self, read: Callable[[LedgerFile, int, npt.NDArray[np.bool_] | None], Iterator[_T]]) -> Iterator[_T]:
+    def _walk(self, read: _Read[_T]) -> Iterator[_T]:
         """What ``read`` yields of each ledger and part, in id order from the position: the
         compacted view first when reading compacted, then the original ledgers, looking for
         new ones until the topic stops growing.  ``read(f, start, gone)`` reads records
         ``start..`` of ``f`` (those ``gone`` skipped) and moves the position past them.
         Records removed before they were read are a gap, crossed as ``on_gap`` says."""
+        if self.subscriber is not None:
+            read = self.subscriber.committing(read)
         if self.read_compacted:
             yield from self._compacted_part(read)
         while True:
@@ -335,8 +370,7 @@ class TopicReader:
             if self._gap is None and self._topic.last_ledger_id == old.last_ledger_id:
                 return
 
-    def _compacted_part(self, read: Callable[[LedgerFile, int, npt.NDArray[np.bool_] | None], Iterator[_T]],
-                        stop: MessageId | None = None) -> Iterator[_T]:
+    def _compacted_part(self, read: _Read[_T], stop: MessageId | None = None) -> Iterator[_T]:
         """The compacted view from the position to its horizon (``stop``: to that id only,
         where the position then stands)."""
         while True:
@@ -362,8 +396,7 @@ class TopicReader:
             self._next = stop if stop is not None else view.tail_start(self._next)
             return
 
-    def _original_part(self, read: Callable[[LedgerFile, int, npt.NDArray[np.bool_] | None], Iterator[_T]]
-                       ) -> Iterator[_T]:
+    def _original_part(self, read: _Read[_T]) -> Iterator[_T]:
         """The original ledgers from the position: removed ones still there that this reader
         had listed, then the gap if any, then the listed ones."""
         while True:
@@ -394,14 +427,12 @@ class TopicReader:
             else:
                 return
 
-    def _ledger(self, seg: Segment, read: Callable[[LedgerFile, int, npt.NDArray[np.bool_] | None], Iterator[_T]]
-                ) -> Iterator[_T]:
+    def _ledger(self, seg: Segment, read: _Read[_T]) -> Iterator[_T]:
         f = self._open(seg)
         yield from read(f, f.find(self._next), None)
         self._next = max(self._next, MessageId(seg.ledger_id + 1, 0, 0))  # sealed: nothing more comes in it
 
-    def _cross_gap(self, read: Callable[[LedgerFile, int, npt.NDArray[np.bool_] | None], Iterator[_T]]
-                   ) -> Iterator[_T]:
+    def _cross_gap(self, read: _Read[_T]) -> Iterator[_T]:
         """Go past the gap as ``on_gap`` says: raise, skip it, or read it from the compacted
         view (a compacted reader always does, as far as the view holds it)."""
         assert self._gap is not None
@@ -457,6 +488,7 @@ class TopicReader:
                     self._next = f.record_id(f.n_records - 1).successor()
 
             yield from self._walk(read)
+        self._tick()
 
     def to_arrow(self, *, utf8: bool = False, id_text: bool = False,
                  max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> pa.Table:
@@ -480,11 +512,16 @@ class TopicReader:
         return polars.from_arrow(self.to_arrow(utf8=utf8, id_text=id_text, max_batch_bytes=max_batch_bytes))
 
     def close(self) -> None:
+        """Commit what was handed out (with ``auto_commit``); forget the opened objects."""
+        self._tick()
         self._files.clear()
 
     def __enter__(self) -> TopicReader:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:  # what was handed out may not have been handled: not committed
+            self._files.clear()
 
