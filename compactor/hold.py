@@ -12,18 +12,21 @@ the first record at or after the floor.  Finding it needs at most one footer.
 from __future__ import annotations
 
 import dataclasses
+from typing import Final
 
 import numpy as np
 
 from shale.compactor.config import CompactionConfig
 from shale.compactor.plan import Plan, Slice, open_slice
 from shale.compactor.rules import held_tombstones, tombstone_fate
-from shale.ledger.format import FLAG_TOMBSTONE
+from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE
 from shale.ledger.ids import MessageId
 from shale.metadata.subscriptions import Subscriptions, hold_floor
 from shale.metadata.topic import TopicMetadata
 
 __all__ = ["subscription_hold", "tombstones_drop", "with_hold"]
+
+_TOMB_BITS: Final = np.uint8(FLAG_HAS_KEY | FLAG_TOMBSTONE)
 
 
 def subscription_hold(meta: TopicMetadata, config: CompactionConfig, now_ms: int) -> MessageId | None:
@@ -71,7 +74,7 @@ def tombstones_drop(meta: TopicMetadata, plan: Plan, config: CompactionConfig, n
     for s in plan.compacted:
         s = open_slice(meta, s)  # one at a time, when planned without footers
         foot = s.file.footer
-        tomb_mask = (foot.col("r_flags")[s.start:s.stop] & FLAG_TOMBSTONE) != 0
+        tomb_mask = (foot.col("r_flags")[s.start:s.stop] & _TOMB_BITS) == _TOMB_BITS  # (keyless: no tombstone)
         if s.gone is not None:
             tomb_mask &= ~s.gone
         tomb = np.flatnonzero(tomb_mask)

@@ -202,8 +202,7 @@ class Compactor:
                                                                                        self.config.compression))
         plan = make_plan(self.meta, now_ms=now_ms, min_compaction_lag_ms=self.config.min_compaction_lag_ms,
                          footers=self.engine.plans_with_footers, rewrite=self.config.rewrite)
-        # the tombstones active subscriptions have yet to read stay (docs/compaction.md)
-        plan = with_hold(self.meta, plan, subscription_hold(self.meta, self.config, now_ms))
+        plan = with_hold(self.meta, plan, subscription_hold(self.meta, self.config, now_ms))  # held tombstones
         t = phase("plan", t0)
         _note_plan(summary, plan)
         _check_order(self.meta.uri, plan, self.config)

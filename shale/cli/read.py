@@ -66,7 +66,10 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
 
     with TopicReader(args.topic, metadata_uri=args.metadata, read_compacted=args.compacted, start=start,
                      follow=args.follow, poll_interval=args.poll_interval / 1000, on_gap=args.on_gap,
-                     gap_listener=gone_past, chunk_bytes=chunk_bytes, subscription=args.subscription) as r:
+                     gap_listener=gone_past, chunk_bytes=chunk_bytes, subscription=args.subscription,
+                     # a follower prints and flushes each record before asking for the next: the reader
+                     # may commit it then, and keeps an idle subscription active
+                     auto_commit=args.follow and args.subscription is not None) as r:
         if r.subscriber is not None and r.subscriber.expired:
             io.err.write(f"shale: warning: {r.meta.uri}: subscription {r.subscriber.name!r} had expired (no commit "
                          "within the topic's subscription-expiry): it held nothing back meanwhile, so deletes may have "
@@ -89,6 +92,8 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
         except GapError:
             _commit(r, io)  # every record read before the gap is out before the error line
             raise
+        if r.subscriber is not None:
+            r.subscriber.auto = False  # the last commit: closing must not move it past an unprinted record
         _commit(r, io, unprinted)
 
 

@@ -5,11 +5,13 @@ one line with the right exit code."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import pytest
 
+from shale.cli import build_parser, run_command
 from shale.ledger.ids import MIN_ID
 from shale.metadata.subscriptions import Subscriptions
 from shale.metadata.topic import TopicMetadata
@@ -137,7 +139,8 @@ def test_status_and_topics_show_the_slowest_subscription(tmp_path: Path) -> None
     assert [(s["name"], s["state"]) for s in doc["subscriptions"]] == [("fast", "active"), ("gone", "expired"),
                                                                        ("slow", "active")]
     text = run_cli_here("status", a).stdout
-    assert "subscriptions 3: slowest slow at 1:0:2, 8 records" in text and "expired (holding nothing back): gone" in text
+    assert "subscriptions 3: slowest slow at 1:0:2, 8 records" in text
+    assert "expired (holding nothing back): gone" in text
     assert json.loads(run_cli_here("status", b, "--json").stdout)["subscriptions"] == []
     assert "subscriptions" not in run_cli_here("status", b).stdout
     rows = {d["topic"]: d for d in map(json.loads, run_cli_here("topics", str(root), "--json").stdout.splitlines())}
@@ -167,3 +170,25 @@ def test_a_reader_of_an_expired_subscription_is_warned(topic: str) -> None:
     assert r.returncode == 0 and r.stderr.count("\n") == 1, r.stderr
     assert "subscription 'old' had expired" in r.stderr and "deletes may have been missed" in r.stderr
     assert run_cli_here("read", topic, "--subscription", "old", "--limit", "1").stderr == ""  # active again
+
+
+class _InterruptedAt(io.StringIO):
+    """Standard output that is interrupted (Ctrl-C) as it writes its ``n``-th line."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+
+    def write(self, text: str) -> int:
+        self.n -= 1
+        if self.n == 0:
+            raise KeyboardInterrupt
+        return super().write(text)
+
+
+def test_ctrl_c_while_following_commits_only_what_was_printed_whole(topic: str) -> None:
+    out = _InterruptedAt(3)
+    code = run_command(["read", topic, "--subscription", "f", "--follow", "--poll-interval", "10ms"], build_parser(),
+                       out=out, err=io.StringIO())
+    assert code == 0 and [json.loads(line)["value"] for line in out.getvalue().splitlines()] == ["v0", "v1"]
+    assert read(topic, "--subscription", "f", "--limit", "2") == ["v2", "v3"]  # v2 again: it was cut short

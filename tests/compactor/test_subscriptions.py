@@ -109,7 +109,7 @@ def test_a_paused_subscriber_sees_every_delete_across_delete_retention(disk_topi
     assert gc.retired_deleted
     horizon = meta.load_compaction().horizon
     assert horizon is not None
-    with pytest.raises(UnreadRecordsError, match="subscription 'app' has yet to read.*--allow-unread"):
+    with pytest.raises(UnreadRecordsError, match=r"subscription 'app' has yet to read.*--allow-unread"):
         truncate(meta, horizon.ledger)
     assert retention_cut(meta, older_than_ms=0) == at.ledger  # stops at its first unread ledger
     # the subscriber comes back: its table is the truth, every delete included
@@ -151,7 +151,7 @@ def test_a_plain_subscriber_keeps_the_ledgers_it_has_yet_to_read_from_retention(
     produce(uri, clock, truth, [("k1", "newer")])
     s = compact_topic(uri, settings)
     assert s.status == "compacted" and "retention removed 2 ledgers" in s.message, s.message
-    assert [lg.id for lg in meta.load_topic().ledgers][0] == 3
+    assert meta.load_topic().ledgers[0].id == 3
     with TopicReader(uri, subscription="plain") as r:  # no gap: on_gap is error
         consume(mine, r.read())
         r.commit()
@@ -232,3 +232,16 @@ def test_a_subscription_inside_a_compacted_part_holds_only_the_tombstones_after_
     s = Compactor(uri, config, clock=clock).run()
     assert (s.tombstones_dropped, s.tombstones_kept) == (3, 5)
     assert [m.key for m in TopicReader(uri, read_compacted=True).read()] == [f"k{i}".encode() for i in range(3, 8)]
+
+
+def test_a_run_with_nothing_new_leaves_retained_keyless_records_alone(tmp_path: Path) -> None:
+    """Keyless records without a value (kept with retain-null-key) are no tombstones: a
+    run with nothing new has nothing to drop, with or without subscriptions."""
+    uri = str(tmp_path / "t")
+    with TopicWriter(uri) as w:
+        w.append(None, None)
+        w.append("a", "1")
+    Subscriptions(TopicMetadata.open(uri)).create("app")
+    config = CompactionConfig(delete_retention_ms=0, retain_null_key=True)
+    assert Compactor(uri, config).run().keyless_kept == 1
+    assert Compactor(uri, config).run().status == "nothing-to-do"

@@ -11,7 +11,7 @@ import pytest
 
 from shale.ledger.errors import ConflictError, InvalidInputError, InvalidMetadataError
 from shale.ledger.ids import MIN_ID, MessageId
-from shale.metadata.subscriptions import Subscriptions, SubscriptionNotFoundError, check_name
+from shale.metadata.subscriptions import SubscriptionNotFoundError, Subscriptions, check_name
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
@@ -98,7 +98,7 @@ def test_a_commit_loses_to_a_reset_or_another_reader_and_a_deleted_subscription_
     a.read(limit=2)
     a.commit()
     b.read(limit=5)
-    with pytest.raises(ConflictError, match="changed by another writer.*stands at 1:0:2 now"):
+    with pytest.raises(ConflictError, match=r"changed by another writer.*stands at 1:0:2 now"):
         b.commit()  # never undoes the other reader's commit
     subs.reset("shared", MIN_ID)
     with pytest.raises(ConflictError, match="shared"):
