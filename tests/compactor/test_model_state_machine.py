@@ -337,7 +337,7 @@ class ShaleModelMachine(RuleBasedStateMachine):
                 continue
             if r.tombstone:
                 fk = self.first_kept.get(r.id, now)
-                if not self._held(r.id, fk, now) and (retention == 0 or now - fk >= retention):
+                if (retention == 0 or now - fk >= retention) and not self._held(r.id, fk, now, note=True):
                     self._tombstone_went(r.id, fk, now)
                     stats["tombstones_dropped"] += 1
                     continue
@@ -722,10 +722,13 @@ class ShaleModelMachine(RuleBasedStateMachine):
     def _active(self, s: ShaleModelMachine.Sub, now: int) -> bool:
         return now - s.committed_ms < self.sub_expiry
 
-    def _held(self, tomb: MessageId, first_kept: int, now: int) -> bool:
+    def _held(self, tomb: MessageId, first_kept: int, now: int, note: bool = False) -> bool:
         """Whether a run at ``now`` keeps this tombstone past its retention for a subscription."""
         floor = min((s.position for s in self.subs.values() if self._active(s, now)), default=None)
-        return bool(self.max_hold) and floor is not None and tomb >= floor and now - first_kept < self.max_hold
+        held = bool(self.max_hold) and floor is not None and tomb >= floor and now - first_kept < self.max_hold
+        if note and held:
+            event("compact: a tombstone held past its retention for a subscription")
+        return held
 
     def _tombstone_went(self, tomb: MessageId, first_kept: int, now: int) -> None:
         """A tombstone went past its retention: never one an active subscription had yet to
@@ -766,6 +769,21 @@ class ShaleModelMachine(RuleBasedStateMachine):
         if limit is None and s.intact and self.order == "offset" and not self.ttl:
             event("subscription: the guarantee checked")
             assert s.table == self._table_of(self.visible, self.clock.ms), "a subscriber missed a delete or a value"
+
+    @rule(name=st.sampled_from(["app", "ops"]), compacted=st.booleans(),
+          records=st.lists(record_strategy, max_size=5), deletes=st.sets(st.sampled_from(KEYS[1:]), min_size=1),
+          retention=st.sampled_from(RETENTIONS), seconds=st.sampled_from([HOUR // SECOND + 1, DAY // SECOND + 1]))
+    def pause_across_deletes(self, name: str, compacted: bool, records: list[tuple[Any, ...]], deletes: set[str],
+                             retention: int, seconds: int) -> None:
+        """A subscriber reads to the end and pauses; keys are deleted, compacted, and
+        compacted again past the delete retention; the subscriber reads on."""
+        self.read_as_subscription(name, None, compacted)
+        deleting = [(key, None, {}, None, None) for key in sorted(deletes)]
+        self.produce(0, 2, 5, 64 << 20, [*records, *deleting], False, True, "zstd")
+        self._compact(0, retention, False, False, 0, False, False)
+        self.clock.s += seconds
+        self._compact(0, retention, False, False, 0, False, False)
+        self.read_as_subscription(name, None, compacted)
 
     @precondition(lambda self: bool(self.subs))
     @rule(data=st.data(), to=st.sampled_from(["earliest", "latest", "same"]))
