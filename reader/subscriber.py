@@ -26,13 +26,15 @@ import numpy.typing as npt
 from shale.ledger.errors import InvalidInputError
 from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.reader import LedgerFile
+from shale.ledger.record import Message
 from shale.metadata.subscriptions import Subscription, Subscriptions, check_name, expiry_of
 from shale.metadata.topic import TopicMetadata
 
-__all__ = ["Subscriber"]
+__all__ = ["Subscriber", "Subscribing"]
 
 _T = TypeVar("_T")
 Gone = npt.NDArray[np.bool_] | None
+_Start = MessageId | Literal["earliest", "latest"]
 
 #: A reader whose position has not moved still commits it this often, so that a follower
 #: with nothing new to read stays active.
@@ -42,7 +44,7 @@ REFRESH_MS: Final = 3_600_000
 class Subscriber:
     """The subscription ``name`` of the topic ``meta`` describes, as one reader uses it."""
 
-    def __init__(self, meta: TopicMetadata, name: str, start: MessageId | str, auto: bool,
+    def __init__(self, meta: TopicMetadata, name: str, start: _Start, auto: bool,
                  handed_out: Callable[[], MessageId]) -> None:
         self.subscriptions = Subscriptions(meta)
         #: commit by itself what the reader handed out, as it is asked for more
@@ -58,7 +60,7 @@ class Subscriber:
         #: nothing back meanwhile, so deletes may have been missed
         self.expired = not sub.active(now, expiry_of(meta.load_policy()))
 
-    def _create(self, meta: TopicMetadata, name: str, start: MessageId | str) -> Subscription:
+    def _create(self, meta: TopicMetadata, name: str, start: _Start) -> Subscription:
         if isinstance(start, MessageId):
             position = start
         elif start == "latest":
@@ -112,3 +114,40 @@ class Subscriber:
             self.tick()
             yield from read(f, start, gone)
         return committing
+
+
+class Subscribing:
+    """What :class:`~shale.reader.TopicReader` does as a durable subscription's reader
+    (its ``subscription`` and ``auto_commit``)."""
+
+    #: the durable subscription it reads as, if any
+    subscriber: Subscriber | None
+    _pending: Message | None
+    _next: MessageId
+
+    def _subscribe(self, meta: TopicMetadata, name: str | None, start: _Start,
+                   auto_commit: bool) -> _Start:
+        """Open the subscription ``name`` (created at ``start`` when new), if any; where
+        the reader starts."""
+        self.subscriber = None
+        if name is None:
+            if auto_commit:
+                raise InvalidInputError("auto_commit needs a subscription (TopicReader(..., subscription=NAME))")
+            return start
+        self.subscriber = Subscriber(meta, name, start, auto_commit, self._handed_out)
+        return self.subscriber.start
+
+    def commit(self, position: MessageId | None = None) -> MessageId:
+        """Commit to the reader's subscription the position after the last message
+        returned (or ``position``: the id of one returned but not handled), and return it."""
+        if self.subscriber is None:
+            raise InvalidInputError("this reader reads as no subscription (TopicReader(..., subscription=NAME))")
+        return self.subscriber.commit(position)
+
+    def _handed_out(self) -> MessageId:
+        """The position after the last message returned (a message looked at but not taken is not)."""
+        return self._pending.id if self._pending is not None else self._next
+
+    def _tick(self) -> None:
+        if self.subscriber is not None:
+            self.subscriber.tick()

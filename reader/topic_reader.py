@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shale.ledger.deletions import read_deletions
-from shale.ledger.errors import GapError, InvalidInputError, ObjectNotFoundError
+from shale.ledger.errors import GapError, ObjectNotFoundError
 from shale.ledger.format import KIND_ORIGINAL
 from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.ordering import TopicOrder, record_time
@@ -34,7 +34,7 @@ from shale.metadata.view import Segment, TopicView, wholly_below
 from shale.reader.arrow import DEFAULT_BATCH_ROWS, DEFAULT_MAX_BATCH_BYTES, BatchReader, require_pyarrow, schema
 from shale.reader.arrow import require as _require
 from shale.reader.gaps import Gap, GapListener, OnGap, check_on_gap, log_gap, log_start
-from shale.reader.subscriber import Subscriber
+from shale.reader.subscriber import Subscribing
 from shale.storage import StorageOptions
 
 if TYPE_CHECKING:
@@ -46,8 +46,6 @@ EARLIEST: Final = "earliest"
 LATEST: Final = "latest"
 Position = MessageId | Literal["earliest", "latest"]
 _T = TypeVar("_T")
-#: reads records ``start..`` of an opened object (those ``gone`` skipped), moving the position past them
-_Read = Callable[[LedgerFile, int, npt.NDArray[np.bool_] | None], Iterator[_T]]
 
 
 def parse_position(text: str) -> Position:
@@ -58,7 +56,7 @@ def parse_position(text: str) -> Position:
     return MessageId.parse(text)
 
 
-class TopicReader:
+class TopicReader(Subscribing):
     """Iterates a topic's messages in id order from a position.
 
     Iterating reads to the end of the topic as it is when the end is reached (new
@@ -113,14 +111,7 @@ class TopicReader:
         self._behind: tuple[LedgerInfo, ...] = ()
         #: records gone unread: from this id to the end of that removed ledger
         self._gap: tuple[MessageId, int] | None = None
-        #: the durable subscription it reads as, if any
-        self.subscriber: Subscriber | None = None
-        if subscription is not None:
-            self.subscriber = Subscriber(self.meta, subscription, start, auto_commit, self._handed_out)
-            start = self.subscriber.start
-        elif auto_commit:
-            raise InvalidInputError("auto_commit needs a subscription (TopicReader(..., subscription=NAME))")
-        self.seek(start)
+        self.seek(self._subscribe(self.meta, subscription, start, auto_commit))
 
     # ---------------------------------------------------------------- positioning
 
@@ -138,21 +129,6 @@ class TopicReader:
     @property
     def topic(self) -> TopicState:
         return self._topic
-
-    def commit(self, position: MessageId | None = None) -> MessageId:
-        """Commit to the reader's subscription the position after the last message
-        returned (or ``position``: the id of one returned but not handled), and return it."""
-        if self.subscriber is None:
-            raise InvalidInputError("this reader reads as no subscription (TopicReader(..., subscription=NAME))")
-        return self.subscriber.commit(position)
-
-    def _handed_out(self) -> MessageId:
-        """The position after the last message returned (a message looked at but not taken is not)."""
-        return self._pending.id if self._pending is not None else self._next
-
-    def _tick(self) -> None:
-        if self.subscriber is not None:
-            self.subscriber.tick()
 
     def refresh(self) -> None:
         """Re-read the ledger list and the compaction state."""
@@ -353,7 +329,7 @@ class TopicReader:
             if gone is None or not gone[i]:
                 yield m
 
-    def _walk(self, read: _Read[_T]) -> Iterator[_T]:
+    def _walk(self, read: Callable[[LedgerFile, int, npt.NDArray[np.bool_] | None], Iterator[_T]]) -> Iterator[_T]:
         """What ``read`` yields of each ledger and part, in id order from the position: the
         compacted view first when reading compacted, then the original ledgers, looking for
         new ones until the topic stops growing.  ``read(f, start, gone)`` reads records
@@ -370,7 +346,8 @@ class TopicReader:
             if self._gap is None and self._topic.last_ledger_id == old.last_ledger_id:
                 return
 
-    def _compacted_part(self, read: _Read[_T], stop: MessageId | None = None) -> Iterator[_T]:
+    def _compacted_part(self, read: Callable[[LedgerFile, int, npt.NDArray[np.bool_] | None], Iterator[_T]],
+                        stop: MessageId | None = None) -> Iterator[_T]:
         """The compacted view from the position to its horizon (``stop``: to that id only,
         where the position then stands)."""
         while True:
@@ -396,7 +373,8 @@ class TopicReader:
             self._next = stop if stop is not None else view.tail_start(self._next)
             return
 
-    def _original_part(self, read: _Read[_T]) -> Iterator[_T]:
+    def _original_part(self, read: Callable[[LedgerFile, int, npt.NDArray[np.bool_] | None], Iterator[_T]]
+                       ) -> Iterator[_T]:
         """The original ledgers from the position: removed ones still there that this reader
         had listed, then the gap if any, then the listed ones."""
         while True:
@@ -427,12 +405,14 @@ class TopicReader:
             else:
                 return
 
-    def _ledger(self, seg: Segment, read: _Read[_T]) -> Iterator[_T]:
+    def _ledger(self, seg: Segment, read: Callable[[LedgerFile, int, npt.NDArray[np.bool_] | None], Iterator[_T]]
+                ) -> Iterator[_T]:
         f = self._open(seg)
         yield from read(f, f.find(self._next), None)
         self._next = max(self._next, MessageId(seg.ledger_id + 1, 0, 0))  # sealed: nothing more comes in it
 
-    def _cross_gap(self, read: _Read[_T]) -> Iterator[_T]:
+    def _cross_gap(self, read: Callable[[LedgerFile, int, npt.NDArray[np.bool_] | None], Iterator[_T]]
+                   ) -> Iterator[_T]:
         """Go past the gap as ``on_gap`` says: raise, skip it, or read it from the compacted
         view (a compacted reader always does, as far as the view holds it)."""
         assert self._gap is not None

@@ -18,9 +18,8 @@ def run_subscriptions(args: argparse.Namespace, io: Streams) -> int:
 
     action = next((a for a in ("create", "delete", "reset") if getattr(args, a) is not None), None)
     if action is None:
-        if args.to is not None or args.dry_run:
-            raise InvalidInputError(f"{'--to' if args.to is not None else '--dry-run'} goes with --create, "
-                                    "--delete or --reset")
+        if args.to is not None:  # (--dry-run alone lists: a listing changes nothing)
+            raise InvalidInputError("--to goes with --create or --reset")
     else:
         check_name(getattr(args, action))  # a bad name is refused before anything is read
         if action == "delete" and args.to is not None:

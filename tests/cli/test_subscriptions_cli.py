@@ -108,7 +108,6 @@ def test_bad_input_is_one_line_and_exit_2_and_a_hostile_document_exit_4(topic: s
         (["--reset", "app", "--to", "9:0:0"], "past the end"),
         (["--reset", "app", "--to", "1:2"], "--to '1:2'"),
         (["--to", "latest"], "--to goes with"),
-        (["--dry-run"], "--dry-run goes with"),
         (["--delete", "app", "--to", "latest"], "--to goes with"),
         (["--create", "a", "--delete", "b"], "not both"),
     ]
