@@ -23,7 +23,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from shale.ledger.errors import AlreadyExistsError, ConflictError, InvalidInputError, InvalidMetadataError
+from shale.ledger.errors import (
+    AlreadyExistsError,
+    ConflictError,
+    InvalidInputError,
+    InvalidMetadataError,
+    StateUnknownError,
+    TransientStorageError,
+)
 from shale.ledger.ids import MIN_ID, MessageId
 from shale.metadata.documents import DocumentStore, Versioned
 from shale.metadata.policy import TopicPolicy
@@ -173,6 +180,13 @@ class Subscriptions:
         new = replace(sub, position=position, committed_ms=_now_ms() if now_ms is None else now_ms)
         try:
             v = self.docs.replace(f"{sub.name}.json", new.to_json(), sub.version, token=sub.token or None)
+        except (StateUnknownError, TransientStorageError):
+            # the write may have landed: only the document can tell (what it holds is then ours)
+            now = self.load(sub.name)
+            if now is None or (now.version, now.position, now.committed_ms) != (sub.version + 1, position,
+                                                                                 new.committed_ms):
+                raise
+            return now
         except ConflictError as e:
             now = self.load(sub.name)
             if now is None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from shale.ledger.errors import ConflictError, InvalidInputError, InvalidMetadataError
+from shale.ledger.errors import ConflictError, InvalidInputError, InvalidMetadataError, StateUnknownError
 from shale.ledger.ids import MIN_ID, MessageId
 from shale.metadata.subscriptions import SubscriptionNotFoundError, Subscriptions, check_name
 from shale.metadata.topic import TopicMetadata
@@ -154,3 +154,33 @@ def test_a_plain_subscription_at_earliest_starts_at_the_oldest_record_left(tmp_p
     with TopicReader(uri, subscription="fresh") as r:
         assert values(r.read(limit=1)) == [8]
         assert r.commit() == MessageId(3, 0, 1)
+
+
+def test_a_commit_whose_answer_is_lost_is_known_from_the_document(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit that landed but whose answer did not come back is recognised, so the
+    reader's next commit is not taken for another writer's; one that did not land is
+    raised as it is."""
+    uri = str(tmp_path / "t")
+    produce(uri, 6)
+    r = TopicReader(uri, subscription="app")
+    store = r.meta.meta.store
+    real = type(store).put_if_match
+    lost: list[bool] = []
+
+    def answer_lost(self: object, key: str, data: bytes, token: str) -> str:
+        if not lost:
+            return real(self, key, data, token)  # type: ignore[arg-type]
+        if lost.pop():  # the write lands, its answer does not come back
+            real(self, key, data, token)  # type: ignore[arg-type]
+        raise StateUnknownError(f"{key}: the connection dropped")
+
+    monkeypatch.setattr(type(store), "put_if_match", answer_lost)
+    r.read(limit=2)
+    lost.append(True)  # lands, the answer is lost
+    assert r.commit() == MessageId(1, 0, 2) == position(uri, "app")
+    r.read(limit=2)
+    lost.append(False)  # does not land
+    with pytest.raises(StateUnknownError):
+        r.commit()
+    assert position(uri, "app") == MessageId(1, 0, 2)
