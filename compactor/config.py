@@ -41,6 +41,10 @@ class CompactionConfig:
     * ``min_compaction_lag_ms`` — records younger than this are not compacted yet.
     * ``delete_retention_ms`` — how long a tombstone stays in the compacted ledger after
       the first compaction that kept it (0 drops tombstones at once, as Pulsar does).
+    * ``subscription_expiry_ms`` — a subscription that has not committed for this long
+      holds nothing back; ``max_tombstone_hold_ms`` — a tombstone past the delete retention
+      that an active subscription has yet to read stays until it has been kept this long
+      (0: subscriptions hold no tombstone back) (:mod:`shale.metadata.subscriptions`).
     * ``retain_null_key`` — keep records without a key in place instead of dropping them.
     * ``min_dirty_ratio`` — skip the run when dirty bytes / live bytes is below this.
     * ``gc_grace_ms`` — retired compacted ledgers are deleted only after this long.
@@ -77,6 +81,8 @@ class CompactionConfig:
     min_compaction_lag_ms: int = SETTINGS["min-compaction-lag"].default
     delete_retention_ms: int = DEFAULT_DELETE_RETENTION_MS
     retain_null_key: bool = SETTINGS["retain-null-key"].default
+    subscription_expiry_ms: int = SETTINGS["subscription-expiry"].default
+    max_tombstone_hold_ms: int = SETTINGS["max-tombstone-hold"].default
     min_dirty_ratio: float = SETTINGS["min-dirty-ratio"].default
     dry_run: bool = False
     gc_grace_ms: int = DEFAULT_GC_GRACE_MS

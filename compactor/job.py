@@ -22,6 +22,7 @@ from shale.compactor import interrupts
 from shale.compactor.config import MIN_ORPHAN_GRACE_MS, CompactionConfig
 from shale.compactor.engine import Engine, LocalEngine, SurvivorCounts
 from shale.compactor.gc import collect_garbage
+from shale.compactor.hold import subscription_hold, tombstones_drop, with_hold
 from shale.compactor.pass_two import PassTwoResult
 from shale.compactor.plan import Plan, make_plan, open_slice
 from shale.compactor.summary import RunStatus, RunSummary
@@ -33,7 +34,7 @@ from shale.ledger.errors import (
     StateUnknownError,
     TransientStorageError,
 )
-from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE
+from shale.ledger.format import FLAG_HAS_KEY
 from shale.ledger.ordering import decoded_times
 from shale.metadata.dictionaries import resolve_compression
 from shale.metadata.layout import COMPACTED_DIR, HEARTBEAT_NAME
@@ -201,6 +202,7 @@ class Compactor:
                                                                                        self.config.compression))
         plan = make_plan(self.meta, now_ms=now_ms, min_compaction_lag_ms=self.config.min_compaction_lag_ms,
                          footers=self.engine.plans_with_footers, rewrite=self.config.rewrite)
+        plan = with_hold(self.meta, plan, subscription_hold(self.meta, self.config, now_ms))  # held tombstones
         t = phase("plan", t0)
         _note_plan(summary, plan)
         _check_order(self.meta.uri, plan, self.config)
@@ -214,7 +216,7 @@ class Compactor:
             summary.durations["total"] = time.perf_counter() - t0
             return summary.finish(status, message)
 
-        if plan.new_records == 0 and not changed and not self._tombstones_expire(plan, now_ms) \
+        if plan.new_records == 0 and not changed and not tombstones_drop(self.meta, plan, self.config, now_ms) \
                 and not self._keys_expire(plan, now_ms):
             why = "no records above the horizon"
             if plan.held_back_records:
@@ -400,21 +402,6 @@ class Compactor:
                 self.meta.topic.store.delete(self.meta.topic.key(obj))
             except ShaleError:
                 pass  # left for garbage collection as an orphan
-
-    def _tombstones_expire(self, plan: Plan, now_ms: int) -> bool:
-        """Whether a run without new records would still drop expired tombstones."""
-        if self.config.delete_retention_ms == 0 and plan.previous.tombstones:
-            return True
-        for s in plan.compacted:
-            s = open_slice(self.meta, s)  # one at a time, when planned without footers
-            since = s.file.footer.delete_since()
-            flags = s.file.footer.col("r_flags")
-            tomb = (flags & FLAG_TOMBSTONE) != 0
-            if s.gone is not None:
-                tomb &= ~s.gone
-            if ((since > 0) & tomb & (now_ms - since >= self.config.delete_retention_ms)).any():
-                return True
-        return False
 
     def _keys_expire(self, plan: Plan, now_ms: int) -> bool:
         """Whether a run without new records would still drop keys past the key TTL."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shale.compactor.policies import policy_text
+from shale.compactor.subscriptions import SubscriptionStatus, slowest, subscription_statuses
 from shale.compactor.topics import discover_topics, estimate_dirt
 from shale.ledger.errors import error_line
 from shale.metadata.topic import TopicMetadata
@@ -36,11 +37,14 @@ class TopicRow:
     last_compaction_ms: int | None = None
     policy: dict[str, str] | None = None
     error: str | None = None
+    #: the slowest active subscription (estimated from the metadata), if any is active
+    slowest: SubscriptionStatus | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"topic": self.uri, "ledgers": self.ledgers, "records": self.records, "bytes": self.bytes,
                 "horizon": self.horizon, "epoch": self.epoch, "dirty_ratio": round(self.dirty_ratio, 6),
-                "last_compaction_ms": self.last_compaction_ms, "policy": self.policy or {}, "error": self.error}
+                "last_compaction_ms": self.last_compaction_ms, "policy": self.policy or {}, "error": self.error,
+                "slowest_subscription": None if self.slowest is None else self.slowest.to_json()}
 
 
 def describe_topic(uri: str) -> TopicRow:
@@ -49,12 +53,13 @@ def describe_topic(uri: str) -> TopicRow:
         meta = TopicMetadata.open(uri)
         topic, state = meta.load_topic(), meta.load_compaction()
         policy = meta.load_policy()
+        slow = slowest(subscription_statuses(meta, topic=topic, footers=False))
     except Exception as e:  # listed with its error; never stops the others
         return TopicRow(uri, error=error_line(e))
     _, ratio = estimate_dirt(topic, state)
     return TopicRow(uri, len(topic.ledgers), topic.records, topic.bytes,
                     str(state.horizon) if state.horizon else None, state.epoch, ratio,
-                    state.compacted_ms or None, policy_text(policy))
+                    state.compacted_ms or None, policy_text(policy), slowest=slow)
 
 
 def list_topics(prefix_uri: str, *, reads: int = 8) -> list[TopicRow]:
@@ -72,16 +77,19 @@ def _when(ms: int | None) -> str:
 
 def rows_text(rows: list[TopicRow]) -> str:
     """A table, one topic a line."""
-    table = [("TOPIC", "LEDGERS", "RECORDS", "BYTES", "HORIZON", "DIRTY", "LAST COMPACTION (UTC)", "POLICY")]
+    subs = any(r.slowest is not None for r in rows)  # the column only where a subscription is active
+    head = ("TOPIC", "LEDGERS", "RECORDS", "BYTES", "HORIZON", "DIRTY", "LAST COMPACTION (UTC)")
+    table: list[tuple[str, ...]] = [(*head, *(["SUBSCRIPTION LAG"] if subs else []), "POLICY")]
     for r in rows:
         if r.error is not None:
-            table.append((r.uri, "-", "-", "-", "-", "-", "-", f"error: {r.error}"))
+            table.append((r.uri, "-", "-", "-", "-", "-", "-", *(["-"] if subs else []), f"error: {r.error}"))
             continue
         policy = ",".join(f"{k}={v}" for k, v in sorted((r.policy or {}).items())) or "-"
+        lag = [] if not subs else ["-" if r.slowest is None else f"{r.slowest.lag.records:,}"]
         table.append((r.uri, f"{r.ledgers:,}", f"{r.records:,}", f"{r.bytes:,}", r.horizon or "-",
-                      f"{r.dirty_ratio:.3f}", _when(r.last_compaction_ms), policy))
+                      f"{r.dirty_ratio:.3f}", _when(r.last_compaction_ms), *lag, policy))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    right = {1, 2, 3, 5}
+    right = {1, 2, 3, 5, 7} if subs else {1, 2, 3, 5}
     return "\n".join("  ".join(c.rjust(w) if i in right else c.ljust(w)
                                for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip()
                      for row in table)

@@ -7,7 +7,9 @@ order (previous compacted parts first, then the new ledgers).
 The keys above the previous horizon go into a bounded map (:mod:`shale.compactor.keymap`, 24
 bytes per key).  A new record survives when it is its key's entry in the map; a record
 of the previous compacted ledger survives when its key is not in the map (nothing newer
-was written).  Tombstones then follow :func:`~shale.compactor.rules.tombstone_fate`.  When the
+was written).  Tombstones then follow :func:`~shale.compactor.rules.tombstone_fate`, held
+past their retention for the topic's active subscriptions from the plan's
+:attr:`~shale.compactor.plan.Plan.hold_from` on.  When the
 new keys outgrow ``max_map_bytes`` the run is cut short at an entry boundary (partial
 cleaning) and the plan it returns says so.
 
@@ -36,7 +38,7 @@ from shale.compactor.cpus import worker_count
 from shale.compactor.event_map import EventKeyMapBuilder, event_map_capacity
 from shale.compactor.keymap import KEY_BYTES, KeyMap, KeyMapBuilder
 from shale.compactor.plan import Plan, Slice
-from shale.compactor.rules import latest_of_each_key, tombstone_fate
+from shale.compactor.rules import held_tombstones, latest_of_each_key, tombstone_fate
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE
 from shale.ledger.kernels import distinct_estimate
 from shale.ledger.ordering import TopicOrder, decoded_times
@@ -380,8 +382,11 @@ def _survivors(plan: Plan, keep: npt.NDArray[np.bool_], tomb_at: list[npt.NDArra
     n = offsets[-1]
     tomb = np.concatenate(tomb_at) if tomb_at else np.empty(0, dtype=np.int64)
     since_all = np.concatenate(tomb_since) if tomb_since else np.empty(0, dtype=np.int64)
-    # Tombstones stay for delete_retention after the first run that kept them (KIP-534).
-    expired, first_kept = tombstone_fate(since_all, now_ms, config.delete_retention_ms)
+    # Tombstones stay for delete_retention after the first run that kept them (KIP-534),
+    # and longer while an active subscription has yet to read them.
+    expired, first_kept = tombstone_fate(since_all, now_ms, config.delete_retention_ms,
+                                         held=held_tombstones(tomb, plan.hold_from),
+                                         max_hold_ms=config.max_tombstone_hold_ms)
     keep[tomb[expired]] = False
     distinct = len(key_map) + tally.unsuperseded - tally.beaten - tally.expired_keys - tally.expired_tombs
     keyless = n - tally.absent - tally.keyed

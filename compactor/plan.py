@@ -141,6 +141,10 @@ class Plan:
     held_back_records: int  # above the horizon because of the minimum compaction lag
     location: Location  # the topic's folder, where the run writes
     dictionaries: tuple[Dictionary, ...] = ()  # the topic's, for processes that cannot read its metadata
+    #: the least position of the topic's active subscriptions, and the run position of the
+    #: first record at or after it: tombstones from there on are held for them (None: none)
+    hold_floor: MessageId | None = None
+    hold_from: int | None = None
 
     @property
     def new_records(self) -> int:

@@ -5,11 +5,16 @@ Removing a ledger whose records all lie at or below the compaction horizon loses
 nothing a compacted reader sees: the compacted ledger keeps the latest record of every
 key.  Removing one with records above the horizon loses those records for good; that
 takes ``allow_uncompacted``, and the plan says how many records it costs.
+
+Nor does retention remove a ledger an active subscription has yet to read
+(:mod:`shale.metadata.subscriptions`): one with records at or after its position.  That
+takes ``allow_unread``; the subscription then meets a gap (``shale read --on-gap``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,10 +22,16 @@ from shale.ledger.errors import InvalidInputError
 from shale.ledger.ids import MessageId
 from shale.ledger.reader import LedgerFile
 from shale.metadata.state import LedgerInfo
+from shale.metadata.subscriptions import Subscription, Subscriptions, expiry_of
 from shale.metadata.topic import TopicMetadata
+from shale.metadata.view import wholly_below
 from shale.settings.units import count
 
-__all__ = ["TruncationPlan", "plan_truncation", "retention_cut", "truncate"]
+__all__ = ["TruncationPlan", "UnreadRecordsError", "plan_truncation", "retention_cut", "truncate"]
+
+
+class UnreadRecordsError(InvalidInputError):
+    """A truncation would remove records an active subscription has yet to read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,13 +50,16 @@ class TruncationPlan:
     ledgers_left: int | None = None
     #: the retention rule that chose ``before_ledger``, as given (``--older-than 30d``), if one did
     rule: str = ""
+    #: the active subscriptions that have yet to read some of the removed ledgers
+    unread_by: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"topic": self.topic, "dry_run": self.dry_run, "before_ledger": self.before_ledger,
                 "horizon": str(self.horizon) if self.horizon else None,
                 "removed": [lg.id for lg in self.removed], "records_removed": sum(lg.records for lg in self.removed),
                 "bytes_removed": sum(lg.bytes for lg in self.removed), "uncompacted": list(self.uncompacted),
-                "records_lost": self.records_lost, "generation": self.generation, "ledgers": self.ledgers_left}
+                "records_lost": self.records_lost, "generation": self.generation, "ledgers": self.ledgers_left,
+                "unread_by": list(self.unread_by)}
 
     def human(self) -> str:
         if not self.removed:
@@ -60,11 +74,26 @@ class TruncationPlan:
                 f"{count(sum(lg.bytes for lg in self.removed), 'byte')}")
         if self.records_lost:
             text += f"; {self.records_lost:,} of them above the horizon, never compacted"
+        if self.unread_by:
+            text += f"; unread by subscription{'s' if len(self.unread_by) > 1 else ''} {', '.join(self.unread_by)}"
         return text
 
     def by_rule(self, rule: str) -> TruncationPlan:
         """This plan, saying that ``rule`` chose what it removes."""
         return dataclasses.replace(self, rule=rule)
+
+
+def _active(meta: TopicMetadata, now_ms: int | None = None) -> list[Subscription]:
+    """The topic's active subscriptions (by its ``subscription-expiry``, at ``now_ms``, by
+    default this machine's clock, the one commits are stamped by)."""
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    expiry = expiry_of(meta.load_policy())
+    return [s for s in Subscriptions(meta).list() if s.active(now, expiry)]
+
+
+def _unread_by(removed: tuple[LedgerInfo, ...], active: list[Subscription]) -> tuple[str, ...]:
+    """The subscriptions among ``active`` with records of ``removed`` still to read."""
+    return tuple(s.name for s in active if any(not wholly_below(lg, s.position) for lg in removed))
 
 
 def plan_truncation(meta: TopicMetadata, before_ledger: int) -> TruncationPlan:
@@ -84,7 +113,8 @@ def plan_truncation(meta: TopicMetadata, before_ledger: int) -> TruncationPlan:
         if above:
             uncompacted.append(lg.id)
             lost += above
-    return TruncationPlan(meta.uri, before_ledger, horizon, removed, tuple(uncompacted), lost)
+    return TruncationPlan(meta.uri, before_ledger, horizon, removed, tuple(uncompacted), lost,
+                          unread_by=_unread_by(removed, _active(meta)) if removed else ())
 
 
 def _records_above(meta: TopicMetadata, lg: LedgerInfo, horizon: MessageId | None) -> int:
@@ -98,30 +128,34 @@ def _records_above(meta: TopicMetadata, lg: LedgerInfo, horizon: MessageId | Non
 
 
 def retention_cut(meta: TopicMetadata, *, older_than_ms: int | None = None, keep_bytes: int | None = None,
-                  allow_uncompacted: bool = False, now_ms: int | None = None) -> int:
+                  allow_uncompacted: bool = False, allow_unread: bool = False, now_ms: int | None = None) -> int:
     """The ``before_ledger`` that removes the oldest ledgers a retention rule lets go
     (Kafka's ``retention.ms`` and ``retention.bytes``): those whose last record is older
     than ``older_than_ms``, or beyond the newest ``keep_bytes`` of ledgers.  It stops at
-    the first ledger with records above the horizon unless ``allow_uncompacted``."""
+    the first ledger with records above the horizon unless ``allow_uncompacted``, and at
+    the first one an active subscription has yet to read unless ``allow_unread``."""
     if (older_than_ms is None) == (keep_bytes is None):
         raise InvalidInputError("give one retention rule: --older-than DURATION or --keep-bytes SIZE")
     topic, state = meta.load_topic(), meta.load_compaction()
     now = meta.now_ms() if now_ms is None else now_ms
     left = topic.bytes
     cut = topic.ledgers[0].id if topic.ledgers else topic.last_ledger_id + 1
+    floor = None if allow_unread or not topic.ledgers else min((s.position for s in _active(meta)), default=None)
     for lg in topic.ledgers:
         expired = (now - lg.last_publish > older_than_ms) if older_than_ms is not None else left > (keep_bytes or 0)
-        if not expired or (not allow_uncompacted and _records_above(meta, lg, state.horizon)):
+        if not expired or (not allow_uncompacted and _records_above(meta, lg, state.horizon)) \
+                or (floor is not None and not wholly_below(lg, floor)):
             break
         left -= lg.bytes
         cut = lg.id + 1
     return cut
 
 
-def truncate(meta: TopicMetadata, before_ledger: int, *, allow_uncompacted: bool = False,
+def truncate(meta: TopicMetadata, before_ledger: int, *, allow_uncompacted: bool = False, allow_unread: bool = False,
              dry_run: bool = False) -> TruncationPlan:
     """Remove the ledgers below ``before_ledger``; refuse, unless ``allow_uncompacted``,
-    when that removes records above the compaction horizon.  With ``dry_run`` only plan.
+    when that removes records above the compaction horizon, and unless ``allow_unread``,
+    records an active subscription has yet to read.  With ``dry_run`` only plan.
 
     The horizon only moves up, so a plan that found every removed record compacted stays
     true until the removal lands."""
@@ -133,13 +167,18 @@ def truncate(meta: TopicMetadata, before_ledger: int, *, allow_uncompacted: bool
             f"{count(plan.records_lost, 'record')} no compaction has kept "
             f"(ledger{'s' if len(plan.uncompacted) > 1 else ''} {', '.join(map(str, plan.uncompacted))}; {h}): "
             "compact first, or pass --allow-uncompacted")
+    if plan.unread_by and not allow_unread:
+        raise UnreadRecordsError(
+            f"{meta.uri}: removing the ledgers below {before_ledger} would remove records subscription"
+            f"{'s' if len(plan.unread_by) > 1 else ''} {', '.join(map(repr, plan.unread_by))} "
+            f"{'have' if len(plan.unread_by) > 1 else 'has'} yet to read (shale subscriptions {meta.uri}): let "
+            "them catch up, delete or reset them, or pass --allow-unread")
     if dry_run:
-        return TruncationPlan(plan.topic, plan.before_ledger, plan.horizon, plan.removed, plan.uncompacted,
-                              plan.records_lost, dry_run=True)
+        return dataclasses.replace(plan, dry_run=True)
     state, removed = meta.truncate(before_ledger)
     done = plan_of_removed(plan, tuple(removed))
-    return TruncationPlan(done.topic, done.before_ledger, done.horizon, done.removed, done.uncompacted,
-                          done.records_lost, generation=state.generation, ledgers_left=len(state.ledgers))
+    return dataclasses.replace(done, generation=state.generation, ledgers_left=len(state.ledgers),
+                               unread_by=plan.unread_by)
 
 
 def plan_of_removed(plan: TruncationPlan, removed: tuple[LedgerInfo, ...]) -> TruncationPlan:

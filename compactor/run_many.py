@@ -176,8 +176,9 @@ def compact_topic(uri: str, settings: Settings, *, overdue: bool = False, engine
 
 
 def _retention(meta: TopicMetadata, policy: TopicPolicy, summary: RunSummary) -> int:
-    """The ledgers the policy's retention removes after a publish."""
-    from shale.compactor.retention import retention_cut, truncate
+    """The ledgers the policy's retention removes after a publish (never those an active
+    subscription has yet to read)."""
+    from shale.compactor.retention import UnreadRecordsError, retention_cut, truncate
 
     older_than, keep = policy.get("retention_ms"), policy.get("retention_bytes")
     if summary.status is not RunStatus.COMPACTED or (older_than is None and keep is None):
@@ -189,7 +190,10 @@ def _retention(meta: TopicMetadata, policy: TopicPolicy, summary: RunSummary) ->
         topic = meta.load_topic()
         cut = retention_cut(meta, **rule)
         if topic.ledgers and cut > topic.ledgers[0].id:
-            removed += len(truncate(meta, cut).removed)
+            try:
+                removed += len(truncate(meta, cut).removed)
+            except UnreadRecordsError:
+                pass  # a subscription created or reset meanwhile: the next run's cut leaves its ledgers
     return removed
 
 

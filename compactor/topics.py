@@ -13,9 +13,10 @@ uncompacted record is older than ``--max-compaction-lag`` goes first whatever it
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shale.compactor.plan import dirty_ratio
+from shale.compactor.subscriptions import Lag, slowest, subscription_statuses
 from shale.ledger.errors import InvalidInputError, InvalidURIError, error_line
 from shale.ledger.format import KIND_ORIGINAL
 from shale.ledger.reader import LedgerFile
@@ -107,6 +108,8 @@ class Backlog:
     dirty_ratio: float  # estimated from ledger sizes, as :func:`assess`
     oldest_ms: int | None  # publish time of the oldest record above the horizon; None: nothing is
     max_lag_ms: int | None  # the max compaction lag in force for the topic; None: none is set
+    #: what the slowest active subscription has yet to read (nothing when none is active)
+    subscription_lag: Lag = field(default_factory=Lag)
 
 
 def backlog(uri: str, *, max_lag_ms: int | None = None, metadata_uri: str | None = None,
@@ -114,7 +117,8 @@ def backlog(uri: str, *, max_lag_ms: int | None = None, metadata_uri: str | None
     """``uri``'s backlog; with ``policy_lag`` the topic's own max compaction lag, if its
     policy sets one, replaces ``max_lag_ms``.  Unlike :func:`assess` the age is exact:
     when the horizon lies inside a ledger, that ledger's footer says when the entry after
-    the horizon was published (one read).  Raises what reading the topic raises."""
+    the horizon was published (one read); so is the slowest subscription's lag.  Raises
+    what reading the topic raises."""
     meta = TopicMetadata.open(uri, metadata_uri)
     topic, state = meta.load_topic(), meta.load_compaction()
     if policy_lag and (own := meta.load_policy().get("max_compaction_lag_ms")) is not None:
@@ -126,4 +130,6 @@ def backlog(uri: str, *, max_lag_ms: int | None = None, metadata_uri: str | None
         f = LedgerFile.open(meta.topic.store, meta.topic.key(at.object), ledger_id=at.id, kind=KIND_ORIGINAL,
                             dictionaries=meta.dictionaries)
         times.append(int(f.footer.col("e_publish")[h.entry + 1:].min()))
-    return Backlog(estimate_dirt(topic, state)[1], min(times, default=None), max_lag_ms)
+    slow = slowest(subscription_statuses(meta, topic=topic))
+    return Backlog(estimate_dirt(topic, state)[1], min(times, default=None), max_lag_ms,
+                   Lag() if slow is None else slow.lag)

@@ -11,7 +11,8 @@ invariants the rest of Shale relies on:
 * ``compaction.json``: parts named as a compaction run names them, in id order and
   disjoint, none past the horizon; deletion vectors beside their parts; retired objects
   named as compacted objects (so never a registered ledger nor a metadata document),
-  none of them still published.
+  none of them still published;
+* ``subscriptions/<name>.json``: the name its file's, the position a message id.
 
 A violation is an :class:`~shale.ledger.errors.InvalidMetadataError` (exit 4) naming the
 document and the field; nothing is deleted or published on the strength of it.
@@ -34,8 +35,9 @@ from shale.metadata.layout import (
     ledger_id_of,
 )
 
-__all__ = ["CompactionDoc", "DictionaryDoc", "Envelope", "LedgerDoc", "PartDoc", "RetiredDoc", "TopicDoc",
-           "check_compaction", "check_topic", "decode_envelope", "message_id", "validate"]
+__all__ = ["SUBSCRIPTION_NAME", "CompactionDoc", "DictionaryDoc", "Envelope", "LedgerDoc", "PartDoc", "RetiredDoc",
+           "SubscriptionDoc", "TopicDoc", "check_compaction", "check_topic", "decode_envelope", "message_id",
+           "validate"]
 
 #: Ledger ids and epochs stay far below 2**63, so every reader (JSON tools included) and
 #: every ``+ 1`` holds them exactly.
@@ -124,6 +126,22 @@ class CompactionDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: how the view was decided (shale.ledger.ordering): left out for offset order, no TTL
     order: Literal["offset", "event-time"] = "offset"
     key_ttl_ms: Millis = 0
+
+
+#: A subscription's name: what its document is named by (``subscriptions/<name>.json``),
+#: never hidden (a leading dot) and never a path.
+SUBSCRIPTION_NAME: Final = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}$"
+
+
+class SubscriptionDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``subscriptions/<name>.json``: a durable subscription's committed position."""
+
+    format: Literal[1]
+    name: Annotated[str, msgspec.Meta(pattern=SUBSCRIPTION_NAME)]
+    #: the id of the next record to read (as Kafka commits the next offset)
+    position: Annotated[str, msgspec.Meta(max_length=64)]
+    committed_ms: Millis
+    created_ms: Millis
 
 
 T = TypeVar("T")

@@ -34,6 +34,7 @@ from shale.metadata.view import Segment, TopicView, wholly_below
 from shale.reader.arrow import DEFAULT_BATCH_ROWS, DEFAULT_MAX_BATCH_BYTES, BatchReader, require_pyarrow, schema
 from shale.reader.arrow import require as _require
 from shale.reader.gaps import Gap, GapListener, OnGap, check_on_gap, log_gap, log_start
+from shale.reader.subscriber import Subscribing
 from shale.storage import StorageOptions
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ def parse_position(text: str) -> Position:
     return MessageId.parse(text)
 
 
-class TopicReader:
+class TopicReader(Subscribing):
     """Iterates a topic's messages in id order from a position.
 
     Iterating reads to the end of the topic as it is when the end is reached (new
@@ -74,12 +75,17 @@ class TopicReader:
 
     ``storage_options`` say how to reach the topic's storage
     (:class:`~shale.storage.StorageOptions`; read from the environment when not given).
+
+    ``subscription`` names a durable subscription: the reader starts where it last
+    committed (a new one is created at ``start``); :meth:`commit`, or ``auto_commit``,
+    commits the position after the last message returned (:mod:`shale.reader.subscriber`).
     """
 
     def __init__(self, topic_uri: str, *, metadata_uri: str | None = None, read_compacted: bool = False,
                  start: Position = EARLIEST, chunk_bytes: int = DEFAULT_CHUNK_BYTES, follow: bool = False,
                  poll_interval: float = 1.0, on_gap: OnGap = "error", gap_listener: GapListener | None = None,
-                 storage_options: StorageOptions | None = None) -> None:
+                 storage_options: StorageOptions | None = None, subscription: str | None = None,
+                 auto_commit: bool = False) -> None:
         self.meta = TopicMetadata.open(topic_uri, metadata_uri, storage_options)
         self.read_compacted = read_compacted
         self.chunk_bytes = chunk_bytes
@@ -105,7 +111,7 @@ class TopicReader:
         self._behind: tuple[LedgerInfo, ...] = ()
         #: records gone unread: from this id to the end of that removed ledger
         self._gap: tuple[MessageId, int] | None = None
-        self.seek(start)
+        self.seek(self._subscribe(self.meta, subscription, start, auto_commit))
 
     # ---------------------------------------------------------------- positioning
 
@@ -199,6 +205,7 @@ class TopicReader:
         self._it = None  # each pass starts from the position and the newest state
         while (m := self._take()) is not None:
             yield m
+        self._tick()
 
     def _following(self) -> Iterator[Message]:
         while True:
@@ -239,12 +246,14 @@ class TopicReader:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return None
+            self._tick()
             time.sleep(self.poll_interval if left is None else min(self.poll_interval, left))
 
     def read(self, limit: int | None = None) -> list[Message]:
         """Up to ``limit`` messages there are now (all of them when ``None``); never waits.
         Should records it had yet to read have been removed, it returns the messages before
         them, and the next call raises :class:`~shale.ledger.errors.GapError`."""
+        self._tick()  # what the last read returned was handled
         out: list[Message] = []
         # Each read starts from the position and the newest state: a reader resumed later
         # must not go on from bytes it read before (its compacted part may be gone since).
@@ -326,6 +335,8 @@ class TopicReader:
         new ones until the topic stops growing.  ``read(f, start, gone)`` reads records
         ``start..`` of ``f`` (those ``gone`` skipped) and moves the position past them.
         Records removed before they were read are a gap, crossed as ``on_gap`` says."""
+        if self.subscriber is not None:
+            read = self.subscriber.committing(read)
         if self.read_compacted:
             yield from self._compacted_part(read)
         while True:
@@ -457,6 +468,7 @@ class TopicReader:
                     self._next = f.record_id(f.n_records - 1).successor()
 
             yield from self._walk(read)
+        self._tick()
 
     def to_arrow(self, *, utf8: bool = False, id_text: bool = False,
                  max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> pa.Table:
@@ -480,11 +492,16 @@ class TopicReader:
         return polars.from_arrow(self.to_arrow(utf8=utf8, id_text=id_text, max_batch_bytes=max_batch_bytes))
 
     def close(self) -> None:
+        """Commit what was handed out (with ``auto_commit``); forget the opened objects."""
+        self._tick()
         self._files.clear()
 
     def __enter__(self) -> TopicReader:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:  # what was handed out may not have been handled: not committed
+            self._files.clear()
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from shale.compactor.plan import make_plan
 from shale.compactor.policies import policy_text
+from shale.compactor.subscriptions import slowest, subscription_statuses
 from shale.compactor.topics import estimate_dirt
 from shale.ledger.errors import CORRUPTION, ObjectNotFoundError, ShaleError, error_line
 from shale.ledger.format import KIND_COMPACTED
@@ -85,7 +86,17 @@ def topic_status(topic_uri: str, metadata_uri: str | None = None) -> dict[str, A
         },
         "policy": policy_text(meta.load_policy()),
         "damaged": damaged,
+        **_subscriptions(meta, topic),
     }
+
+
+def _subscriptions(meta: TopicMetadata, topic: TopicState) -> dict[str, Any]:
+    """The topic's durable subscriptions with their lag and state, and the slowest active
+    one (None: none is active)."""
+    statuses = subscription_statuses(meta, topic=topic)
+    slow = slowest(statuses)
+    return {"subscriptions": [s.to_json() for s in statuses],
+            "slowest_subscription": None if slow is None else slow.to_json()}
 
 
 def _damaged(meta: TopicMetadata, topic: TopicState, comp: CompactionState) -> list[dict[str, str]]:
@@ -134,6 +145,20 @@ def _stored(stored: int, raw: int) -> str:
     return f"{count(stored, 'byte')} stored ({raw:,} uncompressed, {raw / stored:.1f}x)"
 
 
+def _subscriptions_text(doc: dict[str, Any]) -> list[str]:
+    subs = doc.get("subscriptions") or []
+    if not subs:
+        return []
+    slow = doc["slowest_subscription"]
+    text = f"subscriptions {len(subs)}: " + (
+        f"slowest {slow['name']} at {slow['position']}, {count(slow['lag_records'], 'record')} "
+        f"({count(slow['lag_bytes'], 'byte')}) behind" if slow else "none active")
+    expired = [s["name"] for s in subs if s["state"] == "expired"]
+    if expired:
+        text += f"; expired (holding nothing back): {', '.join(expired)}"
+    return [text]
+
+
 def status_text(doc: dict[str, Any]) -> str:
     """``doc`` (from :func:`topic_status`) for a person to read."""
     c = doc["compaction"]
@@ -169,6 +194,7 @@ def status_text(doc: dict[str, Any]) -> str:
         lines.append(f"retired   {count(c['retired_pending'], 'object')} waiting for gc")
     policy = ", ".join(f"{k}={v}" for k, v in doc["policy"].items())
     lines.append(f"policy    {policy or 'none: every setting comes from the run'}")
+    lines += _subscriptions_text(doc)
     for d in doc["damaged"]:
         lines.append(f"damaged   {d['object']}: {d['error']}")
     return "\n".join(lines)

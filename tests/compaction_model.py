@@ -5,7 +5,9 @@ A run moves the horizon to the last record before the first entry (above the pre
 horizon) published after ``now - min compaction lag``; of the records up to the horizon
 it keeps the latest of every key, a tombstone only until ``delete retention`` has passed
 since the first run that kept it (counted from that run's ``now``; retention 0 drops
-every tombstone), and keyless records only with ``retain_null_key``.  A compacted read
+every tombstone) — or, when it lies at or after ``hold`` (the least position of the
+active subscriptions), until it has been kept ``max hold`` —, and keyless records only
+with ``retain_null_key``.  A compacted read
 is what the runs kept, then every record above the horizon.
 
 Both engines decide survivors with :mod:`shale.compactor.rules`; comparing their output
@@ -60,9 +62,11 @@ class CompactionModel:
         return horizon
 
     def run(self, records: Sequence[Message], *, now_ms: int, lag_ms: int = 0, retention_ms: int,
-            retain_null_key: bool = False, horizon: MessageId | None = None) -> MessageId | None:
+            retain_null_key: bool = False, horizon: MessageId | None = None, hold: MessageId | None = None,
+            max_hold_ms: int = 0) -> MessageId | None:
         """One run at ``now_ms``, to :meth:`bound` or to ``horizon`` when given (a run
-        whose key map filled up stops short of the bound).  Returns the new horizon."""
+        whose key map filled up stops short of the bound), holding the tombstones at or
+        after ``hold`` until kept ``max_hold_ms``.  Returns the new horizon."""
         bound = self.bound(records, now_ms - lag_ms)
         if horizon is None:
             horizon = bound
@@ -83,7 +87,8 @@ class CompactionModel:
                 continue
             if m.is_tombstone:
                 since = self.first_kept.get(m.id, now_ms)
-                if retention_ms == 0 or now_ms - since >= retention_ms:
+                held = hold is not None and m.id >= hold and now_ms - since < max_hold_ms
+                if not held and (retention_ms == 0 or now_ms - since >= retention_ms):
                     continue
                 first_kept[m.id] = since
             kept.append(m.id)

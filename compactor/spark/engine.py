@@ -321,7 +321,8 @@ class SparkEngine:
             ctx = TaskContext(shipped,
                               tuple(specs), np.array([sp.base for sp in specs], dtype=np.int64), tuple(tasks),
                               len(plan.compacted), self.reduce_partitions(records, config), self.options.split_bytes,
-                              self.options.split_records, now_ms, config, plan.dictionaries)
+                              self.options.split_records, now_ms, config, plan.dictionaries,
+                              hold_from=plan.hold_from)
             try:
                 ctx = self._with_new_keys(ctx)
                 bc = sc.broadcast(ctx)

@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shale.compactor.keyfilter import KeyFilter
-from shale.compactor.rules import tombstone_fate
+from shale.compactor.rules import held_tombstones, tombstone_fate
 from shale.ledger.errors import ShaleError, TransientStorageError
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE
 from shale.ledger.ordering import decoded_times
@@ -75,7 +75,9 @@ def settle(ctx: TaskContext, sp: SplitSpec, f: LedgerFile, present: npt.NDArray[
     keep[sure[~old]] = True
     tomb = sure[is_tomb & ~old]
     expired, first_kept = tombstone_fate(foot.delete_since()[sp.start:sp.stop][tomb], ctx.now_ms,
-                                         ctx.config.delete_retention_ms)
+                                         ctx.config.delete_retention_ms,
+                                         held=held_tombstones(sp.base + tomb, ctx.hold_from),
+                                         max_hold_ms=ctx.config.max_tombstone_hold_ms)
     keep[tomb[expired]] = False
     since = np.zeros(sp.records, dtype=np.int64)
     since[tomb[~expired]] = first_kept[~expired]

@@ -15,7 +15,8 @@ numbers them.  Consecutive slices are grouped into map tasks (small ledgers shar
   counts;
 * **reduce** (one task per hash partition): keep the latest record of each key (the
   greatest ``(time, position)`` under event-time order), drop the winners past the key
-  TTL, apply the tombstone rules, and group the kept positions by the slice they came
+  TTL, apply the tombstone rules (tombstones an active subscription has yet to read held
+  from the plan's ``hold_from`` on), and group the kept positions by the slice they came
   from; report the counts, and how many records of each previous part survive;
 * **write** (one task per group of splits, planned by the driver from the map reports):
   copy the kept records of its splits, in order, into parts named
@@ -43,7 +44,7 @@ from shale.compactor.config import CompactionConfig
 from shale.compactor.keyfilter import KeyFilter
 from shale.compactor.pass_two import Copy, Work, reuse_part, write_parts, write_vectors
 from shale.compactor.plan import Slice
-from shale.compactor.rules import latest_by_event_time, latest_of_each_key, tombstone_fate
+from shale.compactor.rules import held_tombstones, latest_by_event_time, latest_of_each_key, tombstone_fate
 from shale.compactor.spark.newkeys import settle
 from shale.ledger.codecs import Dictionary, dictionary_source
 from shale.ledger.deletions import read_deletions
@@ -182,6 +183,7 @@ class TaskContext:
     config: CompactionConfig
     dictionaries: tuple[Dictionary, ...] = ()  # the topic's trained zstd dictionaries
     new_keys: KeyFilter | None = None  # the new records' keys, when previous parts settle their own
+    hold_from: int | None = None  # tombstones from this run position on are held for subscriptions (the plan's)
 
     def location(self) -> Location:
         return self.topic
@@ -335,7 +337,9 @@ def _reduce_partition(ctx: TaskContext, items: Iterable[tuple[int, bytes]]) -> I
     old = rule.expired(win["time"], ctx.now_ms) if rule.key_ttl_ms else np.zeros(len(win), dtype=bool)
     old_tombs = int(np.count_nonzero(old & is_tomb))
     tomb = np.nonzero(is_tomb & ~old)[0]
-    expired, first_kept = tombstone_fate(win["since"][tomb], ctx.now_ms, ctx.config.delete_retention_ms)
+    expired, first_kept = tombstone_fate(win["since"][tomb], ctx.now_ms, ctx.config.delete_retention_ms,
+                                         held=held_tombstones(win["pos"][tomb], ctx.hold_from),
+                                         max_hold_ms=ctx.config.max_tombstone_hold_ms)
     keep = ~old
     keep[tomb[expired]] = False
     since = np.zeros(len(win), dtype=np.int64)

@@ -111,11 +111,13 @@ COMMAND_TABLE: Final[dict[str, Command]] = {c.name: c for c in (
             "--keep-bytes SIZE (the oldest ledgers until at most SIZE is left). By default only ledgers wholly at "
             "or below the compaction horizon go: the compacted view keeps the latest record of every key, so "
             "nothing a compacted reader sees is lost; --before-ledger past the horizon is refused, and the age and "
-            "size rules stop at the horizon. A compaction that read them while they were removed publishes nothing "
-            "and exits 3; their objects are deleted by gc once the orphan grace has passed.",
+            "size rules stop at the horizon. Nor does it remove a ledger an active subscription has yet to read "
+            "(shale subscriptions) unless --allow-unread. A compaction that read them while they were removed "
+            "publishes nothing and exits 3; their objects are deleted by gc once the orphan grace has passed.",
             "  0  removed (or, with --dry-run, listed) the ledgers the rule names\n"
-            "  2  bad usage or input: missing topic, ID out of range, or ledgers above the horizon\n"
-            "     without --allow-uncompacted (nothing is removed)\n"
+            "  2  bad usage or input: missing topic, ID out of range, ledgers above the horizon\n"
+            "     without --allow-uncompacted, or ledgers an active subscription has yet to read\n"
+            "     without --allow-unread (nothing is removed)\n"
             "  3  the topic kept changing (other writers); safe to run again\n"
             "  4  a ledger footer or metadata document is corrupt", "shale.cli.maintain:run_truncate"),
     Command("config", "show or change a topic's policy (its own compaction and retention settings)",
@@ -129,6 +131,19 @@ COMMAND_TABLE: Final[dict[str, Command]] = {c.name: c for c in (
             "metadata, as compact --all orders topics), last compaction and policy. A topic whose metadata cannot "
             "be read is listed with its error.", "  0  listed\n  2  bad URI or no topic under the prefix",
             "shale.cli.inspect:run_topics"),
+    Command("subscriptions", "list a topic's durable subscriptions with their lag; create, delete or reset one",
+            "Without an action, list the topic's durable subscriptions (shale read --subscription NAME, "
+            "TopicReader(subscription=...)): each one's position (the next record it reads), its lag in records and "
+            "bytes, when it last committed, and whether it is active or expired (one that has not committed for the "
+            "topic's subscription-expiry holds nothing back). --create NAME [--to ...], --delete NAME and --reset "
+            "NAME --to earliest|latest|ID|TIME change one, as kafka-consumer-groups does; --dry-run says what they "
+            "would do. An active subscription keeps every tombstone it has yet to read past delete-retention (up to "
+            "max-tombstone-hold), and every ledger it has yet to read from retention.",
+            "  0  listed, or created, deleted or reset (with --dry-run: said what it would do)\n"
+            "  2  bad usage or input: bad name, unknown or existing subscription, bad --to, missing topic\n"
+            "  3  the subscription kept changing (other writers); safe to run again\n"
+            "  4  a subscription's or the topic's metadata document breaks its schema",
+            "shale.cli.subscriptions:run_subscriptions"),
     Command("verify", "recompute the compacted view from the original ledgers and compare",
             "Recompute the latest record of every key up to the published horizon from the original ledgers that "
             "still exist (footers only), compare it with the published compacted view, and verify every compacted "

@@ -224,7 +224,8 @@ def _after_run(args: argparse.Namespace, summary: RunSummary, now_s: float) -> A
     except Exception:  # the topic cannot be read (its error, if any, is the run's): those gauges stay
         return AfterRun(max_lag_s=(lag or 0) / 1000)
     delay = 0.0 if b.oldest_ms is None else max(0.0, now_s - b.oldest_ms / 1000)
-    return AfterRun(b.dirty_ratio, delay, (b.max_lag_ms or 0) / 1000)
+    return AfterRun(b.dirty_ratio, delay, (b.max_lag_ms or 0) / 1000, b.subscription_lag.records,
+                    b.subscription_lag.bytes)
 
 
 # ------------------------------------------------------------------- --print-config

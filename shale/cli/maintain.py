@@ -44,8 +44,9 @@ def run_truncate(args: argparse.Namespace, io: Streams) -> int:
     before = args.before_ledger
     if before is None:  # a rule: as many of the oldest ledgers as it lets go
         before = retention_cut(meta, older_than_ms=args.older_than, keep_bytes=args.keep_bytes,
-                               allow_uncompacted=args.allow_uncompacted)
-    done = truncate(meta, before, allow_uncompacted=args.allow_uncompacted, dry_run=args.dry_run)
+                               allow_uncompacted=args.allow_uncompacted, allow_unread=args.allow_unread)
+    done = truncate(meta, before, allow_uncompacted=args.allow_uncompacted, allow_unread=args.allow_unread,
+                    dry_run=args.dry_run)
     if args.before_ledger is None:
         rule = args.settings["older-than" if args.older_than is not None else "keep-bytes"]
         done = done.by_rule(f"{rule.setting.option} {rule.setting.kind.show(rule.value)}")

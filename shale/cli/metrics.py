@@ -21,6 +21,8 @@ log cleaner reports:
   horizon was (0 when nothing is above it): Kafka's max compaction delay.
 - ``..._max_lag_seconds``: the max compaction lag in force for the topic (the run's
   ``--max-compaction-lag``, else the topic's policy; 0 when none is set).
+- ``..._subscription_lag_records`` and ``..._subscription_lag_bytes``: what the slowest
+  active durable subscription has yet to read (0 when none is active).
 - ``..._uncleanable``: 1 when the run failed (status ``error``), else 0.
 - ``..._consecutive_failures``: failed runs in a row.  A gauge holds no history, so the
   count is read back from the Pushgateway before each push: a run that fails adds one, a
@@ -72,6 +74,8 @@ class AfterRun:
     dirty_ratio: float | None = None
     max_delay_s: float | None = None
     max_lag_s: float = 0.0
+    subscription_lag_records: float | None = None
+    subscription_lag_bytes: float | None = None
 
 
 def failures_after(status: RunStatus, previous: int | None) -> int | None:
@@ -114,6 +118,10 @@ def build_registry(summary: RunSummary, *, exit_code: int, now_s: float, after: 
     gauge("max_delay_seconds", "age, when the run ended, of the oldest record above the horizon (0: none)",
           after.max_delay_s)
     gauge("max_lag_seconds", "the topic's max compaction lag in force (0: none)", after.max_lag_s)
+    gauge("subscription_lag_records", "records the slowest active subscription has yet to read (0: none)",
+          after.subscription_lag_records)
+    gauge("subscription_lag_bytes", "stored bytes the slowest active subscription has yet to read (0: none)",
+          after.subscription_lag_bytes)
     gauge("uncleanable", "1 when the topic's last run failed", 1 if summary.status is RunStatus.ERROR else 0)
     gauge("consecutive_failures", "failed runs of this topic in a row", failures)
     published = summary.status is RunStatus.COMPACTED

@@ -8,12 +8,17 @@ import base64
 import itertools
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from shale.cli.app import Streams
 from shale.cli.errors import EXIT_NOT_FOUND
 from shale.cli.output import emit
 from shale.ledger.errors import InvalidInputError
 from shale.settings.kinds import shown
+
+if TYPE_CHECKING:
+    from shale.ledger.ids import MessageId
+    from shale.reader import TopicReader
 
 __all__ = ["run_export", "run_get", "run_read"]
 
@@ -23,8 +28,9 @@ def run_read(args: argparse.Namespace, io: Streams) -> int:
 
     chunk_bytes = min(DEFAULT_CHUNK_BYTES, args.max_batch_bytes)
     if args.table:  # the latest record of every key: the compacted view, necessarily
-        if args.follow:
-            raise InvalidInputError("--table prints the table once; --follow goes with a plain or --compacted read")
+        if args.follow or args.subscription is not None:
+            flag = "--follow" if args.follow else "--subscription"
+            raise InvalidInputError(f"--table prints the table once; {flag} goes with a plain or --compacted read")
         _read_table(args, io, chunk_bytes)
     else:
         _read_records(args, io, chunk_bytes)
@@ -60,20 +66,48 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
 
     with TopicReader(args.topic, metadata_uri=args.metadata, read_compacted=args.compacted, start=start,
                      follow=args.follow, poll_interval=args.poll_interval / 1000, on_gap=args.on_gap,
-                     gap_listener=gone_past, chunk_bytes=chunk_bytes) as r:
+                     gap_listener=gone_past, chunk_bytes=chunk_bytes, subscription=args.subscription,
+                     # a follower prints and flushes each record before asking for the next: the reader
+                     # may commit it then, and keeps an idle subscription active
+                     auto_commit=args.follow and args.subscription is not None) as r:
+        if r.subscriber is not None and r.subscriber.expired:
+            io.err.write(f"shale: warning: {r.meta.uri}: subscription {r.subscriber.name!r} had expired (no commit "
+                         "within the topic's subscription-expiry): it held nothing back meanwhile, so deletes may have "
+                         "been missed\n")
+        unprinted = None  # a record returned but not printed whole (an interrupt came): read again next time
         try:
             # islice stops at the limit before asking for one more (a follower would wait for it)
-            for m in itertools.islice(r, args.limit):
+            for i, m in enumerate(itertools.islice(r, args.limit), 1):
+                unprinted = m.id
                 io.out.write(message_line(m, args.value_format) + "\n")
+                unprinted = None
                 if args.follow:
                     io.out.flush()
+                if r.subscriber is not None and i != args.limit and (i % _COMMIT_EVERY == 0
+                                                                     or not r.has_message_available()):
+                    _commit(r, io)
         except KeyboardInterrupt:
             if not args.follow:
                 raise
-            io.out.flush()  # whole records only: each line is written at once
         except GapError:
-            io.out.flush()  # every record read before the gap is out before the error line
+            _commit(r, io)  # every record read before the gap is out before the error line
             raise
+        if r.subscriber is not None:
+            r.subscriber.auto = False  # the last commit: closing must not move it past an unprinted record
+        _commit(r, io, unprinted)
+
+
+#: A subscription's reader commits at least every this many records printed (and whenever
+#: it has printed every record there is).
+_COMMIT_EVERY = 1000
+
+
+def _commit(r: TopicReader, io: Streams, unprinted: MessageId | None = None) -> None:
+    """Flush what was printed (whole records only: each line is written at once), then,
+    when reading as a subscription, commit past it (up to ``unprinted`` when given)."""
+    io.out.flush()
+    if r.subscriber is not None:
+        r.commit(unprinted)
 
 
 def run_get(args: argparse.Namespace, io: Streams) -> int:

@@ -37,7 +37,7 @@ ENV_PREFIX: Final = "SHALE_"
 
 #: Every command, in the order ``shale --help`` lists them.
 COMMANDS: Final = ("produce", "read", "get", "export", "status", "compact", "gc", "truncate", "config", "topics",
-                   "verify", "dictionary")
+                   "subscriptions", "verify", "dictionary")
 #: The commands about one topic, named by a ``TOPIC_URI`` and ``--metadata``.
 _ONE_TOPIC: Final = frozenset(COMMANDS) - {"compact", "topics"}
 
@@ -118,6 +118,7 @@ _JSON_HELP: Final = (("compact", "print one JSON line per topic instead of a sum
                      ("status", "print one JSON document instead of text"),
                      ("config", "print one JSON document instead of text"),
                      ("topics", "print one JSON line per topic instead of a table"),
+                     ("subscriptions", "print one JSON document instead of text"),
                      ("verify", "print the report as one JSON line"),
                      ("produce", "print one JSON line with the ids and counts instead of text"))
 _COMPACT: Final = {"compact"}
@@ -186,6 +187,8 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
     _s("poll-interval", Duration(), "with --follow: how often to look for new ledgers", {"read"}, default=1000),
     _s("value-format", Choice(("text", "json")), _VALUE_FORMAT_HELP, {"read", "get"}, default="text"),
     _s("on-gap", Choice(("error", "skip", "compacted")), _GAP_HELP, {"read"}, default="error"),
+    _s("subscription", Text(), "read as this durable subscription: start where it last committed (a new one is "
+       "created at --start) and commit after the records printed (shale subscriptions)", {"read"}, metavar="NAME"),
     _s("max-batch-bytes", Size(1), "the most bytes of records, once decompressed, that one batch holds and that are "
        "decompressed at once (a bigger record goes alone; entries are read 8MiB at most at a time)",
        {"read", "export"}, default=16 << 20),
@@ -224,14 +227,21 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        default=0, policy=True, field="key_ttl_ms"),
     _s("rewrite", Switch(), "compact the whole topic again, every original ledger still kept and the compacted view, "
        "as when the order changes (reads every ledger; writes a new compacted view)", _COMPACT, default=False),
+    _s("subscription-expiry", Duration(), "a subscription that has not committed for this long holds nothing back "
+       "(neither tombstones nor ledgers) until it commits again", _COMPACT, default=7 * 24 * 3_600_000,
+       policy=True, field="subscription_expiry_ms"),
+    _s("max-tombstone-hold", Duration(), "drop a tombstone past the delete retention that has been kept this long "
+       "whatever the subscriptions that have yet to read it (0: subscriptions hold no tombstone back)", _COMPACT,
+       default=30 * 24 * 3_600_000, policy=True, field="max_tombstone_hold_ms"),
     _s("retention", Duration(), "after each publish, remove ledgers wholly below the horizon and older than this",
        set(), policy=True, field="retention_ms"),
     _s("retention-bytes", Size(), "after each publish, remove the oldest ledgers below the horizon beyond this many "
        "bytes", set(), policy=True),
     _s("dry-run", Switch(), "plan and run pass one only; report what would be written; publish nothing",
-       {"compact", "gc", "truncate"}, default=False,
+       {"compact", "gc", "truncate", "subscriptions"}, default=False,
        help_for=(("gc", "list what would be deleted, delete nothing"),
-                 ("truncate", "say what would be removed; remove nothing"))),
+                 ("truncate", "say what would be removed; remove nothing"),
+                 ("subscriptions", "say what --create, --delete or --reset would do; change nothing"))),
     _s("gc-grace", Duration(), "delete a retired compacted ledger only after this long", {"compact", "gc"},
        default=5 * 60_000, field="gc_grace_ms", aliases=("--grace",),
        help_for=(("gc", "delete retired compacted ledgers only after this long (--grace is its former name)"),)),
@@ -282,8 +292,20 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        {"truncate"}, group="rule", required=True),
     _s("allow-uncompacted", Switch(), "also remove ledgers with records above the horizon, which no compaction has "
        "kept: those records are lost (the report says how many)", {"truncate"}, default=False),
+    _s("allow-unread", Switch(), "also remove ledgers an active subscription has not read yet: it meets a gap "
+       "(shale read --on-gap)", {"truncate"}, default=False),
     _s("scrub", Switch(), "first read every frame of every ledger and compacted part, superseded ones included, and "
        "check it (exit 4 naming every damaged object)", {"verify"}, default=False),
+    # ---------------------------------------------------------------- subscriptions
+    _s("create", Text(), "create the subscription NAME (at --to, default earliest)", {"subscriptions"},
+       group="action", env=False, metavar="NAME"),
+    _s("delete", Text(), "delete the subscription NAME: it holds nothing back any more", {"subscriptions"},
+       group="action", env=False, metavar="NAME"),
+    _s("reset", Text(), "move the subscription NAME to --to (like kafka-consumer-groups --reset-offsets)",
+       {"subscriptions"}, group="action", env=False, metavar="NAME"),
+    _s("to", Text(), "where --create or --reset puts it: earliest (the compacted view's start), latest (past the "
+       "last record), a message id, or a time (ISO 8601, UTC unless it names a zone: the first record published "
+       "then or later)", {"subscriptions"}, env=False, metavar="earliest|latest|ID|TIME"),
     # -------------------------------------------------------------- config, dictionary
     _s("set", Text(), "set a policy setting, e.g. delete-retention=7d (repeatable)", {"config"}, many=True,
        metavar="NAME=VALUE"),

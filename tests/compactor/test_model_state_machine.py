@@ -44,6 +44,7 @@ from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.record import Message, Record, encode_record
 from shale.metadata.dictionaries import register_dictionary
 from shale.metadata.state import CompactionState
+from shale.metadata.subscriptions import Subscriptions
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TableView, TopicReader
@@ -53,6 +54,7 @@ LONG = os.environ.get("SHALE_LONG_TESTS") == "1"
 SECOND = 1_000
 MINUTE = 60 * SECOND
 HOUR = 60 * MINUTE
+DAY = 24 * HOUR
 ORPHAN_GRACE = 15 * MINUTE
 KEYS = (None, "a", "b", "c", "d", "e", "f")
 RETENTIONS = (0, HOUR, 24 * HOUR)
@@ -300,9 +302,8 @@ class ShaleModelMachine(RuleBasedStateMachine):
     def _would_expire(self, retention: int, now: int) -> bool:
         by_id = {r.id: r for r in self.visible}
         tombs = [i for i in self.kept if by_id[i].tombstone]
-        if retention == 0:
-            return bool(tombs)
-        return any(now - self.first_kept[i] >= retention for i in tombs)
+        return any(not self._held(i, fk, now) and (retention == 0 or now - fk >= retention)
+                   for i in tombs for fk in [self.first_kept.get(i, now)])
 
     def _apply_compaction(self, horizon: MessageId, now: int, retention: int, retain: bool) -> dict[str, int]:
         """The model of one run: previous survivors plus the new records up to ``horizon``."""
@@ -336,7 +337,8 @@ class ShaleModelMachine(RuleBasedStateMachine):
                 continue
             if r.tombstone:
                 fk = self.first_kept.get(r.id, now)
-                if retention == 0 or now - fk >= retention:
+                if (retention == 0 or now - fk >= retention) and not self._held(r.id, fk, now, note=True):
+                    self._tombstone_went(r.id, fk, now)
                     stats["tombstones_dropped"] += 1
                     continue
                 stats["tombstones_kept"] += 1
@@ -442,7 +444,8 @@ class ShaleModelMachine(RuleBasedStateMachine):
         objects = [(o.key, o.token) for o in store.list(loc.prefix)]
         before = self.meta.load_compaction()
         config = CompactionConfig(min_compaction_lag_ms=lag, delete_retention_ms=retention, retain_null_key=retain,
-                                  orphan_grace_ms=ORPHAN_GRACE, dry_run=True, order=self.order, key_ttl_ms=self.ttl)
+                                  orphan_grace_ms=ORPHAN_GRACE, dry_run=True, order=self.order, key_ttl_ms=self.ttl,
+                                  **self._subscription_config())
         summary = Compactor(self.uri, config, clock=self.clock).run()
         assert summary.status in ("dry-run", "nothing-to-do"), summary
         after = self.meta.load_compaction()
@@ -486,7 +489,7 @@ class ShaleModelMachine(RuleBasedStateMachine):
                                   max_map_bytes=3 * (24 if self.order == "offset" else 32) if small_map else 1 << 30,
                                   # survivors packed into small compressed entries
                                   compression=parse_compression(codec),
-                                  entry_bytes=1 << 10 if small_parts else 64 << 10)
+                                  entry_bytes=1 << 10 if small_parts else 64 << 10, **self._subscription_config())
         summary = Compactor(self.uri, config, clock=self.clock).run()
         state = self.meta.load_compaction()
         assert summary.status in ("compacted", "nothing-to-do"), summary
@@ -683,11 +686,139 @@ class ShaleModelMachine(RuleBasedStateMachine):
             # keyless records depend on the history of the setting: compare keyed ones only
             fresh = [c for c in fresh if c[0] is not None]
             ours = [c for c in ours if c[0] is not None]
-        if retention or self.retentions_used != {0}:
+        if retention or self.retentions_used != {0} or self.ever_subscribed:
             # tombstones depend on when they were first kept (checked against the model)
             fresh = [c for c in fresh if c[0] is None or c[1]]
             ours = [c for c in ours if c[0] is None or c[1]]
         assert ours == fresh, f"incremental {ours}\n from scratch {fresh}"
+
+    # ------------------------------------------------------- durable subscriptions
+    # A subscription holds the tombstones at or after its position past their retention
+    # while it is active (committed within the expiry), until they were kept max_hold; a
+    # consumer that reads as one and folds what it reads into a table ends with the table
+    # of the whole topic: it never misses a delete (checked in offset order without a TTL,
+    # where that table is the fold of every record).
+
+    @dataclass
+    class Sub:
+        """A subscription as the model knows it."""
+
+        position: MessageId = MIN_ID
+        committed_ms: int = 0  # as its document says (stamped by the committer's clock)
+        table: dict[bytes, bytes] = field(default_factory=dict)  # what its consumer folded from its reads
+        intact: bool = True  # read from the start, and never expired nor outlasted while a delete it needed went
+
+    @initialize(expiry=st.sampled_from([2 * DAY, 7 * DAY]), max_hold=st.sampled_from([0, 6 * HOUR, 30 * DAY]))
+    def choose_subscription_policy(self, expiry: int, max_hold: int) -> None:
+        """How long a subscription stays active without committing, and how long a held
+        tombstone may stay (0: subscriptions hold nothing back), for every run."""
+        self.sub_expiry, self.max_hold = expiry, max_hold
+        self.subs: dict[str, ShaleModelMachine.Sub] = {}
+        self.ever_subscribed = False
+
+    def _subscription_config(self) -> dict[str, Any]:
+        return {"subscription_expiry_ms": self.sub_expiry, "max_tombstone_hold_ms": self.max_hold}
+
+    def _active(self, s: ShaleModelMachine.Sub, now: int) -> bool:
+        return now - s.committed_ms < self.sub_expiry
+
+    def _held(self, tomb: MessageId, first_kept: int, now: int, note: bool = False) -> bool:
+        """Whether a run at ``now`` keeps this tombstone past its retention for a subscription."""
+        floor = min((s.position for s in self.subs.values() if self._active(s, now)), default=None)
+        held = bool(self.max_hold) and floor is not None and tomb >= floor and now - first_kept < self.max_hold
+        if note and held:
+            event("compact: a tombstone held past its retention for a subscription")
+        return held
+
+    def _tombstone_went(self, tomb: MessageId, first_kept: int, now: int) -> None:
+        """A tombstone went past its retention: never one an active subscription had yet to
+        read, unless it was kept max_hold; such a subscription no longer has the guarantee."""
+        for name, s in self.subs.items():
+            if s.position <= tomb:
+                excused = not self._active(s, now) or not self.max_hold or now - first_kept >= self.max_hold
+                assert excused, f"subscription {name} at {s.position} was active and had yet to read {tomb}"
+                s.intact = False
+
+    def _committed(self, name: str) -> int:
+        return Subscriptions(self.meta).get(name).committed_ms
+
+    @rule(name=st.sampled_from(["app", "ops"]), limit=st.one_of(st.none(), st.integers(0, 8)),
+          compacted=st.booleans())
+    def read_as_subscription(self, name: str, limit: int | None, compacted: bool) -> None:
+        """A consumer reads on from where its subscription last committed (from the start
+        when new), plain or compacted, folds what it reads and commits."""
+        s = self.subs.setdefault(name, self.Sub())
+        with TopicReader(self.uri, subscription=name, read_compacted=compacted) as r:
+            got = r.read(limit)
+            committed = r.commit()
+        want = (self._expected(self.horizon, self.kept, s.position) if compacted
+                else [x for x in self.visible if x.id >= s.position])  # type: ignore[operator]
+        self._compare(got, want[:limit] if limit is not None else want, f"subscription {name} from {s.position}")
+        # the position committed is past the last record read, and not past the next one
+        assert not got or committed > got[-1].id, (committed, got[-1].id)
+        assert len(got) == len(want) or committed <= want[len(got)].id, (committed, want[len(got)])  # type: ignore[operator]
+        s.position, s.committed_ms = committed, self._committed(name)
+        for m in got:
+            if m.key is not None:
+                if m.value:
+                    s.table[m.key] = m.value
+                else:
+                    s.table.pop(m.key, None)
+        self.ever_subscribed = True
+        event(f"subscription: read{' to the end' if limit is None else ''}{' (compacted)' if compacted else ''}")
+        if limit is None and s.intact and self.order == "offset" and not self.ttl:
+            event("subscription: the guarantee checked")
+            assert s.table == self._table_of(self.visible, self.clock.ms), "a subscriber missed a delete or a value"
+
+    @rule(name=st.sampled_from(["app", "ops"]), compacted=st.booleans(),
+          records=st.lists(record_strategy, max_size=5), deletes=st.sets(st.sampled_from(KEYS[1:]), min_size=1),
+          retention=st.sampled_from(RETENTIONS), seconds=st.sampled_from([HOUR // SECOND + 1, DAY // SECOND + 1]))
+    def pause_across_deletes(self, name: str, compacted: bool, records: list[tuple[Any, ...]], deletes: set[str],
+                             retention: int, seconds: int) -> None:
+        """A subscriber reads to the end and pauses; keys are deleted, compacted, and
+        compacted again past the delete retention; the subscriber reads on."""
+        self.read_as_subscription(name, None, compacted)
+        deleting = [(key, None, {}, None, None) for key in sorted(deletes)]
+        self.produce(0, 2, 5, 64 << 20, [*records, *deleting], False, True, "zstd")
+        self._compact(0, retention, False, False, 0, False, False)
+        self.clock.s += seconds
+        self._compact(0, retention, False, False, 0, False, False)
+        self.read_as_subscription(name, None, compacted)
+
+    @precondition(lambda self: bool(self.subs))
+    @rule(data=st.data(), to=st.sampled_from(["earliest", "latest", "same"]))
+    def reset_subscription(self, data: st.DataObject, to: str) -> None:
+        """An operator moves a subscription (``same``: where it is, which counts as a
+        commit, as a consumer alive but stuck would do, at the machine's clock)."""
+        name = data.draw(st.sampled_from(sorted(self.subs)), label="subscription")
+        s = self.subs[name]
+        subs = Subscriptions(self.meta)
+        if to == "same":
+            s.committed_ms = subs.commit(subs.get(name), s.position, now_ms=self.clock.ms).committed_ms
+            return
+        position = MIN_ID if to == "earliest" else MessageId(self.meta.load_topic().last_ledger_id + 1, 0, 0)
+        _, after = subs.reset(name, position, now_ms=self.clock.ms)
+        assert after.position == position
+        s.position, s.committed_ms = position, after.committed_ms
+        # from the start, its consumer rebuilds its table; past the end, it skipped records
+        s.table, s.intact = ({}, True) if to == "earliest" else (s.table, False)
+
+    @precondition(lambda self: bool(self.subs))
+    @rule(data=st.data())
+    def delete_subscription(self, data: st.DataObject) -> None:
+        name = data.draw(st.sampled_from(sorted(self.subs)), label="subscription")
+        Subscriptions(self.meta).delete(name)
+        del self.subs[name]
+
+    @precondition(lambda self: bool(self.subs))
+    @rule(data=st.data(), delta=st.sampled_from([-1, 0, 1]))
+    def advance_to_subscription_expiry(self, data: st.DataObject, delta: int) -> None:
+        """Move the clock to just before, at or just after a subscription expires."""
+        s = self.subs[data.draw(st.sampled_from(sorted(self.subs)), label="subscription")]
+        target_s = (s.committed_ms + self.sub_expiry) // SECOND + delta
+        if target_s > self.clock.s:
+            event("clock: to a subscription's expiry")
+            self.clock.s = target_s
 
     # --------------------------------------------------------------- invariants
 

@@ -1,0 +1,153 @@
+"""A reader's durable subscription: where it starts, and committing where it stands.
+
+:class:`~shale.reader.TopicReader` given ``subscription="name"`` opens the topic's
+subscription of that name (:mod:`shale.metadata.subscriptions`), creating it at the
+reader's ``start`` when there is none, and starts at its committed position.  Its
+``commit()`` writes the position after the last record it returned, with
+compare-and-swap over what this reader last read or wrote: a reset, or another reader of
+the same subscription, makes the commit fail rather than be undone.
+
+With ``auto_commit`` the reader commits by itself what it has handed out once it is asked
+for more (at-least-once, as Kafka's auto commit): at the next ``read()``, as an iteration
+or a batch reader moves on to the next ledger or part and when it reaches the end of what
+there is (before a follower waits), and on ``close()`` — not when a ``with`` block ends
+with an error, since what was handed out may not have been handled.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Final, Literal, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from shale.ledger.errors import InvalidInputError
+from shale.ledger.ids import MIN_ID, MessageId
+from shale.ledger.reader import LedgerFile
+from shale.ledger.record import Message
+from shale.metadata.subscriptions import Subscription, Subscriptions, check_name, expiry_of
+from shale.metadata.topic import TopicMetadata
+
+__all__ = ["Subscriber", "Subscribing"]
+
+_T = TypeVar("_T")
+Gone = npt.NDArray[np.bool_] | None
+_Start = MessageId | Literal["earliest", "latest"]
+
+#: A reader whose position has not moved still commits it this often, so that a follower
+#: with nothing new to read stays active.
+REFRESH_MS: Final = 3_600_000
+
+
+class Subscriber:
+    """The subscription ``name`` of the topic ``meta`` describes, as one reader uses it."""
+
+    def __init__(self, meta: TopicMetadata, name: str, start: _Start, auto: bool,
+                 handed_out: Callable[[], MessageId]) -> None:
+        self.subscriptions = Subscriptions(meta)
+        #: commit by itself what the reader handed out, as it is asked for more
+        self.auto = auto
+        #: the position after the last record the reader returned
+        self.handed_out = handed_out
+        sub = self.subscriptions.load(check_name(name))
+        if sub is None:
+            sub = self._create(meta, name, start)
+        self.subscription: Subscription = sub
+        now = int(time.time() * 1000)
+        #: it had not committed within the topic's ``subscription-expiry`` when opened: it held
+        #: nothing back meanwhile, so deletes may have been missed
+        self.expired = not sub.active(now, expiry_of(meta.load_policy()))
+
+    def _create(self, meta: TopicMetadata, name: str, start: _Start) -> Subscription:
+        if isinstance(start, MessageId):
+            position = start
+        elif start == "latest":
+            position = MessageId(meta.load_topic().last_ledger_id + 1, 0, 0)
+        else:
+            position = MIN_ID
+        try:
+            return self.subscriptions.create(name, position)
+        except InvalidInputError:
+            # created by another reader meanwhile: take theirs
+            again = self.subscriptions.load(name)
+            if again is None:
+                raise
+            return again
+
+    @property
+    def name(self) -> str:
+        return self.subscription.name
+
+    @property
+    def start(self) -> MessageId | Literal["earliest"]:
+        """Where the reader starts: ``earliest`` for a subscription still at ``0:0:0``
+        (so that a plain reader starts at the oldest record left, without a gap), else
+        its committed position."""
+        position = self.subscription.position
+        return "earliest" if position == MIN_ID else position
+
+    def commit(self, position: MessageId | None = None) -> MessageId:
+        """Commit ``position``, by default the one after the last record the reader
+        returned; returns it."""
+        position = self.handed_out() if position is None else position
+        self.subscription = self.subscriptions.commit(self.subscription, position)
+        return position
+
+    def tick(self) -> None:
+        """With ``auto``, commit if there is anything to commit: a new position, or the
+        same one not written for :data:`REFRESH_MS`."""
+        sub = self.subscription
+        if self.auto and (self.handed_out() != sub.position
+                          or int(time.time() * 1000) - sub.committed_ms >= REFRESH_MS):
+            self.commit()
+
+    def committing(self, read: Callable[[LedgerFile, int, Gone], Iterator[_T]]
+                   ) -> Callable[[LedgerFile, int, Gone], Iterator[_T]]:
+        """``read`` (of one ledger or part, from a record on), committing with ``auto``
+        what was handed out before it begins."""
+        if not self.auto:
+            return read
+
+        def committing(f: LedgerFile, start: int, gone: Gone) -> Iterator[_T]:
+            self.tick()
+            yield from read(f, start, gone)
+        return committing
+
+
+class Subscribing:
+    """What :class:`~shale.reader.TopicReader` does as a durable subscription's reader
+    (its ``subscription`` and ``auto_commit``)."""
+
+    #: the durable subscription it reads as, if any
+    subscriber: Subscriber | None
+    _pending: Message | None
+    _next: MessageId
+
+    def _subscribe(self, meta: TopicMetadata, name: str | None, start: _Start,
+                   auto_commit: bool) -> _Start:
+        """Open the subscription ``name`` (created at ``start`` when new), if any; where
+        the reader starts."""
+        self.subscriber = None
+        if name is None:
+            if auto_commit:
+                raise InvalidInputError("auto_commit needs a subscription (TopicReader(..., subscription=NAME))")
+            return start
+        self.subscriber = Subscriber(meta, name, start, auto_commit, self._handed_out)
+        return self.subscriber.start
+
+    def commit(self, position: MessageId | None = None) -> MessageId:
+        """Commit to the reader's subscription the position after the last message
+        returned (or ``position``: the id of one returned but not handled), and return it."""
+        if self.subscriber is None:
+            raise InvalidInputError("this reader reads as no subscription (TopicReader(..., subscription=NAME))")
+        return self.subscriber.commit(position)
+
+    def _handed_out(self) -> MessageId:
+        """The position after the last message returned (a message looked at but not taken is not)."""
+        return self._pending.id if self._pending is not None else self._next
+
+    def _tick(self) -> None:
+        if self.subscriber is not None:
+            self.subscriber.tick()
