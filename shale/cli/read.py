@@ -8,12 +8,16 @@ import base64
 import itertools
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from shale.cli.app import Streams
 from shale.cli.errors import EXIT_NOT_FOUND
 from shale.cli.output import emit
 from shale.ledger.errors import InvalidInputError
 from shale.settings.kinds import shown
+
+if TYPE_CHECKING:
+    from shale.metadata.snapshots import AsOf
 
 __all__ = ["run_export", "run_get", "run_read"]
 
@@ -38,7 +42,7 @@ def _read_table(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> None
 
     # footers first, then only the table's records: memory follows records, not values
     meta = TopicMetadata.open(args.topic, args.metadata)
-    for m in itertools.islice(table_messages(meta, chunk_bytes=chunk_bytes), args.limit):
+    for m in itertools.islice(table_messages(meta, chunk_bytes=chunk_bytes, as_of=_as_of(args)), args.limit):
         text = message_line(m, args.value_format)
         del m  # (a big value goes before its line is written)
         io.out.write(text)
@@ -60,7 +64,7 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
 
     with TopicReader(args.topic, metadata_uri=args.metadata, read_compacted=args.compacted, start=start,
                      follow=args.follow, poll_interval=args.poll_interval / 1000, on_gap=args.on_gap,
-                     gap_listener=gone_past, chunk_bytes=chunk_bytes) as r:
+                     gap_listener=gone_past, chunk_bytes=chunk_bytes, as_of=_as_of(args)) as r:
         try:
             # islice stops at the limit before asking for one more (a follower would wait for it)
             for m in itertools.islice(r, args.limit):
@@ -74,6 +78,18 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
         except GapError:
             io.out.flush()  # every record read before the gap is out before the error line
             raise
+
+
+def _as_of(args: argparse.Namespace) -> AsOf | None:
+    """``--as-of EPOCH|TIME``, parsed (None when not given)."""
+    from shale.metadata.snapshots import parse_as_of
+
+    if args.as_of is None:
+        return None
+    try:
+        return parse_as_of(args.as_of)
+    except InvalidInputError as e:
+        raise InvalidInputError(f"--as-of: {e}") from None
 
 
 def run_get(args: argparse.Namespace, io: Streams) -> int:
