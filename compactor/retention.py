@@ -150,8 +150,9 @@ def truncate(meta: TopicMetadata, before_ledger: int, *, allow_uncompacted: bool
     only plan.
 
     The horizon only moves up, so a plan that found every removed record compacted stays
-    true until the removal lands (a rollback lowers it only to a retained snapshot's,
-    which the plan held to as well)."""
+    true until the removal lands: a rollback lowers it only to a retained snapshot's
+    horizon, which the plan held to as well, unless the plan drops that snapshot — and the
+    drop is refused once a rollback has lowered the horizon."""
     plan = plan_truncation(meta, before_ledger)
     if plan.records_lost and not allow_uncompacted:
         h = f"the horizon {plan.horizon}" if plan.horizon else "no compaction yet"
@@ -171,7 +172,7 @@ def truncate(meta: TopicMetadata, before_ledger: int, *, allow_uncompacted: bool
     if plan.snapshots:
         from shale.compactor.snapshots import drop_snapshots as drop
 
-        drop(meta, plan.snapshots)
+        drop(meta, plan.snapshots, horizon=plan.horizon)
     state, removed = meta.truncate(before_ledger)
     done = plan_of_removed(plan, tuple(removed))
     return dataclasses.replace(done, generation=state.generation, ledgers_left=len(state.ledgers),

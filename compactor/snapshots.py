@@ -39,6 +39,7 @@ from shale.metadata.snapshots import retained_text
 from shale.metadata.state import CompactedPart, CompactionState, RetiredSet, Snapshot, TopicState
 from shale.metadata.topic import COMPACTION_DOC, TopicMetadata
 from shale.metadata.view import TopicView
+from shale.settings import SETTINGS
 
 __all__ = ["RollbackResult", "drop_snapshots", "kept_snapshots", "rollback", "succeed"]
 
@@ -80,12 +81,19 @@ def succeed(prev: CompactionState, new: CompactionState, *, retired_ms: int, kee
     return replace(new, retired=(*prev.retired, RetiredSet(named, retired_ms, prev.epoch)))
 
 
-def drop_snapshots(meta: TopicMetadata, epochs: tuple[int, ...], *, now_ms: int | None = None) -> CompactionState:
+def drop_snapshots(meta: TopicMetadata, epochs: tuple[int, ...], *, now_ms: int | None = None,
+                   horizon: MessageId | None = None) -> CompactionState:
     """Drop the retained snapshots of ``epochs`` (one compare-and-swap, read again on a
-    conflict), retiring what no view left names (stamped ``now_ms``, the store's clock)."""
+    conflict), retiring what no view left names (stamped ``now_ms``, the store's clock).
+    ``horizon``: the published horizon the caller planned with; a view published since
+    below it (a rollback) is refused, since the plan no longer holds."""
     stamp = meta.now_ms() if now_ms is None else now_ms
 
     def dropped(state: CompactionState) -> CompactionState | None:
+        if horizon is not None and (state.horizon is None or state.horizon < horizon):
+            raise InvalidInputError(f"{meta.uri}: the compacted view was rolled back to horizon {state.horizon} "
+                                    f"while the truncation was planned against {horizon}; nothing was removed: "
+                                    "plan it again")
         kept = tuple(s for s in state.snapshots if s.epoch not in epochs)
         if len(kept) == len(state.snapshots):
             return None
@@ -171,11 +179,13 @@ def _note(meta: TopicMetadata, order: TopicOrder) -> str:
     return ""
 
 
-def rollback(meta: TopicMetadata, to_epoch: int, *, keep: int = 1, keep_age_ms: int = 0, dry_run: bool = False,
-             clock: Callable[[], float] | None = None, store_now_ms: int | None = None) -> RollbackResult:
+def rollback(meta: TopicMetadata, to_epoch: int, *, keep: int | None = None, keep_age_ms: int | None = None,
+             dry_run: bool = False, clock: Callable[[], float] | None = None,
+             store_now_ms: int | None = None) -> RollbackResult:
     """Publish the view of the retained epoch ``to_epoch`` again, as the epoch after the
     published one (which becomes a snapshot under ``keep`` and ``keep_age_ms``, as a
-    compaction's would).  Refused (:class:`~shale.ledger.errors.SnapshotNotFoundError`,
+    compaction's would; by default the topic's ``snapshot-retention`` and
+    ``snapshot-retention-age`` policies, else theirs).  Refused (:class:`~shale.ledger.errors.SnapshotNotFoundError`,
     :class:`~shale.ledger.errors.InvalidInputError`) for an epoch not retained, the
     published one, or one whose records above its horizon retention removed; a
     :class:`~shale.ledger.errors.ConflictError` when another epoch is published first.
@@ -191,6 +201,7 @@ def rollback(meta: TopicMetadata, to_epoch: int, *, keep: int = 1, keep_age_ms: 
                                     "the snapshot-retention policy says how many are kept)")
     now_ms = int((clock or time.time)() * 1000)
     retired_ms = meta.now_ms() if store_now_ms is None else store_now_ms
+    keep, keep_age_ms = _retention(meta, keep, keep_age_ms)
     current = planned
     for _ in range(_ATTEMPTS):
         new = _attempt(meta, current, from_epoch, to_epoch, now_ms, retired_ms, keep, keep_age_ms)
@@ -203,6 +214,18 @@ def rollback(meta: TopicMetadata, to_epoch: int, *, keep: int = 1, keep_age_ms: 
         current = meta.load_compaction()
     raise ConflictError(f"{meta.uri}: the compaction state kept changing; the rollback gave up after {_ATTEMPTS} "
                         "attempts (nothing was rolled back)")
+
+
+def _retention(meta: TopicMetadata, keep: int | None, keep_age_ms: int | None) -> tuple[int, int]:
+    """``keep`` and ``keep_age_ms``, or the topic's policies for those not given, else the defaults."""
+    if keep is not None and keep_age_ms is not None:
+        return keep, keep_age_ms
+    policy = meta.load_policy()
+    if keep is None:
+        keep = policy.get("snapshot_retention") or SETTINGS["snapshot-retention"].default
+    if keep_age_ms is None:
+        keep_age_ms = policy.get("snapshot_retention_age_ms") or SETTINGS["snapshot-retention-age"].default
+    return keep, keep_age_ms
 
 
 def _attempt(meta: TopicMetadata, current: CompactionState, from_epoch: int, to_epoch: int, now_ms: int,

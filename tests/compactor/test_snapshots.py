@@ -357,3 +357,18 @@ def test_a_rollback_that_planned_before_a_compaction_loses_its_race(disk_topic_u
     assert (state.epoch, state.horizon, state.retained_epochs) == (3, e.views[3].horizon, (1, 2, 3))
     for kept in (1, 2, 3):
         e.check(kept)
+
+
+def test_a_rollback_keeps_as_the_policy_says_and_a_truncation_planned_before_it_drops_nothing(tmp_path: Any) -> None:
+    from shale.compactor.snapshots import drop_snapshots
+
+    e = Epochs(str(tmp_path / "t"), CompactionConfig(snapshot_retention=3, delete_retention_ms=0))
+    for seed in range(3):
+        e.compact(seed)
+    planned = e.meta.load_compaction()
+    e.meta.update_policy({"snapshot_retention": 3})
+    assert rollback(e.meta, 1).snapshots == (2, 3)  # the policy's retention, not the default
+    # a truncation planned against epoch 3's horizon must not drop snapshots now: the view went down
+    with pytest.raises(InvalidInputError, match="rolled back to horizon .* nothing was removed"):
+        drop_snapshots(e.meta, (2,), horizon=planned.horizon)
+    assert e.meta.load_compaction().retained_epochs == (2, 3, 4)
