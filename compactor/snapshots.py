@@ -184,8 +184,9 @@ def rollback(meta: TopicMetadata, to_epoch: int, *, keep: int | None = None, kee
              store_now_ms: int | None = None) -> RollbackResult:
     """Publish the view of the retained epoch ``to_epoch`` again, as the epoch after the
     published one (which becomes a snapshot under ``keep`` and ``keep_age_ms``, as a
-    compaction's would; by default the topic's ``snapshot-retention`` and
-    ``snapshot-retention-age`` policies, else theirs).  Refused (:class:`~shale.ledger.errors.SnapshotNotFoundError`,
+    compaction's would; when not given, the topic's ``snapshot-retention`` and
+    ``snapshot-retention-age`` policies, else their defaults).  Refused
+    (:class:`~shale.ledger.errors.SnapshotNotFoundError`,
     :class:`~shale.ledger.errors.InvalidInputError`) for an epoch not retained, the
     published one, or one whose records above its horizon retention removed; a
     :class:`~shale.ledger.errors.ConflictError` when another epoch is published first.
