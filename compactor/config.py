@@ -76,6 +76,9 @@ class CompactionConfig:
       this are dropped (0: never).
     * ``rewrite`` — compact every original ledger still kept again, with the compacted
       view, as a first run would (needed to change the order of a compacted view).
+    * ``snapshot_retention`` / ``snapshot_retention_age_ms`` — how many published views
+      stay readable, the new one included (1: only it), and for how long a view replaced
+      stays readable whatever their count (0: not by age): :mod:`shale.compactor.snapshots`.
     """
 
     min_compaction_lag_ms: int = SETTINGS["min-compaction-lag"].default
@@ -103,6 +106,8 @@ class CompactionConfig:
     order: str = SETTINGS["order"].default
     key_ttl_ms: int = SETTINGS["key-ttl"].default
     rewrite: bool = False
+    snapshot_retention: int = SETTINGS["snapshot-retention"].default
+    snapshot_retention_age_ms: int = SETTINGS["snapshot-retention-age"].default
 
     def __post_init__(self) -> None:
         # the settings a command line gives are checked as their flags are

@@ -25,6 +25,7 @@ from shale.compactor.gc import collect_garbage
 from shale.compactor.hold import subscription_hold, tombstones_drop, with_hold
 from shale.compactor.pass_two import PassTwoResult
 from shale.compactor.plan import Plan, make_plan, open_slice
+from shale.compactor.snapshots import succeed
 from shale.compactor.summary import RunStatus, RunSummary
 from shale.ledger.errors import (
     ConflictError,
@@ -39,7 +40,7 @@ from shale.ledger.ordering import decoded_times
 from shale.metadata.dictionaries import resolve_compression
 from shale.metadata.layout import COMPACTED_DIR, HEARTBEAT_NAME
 from shale.metadata.requirements import AssertEpoch, AssertTopicGeneration, RequirementFailedError
-from shale.metadata.state import CompactionState, RetiredSet
+from shale.metadata.state import CompactionState
 from shale.metadata.topic import TopicMetadata
 from shale.settings.units import count
 from shale.storage import StorageOptions
@@ -363,14 +364,6 @@ class Compactor:
         retired_ms = self._store_now_ms()
         now_ms = self._now_ms()
         prev = plan.previous
-        retired = prev.retired
-        # What the previous state published and the new one no longer names: parts that
-        # were copied or emptied, deletion vectors that were replaced.
-        kept = {p.object for p in out.parts} | {p.deletions for p in out.parts if p.deletions}
-        gone = [p.object for p in prev.parts if p.object not in kept]
-        gone += [p.deletions for p in prev.parts if p.deletions and p.deletions not in kept]
-        if gone:
-            retired = (*retired, RetiredSet(tuple(dict.fromkeys(gone)), retired_ms, prev.epoch))
         last_run = {k: v for k, v in summary.to_json().items()
                     if k in ("records_read", "records_written", "records_reused", "deferred_records",
                              "bytes_read", "bytes_written",
@@ -378,11 +371,15 @@ class Compactor:
         last_run["config"] = self.config.to_json()
         if self.config.key_ttl_ms:
             last_run["decided_ms"] = decided_ms  # the "now" keys were aged at (verify ages them alike)
-        return CompactionState(
+        new = CompactionState(
             epoch=epoch, horizon=plan.horizon, compacted_ledger=run_id, parts=tuple(out.parts),
-            retired=retired, keys=survivors.keys, tombstones=survivors.tombstones_kept,
+            keys=survivors.keys, tombstones=survivors.tombstones_kept,
             compacted_ms=now_ms, last_run=last_run,
             topic_generation=max(prev.topic_generation, plan.topic.generation), order=self.config.topic_order)
+        # The previous view becomes a snapshot if the retention keeps it; what no view kept
+        # names any more (parts copied or emptied, deletion vectors replaced) is retired.
+        return succeed(prev, new, retired_ms=retired_ms, keep=self.config.snapshot_retention,
+                       keep_age_ms=self.config.snapshot_retention_age_ms)
 
     def _remove(self, run_dir: str, written: list[str]) -> None:
         # Everything a run writes lies under its own folder, whoever wrote it (Spark

@@ -9,6 +9,10 @@ takes ``allow_uncompacted``, and the plan says how many records it costs.
 Nor does retention remove a ledger an active subscription has yet to read
 (:mod:`shale.metadata.subscriptions`): one with records at or after its position.  That
 takes ``allow_unread``; the subscription then meets a gap (``shale read --on-gap``).
+
+A retained snapshot (``snapshot-retention``) is read, and rolled back to, with the
+ledgers above its own horizon: retention keeps them while it is retained.  Removing them
+takes ``drop_snapshots``, which drops the snapshots that need them first.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any
 from shale.ledger.errors import InvalidInputError
 from shale.ledger.ids import MessageId
 from shale.ledger.reader import LedgerFile
-from shale.metadata.state import LedgerInfo
+from shale.metadata.state import CompactionState, LedgerInfo
 from shale.metadata.subscriptions import Subscription, Subscriptions, expiry_of
 from shale.metadata.topic import TopicMetadata
 from shale.metadata.view import wholly_below
@@ -52,6 +56,8 @@ class TruncationPlan:
     rule: str = ""
     #: the active subscriptions that have yet to read some of the removed ledgers
     unread_by: tuple[str, ...] = ()
+    #: epochs of retained snapshots with records above their horizons in removed ledgers
+    snapshots: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"topic": self.topic, "dry_run": self.dry_run, "before_ledger": self.before_ledger,
@@ -59,7 +65,8 @@ class TruncationPlan:
                 "removed": [lg.id for lg in self.removed], "records_removed": sum(lg.records for lg in self.removed),
                 "bytes_removed": sum(lg.bytes for lg in self.removed), "uncompacted": list(self.uncompacted),
                 "records_lost": self.records_lost, "generation": self.generation, "ledgers": self.ledgers_left,
-                "unread_by": list(self.unread_by)}
+                "unread_by": list(self.unread_by),
+                "snapshots_dropped": list(self.snapshots)}
 
     def human(self) -> str:
         if not self.removed:
@@ -76,6 +83,9 @@ class TruncationPlan:
             text += f"; {self.records_lost:,} of them above the horizon, never compacted"
         if self.unread_by:
             text += f"; unread by subscription{'s' if len(self.unread_by) > 1 else ''} {', '.join(self.unread_by)}"
+        if self.snapshots:
+            verb = "would drop" if self.dry_run else "dropped"
+            text += f"; {verb} the retained snapshots of epoch {', '.join(map(str, self.snapshots))}"
         return text
 
     def by_rule(self, rule: str) -> TruncationPlan:
@@ -113,8 +123,18 @@ def plan_truncation(meta: TopicMetadata, before_ledger: int) -> TruncationPlan:
         if above:
             uncompacted.append(lg.id)
             lost += above
+    held = tuple(s.epoch for s in state.snapshots if any(_records_above(meta, lg, s.horizon) for lg in removed))
     return TruncationPlan(meta.uri, before_ledger, horizon, removed, tuple(uncompacted), lost,
-                          unread_by=_unread_by(removed, _active(meta)) if removed else ())
+                          unread_by=_unread_by(removed, _active(meta)) if removed else (), snapshots=held)
+
+
+def _snapshot_floor(state: CompactionState) -> tuple[bool, MessageId | None]:
+    """Whether retained snapshots hold ledgers back, and the lowest of their horizons
+    (records above it are read as of one of them)."""
+    horizons = [s.horizon for s in state.snapshots]
+    if not horizons:
+        return False, None
+    return True, None if any(h is None for h in horizons) else min(h for h in horizons if h is not None)
 
 
 def _records_above(meta: TopicMetadata, lg: LedgerInfo, horizon: MessageId | None) -> int:
@@ -128,23 +148,29 @@ def _records_above(meta: TopicMetadata, lg: LedgerInfo, horizon: MessageId | Non
 
 
 def retention_cut(meta: TopicMetadata, *, older_than_ms: int | None = None, keep_bytes: int | None = None,
-                  allow_uncompacted: bool = False, allow_unread: bool = False, now_ms: int | None = None) -> int:
+                  allow_uncompacted: bool = False, allow_unread: bool = False, now_ms: int | None = None,
+                  drop_snapshots: bool = False) -> int:
     """The ``before_ledger`` that removes the oldest ledgers a retention rule lets go
     (Kafka's ``retention.ms`` and ``retention.bytes``): those whose last record is older
     than ``older_than_ms``, or beyond the newest ``keep_bytes`` of ledgers.  It stops at
     the first ledger with records above the horizon unless ``allow_uncompacted``, and at
-    the first one an active subscription has yet to read unless ``allow_unread``."""
+    the first one an active subscription has yet to read unless ``allow_unread``, and at the
+    first with records above a retained snapshot's horizon unless ``drop_snapshots``."""
     if (older_than_ms is None) == (keep_bytes is None):
         raise InvalidInputError("give one retention rule: --older-than DURATION or --keep-bytes SIZE")
     topic, state = meta.load_topic(), meta.load_compaction()
     now = meta.now_ms() if now_ms is None else now_ms
     left = topic.bytes
     cut = topic.ledgers[0].id if topic.ledgers else topic.last_ledger_id + 1
-    floor = None if allow_unread or not topic.ledgers else min((s.position for s in _active(meta)), default=None)
+    unread_from = None if allow_unread or not topic.ledgers else min((s.position for s in _active(meta)),
+                                                                     default=None)
+    held, floor = _snapshot_floor(state)
     for lg in topic.ledgers:
         expired = (now - lg.last_publish > older_than_ms) if older_than_ms is not None else left > (keep_bytes or 0)
         if not expired or (not allow_uncompacted and _records_above(meta, lg, state.horizon)) \
-                or (floor is not None and not wholly_below(lg, floor)):
+                or (unread_from is not None and not wholly_below(lg, unread_from)):
+            break
+        if held and not drop_snapshots and _records_above(meta, lg, floor):
             break
         left -= lg.bytes
         cut = lg.id + 1
@@ -152,13 +178,16 @@ def retention_cut(meta: TopicMetadata, *, older_than_ms: int | None = None, keep
 
 
 def truncate(meta: TopicMetadata, before_ledger: int, *, allow_uncompacted: bool = False, allow_unread: bool = False,
-             dry_run: bool = False) -> TruncationPlan:
+             dry_run: bool = False, drop_snapshots: bool = False) -> TruncationPlan:
     """Remove the ledgers below ``before_ledger``; refuse, unless ``allow_uncompacted``,
-    when that removes records above the compaction horizon, and unless ``allow_unread``,
-    records an active subscription has yet to read.  With ``dry_run`` only plan.
+    when that removes records above the compaction horizon, unless ``allow_unread``,
+    records an active subscription has yet to read, and unless ``drop_snapshots`` (which
+    then drops them first) records above a retained snapshot's.  With ``dry_run`` only plan.
 
     The horizon only moves up, so a plan that found every removed record compacted stays
-    true until the removal lands."""
+    true until the removal lands: a rollback lowers it only to a retained snapshot's
+    horizon, which the plan held to as well, unless the plan drops that snapshot — and the
+    drop is refused once a rollback has lowered the horizon."""
     plan = plan_truncation(meta, before_ledger)
     if plan.records_lost and not allow_uncompacted:
         h = f"the horizon {plan.horizon}" if plan.horizon else "no compaction yet"
@@ -173,12 +202,22 @@ def truncate(meta: TopicMetadata, before_ledger: int, *, allow_uncompacted: bool
             f"{'s' if len(plan.unread_by) > 1 else ''} {', '.join(map(repr, plan.unread_by))} "
             f"{'have' if len(plan.unread_by) > 1 else 'has'} yet to read (shale subscriptions {meta.uri}): let "
             "them catch up, delete or reset them, or pass --allow-unread")
+    if plan.snapshots and not drop_snapshots:
+        raise InvalidInputError(
+            f"{meta.uri}: removing the ledgers below {before_ledger} would remove records above the horizon of the "
+            f"retained snapshot{'s' if len(plan.snapshots) > 1 else ''} of epoch {', '.join(map(str, plan.snapshots))}"
+            ", which reads as of them and rollbacks to them need: pass --drop-snapshots to drop them, or wait until "
+            "newer compactions replace them (snapshot-retention)")
     if dry_run:
         return dataclasses.replace(plan, dry_run=True)
+    if plan.snapshots:
+        from shale.compactor.snapshots import drop_snapshots as drop
+
+        drop(meta, plan.snapshots, horizon=plan.horizon)
     state, removed = meta.truncate(before_ledger)
     done = plan_of_removed(plan, tuple(removed))
     return dataclasses.replace(done, generation=state.generation, ledgers_left=len(state.ledgers),
-                               unread_by=plan.unread_by)
+                               unread_by=plan.unread_by, snapshots=plan.snapshots)
 
 
 def plan_of_removed(plan: TruncationPlan, removed: tuple[LedgerInfo, ...]) -> TruncationPlan:

@@ -74,6 +74,10 @@ def scrub_topic(meta: TopicMetadata, *, max_bytes_per_s: int = 0, progress: Prog
     topic, state = meta.load_topic(), meta.load_compaction()
     objects = [(lg.object, lg.id, KIND_ORIGINAL, lg.bytes) for lg in topic.ledgers]
     objects += [(p.object, state.part_ledger_id(p), KIND_COMPACTED, p.bytes) for p in state.parts]
+    # what retained snapshots read too (a part kept in place is named by several views: checked once)
+    retained = {p.object: (p.object, snap.epoch if p.ledger_id is None else p.ledger_id, KIND_COMPACTED, p.bytes)
+                for snap in state.snapshots for p in snap.parts}
+    objects += [o for name, o in retained.items() if all(p.object != name for p in state.parts)]
     total = sum(size for *_, size in objects)
     report = ScrubReport(meta.uri)
     throttle = Throttle(max_bytes_per_s)
@@ -100,7 +104,7 @@ def scrub_topic(meta: TopicMetadata, *, max_bytes_per_s: int = 0, progress: Prog
 
 def _still_referenced(meta: TopicMetadata, name: str) -> bool:
     topic, state = meta.load_topic(), meta.load_compaction()
-    return any(lg.object == name for lg in topic.ledgers) or any(p.object == name for p in state.parts)
+    return any(lg.object == name for lg in topic.ledgers) or name in state.retained_objects()
 
 
 def _scrub_object(meta: TopicMetadata, name: str, ledger_id: int | None, kind: int, report: ScrubReport,

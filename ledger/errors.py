@@ -26,6 +26,7 @@ __all__ = [
     "OutputExistsError",
     "RecordTooLargeError",
     "ShaleError",
+    "SnapshotNotFoundError",
     "StateUnknownError",
     "StorageError",
     "StoragePermissionError",
@@ -55,6 +56,11 @@ class InvalidInputError(ShaleError, ValueError):
 
 class InvalidURIError(InvalidInputError):
     """A topic or metadata URI is malformed, unsafe, or names an unknown scheme."""
+
+
+class SnapshotNotFoundError(InvalidInputError, LookupError):
+    """A read as of an epoch or a time, or a rollback, named a compacted view that is not
+    retained (the message lists those that are)."""
 
 
 class RecordTooLargeError(InvalidInputError):

@@ -3,7 +3,7 @@ ledger list and compaction state kept in them."""
 
 from shale.metadata.documents import DocumentStore, Versioned
 from shale.metadata.layout import META_DIR
-from shale.metadata.state import CompactedPart, CompactionState, LedgerInfo, RetiredSet, TopicState
+from shale.metadata.state import CompactedPart, CompactionState, LedgerInfo, RetiredSet, Snapshot, TopicState
 from shale.metadata.topic import COMPACTION_DOC, TOPIC_DOC, TopicMetadata, topic_locations
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "DocumentStore",
     "LedgerInfo",
     "RetiredSet",
+    "Snapshot",
     "TopicMetadata",
     "TopicState",
     "Versioned",

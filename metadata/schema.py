@@ -11,7 +11,8 @@ invariants the rest of Shale relies on:
 * ``compaction.json``: parts named as a compaction run names them, in id order and
   disjoint, none past the horizon; deletion vectors beside their parts; retired objects
   named as compacted objects (so never a registered ledger nor a metadata document),
-  none of them still published;
+  none of them still published; retained snapshots (earlier views) each held to the
+  same rules as the published parts, older than the state, in epoch order;
 * ``subscriptions/<name>.json``: the name its file's, the position a message id.
 
 A violation is an :class:`~shale.ledger.errors.InvalidMetadataError` (exit 4) naming the
@@ -36,8 +37,8 @@ from shale.metadata.layout import (
 )
 
 __all__ = ["SUBSCRIPTION_NAME", "CompactionDoc", "DictionaryDoc", "Envelope", "LedgerDoc", "PartDoc", "RetiredDoc",
-           "SubscriptionDoc", "TopicDoc", "check_compaction", "check_topic", "decode_envelope", "message_id",
-           "validate"]
+           "SnapshotDoc", "SubscriptionDoc", "TopicDoc", "check_compaction", "check_topic", "decode_envelope",
+           "message_id", "validate"]
 
 #: Ledger ids and epochs stay far below 2**63, so every reader (JSON tools included) and
 #: every ``+ 1`` holds them exactly.
@@ -111,6 +112,23 @@ class RetiredDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     epoch: Annotated[int, msgspec.Meta(ge=0, le=MAX_ID)]
 
 
+class SnapshotDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """An earlier published view, kept readable (``snapshot-retention``)."""
+
+    epoch: Id
+    horizon: str | None
+    compacted_ledger: Name | None
+    parts: list[PartDoc]
+    keys: Count = 0
+    tombstones: Count = 0
+    compacted_ms: Millis = 0
+    #: when a newer view replaced it, by the store's clock (what its age counts from)
+    replaced_ms: Millis = 0
+    last_run: dict[str, Any] = {}
+    order: Literal["offset", "event-time"] = "offset"
+    key_ttl_ms: Millis = 0
+
+
 class CompactionDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     format: Literal[1]
     epoch: Annotated[int, msgspec.Meta(ge=0, le=MAX_ID)]
@@ -126,6 +144,8 @@ class CompactionDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: how the view was decided (shale.ledger.ordering): left out for offset order, no TTL
     order: Literal["offset", "event-time"] = "offset"
     key_ttl_ms: Millis = 0
+    #: earlier views still readable, oldest first (left out when there are none)
+    snapshots: list[SnapshotDoc] = []
 
 
 #: A subscription's name: what its document is named by (``subscriptions/<name>.json``),
@@ -221,35 +241,67 @@ def check_topic(doc: TopicDoc, where: str) -> None:
 
 
 _PartIds = list[tuple[MessageId | None, MessageId | None]]
+#: a retained snapshot's horizon and its parts' first and last ids
+_SnapshotIds = list[tuple[MessageId | None, _PartIds]]
 
 
-def check_compaction(doc: CompactionDoc, where: str) -> tuple[MessageId | None, _PartIds]:
-    """The compaction state's invariants; returns the parsed horizon and each part's
-    first and last ids."""
-    horizon = message_id(doc.horizon, where, "horizon")
-    if doc.compacted_ledger is not None and not is_run_dir(f"compacted/{doc.compacted_ledger}"):
-        raise InvalidMetadataError(f"{where}: field compacted_ledger: {doc.compacted_ledger!r} is not a run name")
-    if horizon is None and doc.parts:
-        raise InvalidMetadataError(f"{where}: field horizon: missing although parts are published")
+def check_compaction(doc: CompactionDoc, where: str) -> tuple[MessageId | None, _PartIds, _SnapshotIds]:
+    """The compaction state's invariants; returns the parsed horizon, each part's first
+    and last ids, and the same of each retained snapshot."""
+    horizon = _check_view(doc.horizon, doc.compacted_ledger, doc.parts, where, "")
     if horizon is not None and doc.epoch == 0:
         raise InvalidMetadataError(f"{where}: field epoch: 0 although a horizon is published")
-    ids, published = _check_parts(doc, horizon, where)
-    _check_retired(doc, published, where)
-    return horizon, ids
+    ids, published = _check_parts(doc.parts, horizon, doc.epoch, where, "")
+    snapshots, retained = _check_snapshots(doc, where)
+    _check_retired(doc, published, retained, where)
+    return horizon, ids, snapshots
 
 
-def _check_parts(doc: CompactionDoc, horizon: MessageId | None, where: str) -> tuple[_PartIds, set[str]]:
+def _check_view(horizon_text: str | None, run: str | None, parts: list[PartDoc], where: str,
+                at: str) -> MessageId | None:
+    """A view's horizon (parsed) and run name (``at``: the field prefix of a snapshot)."""
+    horizon = message_id(horizon_text, where, f"{at}horizon")
+    if run is not None and not is_run_dir(f"compacted/{run}"):
+        raise InvalidMetadataError(f"{where}: field {at}compacted_ledger: {run!r} is not a run name")
+    if horizon is None and parts:
+        raise InvalidMetadataError(f"{where}: field {at}horizon: missing although parts are published")
+    return horizon
+
+
+def _check_snapshots(doc: CompactionDoc, where: str) -> tuple[_SnapshotIds, set[str]]:
+    """Retained snapshots: each a view held to the published view's rules, older than the
+    state, in rising epoch order; their ids, and every object they name."""
+    out: _SnapshotIds = []
+    retained: set[str] = set()
+    previous = 0
+    for i, snap in enumerate(doc.snapshots):
+        at = f"snapshots[{i}]."
+        if snap.epoch >= doc.epoch or snap.epoch <= previous:
+            raise InvalidMetadataError(
+                f"{where}: field {at}epoch: {snap.epoch} must be before the state's epoch {doc.epoch} and after "
+                f"the snapshot before it ({previous})")
+        previous = snap.epoch
+        horizon = _check_view(snap.horizon, snap.compacted_ledger, snap.parts, where, at)
+        ids, named = _check_parts(snap.parts, horizon, snap.epoch, where, at)
+        out.append((horizon, ids))
+        retained |= named
+    return out, retained
+
+
+def _check_parts(parts: list[PartDoc], horizon: MessageId | None, epoch: int, where: str,
+                 at: str) -> tuple[_PartIds, set[str]]:
     """Each part's own invariants, their order, and no object published twice; each
-    part's first and last ids, and every object the parts publish."""
+    part's first and last ids, and every object the parts publish (``at``: the field
+    prefix of a snapshot's parts)."""
     ids: _PartIds = []
     published: set[str] = set()
     previous: MessageId | None = None
-    for i, p in enumerate(doc.parts):
-        field = f"parts[{i}]"
+    for i, p in enumerate(parts):
+        field = f"{at}parts[{i}]"
         first = message_id(p.first_id, where, f"{field}.first_id")
         last = message_id(p.last_id, where, f"{field}.last_id")
         ids.append((first, last))
-        _check_part(p, i, first, last, horizon, doc.epoch, where)
+        _check_part(p, field, first, last, horizon, epoch, where)
         if first is not None and previous is not None and first <= previous:
             raise InvalidMetadataError(
                 f"{where}: field {field}.first_id: parts must be in id order and disjoint: {first} is not after "
@@ -263,8 +315,9 @@ def _check_parts(doc: CompactionDoc, horizon: MessageId | None, where: str) -> t
     return ids, published
 
 
-def _check_retired(doc: CompactionDoc, published: set[str], where: str) -> None:
-    """Retired sets: no later than the state, only compaction objects, none still published."""
+def _check_retired(doc: CompactionDoc, published: set[str], retained: set[str], where: str) -> None:
+    """Retired sets: no later than the state, only compaction objects, none still
+    published nor named by a retained snapshot."""
     for i, r in enumerate(doc.retired):
         if r.epoch > doc.epoch:
             raise InvalidMetadataError(f"{where}: field retired[{i}].epoch: {r.epoch} is after the state's epoch")
@@ -275,11 +328,13 @@ def _check_retired(doc: CompactionDoc, published: set[str], where: str) -> None:
                     f"{where}: field {field}: {name!r} is not an object a compaction writes (only those are retired)")
             if name in published:
                 raise InvalidMetadataError(f"{where}: field {field}: {name!r} is retired but still published")
+            if name in retained:
+                raise InvalidMetadataError(f"{where}: field {field}: {name!r} is retired but a retained snapshot "
+                                           "names it")
 
 
-def _check_part(p: PartDoc, i: int, first: MessageId | None, last: MessageId | None, horizon: MessageId | None,
-                epoch: int, where: str) -> None:
-    field = f"parts[{i}]"
+def _check_part(p: PartDoc, field: str, first: MessageId | None, last: MessageId | None,
+                horizon: MessageId | None, epoch: int, where: str) -> None:
     if not is_compacted_object(p.object) or not p.object.endswith(".ledger"):
         raise InvalidMetadataError(f"{where}: field {field}.object: {p.object!r} is not a compacted part's name")
     if p.deletions is not None and (not is_compacted_object(p.deletions) or not p.deletions.endswith(".bin")):

@@ -16,6 +16,7 @@ from shale.metadata.schema import (
     LedgerDoc,
     PartDoc,
     RetiredDoc,
+    SnapshotDoc,
     TopicDoc,
     check_compaction,
     check_topic,
@@ -29,6 +30,7 @@ __all__ = [
     "DictionaryInfo",
     "LedgerInfo",
     "RetiredSet",
+    "Snapshot",
     "TopicState",
 ]
 
@@ -229,6 +231,57 @@ class RetiredSet:
         return cls(tuple(d.objects), d.retired_ms, d.epoch)
 
 
+def _part_objects(parts: tuple[CompactedPart, ...]) -> set[str]:
+    """The objects ``parts`` name: each part and its deletion vector."""
+    return {p.object for p in parts} | {p.deletions for p in parts if p.deletions}
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """An earlier published view of the topic, still readable (``snapshot-retention``):
+    what a compacted read of epoch ``epoch`` read — its ``parts`` (each less its deletion
+    vector) up to ``horizon``, then the original ledgers above it — with the order and key
+    TTL it was decided by.  ``replaced_ms`` is when a newer view replaced it (by the
+    store's clock): what its age counts from."""
+
+    epoch: int
+    horizon: MessageId | None
+    compacted_ledger: str | None
+    parts: tuple[CompactedPart, ...]
+    keys: int = 0
+    tombstones: int = 0
+    compacted_ms: int = 0
+    replaced_ms: int = 0
+    order: TopicOrder = field(default_factory=TopicOrder)
+    last_run: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def records(self) -> int:
+        """Live records of its compacted parts."""
+        return sum(p.live for p in self.parts)
+
+    @property
+    def bytes(self) -> int:
+        return sum(p.bytes for p in self.parts)
+
+    def objects(self) -> set[str]:
+        """Every object a read of it needs: its parts and their deletion vectors."""
+        return _part_objects(self.parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "horizon": str(self.horizon) if self.horizon else None,
+                "compacted_ledger": self.compacted_ledger, "parts": [p.to_json() for p in self.parts],
+                "keys": self.keys, "tombstones": self.tombstones, "compacted_ms": self.compacted_ms,
+                "replaced_ms": self.replaced_ms, "last_run": self.last_run, **self.order.to_json()}
+
+    @classmethod
+    def from_doc(cls, d: SnapshotDoc, horizon: MessageId | None,
+                 ids: list[tuple[MessageId | None, MessageId | None]]) -> Snapshot:
+        parts = tuple(CompactedPart.from_doc(p, first, last) for p, (first, last) in zip(d.parts, ids, strict=True))
+        return cls(d.epoch, horizon, d.compacted_ledger, parts, d.keys, d.tombstones, d.compacted_ms,
+                   d.replaced_ms, TopicOrder(d.order, d.key_ttl_ms), dict(d.last_run))
+
+
 @dataclass(frozen=True, slots=True)
 class CompactionState:
     """What compacted readers follow: positions ``<= horizon`` come from ``parts``.
@@ -251,6 +304,8 @@ class CompactionState:
     topic_generation: int = 0  # the topic's truncation count this state was last checked against
     #: the order and key TTL the view was compacted with (readers decide "latest" by it)
     order: TopicOrder = field(default_factory=TopicOrder)
+    #: earlier published views still readable, oldest first (``snapshot-retention``)
+    snapshots: tuple[Snapshot, ...] = ()
 
     @property
     def records(self) -> int:
@@ -266,26 +321,63 @@ class CompactionState:
     def bytes(self) -> int:
         return sum(p.bytes for p in self.parts)
 
+    def retained_objects(self) -> set[str]:
+        """Every object a read of the published view needs: its parts and their deletion
+        vectors, and those of every retained snapshot."""
+        refs = _part_objects(self.parts)
+        for snap in self.snapshots:
+            refs |= snap.objects()
+        return refs
+
     def referenced_objects(self) -> set[str]:
-        """Every object this state still needs (published or awaiting deletion)."""
-        refs = {p.object for p in self.parts}
-        refs.update(p.deletions for p in self.parts if p.deletions)
+        """Every object this state still needs (published, retained in a snapshot, or
+        awaiting deletion)."""
+        refs = self.retained_objects()
         for r in self.retired:
             refs.update(r.objects)
         return refs
+
+    @property
+    def retained_epochs(self) -> tuple[int, ...]:
+        """The epochs a read may be made as of, oldest first: each retained snapshot's,
+        then the published view's (none before the first compaction)."""
+        return (*(s.epoch for s in self.snapshots), *((self.epoch,) if self.epoch else ()))
+
+    def as_snapshot(self, replaced_ms: int) -> Snapshot:
+        """The published view as a snapshot, replaced at ``replaced_ms``."""
+        return Snapshot(self.epoch, self.horizon, self.compacted_ledger, self.parts, self.keys, self.tombstones,
+                        self.compacted_ms, replaced_ms, self.order, dict(self.last_run))
+
+    def at_epoch(self, epoch: int) -> CompactionState | None:
+        """The state as a reader of epoch ``epoch`` saw it (this one for the published
+        epoch, else a retained snapshot's view, at this document's version); None when
+        that epoch is not retained."""
+        if epoch == self.epoch:
+            return self
+        snap = next((s for s in self.snapshots if s.epoch == epoch), None)
+        if snap is None:
+            return None
+        # Parts written before ids were recorded belong to the epoch that wrote them.
+        parts = tuple(p if p.ledger_id is not None else replace(p, ledger_id=snap.epoch) for p in snap.parts)
+        return CompactionState(snap.epoch, snap.horizon, snap.compacted_ledger, parts, (), snap.keys, snap.tombstones,
+                               snap.compacted_ms, dict(snap.last_run), self.version, self.token,
+                               self.topic_generation, snap.order)
 
     def with_version(self, version: int, token: str) -> CompactionState:
         return replace(self, version=version, token=token)
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": 1, "epoch": self.epoch,
-                "horizon": str(self.horizon) if self.horizon else None,
-                "compacted_ledger": self.compacted_ledger,
-                "parts": [p.to_json() for p in self.parts],
-                "retired": [r.to_json() for r in self.retired],
-                "keys": self.keys, "tombstones": self.tombstones, "compacted_ms": self.compacted_ms,
-                "last_run": self.last_run, "topic_generation": self.topic_generation,
-                **self.order.to_json()}
+        d = {"format": 1, "epoch": self.epoch,
+             "horizon": str(self.horizon) if self.horizon else None,
+             "compacted_ledger": self.compacted_ledger,
+             "parts": [p.to_json() for p in self.parts],
+             "retired": [r.to_json() for r in self.retired],
+             "keys": self.keys, "tombstones": self.tombstones, "compacted_ms": self.compacted_ms,
+             "last_run": self.last_run, "topic_generation": self.topic_generation,
+             **self.order.to_json()}
+        if self.snapshots:  # (left out when none: documents as before snapshots were kept)
+            d["snapshots"] = [s.to_json() for s in self.snapshots]
+        return d
 
     @classmethod
     def from_json(cls, d: Any, version: int, token: str, where: str = "compaction.json") -> CompactionState:
@@ -293,8 +385,9 @@ class CompactionState:
         invariants (:class:`~shale.ledger.errors.InvalidMetadataError` naming ``where`` and the
         field otherwise)."""
         doc = validate(d, CompactionDoc, where)
-        horizon, ids = check_compaction(doc, where)
+        horizon, ids, snapshot_ids = check_compaction(doc, where)
         parts = tuple(CompactedPart.from_doc(p, first, last) for p, (first, last) in zip(doc.parts, ids, strict=True))
+        snapshots = tuple(Snapshot.from_doc(s, h, i) for s, (h, i) in zip(doc.snapshots, snapshot_ids, strict=True))
         return cls(doc.epoch, horizon, doc.compacted_ledger, parts, tuple(RetiredSet.from_doc(r) for r in doc.retired),
                    doc.keys, doc.tombstones, doc.compacted_ms, dict(doc.last_run), version, token,
-                   doc.topic_generation, TopicOrder(doc.order, doc.key_ttl_ms))
+                   doc.topic_generation, TopicOrder(doc.order, doc.key_ttl_ms), snapshots)

@@ -26,6 +26,7 @@ from shale.metadata.documents import DocumentStore, Versioned
 from shale.metadata.layout import META_DIR
 from shale.metadata.policy import POLICY_DOC, TopicPolicy
 from shale.metadata.requirements import PublishRequirement, unmet
+from shale.metadata.snapshots import AsOf, view_as_of
 from shale.metadata.state import CompactionState, LedgerInfo, TopicState
 from shale.storage import Location, StorageOptions, require, resolve
 from shale.storage.retry import ConflictPolicy
@@ -256,6 +257,12 @@ class TopicMetadata:
     def load_compaction(self) -> CompactionState:
         """The published compaction state (an empty state at version 0 if none yet)."""
         return self._compaction(self.docs.read(COMPACTION_DOC))
+
+    def load_compaction_as_of(self, as_of: AsOf) -> CompactionState:
+        """The compacted view of the retained snapshot ``as_of`` names (an epoch or a
+        time: :func:`~shale.metadata.snapshots.view_as_of`), as a state to read;
+        :class:`~shale.ledger.errors.SnapshotNotFoundError` when none is retained."""
+        return view_as_of(self.load_compaction(), as_of, self.docs.url(COMPACTION_DOC))
 
     def update_compaction(self, change: Callable[[CompactionState], CompactionState | None], *,
                           current: CompactionState | None = None, attempts: int = 20,

@@ -41,6 +41,7 @@ from shale.ledger.reader import LedgerFile
 from shale.metadata.state import CompactedPart, CompactionState, LedgerInfo, TopicState
 
 if TYPE_CHECKING:
+    from shale.metadata.snapshots import AsOf
     from shale.metadata.topic import TopicMetadata
 
 __all__ = ["Removed", "Segment", "TopicView", "log_start", "reading_order", "wholly_below"]
@@ -165,10 +166,14 @@ class TopicView:
     compaction: CompactionState | None = None
 
     @classmethod
-    def load(cls, meta: TopicMetadata, *, compacted: bool = True) -> TopicView:
+    def load(cls, meta: TopicMetadata, *, compacted: bool = True, as_of: AsOf | None = None) -> TopicView:
         """The view as it is now: the ledger list, then (compacted) the compaction state,
-        read after it so that it covers at least what the list lacks."""
+        read after it so that it covers at least what the list lacks.  ``as_of`` (an
+        epoch or a time): the compacted view of that retained snapshot instead
+        (:mod:`shale.metadata.snapshots`)."""
         topic = meta.load_topic()
+        if as_of is not None:
+            return cls(topic, meta.load_compaction_as_of(as_of))
         return cls(topic, meta.load_compaction() if compacted else None)
 
     def order(self, meta: TopicMetadata) -> TopicOrder:

@@ -28,6 +28,7 @@ from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.ordering import TopicOrder, record_time
 from shale.ledger.reader import DEFAULT_CHUNK_BYTES, LedgerFile
 from shale.ledger.record import Message
+from shale.metadata.snapshots import AsOf
 from shale.metadata.state import CompactionState, LedgerInfo, TopicState
 from shale.metadata.topic import TopicMetadata
 from shale.metadata.view import Segment, TopicView, wholly_below
@@ -73,6 +74,9 @@ class TopicReader(Subscribing):
     ledgers the reader had listed are still read while their objects last (they stay for
     the orphan grace), so a reader only a little behind loses nothing.
 
+    ``as_of`` (an epoch or a time) reads a retained snapshot's compacted view instead of
+    the published one, as :mod:`shale.metadata.snapshots` says (implies ``read_compacted``).
+
     ``storage_options`` say how to reach the topic's storage
     (:class:`~shale.storage.StorageOptions`; read from the environment when not given).
 
@@ -85,9 +89,13 @@ class TopicReader(Subscribing):
                  start: Position = EARLIEST, chunk_bytes: int = DEFAULT_CHUNK_BYTES, follow: bool = False,
                  poll_interval: float = 1.0, on_gap: OnGap = "error", gap_listener: GapListener | None = None,
                  storage_options: StorageOptions | None = None, subscription: str | None = None,
-                 auto_commit: bool = False) -> None:
+                 auto_commit: bool = False, as_of: AsOf | None = None) -> None:
+        if subscription is not None and as_of is not None:
+            raise InvalidInputError("a subscription reads the topic as it is now: give it without as_of")
         self.meta = TopicMetadata.open(topic_uri, metadata_uri, storage_options)
-        self.read_compacted = read_compacted
+        #: the retained snapshot read instead of the published view (None: the published one)
+        self.as_of = as_of
+        self.read_compacted = read_compacted or as_of is not None
         self.chunk_bytes = chunk_bytes
         #: iterating never ends: it waits for new ledgers, looking every ``poll_interval`` s
         self.follow = follow
@@ -130,11 +138,18 @@ class TopicReader(Subscribing):
     def topic(self) -> TopicState:
         return self._topic
 
+    def _load_compaction(self) -> CompactionState:
+        """The compaction state this reader follows: the published one, or the view of
+        the snapshot it reads as of."""
+        if self.as_of is not None:
+            return self.meta.load_compaction_as_of(self.as_of)
+        return self.meta.load_compaction()
+
     def refresh(self) -> None:
         """Re-read the ledger list and the compaction state."""
         self._adopt(self.meta.load_topic())
         if self.read_compacted:
-            self._compaction = self.meta.load_compaction()
+            self._compaction = self._load_compaction()
 
     def seek(self, position: Position) -> None:
         """Move to ``earliest`` (the oldest record left), ``latest`` or the first message
@@ -144,7 +159,7 @@ class TopicReader(Subscribing):
         self._behind, self._gap, self._fresh, self._floor = (), None, None, MIN_ID
         self._topic = self.meta.load_topic()
         if self.read_compacted:
-            self._compaction = self.meta.load_compaction()
+            self._compaction = self._load_compaction()
         if position == EARLIEST:
             # Kafka's log start: what retention removed before the reader began is no gap
             # (a compacted reader still reads the compacted view from the first id).
@@ -365,7 +380,7 @@ class TopicReader(Subscribing):
                     yield from read(f, f.find(self._next), gone)
             except ObjectNotFoundError:
                 # Retired and deleted under us: follow the newest state from where we are.
-                newer = self.meta.load_compaction()
+                newer = self._load_compaction()
                 if newer.version == state.version:
                     raise
                 self._compaction = newer
@@ -421,7 +436,7 @@ class TopicReader(Subscribing):
             self._gap = None
             return
         if self.read_compacted or self.on_gap == "compacted":
-            state = self._compaction = self.meta.load_compaction()
+            state = self._compaction = self._load_compaction()
             covered = min(TopicView(self._topic, state).covered(self._behind), gap.resume)
             if self.read_compacted:
                 yield from self._compacted_part(read)

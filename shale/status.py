@@ -83,6 +83,7 @@ def topic_status(topic_uri: str, metadata_uri: str | None = None) -> dict[str, A
             "parts": [{"object": p.object, "records": p.records, "live": p.live, "bytes": p.bytes,
                        "raw_bytes": p.uncompressed_bytes}
                       for p in comp.parts],
+            "snapshots": _snapshots(comp),
         },
         "policy": policy_text(meta.load_policy()),
         "damaged": damaged,
@@ -97,6 +98,15 @@ def _subscriptions(meta: TopicMetadata, topic: TopicState) -> dict[str, Any]:
     slow = slowest(statuses)
     return {"subscriptions": [s.to_json() for s in statuses],
             "slowest_subscription": None if slow is None else slow.to_json()}
+
+
+def _snapshots(comp: CompactionState) -> list[dict[str, Any]]:
+    """The earlier views still readable (``--as-of``) and rolled back to (``shale
+    rollback``), oldest first."""
+    return [{"epoch": s.epoch, "horizon": str(s.horizon) if s.horizon else None,
+             "compacted_ms": s.compacted_ms or None, "replaced_ms": s.replaced_ms or None, "keys": s.keys,
+             "tombstones": s.tombstones, "records": s.records, "bytes": s.bytes, "parts": len(s.parts),
+             "order": s.order.order, "key_ttl_ms": s.order.key_ttl_ms} for s in comp.snapshots]
 
 
 def _damaged(meta: TopicMetadata, topic: TopicState, comp: CompactionState) -> list[dict[str, str]]:
@@ -159,6 +169,13 @@ def _subscriptions_text(doc: dict[str, Any]) -> list[str]:
     return [text]
 
 
+def _snapshot_lines(snapshots: list[dict[str, Any]]) -> list[str]:
+    """A line per retained snapshot, oldest first."""
+    return [f"snapshot  epoch {s['epoch']}: horizon {s['horizon']}, compacted {_when(s['compacted_ms'])} UTC, "
+            f"replaced {_when(s['replaced_ms'])} UTC, {count(s['keys'], 'key')}, {count(s['records'], 'live record')}, "
+            f"{count(s['bytes'], 'byte')}, {s['order']} order" for s in snapshots]
+
+
 def status_text(doc: dict[str, Any]) -> str:
     """``doc`` (from :func:`topic_status`) for a person to read."""
     c = doc["compaction"]
@@ -189,6 +206,7 @@ def status_text(doc: dict[str, Any]) -> str:
         ttl = (f"; keys expire {format_duration(c['key_ttl_ms'])} after their latest record "
                f"({count(c['keys_expired'], 'key')} expired by the last run)" if c["key_ttl_ms"] else "")
         lines.append(f"order     {c['order']}{ttl}")
+    lines += _snapshot_lines(c["snapshots"])
     lines.append(f"dirty     {count(c['dirty_bytes'], 'byte')} above the horizon, dirty ratio {c['dirty_ratio']:.3f}")
     if c["retired_pending"]:
         lines.append(f"retired   {count(c['retired_pending'], 'object')} waiting for gc")

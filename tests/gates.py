@@ -5,7 +5,8 @@ Races between processes are forced, not hoped for: a test starts ``compact`` thr
 without reaching it), then opens the gate — or kills the processes there.  The gate is
 a folder: a held process creates ``<pid>.ready`` in it and waits for ``go`` to appear.
 The hold is installed in the process from outside (the command itself is run unchanged),
-by wrapping :meth:`shale.compactor.job.Compactor._publish`.
+by wrapping :meth:`shale.compactor.job.Compactor._publish` (:func:`start_held` wraps
+another function: ``shale rollback``'s swap, say).
 """
 
 from __future__ import annotations
@@ -20,22 +21,25 @@ from pathlib import Path
 #: Waits for processes are bounded by this; reached only when something is broken.
 GUARD_S = 300
 
-_HELD_COMPACT = """
-import os, runpy, sys, time
+_HELD = """
+import importlib, os, runpy, sys, time
 from pathlib import Path
 
-from shale.compactor.job import Compactor
-
 gate = Path(os.environ["SHALE_TEST_GATE"])
-publish = Compactor._publish
+module, _, name = os.environ["SHALE_TEST_HOLD"].partition(":")
+owner = importlib.import_module(module)
+*path, name = name.split(".")
+for step in path:
+    owner = getattr(owner, step)
+original = getattr(owner, name)
 
-def held(self, *args, **kwargs):
+def held(*args, **kwargs):
     (gate / f"{os.getpid()}.ready").touch()
     while not (gate / "go").exists():
         time.sleep(0.005)
-    return publish(self, *args, **kwargs)
+    return original(*args, **kwargs)
 
-Compactor._publish = held
+setattr(owner, name, held)
 exe = sys.argv[1]
 sys.argv = sys.argv[1:]
 runpy.run_path(exe, run_name="__main__")
@@ -68,7 +72,15 @@ def start_held_compact(gate: Gate, *args: str, output: int = subprocess.PIPE,
                        new_session: bool = False) -> subprocess.Popen[str]:
     """The ``compact`` console script with ``args``, held at ``gate`` before it publishes;
     its standard output and error go to ``output``."""
-    exe = Path(sys.executable).parent / "compact"
-    return subprocess.Popen([sys.executable, "-c", _HELD_COMPACT, str(exe), *args],
-                            env={**os.environ, "SHALE_TEST_GATE": str(gate.folder)}, text=True,
-                            stdout=output, stderr=output, start_new_session=new_session)
+    return start_held(gate, "compact", "shale.compactor.job:Compactor._publish", *args, output=output,
+                      new_session=new_session)
+
+
+def start_held(gate: Gate, script: str, hold: str, *args: str, output: int = subprocess.PIPE,
+               new_session: bool = False) -> subprocess.Popen[str]:
+    """The console script ``script`` with ``args``, held at ``gate`` whenever it calls
+    ``hold`` (``module:attribute``, e.g. ``shale.compactor.snapshots:_swapped``)."""
+    exe = Path(sys.executable).parent / script
+    return subprocess.Popen([sys.executable, "-c", _HELD, str(exe), *args],
+                            env={**os.environ, "SHALE_TEST_GATE": str(gate.folder), "SHALE_TEST_HOLD": hold},
+                            text=True, stdout=output, stderr=output, start_new_session=new_session)

@@ -120,6 +120,17 @@ COMMAND_TABLE: Final[dict[str, Command]] = {c.name: c for c in (
             "     without --allow-unread (nothing is removed)\n"
             "  3  the topic kept changing (other writers); safe to run again\n"
             "  4  a ledger footer or metadata document is corrupt", "shale.cli.maintain:run_truncate"),
+    Command("rollback", "publish a retained snapshot's compacted view again, as a new epoch",
+            "Publish the compacted view of the retained epoch --to-epoch again, as the epoch after the published "
+            "one, with one compare-and-swap fenced by the published epoch, as a compaction publishes: the view it "
+            "replaces becomes a snapshot if the snapshot retention keeps it, and a compaction planned from that "
+            "epoch loses its race. The next compaction builds on the view rolled back to (its parts, then the "
+            "ledgers above its horizon). shale status lists the retained epochs.",
+            "  0  published (or, with --dry-run, said what would be)\n"
+            "  2  bad usage or input: missing topic, an epoch that is not retained or is the published one,\n"
+            "     or one whose records above its horizon retention removed (nothing is published)\n"
+            "  3  lost the race: another epoch was published first (nothing was rolled back)\n"
+            "  4  a metadata document breaks its schema or invariants", "shale.cli.maintain:run_rollback"),
     Command("config", "show or change a topic's policy (its own compaction and retention settings)",
             "Show a topic's policy, or change it with --set and --unset (one compare-and-swap). compact applies "
             "each topic's policy, and produce its compression: a run's flag wins over it, and it wins over SHALE_* "

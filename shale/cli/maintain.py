@@ -1,5 +1,5 @@
-"""The commands that look after a topic: ``gc``, ``truncate``, ``verify`` (and
-``--scrub``), ``config`` and ``dictionary``."""
+"""The commands that look after a topic: ``gc``, ``truncate``, ``rollback``, ``verify``
+(and ``--scrub``), ``config`` and ``dictionary``."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from shale.compactor.scrub import ScrubReport
     from shale.metadata.topic import TopicMetadata
 
-__all__ = ["run_config", "run_dictionary", "run_gc", "run_truncate", "run_verify"]
+__all__ = ["run_config", "run_dictionary", "run_gc", "run_rollback", "run_truncate", "run_verify"]
 
 
 def _topic(args: argparse.Namespace) -> TopicMetadata:
@@ -44,13 +44,27 @@ def run_truncate(args: argparse.Namespace, io: Streams) -> int:
     before = args.before_ledger
     if before is None:  # a rule: as many of the oldest ledgers as it lets go
         before = retention_cut(meta, older_than_ms=args.older_than, keep_bytes=args.keep_bytes,
-                               allow_uncompacted=args.allow_uncompacted, allow_unread=args.allow_unread)
+                               allow_uncompacted=args.allow_uncompacted, allow_unread=args.allow_unread,
+                               drop_snapshots=args.drop_snapshots)
     done = truncate(meta, before, allow_uncompacted=args.allow_uncompacted, allow_unread=args.allow_unread,
-                    dry_run=args.dry_run)
+                    dry_run=args.dry_run, drop_snapshots=args.drop_snapshots)
     if args.before_ledger is None:
         rule = args.settings["older-than" if args.older_than is not None else "keep-bytes"]
         done = done.by_rule(f"{rule.setting.option} {rule.setting.kind.show(rule.value)}")
     emit(done, io.out, args.json)
+    return 0
+
+
+def run_rollback(args: argparse.Namespace, io: Streams) -> int:
+    from shale.compactor.snapshots import rollback
+
+    meta = _topic(args)
+    own = args.settings.with_policy(meta.load_policy().to_json())  # a flag > the topic's policy > ...
+    done = rollback(meta, args.to_epoch, keep=own.value("snapshot-retention"),
+                    keep_age_ms=own.value("snapshot-retention-age"), dry_run=args.dry_run)
+    emit(done, io.out, args.json)
+    if done.note:
+        io.err.write(done.note + "\n")
     return 0
 
 

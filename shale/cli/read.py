@@ -18,6 +18,7 @@ from shale.settings.kinds import shown
 
 if TYPE_CHECKING:
     from shale.ledger.ids import MessageId
+    from shale.metadata.snapshots import AsOf
     from shale.reader import TopicReader
 
 __all__ = ["run_export", "run_get", "run_read"]
@@ -44,7 +45,7 @@ def _read_table(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> None
 
     # footers first, then only the table's records: memory follows records, not values
     meta = TopicMetadata.open(args.topic, args.metadata)
-    for m in itertools.islice(table_messages(meta, chunk_bytes=chunk_bytes), args.limit):
+    for m in itertools.islice(table_messages(meta, chunk_bytes=chunk_bytes, as_of=_as_of(args)), args.limit):
         text = message_line(m, args.value_format)
         del m  # (a big value goes before its line is written)
         io.out.write(text)
@@ -69,7 +70,7 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
                      gap_listener=gone_past, chunk_bytes=chunk_bytes, subscription=args.subscription,
                      # a follower prints and flushes each record before asking for the next: the reader
                      # may commit it then, and keeps an idle subscription active
-                     auto_commit=args.follow and args.subscription is not None) as r:
+                     auto_commit=args.follow and args.subscription is not None, as_of=_as_of(args)) as r:
         if r.subscriber is not None and r.subscriber.expired:
             io.err.write(f"shale: warning: {r.meta.uri}: subscription {r.subscriber.name!r} had expired (no commit "
                          "within the topic's subscription-expiry): it held nothing back meanwhile, so deletes may have "
@@ -108,6 +109,18 @@ def _commit(r: TopicReader, io: Streams, unprinted: MessageId | None = None) -> 
     io.out.flush()
     if r.subscriber is not None:
         r.commit(unprinted)
+
+
+def _as_of(args: argparse.Namespace) -> AsOf | None:
+    """``--as-of EPOCH|TIME``, parsed (None when not given)."""
+    from shale.metadata.snapshots import parse_as_of
+
+    if args.as_of is None:
+        return None
+    try:
+        return parse_as_of(args.as_of)
+    except InvalidInputError as e:
+        raise InvalidInputError(f"--as-of: {e}") from None
 
 
 def run_get(args: argparse.Namespace, io: Streams) -> int:

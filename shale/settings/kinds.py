@@ -207,6 +207,10 @@ class Whole(Kind):
     most: int = sys.maxsize
     metavar: ClassVar[str] = "N"
 
+    @property  # (a number in this instance's range, in a policy document)
+    def doc_type(self) -> Any:
+        return Annotated[int, msgspec.Meta(ge=self.least, le=self.most)]
+
     def parse(self, text: str) -> int:
         try:
             value = int(text)

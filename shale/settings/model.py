@@ -36,8 +36,8 @@ __all__ = ["COMMANDS", "ENV_PREFIX", "POLICY_SETTINGS", "SETTINGS", "Setting", "
 ENV_PREFIX: Final = "SHALE_"
 
 #: Every command, in the order ``shale --help`` lists them.
-COMMANDS: Final = ("produce", "read", "get", "export", "status", "compact", "gc", "truncate", "config", "topics",
-                   "subscriptions", "verify", "dictionary")
+COMMANDS: Final = ("produce", "read", "get", "export", "status", "compact", "gc", "truncate", "rollback", "config",
+                   "topics", "subscriptions", "verify", "dictionary")
 #: The commands about one topic, named by a ``TOPIC_URI`` and ``--metadata``.
 _ONE_TOPIC: Final = frozenset(COMMANDS) - {"compact", "topics"}
 
@@ -182,6 +182,9 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        {"read", "export"}, default=False),
     _s("table", Switch(), "only the latest record of every live key (implies --compacted)", {"read", "export"},
        default=False),
+    _s("as-of", Text(), "read the compacted view as it was at a retained epoch, or at a time (ISO 8601, UTC without a "
+       "zone): its compacted parts, then the ledgers above its horizon (implies --compacted; see snapshot-retention)",
+       {"read"}, metavar="EPOCH|TIME"),
     _s("follow", Switch(), "keep reading as new ledgers are registered (Ctrl-C ends it, exit code 0)", {"read"},
        default=False),
     _s("poll-interval", Duration(), "with --follow: how often to look for new ledgers", {"read"}, default=1000),
@@ -237,11 +240,17 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        set(), policy=True, field="retention_ms"),
     _s("retention-bytes", Size(), "after each publish, remove the oldest ledgers below the horizon beyond this many "
        "bytes", set(), policy=True),
+    _s("snapshot-retention", Whole(1, 1000), "keep the newest N compacted views readable, the published one included "
+       "(shale read --as-of, shale rollback; 1: only the published one), with every object they read and the ledgers "
+       "above their horizons", {"compact", "rollback"}, default=1, policy=True),
+    _s("snapshot-retention-age", Duration(), "also keep every compacted view replaced less than this long ago (0: "
+       "by count only)", {"compact", "rollback"}, default=0, policy=True, field="snapshot_retention_age_ms"),
     _s("dry-run", Switch(), "plan and run pass one only; report what would be written; publish nothing",
-       {"compact", "gc", "truncate", "subscriptions"}, default=False,
+       {"compact", "gc", "truncate", "subscriptions", "rollback"}, default=False,
        help_for=(("gc", "list what would be deleted, delete nothing"),
                  ("truncate", "say what would be removed; remove nothing"),
-                 ("subscriptions", "say what --create, --delete or --reset would do; change nothing"))),
+                 ("subscriptions", "say what --create, --delete or --reset would do; change nothing"),
+                 ("rollback", "say what would be published; publish nothing"))),
     _s("gc-grace", Duration(), "delete a retired compacted ledger only after this long", {"compact", "gc"},
        default=5 * 60_000, field="gc_grace_ms", aliases=("--grace",),
        help_for=(("gc", "delete retired compacted ledgers only after this long (--grace is its former name)"),)),
@@ -294,6 +303,11 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        "kept: those records are lost (the report says how many)", {"truncate"}, default=False),
     _s("allow-unread", Switch(), "also remove ledgers an active subscription has not read yet: it meets a gap "
        "(shale read --on-gap)", {"truncate"}, default=False),
+    _s("drop-snapshots", Switch(), "also remove ledgers that retained snapshots (snapshot-retention) need above their "
+       "horizons, dropping those snapshots first (they can then no longer be read as of, nor rolled back to)",
+       {"truncate"}, default=False),
+    _s("to-epoch", Whole(1, (1 << 62) - 1), "the retained epoch whose compacted view to publish again (shale status "
+       "lists them)", {"rollback"}, group="to", required=True, metavar="EPOCH"),
     _s("scrub", Switch(), "first read every frame of every ledger and compacted part, superseded ones included, and "
        "check it (exit 4 naming every damaged object)", {"verify"}, default=False),
     # ---------------------------------------------------------------- subscriptions

@@ -3,7 +3,9 @@
 A batch read with ``table`` gives the topic's table, the latest record of every live key
 as ``shale read --table`` gives it (:mod:`shale.reader.latest`): the driver plans it from
 the footers, under the topic's order and key TTL, and each task reads its share of the
-chosen records.
+chosen records.  ``asOf`` (an epoch or an ISO 8601 time) reads a retained snapshot's
+compacted view instead of the published one (:mod:`shale.metadata.snapshots`), its table
+too.
 
 Everything a task needs travels in the reader or writer object Spark pickles to it: the
 topic's URI, the options, and the storage options the source was registered with
@@ -36,6 +38,7 @@ from shale.compactor.units import parse_size
 from shale.ledger.errors import InvalidInputError, InvalidURIError, ShaleError
 from shale.ledger.ids import MIN_ID
 from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES
+from shale.metadata.snapshots import AsOf, parse_as_of
 from shale.metadata.topic import TopicMetadata
 from shale.reader.arrow import DEFAULT_BATCH_ROWS, DEFAULT_MAX_BATCH_BYTES, BatchReader
 from shale.reader.latest import plan_latest
@@ -69,6 +72,17 @@ def _int(options: Mapping[str, str], name: str, default: int) -> int:
     return n
 
 
+def _as_of(options: Mapping[str, str]) -> AsOf | None:
+    """The ``asOf`` option: an epoch or a time (None when not given)."""
+    value = options.get("asOf")
+    if value is None:
+        return None
+    try:
+        return parse_as_of(str(value))
+    except InvalidInputError as e:
+        raise InvalidInputError(f"option asOf: {e}") from None
+
+
 def _size(options: Mapping[str, str], name: str, default: int) -> int:
     """A size option (``64MiB``, ``1GB`` or plain bytes), at least one byte."""
     value = options.get(name)
@@ -99,16 +113,20 @@ class ReadOptions:
     storage: StorageOptions | None = None
     #: the topic's table: the latest record of every live key (a batch read from the start)
     table: bool = False
+    #: read this retained snapshot's compacted view (an epoch or a time; None: the published one)
+    as_of: AsOf | None = None
 
     @classmethod
     def of(cls, options: Mapping[str, str]) -> ReadOptions:
         uri = options.get("path") or options.get("uri")
         if not uri:
             raise InvalidURIError("no topic: load(\"<topic-uri>\") or option(\"path\", ...)")
-        return cls(str(uri), options.get("metadata"), _flag(options, "compacted"), _flag(options, "utf8"),
-                   _flag(options, "idText"), _int(options, "splitRecords", DEFAULT_SPLIT_RECORDS),
-                   _int(options, "batchRows", DEFAULT_BATCH_ROWS),
-                   _size(options, "maxBatchBytes", DEFAULT_MAX_BATCH_BYTES), table=_flag(options, "table"))
+        as_of = _as_of(options)
+        return cls(str(uri), options.get("metadata"), _flag(options, "compacted") or as_of is not None,
+                   _flag(options, "utf8"), _flag(options, "idText"),
+                   _int(options, "splitRecords", DEFAULT_SPLIT_RECORDS), _int(options, "batchRows", DEFAULT_BATCH_ROWS),
+                   _size(options, "maxBatchBytes", DEFAULT_MAX_BATCH_BYTES), table=_flag(options, "table"),
+                   as_of=as_of)
 
     def ddl(self) -> str:
         data = "string" if self.utf8 else "binary"
@@ -151,7 +169,7 @@ def plan_table(opts: ReadOptions) -> list[TablePartition]:
     """The driver's work for a ``table`` read: pass one of the table (footers only, the
     key TTL counted from now, read once), its chosen records cut into partitions of at
     most ``splitRecords`` records."""
-    plan = plan_latest(opts.meta(), now_ms=int(time.time() * 1000))
+    plan = plan_latest(opts.meta(), now_ms=int(time.time() * 1000), as_of=opts.as_of)
     out = []
     for chosen in plan.chosen:
         split = Split.of(chosen.segment)
@@ -207,8 +225,10 @@ class ShaleBatchReader(DataSourceReader):
         if position == LATEST:
             return []
         start = MIN_ID if position == EARLIEST else position
+        view = None if self.opts.as_of is None else meta.load_compaction_as_of(self.opts.as_of)
         return [SplitPartition(s) for s in plan_splits(meta, compacted=self.opts.compacted, start=start,
-                                                      max_records=self.opts.split_records, topic=topic)]
+                                                      max_records=self.opts.split_records, topic=topic,
+                                                      compaction=view)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if isinstance(partition, TablePartition):
@@ -340,4 +360,6 @@ class ShaleDataSource(DataSource):
         if opts.table:
             raise InvalidInputError("option table is for batch reads (a stream with compacted reads the latest "
                                     "value of every key first, then the tail)")
+        if opts.as_of is not None:
+            raise InvalidInputError("option asOf is for batch reads (a stream reads the published view)")
         return ShaleStreamReader(opts, self.options)

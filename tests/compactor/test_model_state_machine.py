@@ -26,6 +26,7 @@ Run long by hand with ``SHALE_LONG_TESTS=1`` (500 examples of up to 50 steps).
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import os
 import time
@@ -34,12 +35,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from shale.compactor import CompactionConfig, Compactor, collect_garbage
 from shale.ledger.codecs import Dictionary, parse_compression
-from shale.ledger.errors import ObjectNotFoundError
+from shale.ledger.errors import InvalidInputError, ObjectNotFoundError, SnapshotNotFoundError
 from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.record import Message, Record, encode_record
 from shale.metadata.dictionaries import register_dictionary
@@ -477,7 +479,7 @@ class ShaleModelMachine(RuleBasedStateMachine):
         assert prev.epoch == self.epoch and prev.horizon == self.horizon
         bound, exact = self._horizon_bound(now - lag)
         would_expire = self._would_expire(retention, now) or self._would_age(now)
-        config = CompactionConfig(order=self.order, key_ttl_ms=self.ttl,
+        config = CompactionConfig(order=self.order, key_ttl_ms=self.ttl, snapshot_retention=self.snap_keep,
                                   min_compaction_lag_ms=lag, delete_retention_ms=retention,
                                   retain_null_key=retain, gc_grace_ms=gc_grace,
                                   orphan_grace_ms=ORPHAN_GRACE, collect_garbage=collect,
@@ -555,10 +557,11 @@ class ShaleModelMachine(RuleBasedStateMachine):
         # retired compacted ledgers: the replaced one joins the list; collection removes the due ones only
         retired = [(r.objects, r.retired_ms) for r in prev.retired]
         if summary.status == "compacted":
-            # what the previous state named and the new one does not (parts kept in place stay)
-            still = {p.object for p in state.parts} | {p.deletions for p in state.parts if p.deletions}
-            gone = [p.object for p in prev.parts if p.object not in still]
-            gone += [p.deletions for p in prev.parts if p.deletions and p.deletions not in still]
+            # what the previous state's views named and the new one's do not (parts kept in place
+            # stay, and so does what a retained snapshot reads)
+            still, views = state.retained_objects(), [*(v.parts for v in prev.snapshots), prev.parts]
+            gone = [p.object for parts in views for p in parts if p.object not in still]
+            gone += [p.deletions for parts in views for p in parts if p.deletions and p.deletions not in still]
             if gone:
                 retired.append((tuple(dict.fromkeys(gone)), now))
         if collect:
@@ -819,6 +822,108 @@ class ShaleModelMachine(RuleBasedStateMachine):
         if target_s > self.clock.s:
             event("clock: to a subscription's expiry")
             self.clock.s = target_s
+
+    # ------------------------------------------------- snapshots, reads as of them, rollback
+    # The machine keeps the newest ``snap_keep`` views readable (1: none but the published
+    # one).  The model follows which epochs are retained, each epoch's tombstone ages (to
+    # roll back to) and when each was published; every retained snapshot reads as the
+    # model's view of its epoch after every step, every garbage collection included.
+
+    @initialize(keep=st.sampled_from([1, 2, 3, 3]))
+    def choose_snapshot_retention(self, keep: int) -> None:
+        self.snap_keep = keep
+        self.snap_retained: list[int] = []  # retained snapshots' epochs, oldest first
+        self.snap_first_kept: dict[int, dict[MessageId, int]] = {0: {}}
+        self.snap_published: dict[int, int] = {}
+        self.snap_seen = 0  # the last epoch the model followed
+        self.snap_rolled_back: set[int] = set()  # epochs a rollback published
+
+    def _snap_follow(self) -> CompactionState:
+        """The state; the model follows an epoch a compaction published since the last step."""
+        state = self.meta.load_compaction()
+        if self.epoch != self.snap_seen:
+            assert self.epoch == self.snap_seen + 1 and state.epoch == self.epoch
+            if self.snap_seen in self.snap_rolled_back:
+                event("compact: built on a view rolled back to")
+            self._snap_published(self.snap_seen, state)
+        return state
+
+    def _snap_published(self, replaced: int, state: CompactionState) -> None:
+        """The model after epoch ``self.epoch`` replaced epoch ``replaced``."""
+        self.snap_first_kept[self.epoch] = dict(self.first_kept)
+        self.snap_published[self.epoch] = state.compacted_ms
+        kept = [*self.snap_retained, *([replaced] if replaced else [])]
+        self.snap_retained = kept[len(kept) - (self.snap_keep - 1):] if self.snap_keep > 1 else []
+        self.snap_seen = self.epoch
+
+    @precondition(lambda self: self.epoch > 0)
+    @rule(data=st.data(), by_time=st.booleans(), table=st.booleans())
+    def read_as_of(self, data: st.DataObject, by_time: bool, table: bool) -> None:
+        """A read as of a retained epoch (or the time it was published) is that epoch's view;
+        one no view answers is refused, listing those retained."""
+        self._snap_follow()
+        retained = [*self.snap_retained, self.epoch]
+        epoch = data.draw(st.sampled_from([*retained, max(1, retained[0] - 1), self.epoch + 1]), label="epoch")
+        as_of: int | datetime.datetime = epoch
+        if by_time and epoch in retained:
+            at = self.snap_published[epoch] + data.draw(st.sampled_from([0, 999]), label="ms after")
+            as_of = datetime.datetime.fromtimestamp(at / 1000, datetime.UTC)
+            epoch = max(e for e in retained if self.snap_published[e] <= at)
+        if epoch not in retained:
+            event("read as of: not retained")
+            with pytest.raises(SnapshotNotFoundError, match="retained: epoch"):
+                TopicReader(self.uri, as_of=as_of)
+            return
+        event(f"read as of: {'the published view' if epoch == self.epoch else 'a snapshot'}"
+              f"{' by time' if by_time else ''}")
+        want = self._expected(*self.history[epoch])
+        with TopicReader(self.uri, as_of=as_of) as r:
+            self._compare(r.read(), want, f"read as of {as_of}")
+        if table:
+            got = dict(TableView(self.uri, as_of=as_of, clock=self.clock))
+            assert got == self._table_of(want, self.clock.ms), (got, self._table_of(want, self.clock.ms))
+
+    @precondition(lambda self: bool(self.snap_retained))
+    @rule(data=st.data(), seconds=st.sampled_from([0, 1, 3600]))
+    def roll_back(self, data: st.DataObject, seconds: int) -> None:
+        """Publish a retained snapshot's view again; the model goes back to that epoch's view
+        (and its tombstones' ages), and later runs build on it."""
+        from shale.compactor.snapshots import rollback
+
+        self._snap_follow()
+        self.clock.s += seconds
+        to = data.draw(st.sampled_from([*self.snap_retained, self.epoch]), label="to epoch")
+        if to == self.epoch:
+            with pytest.raises(InvalidInputError, match="is the published view already"):
+                rollback(self.meta, to, keep=self.snap_keep, clock=self.clock, store_now_ms=self.clock.ms)
+            return
+        event("rollback")
+        done = rollback(self.meta, to, keep=self.snap_keep, clock=self.clock, store_now_ms=self.clock.ms)
+        replaced, (horizon, kept) = self.epoch, self.history[to]
+        assert (done.from_epoch, done.epoch, done.horizon) == (replaced, replaced + 1, horizon)
+        self.horizon, self.kept, self.first_kept = horizon, list(kept), dict(self.snap_first_kept[to])
+        self.epoch = replaced + 1
+        self.history[self.epoch] = (horizon, tuple(kept))
+        self.snap_rolled_back.add(self.epoch)
+        state = self.meta.load_compaction()
+        self._snap_published(replaced, state)
+        assert state.retained_epochs == (*self.snap_retained, self.epoch)
+        self._check_state_objects(state)
+
+    @invariant()
+    def retained_snapshots_read_as_the_model(self) -> None:
+        """Every retained snapshot reads as the model's view of its epoch (so garbage
+        collection never deleted what one reads), and exactly those the retention keeps
+        are retained."""
+        if not hasattr(self, "snap_keep"):
+            return  # (before the initialize rules)
+        state = self._snap_follow()
+        assert state.retained_epochs == ((*self.snap_retained, self.epoch) if self.epoch else ())
+        if self.snap_retained:
+            event(f"snapshots retained: {len(self.snap_retained)}")
+        for epoch in self.snap_retained:
+            with TopicReader(self.uri, as_of=epoch) as r:
+                self._compare(r.read(), self._expected(*self.history[epoch]), f"snapshot of epoch {epoch}")
 
     # --------------------------------------------------------------- invariants
 

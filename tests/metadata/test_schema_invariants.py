@@ -55,6 +55,24 @@ RETIRED = {"objects": [f"compacted/{RUN1}/part-00000.ledger", f"compacted/{RUN2}
 COMPACTION: dict[str, Any] = {"format": 1, "epoch": 3, "horizon": "6:1:4", "compacted_ledger": RUN3,
                               "parts": [PART0, PART1], "retired": [RETIRED], "keys": 4, "tombstones": 0,
                               "compacted_ms": 9, "last_run": {"anything": [1, {"x": None}]}, "topic_generation": 1}
+SNAPSHOT_PART = {"object": PART0["object"], "entries": 1, "records": 3, "bytes": 100, "first_id": "3:0:0",
+                 "last_id": "4:1:2", "ledger_id": 2}
+
+
+def snapshot(**fields: Any) -> dict[str, Any]:
+    """A valid retained snapshot (epoch 2, its part the one epoch 3 keeps in place), ``fields`` changed."""
+    return {"epoch": 2, "horizon": "4:1:2", "compacted_ledger": RUN2, "parts": [dict(SNAPSHOT_PART)], "keys": 3,
+            "tombstones": 0, "compacted_ms": 7, "replaced_ms": 9, "last_run": {}, **fields}
+
+
+def with_snapshot(**fields: Any) -> Change:
+    return at("snapshots", value=[snapshot(**fields)])
+
+
+def snapshot_part(**fields: Any) -> Change:
+    return with_snapshot(parts=[{**SNAPSHOT_PART, **fields}])
+
+
 POLICY: dict[str, Any] = {"delete_retention_ms": 1000, "min_dirty_ratio": 0.5, "compression": "zstd:3",
                           "retain_null_key": True}
 
@@ -136,6 +154,29 @@ CHECKS: list[tuple[str, str, Change, str, str]] = [
     ("deletion-vector-twice", "compaction.json",
      both(at("parts", 1, "deletions", value=PART0["deletions"]), at("parts", 1, "deleted", value=1)), "parts[1]",
      "is published twice"),
+    # ---- compaction.json: _check_snapshots (each one a view, held to the published view's rules)
+    ("snapshot-not-before-the-state", "compaction.json", with_snapshot(epoch=3), "snapshots[0].epoch",
+     "3 must be before the state's epoch 3"),
+    ("snapshots-out-of-order", "compaction.json", at("snapshots", value=[snapshot(), snapshot(epoch=1)]),
+     "snapshots[1].epoch", "after the snapshot before it (2)"),
+    ("snapshot-horizon-not-an-id", "compaction.json", with_snapshot(horizon="4:1"), "snapshots[0].horizon",
+     "is not a message id"),
+    ("snapshot-run-name", "compaction.json", with_snapshot(compacted_ledger="../../x"),
+     "snapshots[0].compacted_ledger", "is not a run name"),
+    ("snapshot-parts-without-horizon", "compaction.json", with_snapshot(horizon=None), "snapshots[0].horizon",
+     "missing although parts are published"),
+    ("snapshot-part-a-ledger", "compaction.json", snapshot_part(object=ledger(3)["object"]),
+     "snapshots[0].parts[0].object", "is not a compacted part's name"),
+    ("snapshot-part-a-document", "compaction.json", snapshot_part(object="_meta/topic.json"),
+     "snapshots[0].parts[0].object", "is not a compacted part's name"),
+    ("snapshot-vector-a-document", "compaction.json", snapshot_part(deletions="_meta/compaction.json", deleted=1),
+     "snapshots[0].parts[0].deletions", "is not a deletion vector's name"),
+    ("snapshot-part-past-its-horizon", "compaction.json", with_snapshot(horizon="4:1:1"),
+     "snapshots[0].parts[0].last_id", "4:1:2 is past the horizon 4:1:1"),
+    ("snapshot-part-written-after-its-epoch", "compaction.json", snapshot_part(ledger_id=3),
+     "snapshots[0].parts[0].ledger_id", "3 is after the epoch 2"),
+    ("snapshot-part-twice", "compaction.json", with_snapshot(parts=[SNAPSHOT_PART, SNAPSHOT_PART]),
+     "snapshots[0].parts[1]", "must be in id order and disjoint"),
     ("retired-epoch-after-the-state", "compaction.json", at("retired", 0, "epoch", value=4), "retired[0].epoch",
      "4 is after the state's epoch"),
     ("retired-a-ledger", "compaction.json", at("retired", 0, "objects", 1, value=ledger(3)["object"]),
@@ -147,6 +188,9 @@ CHECKS: list[tuple[str, str, Change, str, str]] = [
     ("retired-vector-still-published", "compaction.json",
      at("retired", 0, "objects", 1, value=PART0["deletions"]), "retired[0].objects[1]",
      "is retired but still published"),
+    ("retired-but-a-snapshot-reads-it", "compaction.json",
+     with_snapshot(parts=[{**SNAPSHOT_PART, "object": RETIRED["objects"][0]}]), "retired[0].objects[0]",
+     "is retired but a retained snapshot names it"),
     # ---- compaction.json: _check_part
     ("part-object-not-a-part", "compaction.json", at("parts", 1, "object", value=f"compacted/{RUN3}/_run.json"),
      "parts[1].object", "is not a compacted part's name"),
@@ -242,6 +286,10 @@ SCHEMA: list[tuple[str, str, Change, str, str]] = [
     ("retired-ms-negative", "compaction.json", at("retired", 0, "retired_ms", value=-1), "retired[0].retired_ms",
      ">= 0"),
     ("last-run-not-an-object", "compaction.json", at("last_run", value=[]), "field last_run", "expected `object`"),
+    ("snapshot-epoch-0", "compaction.json", with_snapshot(epoch=0), "snapshots[0].epoch", ">= 1"),
+    ("snapshot-unknown-field", "compaction.json", with_snapshot(extra=1), "snapshots[0]", "unknown field `extra`"),
+    ("snapshot-order-unknown", "compaction.json", with_snapshot(order="random"), "snapshots[0].order",
+     "invalid enum value 'random'"),
     ("policy-ratio-2", "policy.json", at("min_dirty_ratio", value=2.0), "min_dirty_ratio", "<= 1.0"),
     ("policy-retention-negative", "policy.json", at("retention_ms", value=-1), "retention_ms", ">= 0"),
     ("policy-lag-2**62", "policy.json", at("min_compaction_lag_ms", value=2**62), "min_compaction_lag_ms",
@@ -288,6 +336,12 @@ def test_the_valid_documents_load(tmp_path: Path, capsys: pytest.CaptureFixture[
     meta = TopicMetadata.open(uri)
     assert [lg.id for lg in meta.load_topic().ledgers] == [3, 4, 6]
     assert len(meta.load_compaction().parts) == 2
+    # and with a retained snapshot: read as its epoch's view
+    change = with_snapshot()
+    uri = write_topic(tmp_path / "snapshot", "compaction.json", change)
+    state = TopicMetadata.open(uri).load_compaction()
+    assert state.retained_epochs == (2, 3) and state.at_epoch(2).parts[0].object == PART0["object"]  # type: ignore[union-attr]
+    assert shale_main(["status", uri, "--json"]) == 0, capsys.readouterr().err
     assert meta.load_policy().values.min_dirty_ratio == 0.5
     assert shale_main(["status", uri, "--json"]) == 0, capsys.readouterr().err
     capsys.readouterr()

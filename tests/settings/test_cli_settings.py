@@ -63,8 +63,8 @@ def test_the_policy_document_and_config_keys_come_from_the_model() -> None:
     # --set takes each policy setting by its name, with the flag's own kind of value
     changes, _ = parse_assignments([f"{s.name}={_good(s.kind)}" for s in POLICY_SETTINGS.values()], [])
     assert set(changes) == set(PolicyDoc.__struct_fields__)
-    # and a compact flag of the same name is the same setting
-    assert all(s.commands <= {"compact", "produce"} for s in POLICY_SETTINGS.values())
+    # and a compact flag of the same name is the same setting (rollback publishes as compact does)
+    assert all(s.commands <= {"compact", "produce", "rollback"} for s in POLICY_SETTINGS.values())
 
 
 def test_precedence_is_the_same_everywhere() -> None:
@@ -95,6 +95,8 @@ def _good(kind: Kind) -> str:
         return "0.5"
     if isinstance(kind, Choice):
         return kind.values[-1]
+    if isinstance(kind, Whole):
+        return str(kind.least)
     return "true"
 
 

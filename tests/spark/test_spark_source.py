@@ -172,6 +172,29 @@ def _frame(spark: Any, n: int, *, fail_at: int | None = None, big_at: int | None
     return df.drop("id")
 
 
+def test_as_of_reads_a_retained_snapshot_and_its_table(spark: Any, tmp_path: Path) -> None:
+    """``option("asOf", ...)``: a retained snapshot's compacted view (by epoch or time), as
+    ``TopicReader(as_of=...)`` reads it, and its table; a bad or unknown one is refused."""
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    uri = str(tmp_path / "t")
+    config = CompactionConfig(delete_retention_ms=3_600_000, snapshot_retention=2)
+    _produce(uri, 1, 600, ledger=200)
+    Compactor(uri, config).run()
+    _produce(uri, 2, 300, ledger=200)
+    Compactor(uri, config).run()
+    assert TopicMetadata.open(uri).load_compaction().retained_epochs == (1, 2)
+    df = spark.read.format("shale").option("asOf", "1").option("splitRecords", "150").load(uri)
+    assert _got(df.collect()) == _want(list(TopicReader(uri, as_of=1)))
+    table = spark.read.format("shale").option("asOf", "1").option("table", "true").load(uri)
+    assert _got(table.collect()) == _want(list(table_messages(TopicMetadata.open(uri), as_of=1)))
+    # (epoch 1's view holds the second round's records as written; epoch 2's compacted them)
+    assert _got(df.collect()) != _want(list(TopicReader(uri, read_compacted=True)))
+    with pytest.raises(Exception, match="option asOf: 'soon' is not an epoch"):
+        spark.read.format("shale").option("asOf", "soon").load(uri).collect()
+    with pytest.raises(Exception, match="no compacted view of epoch 5 is retained"):
+        spark.read.format("shale").option("asOf", "5").load(uri).collect()
+
+
 def test_write_then_read_round_trip(spark: Any, disk_topic_uri: str) -> None:
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     uri = disk_topic_uri

@@ -1,0 +1,97 @@
+"""Reads as of an earlier compacted view: which retained view an epoch or a time names.
+
+A compaction (or a rollback) that replaces the published view keeps it as a snapshot
+while the topic's ``snapshot-retention`` says so (:class:`~shale.metadata.state.Snapshot`,
+in ``compaction.json``).  A read *as of* a view reads what a compacted read of it read:
+its parts, each less its deletion vector, up to its horizon, then the original ledgers
+above that horizon, deciding "the latest value" in the view's own order and key TTL.
+
+``as_of`` is an epoch (a whole number) or a time (a :class:`~datetime.datetime`; one
+without a zone is UTC): the view published at or before that time and not replaced
+before the next retained one was, i.e. the greatest retained epoch whose view was
+published at or before it.  An epoch or time no retained view answers is a
+:class:`~shale.ledger.errors.SnapshotNotFoundError` listing those that are.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Final
+
+from shale.ledger.errors import InvalidInputError, SnapshotNotFoundError
+from shale.metadata.state import CompactionState
+from shale.settings.kinds import shown
+
+__all__ = ["AsOf", "as_of_ms", "describe_as_of", "parse_as_of", "retained_text", "view_as_of"]
+
+#: An epoch, or a time.
+AsOf = int | datetime.datetime
+
+_EXAMPLE: Final = "an epoch (a whole number from 1) or a time (ISO 8601, e.g. 2024-05-01T12:00:00Z; UTC without a zone)"
+
+
+def parse_as_of(text: str) -> AsOf:
+    """``EPOCH`` or ``TIME`` as a person types it (``--as-of``, the Spark option ``asOf``)."""
+    t = text.strip()
+    if t.isdigit() and t.isascii() and len(t) <= 19 and int(t) >= 1:
+        return int(t)
+    try:
+        when = datetime.datetime.fromisoformat(t)
+    except ValueError:
+        raise InvalidInputError(f"{shown(t)!r} is not {_EXAMPLE}") from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=datetime.UTC)
+
+
+def as_of_ms(when: datetime.datetime) -> int:
+    """``when`` in milliseconds since 1970 (UTC when it has no zone)."""
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return int(when.timestamp() * 1000)
+
+
+def _check(as_of: object) -> AsOf:
+    if isinstance(as_of, bool) or not isinstance(as_of, (int, datetime.datetime)) or \
+            (isinstance(as_of, int) and as_of < 1):
+        raise InvalidInputError(f"as of {shown(repr(as_of))}: expected {_EXAMPLE}")
+    return as_of
+
+
+def _when(ms: int) -> str:
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _views(state: CompactionState) -> list[tuple[int, int]]:
+    """``(epoch, published ms)`` of every view a read may be made as of, oldest first."""
+    views = [(s.epoch, s.compacted_ms) for s in state.snapshots]
+    return [*views, (state.epoch, state.compacted_ms)] if state.epoch else views
+
+
+def retained_text(state: CompactionState) -> str:
+    """The views a read may be made as of, for a message."""
+    views = _views(state)
+    if not views:
+        return "none: the topic was never compacted"
+    return ", ".join(f"epoch {e} (published {_when(ms)})" for e, ms in views)
+
+
+def describe_as_of(as_of: AsOf) -> str:
+    """``as_of`` in words: ``epoch 4`` or ``2024-05-01T12:00:00Z``."""
+    return f"epoch {as_of}" if isinstance(as_of, int) else _when(as_of_ms(as_of))
+
+
+def view_as_of(state: CompactionState, as_of: AsOf, where: str) -> CompactionState:
+    """The view of ``state`` (its document: ``where``) that ``as_of`` names, as a state a
+    :class:`~shale.metadata.view.TopicView` reads."""
+    as_of = _check(as_of)
+    if isinstance(as_of, int):
+        found = state.at_epoch(as_of)
+    else:
+        ms = as_of_ms(as_of)
+        published = [e for e, when in _views(state) if when <= ms]
+        found = state.at_epoch(published[-1]) if published else None
+    if found is None:
+        how = "retained" if isinstance(as_of, int) else "published by then and retained"
+        raise SnapshotNotFoundError(f"{where}: no compacted view of {describe_as_of(as_of)} is {how} "
+                                    f"(retained: {retained_text(state)}; the snapshot-retention policy says how many "
+                                    "are kept)")
+    return found
