@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shale.ledger.deletions import read_deletions
-from shale.ledger.errors import GapError, ObjectNotFoundError
+from shale.ledger.errors import GapError, InvalidInputError, ObjectNotFoundError
 from shale.ledger.format import KIND_ORIGINAL
 from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.ordering import TopicOrder, record_time

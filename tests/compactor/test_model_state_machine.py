@@ -526,6 +526,7 @@ class ShaleModelMachine(RuleBasedStateMachine):
             if h != bound:
                 event("compact: horizon short of the bound")
             self.epoch = state.epoch
+            self._snap_follow()  # (a rule may compact more than once in a step)
             self.history[self.epoch] = (h, tuple(self.kept))
             assert summary.records_written + summary.records_reused == len(self.kept) == state.records, \
                 (summary, self.kept)
