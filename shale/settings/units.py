@@ -15,10 +15,6 @@ import datetime
 import math
 from typing import Final
 
-import humanfriendly
-import isodate
-import pytimeparse2
-
 from shale.ledger.errors import InvalidInputError
 
 __all__ = ["MAX_BYTES", "MAX_MILLIS", "count", "format_duration", "format_size", "parse_duration", "parse_size"]
@@ -42,6 +38,8 @@ def parse_size(text: str | int) -> int:
     if isinstance(text, int) and not isinstance(text, bool):
         value = text
     else:
+        import humanfriendly  # (imported when a size is typed: a command that takes none never needs it)
+
         try:
             value = int(humanfriendly.parse_size(str(text).strip()))
         except (humanfriendly.InvalidSize, ValueError, OverflowError):
@@ -93,6 +91,8 @@ def _plain_seconds(text: str) -> float | None:
         return float(text)
     except ValueError:
         pass
+    import pytimeparse2  # (imported when a duration is typed, as are isodate and humanfriendly)
+
     try:
         value = pytimeparse2.parse(text)
     except (ValueError, OverflowError):
@@ -103,6 +103,8 @@ def _plain_seconds(text: str) -> float | None:
 
 
 def _iso_seconds(text: str) -> float | None:
+    import isodate
+
     try:
         value = isodate.parse_duration(text.upper())
     except (isodate.ISO8601Error, ValueError):

@@ -32,7 +32,6 @@ from shale.ledger.errors import (
     NotAnObjectError,
     StorageError,
 )
-from shale.ledger.kernels import start_writeback
 from shale.storage._nofollow import (
     _DIR_FLAGS,
     _errors,
@@ -152,6 +151,9 @@ class _LocalWriter(ObjectWriter):
                 # Start writing to disk what is written so far, without waiting: the sync at
                 # close then has only the tail left.
                 self._f.flush()
+                # (imported here: the kernels load NumPy, which reading metadata never needs)
+                from shale.ledger.kernels import start_writeback
+
                 start_writeback(self._f.fileno(), self._kicked, self._written - self._kicked)
                 self._kicked = self._written
         except OSError as e:
