@@ -1,21 +1,25 @@
 """The consumer library: read a topic in full or through its compacted view.
 
-The names below are imported on first use, so that one of them (``shale get``'s lookup)
-does not load the others (the table view's Arrow and thread pool)."""
+The table view and the topic reader are imported on first use, so that a lookup of one
+key (``shale get``) does not load them (nor Arrow's glue and its thread pool).
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+# (imported now: the function shares its module's name, which the import of the module
+# would otherwise bind here)
+from shale.reader.lookup import Lookup, lookup
+
 if TYPE_CHECKING:
-    from shale.reader.lookup import Lookup, lookup
     from shale.reader.table import Listener, TableView
     from shale.reader.topic_reader import EARLIEST, LATEST, Position, TopicReader, parse_position
 
 __all__ = ["EARLIEST", "LATEST", "Listener", "Lookup", "Position", "TableView", "TopicReader", "lookup",
            "parse_position"]
 
-_HOMES = {"Lookup": "lookup", "lookup": "lookup", "Listener": "table", "TableView": "table",
+_HOMES = {"Listener": "table", "TableView": "table",
           **dict.fromkeys(("EARLIEST", "LATEST", "Position", "TopicReader", "parse_position"), "topic_reader")}
 
 
