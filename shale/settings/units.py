@@ -11,7 +11,6 @@ Durations (pytimeparse2, and isodate for ISO 8601): ``500ms``, ``30s``, ``10m``,
 
 from __future__ import annotations
 
-import datetime
 import math
 from typing import Final
 
@@ -91,6 +90,8 @@ def _plain_seconds(text: str) -> float | None:
         return float(text)
     except ValueError:
         pass
+    import datetime
+
     import pytimeparse2  # (imported when a duration is typed, as are isodate and humanfriendly)
 
     try:
@@ -103,6 +104,8 @@ def _plain_seconds(text: str) -> float | None:
 
 
 def _iso_seconds(text: str) -> float | None:
+    import datetime
+
     import isodate
 
     try:
