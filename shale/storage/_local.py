@@ -60,6 +60,14 @@ _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOE
 _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
+def start_writeback(fd: int, offset: int, nbytes: int) -> bool:
+    """:func:`shale.ledger.kernels.start_writeback`, imported when first needed: the
+    kernels load NumPy, which a command that reads only metadata never needs."""
+    from shale.ledger.kernels import start_writeback as kernel
+
+    return kernel(fd, offset, nbytes)
+
+
 def _token(data: bytes) -> str:
     # Documents carry a version that only grows, so a content hash cannot repeat (no ABA).
     return xxhash.xxh3_128_hexdigest(data)
@@ -151,9 +159,6 @@ class _LocalWriter(ObjectWriter):
                 # Start writing to disk what is written so far, without waiting: the sync at
                 # close then has only the tail left.
                 self._f.flush()
-                # (imported here: the kernels load NumPy, which reading metadata never needs)
-                from shale.ledger.kernels import start_writeback
-
                 start_writeback(self._f.fileno(), self._kicked, self._written - self._kicked)
                 self._kicked = self._written
         except OSError as e:
