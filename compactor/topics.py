@@ -12,28 +12,20 @@ uncompacted record is older than ``--max-compaction-lag`` goes first whatever it
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from shale.compactor.plan import dirty_ratio
 from shale.compactor.subscriptions import Lag, slowest, subscription_statuses
-from shale.ledger.errors import InvalidInputError, InvalidURIError, error_line
+from shale.ledger.errors import InvalidURIError, error_line
 from shale.ledger.format import KIND_ORIGINAL
 from shale.ledger.reader import LedgerFile
-from shale.metadata.layout import META_DIR
+from shale.metadata.layout import META_DIR, refuse_a_file
 from shale.metadata.state import CompactionState, TopicState
 from shale.metadata.topic import TOPIC_DOC, TopicMetadata
-from shale.storage import Location, resolve
+from shale.storage import resolve
 
 __all__ = ["Backlog", "TopicChoice", "assess", "backlog", "choose", "discover_topics", "estimate_dirt",
            "refuse_a_file"]
-
-
-def refuse_a_file(loc: Location) -> None:
-    """Refuse a local file named as a topic, or as a folder of topics: what was given is
-    wrong (bad input), not the data found there."""
-    if loc.store.scheme == "file" and os.path.exists(loc.uri) and not os.path.isdir(loc.uri):
-        raise InvalidInputError(f"{loc.uri}: is a file, not a topic (a topic is a folder holding _meta/topic.json)")
 
 
 def discover_topics(prefix_uri: str) -> list[str]:

@@ -19,12 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-import numpy as np
-import numpy.typing as npt
-
-from shale.ledger.format import NO_EVENT_TIME, Footer
-
+# NumPy is imported where times are compared, not here: a topic's metadata holds its order,
+# and reading the metadata alone (``shale config``, ``shale gc``) needs no NumPy.
 if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    from shale.ledger.format import Footer
     from shale.ledger.reader import LedgerFile
 
 __all__ = ["EVENT_TIME", "OFFSET", "ORDERS", "TopicOrder", "decoded_times"]
@@ -34,7 +35,8 @@ EVENT_TIME: Final = "event-time"
 #: The orders a topic may have, as its policy and ``compact --order`` name them.
 ORDERS: Final = (OFFSET, EVENT_TIME)
 
-I64 = npt.NDArray[np.int64]
+if TYPE_CHECKING:
+    I64 = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +71,10 @@ class TopicOrder:
         that orders them, otherwise their publish time (what ages them).  ``None`` when the
         footer does not give event times (a compacted part written by a run that did not
         keep them, or format 1 and 2): :func:`decoded_times` then says."""
+        import numpy as np
+
+        from shale.ledger.format import NO_EVENT_TIME
+
         stop = footer.n_records if stop is None else stop
         if not self.by_event_time:
             return footer.record_publish()[start:stop]
@@ -83,6 +89,8 @@ class TopicOrder:
 
     def expired(self, times: I64, now_ms: int) -> npt.NDArray[np.bool_]:
         """Which of these times (of keys' winning records) are past the key TTL at ``now_ms``."""
+        import numpy as np
+
         if self.key_ttl_ms <= 0:
             return np.zeros(len(times), dtype=bool)
         return np.asarray(times, dtype=np.int64) < now_ms - self.key_ttl_ms
@@ -107,6 +115,10 @@ class TopicOrder:
 
 def combine(events: I64, publish: I64) -> I64:
     """Event times where records have one, their publish time where not."""
+    import numpy as np
+
+    from shale.ledger.format import NO_EVENT_TIME
+
     events = np.asarray(events, dtype=np.int64)
     return np.where(events == NO_EVENT_TIME, np.asarray(publish, dtype=np.int64), events)
 

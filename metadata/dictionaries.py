@@ -14,7 +14,6 @@ registered dictionary whose object is missing is a damaged topic, like a missing
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import threading
 import time
 import uuid
@@ -29,7 +28,6 @@ from shale.ledger.errors import (
     ObjectNotFoundError,
     TopicNotFoundError,
 )
-from shale.ledger.kernels import crc32c
 from shale.metadata.layout import UNREGISTERED_MAX_AGE_MS, dictionary_object_name
 from shale.metadata.state import DictionaryInfo, TopicState
 
@@ -56,6 +54,10 @@ class DictionaryCache:
             return got
 
     def _load(self, dictionary_id: int) -> Dictionary:
+        import hashlib  # (here and below: a topic's metadata is read without OpenSSL and NumPy)
+
+        from shale.ledger.kernels import crc32c
+
         meta = self._meta
         info = next((d for d in meta.load_topic().dictionaries if d.id == dictionary_id), None)
         if info is None:
@@ -95,6 +97,10 @@ class DictionaryCache:
 def register_dictionary(meta: TopicMetadata, dictionary: Dictionary, attempts: int = 20) -> DictionaryInfo:
     """Store ``dictionary`` (create-only, under a name no other writer uses) and add it to
     the topic's ``topic.json`` with compare-and-swap; it becomes the newest."""
+    import hashlib
+
+    from shale.ledger.kernels import crc32c
+
     store = meta.topic.store
     name = dictionary_object_name(dictionary.id, uuid.uuid4().hex[:12])
     # (a unique name: nobody else writes it, and a failed registration leaves an object

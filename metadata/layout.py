@@ -21,8 +21,14 @@ metadata documents naming anything else are refused before they are acted on.
 
 from __future__ import annotations
 
+import os
 import re
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+from shale.ledger.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from shale.storage import Location
 
 __all__ = [
     "COMPACTED_DIR",
@@ -42,6 +48,7 @@ __all__ = [
     "ledger_id_of",
     "ledger_name_parts",
     "ledger_object_name",
+    "refuse_a_file",
     "run_dir_of",
     "staging_done_name",
     "staging_task_name",
@@ -157,3 +164,10 @@ def staging_task_of(name: str) -> tuple[int, str] | None:
 def write_dir_of(name: str) -> str:
     """``staging/<write>/task-….json`` → ``staging/<write>``."""
     return "/".join(name.split("/")[:2])
+
+
+def refuse_a_file(loc: Location) -> None:
+    """Refuse a local file named as a topic, or as a folder of topics: what was given is
+    wrong (bad input), not the data found there."""
+    if loc.store.scheme == "file" and os.path.exists(loc.uri) and not os.path.isdir(loc.uri):
+        raise InvalidInputError(f"{loc.uri}: is a file, not a topic (a topic is a folder holding _meta/topic.json)")

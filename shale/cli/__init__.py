@@ -49,7 +49,11 @@ def _main(prog: str, argv: Sequence[str] | None, command: str | None) -> int:
     def parser() -> OneLineParser:
         from shale.cli.parsing import build_compact_parser, build_parser
 
-        return build_compact_parser() if command == "compact" else build_parser()
+        if command == "compact":
+            return build_compact_parser()
+        # the command is the first argument that is not an option (``shale`` itself takes only --help)
+        chosen = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), "")
+        return build_parser(chosen)
 
     code = run_command(None if argv is None else list(argv), parser, prog=prog)
     sys.stdout.flush()

@@ -9,7 +9,6 @@ import contextlib
 import importlib
 import os
 import sys
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, TextIO
@@ -79,6 +78,8 @@ def _run(argv: list[str] | None, parser: Parser, io: Streams) -> int:
         if os.environ.get("SHALE_DEBUG"):
             # every exception of the chain, each text masked (a library's own text may name
             # an endpoint URL with its password)
+            import traceback
+
             io.err.write(mask_secrets(traceback.format_exc()))
         return exit_code_of(e)
 
@@ -103,7 +104,7 @@ def check_storage(args: argparse.Namespace) -> None:
     outlive it; the Python API keeps it), or a local file given as a topic.  ``compact``'s
     topics are each refused on their own, in their summaries, so that one bad topic does
     not stop the others; in-process storage stops the run."""
-    from shale.compactor.topics import refuse_a_file
+    from shale.metadata.layout import refuse_a_file
     from shale.storage import require, resolve
 
     for dest, is_topic in _STORAGE:

@@ -125,11 +125,12 @@ def _scrub(meta: TopicMetadata, args: argparse.Namespace) -> ScrubReport:
 
 
 def run_dictionary(args: argparse.Namespace, io: Streams) -> int:
-    from shale.compactor.dictionary import train_and_register
     from shale.metadata.topic import TopicMetadata
 
     meta = TopicMetadata.open(args.topic, args.metadata)
     if args.train:
+        from shale.compactor.dictionary import train_and_register  # (it trains with NumPy: listing needs none)
+
         emit(train_and_register(meta, size=args.size, level=args.level, use=args.use), io.out, args.json)
         return 0
     if args.use:

@@ -124,13 +124,19 @@ def build_compact_parser(prog: str = "compact") -> OneLineParser:
     return p
 
 
-def build_parser() -> OneLineParser:
-    """The ``shale`` command's parser, with every command."""
+def build_parser(only: str | None = None) -> OneLineParser:
+    """The ``shale`` command's parser, with every command.  Given ``only``, the parser of
+    ``argv`` whose first argument is ``only``: that command alone gets its flags, the
+    others their names and summaries (all ``shale --help`` shows of them), so that running
+    one command does not build a dozen parsers first."""
     p = OneLineParser(prog="shale", description="Shale: compact keyed topics stored as ledger objects on object "
                       "storage.", epilog=f"exit codes:\n{EXIT_CODES}\n\n{precedence_help('compact')}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=OneLineParser)
     for name in COMMANDS:
         c = COMMAND_TABLE[name]
+        if only is not None and name != only:
+            p.commands[name] = sub.add_parser(name, help=c.summary)
+            continue
         cp = sub.add_parser(name, help=c.summary, description=c.description, epilog=_epilog(name))
         add_settings(cp, name)
         p.commands[name] = cp

@@ -11,14 +11,13 @@ so the document's schema and the flags check the same limits.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import sys
 import urllib.parse
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Final, Literal, NoReturn
-
-import msgspec
 
 from shale.ledger.codecs import Compression, parse_compression
 from shale.ledger.errors import InvalidInputError, InvalidURIError
@@ -30,9 +29,18 @@ __all__ = ["Choice", "Codec", "Duration", "Kind", "Pairs", "Rate", "Ratio", "Siz
 
 TRUE: Final = frozenset({"1", "true", "yes", "on"})
 FALSE: Final = frozenset({"0", "false", "no", "off"})
-Millis = Annotated[int, msgspec.Meta(ge=0, le=MAX_MILLIS)]
-Bytes = Annotated[int, msgspec.Meta(ge=0, le=MAX_BYTES)]
-Share = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+
+
+@functools.cache
+def _constrained(name: str) -> Any:
+    """A policy document's type with msgspec's constraints; built when a policy document's
+    schema is, so that parsing flags does not import msgspec."""
+    import msgspec
+
+    return {"millis": Annotated[int, msgspec.Meta(ge=0, le=MAX_MILLIS)],
+            "bytes": Annotated[int, msgspec.Meta(ge=0, le=MAX_BYTES)],
+            "share": Annotated[float, msgspec.Meta(ge=0.0, le=1.0)],
+            "codec": Annotated[str, msgspec.Meta(max_length=16)]}[name]
 
 
 def _raise(message: str) -> NoReturn:
@@ -53,8 +61,11 @@ class Kind:
     metavar: ClassVar[str] = "VALUE"
     #: a flag that takes no value (``--dry-run``); its variable takes 1/true/yes/on or 0/false/no/off
     switch: ClassVar[bool] = False
-    #: the type a policy document stores it as (None: a policy cannot hold it)
-    doc_type: ClassVar[Any] = None
+
+    @property
+    def doc_type(self) -> Any:
+        """The type a policy document stores the value as (None: a policy cannot hold it)."""
+        return None
 
     def parse(self, text: str) -> Any:
         """The value ``text`` stands for; raises :class:`InvalidInputError` saying why not."""
@@ -92,7 +103,10 @@ class Duration(Kind):
     least: int = 0
     why: str = ""
     metavar: ClassVar[str] = "DURATION"
-    doc_type: ClassVar[Any] = Millis
+
+    @property
+    def doc_type(self) -> Any:
+        return _constrained("millis")
 
     def parse(self, text: str) -> int:
         return self._checked(parse_duration(text), text)
@@ -123,7 +137,10 @@ class Size(Kind):
     most: int = MAX_BYTES
     why: str = ""
     metavar: ClassVar[str] = "SIZE"
-    doc_type: ClassVar[Any] = Bytes
+
+    @property
+    def doc_type(self) -> Any:
+        return _constrained("bytes")
 
     def parse(self, text: str) -> int:
         return self._checked(parse_size(text), text)
@@ -178,7 +195,10 @@ class Ratio(Kind):
     """A share from 0 to 1."""
 
     metavar: ClassVar[str] = "R"
-    doc_type: ClassVar[Any] = Share
+
+    @property
+    def doc_type(self) -> Any:
+        return _constrained("share")
 
     def parse(self, text: str) -> float:
         try:
@@ -209,6 +229,8 @@ class Whole(Kind):
 
     @property  # (a number in this instance's range, in a policy document)
     def doc_type(self) -> Any:
+        import msgspec
+
         return Annotated[int, msgspec.Meta(ge=self.least, le=self.most)]
 
     def parse(self, text: str) -> int:
@@ -237,7 +259,10 @@ class Switch(Kind):
 
     switch: ClassVar[bool] = True
     metavar: ClassVar[str] = "true|false"
-    doc_type: ClassVar[Any] = bool
+
+    @property
+    def doc_type(self) -> Any:
+        return bool
 
     def parse(self, text: str) -> bool:
         word = text.strip().lower()
@@ -281,7 +306,10 @@ class Codec(Kind):
     """How entries are compressed: ``none``, ``lz4``, ``zstd``, ``zstd:LEVEL``, ``zstd-dict[:LEVEL]``."""
 
     metavar: ClassVar[str] = "CODEC"
-    doc_type: ClassVar[Any] = Annotated[str, msgspec.Meta(max_length=16)]
+
+    @property
+    def doc_type(self) -> Any:
+        return _constrained("codec")
 
     def parse(self, text: str) -> Compression:
         return parse_compression(text)

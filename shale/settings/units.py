@@ -11,13 +11,8 @@ Durations (pytimeparse2, and isodate for ISO 8601): ``500ms``, ``30s``, ``10m``,
 
 from __future__ import annotations
 
-import datetime
 import math
 from typing import Final
-
-import humanfriendly
-import isodate
-import pytimeparse2
 
 from shale.ledger.errors import InvalidInputError
 
@@ -42,6 +37,8 @@ def parse_size(text: str | int) -> int:
     if isinstance(text, int) and not isinstance(text, bool):
         value = text
     else:
+        import humanfriendly  # (imported when a size is typed: a command that takes none never needs it)
+
         try:
             value = int(humanfriendly.parse_size(str(text).strip()))
         except (humanfriendly.InvalidSize, ValueError, OverflowError):
@@ -93,6 +90,10 @@ def _plain_seconds(text: str) -> float | None:
         return float(text)
     except ValueError:
         pass
+    import datetime
+
+    import pytimeparse2  # (imported when a duration is typed, as are isodate and humanfriendly)
+
     try:
         value = pytimeparse2.parse(text)
     except (ValueError, OverflowError):
@@ -103,6 +104,10 @@ def _plain_seconds(text: str) -> float | None:
 
 
 def _iso_seconds(text: str) -> float | None:
+    import datetime
+
+    import isodate
+
     try:
         value = isodate.parse_duration(text.upper())
     except (isodate.ISO8601Error, ValueError):

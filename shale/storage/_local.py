@@ -32,7 +32,6 @@ from shale.ledger.errors import (
     NotAnObjectError,
     StorageError,
 )
-from shale.ledger.kernels import start_writeback
 from shale.storage._nofollow import (
     _DIR_FLAGS,
     _errors,
@@ -59,6 +58,14 @@ _WRITEBACK_BYTES = 1 << 20  # a streamed write starts writeback of every this ma
 
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def start_writeback(fd: int, offset: int, nbytes: int) -> bool:
+    """:func:`shale.ledger.kernels.start_writeback`, imported when first needed: the
+    kernels load NumPy, which a command that reads only metadata never needs."""
+    from shale.ledger.kernels import start_writeback as kernel
+
+    return kernel(fd, offset, nbytes)
 
 
 def _token(data: bytes) -> str:

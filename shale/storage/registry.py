@@ -9,7 +9,6 @@ Another distribution adds a backend through the ``shale.storage`` entry-point gr
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import inspect
 import os
 import threading
@@ -96,7 +95,10 @@ def open_store(scheme: str, netloc: str, options: StorageOptions | None = None) 
 
 
 def _register_entry_point(scheme: str) -> None:
-    # Looked up only for a scheme nothing registered: a plugin is imported when first used.
+    # Looked up only for a scheme nothing registered: a plugin is imported when first used
+    # (and so is importlib.metadata, which pulls in the email package: too much for every start).
+    import importlib.metadata
+
     found = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP, name=scheme)
     for entry in found:
         try:

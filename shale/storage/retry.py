@@ -9,7 +9,6 @@ with the default ``sleep``; ``sleep`` is injectable so tests do not wait.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -61,10 +60,14 @@ class ConflictPolicy:
     def retrying(self, what: str = "") -> tenacity.Retrying:
         """A tenacity loop under this policy; ``what`` names the loop in the log line
         written before each wait."""
+        import logging  # (here, with tenacity: a command that swaps nothing needs neither)
+
         import tenacity
 
+        log = logging.getLogger("shale")
+
         def note(state: tenacity.RetryCallState) -> None:
-            _log.debug("%s: conflict on attempt %d, trying again", what or "compare-and-swap", state.attempt_number)
+            log.debug("%s: conflict on attempt %d, trying again", what or "compare-and-swap", state.attempt_number)
 
         return tenacity.Retrying(
             stop=tenacity.stop_after_attempt(self.attempts),
@@ -75,5 +78,3 @@ class ConflictPolicy:
             before_sleep=note,
         )
 
-
-_log = logging.getLogger("shale")
