@@ -75,7 +75,12 @@ def _append_all(writer: TopicWriter, stream: IO[bytes], name: str, fmt: str, arg
     shown = _ProduceProgress() if sys.stderr.isatty() else None
     try:
         if fmt == "jsonl":
-            _append_lines(writer, stream, name, shown)
+            from shale.jsonl_ingest import SCANNER, produce_lines
+
+            if SCANNER == "native":
+                produce_lines(writer, stream, name, _between_batches(shown))
+            else:
+                _append_lines(writer, stream, name, shown)
         else:
             from shale.columns import DEFAULT_KEY_FIELD, DEFAULT_VALUE_FIELD, Fields
             from shale.ingest import produce_columnar
