@@ -92,20 +92,20 @@ def produce_lines(writer: TopicWriter, stream: IO[bytes], name: str,
 def _chunks(stream: IO[bytes], size: int) -> Iterator[bytes]:
     """``stream`` in pieces that end at a line end (the last one may not): whatever one
     read gives, so that lines piped in slowly are appended as they come."""
-    rest = b""
+    rest: list[bytes] = []
     read = getattr(stream, "read1", stream.read)
     while True:
         got = read(size)
         if not got:
             if rest:
-                yield rest
+                yield b"".join(rest)
             return
         cut = got.rfind(b"\n") + 1
         if cut == 0:  # no line end yet: a line longer than one read
-            rest += got
+            rest.append(got)
             continue
-        yield rest + got[:cut] if rest else got[:cut]
-        rest = got[cut:]
+        yield b"".join([*rest, got[:cut]]) if rest else got[:cut]
+        rest = [got[cut:]] if cut < len(got) else []
 
 
 def _scanned(chunks: Iterator[bytes]) -> Iterator[_Scanned]:

@@ -61,8 +61,9 @@ _json: Any = st.recursive(
     st.none() | st.booleans() | st.integers(-10**30, 10**30) | st.floats(allow_nan=False, allow_infinity=False)
     | _text,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_text, inner, max_size=3), max_leaves=8)
-_event = st.integers(EVENT_TIME_MIN_MS - 2, EVENT_TIME_MIN_MS + 2) | st.integers(EVENT_TIME_MAX_MS - 2, EVENT_TIME_MAX_MS + 2) \
-    | st.integers(-10**20, 10**20) | st.sampled_from([0, -0.0, 1.0, 1.5, "1", True, None])
+_event = st.integers(EVENT_TIME_MIN_MS - 2, EVENT_TIME_MIN_MS + 2) \
+    | st.integers(EVENT_TIME_MAX_MS - 2, EVENT_TIME_MAX_MS + 2) | st.integers(-10**20, 10**20) \
+    | st.sampled_from([0, -0.0, 1.0, 1.5, "1", True, None])
 _field_values = {
     "key": _text | st.none() | st.sampled_from([1, [], {}]),
     "value": _text | st.none() | _json,
@@ -78,7 +79,8 @@ _SPECIAL = [
     b"", b"   ", b"\t\r", b"\x0b\x1c", b"\xc2\xa0", b"\xe3\x80\x80", b"\xff", b"\xc3(", b"\xed\xa0\x80",
     b'{"key":"a\\ud800","value":"b"}', b'{"key":"a\\udc00\\ud800","value":"b"}',
     b'{"key":"\\ud83d\\ude00","value":"\\u00e9\\u0000"}', b'{"key":"\\udc00","value":"b"}',
-    b'{"key":"a","value":"\\uDFFF"}', b'{"key":"a","properties":{"\\ud800":"x"}}', b'{"key":"\\uD800\\u0041"}', b'{"key":"a","value":"b\\x"}',
+    b'{"key":"a","value":"\\uDFFF"}', b'{"key":"a","properties":{"\\ud800":"x"}}', b'{"key":"\\uD800\\u0041"}',
+    b'{"key":"a","value":"b\\x"}',
     b'{"key":"a","key":"b","value":"v"}', b'{"key":"a","properties":{"p":"1","p":"2"}}',
     b'{"k\\u0065y":"a","value":"v"}', b'{"key":"a","value":' + b"[" * 70 + b"]" * 70 + b"}",
     b'{"key":"a","value":' + b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH + b"}",
