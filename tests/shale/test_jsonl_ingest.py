@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from shale.ledger.errors import InvalidInputError
 from shale.ledger.record import EVENT_TIME_MAX_MS, EVENT_TIME_MIN_MS
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
+from tests.conftest import run_cli_here
 
 pytestmark = pytest.mark.skipif(jsonl_ingest.SCANNER != "native", reason="the C scanner was not built")
 
@@ -175,3 +177,22 @@ def test_common_lines_never_reach_the_python_parser(monkeypatch: pytest.MonkeyPa
     assert produce(data, False, 1 << 20) == (stored, error, appended)
     assert error is None and appended == len(stored) == len(lines)
     assert stored[0] == (b"user-0", b'{"email": "u0@example.com", "seq": 0}', {"source": "demo"}, 1_700_000_000_000)
+
+
+def test_shale_produce_reads_common_lines_as_columns_and_names_a_bad_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shale.jsonlines
+
+    calls = []
+    real = shale.jsonlines.parse_record_line
+    monkeypatch.setattr(shale.jsonlines, "parse_record_line", lambda *a: calls.append(a[1]) or real(*a))
+    source = tmp_path / "in.jsonl"
+    good = [json.dumps({"key": f"k{i}", "value": {"n": i}, "properties": {"p": "q"}}) for i in range(30)]
+    source.write_text("\n".join([*good, '{"key":"k","value":"a\\ud800"}', *good]) + "\n")
+    p = run_cli_here("produce", str(tmp_path / "t"), "--input", str(source), "--max-ledger-records", "7")
+    assert p.returncode == 2 and p.stderr == (
+        f"shale: error: {source}:31: not valid JSON: a \\u escape is half of a surrogate pair (not valid Unicode) "
+        "(30 earlier records were appended, last id 5:0:1)\n")
+    assert calls == [f"{source}:31"]  # the one line the scanner left to the Python parser
+    assert [(m.key, m.value) for m in TopicReader(str(tmp_path / "t"))] == [
+        (f"k{i}".encode(), b'{"n": %d}' % i) for i in range(30)]
