@@ -78,34 +78,84 @@ def produce_lines(writer: TopicWriter, stream: IO[bytes], name: str,
     from shale.ingest import _prefetched as prefetched
 
     total = 0
-    for chunk in interrupts.interruptible(prefetched(_scanned(_chunks(stream, chunk_bytes)))):
-        cols, error = _records(chunk, name, writer)
-        if len(cols):
-            total += writer.append_batch(cols)
-        if error is not None:
-            raise error
-        if progress is not None:
-            progress(len(cols), len(chunk.data))
+    held: RecordColumns | None = None  # the records of an entry not full yet, appended with the next chunk's
+    try:
+        for chunk in interrupts.interruptible(prefetched(_scanned(_chunks(stream, chunk_bytes)))):
+            cols, error = _records(chunk, name, writer)
+            if held is not None:
+                cols, held = _concat(held, cols), None
+            if error is None and len(chunk.data) < chunk_bytes // 4:  # (a big chunk makes whole entries but its last)
+                cols, held = _split(cols, _whole_entries(writer, len(cols)), writer.max_entry_bytes)
+            if len(cols):
+                total += writer.append_batch(cols)
+            if error is not None:
+                raise error
+            if progress is not None:
+                progress(len(cols), len(chunk.data))
+    except KeyboardInterrupt:
+        if held is not None:  # read and checked: accepted
+            total += writer.append_batch(held)
+        raise
+    if held is not None:
+        total += writer.append_batch(held)
     return total
 
 
-def _chunks(stream: IO[bytes], size: int) -> Iterator[bytes]:
-    """``stream`` in pieces that end at a line end (the last one may not): whatever one
-    read gives, so that lines piped in slowly are appended as they come."""
-    rest: list[bytes] = []
-    read = getattr(stream, "read1", stream.read)
+def _whole_entries(writer: TopicWriter, n: int) -> int:
+    """How many of ``n`` records make whole entries (of ``batch_size`` records, fewer where
+    a ledger is full sooner) after the records appended so far."""
+    in_ledger, done = writer.ledger_records % writer.max_ledger_records, 0
     while True:
-        got = read(size)
-        if not got:
-            if rest:
-                yield b"".join(rest)
+        size = min(writer.batch_size, writer.max_ledger_records - in_ledger)
+        if n - done < size:
+            return done
+        done += size
+        in_ledger = (in_ledger + size) % writer.max_ledger_records
+
+
+def _chunks(stream: IO[bytes], size: int) -> Iterator[bytes]:
+    """``stream`` in pieces of about ``size`` bytes that end at a line end (the last one
+    may not); a smaller piece when no more input is there yet (a pipe written slowly), so
+    that lines are appended as they come."""
+    try:
+        fd: int | None = stream.fileno()
+    except (OSError, AttributeError, ValueError):  # (io.UnsupportedOperation is an OSError)
+        fd = None
+    read = getattr(stream, "read1", stream.read)
+    pieces: list[bytes] = []
+    have = 0
+    while True:
+        got = read(max(size - have, 1 << 16))
+        if got:
+            pieces.append(got)
+            have += len(got)
+            if have < size and _ready(fd):
+                continue
+        if not pieces:
             return
-        cut = got.rfind(b"\n") + 1
-        if cut == 0:  # no line end yet: a line longer than one read
-            rest.append(got)
+        data = b"".join(pieces)
+        if not got:  # the end: the last line may lack its line end
+            yield data
+            return
+        cut = data.rfind(b"\n") + 1
+        if cut == 0:  # no line end yet: a line longer than what came so far
+            pieces = [data]
             continue
-        yield b"".join([*rest, got[:cut]]) if rest else got[:cut]
-        rest = [got[cut:]] if cut < len(got) else []
+        yield data[:cut] if cut < len(data) else data
+        pieces = [data[cut:]] if cut < len(data) else []
+        have = len(data) - cut
+
+
+def _ready(fd: int | None) -> bool:
+    """Whether more input can be read at once (always, from anything but a pipe or socket)."""
+    if fd is None:
+        return True
+    import select
+
+    try:
+        return bool(select.select([fd], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
 
 
 def _scanned(chunks: Iterator[bytes]) -> Iterator[_Scanned]:
@@ -270,3 +320,77 @@ def _head(cols: RecordColumns, n: int) -> RecordColumns:
     return RecordColumns(_head_var(cols.key, n), _head_var(cols.value, n), props,
                          None if cols.event_time is None else cols.event_time[:n],
                          None if cols.event_valid is None else cols.event_valid[:n])
+
+
+def _split(cols: RecordColumns, n: int, max_held_bytes: int) -> tuple[RecordColumns, RecordColumns | None]:
+    """The first ``n`` rows of ``cols``, and the rest (``None``: none, or more than
+    ``max_held_bytes`` of keys and values, appended at once)."""
+    if n == len(cols):
+        return cols, None
+    held = _rows_from(cols, n)
+    if len(held.key.data) + len(held.value.data) > max_held_bytes:
+        return cols, None
+    return _head(cols, n), held
+
+
+def _slice(c: VarColumn, start: int, stop: int) -> VarColumn:
+    """Rows ``start`` to ``stop`` of ``c``, their bytes copied."""
+    off = c.offsets[start:stop + 1]
+    return VarColumn(off - off[0], bytes(memoryview(c.data)[int(off[0]):int(off[-1])]),
+                     None if c.valid is None else c.valid[start:stop].copy())
+
+
+def _rows_from(cols: RecordColumns, n: int) -> RecordColumns:
+    """The rows of ``cols`` from row ``n`` on, their bytes copied."""
+    end = len(cols)
+    p = cols.properties
+    props = None
+    if p is not None:
+        first, last = int(p.offsets[n]), int(p.offsets[end])
+        props = Properties(p.offsets[n:end + 1] - first, _slice(p.names, first, last), _slice(p.values, first, last))
+    return RecordColumns(_slice(cols.key, n, end), _slice(cols.value, n, end), props,
+                         None if cols.event_time is None else cols.event_time[n:end].copy(),
+                         None if cols.event_valid is None else cols.event_valid[n:end].copy())
+
+
+def _concat(a: RecordColumns, b: RecordColumns) -> RecordColumns:
+    """The rows of ``a`` then those of ``b``."""
+    pa, pb = a.properties, b.properties
+    props = None
+    if pa is not None or pb is not None:
+        pa, pb = pa or _no_pairs(len(a)), pb or _no_pairs(len(b))
+        first_a, last_a = int(pa.offsets[0]), int(pa.offsets[len(a)])
+        first_b, last_b = int(pb.offsets[0]), int(pb.offsets[len(b)])
+        offsets = np.concatenate([pa.offsets[:len(a)] - first_a,
+                                  pb.offsets[:len(b) + 1] - first_b + (last_a - first_a)])
+        props = Properties(offsets, _joined(_slice(pa.names, first_a, last_a), _slice(pb.names, first_b, last_b)),
+                           _joined(_slice(pa.values, first_a, last_a), _slice(pb.values, first_b, last_b)))
+    event = valid = None
+    if a.event_valid is not None or b.event_valid is not None:
+        event = np.concatenate([_times(a), _times(b)])
+        valid = np.concatenate([_event_valid(a), _event_valid(b)])
+    return RecordColumns(_joined(_slice(a.key, 0, len(a)), _slice(b.key, 0, len(b))),
+                         _joined(_slice(a.value, 0, len(a)), _slice(b.value, 0, len(b))), props, event, valid)
+
+
+def _joined(x: VarColumn, y: VarColumn) -> VarColumn:
+    """The rows of ``x`` then those of ``y`` (both with offsets from 0)."""
+    off = np.concatenate([x.offsets[:-1], y.offsets + len(x.data)])
+    return VarColumn(off, b"".join([x.data, y.data]), np.concatenate([_valid(x), _valid(y)]))
+
+
+def _valid(c: VarColumn) -> U8:
+    return np.ones(len(c.offsets) - 1, np.uint8) if c.valid is None else c.valid
+
+
+def _no_pairs(n: int) -> Properties:
+    empty = VarColumn(np.zeros(1, np.int64), b"")
+    return Properties(np.zeros(n + 1, np.int64), empty, empty)
+
+
+def _times(cols: RecordColumns) -> I64:
+    return np.zeros(len(cols), np.int64) if cols.event_time is None else cols.event_time
+
+
+def _event_valid(cols: RecordColumns) -> U8:
+    return np.zeros(len(cols), np.uint8) if cols.event_valid is None else cols.event_valid

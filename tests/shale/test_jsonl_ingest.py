@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -29,14 +30,40 @@ pytestmark = pytest.mark.skipif(jsonl_ingest.SCANNER != "native", reason="the C 
 Stored = list[tuple[bytes | None, bytes | None, dict[str, str], int | None]]
 
 
-def produce(data: bytes, columnar: bool, max_record_bytes: int, chunk_bytes: int = 1 << 20
+class Trickle(io.RawIOBase):
+    """``data`` in reads of ``step`` bytes at most, from a stream whose descriptor (an empty
+    pipe) says that no more input is there yet: lines written slowly into a pipe."""
+
+    def __init__(self, data: bytes, step: int) -> None:
+        self.data, self.step, self.at = data, step, 0
+        self.pipe = os.pipe()
+
+    def read1(self, n: int = -1) -> bytes:
+        got = self.data[self.at:self.at + min(n if n >= 0 else self.step, self.step)]
+        self.at += len(got)
+        return got
+
+    def fileno(self) -> int:
+        return self.pipe[0]
+
+    def close(self) -> None:
+        if not self.closed:
+            for fd in self.pipe:
+                os.close(fd)
+        super().close()
+
+
+def produce(data: bytes, columnar: bool, max_record_bytes: int, chunk_bytes: int = 1 << 20, trickle: int = 0
             ) -> tuple[Stored, str | None, int]:
     """What a run over ``data`` stores, the error it ends with, and the records it appended."""
     with tempfile.TemporaryDirectory(prefix="shale-jsonl-") as folder:
         w = TopicWriter(f"{folder}/t", max_record_bytes=max_record_bytes, batch_size=7, max_ledger_records=50)
         error = None
         try:
-            if columnar:
+            if columnar and trickle:
+                with Trickle(data, trickle) as stream:
+                    jsonl_ingest.produce_lines(w, stream, "in.jsonl", chunk_bytes=chunk_bytes)
+            elif columnar:
                 jsonl_ingest.produce_lines(w, io.BytesIO(data), "in.jsonl", chunk_bytes=chunk_bytes)
             else:
                 _append_lines(w, io.BytesIO(data), "in.jsonl", None)
@@ -47,9 +74,10 @@ def produce(data: bytes, columnar: bool, max_record_bytes: int, chunk_bytes: int
     return stored, error, appended
 
 
-def same(data: bytes, max_record_bytes: int = 1 << 20, chunk_bytes: int = 1 << 20) -> tuple[Stored, str | None]:
+def same(data: bytes, max_record_bytes: int = 1 << 20, chunk_bytes: int = 1 << 20, trickle: int = 0
+         ) -> tuple[Stored, str | None]:
     old = produce(data, False, max_record_bytes)
-    new = produce(data, True, max_record_bytes, chunk_bytes)
+    new = produce(data, True, max_record_bytes, chunk_bytes, trickle)
     assert new == old
     return old[0], old[1]
 
@@ -129,12 +157,13 @@ def _input(draw: st.DrawFn) -> bytes:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(_input(), st.sampled_from([1 << 20, 300, 120]), st.sampled_from([1, 7, 64, 1 << 20]))
-@example(b'{"key":"a","value":"b"}\n\xff\n{"key":"c","value":"d"}\n', 1 << 20, 1 << 20)
-@example(b'{"key":"a","value":"' + b"x" * 400 + b'"}\n', 300, 1 << 20)
+@given(_input(), st.sampled_from([1 << 20, 300, 120]), st.sampled_from([1, 7, 64, 1 << 20]),
+       st.sampled_from([0, 0, 1, 5, 50]))
+@example(b'{"key":"a","value":"b"}\n\xff\n{"key":"c","value":"d"}\n', 1 << 20, 1 << 20, 0)
+@example(b'{"key":"a","value":"' + b"x" * 400 + b'"}\n', 300, 1 << 20, 0)
 def test_columns_store_and_refuse_as_the_line_by_line_path(data: bytes, max_record_bytes: int,
-                                                           chunk_bytes: int) -> None:
-    same(data, max_record_bytes, chunk_bytes)
+                                                           chunk_bytes: int, trickle: int) -> None:
+    same(data, max_record_bytes, chunk_bytes, trickle)
 
 
 @pytest.mark.parametrize("line", _SPECIAL)
@@ -196,3 +225,14 @@ def test_shale_produce_reads_common_lines_as_columns_and_names_a_bad_line(
     assert calls == [f"{source}:31"]  # the one line the scanner left to the Python parser
     assert [(m.key, m.value) for m in TopicReader(str(tmp_path / "t"))] == [
         (f"k{i}".encode(), b'{"n": %d}' % i) for i in range(30)]
+
+
+def test_lines_piped_slowly_still_make_whole_entries(tmp_path: Path) -> None:
+    lines = b"".join(b'{"key":"k%d","value":"v%d","event_time":%d}\n' % (i, i, i) for i in range(95))
+    w = TopicWriter(str(tmp_path / "t"), batch_size=10, max_ledger_records=40)
+    with Trickle(lines, 30) as stream:  # a line or two at a time
+        assert jsonl_ingest.produce_lines(w, stream, "-") == 95
+    result = w.close()
+    assert [(lg.records, lg.entries) for lg in result.ledgers] == [(40, 4), (40, 4), (15, 2)]
+    assert [(m.key, m.event_time) for m in TopicReader(str(tmp_path / "t"))] == [
+        (b"k%d" % i, i) for i in range(95)]
