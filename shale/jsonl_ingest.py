@@ -55,7 +55,8 @@ Parsed = tuple[bytes | None, bytes | None, dict[str, str], int | None]
 @dataclass(frozen=True, slots=True)
 class _Scanned:
     """One chunk's records as the scanner left them: rows of the lines it took, in line
-    order (``line``: each row's line number), and the lines left to Python."""
+    order (``line``: each row's line number in the chunk, from 1), and the lines left to
+    Python."""
 
     data: bytes
     lines: int
@@ -75,27 +76,51 @@ def produce_lines(writer: TopicWriter, stream: IO[bytes], name: str,
     """Append the record of every JSON line of ``stream``; return how many.  A bad line
     raises :class:`InvalidInputError` naming ``<name>:<line>`` after every record before
     it was appended."""
-    from shale.ingest import _prefetched as prefetched
+    from concurrent.futures import Future, ThreadPoolExecutor
 
-    total = 0
+    assert _native is not None
+    fd = _fileno(stream)
+    total, first = 0, 1
     held: RecordColumns | None = None  # the records of an entry not full yet, appended with the next chunk's
-    try:
-        for chunk in interrupts.interruptible(prefetched(_scanned(_chunks(stream, chunk_bytes)))):
-            cols, error = _records(chunk, name, writer)
-            if held is not None:
-                cols, held = _concat(held, cols), None
-            if error is None and len(chunk.data) < chunk_bytes // 4:  # (a big chunk makes whole entries but its last)
-                cols, held = _split(cols, _whole_entries(writer, len(cols)), writer.max_entry_bytes)
-            if len(cols):
-                total += writer.append_batch(cols)
-            if error is not None:
-                raise error
-            if progress is not None:
-                progress(len(cols), len(chunk.data))
-    except KeyboardInterrupt:
-        if held is not None:  # read and checked: accepted
-            total += writer.append_batch(held)
-        raise
+    ahead: tuple[Future[_Scanned], int] | None = None  # the chunk being scanned while the one before is appended
+
+    def append(chunk: _Scanned, first: int, small: bool) -> None:
+        nonlocal total, held
+        cols, error = _records(chunk, first, name, writer)
+        if held is not None:
+            cols, held = _concat(held, cols), None
+        if error is None and small:  # (a big chunk makes whole entries but its last)
+            cols, held = _split(cols, _whole_entries(writer, len(cols)), writer.max_entry_bytes)
+        if len(cols):
+            total += writer.append_batch(cols)
+        if error is not None:
+            raise error
+        if progress is not None:
+            progress(len(cols), len(chunk.data))
+
+    # Input is read here, where an interrupt stops a wait for it; a chunk is scanned on the
+    # thread (the scanner lets go of the interpreter lock) while the one before is appended.
+    with ThreadPoolExecutor(1, thread_name_prefix="shale-scan") as scanner:
+        try:
+            for data in interrupts.interruptible(_chunks(stream, fd, chunk_bytes)):
+                scanning = scanner.submit(_scan, data)
+                if ahead is not None:
+                    chunk = ahead[0].result()
+                    append(chunk, ahead[1], len(chunk.data) < chunk_bytes // 4)
+                    first += chunk.lines
+                    ahead = None
+                if _ready(fd):
+                    ahead = scanning, first
+                else:  # no more input yet: what came is appended before the wait
+                    chunk = scanning.result()
+                    append(chunk, first, len(chunk.data) < chunk_bytes // 4)
+                    first += chunk.lines
+            if ahead is not None:
+                append(ahead[0].result(), ahead[1], False)
+        except KeyboardInterrupt:
+            if held is not None:  # read and checked: accepted
+                total += writer.append_batch(held)
+            raise
     if held is not None:
         total += writer.append_batch(held)
     return total
@@ -113,14 +138,10 @@ def _whole_entries(writer: TopicWriter, n: int) -> int:
         in_ledger = (in_ledger + size) % writer.max_ledger_records
 
 
-def _chunks(stream: IO[bytes], size: int) -> Iterator[bytes]:
+def _chunks(stream: IO[bytes], fd: int | None, size: int) -> Iterator[bytes]:
     """``stream`` in pieces of about ``size`` bytes that end at a line end (the last one
     may not); a smaller piece when no more input is there yet (a pipe written slowly), so
     that lines are appended as they come."""
-    try:
-        fd: int | None = stream.fileno()
-    except (OSError, AttributeError, ValueError):  # (io.UnsupportedOperation is an OSError)
-        fd = None
     read = getattr(stream, "read1", stream.read)
     pieces: list[bytes] = []
     have = 0
@@ -146,6 +167,13 @@ def _chunks(stream: IO[bytes], size: int) -> Iterator[bytes]:
         have = len(data) - cut
 
 
+def _fileno(stream: IO[bytes]) -> int | None:
+    try:
+        return stream.fileno()
+    except (OSError, AttributeError, ValueError):  # (io.UnsupportedOperation is an OSError)
+        return None
+
+
 def _ready(fd: int | None) -> bool:
     """Whether more input can be read at once (always, from anything but a pipe or socket)."""
     if fd is None:
@@ -158,13 +186,10 @@ def _ready(fd: int | None) -> bool:
         return True
 
 
-def _scanned(chunks: Iterator[bytes]) -> Iterator[_Scanned]:
+def _scan(data: bytes) -> _Scanned:
+    """The records of a chunk of lines, numbered from 1."""
     assert _native is not None
-    first = 1
-    for data in chunks:
-        got = _native.scan(data, first, EVENT_TIME_MIN_MS, EVENT_TIME_MAX_MS)
-        first += got[0]
-        yield _columns(data, got)
+    return _columns(data, _native.scan(data, 1, EVENT_TIME_MIN_MS, EVENT_TIME_MAX_MS))
 
 
 def _i64(b: bytes) -> I64:
@@ -184,15 +209,16 @@ def _columns(data: bytes, got: tuple[int, bytes, bytes, bytes, bytes, bytes, byt
                     VarColumn(_i64(pv_off), pv), _i64(event), _u8(event_valid), _i64(flagged).reshape(-1, 3))
 
 
-def _records(chunk: _Scanned, name: str, writer: TopicWriter) -> tuple[RecordColumns, InvalidInputError | None]:
+def _records(chunk: _Scanned, first: int, name: str, writer: TopicWriter
+             ) -> tuple[RecordColumns, InvalidInputError | None]:
     """The chunk's records up to its first bad line, and that line's error (``None``:
-    every line is good)."""
+    every line is good); its first line is line ``first`` of the input."""
     lines: list[int] = []
     records: list[Parsed] = []
     error: InvalidInputError | None = None
     stop = None
     for line_no, start, end in chunk.flagged.tolist():
-        where = f"{name}:{line_no}"
+        where = f"{name}:{first + line_no - 1}"
         try:
             parsed = _parse(chunk.data[start:end], where, writer.max_record_bytes)
         except InvalidInputError as e:
@@ -215,7 +241,7 @@ def _records(chunk: _Scanned, name: str, writer: TopicWriter) -> tuple[RecordCol
             try:
                 check_record_size(_record(cols, row), writer.max_record_bytes)
             except InvalidInputError as e:
-                return _head(cols, row), InvalidInputError(f"{name}:{int(row_lines[row])}: {e}")
+                return _head(cols, row), InvalidInputError(f"{name}:{first + int(row_lines[row]) - 1}: {e}")
     return cols, error
 
 
