@@ -156,7 +156,7 @@ def _input(draw: st.DrawFn) -> bytes:
 # ------------------------------------------------------------------------ tests
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_input(), st.sampled_from([1 << 20, 300, 120]), st.sampled_from([1, 7, 64, 1 << 20]),
        st.sampled_from([0, 0, 1, 5, 50]))
 @example(b'{"key":"a","value":"b"}\n\xff\n{"key":"c","value":"d"}\n', 1 << 20, 1 << 20, 0)
