@@ -9,6 +9,9 @@ and the checks of :meth:`TopicWriter.append <shale.producer.TopicWriter.append>`
 line did before, so a line is stored, or refused with its ``<input>:<line>`` message,
 exactly as the line-by-line path would.  A refused line stops the run with every record
 before it appended (and none after it); an interrupt waits for the chunk being appended.
+Input that comes slowly (a pipe) is appended as it comes, before each wait for more; its
+records are held back until they fill an entry, and appended at the end, at a bad line or
+at an interrupt.
 
 When the scanner was not built, ``shale produce`` parses line by line (same results).
 """

@@ -1,6 +1,7 @@
 """``shale produce``: JSON lines, or the rows of a Parquet, Arrow IPC or CSV file, appended
 to a topic.  A bad line stops the run after sealing the lines before it, so nothing
-accepted is lost; an interrupt does the same between two records."""
+accepted is lost; an interrupt does the same between two records (JSON lines read as
+columns: two chunks of lines)."""
 
 from __future__ import annotations
 
