@@ -1,12 +1,16 @@
-"""``shale produce`` of JSON lines: wall and CPU time of the whole command, and of parsing alone.
+"""``shale produce`` of JSON lines beside its peers: wall and CPU time of whole processes.
 
-    .venv/bin/python bench/produce_jsonl.py [--records 1000000] [--repeat 5] [--tree OTHER_CHECKOUT ...]
+    .venv/bin/python bench/produce_jsonl.py [--records 2000000] [--repeat 5] [--tree OTHER_CHECKOUT ...]
 
 Writes ``scripts/sample_records.py``'s lines (values as JSON strings) and the same lines
-with each value as a JSON object, then runs ``shale produce`` of each into a fresh local
-topic, each run its own process, interleaved; with ``--tree``, the same with other
-checkouts of Shale (e.g. an older one) for comparison.  CPU time (user + system of the
-process) is the figure to compare on a shared machine: wall time follows the load.
+with each value as a JSON object, then runs, on each, each its own process, interleaved:
+``shale produce`` into a fresh local topic; pyarrow's ``pyarrow.json.read_json`` and
+``pyarrow.parquet.write_table`` (its defaults); DuckDB's ``COPY (SELECT * FROM
+read_json(...)) TO ... (FORMAT parquet)`` (when ``duckdb`` is installed); the peers take the first input only (the
+second mixes objects and strings in one field, which their column types cannot hold).  With
+``--tree``, ``shale produce`` of other checkouts of Shale too (e.g. an older one).  Medians
+of wall and CPU time (user + system, every thread); on a shared machine wall time follows
+the load.  The ratio is the peer's time over Shale's (1 or more: Shale is as fast or faster).
 """
 
 from __future__ import annotations
@@ -52,47 +56,72 @@ def _produce(tree: Path, source: Path, topic: Path) -> tuple[float, float]:
     return wall, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
 
 
-_PARSE = """
-import itertools, sys, time
-from shale.jsonlines import parse_record_line
-with open(sys.argv[1], "rb") as f:
-    text = [raw.decode() for raw in itertools.islice(f, int(sys.argv[2]))]
-t0 = time.process_time()
-for line in text:
-    parse_record_line(line, "bench")
-print(len(text) / (time.process_time() - t0))
+_PYARROW = """
+import sys
+import pyarrow.json, pyarrow.parquet
+pyarrow.parquet.write_table(pyarrow.json.read_json(sys.argv[1]), sys.argv[2])
+"""
+
+_DUCKDB = """
+import sys
+import duckdb
+duckdb.sql("SET enable_progress_bar = false")
+duckdb.sql(f"COPY (SELECT * FROM read_json('{sys.argv[1]}', format='newline_delimited')) TO '{sys.argv[2]}' "
+           "(FORMAT parquet)")
 """
 
 
-def _parse_only(tree: Path, source: Path, lines: int = 300_000) -> float:
-    """Lines per CPU second ``parse_record_line`` parses (the first ``lines``), in its own process."""
-    out = subprocess.run([sys.executable, "-c", _PARSE, str(source), str(lines)], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(tree)}, cwd=tree, check=True)
-    return float(out.stdout)
+def _peer(script: str, source: Path, out: Path) -> tuple[float, float]:
+    """Wall and CPU time of ``script`` (a peer's read of ``source`` written to ``out``), its own process."""
+    out.unlink(missing_ok=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", script, str(source), str(out)], check=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--records", type=int, default=1_000_000)
+    p.add_argument("--records", type=int, default=2_000_000)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--tree", action="append", default=[], help="another checkout to compare (repeatable)")
     a = p.parse_args()
     trees = [ROOT, *(Path(t).resolve() for t in a.tree)]
+    peers = {"pyarrow": _PYARROW, **({"duckdb": _DUCKDB} if _has("duckdb") else {})}
+    print(f"{a.records:,} lines, {a.repeat} runs each, interleaved; load before: {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory(prefix="shale-bench-") as tmp:
         folder = Path(tmp)
         inputs = _inputs(folder, a.records)
-        runs: dict[tuple[str, Path], list[tuple[float, float]]] = {}
-        parse: dict[tuple[str, Path], list[float]] = {}
+        runs: dict[tuple[str, str], list[tuple[float, float]]] = {}
         for _ in range(a.repeat):
             for name, source in inputs.items():
                 for tree in trees:
-                    runs.setdefault((name, tree), []).append(_produce(tree, source, folder / "topic"))
-                    parse.setdefault((name, tree), []).append(_parse_only(tree, source))
-        for (name, tree), got in runs.items():
-            wall = statistics.median(w for w, _ in got)
-            cpu = statistics.median(c for _, c in got)
-            print(f"{name:8} {tree}: produce wall {wall:.2f} s, CPU {cpu:.2f} s ({a.records / cpu / 1e3:,.0f} k "
-                  f"records per CPU second); parsing alone {statistics.median(parse[name, tree]) / 1e3:,.0f} k lines/s")
+                    runs.setdefault((name, f"shale {tree}"), []).append(_produce(tree, source, folder / "topic"))
+                for peer, script in peers.items() if name == "strings" else ():  # (mixed types stop them)
+                    runs.setdefault((name, peer), []).append(_peer(script, source, folder / "out.parquet"))
+        print(f"load after: {os.getloadavg()[0]:.1f}")
+        for name in inputs:
+            shale_wall = shale_cpu = 0.0
+            for (input_name, who), got in runs.items():
+                if input_name != name:
+                    continue
+                wall = statistics.median(w for w, _ in got)
+                cpu = statistics.median(c for _, c in got)
+                if who == f"shale {ROOT}":
+                    shale_wall, shale_cpu = wall, cpu
+                    ratio = ""
+                else:
+                    ratio = f"; ratio {wall / shale_wall:.2f} wall, {cpu / shale_cpu:.2f} CPU"
+                print(f"{name:8} {who}: wall {wall:.2f} s, CPU {cpu:.2f} s ({a.records / wall / 1e3:,.0f} k "
+                      f"records/s){ratio}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Build the C kernels (ledger/_kernels.c) once with AddressSanitizer and
+# Build the C kernels (ledger/_kernels.c, _encoder.c, _jsonl.c) once with AddressSanitizer and
 # UndefinedBehaviorSanitizer, and run their tests (tests/ledger/test_kernels.py, tests/ledger/test_event_table.py,
-# tests/ledger/test_record_columns.py, tests/ledger/test_record_check.py, the encoder's in tests/shale/test_arrow_in.py)
+# tests/ledger/test_record_columns.py, tests/ledger/test_record_check.py, the encoder's in tests/shale/test_arrow_in.py,
+# the JSON-lines scanner's tests/shale/test_jsonl_ingest.py)
 # against that build.  Fails on a compiler warning (-Werror:
 # the install itself only warns, so that a user's newer compiler cannot break it), on a
 # failing test and on any sanitizer report.  scripts/test.sh runs it; alone:
@@ -37,10 +38,10 @@ TMP="$(cd "$TMP" && pwd -P)"
 cp -RL shale "$TMP/shale"
 find "$TMP/shale" -name __pycache__ -prune -exec rm -rf {} +
 rm -f "$TMP"/shale/ledger/_kernels*.so "$TMP"/shale/ledger/_kernels*.pyd "$TMP"/shale/ledger/_encoder*.so \
-  "$TMP"/shale/ledger/_encoder*.pyd
+  "$TMP"/shale/ledger/_encoder*.pyd "$TMP"/shale/ledger/_jsonl*.so "$TMP"/shale/ledger/_jsonl*.pyd
 SO="$TMP/shale/ledger/_kernels$SUFFIX"
 start=$SECONDS
-echo "scripts/sanitize.sh: building ledger/_kernels.c and ledger/_encoder.c with -fsanitize=address,undefined"
+echo "scripts/sanitize.sh: building ledger/_kernels.c, ledger/_encoder.c and ledger/_jsonl.c with -fsanitize=address,undefined"
 # -isystem: a warning in Python's own headers (a newer Python's) is not ours to fail on.
 gcc -shared -fPIC -isystem "$INCLUDE" \
   -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined \
@@ -51,6 +52,10 @@ gcc -shared -fPIC -isystem "$INCLUDE" \
   -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined \
   -O1 -g -Wall -Wextra -Werror \
   ledger/_encoder.c -o "$ENC"
+gcc -shared -fPIC -isystem "$INCLUDE" \
+  -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined \
+  -O1 -g -Wall -Wextra -Werror \
+  ledger/_jsonl.c -o "$TMP/shale/ledger/_jsonl$SUFFIX"
 
 # Loaded with pytest -p: imports the kernels before any conftest can put the repository
 # first on sys.path (pytest's default import mode prepends the folder above tests/, whose
@@ -121,6 +126,8 @@ got = os.path.realpath(k.__file__)
 assert got == os.environ["SHALE_SANITIZED_KERNELS"] and kk.KERNELS == "native", (got, kk.KERNELS)
 import shale.ledger._encoder as e, shale.ledger.encoder as ee
 assert os.path.dirname(os.path.realpath(e.__file__)) == os.path.dirname(got) and ee.ENCODER == "native"
+import shale.ledger._jsonl as s, shale.jsonl_ingest as ss
+assert os.path.dirname(os.path.realpath(s.__file__)) == os.path.dirname(got) and ss.SCANNER == "native"
 print("scripts/sanitize.sh: testing", got)' || { reports; fail "the sanitized build is not the one imported"; }
 status=0
 "$PY" -m pytest -q -p no:cacheprovider --capture=sys -p shale_sanitized_kernels -c "$ROOT/pyproject.toml" --rootdir "$ROOT" \
@@ -129,7 +136,8 @@ status=0
   "$ROOT/tests/shale/test_arrow_in.py::test_encoder_names_the_first_record_over_the_limit" \
   "$ROOT/tests/shale/test_arrow_in.py::test_encoder_refuses_a_property_named_twice" \
   "$ROOT/tests/shale/test_arrow_in.py::test_encoder_refuses_offsets_outside_the_data" \
-  "$ROOT/tests/shale/test_arrow_in.py::test_bad_batches_name_the_column_and_row_and_append_nothing" "$@" || status=$?
+  "$ROOT/tests/shale/test_arrow_in.py::test_bad_batches_name_the_column_and_row_and_append_nothing" \
+  "$ROOT/tests/shale/test_jsonl_ingest.py" "$@" || status=$?
 reports
 [ "$status" -eq 0 ] || fail "tests failed under the sanitizers (pytest exit status $status)"
 echo "scripts/sanitize.sh: no sanitizer report ($((SECONDS - start)) s)"

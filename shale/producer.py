@@ -245,6 +245,11 @@ class TopicWriter:
         self._closed = False
 
     @property
+    def ledger_records(self) -> int:
+        """Records in the ledger being built (appended, not sealed yet)."""
+        return (self._ledger.n_records if self._ledger is not None else 0) + len(self._batch)
+
+    @property
     def compression(self) -> Compression:
         """How new entries are compressed: as asked, else as the topic's policy says, else
         the default.  Setting it changes the codec from the next entry on (one ledger may

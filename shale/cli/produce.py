@@ -1,6 +1,7 @@
 """``shale produce``: JSON lines, or the rows of a Parquet, Arrow IPC or CSV file, appended
 to a topic.  A bad line stops the run after sealing the lines before it, so nothing
-accepted is lost; an interrupt does the same between two records."""
+accepted is lost; an interrupt does the same between two records (JSON lines read as
+columns: two chunks of lines)."""
 
 from __future__ import annotations
 
@@ -75,7 +76,12 @@ def _append_all(writer: TopicWriter, stream: IO[bytes], name: str, fmt: str, arg
     shown = _ProduceProgress() if sys.stderr.isatty() else None
     try:
         if fmt == "jsonl":
-            _append_lines(writer, stream, name, shown)
+            from shale.jsonl_ingest import SCANNER, produce_lines
+
+            if SCANNER == "native":
+                produce_lines(writer, stream, name, _between_batches(shown))
+            else:
+                _append_lines(writer, stream, name, shown)
         else:
             from shale.columns import DEFAULT_KEY_FIELD, DEFAULT_VALUE_FIELD, Fields
             from shale.ingest import produce_columnar
