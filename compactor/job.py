@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Final
 
 from shale.compactor import interrupts
+from shale.compactor.budget import bounded
 from shale.compactor.config import MIN_ORPHAN_GRACE_MS, CompactionConfig
 from shale.compactor.engine import Engine, LocalEngine, SurvivorCounts
 from shale.compactor.gc import collect_garbage
@@ -230,6 +231,10 @@ class Compactor:
             return done(RunStatus.SKIPPED,
                         f"dirty ratio {plan.dirty_ratio:.3f} is below {self.config.min_dirty_ratio:.3f}")
 
+        if self.config.max_memory is not None and self.engine.name == "local":
+            # the run's buffers and key map sized to fit the bound, for this plan's records
+            self.config = bounded(self.config, sum(s.records for s in plan.slices),
+                                  max((s.object.records for s in plan.slices), default=0))
         self.progress(f"pass one over {sum(s.records for s in plan.slices):,} records")
         try:
             survivors = self.engine.pass_one(plan, self.config, now_ms)

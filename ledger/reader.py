@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import mmap
 from collections.abc import Iterator
 from typing import Final
 
@@ -56,6 +58,8 @@ class LedgerFile:
         #: bytes fetched to open the object (trailer + footer), for I/O accounting
         self.footer_bytes = footer_bytes
         self._header_checked = False
+        #: the mapped file the footer's columns are views of (a local object's big footer), else None
+        self._mapped: mmap.mmap | None = None
         self._ledgers: npt.NDArray[np.uint64] | None = None
         self._entries: npt.NDArray[np.uint64] | None = None
         self._batches: npt.NDArray[np.uint32] | None = None
@@ -91,9 +95,21 @@ class LedgerFile:
         footer = decode_footer(footer_bytes, trailer, where)
         fetched = len(tail) + (0 if trailer.footer_offset >= tail_start else trailer.footer_length)
         f = cls(store, key, footer, size, fetched, dictionaries)
+        if isinstance(footer_bytes, memoryview) and isinstance(footer_bytes.obj, mmap.mmap):
+            f._mapped = footer_bytes.obj
+            f.release_pages()  # checking it read every page; the run reads them again a few at a time
         if tail_start == 0:
             f._check_header(tail)
         return f
+
+    def release_pages(self) -> None:
+        """Drop the pages of a mapped footer from this process's memory.  Its columns stay
+        valid: a page touched again is mapped again from the page cache (or the file), so
+        memory holds only the footer pages read since the last release, not every footer
+        a run has opened."""
+        if self._mapped is not None:
+            with contextlib.suppress(OSError, ValueError):  # (a closed map: nothing is held)
+                self._mapped.madvise(mmap.MADV_DONTNEED)
 
     def _check_header(self, data: bytes | memoryview) -> None:
         header = decode_header(data[:HEADER_SIZE], self.url)

@@ -1,0 +1,114 @@
+"""How a run spends ``--max-memory`` (``CompactionConfig.max_memory``).
+
+A run holds, besides the interpreter and its libraries (a fixed overhead, stated in
+docs/operations.md):
+
+* for the whole run, one flag per record it reads (which survive) and a few more bytes
+  per record in passing: :data:`RUN_BYTES_PER_RECORD`;
+* in pass one, the key map and the hash table it is built in
+  (:data:`MAP_BYTES_PER_KEY` a key, against the 24 that ``max_map_bytes`` counts), and
+  the records handed to it at once (:data:`WINDOW_BYTES_PER_RECORD` each);
+* in pass two, per copying process: the ranged reads in flight, the entries of one read
+  decompressed and re-framed, the footer of the part being written (it is written
+  last) and the writes waiting for the disk or the network.
+
+Footer pages are mapped from local objects and given back once read
+(:meth:`~shale.ledger.reader.LedgerFile.release_pages`), so they cost only while a slice
+is worked on.  The two passes never run at once: each may spend what the run-wide part
+leaves.  This module turns the bound into the settings those parts already obey, so the
+code that holds memory needs no second notion of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Final
+
+from shale.compactor.config import CompactionConfig
+from shale.compactor.cpus import worker_count
+from shale.compactor.keymap import EVENT_KEY_BYTES, KEY_BYTES
+from shale.ledger.errors import InvalidInputError
+from shale.settings.units import format_size
+
+__all__ = ["MAP_BYTES_PER_KEY", "RUN_BYTES_PER_RECORD", "MemoryBudget", "bounded", "memory_budget"]
+
+#: What a key costs in pass one at its peak: the hash table (slots of 24 bytes, kept at
+#: most half full), the sorted read-out of it (24), and the table kept for lookups.
+MAP_BYTES_PER_KEY: Final = 80
+#: Under event-time order: the same with each key's time in the slots and the read-out.
+EVENT_MAP_BYTES_PER_KEY: Final = 104
+#: Per record the run reads: its survival flag, and the answer of its lookup in the key
+#: map (a record of a previous part), both held for the whole of pass one.
+RUN_BYTES_PER_RECORD: Final = 2
+#: Per record of the slice being decided or copied: the masks and positions worked out
+#: for it (a slice is a ledger, a part, or the stretch of one a run reads).
+SLICE_BYTES_PER_RECORD: Final = 12
+#: The least that must be left once the run-wide part is paid for.
+MIN_LEFT: Final = 16 << 20
+#: Per record handed to the map at once: its hashes gathered, sorted and deduplicated.
+WINDOW_BYTES_PER_RECORD: Final = 96
+#: A pass-two process gets at least this much, or the run copies with fewer of them.
+MIN_PROCESS_BYTES: Final = 24 << 20
+_MIN_CHUNK: Final = 1 << 20
+_MIN_WINDOW: Final = 1 << 14
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBudget:
+    """How a run of ``records`` records spends ``total`` bytes."""
+
+    total: int
+    records: int
+    #: the most pass one's key map may count, in ``max_map_bytes``'s units (24 bytes a key)
+    map_bytes: int
+    #: records handed to the key map at once
+    window_records: int
+    #: processes pass two copies with, and per process:
+    processes: int
+    chunk_bytes: int
+    read_parallelism: int
+    max_part_bytes: int
+    write_behind_bytes: int
+
+
+def memory_budget(config: CompactionConfig, records: int, largest_slice: int) -> MemoryBudget:
+    """How ``config.max_memory`` is spent on a run that reads ``records`` records, at
+    most ``largest_slice`` of one ledger or part (an :class:`InvalidInputError` naming
+    the setting when that leaves too little)."""
+    total = config.max_memory
+    if total is None:
+        raise ValueError("the run has no memory bound")
+    run_wide = records * RUN_BYTES_PER_RECORD + largest_slice * SLICE_BYTES_PER_RECORD
+    left = total - run_wide
+    if left < MIN_LEFT:
+        raise InvalidInputError(
+            f"--max-memory {format_size(total)} is too small for a run over {records:,} records, up to "
+            f"{largest_slice:,} of one object (they take {format_size(run_wide)} of it): give at least "
+            f"{format_size(run_wide + MIN_LEFT)}")
+    # pass one: a window of records in flight, the rest for the map
+    window = max(_MIN_WINDOW, left // 8 // WINDOW_BYTES_PER_RECORD)
+    per_key = EVENT_MAP_BYTES_PER_KEY if config.topic_order.by_event_time else MAP_BYTES_PER_KEY
+    unit = EVENT_KEY_BYTES if config.topic_order.by_event_time else KEY_BYTES
+    keys = max(1, (left - window * WINDOW_BYTES_PER_RECORD) // per_key)
+    map_bytes = min(config.max_map_bytes, keys * unit)
+    # pass two: each process its share, split between reads, the part's footer, writes
+    # waiting and the decompressed and re-framed batch (what is left)
+    processes = max(1, min(worker_count(config.workers), left // MIN_PROCESS_BYTES))
+    share = left // processes
+    chunk = max(_MIN_CHUNK, min(config.chunk_bytes, share // 16))
+    parallelism = max(1, min(config.read_parallelism, share // 8 // chunk))
+    part = max(64 << 10, min(config.max_part_bytes, share // 4))
+    write_behind = max(chunk, share // 8)
+    return MemoryBudget(total, records, map_bytes, window, processes, chunk, parallelism, part, write_behind)
+
+
+def bounded(config: CompactionConfig, records: int, largest_slice: int) -> CompactionConfig:
+    """``config`` with the settings its memory bound sets for a run over ``records``
+    records, at most ``largest_slice`` of one object (unchanged without a bound)."""
+    if config.max_memory is None:
+        return config
+    b = memory_budget(config, records, largest_slice)
+    return dataclasses.replace(config, max_map_bytes=b.map_bytes, map_window_records=b.window_records,
+                               workers=b.processes, chunk_bytes=b.chunk_bytes, read_parallelism=b.read_parallelism,
+                               max_part_bytes=b.max_part_bytes, write_behind_bytes=b.write_behind_bytes)
