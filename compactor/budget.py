@@ -3,8 +3,9 @@
 A run holds, besides the interpreter and its libraries (a fixed overhead, stated in
 docs/operations.md):
 
-* for the whole run, one flag per record it reads (which survive) and a few more bytes
-  per record in passing: :data:`RUN_BYTES_PER_RECORD`;
+* for the whole run (:class:`Footprint`): a survival flag and a lookup answer per
+  record it reads, the masks of the slice being worked on, and the footers it holds as
+  bytes (those read from object storage, and those too small to map);
 * in pass one, the key map and the hash table it is built in
   (:data:`MAP_BYTES_PER_KEY` a key, against the 24 that ``max_map_bytes`` counts), and
   the records handed to it at once (:data:`WINDOW_BYTES_PER_RECORD` each);
@@ -12,11 +13,11 @@ docs/operations.md):
   decompressed and re-framed, the footer of the part being written (it is written
   last) and the writes waiting for the disk or the network.
 
-Footer pages are mapped from local objects and given back once read
-(:meth:`~shale.ledger.reader.LedgerFile.release_pages`), so they cost only while a slice
-is worked on.  The two passes never run at once: each may spend what the run-wide part
-leaves.  This module turns the bound into the settings those parts already obey, so the
-code that holds memory needs no second notion of it.
+Footers mapped from local objects cost only the pages read since they were last given
+back (:meth:`~shale.ledger.reader.LedgerFile.release_pages`: once checked, once each
+slice is decided and once it is copied).  The two passes never run at once: each may
+spend what the run-wide part leaves.  This module turns the bound into the settings
+those parts already obey, so the code that holds memory needs no second notion of it.
 """
 
 from __future__ import annotations
@@ -28,16 +29,19 @@ from typing import Final
 from shale.compactor.config import CompactionConfig
 from shale.compactor.cpus import worker_count
 from shale.compactor.keymap import EVENT_KEY_BYTES, KEY_BYTES
+from shale.compactor.plan import Plan
 from shale.ledger.errors import InvalidInputError
 from shale.settings.units import format_size
 
-__all__ = ["MAP_BYTES_PER_KEY", "RUN_BYTES_PER_RECORD", "MemoryBudget", "bounded", "memory_budget"]
+__all__ = ["MAP_BYTES_PER_KEY", "RUN_BYTES_PER_RECORD", "Footprint", "MemoryBudget", "bounded", "memory_budget"]
 
-#: What a key costs in pass one at its peak: the hash table (slots of 24 bytes, kept at
-#: most half full), the sorted read-out of it (24), and the table kept for lookups.
-MAP_BYTES_PER_KEY: Final = 80
-#: Under event-time order: the same with each key's time in the slots and the read-out.
-EVENT_MAP_BYTES_PER_KEY: Final = 104
+#: What a key costs in pass one at its peak: the hash table (slots of 24 bytes, at
+#: most 60 % full: 40 a key), and, as it is read out in order for lookups while it is
+#: kept, a sorted copy of its slots (24) and the map's arrays (24), and the filter and
+#: the map's checks in passing.
+MAP_BYTES_PER_KEY: Final = 104
+#: Under event-time order: the same with slots of 32 bytes and each key's time.
+EVENT_MAP_BYTES_PER_KEY: Final = 136
 #: Per record the run reads: its survival flag, and the answer of its lookup in the key
 #: map (a record of a previous part), both held for the whole of pass one.
 RUN_BYTES_PER_RECORD: Final = 2
@@ -72,20 +76,44 @@ class MemoryBudget:
     write_behind_bytes: int
 
 
-def memory_budget(config: CompactionConfig, records: int, largest_slice: int) -> MemoryBudget:
-    """How ``config.max_memory`` is spent on a run that reads ``records`` records, at
-    most ``largest_slice`` of one ledger or part (an :class:`InvalidInputError` naming
-    the setting when that leaves too little)."""
+@dataclass(frozen=True, slots=True)
+class Footprint:
+    """What a plan costs whatever the bound: its records, the most of one object, and
+    the footers it holds as bytes (read from object storage, or too small to map)."""
+
+    records: int
+    largest_slice: int
+    held_footer_bytes: int
+
+    @classmethod
+    def of(cls, plan: Plan) -> Footprint:
+        """The footprint of a plan made with footers."""
+        files = {id(s.file): s.file for s in plan.slices}
+        return cls(sum(s.records for s in plan.slices), max((s.object.records for s in plan.slices), default=0),
+                   sum(f.footer_bytes for f in files.values() if not f.footer_mapped))
+
+    @property
+    def bytes(self) -> int:
+        return (self.records * RUN_BYTES_PER_RECORD + self.largest_slice * SLICE_BYTES_PER_RECORD
+                + self.held_footer_bytes)
+
+
+def memory_budget(config: CompactionConfig, footprint: Footprint) -> MemoryBudget:
+    """How ``config.max_memory`` is spent on a run of this ``footprint`` (an
+    :class:`InvalidInputError` naming the setting when that leaves too little)."""
     total = config.max_memory
     if total is None:
         raise ValueError("the run has no memory bound")
-    run_wide = records * RUN_BYTES_PER_RECORD + largest_slice * SLICE_BYTES_PER_RECORD
+    records = footprint.records
+    run_wide = footprint.bytes
     left = total - run_wide
     if left < MIN_LEFT:
+        held = (f", {format_size(footprint.held_footer_bytes)} of footers held in memory"
+                if footprint.held_footer_bytes else "")
         raise InvalidInputError(
-            f"--max-memory {format_size(total)} is too small for a run over {records:,} records, up to "
-            f"{largest_slice:,} of one object (they take {format_size(run_wide)} of it): give at least "
-            f"{format_size(run_wide + MIN_LEFT)}")
+            f"--max-memory {format_size(total)} is too small for a run over {records:,} records (up to "
+            f"{footprint.largest_slice:,} of one object{held}: {format_size(run_wide)} before the key map and "
+            f"buffers); give at least {format_size(run_wide + MIN_LEFT)}")
     # pass one: a window of records in flight, the rest for the map
     window = max(_MIN_WINDOW, left // 8 // WINDOW_BYTES_PER_RECORD)
     per_key = EVENT_MAP_BYTES_PER_KEY if config.topic_order.by_event_time else MAP_BYTES_PER_KEY
@@ -103,12 +131,12 @@ def memory_budget(config: CompactionConfig, records: int, largest_slice: int) ->
     return MemoryBudget(total, records, map_bytes, window, processes, chunk, parallelism, part, write_behind)
 
 
-def bounded(config: CompactionConfig, records: int, largest_slice: int) -> CompactionConfig:
-    """``config`` with the settings its memory bound sets for a run over ``records``
-    records, at most ``largest_slice`` of one object (unchanged without a bound)."""
+def bounded(config: CompactionConfig, plan: Plan) -> CompactionConfig:
+    """``config`` with the settings its memory bound sets for a run of ``plan`` (made
+    with footers; unchanged without a bound)."""
     if config.max_memory is None:
         return config
-    b = memory_budget(config, records, largest_slice)
+    b = memory_budget(config, Footprint.of(plan))
     return dataclasses.replace(config, max_map_bytes=b.map_bytes, map_window_records=b.window_records,
                                workers=b.processes, chunk_bytes=b.chunk_bytes, read_parallelism=b.read_parallelism,
                                max_part_bytes=b.max_part_bytes, write_behind_bytes=b.write_behind_bytes)

@@ -157,7 +157,7 @@ class CompactionConfig:
         parallel = settings.value("parallel") if "parallel" in settings else None
         if values.get("max_memory") and isinstance(parallel, int) and parallel > 1:
             # topics compacted at once share the process: each gets its share
-            values["max_memory"] = max(SETTINGS["max-memory"].kind.least, values["max_memory"] // parallel)
+            values["max_memory"] = max(_least("max-memory"), values["max_memory"] // parallel)
         return cls(**values)
 
     def to_json(self) -> dict[str, Any]:

@@ -233,8 +233,7 @@ class Compactor:
 
         if self.config.max_memory is not None and self.engine.name == "local":
             # the run's buffers and key map sized to fit the bound, for this plan's records
-            self.config = bounded(self.config, sum(s.records for s in plan.slices),
-                                  max((s.object.records for s in plan.slices), default=0))
+            self.config = bounded(self.config, plan)
         self.progress(f"pass one over {sum(s.records for s in plan.slices):,} records")
         try:
             survivors = self.engine.pass_one(plan, self.config, now_ms)

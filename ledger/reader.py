@@ -102,6 +102,12 @@ class LedgerFile:
             f._check_header(tail)
         return f
 
+    @property
+    def footer_mapped(self) -> bool:
+        """Whether the footer's columns are views of a mapped file (whose pages
+        :meth:`release_pages` gives back), rather than bytes held in memory."""
+        return self._mapped is not None
+
     def release_pages(self) -> None:
         """Drop the pages of a mapped footer from this process's memory.  Its columns stay
         valid: a page touched again is mapped again from the page cache (or the file), so
