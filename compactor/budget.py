@@ -54,7 +54,9 @@ MIN_LEFT: Final = 16 << 20
 WINDOW_BYTES_PER_RECORD: Final = 96
 #: A pass-two process gets at least this much, or the run copies with fewer of them.
 MIN_PROCESS_BYTES: Final = 24 << 20
-_MIN_CHUNK: Final = 1 << 20
+#: Per record of one of pass two's reads: the columns gathered and worked out for it.
+COLUMN_BYTES_PER_RECORD: Final = 128
+_MIN_CHUNK: Final = 256 << 10
 _MIN_WINDOW: Final = 1 << 14
 
 
@@ -71,6 +73,9 @@ class MemoryBudget:
     #: processes pass two copies with, and per process:
     processes: int
     chunk_bytes: int
+    #: the most one read holds decompressed, and in records
+    chunk_raw_bytes: int
+    chunk_records: int
     read_parallelism: int
     max_part_bytes: int
     write_behind_bytes: int
@@ -120,15 +125,18 @@ def memory_budget(config: CompactionConfig, footprint: Footprint) -> MemoryBudge
     unit = EVENT_KEY_BYTES if config.topic_order.by_event_time else KEY_BYTES
     keys = max(1, (left - window * WINDOW_BYTES_PER_RECORD) // per_key)
     map_bytes = min(config.max_map_bytes, keys * unit)
-    # pass two: each process its share, split between reads, the part's footer, writes
-    # waiting and the decompressed and re-framed batch (what is left)
+    # pass two: each process its share, in sixteenths: the reads in flight 2, a read's
+    # entries decompressed 1 (in a buffer that may double: 2), the batch re-framed from
+    # them 1 (two such buffers, each of which may double: 4), the records' columns
+    # gathered for it 1, the part's footer 2 (4 while it is encoded), the writes waiting 2
     processes = max(1, min(worker_count(config.workers), left // MIN_PROCESS_BYTES))
     share = left // processes
     chunk = max(_MIN_CHUNK, min(config.chunk_bytes, share // 16))
     parallelism = max(1, min(config.read_parallelism, share // 8 // chunk))
-    part = max(64 << 10, min(config.max_part_bytes, share // 4))
+    part = max(64 << 10, min(config.max_part_bytes, share // 8))
     write_behind = max(chunk, share // 8)
-    return MemoryBudget(total, records, map_bytes, window, processes, chunk, parallelism, part, write_behind)
+    return MemoryBudget(total, records, map_bytes, window, processes, chunk, chunk,
+                        max(1, chunk // COLUMN_BYTES_PER_RECORD), parallelism, part, write_behind)
 
 
 def bounded(config: CompactionConfig, plan: Plan) -> CompactionConfig:
@@ -138,5 +146,6 @@ def bounded(config: CompactionConfig, plan: Plan) -> CompactionConfig:
         return config
     b = memory_budget(config, Footprint.of(plan))
     return dataclasses.replace(config, max_map_bytes=b.map_bytes, map_window_records=b.window_records,
-                               workers=b.processes, chunk_bytes=b.chunk_bytes, read_parallelism=b.read_parallelism,
+                               workers=b.processes, chunk_bytes=b.chunk_bytes, chunk_raw_bytes=b.chunk_raw_bytes,
+                               chunk_records=b.chunk_records, read_parallelism=b.read_parallelism,
                                max_part_bytes=b.max_part_bytes, write_behind_bytes=b.write_behind_bytes)

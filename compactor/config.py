@@ -55,7 +55,9 @@ class CompactionConfig:
       but the other settings): the run's buffers, reads and writes in flight and key map
       are sized from it (:mod:`shale.compactor.budget`), the key map taking what the rest
       leaves, within ``max_map_bytes``.  What it sets: ``map_window_records`` — records
-      handed to pass one's key map at once (0: a ledger at a time); and
+      handed to pass one's key map at once (0: a ledger at a time);
+      ``chunk_raw_bytes`` / ``chunk_records`` — the most one of pass two's reads may
+      hold decompressed, and in records (0: no limit but ``chunk_bytes`` stored); and
       ``write_behind_bytes`` — bytes pass two's writes may keep waiting, per process.
     * ``reuse_min_bytes`` / ``reuse_min_live`` — an incremental run keeps a previous
       compacted part in place, with a deletion vector for its superseded records, when the
@@ -107,6 +109,8 @@ class CompactionConfig:
     max_read_bytes_per_s: int = SETTINGS["max-read-bytes-per-second"].default
     max_write_bytes_per_s: int = SETTINGS["max-write-bytes-per-second"].default
     chunk_bytes: int = 8 * 1024 * 1024
+    chunk_raw_bytes: int = 0
+    chunk_records: int = 0
     workers: int = SETTINGS["workers"].default
     compression: Compression = SETTINGS["compression"].default
     entry_bytes: int = 64 * 1024

@@ -302,7 +302,8 @@ def _copy_slice(s: Slice, keep: np.ndarray, since: np.ndarray, sink: _PartSink, 
     # reduceat gives wrong sums for empty entries; entries always hold >= 1 record
     wanted = np.flatnonzero(per_entry > 0)
     spans = []
-    for c0, c1 in f.chunks(int(wanted[0]), int(wanted[-1]) + 1, config.chunk_bytes):
+    for c0, c1 in f.chunks(int(wanted[0]), int(wanted[-1]) + 1, config.chunk_bytes, raw_bytes=config.chunk_raw_bytes,
+                           records=config.chunk_records):
         sel = wanted[np.searchsorted(wanted, c0):np.searchsorted(wanted, c1)]
         if len(sel):
             spans.append(sel)  # read only the span of entries that hold survivors

@@ -491,14 +491,23 @@ class LedgerFile:
     def _entry_name(self, entry: int) -> str:
         return f"{int(self.entry_ledgers[entry])}:{int(self.entry_ids[entry])}"
 
-    def chunks(self, first_entry: int, stop_entry: int,
-               chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[tuple[int, int]]:
-        """Split entries ``[first_entry, stop_entry)`` into runs of about ``chunk_bytes``."""
+    def chunks(self, first_entry: int, stop_entry: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES, *,
+               raw_bytes: int = 0, records: int = 0) -> Iterator[tuple[int, int]]:
+        """Split entries ``[first_entry, stop_entry)`` into runs of about ``chunk_bytes``
+        (and, when given, of at most ``raw_bytes`` decompressed and ``records`` records,
+        but never less than one entry)."""
         offs = self.footer.col("e_offset")
+        raw_ends = np.cumsum(self.footer.raw_lengths()[first_entry:stop_entry], dtype=np.int64) if raw_bytes else None
+        rec_start = self.footer.e_rec_start
         i = first_entry
         while i < stop_entry:
             limit = int(offs[i]) + chunk_bytes
             j = int(np.searchsorted(offs[i:stop_entry], np.uint64(limit), side="left")) + i
+            if raw_ends is not None:
+                before = int(raw_ends[i - first_entry - 1]) if i > first_entry else 0
+                j = min(j, int(np.searchsorted(raw_ends, before + raw_bytes, side="right")) + first_entry)
+            if records:
+                j = min(j, int(np.searchsorted(rec_start, rec_start[i] + records, side="right")) - 1)
             j = max(j, i + 1)
             yield i, j
             i = j

@@ -13,6 +13,9 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
+import tempfile
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +54,13 @@ def cgroup_unavailable() -> str:
     return ""
 
 
+#: Runs a command and writes its peak resident set size (kB) and exit code to a file.  A
+#: process counts the pages of the one it was forked from in its own peak, even after
+#: it execs: the command is started from this small process, not from the test's.
+_MEASURE = ("import os, subprocess, sys; c = subprocess.Popen(sys.argv[2:]); _, s, u = os.wait4(c.pid, 0); "
+            "open(sys.argv[1], 'w').write(f'{u.ru_maxrss} {os.waitstatus_to_exitcode(s)}')")
+
+
 def run_limited(argv: list[str], limit: int, env: dict[str, str] | None = None,
                 cwd: str | None = None) -> LimitedRun:
     """Run ``argv`` in a new memory cgroup limited to ``limit`` bytes (swap included, so
@@ -61,36 +71,21 @@ def run_limited(argv: list[str], limit: int, env: dict[str, str] | None = None,
         (group / "memory.limit_in_bytes").write_text(str(limit))
         with contextlib.suppress(FileNotFoundError):  # (no swap accounting: nothing to limit)
             (group / "memory.memsw.limit_in_bytes").write_text(str(limit))
-        # the shell moves itself into the group, then becomes the command: everything
-        # the command allocates, and every process it forks, is charged to the group
-        wrapper = ["/bin/sh", "-c", f'echo $$ > {group / "cgroup.procs"} && exec "$@"', "sh", *argv]
-        child = subprocess.Popen(wrapper, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        out, err = _drain(child)
-        _, status, usage = os.wait4(child.pid, 0)
-        child.returncode = os.waitstatus_to_exitcode(status)
+        with tempfile.TemporaryDirectory() as tmp:
+            report = Path(tmp) / "peak"
+            # the shell moves itself into the group, then becomes the measuring process:
+            # everything the command allocates, and every process it forks, is charged
+            # to the group
+            wrapper = ["/bin/sh", "-c", f'echo $$ > {group / "cgroup.procs"} && exec "$@"', "sh",
+                       sys.executable, "-c", _MEASURE, str(report), *argv]
+            done = subprocess.run(wrapper, env=env, cwd=cwd, capture_output=True, text=True)
+            peak_kb, code = (map(int, report.read_text().split()) if report.exists()
+                             else (0, done.returncode))
         failcnt = int((group / "memory.failcnt").read_text())
         oom = {k: int(v) for k, v in (line.split() for line in (group / "memory.oom_control").read_text().splitlines())}
-        return LimitedRun(child.returncode, usage.ru_maxrss * 1024, failcnt, oom.get("oom_kill", -1), out, err)
+        return LimitedRun(code, peak_kb * 1024, failcnt, oom.get("oom_kill", -1), done.stdout, done.stderr)
     finally:
         _remove(group)
-
-
-def _drain(child: subprocess.Popen[bytes]) -> tuple[str, str]:
-    """Read the child's output to its end without reaping it (``os.wait4`` does, for its
-    resource usage)."""
-    import threading
-
-    got: dict[str, bytes] = {}
-
-    def read(name: str, stream: object) -> None:
-        got[name] = stream.read()  # type: ignore[attr-defined]
-
-    readers = [threading.Thread(target=read, args=(n, s)) for n, s in (("out", child.stdout), ("err", child.stderr))]
-    for t in readers:
-        t.start()
-    for t in readers:
-        t.join()
-    return got["out"].decode(errors="replace"), got["err"].decode(errors="replace")
 
 
 def _remove(group: Path) -> None:
@@ -106,7 +101,5 @@ def _remove(group: Path) -> None:
         except FileNotFoundError:
             return
         except OSError:
-            import time
-
             time.sleep(0.05)
     group.rmdir()
