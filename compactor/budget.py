@@ -33,7 +33,7 @@ from shale.compactor.plan import Plan
 from shale.ledger.errors import InvalidInputError
 from shale.settings.units import format_size
 
-__all__ = ["MAP_BYTES_PER_KEY", "RUN_BYTES_PER_RECORD", "Footprint", "MemoryBudget", "bounded", "memory_budget"]
+__all__ = ["LOCAL_OVERHEAD", "MAP_BYTES_PER_KEY", "OBJECT_STORE_OVERHEAD", "RUN_BYTES_PER_RECORD", "Footprint", "MemoryBudget", "bounded", "memory_budget"]
 
 #: What a key costs in pass one at its peak: the hash table (slots of 24 bytes, at
 #: most 60 % full: 40 a key), and, as it is read out in order for lookups while it is
@@ -52,6 +52,11 @@ SLICE_BYTES_PER_RECORD: Final = 12
 MIN_LEFT: Final = 16 << 20
 #: Per record handed to the map at once: its hashes gathered, sorted and deduplicated.
 WINDOW_BYTES_PER_RECORD: Final = 96
+#: What a run holds besides ``max_memory`` (the interpreter, NumPy, zstd and the C
+#: kernels), on a local folder and on object storage (boto3 and its connections too):
+#: a container's memory limit is the bound plus this (docs/operations.md).
+LOCAL_OVERHEAD: Final = 64 << 20
+OBJECT_STORE_OVERHEAD: Final = 128 << 20
 #: A pass-two process gets at least this much, or the run copies with fewer of them.
 MIN_PROCESS_BYTES: Final = 24 << 20
 #: Per record of one of pass two's reads: the columns gathered and worked out for it.

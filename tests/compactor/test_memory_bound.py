@@ -21,6 +21,7 @@ import pytest
 from shale.compactor import CompactionConfig
 from shale.compactor.budget import (
     COLUMN_BYTES_PER_RECORD,
+    LOCAL_OVERHEAD,
     MAP_BYTES_PER_KEY,
     WINDOW_BYTES_PER_RECORD,
     Footprint,
@@ -35,9 +36,7 @@ from tests.cgroups import cgroup_unavailable, run_limited
 from tests.conftest import ROOT, run_cli_here
 
 MiB = 1 << 20
-#: What a run holds besides the setting: the interpreter, NumPy, the C kernels and zstd
-#: (docs/operations.md, "Sizing memory").
-OVERHEAD = 64 * MiB
+OVERHEAD = LOCAL_OVERHEAD  # what a run holds besides the setting (docs/operations.md)
 LONG = os.environ.get("SHALE_LONG_TESTS") == "1"
 _BATCH = 500_000
 
