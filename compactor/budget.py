@@ -118,12 +118,11 @@ def memory_budget(config: CompactionConfig, footprint: Footprint) -> MemoryBudge
     run_wide = footprint.bytes
     left = total - run_wide
     if left < MIN_LEFT:
-        held = (f", {format_size(footprint.held_footer_bytes)} of footers held in memory"
-                if footprint.held_footer_bytes else "")
+        held = f", {_mib(footprint.held_footer_bytes)} of footers held in memory" if footprint.held_footer_bytes else ""
         raise InvalidInputError(
             f"--max-memory {format_size(total)} is too small for a run over {records:,} records (up to "
-            f"{footprint.largest_slice:,} of one object{held}: {format_size(run_wide)} before the key map and "
-            f"buffers); give at least {format_size(run_wide + MIN_LEFT)}")
+            f"{footprint.largest_slice:,} of one object{held}: {_mib(run_wide)} before the key map and buffers); "
+            f"give at least {-(-(run_wide + MIN_LEFT) >> 20)}MiB")
     # pass one: a window of records in flight, the rest for the map
     window = max(_MIN_WINDOW, left // 8 // WINDOW_BYTES_PER_RECORD)
     per_key = EVENT_MAP_BYTES_PER_KEY if config.topic_order.by_event_time else MAP_BYTES_PER_KEY
@@ -142,6 +141,10 @@ def memory_budget(config: CompactionConfig, footprint: Footprint) -> MemoryBudge
     write_behind = max(chunk, share // 8)
     return MemoryBudget(total, records, map_bytes, window, processes, chunk, chunk,
                         max(1, chunk // COLUMN_BYTES_PER_RECORD), parallelism, part, write_behind)
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f}MiB"
 
 
 def bounded(config: CompactionConfig, plan: Plan) -> CompactionConfig:

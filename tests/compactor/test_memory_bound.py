@@ -22,6 +22,7 @@ from shale.compactor import CompactionConfig
 from shale.compactor.budget import (
     COLUMN_BYTES_PER_RECORD,
     LOCAL_OVERHEAD,
+    OBJECT_STORE_OVERHEAD,
     MAP_BYTES_PER_KEY,
     WINDOW_BYTES_PER_RECORD,
     Footprint,
@@ -41,7 +42,7 @@ LONG = os.environ.get("SHALE_LONG_TESTS") == "1"
 _BATCH = 500_000
 
 
-def make_topic(path: Path, keys: int) -> None:
+def make_topic(path: Path | str, keys: int) -> None:
     """``keys`` records, one key each (``key-N``, value ``value-N`` and padding), zstd."""
     with TopicWriter(str(path), compression="zstd") as w:
         for start in range(0, keys, _BATCH):
@@ -50,7 +51,7 @@ def make_topic(path: Path, keys: int) -> None:
                             "value": [b"value-%010d-" % i + bytes(40) for i in ids]})
 
 
-def compact_until_done(topic: Path, setting: str, limit: int, max_runs: int) -> list[dict[str, object]]:
+def compact_until_done(topic: Path | str, setting: str, limit: int, max_runs: int) -> list[dict[str, object]]:
     """``shale compact --max-memory SETTING`` under ``limit``, run after run until nothing
     is left for the next; each run's summary with its peak RSS."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -62,13 +63,15 @@ def compact_until_done(topic: Path, setting: str, limit: int, max_runs: int) -> 
         assert got.exit_code == 0, got.stderr
         summary = json.loads(got.stdout.splitlines()[-1])
         summary["peak_rss"] = got.peak_rss
+        print(f"run {len(out) + 1}: peak RSS {got.peak_rss >> 20} MiB, {summary['records_written']} written, "
+              f"{summary['deferred_records']} deferred, limit {limit >> 20} MiB, failcnt {got.failcnt}")
         out.append(summary)
         if not summary["deferred_records"]:
             return out
     raise AssertionError(f"still deferred after {max_runs} runs: {out[-1]}")
 
 
-def check_view(topic: Path, keys: int) -> None:
+def check_view(topic: Path | str, keys: int) -> None:
     """The compacted view holds every key once, in key order, each with its value."""
     import pyarrow as pa
 
@@ -99,6 +102,18 @@ def test_runs_stay_within_the_setting_under_a_memory_limit(tmp_path: Path) -> No
         assert r["status"] == "compacted"
         assert r["peak_rss"] <= setting + OVERHEAD, r
     assert sum(int(r["records_written"]) for r in runs) >= keys
+    check_view(topic, keys)
+
+
+@cgroups
+@pytest.mark.s3
+def test_runs_on_object_storage_stay_within_the_setting(s3_bucket: str, tmp_path: Path) -> None:
+    keys, setting = 600_000, 64 * MiB
+    topic = f"s3://{s3_bucket}/topic"
+    make_topic(topic, keys)
+    runs = compact_until_done(topic, "64MiB", setting + OBJECT_STORE_OVERHEAD, max_runs=8)
+    assert len(runs) >= 2
+    assert max(int(r["peak_rss"]) for r in runs) <= setting + OBJECT_STORE_OVERHEAD  # type: ignore[call-overload]
     check_view(topic, keys)
 
 
