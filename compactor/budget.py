@@ -33,7 +33,8 @@ from shale.compactor.plan import Plan
 from shale.ledger.errors import InvalidInputError
 from shale.settings.units import format_size
 
-__all__ = ["LOCAL_OVERHEAD", "MAP_BYTES_PER_KEY", "OBJECT_STORE_OVERHEAD", "RUN_BYTES_PER_RECORD", "Footprint", "MemoryBudget", "bounded", "memory_budget"]
+__all__ = ["LOCAL_OVERHEAD", "MAP_BYTES_PER_KEY", "OBJECT_STORE_OVERHEAD", "RUN_BYTES_PER_RECORD", "Footprint",
+           "MemoryBudget", "bounded", "memory_budget"]
 
 #: What a key costs in pass one at its peak: the hash table (slots of 24 bytes, at
 #: most 60 % full: 40 a key), and, as it is read out in order for lookups while it is

@@ -22,8 +22,8 @@ from shale.compactor import CompactionConfig
 from shale.compactor.budget import (
     COLUMN_BYTES_PER_RECORD,
     LOCAL_OVERHEAD,
-    OBJECT_STORE_OVERHEAD,
     MAP_BYTES_PER_KEY,
+    OBJECT_STORE_OVERHEAD,
     WINDOW_BYTES_PER_RECORD,
     Footprint,
     memory_budget,
