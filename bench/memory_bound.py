@@ -1,6 +1,6 @@
 """Peak memory of ``compact --max-memory`` runs that clean a big backlog in parts.
 
-    .venv/bin/python bench/memory_bound.py [--keys 20000000] [--settings 64MiB,256MiB] [--runs 8]
+    .venv/bin/python bench/memory_bound.py [--keys 20000000] [--settings 64MiB,256MiB,1GiB] [--runs 8] [--compare]
 
 Makes a topic of ``--keys`` records, every one with a key of its own (64-byte values,
 zstd) under bench/data/memory-bound/, then for each setting copies it and runs
@@ -9,11 +9,15 @@ fit in one run, so each run compacts up to where they fit and the next continues
 (partial cleaning), and every run reads the compacted records of the runs before again.
 
 Each run is a child process of its own.  Printed per run: its peak resident set size
-(``ru_maxrss`` from ``os.wait4``: the largest of the run's processes, exact), and the
-peaks of its anonymous and file-backed resident memory (``RssAnon``, ``RssFile`` of
-``/proc/PID/status``, summed over the run's processes, sampled every 5 ms by this
-process, so a short peak may be missed), the records it compacted and its time.
-``--max-map-bytes`` instead of ``--max-memory``: ``--flag max-map-bytes``.
+(``peak_rss_mib``: ``ru_maxrss`` from ``os.wait4``, the largest of the run's processes,
+exact), the peak of its proportional set size summed over the run's processes (``pss_mib``:
+pages the forked pass-two workers share with the run counted once, as a container's
+memory accounting counts them) and the peaks of its anonymous and file-backed parts
+(``Pss_Anon``, ``Pss_File`` of ``/proc/PID/smaps_rollup``), sampled every 10 ms by this
+process (a short peak may be missed), the records it wrote and its time.
+Beside each peak: the bound, the setting plus the fixed overhead docs/operations.md
+states for a local folder.  ``--compare`` also runs the same scenario with
+``--max-map-bytes SETTING`` (which bounds the key map alone), as before ``--max-memory``.
 """
 
 from __future__ import annotations
@@ -66,15 +70,16 @@ def _tree(pid: int) -> list[int]:
     return out
 
 
-def _rss(pid: int) -> tuple[int, int]:
-    """Anonymous and file-backed resident bytes of ``pid`` (0, 0 once it is gone)."""
+def _pss(pid: int) -> tuple[int, int]:
+    """Anonymous and file-backed proportional set size of ``pid`` (pages shared with its
+    forked workers counted once over them all; 0, 0 once it is gone)."""
     anon = file = 0
     try:
-        with open(f"/proc/{pid}/status") as f:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
             for line in f:
-                if line.startswith("RssAnon:"):
+                if line.startswith("Pss_Anon:"):
                     anon = int(line.split()[1]) * 1024
-                elif line.startswith("RssFile:"):
+                elif line.startswith("Pss_File:"):
                     file = int(line.split()[1]) * 1024
     except OSError:
         pass
@@ -87,15 +92,16 @@ def run(argv: list[str]) -> dict[str, float]:
     t = time.perf_counter()
     child = subprocess.Popen([sys.executable, "-m", "shale.cli", *argv], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE)
-    peaks = {"anon": 0, "file": 0}
+    peaks = {"anon": 0, "file": 0, "total": 0}
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            got = [_rss(p) for p in _tree(child.pid)]
-            peaks["anon"] = max(peaks["anon"], sum(a for a, _ in got))
-            peaks["file"] = max(peaks["file"], sum(f for _, f in got))
-            time.sleep(0.005)
+            got = [_pss(p) for p in _tree(child.pid)]
+            anon, file = sum(a for a, _ in got), sum(f for _, f in got)
+            peaks["anon"], peaks["file"] = max(peaks["anon"], anon), max(peaks["file"], file)
+            peaks["total"] = max(peaks["total"], anon + file)
+            time.sleep(0.01)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -109,7 +115,8 @@ def run(argv: list[str]) -> dict[str, float]:
     if code:
         sys.stderr.write(f"{' '.join(argv)}: exit {code}: {err}")
     summary = json.loads(out.splitlines()[-1]) if out.strip() else {}
-    return {"peak_rss": usage.ru_maxrss * 1024, "anon": peaks["anon"], "file": peaks["file"], "seconds": seconds,
+    return {"peak_rss": usage.ru_maxrss * 1024, "anon": peaks["anon"], "file": peaks["file"],
+            "total": peaks["total"], "seconds": seconds,
             "exit": code, "records_kept": summary.get("records_written", 0),
             "deferred": summary.get("deferred_records", 0), "status": summary.get("status", "")}
 
@@ -120,6 +127,7 @@ def main() -> None:
     p.add_argument("--settings", default="64MiB,128MiB,256MiB")
     p.add_argument("--runs", type=int, default=8)
     p.add_argument("--flag", default="max-memory", help="the setting to pass: max-memory or max-map-bytes")
+    p.add_argument("--compare", action="store_true", help="also run each setting as --max-map-bytes")
     p.add_argument("--data", default=str(ROOT / "bench" / "data" / "memory-bound"))
     p.add_argument("--make", type=int, default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -132,20 +140,28 @@ def main() -> None:
     # made in a child: a run forked from this process would count its pages as its own peak
     subprocess.run([sys.executable, __file__, "--make", str(a.keys), "--data", str(data)], check=True)
     print(json.dumps({"made": str(source), "seconds": round(time.perf_counter() - t, 1)}), flush=True)
-    MB = 1 << 20
-    for setting in a.settings.split(","):
-        topic = data / "run"
-        shutil.rmtree(topic, ignore_errors=True)
-        shutil.copytree(source, topic)
-        for i in range(a.runs):
-            got = run(["compact", str(topic), f"--{a.flag}", setting, "--json", "--min-dirty-ratio", "0"])
-            print(json.dumps({"setting": setting, "run": i + 1, "peak_rss_mib": round(got["peak_rss"] / MB),
-                              "anon_mib": round(got["anon"] / MB), "file_mib": round(got["file"] / MB),
-                              "records_kept": got["records_kept"], "deferred": got["deferred"],
-                              "status": got["status"], "seconds": round(got["seconds"], 1), "exit": got["exit"]}),
-                  flush=True)
-        shutil.rmtree(topic, ignore_errors=True)
+    from shale.compactor.budget import LOCAL_OVERHEAD
+    from shale.settings.units import parse_size
 
+    MB = 1 << 20
+    flags = [a.flag, "max-map-bytes"] if a.compare else [a.flag]
+    for setting in a.settings.split(","):
+        for flag in flags:
+            topic = data / "run"
+            shutil.rmtree(topic, ignore_errors=True)
+            shutil.copytree(source, topic)
+            bound = parse_size(setting) + LOCAL_OVERHEAD
+            for i in range(a.runs):
+                got = run(["compact", str(topic), f"--{flag}", setting, "--json", "--min-dirty-ratio", "0"])
+                print(json.dumps({"flag": flag, "setting": setting, "run": i + 1,
+                                  "peak_rss_mib": round(got["peak_rss"] / MB),
+                                  "bound_mib": round(bound / MB) if flag == "max-memory" else None,
+                                  "pss_mib": round(got["total"] / MB), "pss_anon_mib": round(got["anon"] / MB),
+                                  "pss_file_mib": round(got["file"] / MB),
+                                  "records_written": got["records_kept"], "deferred": got["deferred"],
+                                  "status": got["status"], "seconds": round(got["seconds"], 1), "exit": got["exit"]}),
+                      flush=True)
+            shutil.rmtree(topic, ignore_errors=True)
 
 if __name__ == "__main__":
     main()
