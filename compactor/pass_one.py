@@ -263,11 +263,13 @@ def _build_event_map(plan: Plan, config: CompactionConfig) -> tuple[Plan, KeyMap
     capacity = event_map_capacity(config.max_map_bytes)
     base = sum(s.records for s in plan.compacted)
     threads = worker_count(config.workers)
-    if threads > 1 and _MIN_THREADED_RECORDS <= sum(s.records for s in plan.new) <= capacity:
+    new_records = sum(s.records for s in plan.new)
+    bounded = config.map_window_records > 0
+    if threads > 1 and _MIN_THREADED_RECORDS <= new_records <= capacity and not bounded:
         return plan, _build_in_threads(plan, capacity, base, threads, order), 0
     # room for the keys the new records hold, so that the table need not grow
-    builder = EventKeyMapBuilder(capacity, expected=_expected_keys(plan))
-    for i, s in enumerate(plan.new):
+    builder = EventKeyMapBuilder(capacity, expected=min(new_records, capacity) if bounded else _expected_keys(plan))
+    for n, (i, s) in enumerate(_windows(plan, config.map_window_records)):
         hi, lo, pos, first = _slice_records(s, base)
         times = decoded_times(s.file, order, s.start, s.stop)
         if pos is not None:
@@ -275,14 +277,14 @@ def _build_event_map(plan: Plan, config: CompactionConfig) -> tuple[Plan, KeyMap
         if builder.fits(hi, lo):
             builder.add(hi, lo, times, pos, first=first)
             base += s.records
+            if bounded:
+                s.file.release_pages()
             continue
-        stop = _fit_prefix(builder, s, base, must_progress=i == 0)
-        if stop <= s.start:
-            kept_new = plan.new[:i]
-        else:
+        stop = _fit_prefix(builder, s, base, must_progress=n == 0)
+        if stop > s.start:
             k = stop - s.start if pos is None else int(np.searchsorted(pos, base + stop - s.start))
             builder.add(hi[:k], lo[:k], times[:k], None if pos is None else pos[:k], first=first)
-            kept_new = (*plan.new[:i], dataclasses.replace(s, stop=stop))
+        kept_new = _kept_new(plan, i, stop)
         deferred = sum(x.records for x in plan.new) - sum(x.records for x in kept_new)
         last = kept_new[-1] if kept_new else None
         horizon = last.file.record_id(last.stop - 1) if last else plan.previous.horizon

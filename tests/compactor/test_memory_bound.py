@@ -14,6 +14,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -187,3 +188,41 @@ def test_a_setting_too_small_for_the_topic_is_refused_in_one_line(tmp_path: Path
     r = run_cli_here("compact", str(tmp_path / "topic"), "--max-memory", "1MiB")
     assert r.returncode == 2
     assert "--max-memory" in r.stderr and "at least 32MiB" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("order", ["offset", "event-time"])
+def test_key_map_windows_progress_to_the_unbounded_result(tmp_path: Path, order: str) -> None:
+    """A bounded run hands the key map windows of records, cut inside ledgers: run after
+    run, they publish what one unbounded run does."""
+    from shale.compactor import Compactor
+    from tests.compactor.test_memory import HOUR, T0, compacted, produce
+
+    small, big = str(tmp_path / "small"), str(tmp_path / "big")
+    cfg: dict[str, Any] = dict(delete_retention_ms=int(HOUR * 1000), order=order)
+    for rnd, n in enumerate((12_000, 3_000)):
+        for u in (small, big):
+            produce(u, seed=rnd, n=n, keys=5_000, t=T0 + rnd * HOUR)
+        now = T0 + (rnd + 0.5) * HOUR
+        assert Compactor(big, CompactionConfig(**cfg), clock=lambda now=now: now).run().deferred_records == 0
+        runs = 0
+        while True:
+            s = Compactor(small, CompactionConfig(max_map_bytes=1024 * 32, map_window_records=500, **cfg),
+                          clock=lambda now=now: now).run()
+            if s.status == "nothing-to-do":
+                break
+            assert s.status == "compacted", s.error
+            runs += 1
+            assert runs < 60, "no progress"
+        assert runs >= 2  # the map forced several runs
+        assert compacted(small) == compacted(big)
+        a, b = TopicMetadata.open(small).load_compaction(), TopicMetadata.open(big).load_compaction()
+        assert (a.horizon, a.keys, a.tombstones) == (b.horizon, b.keys, b.tombstones)
+
+
+def test_topics_compacted_at_once_share_the_bound() -> None:
+    from shale.settings import resolve
+
+    one = CompactionConfig.from_settings(resolve("compact", {"max-memory": 512 * MiB}, {}))
+    four = CompactionConfig.from_settings(resolve("compact", {"max-memory": 512 * MiB, "parallel": 4}, {}))
+    unset = CompactionConfig.from_settings(resolve("compact", {}, {}))
+    assert (one.max_memory, four.max_memory, unset.max_memory) == (512 * MiB, 128 * MiB, None)
