@@ -226,3 +226,21 @@ def test_topics_compacted_at_once_share_the_bound() -> None:
     four = CompactionConfig.from_settings(resolve("compact", {"max-memory": 512 * MiB, "parallel": 4}, {}))
     unset = CompactionConfig.from_settings(resolve("compact", {}, {}))
     assert (one.max_memory, four.max_memory, unset.max_memory) == (512 * MiB, 128 * MiB, None)
+
+
+def test_reads_are_cut_by_decompressed_bytes_and_records(tmp_path: Path) -> None:
+    make_topic(tmp_path / "topic", 50_000)
+    meta = TopicMetadata.open(str(tmp_path / "topic"))
+    path = next((tmp_path / "topic").rglob("*.ledger"))
+    f = LedgerFile.open(meta.topic.store, str(path.resolve()).lstrip("/"))
+    raw, starts = f.footer.raw_lengths(), f.footer.e_rec_start
+    assert f.footer.compressed and int(raw.sum()) > 2 * int(f.footer.col("e_length").astype(np.int64).sum())
+    whole = list(f.chunks(0, f.n_entries, 8 << 20))
+    for raw_bytes, records in ((64 << 10, 0), (0, 3_000), (200 << 10, 2_000), (1, 1)):
+        got = list(f.chunks(0, f.n_entries, 8 << 20, raw_bytes=raw_bytes, records=records))
+        assert [a for a, _ in got] == [0, *(b for _, b in got[:-1])] and got[-1][1] == f.n_entries
+        assert len(got) > len(whole)
+        for a, b in got:
+            if b - a > 1:  # (one entry is read whole, whatever its size)
+                assert not raw_bytes or int(raw[a:b].sum()) <= raw_bytes
+                assert not records or int(starts[b] - starts[a]) <= records
