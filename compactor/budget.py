@@ -3,9 +3,9 @@
 A run holds, besides the interpreter and its libraries (a fixed overhead, stated in
 docs/operations.md):
 
-* for the whole run (:class:`Footprint`): a survival flag and a lookup answer per
-  record it reads, the masks of the slice being worked on, and the footers it holds as
-  bytes (those read from object storage, and those too small to map);
+* for the whole run (:class:`Footprint`): a survival flag per record it reads, the
+  masks of the slice being worked on, and the footers it holds as bytes (those read
+  from object storage, and those too small to map);
 * in pass one, the key map and the hash table it is built in
   (:data:`MAP_BYTES_PER_KEY` a key, against the 24 that ``max_map_bytes`` counts), and
   the records handed to it at once (:data:`WINDOW_BYTES_PER_RECORD` each);
@@ -43,9 +43,8 @@ __all__ = ["LOCAL_OVERHEAD", "MAP_BYTES_PER_KEY", "OBJECT_STORE_OVERHEAD", "RUN_
 MAP_BYTES_PER_KEY: Final = 104
 #: Under event-time order: the same with slots of 32 bytes and each key's time.
 EVENT_MAP_BYTES_PER_KEY: Final = 136
-#: Per record the run reads: its survival flag, and the answer of its lookup in the key
-#: map (a record of a previous part), both held for the whole of pass one.
-RUN_BYTES_PER_RECORD: Final = 2
+#: Per record the run reads: its survival flag, held for the whole run.
+RUN_BYTES_PER_RECORD: Final = 1
 #: Per record of the slice being decided or copied: the masks and positions worked out
 #: for it (a slice is a ledger, a part, or the stretch of one a run reads).
 SLICE_BYTES_PER_RECORD: Final = 12

@@ -382,7 +382,9 @@ def _decide(plan: Plan, key_map: KeyMap, deferred: int, config: CompactionConfig
     tomb_at: list[npt.NDArray[np.int64]] = []
     tomb_since: list[npt.NDArray[np.int64]] = []
     tally = _Tally()
-    ahead = _lookups_ahead(plan, key_map, threads, lookups)
+    # (a bounded run looks each part up in turn: answers for every part at once would
+    # cost a byte per record of the whole view)
+    ahead = _lookups_ahead(plan, key_map, threads, lookups) if not config.map_window_records else {}
     order = config.topic_order
     for i, s in enumerate(plan.slices):
         a, b = offsets[i], offsets[i + 1]

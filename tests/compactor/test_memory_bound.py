@@ -183,8 +183,8 @@ def test_the_budget_stays_within_the_setting() -> None:
 def test_a_setting_too_small_for_the_topic_is_refused_in_one_line(tmp_path: Path) -> None:
     make_topic(tmp_path / "topic", 100_000)
     cfg = CompactionConfig(max_memory=32 * MiB)
-    with pytest.raises(InvalidInputError, match="too small for a run over 10,000,000 records"):
-        memory_budget(cfg, Footprint(10_000_000, 100_000, 0))
+    with pytest.raises(InvalidInputError, match="too small for a run over 20,000,000 records"):
+        memory_budget(cfg, Footprint(20_000_000, 100_000, 0))
     r = run_cli_here("compact", str(tmp_path / "topic"), "--max-memory", "1MiB")
     assert r.returncode == 2
     assert "--max-memory" in r.stderr and "at least 32MiB" in r.stderr and "Traceback" not in r.stderr
