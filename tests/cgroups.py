@@ -10,6 +10,7 @@ Needs root and the cgroup v1 memory controller mounted at /sys/fs/cgroup/memory
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -39,8 +40,9 @@ class LimitedRun:
         return self.oom_kills > 0 or self.exit_code == -signal.SIGKILL
 
 
+@functools.cache
 def cgroup_unavailable() -> str:
-    """Why a memory cgroup cannot be made here ("" when it can)."""
+    """Why a memory cgroup cannot be made here ("" when it can; asked once)."""
     if os.geteuid() != 0:
         return "making a memory cgroup needs root"
     if not (MEMORY_ROOT / "memory.limit_in_bytes").exists():
