@@ -230,10 +230,7 @@ class Compactor:
         if plan.new_records and not owed and not changed and plan.dirty_ratio < self.config.min_dirty_ratio:
             return done(RunStatus.SKIPPED,
                         f"dirty ratio {plan.dirty_ratio:.3f} is below {self.config.min_dirty_ratio:.3f}")
-
-        if self.config.max_memory is not None and self.engine.name == "local":
-            # the run's buffers and key map sized to fit the bound, for this plan's records
-            self.config = bounded(self.config, plan)
+        self.config = bounded(self.config, plan) if self.engine.name == "local" else self.config  # to --max-memory
         self.progress(f"pass one over {sum(s.records for s in plan.slices):,} records")
         try:
             survivors = self.engine.pass_one(plan, self.config, now_ms)
