@@ -51,6 +51,14 @@ class CompactionConfig:
     * ``max_map_bytes`` — the most pass one's key map may hold (24 bytes per key written
       since the last run); when the new keys need more, the run compacts up to where
       they fit and the next run continues (local engine).
+    * ``max_memory`` — the most the whole run may hold (local engine; ``None``: no bound
+      but the other settings): the run's buffers, reads and writes in flight and key map
+      are sized from it (:mod:`shale.compactor.budget`), the key map taking what the rest
+      leaves, within ``max_map_bytes``.  What it sets: ``map_window_records`` — records
+      handed to pass one's key map at once (0: a ledger at a time);
+      ``chunk_raw_bytes`` / ``chunk_records`` — the most one of pass two's reads may
+      hold decompressed, and in records (0: no limit but ``chunk_bytes`` stored); and
+      ``write_behind_bytes`` — bytes pass two's writes may keep waiting, per process.
     * ``reuse_min_bytes`` / ``reuse_min_live`` — an incremental run keeps a previous
       compacted part in place, with a deletion vector for its superseded records, when the
       part has at least this many bytes and this share of its records still live; other
@@ -93,15 +101,20 @@ class CompactionConfig:
     collect_garbage: bool = True
     max_part_bytes: int = SETTINGS["max-part-bytes"].default
     max_map_bytes: int = DEFAULT_MAX_MAP_BYTES
+    max_memory: int | None = None
+    map_window_records: int = 0
     reuse_min_bytes: int = 8 * 1024 * 1024
     reuse_min_live: float = 0.5
     read_parallelism: int = SETTINGS["read-parallelism"].default
     max_read_bytes_per_s: int = SETTINGS["max-read-bytes-per-second"].default
     max_write_bytes_per_s: int = SETTINGS["max-write-bytes-per-second"].default
     chunk_bytes: int = 8 * 1024 * 1024
+    chunk_raw_bytes: int = 0
+    chunk_records: int = 0
     workers: int = SETTINGS["workers"].default
     compression: Compression = SETTINGS["compression"].default
     entry_bytes: int = 64 * 1024
+    write_behind_bytes: int = 64 << 20
     event_times: bool = False
     order: str = SETTINGS["order"].default
     key_ttl_ms: int = SETTINGS["key-ttl"].default
@@ -112,6 +125,8 @@ class CompactionConfig:
     def __post_init__(self) -> None:
         # the settings a command line gives are checked as their flags are
         for s in _FROM_SETTINGS:
+            if getattr(self, s.py_name) is None:
+                continue  # a setting with no default, not given
             try:
                 s.kind.check(getattr(self, s.py_name))
             except InvalidInputError as e:
@@ -143,6 +158,10 @@ class CompactionConfig:
                   if v.setting.py_name in names and v.value is not None}
         if "no-gc" in settings:
             values["collect_garbage"] = not settings.value("no-gc")
+        parallel = settings.value("parallel") if "parallel" in settings else None
+        if values.get("max_memory") and isinstance(parallel, int) and parallel > 1:
+            # topics compacted at once share the process: each gets its share
+            values["max_memory"] = max(_least("max-memory"), values["max_memory"] // parallel)
         return cls(**values)
 
     def to_json(self) -> dict[str, Any]:

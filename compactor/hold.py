@@ -78,11 +78,13 @@ def tombstones_drop(meta: TopicMetadata, plan: Plan, config: CompactionConfig, n
         if s.gone is not None:
             tomb_mask &= ~s.gone
         tomb = np.flatnonzero(tomb_mask)
+        expired = None
         if len(tomb):
             expired, _ = tombstone_fate(foot.delete_since()[s.start:s.stop][tomb], now_ms, config.delete_retention_ms,
                                         held=held_tombstones(base + tomb, plan.hold_from),
                                         max_hold_ms=config.max_tombstone_hold_ms)
-            if expired.any():
-                return True
+        s.file.release_pages()  # a run with nothing new reads every part's flags: one at a time
+        if expired is not None and expired.any():
+            return True
         base += s.records
     return False

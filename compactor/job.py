@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Final
 
 from shale.compactor import interrupts
+from shale.compactor.budget import bounded
 from shale.compactor.config import MIN_ORPHAN_GRACE_MS, CompactionConfig
 from shale.compactor.engine import Engine, LocalEngine, SurvivorCounts
 from shale.compactor.gc import collect_garbage
@@ -229,7 +230,7 @@ class Compactor:
         if plan.new_records and not owed and not changed and plan.dirty_ratio < self.config.min_dirty_ratio:
             return done(RunStatus.SKIPPED,
                         f"dirty ratio {plan.dirty_ratio:.3f} is below {self.config.min_dirty_ratio:.3f}")
-
+        self.config = bounded(self.config, plan) if self.engine.name == "local" else self.config  # to --max-memory
         self.progress(f"pass one over {sum(s.records for s in plan.slices):,} records")
         try:
             survivors = self.engine.pass_one(plan, self.config, now_ms)

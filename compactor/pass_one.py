@@ -190,30 +190,64 @@ def _build_in_threads(plan: Plan, capacity: int, base: int, threads: int,
     return KeyMap.sorted(*(np.concatenate(cols) for cols in zip(*ranges, strict=True)))
 
 
+def _windows(plan: Plan, window: int) -> list[tuple[int, Slice]]:
+    """The new slices of ``plan`` as ``(index in plan.new, piece)``, each cut at entry
+    boundaries into pieces of about ``window`` records (0: whole slices), so that what
+    the map is handed at once, and the footer pages it reads, stay bounded."""
+    if window <= 0:
+        return list(enumerate(plan.new))
+    out: list[tuple[int, Slice]] = []
+    for i, s in enumerate(plan.new):
+        starts = s.file.footer.e_rec_start
+        cuts = [s.start]
+        while cuts[-1] < s.stop:
+            at = cuts[-1]
+            nxt = int(starts[int(np.searchsorted(starts, at + window, side="right")) - 1])
+            if nxt <= at:  # an entry bigger than the window: it alone
+                nxt = int(starts[int(np.searchsorted(starts, at, side="right"))])
+            cuts.append(min(nxt, s.stop))
+        for a, b in itertools.pairwise(cuts):
+            gone = s.gone[a - s.start:b - s.start] if s.gone is not None else None
+            out.append((i, dataclasses.replace(s, start=a, stop=b, gone=gone)))
+    return out
+
+
+def _kept_new(plan: Plan, i: int, stop: int) -> tuple[Slice, ...]:
+    """The new slices of a plan cut at record ``stop`` of its slice ``i``."""
+    s = plan.new[i]
+    if stop <= s.start:
+        return plan.new[:i]
+    gone = s.gone[:stop - s.start] if s.gone is not None else None
+    return (*plan.new[:i], dataclasses.replace(s, stop=stop, gone=gone))
+
+
 def _build_map(plan: Plan, config: CompactionConfig) -> tuple[Plan, KeyMap, int]:
     """Put the new records' keys in a map; cut the plan where the map is full."""
     capacity = config.max_map_bytes // KEY_BYTES
     base = sum(s.records for s in plan.compacted)
     new_records = sum(s.records for s in plan.new)
     threads = worker_count(config.workers)
-    if threads > 1 and _MIN_THREADED_RECORDS <= new_records <= capacity:
+    bounded = config.map_window_records > 0
+    if threads > 1 and _MIN_THREADED_RECORDS <= new_records <= capacity and not bounded:
         return plan, _build_in_threads(plan, capacity, base, threads), 0
-    # Room for the keys the new records hold, so that the table need not grow.
-    builder = KeyMapBuilder(capacity, expected=_expected_keys(plan))
-    for i, s in enumerate(plan.new):
+    # Room for the keys the new records hold, so that the table need not grow (a
+    # bounded run's map may take its whole capacity: it need not read every new hash
+    # first to estimate them).
+    builder = KeyMapBuilder(capacity, expected=min(new_records, capacity) if bounded else _expected_keys(plan))
+    for n, (i, s) in enumerate(_windows(plan, config.map_window_records)):
         # Whole records go in, not one per key: the builder dedups many slices in one
         # sort, which beats a sort per slice followed by merges.
         hi, lo, pos, first = _slice_records(s, base)
         if builder.fits(hi, lo):
             builder.add(hi, lo, pos, first=first)
             base += s.records
+            if bounded:
+                s.file.release_pages()
             continue
-        stop = _fit_prefix(builder, s, base, must_progress=i == 0)
-        if stop <= s.start:
-            kept_new = plan.new[:i]
-        else:
+        stop = _fit_prefix(builder, s, base, must_progress=n == 0)
+        if stop > s.start:
             builder.add(*_slice_keys(s, base, stop))
-            kept_new = (*plan.new[:i], dataclasses.replace(s, stop=stop))
+        kept_new = _kept_new(plan, i, stop)
         deferred = sum(x.records for x in plan.new) - sum(x.records for x in kept_new)
         last = kept_new[-1] if kept_new else None
         horizon = last.file.record_id(last.stop - 1) if last else plan.previous.horizon
@@ -229,11 +263,13 @@ def _build_event_map(plan: Plan, config: CompactionConfig) -> tuple[Plan, KeyMap
     capacity = event_map_capacity(config.max_map_bytes)
     base = sum(s.records for s in plan.compacted)
     threads = worker_count(config.workers)
-    if threads > 1 and _MIN_THREADED_RECORDS <= sum(s.records for s in plan.new) <= capacity:
+    new_records = sum(s.records for s in plan.new)
+    bounded = config.map_window_records > 0
+    if threads > 1 and _MIN_THREADED_RECORDS <= new_records <= capacity and not bounded:
         return plan, _build_in_threads(plan, capacity, base, threads, order), 0
     # room for the keys the new records hold, so that the table need not grow
-    builder = EventKeyMapBuilder(capacity, expected=_expected_keys(plan))
-    for i, s in enumerate(plan.new):
+    builder = EventKeyMapBuilder(capacity, expected=min(new_records, capacity) if bounded else _expected_keys(plan))
+    for n, (i, s) in enumerate(_windows(plan, config.map_window_records)):
         hi, lo, pos, first = _slice_records(s, base)
         times = decoded_times(s.file, order, s.start, s.stop)
         if pos is not None:
@@ -241,14 +277,14 @@ def _build_event_map(plan: Plan, config: CompactionConfig) -> tuple[Plan, KeyMap
         if builder.fits(hi, lo):
             builder.add(hi, lo, times, pos, first=first)
             base += s.records
+            if bounded:
+                s.file.release_pages()
             continue
-        stop = _fit_prefix(builder, s, base, must_progress=i == 0)
-        if stop <= s.start:
-            kept_new = plan.new[:i]
-        else:
+        stop = _fit_prefix(builder, s, base, must_progress=n == 0)
+        if stop > s.start:
             k = stop - s.start if pos is None else int(np.searchsorted(pos, base + stop - s.start))
             builder.add(hi[:k], lo[:k], times[:k], None if pos is None else pos[:k], first=first)
-            kept_new = (*plan.new[:i], dataclasses.replace(s, stop=stop))
+        kept_new = _kept_new(plan, i, stop)
         deferred = sum(x.records for x in plan.new) - sum(x.records for x in kept_new)
         last = kept_new[-1] if kept_new else None
         horizon = last.file.record_id(last.stop - 1) if last else plan.previous.horizon
@@ -281,7 +317,13 @@ def _lookups_ahead(plan: Plan, key_map: KeyMap, threads: int,
     if len(previous) < threads or threads <= 1 or key_map.event is not None:
         return {}
     key_map.prepare_lookups()
-    return {i: lookups.submit(key_map.contains, *_hashes(plan.slices[i])) for i in previous}
+
+    def look(s: Slice) -> npt.NDArray[np.bool_]:
+        found = key_map.contains(*_hashes(s))
+        s.file.release_pages()  # the answer is all that is kept of the part's hashes
+        return found
+
+    return {i: lookups.submit(look, plan.slices[i]) for i in previous}
 
 
 @dataclass(slots=True)
@@ -340,7 +382,9 @@ def _decide(plan: Plan, key_map: KeyMap, deferred: int, config: CompactionConfig
     tomb_at: list[npt.NDArray[np.int64]] = []
     tomb_since: list[npt.NDArray[np.int64]] = []
     tally = _Tally()
-    ahead = _lookups_ahead(plan, key_map, threads, lookups)
+    # (a bounded run looks each part up in turn: answers for every part at once would
+    # cost a byte per record of the whole view)
+    ahead = _lookups_ahead(plan, key_map, threads, lookups) if not config.map_window_records else {}
     order = config.topic_order
     for i, s in enumerate(plan.slices):
         a, b = offsets[i], offsets[i + 1]
@@ -372,6 +416,7 @@ def _decide(plan: Plan, key_map: KeyMap, deferred: int, config: CompactionConfig
         tomb = np.flatnonzero(k & ((flags & _TOMB_BITS) == _TOMB_BITS))
         tomb_at.append(a + tomb)
         tomb_since.append(since[tomb] if since is not None else np.zeros(len(tomb), dtype=np.int64))
+        s.file.release_pages()  # pass two maps again what it reads of this footer
     return _survivors(plan, keep, tomb_at, tomb_since, offsets, tally, key_map, deferred, config, now_ms)
 
 

@@ -69,6 +69,8 @@ class _PartSink:
         self.publish_for_untimed_only = False
         self.throttle = throttle
         self.max_part_bytes = max_part_bytes
+        #: bytes of writes that may wait for the disk or the network
+        self.max_pending_bytes = 64 << 20
         self.result = result
         self.on_object = on_object
         self._writes = writes
@@ -103,7 +105,7 @@ class _PartSink:
             self.on_object(self._name)
             upload = self.topic.store.open_writer(self.topic.key(self._name))
             self._upload = WriteBehind(ThrottledWriter(upload, self.throttle) if self.throttle else upload,
-                                       self._writes)
+                                       self._writes, max_pending_bytes=self.max_pending_bytes)
             self._writer = LedgerWriter(self._upload, kind=KIND_COMPACTED, ledger_id=self.epoch,
                                         created_ms=self.now_ms)
             self._writer.publish_for_untimed_only = self.publish_for_untimed_only
@@ -252,6 +254,7 @@ def write_parts(work: Iterable[Work], config: CompactionConfig,
     sink = _PartSink(topic, run_dir, epoch, now_ms, config.max_part_bytes, result, on_object, writer_thread,
                      name_prefix, writes if writes.rate else None)
     sink.publish_for_untimed_only = config.topic_order.by_event_time
+    sink.max_pending_bytes = config.write_behind_bytes
     pool = ThreadPoolExecutor(max_workers=config.read_parallelism, thread_name_prefix="shale-read")
     try:
         for item in work:
@@ -262,6 +265,7 @@ def write_parts(work: Iterable[Work], config: CompactionConfig,
                 continue
             s, keep, since = item
             _copy_slice(s, keep, since, sink, config, result, pool, reads)
+            s.file.release_pages()  # the footer pages read for it (mapped again if needed)
         sink.close()
     except BaseException:
         # Reads and writes still in flight are waited for below: none may sleep on.
@@ -298,7 +302,8 @@ def _copy_slice(s: Slice, keep: np.ndarray, since: np.ndarray, sink: _PartSink, 
     # reduceat gives wrong sums for empty entries; entries always hold >= 1 record
     wanted = np.flatnonzero(per_entry > 0)
     spans = []
-    for c0, c1 in f.chunks(int(wanted[0]), int(wanted[-1]) + 1, config.chunk_bytes):
+    for c0, c1 in f.chunks(int(wanted[0]), int(wanted[-1]) + 1, config.chunk_bytes, raw_bytes=config.chunk_raw_bytes,
+                           records=config.chunk_records):
         sel = wanted[np.searchsorted(wanted, c0):np.searchsorted(wanted, c1)]
         if len(sel):
             spans.append(sel)  # read only the span of entries that hold survivors

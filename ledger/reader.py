@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import mmap
 from collections.abc import Iterator
 from typing import Final
 
@@ -56,6 +58,8 @@ class LedgerFile:
         #: bytes fetched to open the object (trailer + footer), for I/O accounting
         self.footer_bytes = footer_bytes
         self._header_checked = False
+        #: the mapped file the footer's columns are views of (a local object's big footer), else None
+        self._mapped: mmap.mmap | None = None
         self._ledgers: npt.NDArray[np.uint64] | None = None
         self._entries: npt.NDArray[np.uint64] | None = None
         self._batches: npt.NDArray[np.uint32] | None = None
@@ -91,9 +95,27 @@ class LedgerFile:
         footer = decode_footer(footer_bytes, trailer, where)
         fetched = len(tail) + (0 if trailer.footer_offset >= tail_start else trailer.footer_length)
         f = cls(store, key, footer, size, fetched, dictionaries)
+        if isinstance(footer_bytes, memoryview) and isinstance(footer_bytes.obj, mmap.mmap):
+            f._mapped = footer_bytes.obj
+            f.release_pages()  # checking it read every page; the run reads them again a few at a time
         if tail_start == 0:
             f._check_header(tail)
         return f
+
+    @property
+    def footer_mapped(self) -> bool:
+        """Whether the footer's columns are views of a mapped file (whose pages
+        :meth:`release_pages` gives back), rather than bytes held in memory."""
+        return self._mapped is not None
+
+    def release_pages(self) -> None:
+        """Drop the pages of a mapped footer from this process's memory.  Its columns stay
+        valid: a page touched again is mapped again from the page cache (or the file), so
+        memory holds only the footer pages read since the last release, not every footer
+        a run has opened."""
+        if self._mapped is not None:
+            with contextlib.suppress(OSError, ValueError):  # (a closed map: nothing is held)
+                self._mapped.madvise(mmap.MADV_DONTNEED)
 
     def _check_header(self, data: bytes | memoryview) -> None:
         header = decode_header(data[:HEADER_SIZE], self.url)
@@ -469,14 +491,23 @@ class LedgerFile:
     def _entry_name(self, entry: int) -> str:
         return f"{int(self.entry_ledgers[entry])}:{int(self.entry_ids[entry])}"
 
-    def chunks(self, first_entry: int, stop_entry: int,
-               chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[tuple[int, int]]:
-        """Split entries ``[first_entry, stop_entry)`` into runs of about ``chunk_bytes``."""
+    def chunks(self, first_entry: int, stop_entry: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES, *,
+               raw_bytes: int = 0, records: int = 0) -> Iterator[tuple[int, int]]:
+        """Split entries ``[first_entry, stop_entry)`` into runs of about ``chunk_bytes``
+        (and, when given, of at most ``raw_bytes`` decompressed and ``records`` records,
+        but never less than one entry)."""
         offs = self.footer.col("e_offset")
+        raw_ends = np.cumsum(self.footer.raw_lengths()[first_entry:stop_entry], dtype=np.int64) if raw_bytes else None
+        rec_start = self.footer.e_rec_start
         i = first_entry
         while i < stop_entry:
             limit = int(offs[i]) + chunk_bytes
             j = int(np.searchsorted(offs[i:stop_entry], np.uint64(limit), side="left")) + i
+            if raw_ends is not None:
+                before = int(raw_ends[i - first_entry - 1]) if i > first_entry else 0
+                j = min(j, int(np.searchsorted(raw_ends, before + raw_bytes, side="right")) + first_entry)
+            if records:
+                j = min(j, int(np.searchsorted(rec_start, rec_start[i] + records, side="right")) - 1)
             j = max(j, i + 1)
             yield i, j
             i = j

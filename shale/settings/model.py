@@ -272,6 +272,12 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        "last run; when the new keys need more, compact up to where they fit and let the next run continue; with "
        "--engine spark, the most one reduce task holds (more reduce partitions, nothing left for the next run)",
        _COMPACT, default_text="1GiB, about 44 million keys"),
+    _s("max-memory", Size(32 << 20, why="the least a run makes progress in"), "bound the whole run's memory (local "
+       "engine): key map, pass two's buffers, reads and writes in flight, the footer pages kept mapped; the key map "
+       "gets what the rest leaves (within --max-map-bytes), so a run whose new keys do not fit compacts up to where "
+       "they fit and the next run continues; peak memory stays within SIZE plus a fixed overhead (docs/operations.md, "
+       "Sizing memory); with --parallel N, each topic gets SIZE/N", _COMPACT,
+       default_text="none: only --max-map-bytes and the other settings bound it"),
     _s("json", Switch(), "print one JSON line instead of text", set(COMMANDS), default=False, help_for=_JSON_HELP),
     _s("log-format", Choice(("text", "json")), "text: errors and warnings as one line each; json: one JSON object "
        "per event on standard error, for log collectors (no progress display)", _COMPACT, default="text"),

@@ -297,6 +297,18 @@ def test_memory_requests_per_overlay(rendered: Render) -> None:
 
 
 @needs_kubectl
+def test_local_memory_limit_is_sized_from_max_memory(rendered: Render) -> None:
+    from shale.compactor.budget import OBJECT_STORE_OVERHEAD
+    from shale.settings.units import parse_size
+
+    docs = rendered("local")
+    limit = compact_container(one(docs, "CronJob"))["resources"]["limits"]["memory"]
+    assert limit.endswith("Gi")
+    bound = parse_size(container_environment(docs)["SHALE_MAX_MEMORY"])
+    assert bound + OBJECT_STORE_OVERHEAD == int(limit[:-2]) << 30  # the run stays within the limit
+
+
+@needs_kubectl
 def test_local_overlay_has_no_spark_settings(rendered: Render) -> None:
     docs = rendered("local")
     environ = container_environment(docs)
