@@ -248,6 +248,19 @@ class ShaleModelMachine(RuleBasedStateMachine):
         for m, r in zip(got, want, strict=True):
             assert content(m) == r.content(), (what, m, r)
 
+    def _compare_moved(self, got: list[Message], old: list[Rec], pos: MessageId, limit: int | None) -> None:
+        """``got`` is a prefix of the old view's records from ``pos``, then the newest view's
+        records after the last of them (or from ``pos``), ``limit`` in all."""
+        n = 0
+        while n < len(got) and n < len(old) and got[n].id == old[n].id:
+            n += 1
+        self._compare(got[:n], old[:n], f"lingering reader from {pos}, before its view was collected")
+        start = got[n - 1].id.successor() if n else pos
+        new = self._expected(self.horizon, self.kept, start)
+        left = None if limit is None else limit - n
+        self._compare(got[n:], new[:left] if left is not None else new,
+                      f"lingering reader from {start} (moved to epoch {self.epoch}, its view collected)")
+
     def _entries_after(self, after: MessageId | None) -> list[tuple[int, MessageId]]:
         """``(entry publish time, last record id)`` of every entry with records above ``after``."""
         entries: dict[tuple[int, int], tuple[int, MessageId]] = {}
@@ -634,17 +647,22 @@ class ShaleModelMachine(RuleBasedStateMachine):
         missing = [p for p in needed if not self._exists(p.object)]
         event(f"lingering reader: {'collected' if missing else 'kept'}"
               f"{' mid-compacted' if needed else ''}, {self.epoch - state.epoch} epochs behind")
-        if missing:
-            # its compacted ledger was collected: the reader moves to the newest state
-            assert len(missing) == len(needed)
-            horizon, kept = self.horizon, tuple(self.kept)
         got = r.read(limit)
-        want = self._expected(horizon, kept, pos)
-        self._compare(got, want[:limit] if limit is not None else want,
-                      f"lingering reader from {pos} (epoch {state.epoch}, "
-                      f"{'collected' if missing else 'still there'})")
-        if missing:
+        old = self._expected(horizon, kept, pos)
+        if r.compaction.epoch == state.epoch:
+            # still on its view: every object it needed was there, or it had what it still
+            # needed of them in hand (the rest of a part it had read, records a deletion
+            # vector removes): it finishes that view
+            self._compare(got, old[:limit] if limit is not None else old,
+                          f"lingering reader from {pos} (epoch {state.epoch}, "
+                          f"{'collected' if missing else 'still there'})")
+        else:
+            # its view was collected under it: what it read of its view, then the newest
+            # view from there on, with no gap and no record twice
+            assert missing, f"a reader left epoch {state.epoch} while its objects were still there"
+            assert len(missing) == len(needed)
             assert r.compaction.epoch == self.epoch
+            self._compare_moved(got, old, pos, limit)
         if limit is None:
             r.close()
             self.lingering = None
