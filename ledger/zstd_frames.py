@@ -74,7 +74,7 @@ def plain_zstd_frames(data: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64]
     body = np.where(kind == _BLOCK_RLE, 1, block >> 3)
     frame_end = block_at + 3 + body + 4 * ((fhd >> 2) & 1)
     ok &= ((block & 1) == 1) & (kind != _BLOCK_RESERVED) & (frame_end == ends)
-    return ok
+    return np.asarray(ok, dtype=bool)
 
 
 def decompress_zstd_into(buf: Buffer, starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64],
