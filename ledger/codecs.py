@@ -218,10 +218,10 @@ class _Contexts:
 _CONTEXTS: Final = _Contexts()
 
 
-def zstd_decompressor() -> Any:
-    """This thread's zstd decompressor without a dictionary (zstandard's
+def zstd_decompressor(dictionary: Dictionary | None = None) -> Any:
+    """This thread's zstd decompressor, with ``dictionary`` or none (zstandard's
     ``ZstdDecompressor``: it checks a frame's content checksum when the frame has one)."""
-    return _CONTEXTS.zstd_decompressor()
+    return _CONTEXTS.zstd_decompressor(dictionary)
 
 
 def compress(payload: Buffer, compression: Compression) -> tuple[Codec, Buffer]:

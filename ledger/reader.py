@@ -313,10 +313,11 @@ class LedgerFile:
         # Small zstd entries all at once (their headers checked together); whatever that
         # leaves, and every other codec, one by one below.
         slow = np.ones(len(sel), dtype=bool)
-        z = np.flatnonzero(codecs == Codec.ZSTD)
-        if len(z) >= _MIN_BATCHED_FRAMES:
-            slow[z] = ~decompress_zstd_into(buf, offs[z] + FRAME_HEADER.size, ends[z], raw[z].astype(np.int64), out,
-                                            at[z] + FRAME_HEADER.size)
+        for codec, dictionaries in ((Codec.ZSTD, None), (Codec.ZSTD_DICT, self.dictionaries)):
+            z = np.flatnonzero(codecs == codec)
+            if len(z) >= _MIN_BATCHED_FRAMES and (codec == Codec.ZSTD or dictionaries is not None):
+                slow[z] = ~decompress_zstd_into(buf, offs[z] + FRAME_HEADER.size, ends[z], raw[z].astype(np.int64),
+                                                out, at[z] + FRAME_HEADER.size, dictionaries=dictionaries)
         rest = np.flatnonzero(slow)
         for i, codec, o, end, a, n in zip(rest.tolist(), codecs[rest].tolist(), offs[rest].tolist(),
                                           ends[rest].tolist(), at[rest].tolist(), raw[rest].tolist(), strict=True):

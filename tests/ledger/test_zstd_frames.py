@@ -15,7 +15,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shale.ledger import reader as reader_module
-from shale.ledger.codecs import DEFAULT_COMPRESSION, Codec, decompress
+from shale.ledger.codecs import (
+    DEFAULT_COMPRESSION,
+    Codec,
+    Compression,
+    Dictionary,
+    DictionarySource,
+    compress,
+    decompress,
+    dictionary_source,
+)
 from shale.ledger.errors import CorruptLedgerError
 from shale.ledger.format import KIND_ORIGINAL
 from shale.ledger.kernels import Scratch
@@ -75,7 +84,8 @@ def _reference(stored: bytes, n: int) -> bytes | None:
         return None
 
 
-def _batch(stored: list[bytes], sizes: list[int]) -> tuple[np.ndarray, bytes, np.ndarray]:
+def _batch(stored: list[bytes], sizes: list[int], dictionaries: DictionarySource | None = None
+           ) -> tuple[np.ndarray, bytes, np.ndarray]:
     """The frames back to back (with a gap between, as frame headers make), batch-decompressed."""
     buf = bytearray()
     starts, ends = [], []
@@ -89,7 +99,7 @@ def _batch(stored: list[bytes], sizes: list[int]) -> tuple[np.ndarray, bytes, np
     np.cumsum(raw + 5, out=at[1:])
     out = Scratch().take(int(at[-1]))
     done = decompress_zstd_into(bytes(buf), np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64), raw,
-                                out, at[:-1])
+                                out, at[:-1], dictionaries=dictionaries)
     return done, bytes(out), at
 
 
@@ -120,9 +130,9 @@ def test_what_the_batch_leaves_is_what_one_by_one_refuses_or_a_frame_of_several_
     raw = b"".join(b"record %08d|" % i for i in range(20_000))  # 300 KB: more than one block
     big = _zstd(raw)
     small = _zstd(raw[:5000])
-    assert plain_zstd_frames(np.frombuffer(big + small, dtype=np.uint8), np.array([0, len(big)]),
-                             np.array([len(big), len(big) + len(small)]),
-                             np.array([len(raw), 5000])).tolist() == [False, True]
+    ok, named = plain_zstd_frames(np.frombuffer(big + small, dtype=np.uint8), np.array([0, len(big)]),
+                                  np.array([len(big), len(big) + len(small)]), np.array([len(raw), 5000]))
+    assert ok.tolist() == [False, True] and named.tolist() == [0, 0]
     for kind, make in VARIANTS.items():
         s = make(raw[:5000], small)
         done, _, _ = _batch([small, s, small], [5000, 5000, 5000])
@@ -130,23 +140,26 @@ def test_what_the_batch_leaves_is_what_one_by_one_refuses_or_a_frame_of_several_
         assert bool(done[1]) == (kind in TAKEN), kind
 
 
-def _ledger(entries: int, per_entry: int) -> LedgerFile:
+def _ledger(entries: int, per_entry: int, dictionary: Dictionary | None = None) -> LedgerFile:
     buf = io.BytesIO()
-    w = LedgerWriter(buf, kind=KIND_ORIGINAL, ledger_id=1, created_ms=0, compression=DEFAULT_COMPRESSION)
+    compression = DEFAULT_COMPRESSION if dictionary is None else Compression(Codec.ZSTD_DICT, 1, dictionary)
+    w = LedgerWriter(buf, kind=KIND_ORIGINAL, ledger_id=1, created_ms=0, compression=compression)
     for e in range(entries):
         w.add_entry(encode_entry([Record(b"k%d" % (e * per_entry + i), b"value %08d" % (e * per_entry + i) * 4)
                                   for i in range(per_entry)]))
     w.finish()
     store = resolve("memory://zstd-frames/x").store
     store.put("l", buf.getvalue())
-    return LedgerFile.open(store, "l")
+    return LedgerFile.open(store, "l", dictionaries=None if dictionary is None else dictionary_source((dictionary,)))
 
 
-def test_small_entries_are_decompressed_together_not_one_call_each(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("codec", [Codec.ZSTD, Codec.ZSTD_DICT])
+def test_small_entries_are_decompressed_together_not_one_call_each(monkeypatch: pytest.MonkeyPatch,
+                                                                   codec: Codec) -> None:
     """A batch of entries of 16 records each is decompressed without a call of the
     one-by-one path per entry, and lays out exactly what one by one gives."""
-    f = _ledger(200, 16)
-    assert set(f.footer.codecs().tolist()) == {Codec.ZSTD}
+    f = _ledger(200, 16, _dictionary() if codec == Codec.ZSTD_DICT else None)
+    assert set(f.footer.codecs().tolist()) == {codec}
     base, data = f.read_frames(0, f.n_entries)
     sel = np.arange(3, 190, 2, dtype=np.int64)
     calls: list[int] = []
@@ -174,3 +187,41 @@ def test_a_bad_entry_among_small_ones_is_named_as_one_by_one_names_it() -> None:
     buf[o + n - 1] ^= 1  # the content checksum's last byte (the frame's CRC32C is not checked here)
     with pytest.raises(CorruptLedgerError, match=r"entry 1:17: compressed entry does not decompress with zstd"):
         f.raw_frames(bytes(buf), base, np.arange(f.n_entries, dtype=np.int64))
+
+
+def _dictionary() -> Dictionary:
+    samples = [b"".join(b'{"id": %d, "name": "user-%d", "status": "active"};' % (i * k, k) for k in range(12))
+               for i in range(400)]
+    trained = zstandard.train_dictionary(4096, samples)
+    return Dictionary.load(trained.as_bytes(), "test dictionary")
+
+
+def test_zstd_dict_entries_are_decompressed_together_with_the_dictionary_each_names() -> None:
+    d = _dictionary()
+    raws = [b"".join(b'{"id": %d, "name": "user-%d", "status": "invited"};' % (i, k) for k in range(1 + i % 9))
+            for i in range(30)]
+    with_dict = Compression(Codec.ZSTD_DICT, 1, d)
+    stored = []
+    for r in raws:
+        codec, s = compress(r, with_dict)
+        assert codec == Codec.ZSTD_DICT
+        stored.append(bytes(s))
+    sizes = [len(r) for r in raws]
+    source = dictionary_source((d,))
+    done, out, at = _batch(stored, sizes, source)
+    assert done.all()
+    for i, r in enumerate(raws):
+        assert out[at[i]:at[i] + len(r)] == r == bytes(decompress(stored[i], Codec.ZSTD_DICT, len(r), "t",
+                                                                  dictionaries=source))
+    # a dictionary the topic does not have, a frame that names none, or no dictionaries at
+    # all: left to one by one (which says what is wrong)
+    done, _, _ = _batch(stored, sizes, dictionary_source(()))
+    assert not done.any()
+    plain = [_zstd(r) for r in raws]
+    done, _, _ = _batch([stored[0], plain[1], stored[2]], sizes[:3], source)
+    assert done.tolist() == [True, False, True]
+    done, _, _ = _batch(stored[:3], sizes[:3])
+    assert not done.any()
+    for s, n in ((plain[1], sizes[1]), (stored[0], sizes[0])):
+        with pytest.raises(CorruptLedgerError):
+            decompress(s, Codec.ZSTD_DICT if s is plain[1] else Codec.ZSTD, n, "t", dictionaries=source)
