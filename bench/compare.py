@@ -336,6 +336,11 @@ def interleaved_runs(a: argparse.Namespace, base: Path, topic: Path, parquet: st
 def report(runs: dict[str, list[dict[str, Any]]], pairs: list[float], peers: list[str]) -> None:
     """Median and best of each figure per run, then the peers' and the incremental runs' ratios."""
     summary = {name: summarize(rs) for name, rs in runs.items()}
+    for name, rs in runs.items():  # where Shale's run spends its time: each phase's median
+        phases = sorted({k for r in rs for k in r.get("durations", {})})
+        if phases:
+            summary[name]["durations"] = {k: round(statistics.median(r["durations"].get(k, 0) for r in rs), 2)
+                                          for k in phases}
     for name, sm in summary.items():
         print(json.dumps({"summary": name, **sm}), flush=True)
     full, incr = summary["shale full"], summary["shale incremental"]

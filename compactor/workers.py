@@ -77,7 +77,9 @@ def _cut(item: Copy, target: int) -> list[Work]:
     e0, costs = _entry_costs(item)
     ends = np.cumsum(costs)
     # a piece ends after the entry where the running cost crosses a multiple of target
-    marks = np.unique(np.searchsorted(ends, np.arange(target, int(ends[-1]), target))) + 1
+    at = np.searchsorted(ends, np.arange(target, int(ends[-1]), target))  # ascending
+    # (np.unique would do, but its first call imports numpy.ma, which nothing else here needs)
+    marks = at[np.r_[True, at[1:] != at[:-1]]] + 1 if len(at) else at + 1
     starts = s.file.footer.e_rec_start
     cuts = [s.start, *(int(starts[e0 + m]) for m in marks if m < len(costs)), s.stop]
     out: list[Work] = []

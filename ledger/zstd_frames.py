@@ -108,7 +108,7 @@ def decompress_zstd_into(buf: Buffer, starts: npt.NDArray[np.int64], ends: npt.N
     done, named = plain_zstd_frames(data, starts, ends, raw_lengths, with_dictionary=dictionaries is not None)
     contexts = {0: zstd_decompressor()} if dictionaries is None else {}
     if dictionaries is not None:
-        for did in np.unique(named[done]).tolist():
+        for did in sorted(set(named[done].tolist())):
             try:
                 contexts[did] = zstd_decompressor(dictionaries(did))
             except ShaleError:
