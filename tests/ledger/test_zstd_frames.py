@@ -50,6 +50,14 @@ def _with_window(raw: bytes) -> bytes:
     return frame[:4] + bytes([fhd | 0xC0]) + frame[5:6] + struct.pack("<Q", len(raw)) + frame[6:]
 
 
+def _rle(raw: bytes) -> bytes:
+    """A frame of one RLE block (``raw`` of up to 255 bytes, all its first byte), as zstd
+    may write a run of one byte: single-segment, a one-byte content size, no checksum."""
+    n = min(len(raw), 255)
+    return (struct.pack("<I", 0xFD2FB528) + bytes([0x20, n]) + (1 | 1 << 1 | n << 3).to_bytes(3, "little")
+            + raw[:1])
+
+
 def _naming_dictionary(frame: bytes) -> bytes:
     """``frame`` with a one-byte dictionary id (7) in its header."""
     return frame[:4] + bytes([frame[4] | 1]) + frame[5:6] + b"\x07" + frame[6:] if frame[4] & 0x20 == 0 else \
@@ -61,6 +69,7 @@ VARIANTS: dict[str, Any] = {
     "healthy": lambda raw, fr: fr,
     "without content checksum": lambda raw, fr: _zstd(raw, write_checksum=False),
     "window descriptor, eight-byte size": lambda raw, fr: _with_window(raw),
+    "one RLE block": lambda raw, fr: _rle(raw),
     "no content size": lambda raw, fr: _zstd(raw, write_content_size=False),
     "declares one byte more": lambda raw, fr: _zstd(raw + b"x"),
     "bytes after the frame": lambda raw, fr: fr + b"\0" * 3,
@@ -74,7 +83,7 @@ VARIANTS: dict[str, Any] = {
     "empty": lambda raw, fr: b"",
 }
 #: the variants that are healthy frames
-TAKEN = ("healthy", "without content checksum", "window descriptor, eight-byte size")
+TAKEN = ("healthy", "without content checksum", "window descriptor, eight-byte size", "one RLE block")
 
 
 def _reference(stored: bytes, n: int) -> bytes | None:
@@ -114,6 +123,7 @@ payloads = st.one_of(
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(payloads, st.sampled_from(sorted(VARIANTS))), min_size=1, max_size=12))
 def test_the_batch_takes_only_what_one_by_one_accepts_with_the_same_bytes(frames: list[tuple[bytes, str]]) -> None:
+    frames = [(raw[:1] * min(len(raw), 255) if kind == "one RLE block" else raw, kind) for raw, kind in frames]
     stored = [VARIANTS[kind](raw, _zstd(raw)) for raw, kind in frames]
     sizes = [len(raw) for raw, _ in frames]
     done, out, at = _batch(stored, sizes)
@@ -134,8 +144,9 @@ def test_what_the_batch_leaves_is_what_one_by_one_refuses_or_a_frame_of_several_
                                   np.array([len(big), len(big) + len(small)]), np.array([len(raw), 5000]))
     assert ok.tolist() == [False, True] and named.tolist() == [0, 0]
     for kind, make in VARIANTS.items():
-        s = make(raw[:5000], small)
-        done, _, _ = _batch([small, s, small], [5000, 5000, 5000])
+        payload = raw[:1] * 255 if kind == "one RLE block" else raw[:5000]
+        s = make(payload, small)
+        done, _, _ = _batch([small, s, small], [5000, len(payload), 5000])
         assert done[0] and done[2], kind
         assert bool(done[1]) == (kind in TAKEN), kind
 
