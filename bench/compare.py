@@ -76,12 +76,26 @@ def generate(topic: str, parquet: str, seed: int, n: int, keys: int, value_bytes
     from shale.producer import TopicWriter
 
     schema = pa.schema([("key", pa.string()), ("seq", pa.int64()), ("value", pa.string())])
-    with TopicWriter(topic, batch_size=entry_records, max_ledger_records=500_000, compression=compression) as w, \
-            pq.ParquetWriter(parquet, schema) as pw:
-        for ks, offs, vs in records(seed, n, keys, value_bytes, first):
+    batches = records(seed, n, keys, value_bytes, first)
+    with pq.ParquetWriter(parquet, schema) as pw:
+        if compression.startswith("zstd-dict") and not first:
+            # A topic of zstd-dict is first produced with zstd, until its dictionary is
+            # trained on those records (``shale dictionary --train --use``); then with it.
+            from shale.compactor.dictionary import train_and_register
+            from shale.metadata.topic import TopicMetadata
+
+            ks, offs, vs = next(batches)
             table = pa.table({"key": ks, "seq": offs, "value": vs}, schema=schema)
-            w.append_batch(table)
+            with TopicWriter(topic, batch_size=entry_records, max_ledger_records=500_000, compression="zstd") as w:
+                w.append_batch(table)
             pw.write_table(table)
+            level = int(compression.partition(":")[2] or 1)
+            train_and_register(TopicMetadata.open(topic), size=16 << 10, level=level, use=True)
+        with TopicWriter(topic, batch_size=entry_records, max_ledger_records=500_000, compression=compression) as w:
+            for ks, offs, vs in batches:
+                table = pa.table({"key": ks, "seq": offs, "value": vs}, schema=schema)
+                w.append_batch(table)
+                pw.write_table(table)
 
 
 # ------------------------------------------------------------------ the runs (one process each)
@@ -254,7 +268,8 @@ def arguments() -> argparse.Namespace:
     p.add_argument("--value-bytes", type=int, default=64)
     p.add_argument("--increment", type=float, default=0.01)
     p.add_argument("--compression", default="zstd:1",
-                   help="how the topic is produced and compacted (default zstd:1, Shale's own default)")
+                   help="how the topic is produced and compacted (default zstd:1, Shale's own default; "
+                        "zstd-dict[:LEVEL]: a dictionary trained on the first million records)")
     p.add_argument("--entry-records", type=int, default=100,
                    help="records an entry of the topic holds (a producer's batch; default 100)")
     p.add_argument("--query", default="arg_max_null", choices=sorted(DUCKDB_QUERIES),
@@ -270,7 +285,7 @@ def arguments() -> argparse.Namespace:
 def data_set(a: argparse.Namespace) -> tuple[Path, Path, str]:
     """The data set's folder, its topic (uncompacted, as generated) and its Parquet file;
     generated on first use only."""
-    codec = a.compression.replace(":", "")
+    codec = a.compression.replace(":", "").replace("-", "")
     name = f"compare-{a.records}-{a.keys}-{a.value_bytes}{'' if codec == 'none' else '-' + codec}"
     base = Path(a.dir) / (name if a.entry_records == 100 else f"{name}-e{a.entry_records}")
     topic, parquet = base / "topic", str(base / "records.parquet")
