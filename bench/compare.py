@@ -11,7 +11,8 @@ interleaved runs are compared, never one run of each):
 
 * Shale: a full compaction (on a hard-linked copy of the topic), then incremental ones
   after 1 % new records;
-* DuckDB: ``arg_max(value, seq) ... GROUP BY key`` from Parquet back to Parquet;
+* DuckDB: ``arg_max_null(value, seq) ... GROUP BY key``, the deleted keys removed
+  (``--query arg_max``: ``arg_max``, which skips null values) from Parquet back to Parquet;
 * Polars: ``unique(subset="key", keep="last")`` from Parquet back to Parquet;
 * dict: a two-pass compactor in plain Python over the same ledgers (pass one: a dict of
   key -> latest position; pass two: re-read and write the survivors to a new ledger).
@@ -66,19 +67,35 @@ def records(seed: int, n: int, keys: int, value_bytes: int, first: int = 0) -> A
 
 
 def generate(topic: str, parquet: str, seed: int, n: int, keys: int, value_bytes: int, first: int = 0,
-             compression: str = "zstd:1") -> None:
+             compression: str = "zstd:1", entry_records: int = 100) -> None:
+    """The topic (entries of ``entry_records`` records, as a producer batching that many
+    would write them) and the same records as one Parquet file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from shale.producer import TopicWriter
 
     schema = pa.schema([("key", pa.string()), ("seq", pa.int64()), ("value", pa.string())])
-    with TopicWriter(topic, batch_size=100, max_ledger_records=500_000, compression=compression) as w, \
-            pq.ParquetWriter(parquet, schema) as pw:
-        for ks, offs, vs in records(seed, n, keys, value_bytes, first):
-            for k, v in zip(ks, vs, strict=True):
-                w.append(k, v)
-            pw.write_table(pa.table({"key": ks, "seq": offs, "value": vs}, schema=schema))
+    batches = records(seed, n, keys, value_bytes, first)
+    with pq.ParquetWriter(parquet, schema) as pw:
+        if compression.startswith("zstd-dict") and not first:
+            # A topic of zstd-dict is first produced with zstd, until its dictionary is
+            # trained on those records (``shale dictionary --train --use``); then with it.
+            from shale.compactor.dictionary import train_and_register
+            from shale.metadata.topic import TopicMetadata
+
+            ks, offs, vs = next(batches)
+            table = pa.table({"key": ks, "seq": offs, "value": vs}, schema=schema)
+            with TopicWriter(topic, batch_size=entry_records, max_ledger_records=500_000, compression="zstd") as w:
+                w.append_batch(table)
+            pw.write_table(table)
+            level = int(compression.partition(":")[2] or 1)
+            train_and_register(TopicMetadata.open(topic), size=16 << 10, level=level, use=True)
+        with TopicWriter(topic, batch_size=entry_records, max_ledger_records=500_000, compression=compression) as w:
+            for ks, offs, vs in batches:
+                table = pa.table({"key": ks, "seq": offs, "value": vs}, schema=schema)
+                w.append_batch(table)
+                pw.write_table(table)
 
 
 # ------------------------------------------------------------------ the runs (one process each)
@@ -94,12 +111,21 @@ def run_shale(topic: str, compression: str = "zstd:1") -> dict[str, Any]:
             "durations": {k: round(v, 2) for k, v in s.durations.items()}, "map_mb": round(s.map_bytes / 1e6, 1)}
 
 
-def run_duckdb(parquet: str, out: str) -> dict[str, Any]:
+#: DuckDB's queries.  ``arg_max`` skips null values, so a key whose latest record is a
+#: tombstone would keep an older value; ``arg_max_null`` takes the latest record whatever
+#: its value and the deleted keys are then removed: what Shale's compaction does.
+DUCKDB_QUERIES = {
+    "arg_max": "SELECT key, max(seq) AS seq, arg_max(value, seq) AS value FROM read_parquet('{src}') GROUP BY key",
+    "arg_max_null": "SELECT * FROM (SELECT key, max(seq) AS seq, arg_max_null(value, seq) AS value "
+                    "FROM read_parquet('{src}') GROUP BY key) WHERE value IS NOT NULL",
+}
+
+
+def run_duckdb(parquet: str, out: str, query: str = "arg_max_null") -> dict[str, Any]:
     import duckdb
 
     con = duckdb.connect()
-    con.execute(f"COPY (SELECT key, max(seq) AS seq, arg_max(value, seq) AS value "
-                f"FROM read_parquet('{parquet}') GROUP BY key) TO '{out}' (FORMAT parquet)")
+    con.execute(f"COPY ({DUCKDB_QUERIES[query].format(src=parquet)}) TO '{out}' (FORMAT parquet)")
     return {"written": con.execute(f"SELECT count(*) FROM read_parquet('{out}')").fetchone()[0]}  # type: ignore[index]
 
 
@@ -228,6 +254,8 @@ def main() -> None:
         child(a.child[0], a.child[1:])
         return
     base, topic, parquet = data_set(a)
+    if a.generate_only:
+        return
     peers = [x for x in ("duckdb", "polars", "dict") if x not in a.skip]
     runs, pairs = interleaved_runs(a, base, topic, parquet, peers)
     report(runs, pairs, peers)
@@ -240,8 +268,14 @@ def arguments() -> argparse.Namespace:
     p.add_argument("--value-bytes", type=int, default=64)
     p.add_argument("--increment", type=float, default=0.01)
     p.add_argument("--compression", default="zstd:1",
-                   help="how the topic is produced and compacted (default zstd:1, Shale's own default)")
+                   help="how the topic is produced and compacted (default zstd:1, Shale's own default; "
+                        "zstd-dict[:LEVEL]: a dictionary trained on the first million records)")
+    p.add_argument("--entry-records", type=int, default=100,
+                   help="records an entry of the topic holds (a producer's batch; default 100)")
+    p.add_argument("--query", default="arg_max_null", choices=sorted(DUCKDB_QUERIES),
+                   help="DuckDB's query (default arg_max_null: deleted keys removed, like for like)")
     p.add_argument("--repeat", type=int, default=3, help="runs of each, interleaved; medians are compared")
+    p.add_argument("--generate-only", action="store_true", help="make the data set, run nothing")
     p.add_argument("--skip", action="append", default=[], choices=["duckdb", "polars", "dict"])
     p.add_argument("--dir", default=str(ROOT / "bench" / "data"))
     p.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
@@ -251,14 +285,16 @@ def arguments() -> argparse.Namespace:
 def data_set(a: argparse.Namespace) -> tuple[Path, Path, str]:
     """The data set's folder, its topic (uncompacted, as generated) and its Parquet file;
     generated on first use only."""
-    codec = a.compression.replace(":", "")
-    base = Path(a.dir) / f"compare-{a.records}-{a.keys}-{a.value_bytes}{'' if codec == 'none' else '-' + codec}"
+    codec = a.compression.replace(":", "").replace("-", "")
+    name = f"compare-{a.records}-{a.keys}-{a.value_bytes}{'' if codec == 'none' else '-' + codec}"
+    base = Path(a.dir) / (name if a.entry_records == 100 else f"{name}-e{a.entry_records}")
     topic, parquet = base / "topic", str(base / "records.parquet")
     if not (base / "ready").exists():
         shutil.rmtree(base, ignore_errors=True)
         base.mkdir(parents=True)
         t = time.perf_counter()
-        generate(str(topic), parquet, 1, a.records, a.keys, a.value_bytes, compression=a.compression)
+        generate(str(topic), parquet, 1, a.records, a.keys, a.value_bytes, compression=a.compression,
+                 entry_records=a.entry_records)
         (base / "ready").write_text("")
         print(json.dumps({"run": "generate", "seconds": round(time.perf_counter() - t, 1)}), flush=True)
     # every full run starts from the uncompacted topic as generated
@@ -295,13 +331,13 @@ def interleaved_runs(a: argparse.Namespace, base: Path, topic: Path, parquet: st
             out = str(base / f"out-{peer}")
             shutil.rmtree(out, ignore_errors=True)
             show(peer, spawn(peer, str(topic) if peer == "dict" else parquet,
-                             out + ("" if peer == "dict" else ".parquet")))
+                             out + ("" if peer == "dict" else ".parquet"), *([a.query] if peer == "duckdb" else [])))
         if i == 0:
             # 1 % new records on top of the first full run's compacted topic; every
             # incremental run starts from a fresh link copy of that state
             link_copy(work, template)
             generate(str(template), str(base / "increment.parquet"), 2, inc, a.keys, a.value_bytes, first=a.records,
-                     compression=a.compression)
+                     compression=a.compression, entry_records=a.entry_records)
         # right after a full run, so that the machine's drift hits both alike
         link_copy(template, base / "incremental")
         r = spawn("shale", str(base / "incremental"), a.compression)
@@ -315,6 +351,11 @@ def interleaved_runs(a: argparse.Namespace, base: Path, topic: Path, parquet: st
 def report(runs: dict[str, list[dict[str, Any]]], pairs: list[float], peers: list[str]) -> None:
     """Median and best of each figure per run, then the peers' and the incremental runs' ratios."""
     summary = {name: summarize(rs) for name, rs in runs.items()}
+    for name, rs in runs.items():  # where Shale's run spends its time: each phase's median
+        phases = sorted({k for r in rs for k in r.get("durations", {})})
+        if phases:
+            summary[name]["durations"] = {k: round(statistics.median(r["durations"].get(k, 0) for r in rs), 2)
+                                          for k in phases}
     for name, sm in summary.items():
         print(json.dumps({"summary": name, **sm}), flush=True)
     full, incr = summary["shale full"], summary["shale incremental"]

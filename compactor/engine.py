@@ -91,6 +91,9 @@ class LocalEngine:
     plans_with_footers = True
 
     def pass_one(self, plan: Plan, config: CompactionConfig, now_ms: int) -> Survivors:
+        if (worker_count(config.workers) > 1
+                and sum(s.raw_data_bytes() for s in plan.slices) >= pass_two_workers.MIN_PARALLEL_BYTES):
+            pass_two_workers.import_ahead()  # pass two will likely fork workers: its imports meanwhile
         return pass_one(plan, config, now_ms)
 
     def pass_two(self, plan: Plan, survivors: SurvivorCounts, config: CompactionConfig, *, topic: Location,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from shale.ledger.format import FRAME_HEADER
 from shale.metadata.state import CompactedPart
 from shale.storage import Location
 
-__all__ = ["MIN_PARALLEL_BYTES", "split_work", "work_bytes", "write_parts_in_workers"]
+__all__ = ["MIN_PARALLEL_BYTES", "import_ahead", "split_work", "work_bytes", "write_parts_in_workers"]
 
 #: Below this many bytes to copy, a second process costs more than it saves.
 MIN_PARALLEL_BYTES = 64 << 20
@@ -44,6 +45,34 @@ GROUPS_PER_WORKER = 6
 #: its footer entry), in bytes read and checked: a calibration, measured by
 #: ``bench/compare.py`` (see bench/README.md).
 KEPT_RECORD_COST = 600
+
+
+#: The thread importing what the workers need, once started (see :func:`import_ahead`).
+_AHEAD: list[threading.Thread] = []
+_AHEAD_LOCK = threading.Lock()
+
+
+def import_ahead() -> None:
+    """Start importing what :func:`write_parts_in_workers` needs (the process pool, and
+    zstd) in a thread of its own, once per process: called as pass one starts, so that
+    pass two finds them imported instead of importing them on the run's critical path.
+    The thread has ended before any worker is forked."""
+    with _AHEAD_LOCK:
+        if _AHEAD:
+            return
+        t = threading.Thread(target=_import_pool, name="shale-import-ahead", daemon=True)
+        _AHEAD.append(t)
+        t.start()
+
+
+def _import_pool() -> None:
+    import concurrent.futures.process  # noqa: F401
+    import multiprocessing  # noqa: F401
+
+    try:
+        import zstandard  # noqa: F401
+    except ImportError:  # (then nothing of the topic is stored with it)
+        pass
 
 
 def work_bytes(item: Work) -> int:
@@ -77,7 +106,9 @@ def _cut(item: Copy, target: int) -> list[Work]:
     e0, costs = _entry_costs(item)
     ends = np.cumsum(costs)
     # a piece ends after the entry where the running cost crosses a multiple of target
-    marks = np.unique(np.searchsorted(ends, np.arange(target, int(ends[-1]), target))) + 1
+    at = np.searchsorted(ends, np.arange(target, int(ends[-1]), target))  # ascending
+    # (np.unique would do, but its first call imports numpy.ma, which nothing else here needs)
+    marks = at[np.r_[True, at[1:] != at[:-1]]] + 1 if len(at) else at + 1
     starts = s.file.footer.e_rec_start
     cuts = [s.start, *(int(starts[e0 + m]) for m in marks if m < len(costs)), s.stop]
     out: list[Work] = []
@@ -172,6 +203,8 @@ def write_parts_in_workers(work: Sequence[Work], config: CompactionConfig, worke
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
+    for t in _AHEAD:
+        t.join()  # (no thread may run across the fork)
     groups = split_work(work, workers, min_out_bytes=config.reuse_min_bytes)
     shared = max(1, min(workers, sum(g.reused is None for g in groups)))
     # Byte-rate limits hold for the run as a whole, so each worker gets its share.

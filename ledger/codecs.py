@@ -40,6 +40,7 @@ __all__ = [
     "decompress",
     "dictionary_source",
     "parse_compression",
+    "zstd_decompressor",
 ]
 
 #: An entry stored compressed never holds more than this once decompressed: the writer
@@ -215,6 +216,12 @@ class _Contexts:
 
 
 _CONTEXTS: Final = _Contexts()
+
+
+def zstd_decompressor(dictionary: Dictionary | None = None) -> Any:
+    """This thread's zstd decompressor, with ``dictionary`` or none (zstandard's
+    ``ZstdDecompressor``: it checks a frame's content checksum when the frame has one)."""
+    return _CONTEXTS.zstd_decompressor(dictionary)
 
 
 def compress(payload: Buffer, compression: Compression) -> tuple[Codec, Buffer]:

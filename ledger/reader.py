@@ -31,6 +31,7 @@ from shale.ledger.messages import entry_records, messages_at
 from shale.ledger.objects import ObjectSource
 from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES, Message
 from shale.ledger.stream import PayloadStream
+from shale.ledger.zstd_frames import decompress_zstd_into
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "RAW_BATCH_BYTES", "LedgerFile"]
 
@@ -42,6 +43,9 @@ RAW_BATCH_BYTES: Final = 64 * 1024 * 1024
 #: Records whose keys are hashed again at once (their decoded columns take ~100 bytes each).
 _KEY_BLOCK: Final = 1 << 18
 _NO_LIMIT: Final = 1 << 62
+#: Fewer zstd entries than this are decompressed one by one (reading headers together
+#: pays from a few on).
+_MIN_BATCHED_FRAMES: Final = 4
 
 
 class LedgerFile:
@@ -322,14 +326,23 @@ class LedgerFile:
         if not codecs.any():
             return buf, offs
         raw = foot.raw_lengths()[sel]
-        ends = (offs + foot.col("e_length")[sel].astype(np.int64)).tolist()
+        ends = offs + foot.col("e_length")[sel].astype(np.int64)
         at = np.zeros(len(sel) + 1, dtype=np.int64)
         np.cumsum(raw + FRAME_HEADER.size, out=at[1:])
         # reused from batch to batch: fresh pages would cost more than the copy into them
         out = (scratch or Scratch()).take(int(at[-1]))
         view, url = memoryview(buf), self.url
-        for i, (codec, o, end, a, n) in enumerate(zip(codecs.tolist(), offs.tolist(), ends, at[:-1].tolist(),
-                                                      raw.tolist(), strict=True)):
+        # Small zstd entries all at once (their headers checked together); whatever that
+        # leaves, and every other codec, one by one below.
+        slow = np.ones(len(sel), dtype=bool)
+        for codec, dictionaries in ((Codec.ZSTD, None), (Codec.ZSTD_DICT, self.dictionaries)):
+            z = np.flatnonzero(codecs == codec)
+            if len(z) >= _MIN_BATCHED_FRAMES and (codec == Codec.ZSTD or dictionaries is not None):
+                slow[z] = ~decompress_zstd_into(buf, offs[z] + FRAME_HEADER.size, ends[z], raw[z].astype(np.int64),
+                                                out, at[z] + FRAME_HEADER.size, dictionaries=dictionaries)
+        rest = np.flatnonzero(slow)
+        for i, codec, o, end, a, n in zip(rest.tolist(), codecs[rest].tolist(), offs[rest].tolist(),
+                                          ends[rest].tolist(), at[rest].tolist(), raw[rest].tolist(), strict=True):
             stored = view[o + FRAME_HEADER.size:end]
             a += FRAME_HEADER.size
             if codec == Codec.NONE:

@@ -238,3 +238,50 @@ def test_split_work_makes_no_part_too_small_to_keep(tmp_path: Path) -> None:
     assert min(sum(workers_module._out_bytes(p) for p in g.items) for g in loose[:-1]) < floor  # it did matter
     pieces = [p for g in groups for p in g.items]
     assert sum(len(p[1]) for p in pieces) == sum(s.records for s in plan.slices)  # still every record, once
+
+
+def test_a_run_on_worker_processes_does_not_import_numpy_ma(tmp_path: Path) -> None:
+    """Cutting the work for the workers (on the run's critical path, before any worker
+    starts) uses nothing that imports ``numpy.ma`` (``np.unique`` does, on its first call)."""
+    import subprocess
+    import sys
+
+    uri = str(tmp_path / "t")
+    produce(uri, 1, 30_000, 3_000, T0)
+    script = ("import sys\n"
+              "from shale.compactor import CompactionConfig, Compactor, pass_one, workers\n"
+              "workers.MIN_PARALLEL_BYTES = 0\n"
+              "pass_one._MIN_THREADED_RECORDS = 0\n"
+              "assert 'numpy.ma' not in sys.modules\n"
+              "assert Compactor(sys.argv[1], CompactionConfig(workers=2)).run().status == 'compacted'\n"
+              "print('numpy.ma' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", script, uri], capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False"]
+    assert len(parts(uri)) > 1  # (the workers wrote parts of their own)
+
+
+def test_pass_one_of_a_run_for_workers_imports_the_process_pool_meanwhile(tmp_path: Path) -> None:
+    """When pass two will likely fork workers, what it needs to fork them is imported
+    while pass one runs, not after it; and nothing imports it for a run of one process."""
+    import subprocess
+    import sys
+
+    uri = str(tmp_path / "t")
+    produce(uri, 1, 30_000, 3_000, T0)
+    script = ("import sys, threading\n"
+              "from shale.compactor import CompactionConfig, workers\n"
+              "from shale.compactor.engine import LocalEngine\n"
+              "from shale.compactor.plan import make_plan\n"
+              "from shale.metadata.topic import TopicMetadata\n"
+              "workers.MIN_PARALLEL_BYTES = int(sys.argv[2])\n"
+              "plan = make_plan(TopicMetadata.open(sys.argv[1]), now_ms=1 << 62, min_compaction_lag_ms=0)\n"
+              "LocalEngine().pass_one(plan, CompactionConfig(workers=2), 1 << 62)\n"
+              "for t in threading.enumerate():\n"
+              "    if t is not threading.main_thread(): t.join()\n"
+              "print('concurrent.futures.process' in sys.modules)\n")
+    for threshold, imported in ((0, "True"), (1 << 40, "False")):
+        r = subprocess.run([sys.executable, "-c", script, uri, str(threshold)], capture_output=True, text=True,
+                           check=False)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == [imported]
