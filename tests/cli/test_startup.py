@@ -82,9 +82,9 @@ def cases(topic: str, scratch: str) -> list[Case]:
              "parse(build_parser('get'), ['get', 'T', 'KEY'], os.environ)", light, 55),
         Case("shale config T", _shale("config", topic), NEVER | RECORDS | SOME_RUNS, 120),
         Case("shale get T KEY", _shale("get", topic, "k3"), NEVER | SOME_RUNS, 150),
-        Case("shale status T", _shale("status", topic), NEVER | SOME_RUNS - {"concurrent.futures"}, 160),
+        Case("shale status T", _shale("status", topic), NEVER | SOME_RUNS, 160),
         Case("compact T", f"from shale.compactor.cli import main\nassert main([{scratch!r}]) == 0",
-             NEVER | {"humanfriendly", "pytimeparse2", "isodate"}, 195),
+             NEVER | {"humanfriendly", "pytimeparse2", "isodate", "tenacity"}, 195),
     ]
 
 
