@@ -16,9 +16,9 @@ The driver's memory then grows with the number of objects, not records.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -38,6 +38,9 @@ __all__ = ["ObjectRef", "Plan", "Slice", "make_plan", "open_slice"]
 
 #: Footers read at a time while planning (at most one per CPU where reads are local).
 FOOTER_READS = 8
+#: Footers of at most this many records in all, on local storage, are read one after the
+#: other on the planning thread: starting threads would cost more than it saves.
+INLINE_FOOTER_RECORDS = 1 << 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,17 +228,27 @@ def _read_footers(meta: TopicMetadata, view: TopicView, todo: list[Segment],
         return Slice(f, 0, f.n_records, True, seg.part, seg.deleted(meta, f.n_records), _ref(loc, seg))
 
     needed = [footers or seg.starts_inside or i == len(todo) - 1 for i, seg in enumerate(todo)]
+
+    def read_all(mapper: Callable[..., Iterator[Any]]) -> tuple[list[Slice], list[LedgerFile | None]]:
+        if footers:
+            parts_opened = mapper(open_part, parts)  # all submitted at once, both lists
+        ledgers_opened = mapper(lambda i_seg: opener(loc.key(i_seg[1].object), i_seg[1].ledger_id, KIND_ORIGINAL)
+                                if needed[i_seg[0]] else None, enumerate(todo))
+        compacted = list(parts_opened) if footers else [
+            Slice(None, 0, seg.records, True, seg.part, None, _ref(loc, seg)) for seg in parts]
+        return compacted, list(ledgers_opened)
+
+    reading = [*(parts if footers else []), *(seg for seg, need in zip(todo, needed, strict=True) if need)]
+    if len(reading) <= 1 or (loc.store.reads_are_local
+                             and sum(seg.records for seg in reading) <= INLINE_FOOTER_RECORDS):
+        return read_all(map)  # one footer, or a small topic's on local storage: read here, no thread started
+    from concurrent.futures import ThreadPoolExecutor
+
     # Footers are read several at a time: object stores answer each read with latency,
     # and decoding a big footer is mostly NumPy work that leaves the interpreter lock.
     reads = min(FOOTER_READS, available_cpus()) if loc.store.reads_are_local else FOOTER_READS
     with ThreadPoolExecutor(max_workers=reads, thread_name_prefix="shale-footer") as pool:
-        if footers:
-            parts_opened = pool.map(open_part, parts)  # all submitted at once, both lists
-        ledgers_opened = pool.map(lambda i_seg: opener(loc.key(i_seg[1].object), i_seg[1].ledger_id, KIND_ORIGINAL)
-                                  if needed[i_seg[0]] else None, enumerate(todo))
-        compacted = list(parts_opened) if footers else [
-            Slice(None, 0, seg.records, True, seg.part, None, _ref(loc, seg)) for seg in parts]
-        return compacted, list(ledgers_opened)
+        return read_all(pool.map)
 
 
 def _new_slices(loc: Location, todo: list[Segment], files: list[LedgerFile | None],

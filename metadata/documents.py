@@ -175,9 +175,9 @@ class DocumentStore:
         Returns the value written, at its new version and token, or the value read when
         ``change`` wrote nothing.
         """
-        for attempt in (policy or ConflictPolicy()).retrying(what or self.url(name)):
+        for attempt in (policy or ConflictPolicy()).loop(what or self.url(name)):
             with attempt:
-                state = current if current is not None and attempt.retry_state.attempt_number == 1 else \
+                state = current if current is not None and attempt.number == 1 else \
                     load(self.read(name))
                 new = change(state)
                 if new is None:

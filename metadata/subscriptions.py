@@ -19,7 +19,6 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -159,6 +158,8 @@ class Subscriptions:
         if len(names) <= 1:
             subs = [self.load(n) for n in names]
         else:  # each a read with latency on an object store
+            from concurrent.futures import ThreadPoolExecutor
+
             with ThreadPoolExecutor(max_workers=min(8, len(names)), thread_name_prefix="shale-subs") as pool:
                 subs = list(pool.map(self.load, names))
         return [s for s in subs if s is not None]

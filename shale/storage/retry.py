@@ -10,8 +10,9 @@ with the default ``sleep``; ``sleep`` is injectable so tests do not wait.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import TYPE_CHECKING
 
 from shale.ledger.errors import ConflictError, TransientStorageError
@@ -19,7 +20,7 @@ from shale.ledger.errors import ConflictError, TransientStorageError
 if TYPE_CHECKING:
     import tenacity
 
-__all__ = ["ConflictPolicy", "RetryPolicy"]
+__all__ = ["Attempt", "ConflictPolicy", "RetryPolicy"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,4 +78,49 @@ class ConflictPolicy:
             sleep=self.sleep,
             before_sleep=note,
         )
+
+    def loop(self, what: str = "") -> Iterator[Attempt]:
+        """The attempts of a compare-and-swap loop (``for attempt in ...: with attempt:
+        ...``), as :meth:`retrying` makes them: the same waits, log lines and bound, the
+        last conflict raised when the attempts run out.  The first attempt is made
+        without tenacity, which is imported and set up only once an attempt conflicts
+        (most loops swap at the first try).  ``attempt.number`` counts from 1."""
+        first = Attempt(1)
+        yield first
+        if first.conflict is None:
+            return  # (the block ended without a conflict: the loop is over, as tenacity ends it)
+        number = 1
+        for attempt in self.retrying(what):
+            if number == 1:  # tenacity's first attempt: the conflict the first one met, again
+                number = 2
+                with attempt:
+                    raise first.conflict
+                continue
+            yield Attempt(number, attempt)
+            number += 1
+
+
+class Attempt:
+    """One attempt of :meth:`ConflictPolicy.loop`: a context manager around the
+    attempt's work.  The first lets anything but a conflict through and keeps the
+    conflict for the loop; the later ones are tenacity's."""
+
+    __slots__ = ("_managed", "conflict", "number")
+
+    def __init__(self, number: int, managed: tenacity.AttemptManager | None = None) -> None:
+        self.number = number
+        self.conflict: ConflictError | None = None
+        self._managed = managed
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 tb: TracebackType | None) -> bool | None:
+        if self._managed is not None:
+            return self._managed.__exit__(kind, error, tb)
+        if isinstance(error, ConflictError):
+            self.conflict = error
+            return True
+        return None
 

@@ -413,6 +413,7 @@ def test_planning_reads_footers_in_parallel_only_where_it_pays(tmp_path: object,
 
     The first reads wait until that many are under way at once, so the test sees the
     parallelism itself, not whatever a thread pool happened to do on a loaded machine."""
+    import concurrent.futures
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
@@ -432,7 +433,8 @@ def test_planning_reads_footers_in_parallel_only_where_it_pays(tmp_path: object,
             pools.append(max_workers)
             super().__init__(max_workers, **kwargs)
 
-    monkeypatch.setattr(plan_module, "ThreadPoolExecutor", Pool)
+    monkeypatch.setattr(concurrent.futures, "ThreadPoolExecutor", Pool)  # (imported where planning starts one)
+    monkeypatch.setattr(plan_module, "INLINE_FOOTER_RECORDS", 0)  # (a small topic's are read on one thread)
     at_once = 1 if backend_local else plan_module.FOOTER_READS
     together = threading.Barrier(at_once, timeout=60)  # broken (an error) if fewer ever run at once
     threads: set[str] = set()
@@ -453,3 +455,37 @@ def test_planning_reads_footers_in_parallel_only_where_it_pays(tmp_path: object,
     assert pools == [at_once]
     # no more threads than the pool's, and with the first reads held, as many as it has
     assert len(threads) == at_once, threads
+
+
+def test_planning_reads_a_small_local_topics_footers_on_its_own_thread(tmp_path: object,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small topic's footers on a local folder are read one after the other by the
+    planning thread, with no thread pool started, and make the plan a pool makes."""
+    import concurrent.futures
+    import threading
+
+    import shale.compactor.plan as plan_module
+    from shale.compactor.plan import make_plan
+    from shale.ledger.reader import LedgerFile
+
+    uri = f"{tmp_path}/topics/orders"
+    produce(uri, updates(200, 10))  # 20 ledgers
+    meta = TopicMetadata.open(uri)
+    readers: list[str] = []
+
+    def noted(key: str, lid: int | None, kind: int) -> LedgerFile:
+        readers.append(threading.current_thread().name)
+        return LedgerFile.open(meta.topic.store, key, ledger_id=lid, kind=kind)
+
+    monkeypatch.setattr(plan_module, "INLINE_FOOTER_RECORDS", 0)
+    with_pool = make_plan(meta, now_ms=2_000_000_000_000, min_compaction_lag_ms=0, open_file=noted)
+    assert len(readers) == 20 and threading.current_thread().name not in readers
+
+    readers.clear()
+    monkeypatch.undo()
+    monkeypatch.setattr(concurrent.futures, "ThreadPoolExecutor", None)  # (one started: an error)
+    inline = make_plan(meta, now_ms=2_000_000_000_000, min_compaction_lag_ms=0, open_file=noted)
+    assert readers == [threading.current_thread().name] * 20
+    assert [(s.ref, s.start, s.stop) for s in inline.slices] == [(s.ref, s.start, s.stop) for s in with_pool.slices]
+    assert (inline.ledgers_read, inline.dirty_bytes, inline.dirty_ratio) == \
+        (with_pool.ledgers_read, with_pool.dirty_bytes, with_pool.dirty_ratio)

@@ -4,6 +4,7 @@ races of threads and of processes where exactly one writer wins each version; an
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import threading
 import uuid
@@ -19,7 +20,7 @@ from shale.metadata.documents import DocumentStore, Versioned
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.storage import resolve
-from shale.storage.retry import ConflictPolicy
+from shale.storage.retry import Attempt, ConflictPolicy
 
 
 @pytest.fixture
@@ -266,3 +267,52 @@ def test_callers_give_up_as_they_always_did(tmp_path: Path, monkeypatch: pytest.
     ledgers = meta.load_topic().ledgers
     assert len(ledgers) == before + 1 and ledgers[-1].object == w2.result.ledgers[0].object
     assert len(list((tmp_path / "t" / "ledgers").iterdir())) == len(ledgers)
+
+
+def _swap_loop(policy: ConflictPolicy, new_loop: bool, conflicts: int, error: Exception | None) -> list[object]:
+    """What a compare-and-swap loop under ``policy`` did, whose attempts conflict
+    ``conflicts`` times (or raise ``error`` at the first): each attempt's number, then
+    how it ended."""
+    seen: list[object] = []
+    try:
+        for attempt in (policy.loop("the doc") if new_loop else policy.retrying("the doc")):
+            with attempt:
+                seen.append(attempt.number if isinstance(attempt, Attempt) else attempt.retry_state.attempt_number)
+                if error is not None:
+                    raise error
+                if len(seen) <= conflicts:
+                    raise ConflictError(f"lost at attempt {len(seen)}")
+                seen.append("swapped")
+                return seen
+        seen.append("loop over")
+    except Exception as e:
+        seen.append(e)
+    return seen
+
+
+@pytest.mark.parametrize("conflicts", [0, 1, 2, 3, 7])
+def test_a_swap_loop_makes_the_attempts_waits_and_log_lines_tenacity_made(
+        conflicts: int, caplog: pytest.LogCaptureFixture) -> None:
+    """The loop's first attempt is made without tenacity: every outcome is the one the
+    tenacity loop gives, whether the swap succeeds at once, after conflicts, or never."""
+    caplog.set_level(logging.DEBUG, logger="shale")
+    outcomes = []
+    for new_loop in (False, True):
+        caplog.clear()
+        waits: list[float] = []
+        policy = ConflictPolicy(attempts=4, initial_wait=0.5, max_wait=2.0, sleep=waits.append)
+        seen = _swap_loop(policy, new_loop, conflicts, None)
+        last = seen[-1]
+        outcomes.append((seen[:-1] + [str(last) if isinstance(last, ConflictError) else last], len(waits),
+                         [r.getMessage() for r in caplog.records]))
+        assert all(0 <= w <= 2.0 for w in waits)
+    assert outcomes[0] == outcomes[1]
+    tried = min(conflicts + 1, 4)
+    assert outcomes[1][0] == [*range(1, tried + 1), "swapped" if conflicts < 4 else "lost at attempt 4"]
+    assert outcomes[1][2] == [f"the doc: conflict on attempt {n}, trying again" for n in range(1, tried)]
+
+
+def test_a_swap_loop_stops_at_an_error_that_is_not_a_conflict() -> None:
+    for new_loop in (False, True):
+        error = ValueError("not a conflict")
+        assert _swap_loop(NO_WAIT, new_loop, 0, error) == [1, error]
