@@ -57,23 +57,7 @@ def _main(prog: str, argv: Sequence[str] | None, command: str | None) -> int:
 
     code = run_command(None if argv is None else list(argv), parser, prog=prog)
     sys.stdout.flush()
-    if argv is None:  # the process is the command's own, and ends now
-        _before_exit()
     return code if code in range(256) else 1
-
-
-def _before_exit() -> None:
-    # The garbage the command leaves is collected now, finalizers and all, as the exit
-    # would; then what is still alive (the modules, their classes and functions) is moved
-    # out of the collector's reach, so that the exit does not collect it cycle by cycle
-    # (most of a short command's exit: bench/README.md).  The exit still waits for
-    # threads, runs the exit handlers, flushes the streams and clears every module (which
-    # frees, finalizers and all, each object no cycle holds); objects alive at exit in
-    # reference cycles are left to the end of the process, as Python allows.
-    import gc
-
-    gc.collect()
-    gc.freeze()
 
 
 def __getattr__(name: str) -> Any:
