@@ -1,8 +1,8 @@
 """Topics as Arrow data: record batches decoded a whole entry at a time.
 
-An entry is decompressed once and its records decoded into columns by one C call
-(:func:`~shale.ledger.kernels.record_columns`); keys, values and property texts are then
-gathered into Arrow buffers by byte ranges.  No Python object is made per record.
+An entry is decompressed once and its records decoded straight into the buffers of Arrow
+arrays by one C call (:func:`~shale.ledger.arrow_columns.arrow_columns`), in memory from
+pyarrow's pool.  No Python object is made per record.
 
 Columns (:func:`schema`):
 
@@ -32,8 +32,9 @@ import numpy as np
 import numpy.typing as npt
 
 from shale.ledger.errors import InvalidInputError
-from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, FRAME_HEADER
-from shale.ledger.kernels import RecordColumns, Scratch, gather_ranges, record_columns
+from shale.ledger.arrow_columns import ArrowColumns, arrow_columns
+from shale.ledger.format import FRAME_HEADER
+from shale.ledger.kernels import Scratch
 from shale.ledger.reader import DEFAULT_CHUNK_BYTES, LedgerFile
 from shale.ledger.stream import PayloadStream, stream_for
 
@@ -239,13 +240,16 @@ class BatchReader:
                 scratch = self._local.scratch = Scratch()
             f.check_frames(buf, base, e0, e1)
             raw, frames = f.raw_frames(buf, base, sel, scratch)
+            # where each entry's records begin among the piece's (a batch takes what it
+            # spans of each): counted per entry, never per record
+            bounds = piece.first + np.searchsorted(entry_of[piece.first:piece.stop], sel)
+            ends = np.r_[bounds[1:], piece.stop]
             out = []
             for a, b in itertools.pairwise(cuts):
-                recs, owner = records[a:b], entry_of[a:b]
-                place = np.searchsorted(sel, owner)  # each record's entry's index in sel
-                starts = frames[place] + FRAME_HEADER.size + offsets[recs].astype(np.int64)
-                out.append(_decode(pa, f, raw, starts, recs, self.utf8, self.id_text, functools.partial(
-                    f.check_kept, raw, base, sel, np.bincount(place, minlength=len(sel)), recs, frames=frames)))
+                recs = records[a:b]
+                kept = np.maximum(np.minimum(ends, b) - np.maximum(bounds, a), 0)
+                out.append(_decode(pa, f, raw, frames, kept, recs, self.utf8, self.id_text, functools.partial(
+                    f.check_kept, raw, base, sel, kept, recs, frames=frames)))
             yield out
             return
         if stream_for(int(foot.codecs()[e0]), int(foot.raw_lengths()[e0]), self.share):
@@ -256,8 +260,8 @@ class BatchReader:
                 window, starts = _read_records(stream, offsets[recs].astype(np.int64), sizes[recs].astype(np.int64))
                 if b == cuts[-1]:
                     stream.finish()  # (the whole frame checked before its last batch is given)
-                batch = _decode(pa, f, window, starts, recs, self.utf8, self.id_text,
-                                functools.partial(f.check_payload, window, e0, recs, starts))
+                batch = _decode(pa, f, window, _PAYLOAD, np.array([len(recs)]), recs, self.utf8, self.id_text,
+                                functools.partial(f.check_payload, window, e0, recs, starts), starts=starts)
                 del window  # (the batch holds copies: the records read go before it is given)
                 yield [batch]
                 del batch
@@ -266,7 +270,7 @@ class BatchReader:
         del buf
         for a, b in itertools.pairwise(cuts):
             recs = records[a:b]
-            yield [_decode(pa, f, payload, offsets[recs].astype(np.int64), recs, self.utf8, self.id_text,
+            yield [_decode(pa, f, payload, _PAYLOAD, np.array([len(recs)]), recs, self.utf8, self.id_text,
                            functools.partial(f.check_payload, payload, e0, recs))]
 
 
@@ -306,40 +310,29 @@ def _cuts(cost: npt.NDArray[np.int64], first: int, stop: int, limit: int, rows: 
     return cuts
 
 
-def _decode(pa: Any, f: LedgerFile, raw: Any, starts: npt.NDArray[np.int64], recs: npt.NDArray[np.int64],
-            utf8: bool, id_text: bool, refuse: Callable[[], object]) -> Any:
-    """The records ``recs`` of ``f``, starting in ``raw`` at ``starts``, as one batch;
+#: The frame of an entry whose payload starts a buffer (:func:`arrow_columns`).
+_PAYLOAD: Final = np.array([-FRAME_HEADER.size], dtype=np.int64)
+
+
+def _decode(pa: Any, f: LedgerFile, raw: Any, frames: npt.NDArray[np.int64], kept: npt.NDArray[np.int64],
+            recs: npt.NDArray[np.int64], utf8: bool, id_text: bool, refuse: Callable[[], object],
+            starts: npt.NDArray[np.int64] | None = None) -> Any:
+    """The records ``recs`` of ``f`` as one batch: ``kept[i]`` of them in the entry whose
+    frame starts at ``raw[frames[i]:]`` (at the record offsets its footer gives), or, with
+    ``starts``, one payload's records read side by side into ``raw`` from ``starts``.
     ``refuse`` raises, naming the record and what is wrong with it, when one is not what
     its footer says."""
     foot = f.footer
-    bad, cols = record_columns(raw, starts, foot.col("r_size")[recs].astype(np.int64))
-    if cols is not None:
-        # the footer's flags must say what the records hold (a table is chosen by them)
-        flags = foot.col("r_flags")[recs]
-        has_key, empty = (flags & FLAG_HAS_KEY) != 0, (flags & FLAG_TOMBSTONE) != 0
-        if not (np.array_equal(has_key, cols.key_len >= 0) and np.array_equal(empty, cols.value_len <= 0)):
-            cols = None
+    offsets, sizes, flags = foot.col("r_offset"), foot.col("r_size"), foot.col("r_flags")
+    rec = recs
+    if starts is not None:  # (inside one payload: its offsets fit 32 bits as the footer's do)
+        offsets, sizes, flags = starts.astype(np.uint32), sizes[recs], flags[recs]
+        rec = np.arange(len(recs), dtype=np.int64)
+    bad, cols = arrow_columns(raw, frames, kept, rec, offsets, sizes, flags, pa.allocate_buffer)
     if cols is None:
         refuse()
         raise AssertionError(f"record {bad} was refused and then accepted")  # never: refuse raises
-    return _batch(pa, f, raw, cols, recs, utf8, id_text)
-
-
-def _binary(pa: Any, raw: Any, at: npt.NDArray[np.int64], length: npt.NDArray[np.int64], kind: Any) -> Any:
-    """Byte ranges of ``raw`` (length -1: null) as one Arrow array of ``kind``."""
-    n = len(at)
-    size = np.maximum(length, 0)
-    offsets = np.zeros(n + 1, dtype=np.int64 if kind in (pa.large_binary(), pa.large_string()) else np.int32)
-    np.cumsum(size, out=offsets[1:])
-    # into memory NumPy asks for (huge pages where the system gives them): faulting in
-    # the fresh pages of a bytearray costs more than the copy itself
-    data = gather_ranges(raw, at, at + size, Scratch())
-    nulls = length < 0
-    validity = None
-    if nulls.any():
-        validity = pa.py_buffer(np.packbits(~nulls, bitorder="little"))
-    return pa.Array.from_buffers(kind, n, [validity, pa.py_buffer(offsets), pa.py_buffer(data)],
-                                 null_count=int(nulls.sum()))
+    return _batch(pa, f, cols, recs, utf8, id_text)
 
 
 def _check_text(pa: Any, f: LedgerFile, recs: npt.NDArray[np.int64], array: Any, what: str) -> None:
@@ -366,32 +359,25 @@ def _plain(pa: Any, values: npt.NDArray[Any], kind: Any) -> Any:
     return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(values)])
 
 
-def _flags(pa: Any, values: npt.NDArray[np.bool_]) -> Any:
-    """A NumPy bool array as an Arrow boolean array (bit-packed), without ``pa.array``."""
-    return pa.Array.from_buffers(pa.bool_(), len(values), [None, pa.py_buffer(np.packbits(values, bitorder="little"))])
-
-
-def _batch(pa: Any, f: LedgerFile, raw: Any, cols: RecordColumns, recs: npt.NDArray[np.int64], utf8: bool,
+def _batch(pa: Any, f: LedgerFile, cols: ArrowColumns, recs: npt.NDArray[np.int64], utf8: bool,
            id_text: bool) -> Any:
     n = len(recs)
     ledgers, entries, batches = f.record_id_columns(recs)
     kind = pa.large_string() if utf8 else pa.large_binary()
-    key = _binary(pa, raw, cols.key_at, cols.key_len, kind)
-    value = _binary(pa, raw, cols.value_at, cols.value_len, kind)
+    key = pa.Array.from_buffers(kind, n, [cols.key_valid, cols.key_offsets, cols.key_data], null_count=cols.key_nulls)
+    value = pa.Array.from_buffers(kind, n, [cols.value_valid, cols.value_offsets, cols.value_data],
+                                  null_count=cols.value_nulls)
     if utf8:
         _check_text(pa, f, recs, key, "key")
         _check_text(pa, f, recs, value, "value")
-    names = _binary(pa, raw, cols.name_at, cols.name_len, pa.string())
-    texts = _binary(pa, raw, cols.pval_at, cols.pval_len, pa.string())
-    prop_offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(cols.pairs, out=prop_offsets[1:])
-    properties = pa.MapArray.from_arrays(_plain(pa, prop_offsets, pa.int32()), names, texts)
+    pairs = cols.name_offsets.size // 4 - 1
+    names = pa.Array.from_buffers(pa.string(), pairs, [None, cols.name_offsets, cols.name_data], null_count=0)
+    texts = pa.Array.from_buffers(pa.string(), pairs, [None, cols.text_offsets, cols.text_data], null_count=0)
+    properties = pa.MapArray.from_arrays(pa.Array.from_buffers(pa.int32(), n + 1, [None, cols.prop_offsets]), names,
+                                         texts)
     ts = pa.timestamp("ms", tz="UTC")
-    publish = pa.Array.from_buffers(ts, n, [None, pa.py_buffer(np.ascontiguousarray(cols.publish))])
-    has_event = cols.has_event
-    event_validity = None if has_event.all() else pa.py_buffer(np.packbits(has_event, bitorder="little"))
-    event = pa.Array.from_buffers(ts, n, [event_validity, pa.py_buffer(np.ascontiguousarray(cols.event))],
-                                  null_count=int(n - has_event.sum()))
+    publish = pa.Array.from_buffers(ts, n, [None, cols.publish], null_count=0)
+    event = pa.Array.from_buffers(ts, n, [cols.event_valid, cols.event], null_count=cols.event_nulls)
     ledger = _plain(pa, ledgers.astype(np.uint64), pa.uint64())
     entry = _plain(pa, entries.astype(np.uint64), pa.uint64())
     batch = _plain(pa, batches.astype(np.uint32), pa.uint32())
@@ -401,6 +387,6 @@ def _batch(pa: Any, f: LedgerFile, raw: Any, cols: RecordColumns, recs: npt.NDAr
 
         text = [pc.binary_join_element_wise(pc.cast(ledger, pa.string()), pc.cast(entry, pa.string()),
                                             pc.cast(batch, pa.string()), ":")]
-    tombstone = ((f.footer.col("r_flags")[recs] & FLAG_TOMBSTONE) != 0) & (cols.key_len >= 0)
-    return pa.RecordBatch.from_arrays([*text, ledger, entry, batch, key, value, properties, publish, event,
-                                       _flags(pa, tombstone)], schema=schema(utf8, id_text))
+    tombstone = pa.Array.from_buffers(pa.bool_(), n, [None, cols.tombstone], null_count=0)
+    return pa.RecordBatch.from_arrays([*text, ledger, entry, batch, key, value, properties, publish, event, tombstone],
+                                      schema=schema(utf8, id_text))
