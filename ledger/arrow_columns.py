@@ -97,14 +97,14 @@ def _arrow_columns_python(buf: Buffer, f: npt.NDArray[np.int64], k: npt.NDArray[
         return bad, None
     n = len(r)
 
-    def put(values: npt.NDArray[Any] | bytes | memoryview) -> Any:
-        data = memoryview(values).cast("B") if not isinstance(values, memoryview) else values.cast("B")
+    def put(values: npt.NDArray[Any] | memoryview) -> Any:
+        data = (np.ascontiguousarray(values).data if isinstance(values, np.ndarray) else values).cast("B")
         out = alloc(len(data))
         memoryview(out).cast("B")[:len(data)] = data
         return out
 
-    def offsets_of(lengths: npt.NDArray[np.int64], dtype: type) -> Any:
-        at = np.zeros(len(lengths) + 1, dtype=dtype)
+    def offsets_of(lengths: npt.NDArray[np.int64], dtype: type[np.int32 | np.int64]) -> Any:
+        at: npt.NDArray[Any] = np.zeros(len(lengths) + 1, dtype=dtype)
         np.cumsum(np.maximum(lengths, 0), out=at[1:])
         return put(at)
 
@@ -114,7 +114,7 @@ def _arrow_columns_python(buf: Buffer, f: npt.NDArray[np.int64], k: npt.NDArray[
     def data(at: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]) -> Any:
         return put(gather_ranges(buf, at, at + np.maximum(lengths, 0)))
 
-    if int(cols.pairs.sum()) > INT32_MAX or int(cols.name_len.sum()) > INT32_MAX or int(cols.pval_len.sum()) > INT32_MAX:
+    if max(int(cols.pairs.sum()), int(cols.name_len.sum()), int(cols.pval_len.sum())) > INT32_MAX:
         raise OverflowError("the records' properties do not fit 32-bit Arrow offsets, or their bytes a buffer")
     key_nulls, value_nulls = int((cols.key_len < 0).sum()), int((cols.value_len < 0).sum())
     event_nulls = int(n - cols.has_event.sum())

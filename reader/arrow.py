@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from shale.ledger.errors import InvalidInputError
 from shale.ledger.arrow_columns import ArrowColumns, arrow_columns
+from shale.ledger.errors import InvalidInputError
 from shale.ledger.format import FRAME_HEADER
 from shale.ledger.kernels import Scratch
 from shale.ledger.reader import DEFAULT_CHUNK_BYTES, LedgerFile
@@ -41,8 +41,8 @@ from shale.ledger.stream import PayloadStream, stream_for
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["DEFAULT_BATCH_ROWS", "DEFAULT_MAX_BATCH_BYTES", "ROW_BYTES", "BatchReader", "record_bytes", "require",
-           "require_pyarrow", "schema"]
+__all__ = ["DEFAULT_BATCH_ROWS", "DEFAULT_MAX_BATCH_BYTES", "MAX_DECODE_THREADS", "ROW_BYTES", "BatchReader",
+           "decode_threads", "record_bytes", "require", "require_pyarrow", "schema"]
 
 #: Rows per record batch unless asked otherwise (:meth:`~shale.reader.TopicReader.iter_batches`).
 DEFAULT_BATCH_ROWS: Final = 65_536
@@ -52,6 +52,28 @@ DEFAULT_BATCH_ROWS: Final = 65_536
 DEFAULT_MAX_BATCH_BYTES: Final = 16 << 20
 #: What a row costs in a batch beside its record's bytes: its id, times and offsets.
 ROW_BYTES: Final = 64
+#: More decoding threads than this buy nothing: they share :data:`DEFAULT_MAX_BATCH_BYTES`.
+MAX_DECODE_THREADS: Final = 8
+
+
+def decode_threads() -> int:
+    """Threads a reader decodes batches on: one per CPU this process may use — its
+    affinity, capped by a cgroup v2 CPU quota as a container's CPU limit sets it (counted
+    as the compactor counts them) — at most :data:`MAX_DECODE_THREADS`."""
+    import os
+
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, min(cpus, MAX_DECODE_THREADS))
 
 
 def require_pyarrow() -> ModuleType:
