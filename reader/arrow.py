@@ -109,11 +109,13 @@ def schema(utf8: bool = False, id_text: bool = False) -> pa.Schema:
 
 class _Piece(NamedTuple):
     """Consecutive entries decoded together: ``entries`` (rising) hold ``records[first:stop]``
-    (indexes into the records asked for), which go out as the batches
-    ``records[cuts[i]:cuts[i + 1]]``; ``held``: the bytes it holds, the entries' once
-    decompressed or its batches' (:func:`record_bytes`), whichever come to more."""
+    (indexes into the records asked for; each entry's first one at ``firsts``), which go
+    out as the batches ``records[cuts[i]:cuts[i + 1]]``; ``held``: the bytes it holds, the
+    entries' once decompressed or its batches' (:func:`record_bytes`), whichever come to
+    more."""
 
     entries: npt.NDArray[np.int64]
+    firsts: npt.NDArray[np.int64]
     first: int
     stop: int
     held: int
@@ -134,7 +136,8 @@ def record_bytes(f: LedgerFile, records: npt.NDArray[np.int64], id_text: bool = 
     """What each of ``records`` costs in a batch: its bytes once decompressed, and a row's
     share of the id, time and offset columns (:data:`ROW_BYTES`)."""
     extra = ROW_BYTES * (2 if id_text else 1)
-    return f.footer.col("r_size")[records].astype(np.int64) + extra
+    cost: npt.NDArray[np.int64] = np.add(f.footer.col("r_size")[records], extra, dtype=np.int64)
+    return cost
 
 
 class BatchReader:
@@ -176,8 +179,7 @@ class BatchReader:
         require_pyarrow()
         if not len(records):
             return
-        entry_of = f.footer.entry_of(records)
-        pieces = self._plan(f, records, entry_of)
+        pieces = self._plan(f, records)
         active: deque[_Run] = deque()
         held = nxt = 0
         try:
@@ -187,7 +189,7 @@ class BatchReader:
                 while nxt < len(pieces) and len(active) <= self.threads and (
                         not active or held + pieces[nxt].held <= self.max_batch_bytes):
                     piece = pieces[nxt]
-                    steps = self._steps(f, records, entry_of, piece)
+                    steps = self._steps(f, records, piece)
                     active.append(_Run(piece, steps, self._pool.submit(next, steps), _steps_of(piece, self.share)))
                     held += piece.held
                     nxt += 1
@@ -214,14 +216,16 @@ class BatchReader:
         """Decompressed bytes one thread decodes at once, unless one entry is bigger."""
         return max(1, self.max_batch_bytes // self.threads)
 
-    def _plan(self, f: LedgerFile, records: npt.NDArray[np.int64], entry_of: npt.NDArray[np.int64]) -> list[_Piece]:
+    def _plan(self, f: LedgerFile, records: npt.NDArray[np.int64]) -> list[_Piece]:
         """``records`` cut into pieces: runs of entries that hold at most :attr:`share`
         bytes (decompressed, and as batches) and span at most ``chunk_bytes`` stored, or
         one entry; each cut into batches."""
         foot = f.footer
-        firsts = np.flatnonzero(np.r_[True, entry_of[1:] != entry_of[:-1]])  # each entry's first record
+        # where each entry's records begin among records: a search per entry, not per record
+        at = np.searchsorted(records, foot.e_rec_start)
+        entries = np.flatnonzero(at[1:] > at[:-1])
+        firsts = at[entries]  # each entry's first record
         stops = np.r_[firsts[1:], len(records)]
-        entries = np.asarray(entry_of[firsts], dtype=np.int64)
         raw = np.cumsum(foot.raw_lengths()[entries] + FRAME_HEADER.size)
         begin = foot.col("e_offset")[entries].astype(np.int64)
         end = begin + foot.col("e_length")[entries].astype(np.int64)
@@ -238,11 +242,12 @@ class BatchReader:
             j = max(j, i + 1)
             a, b = int(firsts[i]), int(stops[j - 1])
             held = max(int(raw[j - 1]) - raw_before, int(made[j - 1]) - made_before)
-            pieces.append(_Piece(entries[i:j], a, b, held, _cuts(cost, a, b, self.max_batch_bytes, self.rows)))
+            pieces.append(_Piece(entries[i:j], firsts[i:j], a, b, held,
+                                 _cuts(cost, a, b, self.max_batch_bytes, self.rows)))
             i = j
         return pieces
 
-    def _steps(self, f: LedgerFile, records: npt.NDArray[np.int64], entry_of: npt.NDArray[np.int64],
+    def _steps(self, f: LedgerFile, records: npt.NDArray[np.int64],
                piece: _Piece) -> Generator[list[pa.RecordBatch], None, None]:
         """The batches of ``piece``, made on the pool's threads: all in one step when the
         piece fits a thread's share (decompressed into that thread's reused buffer); else
@@ -264,7 +269,7 @@ class BatchReader:
             raw, frames = f.raw_frames(buf, base, sel, scratch)
             # where each entry's records begin among the piece's (a batch takes what it
             # spans of each): counted per entry, never per record
-            bounds = piece.first + np.searchsorted(entry_of[piece.first:piece.stop], sel)
+            bounds = piece.firsts
             ends = np.r_[bounds[1:], piece.stop]
             out = []
             for a, b in itertools.pairwise(cuts):
@@ -400,9 +405,9 @@ def _batch(pa: Any, f: LedgerFile, cols: ArrowColumns, recs: npt.NDArray[np.int6
     ts = pa.timestamp("ms", tz="UTC")
     publish = pa.Array.from_buffers(ts, n, [None, cols.publish], null_count=0)
     event = pa.Array.from_buffers(ts, n, [cols.event_valid, cols.event], null_count=cols.event_nulls)
-    ledger = _plain(pa, ledgers.astype(np.uint64), pa.uint64())
-    entry = _plain(pa, entries.astype(np.uint64), pa.uint64())
-    batch = _plain(pa, batches.astype(np.uint32), pa.uint32())
+    ledger = _plain(pa, np.asarray(ledgers, dtype=np.uint64), pa.uint64())
+    entry = _plain(pa, np.asarray(entries, dtype=np.uint64), pa.uint64())
+    batch = _plain(pa, np.asarray(batches, dtype=np.uint32), pa.uint32())
     text = []
     if id_text:  # (costs about a third of the rest: asked for, not given by default)
         import pyarrow.compute as pc
