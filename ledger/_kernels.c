@@ -2307,7 +2307,9 @@ static int count_property_bytes(const uint8_t *p, const uint8_t *end, int64_t pa
 /* First pass: each record of the job read into rows and checked against its footer flags
  * (bit 0 exactly when it has a key, bit 1 exactly when its value is nil or empty), and
  * what the buffers need.  The index into rec of the first bad record, -1, KEPT_BAD_INPUT
- * as first_bad_kept, or ARROW_TOO_BIG when property offsets would not fit 32 bits (or bytes a Py_ssize_t). */
+ * as first_bad_kept, or ARROW_TOO_BIG when property offsets would not fit 32 bits (or
+ * bytes a Py_ssize_t).  Without rows, only whether every index, count and range fits
+ * (KEPT_BAD_INPUT or -1), so that one that does not is refused whatever comes before it. */
 static Py_ssize_t arrow_rows(const kept_job_t *j, arrow_row_t *rows, arrow_totals_t *t) {
     Py_ssize_t at = 0;
     memset(t, 0, sizeof(*t));
@@ -2319,6 +2321,7 @@ static Py_ssize_t arrow_rows(const kept_job_t *j, arrow_row_t *rows, arrow_total
             if (r < 0 || r >= j->records) return KEPT_BAD_INPUT;
             int64_t s = frame + FRAME_HEADER_BYTES + (int64_t)ld32(j->offsets + r), z = (int64_t)ld32(j->sizes + r);
             if (!range_inside(s, z, j->len)) return KEPT_BAD_INPUT;
+            if (!rows) continue;
             const uint8_t *end = j->base + s + z;
             fields_t f;
             if (!read_record(j->base, j->base + s, end, &f)) return at;
@@ -2457,7 +2460,8 @@ static PyObject *py_arrow_columns(PyObject *Py_UNUSED(self), PyObject *args) {
     arrow_totals_t t;
     Py_ssize_t bad;
     Py_BEGIN_ALLOW_THREADS
-    bad = arrow_rows(&j, rows, &t);
+    bad = arrow_rows(&j, NULL, &t);
+    if (bad == -1) bad = arrow_rows(&j, rows, &t);
     Py_END_ALLOW_THREADS
     if (bad == KEPT_BAD_INPUT) {
         PyErr_SetString(PyExc_ValueError, "an index, a count or a record's range does not fit the buffers given");
