@@ -52,7 +52,9 @@ t, c = time.perf_counter(), cpu()
 table = {call}
 print(json.dumps({{"rows": table.num_rows, "call_s": time.perf_counter() - t, "call_cpu_s": cpu() - c}}))
 """
-SHALE = ("from shale.reader import TopicReader", "TopicReader({path!r}, read_compacted=True).to_arrow()")
+# (pyarrow imported before the call, as by an application that uses the table it gets)
+SHALE = ("import pyarrow\nfrom shale.reader import TopicReader",
+         "TopicReader({path!r}, read_compacted=True).to_arrow()")
 PYARROW = ("import pyarrow.parquet as pq", "pq.read_table({path!r})")
 
 

@@ -160,13 +160,19 @@ class LedgerFile:
         return MessageId(int(self.entry_ledgers[entry]), int(self.entry_ids[entry]), self._batch_of(index, entry))
 
     def record_ids(self, records: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
-        """The ids of ``records`` (record indexes) as rows ``(ledger, entry, batch)``."""
+        """The ids of ``records`` (record indexes, rising) as rows ``(ledger, entry, batch)``."""
         return np.stack(self.record_id_columns(records), axis=1)
 
     def record_id_columns(self, records: npt.NDArray[np.int64]
                           ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
-        """The ledgers, entries and batch indexes of ``records`` (record indexes)."""
+        """The ledgers, entries and batch indexes of ``records`` (record indexes, rising)."""
         foot = self.footer
+        if foot.ids_per_record and len(records) and int(records[-1]) - int(records[0]) == len(records) - 1:
+            # a run of records (rising, as they always are here): copied, not gathered
+            run = slice(int(records[0]), int(records[-1]) + 1)
+            return (np.array(foot.cols["r_ledger"][run], dtype=np.uint64),
+                    np.array(foot.cols["r_entry"][run], dtype=np.uint64),
+                    np.array(self.batch_indexes[run], dtype=np.uint64))
         if foot.kind == KIND_COMPACTED:
             batches = self.batch_indexes[records]
             entries = foot.record_entries(records)

@@ -133,10 +133,14 @@ class _Run:
 
 
 def record_bytes(f: LedgerFile, records: npt.NDArray[np.int64], id_text: bool = False) -> npt.NDArray[np.int64]:
-    """What each of ``records`` costs in a batch: its bytes once decompressed, and a row's
+    """What each of ``records`` (indexes, rising) costs in a batch: its bytes once decompressed, and a row's
     share of the id, time and offset columns (:data:`ROW_BYTES`)."""
     extra = ROW_BYTES * (2 if id_text else 1)
-    cost: npt.NDArray[np.int64] = np.add(f.footer.col("r_size")[records], extra, dtype=np.int64)
+    sizes = f.footer.col("r_size")
+    # (a run of records, as a view: no gather)
+    run = len(records) and int(records[-1]) - int(records[0]) == len(records) - 1
+    cost: npt.NDArray[np.int64] = np.add(sizes[int(records[0]):int(records[-1]) + 1] if run else sizes[records], extra,
+                                         dtype=np.int64)
     return cost
 
 
@@ -229,7 +233,8 @@ class BatchReader:
         raw = np.cumsum(foot.raw_lengths()[entries] + FRAME_HEADER.size)
         begin = foot.col("e_offset")[entries].astype(np.int64)
         end = begin + foot.col("e_length")[entries].astype(np.int64)
-        cost = np.cumsum(record_bytes(f, records, self.id_text))
+        cost = record_bytes(f, records, self.id_text)
+        np.cumsum(cost, out=cost)
         made = cost[stops - 1]  # what the batches of the entries up to each come to
         pieces = []
         i = 0
