@@ -51,12 +51,13 @@ class ArrowColumns(NamedTuple):
     event_nulls: int
 
 
-def arrow_columns(buf: Buffer, frames: npt.ArrayLike, kept: npt.ArrayLike, rec: npt.ArrayLike,
+def arrow_columns(buf: Buffer | tuple[Buffer, ...], frames: npt.ArrayLike, kept: npt.ArrayLike, rec: npt.ArrayLike,
                   offsets: npt.NDArray[np.uint32], sizes: npt.NDArray[np.uint32], flags: npt.NDArray[np.uint8],
                   alloc: Callable[[int], Any]) -> tuple[int, ArrowColumns | None]:
     """The records ``rec`` (indexes into the footer columns ``offsets``, ``sizes`` and
     ``flags``; ``kept[i]`` of them, in order, in the entry whose frame starts at
-    ``buf[frames[i]:]``, or whose payload starts at ``buf[frames[i] + 12:]``) as Arrow
+    ``buf[frames[i]:]``, or whose payload starts at ``buf[frames[i] + 12:]``; ``buf`` may
+    also be one buffer per entry, each entry's frame then in its own) as Arrow
     buffers: ``(-1, columns)``, or ``(i, None)`` when ``rec[i]`` is not exactly one
     well-formed record or its flags (bit 0: a key; bit 1: a nil or empty value) do not say
     what it holds.  An index, count or range that does not fit is a :class:`ValueError`;
@@ -74,9 +75,9 @@ def arrow_columns(buf: Buffer, frames: npt.ArrayLike, kept: npt.ArrayLike, rec: 
     return _arrow_columns_python(buf, f, k, r, o, z, fl, alloc)
 
 
-def _arrow_columns_python(buf: Buffer, f: npt.NDArray[np.int64], k: npt.NDArray[np.int64], r: npt.NDArray[np.int64],
-                          o: npt.NDArray[np.uint32], z: npt.NDArray[np.uint32], fl: npt.NDArray[np.uint8],
-                          alloc: Callable[[int], Any]) -> tuple[int, ArrowColumns | None]:
+def _arrow_columns_python(buf: Buffer | tuple[Buffer, ...], f: npt.NDArray[np.int64], k: npt.NDArray[np.int64],
+                          r: npt.NDArray[np.int64], o: npt.NDArray[np.uint32], z: npt.NDArray[np.uint32],
+                          fl: npt.NDArray[np.uint8], alloc: Callable[[int], Any]) -> tuple[int, ArrowColumns | None]:
     if len(f) != len(k) or len(z) != len(o) or len(fl) != len(o):
         raise ValueError("frames and kept must have one length, offsets, sizes and flags another")
     if np.any(f < -FRAME_HEADER) or np.any(k < 0) or int(k.sum()) != len(r) or (
@@ -84,6 +85,15 @@ def _arrow_columns_python(buf: Buffer, f: npt.NDArray[np.int64], k: npt.NDArray[
         raise ValueError("an index, a count or a record's range does not fit the buffers given")
     starts = np.repeat(f, k) + FRAME_HEADER + o[r].astype(np.int64)
     size = z[r].astype(np.int64)
+    if isinstance(buf, tuple):  # one buffer per entry: side by side, each record kept inside its own
+        if len(buf) != len(f):
+            raise ValueError("data must hold one buffer per entry of frames")
+        lens = np.array([memoryview(b).nbytes for b in buf], dtype=np.int64)
+        owner = np.repeat(np.arange(len(f)), k)
+        if np.any((starts < 0) | (starts + size > lens[owner])):
+            raise ValueError("an index, a count or a record's range does not fit the buffers given")
+        starts += (np.cumsum(lens) - lens)[owner]
+        buf = b"".join(buf)
     try:
         bad, cols = _record_columns_python(buf, starts, size)
     except ValueError:

@@ -292,6 +292,25 @@ class LedgerFile:
                              self.entry_where(entry), path=self.url, position=int(self.footer.col("e_offset")[entry]),
                              dictionaries=self.dictionaries)
 
+    def payloads(self, buf: bytes | memoryview, base: int,
+                 sel: npt.NDArray[np.int64]) -> tuple[bytes | bytearray | memoryview, ...]:
+        """The payloads of entries ``sel`` (their frames checked, inside ``buf`` read from
+        ``base``), one buffer each: a view of ``buf`` for an entry stored as it is, else
+        decompressed (its size checked against the footer's), where :meth:`raw_frames`
+        would copy them side by side."""
+        foot = self.footer
+        offs = foot.col("e_offset")[sel].astype(np.int64) - base
+        ends = (offs + foot.col("e_length")[sel]).tolist()
+        view, url = memoryview(buf), self.url
+        out: list[bytes | bytearray | memoryview] = []
+        for i, (codec, o, end, n) in enumerate(zip(foot.codecs()[sel].tolist(), offs.tolist(), ends,
+                                                    foot.raw_lengths()[sel].tolist(), strict=True)):
+            stored = view[o + FRAME_HEADER.size:end]
+            out.append(stored if codec == Codec.NONE else decompress(
+                stored, codec, n, functools.partial(self.entry_where, int(sel[i])), path=url, position=base + o,
+                dictionaries=self.dictionaries))
+        return tuple(out)
+
     def raw_frames(self, buf: bytes | memoryview, base: int, sel: npt.NDArray[np.int64],
                    scratch: Scratch | None = None) -> tuple[bytes | bytearray | memoryview, npt.NDArray[np.int64]]:
         """Entries ``sel`` (their frames checked, inside ``buf`` read from ``base``) laid

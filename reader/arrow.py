@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import threading
 from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,7 +33,6 @@ import numpy.typing as npt
 from shale.ledger.arrow_columns import ArrowColumns, arrow_columns
 from shale.ledger.errors import InvalidInputError
 from shale.ledger.format import FRAME_HEADER
-from shale.ledger.kernels import Scratch
 from shale.ledger.reader import DEFAULT_CHUNK_BYTES, LedgerFile
 from shale.ledger.stream import PayloadStream, stream_for
 
@@ -165,7 +163,6 @@ class BatchReader:
         self.utf8, self.id_text = utf8, id_text
         self.threads = max(1, threads)
         self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="shale-arrow")
-        self._local = threading.local()
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -255,7 +252,8 @@ class BatchReader:
     def _steps(self, f: LedgerFile, records: npt.NDArray[np.int64],
                piece: _Piece) -> Generator[list[pa.RecordBatch], None, None]:
         """The batches of ``piece``, made on the pool's threads: all in one step when the
-        piece fits a thread's share (decompressed into that thread's reused buffer); else
+        piece fits a thread's share (each entry decompressed once, and read where it was
+        decompressed to); else
         (one entry that holds more than the share) one batch per step, reading the entry's
         payload as a stream when it is bigger than the share and compressed with zstd (only
         each batch's records are held), else from the entry decompressed once and held
@@ -267,21 +265,18 @@ class BatchReader:
         foot = f.footer
         offsets, sizes = foot.col("r_offset"), foot.col("r_size")
         if piece.held <= self.share:
-            scratch: Scratch | None = getattr(self._local, "scratch", None)
-            if scratch is None:
-                scratch = self._local.scratch = Scratch()
             f.check_frames(buf, base, e0, e1)
-            raw, frames = f.raw_frames(buf, base, sel, scratch)
-            # where each entry's records begin among the piece's (a batch takes what it
-            # spans of each): counted per entry, never per record
-            bounds = piece.firsts
+            # each entry's payload where zstd left it (or where it is stored): not copied
+            payloads = f.payloads(buf, base, sel)
+            frames = np.full(len(sel), -FRAME_HEADER.size, dtype=np.int64)
+            bounds = piece.firsts  # where each entry's records begin (a batch takes what it spans of each)
             ends = np.r_[bounds[1:], piece.stop]
             out = []
             for a, b in itertools.pairwise(cuts):
                 recs = records[a:b]
                 kept = np.maximum(np.minimum(ends, b) - np.maximum(bounds, a), 0)
-                out.append(_decode(pa, f, raw, frames, kept, recs, self.utf8, self.id_text, functools.partial(
-                    f.check_kept, raw, base, sel, kept, recs, frames=frames)))
+                out.append(_decode(pa, f, payloads, frames, kept, recs, self.utf8, self.id_text,
+                                   functools.partial(_refuse_kept, f, buf, base, sel, kept, recs)))
             yield out
             return
         if stream_for(int(foot.codecs()[e0]), int(foot.raw_lengths()[e0]), self.share):
@@ -321,6 +316,14 @@ def _read_records(stream: PayloadStream, offsets: npt.NDArray[np.int64], sizes: 
         stream.skip(int(offsets[i]) - stream.at)
         stream.readinto(view[int(starts[i]):int(starts[j - 1] + sizes[j - 1])])
     return window, starts
+
+
+def _refuse_kept(f: LedgerFile, buf: Any, base: int, sel: npt.NDArray[np.int64], kept: npt.NDArray[np.int64],
+                 recs: npt.NDArray[np.int64]) -> None:
+    """Raise, naming the first of ``recs`` (``kept[i]`` of them in entry ``sel[i]``) that is
+    not what its footer says (only when one is not: the entries are decompressed again)."""
+    raw, frames = f.raw_frames(buf, base, sel)
+    f.check_kept(raw, base, sel, kept, recs, frames=frames)
 
 
 def _steps_of(piece: _Piece, share: int) -> int:

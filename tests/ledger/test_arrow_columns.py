@@ -30,17 +30,21 @@ class Layout:
         self.recs = [r for e in entries for r in e]
         out = bytearray(gap)
         frames, offsets, sizes = [], [], []
+        self.parts: list[bytes] = []  # each entry alone: its frame (or payload only)
         for e in entries:
             frames.append(len(out) - (12 if payload_only else 0))
             if not payload_only:
                 out += b"\xee" * 12
             at = 0
+            own = len(out)
             for r in e:
                 data = encode_record(r)
                 offsets.append(at)
                 sizes.append(len(data))
                 out += data
                 at += len(data)
+            self.parts.append(bytes(out[own - (0 if payload_only else 12):]))
+        self.part_frames = np.full(len(entries), -12 if payload_only else 0, dtype=np.int64)
         self.buf = bytes(out)
         self.frames = np.array(frames, dtype=np.int64)
         self.offsets = np.array(offsets, dtype=np.uint32)
@@ -56,10 +60,14 @@ class Layout:
         self.rec = np.array(chosen, dtype=np.int64)
         self.kept = np.array(kept, dtype=np.int64)
 
-    def run(self, native: bool, flags: npt.NDArray[np.uint8] | None = None,
-            buf: bytes | None = None) -> tuple[int, ArrowColumns | None]:
-        args = (self.buf if buf is None else buf, self.frames, self.kept, self.rec, self.offsets, self.sizes,
-                self.flags if flags is None else flags, bytearray)
+    def run(self, native: bool, flags: npt.NDArray[np.uint8] | None = None, buf: bytes | None = None,
+            split: bool = False) -> tuple[int, ArrowColumns | None]:
+        data: Any = self.buf if buf is None else buf
+        frames = self.frames
+        if split:  # each entry in a buffer of its own
+            data, frames = tuple(self.parts), self.part_frames
+        args = (data, frames, self.kept, self.rec, self.offsets, self.sizes, self.flags if flags is None else flags,
+                bytearray)
         if native:
             return arrow_columns(*args)
         return _arrow_columns_python(*args)
@@ -116,12 +124,16 @@ keeps = st.lists(st.lists(st.booleans(), min_size=6, max_size=6), min_size=5, ma
 
 
 @settings(max_examples=300, deadline=None)
-@given(entries, st.binary(max_size=3), keeps, st.booleans())
+@given(entries, st.binary(max_size=3), keeps, st.booleans(), st.booleans())
 def test_buffers_hold_what_msgpack_decodes(ents: list[list[Record]], gap: bytes, keep: list[list[bool]],
-                                           payload_only: bool) -> None:
-    lay = Layout(ents, gap, keep[:len(ents)], payload_only and len(ents) == 1)
-    bad, cols = both(lay)
+                                           payload_only: bool, split: bool) -> None:
+    lay = Layout(ents, gap, keep[:len(ents)], payload_only and (split or len(ents) == 1))
+    bad, cols = both(lay, split=split)
     assert bad == -1 and cols is not None
+    if split:  # the same buffers as from the entries side by side in one
+        whole = both(Layout(ents, gap, keep[:len(ents)], False))[1]
+        assert whole is not None
+        assert all(a is None if b is None else bytes(a) == bytes(b) for a, b in zip(cols, whole, strict=True))
     payload = b"".join(encode_record(r) for r in lay.recs)
     every = [(k, v, dict(p), pt, et) for k, v, p, pt, et in decode_records(payload, len(lay.recs), where="t")]
     assert rows(cols, len(lay.rec)) == [every[i] for i in lay.rec.tolist()]
@@ -148,6 +160,23 @@ def test_the_first_bad_record_is_named_alike(ents: list[list[Record]], data: st.
             break
     assert bad == want
     assert (cols is None) == (bad >= 0)
+
+
+def test_a_record_past_its_own_entrys_buffer_raises() -> None:
+    lay = Layout([[Record(b"k", b"v")], [Record(b"j", b"w")]], b"", [[True] * 6] * 2, False)
+    sizes = lay.sizes.copy()
+    sizes[0] += 3  # (inside the buffer of both entries side by side, not inside its own)
+    for native in (True, False):
+        with pytest.raises(ValueError):
+            lay.sizes, keep = sizes, lay.sizes
+            try:
+                lay.run(native, split=True)
+            finally:
+                lay.sizes = keep
+    parts = (lay.parts[0],)  # one buffer for two entries
+    for fn in (arrow_columns, _arrow_columns_python):
+        with pytest.raises(ValueError):
+            fn(parts, lay.part_frames, lay.kept, lay.rec, lay.offsets, lay.sizes, lay.flags, bytearray)
 
 
 def test_indexes_and_ranges_that_do_not_fit_raise() -> None:
