@@ -143,8 +143,9 @@ def record_bytes(f: LedgerFile, records: npt.NDArray[np.int64], id_text: bool = 
 
 
 class BatchReader:
-    """Decodes a ledger's records into record batches on a few threads (zstd, the record
-    kernel and the gathers all leave the interpreter lock); batches come out in order.
+    """Decodes a ledger's records into record batches on a few threads (zstd and the
+    :func:`~shale.ledger.arrow_columns.arrow_columns` kernel leave the interpreter lock);
+    batches come out in order.
 
     Memory follows decompressed bytes, never rows alone: a batch holds at most
     ``max_batch_bytes`` of records (:func:`record_bytes`; a record bigger than that goes
