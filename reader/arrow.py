@@ -1,8 +1,8 @@
 """Topics as Arrow data: record batches decoded a whole entry at a time.
 
 An entry is decompressed once and its records decoded straight into the buffers of Arrow
-arrays by one C call (:func:`~shale.ledger.arrow_columns.arrow_columns`), in memory from
-pyarrow's pool.  No Python object is made per record.
+arrays by one C call (:func:`~shale.ledger.arrow_columns.arrow_columns`).  No Python object
+is made per record.
 
 Columns (:func:`schema`):
 
@@ -364,7 +364,11 @@ def _decode(pa: Any, f: LedgerFile, raw: Any, frames: npt.NDArray[np.int64], kep
     if starts is not None:  # (inside one payload: its offsets fit 32 bits as the footer's do)
         offsets, sizes, flags = starts.astype(np.uint32), sizes[recs], flags[recs]
         rec = np.arange(len(recs), dtype=np.int64)
-    bad, cols = arrow_columns(raw, frames, kept, rec, offsets, sizes, flags, pa.allocate_buffer)
+    # from the system's allocator rather than pyarrow's default pool: in a new process that
+    # pool (mimalloc) takes fresh huge pages for the first batches, which costs more system
+    # time than the rest of the first read (bench/README.md); later reads cost the same
+    alloc = functools.partial(pa.allocate_buffer, memory_pool=pa.system_memory_pool())
+    bad, cols = arrow_columns(raw, frames, kept, rec, offsets, sizes, flags, alloc)
     if cols is None:
         refuse()
         raise AssertionError(f"record {bad} was refused and then accepted")  # never: refuse raises
