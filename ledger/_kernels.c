@@ -2259,6 +2259,317 @@ static PyObject *py_start_writeback(PyObject *Py_UNUSED(self), PyObject *args) {
 }
 
 /* ------------------------------------------------------------------------------------ */
+/* Records as Arrow buffers                                                              */
+/*
+ * record_columns and then a gather per column made a dozen arrays per batch, each passed
+ * over again by NumPy.  arrow_columns reads the records where check_kept finds them,
+ * checks them as record_columns does (and their footer flags), and writes the buffers an
+ * Arrow batch is made of: offsets and bytes of keys, values, property names and texts,
+ * validity bitmaps, times and the tombstone bits.  A first pass checks every record and
+ * counts what each buffer needs; the buffers are then asked of the caller's allocator
+ * (pyarrow's pool, which reuses its pages from batch to batch) and filled by a second
+ * pass from what the first one read, never from the caller's arrays again.  The entries
+ * may lie in one buffer or each in its own (decompressed payloads, read where zstd left
+ * them rather than copied side by side first).
+ */
+
+enum { AB_KEY_OFFS, AB_KEY_DATA, AB_KEY_VALID, AB_VALUE_OFFS, AB_VALUE_DATA, AB_VALUE_VALID, AB_PUBLISH, AB_EVENT,
+       AB_EVENT_VALID, AB_PROP_OFFS, AB_NAME_OFFS, AB_NAME_DATA, AB_PVAL_OFFS, AB_PVAL_DATA, AB_TOMBSTONE, AB_BUFFERS };
+
+/* One record as the first pass read it (inside its entry's buffer), -1 lengths for nil;
+ * src_end: where that buffer ends. */
+typedef struct {
+    const uint8_t *key, *value, *props, *end, *src_end;
+    int64_t key_len, value_len, publish, event, pairs;
+    uint8_t has_event;
+} arrow_row_t;
+
+typedef struct {
+    int64_t key_bytes, value_bytes, name_bytes, pval_bytes, pairs, key_nulls, value_nulls, event_nulls;
+} arrow_totals_t;
+
+/* check_kept's job, and where each entry's buffer lies when each has its own (NULL: all
+ * in j.base). */
+typedef struct {
+    kept_job_t j;
+    const uint8_t **bases;
+    const Py_ssize_t *lens;
+} arrow_job_t;
+
+#define ARROW_TOO_BIG (-3)
+
+/* Adds n to *sum unless that passes limit (then 0). */
+static inline int add_within(int64_t *sum, int64_t n, int64_t limit) {
+    if (n > limit - *sum) return 0;
+    *sum += n;
+    return 1;
+}
+
+/* The property names' and texts' bytes of a record read_record accepted (its map at p). */
+static int count_property_bytes(const uint8_t *p, const uint8_t *end, int64_t pairs, arrow_totals_t *t) {
+    const uint8_t *at;
+    int64_t len;
+    for (int64_t k = 0; k < pairs; k++) {
+        if (!(p = read_str(p, end, &at, &len)) || !add_within(&t->name_bytes, len, INT32_MAX)) return 0;
+        if (!(p = read_str(p, end, &at, &len)) || !add_within(&t->pval_bytes, len, INT32_MAX)) return 0;
+    }
+    return 1;
+}
+
+/* First pass: each record of the job read into rows and checked against its footer flags
+ * (bit 0 exactly when it has a key, bit 1 exactly when its value is nil or empty), and
+ * what the buffers need.  The index into rec of the first bad record, -1, KEPT_BAD_INPUT
+ * as first_bad_kept, or ARROW_TOO_BIG when property offsets would not fit 32 bits (or
+ * bytes a Py_ssize_t).  Without rows, only whether every index, count and range fits
+ * (KEPT_BAD_INPUT or -1), so that one that does not is refused whatever comes before it. */
+static Py_ssize_t arrow_rows(const arrow_job_t *a, arrow_row_t *rows, arrow_totals_t *t) {
+    const kept_job_t *j = &a->j;
+    Py_ssize_t at = 0;
+    memset(t, 0, sizeof(*t));
+    for (Py_ssize_t e = 0; e < j->entries; e++) {
+        const uint8_t *base = a->bases ? a->bases[e] : j->base;
+        Py_ssize_t len = a->bases ? a->lens[e] : j->len;
+        int64_t frame = (int64_t)ld64(j->frames + e), count = (int64_t)ld64(j->kept + e);
+        if (frame < -FRAME_HEADER_BYTES || count < 0 || count > j->n_rec - at) return KEPT_BAD_INPUT;
+        for (int64_t k = 0; k < count; k++, at++) {
+            int64_t r = (int64_t)ld64(j->rec + at);
+            if (r < 0 || r >= j->records) return KEPT_BAD_INPUT;
+            int64_t s = frame + FRAME_HEADER_BYTES + (int64_t)ld32(j->offsets + r), z = (int64_t)ld32(j->sizes + r);
+            if (!range_inside(s, z, len)) return KEPT_BAD_INPUT;
+            if (!rows) continue;
+            const uint8_t *end = base + s + z;
+            fields_t f;
+            if (!read_record(base, base + s, end, &f)) return at;
+            uint8_t flags = j->flags[r];
+            if (((flags & RECORD_HAS_KEY) != 0) != (f.key_len >= 0) ||
+                ((flags & RECORD_TOMBSTONE) != 0) != (f.value_len <= 0))
+                return at;
+            arrow_row_t *row = rows + at;
+            row->key = base + f.key_at, row->key_len = f.key_len;
+            row->value = base + f.value_at, row->value_len = f.value_len;
+            row->publish = f.publish, row->event = f.event, row->has_event = f.has_event;
+            row->props = f.props, row->end = end, row->src_end = base + len, row->pairs = f.pairs;
+            t->key_nulls += f.key_len < 0, t->value_nulls += f.value_len < 0, t->event_nulls += !f.has_event;
+            /* (rec may name a record many times: its bytes can add up past the buffer's) */
+            if (!add_within(&t->key_bytes, f.key_len > 0 ? f.key_len : 0, PY_SSIZE_T_MAX) ||
+                !add_within(&t->value_bytes, f.value_len > 0 ? f.value_len : 0, PY_SSIZE_T_MAX))
+                return ARROW_TOO_BIG;
+            if (f.pairs &&
+                (!add_within(&t->pairs, f.pairs, INT32_MAX) || !count_property_bytes(f.props, end, f.pairs, t)))
+                return ARROW_TOO_BIG;
+        }
+    }
+    return at == j->n_rec ? -1 : KEPT_BAD_INPUT;
+}
+
+/* n bytes from src (whose buffer ends at src_end) to dst (which ends at dst_end); as
+ * copy_ranges, a short run is moved as SMALL_COPY bytes where both sides have the room. */
+static inline uint8_t *put_bytes(uint8_t *dst, const uint8_t *dst_end, const uint8_t *src, const uint8_t *src_end,
+                                 int64_t n) {
+    if (n <= SMALL_COPY && src_end - src >= SMALL_COPY && dst_end - dst >= SMALL_COPY)
+        memcpy(dst, src, SMALL_COPY);
+    else
+        memcpy(dst, src, (size_t)n);
+    return dst + n;
+}
+
+static inline void set_bit(uint8_t *bits, Py_ssize_t i) { bits[i >> 3] |= (uint8_t)(1u << (i & 7)); }
+
+/* Second pass: the buffers filled from rows (the records' bytes read again only for their
+ * properties, every read checked); -1 when those no longer say what they said. */
+static int arrow_fill(Py_ssize_t n, const arrow_row_t *rows, const arrow_totals_t *t, uint8_t *const out[AB_BUFFERS],
+                      const Py_ssize_t size[AB_BUFFERS]) {
+    for (int b = 0; b < AB_BUFFERS; b++)
+        if (out[b] && (b == AB_KEY_VALID || b == AB_VALUE_VALID || b == AB_EVENT_VALID || b == AB_TOMBSTONE))
+            memset(out[b], 0, (size_t)size[b]);
+    int64_t *key_offs = (int64_t *)(void *)out[AB_KEY_OFFS], *value_offs = (int64_t *)(void *)out[AB_VALUE_OFFS];
+    int64_t *publish = (int64_t *)(void *)out[AB_PUBLISH], *event = (int64_t *)(void *)out[AB_EVENT];
+    int32_t *prop_offs = (int32_t *)(void *)out[AB_PROP_OFFS], *name_offs = (int32_t *)(void *)out[AB_NAME_OFFS];
+    int32_t *pval_offs = (int32_t *)(void *)out[AB_PVAL_OFFS];
+    uint8_t *kd = out[AB_KEY_DATA], *vd = out[AB_VALUE_DATA], *nd = out[AB_NAME_DATA], *pd = out[AB_PVAL_DATA];
+    const uint8_t *kd_end = kd + size[AB_KEY_DATA], *vd_end = vd + size[AB_VALUE_DATA];
+    uint8_t *kd0 = kd, *vd0 = vd;
+    int64_t names = 0, texts = 0, pair = 0;
+    key_offs[0] = value_offs[0] = 0;
+    prop_offs[0] = name_offs[0] = pval_offs[0] = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const arrow_row_t *r = rows + i;
+        if (r->key_len >= 0) {
+            kd = put_bytes(kd, kd_end, r->key, r->src_end, r->key_len);
+            if (out[AB_KEY_VALID]) set_bit(out[AB_KEY_VALID], i);
+        }
+        key_offs[i + 1] = kd - kd0;
+        if (r->value_len >= 0) {
+            vd = put_bytes(vd, vd_end, r->value, r->src_end, r->value_len);
+            if (out[AB_VALUE_VALID]) set_bit(out[AB_VALUE_VALID], i);
+        }
+        value_offs[i + 1] = vd - vd0;
+        publish[i] = r->publish, event[i] = r->event;
+        if (r->has_event && out[AB_EVENT_VALID]) set_bit(out[AB_EVENT_VALID], i);
+        if (r->key_len >= 0 && r->value_len <= 0) set_bit(out[AB_TOMBSTONE], i);
+        const uint8_t *p = r->props, *at;
+        int64_t len;
+        for (int64_t k = 0; k < r->pairs; k++, pair++) {
+            if (pair >= t->pairs || !(p = read_str(p, r->end, &at, &len)) || len > t->name_bytes - names) return -1;
+            memcpy(nd + names, at, (size_t)len);
+            names += len;
+            if (!(p = read_str(p, r->end, &at, &len)) || len > t->pval_bytes - texts) return -1;
+            memcpy(pd + texts, at, (size_t)len);
+            texts += len;
+            name_offs[pair + 1] = (int32_t)names, pval_offs[pair + 1] = (int32_t)texts;
+        }
+        prop_offs[i + 1] = (int32_t)pair;
+    }
+    return pair == t->pairs && names == t->name_bytes && texts == t->pval_bytes ? 0 : -1;
+}
+
+/* A writable buffer of at least size bytes from alloc(size), its view in *view; NULL with
+ * an exception set when alloc fails or gives less. */
+static PyObject *arrow_alloc(PyObject *alloc, Py_ssize_t size, Py_buffer *view) {
+    PyObject *got = PyObject_CallFunction(alloc, "n", size);
+    if (!got) return NULL;
+    if (PyObject_GetBuffer(got, view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        Py_DECREF(got);
+        return NULL;
+    }
+    if (view->len < size) {
+        PyBuffer_Release(view);
+        view->obj = NULL;
+        Py_DECREF(got);
+        PyErr_Format(PyExc_ValueError, "alloc(%zd) gave %zd bytes", size, view->len);
+        return NULL;
+    }
+    return got;
+}
+
+/* The entries' own buffers when data is a tuple (one per entry: frames has its length),
+ * their views in *views (held until released); 0, or -1 with an exception set. */
+static int arrow_entry_buffers(PyObject *data, arrow_job_t *a, Py_buffer **views, Py_ssize_t *held) {
+    Py_ssize_t n = PyTuple_GET_SIZE(data);
+    *held = 0;
+    if (n != a->j.entries) {
+        PyErr_SetString(PyExc_ValueError, "data must hold one buffer per entry of frames");
+        return -1;
+    }
+    *views = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Py_buffer));
+    a->bases = PyMem_Calloc((size_t)(n ? n : 1), sizeof(*a->bases));
+    Py_ssize_t *lens = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Py_ssize_t));
+    a->lens = lens;
+    if (!*views || !a->bases || !lens) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (; *held < n; (*held)++) {
+        Py_buffer *v = *views + *held;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(data, *held), v, PyBUF_C_CONTIGUOUS) < 0) return -1;
+        a->bases[*held] = v->buf, lens[*held] = v->len;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(arrow_columns_doc,
+             "arrow_columns(data, frames, kept, rec, offsets, sizes, flags, alloc) -> (bad, buffers, nulls)\n\n"
+             "The records check_kept would check (same arguments, but a frame may be -12: a payload\n"
+             "without its header; and data may be a tuple of one buffer per entry, each entry's frame\n"
+             "then in its own) decoded into the buffers of an Arrow batch, each from alloc(nbytes)\n"
+             "(any object with a writable buffer): key offsets (int64, one more than the records), key\n"
+             "bytes, key validity (bits; None without nulls); the same three for values; publish and\n"
+             "event times (int64; event 0 where none), event validity; property offsets (int32, per\n"
+             "record), name offsets (int32, per property) and bytes, text offsets and bytes; tombstone\n"
+             "bits (a key and a nil or empty value).  nulls: the null keys, values and event times.\n"
+             "A record that is not exactly one well-formed record, or whose flags (bits 0 and 1) do\n"
+             "not say what it holds: bad is its index into rec, buffers and nulls None.");
+
+static PyObject *py_arrow_columns(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *objs[7], *alloc, *bufs[AB_BUFFERS] = {NULL}, *result = NULL;
+    if (!PyArg_ParseTuple(args, "OOOOOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &objs[6],
+                          &alloc))
+        return NULL;
+    int per_entry = PyTuple_Check(objs[0]);
+    Py_buffer v[7], views[AB_BUFFERS], *entry_views = NULL;
+    Py_ssize_t entry_held = 0;
+    for (int b = 0; b < AB_BUFFERS; b++) views[b].obj = NULL;
+    int got = per_entry; /* (v[0] is a placeholder then: the entries' own buffers are held apart) */
+    arrow_job_t a = {.bases = NULL, .lens = NULL};
+    arrow_row_t *rows = NULL;
+    if (per_entry) {
+        static const uint8_t none = 0;
+        v[0].buf = (void *)&none, v[0].len = 0, v[0].obj = NULL;
+    }
+    for (; got < 7; got++)
+        if (PyObject_GetBuffer(objs[got], &v[got], PyBUF_C_CONTIGUOUS | (got ? PyBUF_FORMAT : 0)) < 0) goto done;
+    if (get_kept_job(v, &a.j) < 0) goto done;
+    if (per_entry && arrow_entry_buffers(objs[0], &a, &entry_views, &entry_held) < 0) goto done;
+    if (!(rows = malloc(a.j.n_rec ? (size_t)a.j.n_rec * sizeof(arrow_row_t) : 1))) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    arrow_totals_t t;
+    Py_ssize_t bad;
+    Py_BEGIN_ALLOW_THREADS
+    bad = arrow_rows(&a, NULL, &t);
+    if (bad == -1) bad = arrow_rows(&a, rows, &t);
+    Py_END_ALLOW_THREADS
+    if (bad == KEPT_BAD_INPUT) {
+        PyErr_SetString(PyExc_ValueError, "an index, a count or a record's range does not fit the buffers given");
+        goto done;
+    }
+    if (bad == ARROW_TOO_BIG) {
+        PyErr_SetString(PyExc_OverflowError, "the records' properties do not fit 32-bit Arrow offsets, or their "
+                                             "bytes a buffer");
+        goto done;
+    }
+    if (bad >= 0) {
+        result = Py_BuildValue("(nOO)", bad, Py_None, Py_None);
+        goto done;
+    }
+    Py_ssize_t n = a.j.n_rec, bits = (n + 7) / 8, size[AB_BUFFERS] = {
+        [AB_KEY_OFFS] = 8 * (n + 1), [AB_KEY_DATA] = (Py_ssize_t)t.key_bytes, [AB_KEY_VALID] = t.key_nulls ? bits : -1,
+        [AB_VALUE_OFFS] = 8 * (n + 1), [AB_VALUE_DATA] = (Py_ssize_t)t.value_bytes,
+        [AB_VALUE_VALID] = t.value_nulls ? bits : -1, [AB_PUBLISH] = 8 * n, [AB_EVENT] = 8 * n,
+        [AB_EVENT_VALID] = t.event_nulls ? bits : -1, [AB_PROP_OFFS] = 4 * (n + 1),
+        [AB_NAME_OFFS] = 4 * ((Py_ssize_t)t.pairs + 1), [AB_NAME_DATA] = (Py_ssize_t)t.name_bytes,
+        [AB_PVAL_OFFS] = 4 * ((Py_ssize_t)t.pairs + 1), [AB_PVAL_DATA] = (Py_ssize_t)t.pval_bytes,
+        [AB_TOMBSTONE] = bits};
+    uint8_t *out[AB_BUFFERS];
+    for (int b = 0; b < AB_BUFFERS; b++) {
+        out[b] = NULL;
+        if (size[b] < 0) continue;
+        if (!(bufs[b] = arrow_alloc(alloc, size[b], &views[b]))) goto done;
+        out[b] = views[b].buf;
+    }
+    int filled;
+    Py_BEGIN_ALLOW_THREADS /* (the buffers are new: nobody else holds them yet) */
+    filled = arrow_fill(n, rows, &t, out, size);
+    Py_END_ALLOW_THREADS
+    if (filled < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "the records changed while they were read");
+        goto done;
+    }
+    PyObject *tuple = PyTuple_New(AB_BUFFERS);
+    if (!tuple) goto done;
+    for (int b = 0; b < AB_BUFFERS; b++) {
+        PyObject *item = bufs[b] ? bufs[b] : Py_None;
+        Py_INCREF(item);
+        PyTuple_SET_ITEM(tuple, b, item);
+    }
+    result = Py_BuildValue("(nN(LLL))", (Py_ssize_t)-1, tuple, (long long)t.key_nulls, (long long)t.value_nulls,
+                           (long long)t.event_nulls);
+done:
+    for (int b = 0; b < AB_BUFFERS; b++) {
+        if (views[b].obj) PyBuffer_Release(&views[b]);
+        Py_XDECREF(bufs[b]);
+    }
+    free(rows);
+    for (Py_ssize_t e = 0; e < entry_held; e++) PyBuffer_Release(&entry_views[e]);
+    PyMem_Free(entry_views);
+    PyMem_Free((void *)a.bases);
+    PyMem_Free((void *)a.lens);
+    for (int i = per_entry; i < got; i++) PyBuffer_Release(&v[i]);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------ */
 
 static PyMethodDef methods[] = {
     {"crc32c", py_crc32c, METH_VARARGS, crc32c_doc},
@@ -2273,6 +2584,7 @@ static PyMethodDef methods[] = {
     {"start_writeback", py_start_writeback, METH_VARARGS, start_writeback_doc},
     {"latest_of_each_key", py_latest_of_each_key, METH_VARARGS, latest_of_each_key_doc},
     {"distinct_estimate", py_distinct_estimate, METH_O, distinct_estimate_doc},
+    {"arrow_columns", py_arrow_columns, METH_VARARGS, arrow_columns_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,8 +1,8 @@
 """Topics as Arrow data: record batches decoded a whole entry at a time.
 
-An entry is decompressed once and its records decoded into columns by one C call
-(:func:`~shale.ledger.kernels.record_columns`); keys, values and property texts are then
-gathered into Arrow buffers by byte ranges.  No Python object is made per record.
+An entry is decompressed once and its records decoded straight into the buffers of Arrow
+arrays by one C call (:func:`~shale.ledger.arrow_columns.arrow_columns`).  No Python object
+is made per record.
 
 Columns (:func:`schema`):
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import threading
 from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,17 +30,17 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from shale.ledger.arrow_columns import ArrowColumns, arrow_columns
 from shale.ledger.errors import InvalidInputError
-from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, FRAME_HEADER
-from shale.ledger.kernels import RecordColumns, Scratch, gather_ranges, record_columns
+from shale.ledger.format import FRAME_HEADER
 from shale.ledger.reader import DEFAULT_CHUNK_BYTES, LedgerFile
 from shale.ledger.stream import PayloadStream, stream_for
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["DEFAULT_BATCH_ROWS", "DEFAULT_MAX_BATCH_BYTES", "ROW_BYTES", "BatchReader", "record_bytes", "require",
-           "require_pyarrow", "schema"]
+__all__ = ["DEFAULT_BATCH_ROWS", "DEFAULT_MAX_BATCH_BYTES", "MAX_DECODE_THREADS", "ROW_BYTES", "BatchReader",
+           "decode_threads", "record_bytes", "require", "require_pyarrow", "schema"]
 
 #: Rows per record batch unless asked otherwise (:meth:`~shale.reader.TopicReader.iter_batches`).
 DEFAULT_BATCH_ROWS: Final = 65_536
@@ -51,6 +50,28 @@ DEFAULT_BATCH_ROWS: Final = 65_536
 DEFAULT_MAX_BATCH_BYTES: Final = 16 << 20
 #: What a row costs in a batch beside its record's bytes: its id, times and offsets.
 ROW_BYTES: Final = 64
+#: More decoding threads than this buy nothing: they share :data:`DEFAULT_MAX_BATCH_BYTES`.
+MAX_DECODE_THREADS: Final = 8
+
+
+def decode_threads() -> int:
+    """Threads a reader decodes batches on: one per CPU this process may use — its
+    affinity, capped by a cgroup v2 CPU quota as a container's CPU limit sets it (counted
+    as the compactor counts them) — at most :data:`MAX_DECODE_THREADS`."""
+    import os
+
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, min(cpus, MAX_DECODE_THREADS))
 
 
 def require_pyarrow() -> ModuleType:
@@ -86,11 +107,13 @@ def schema(utf8: bool = False, id_text: bool = False) -> pa.Schema:
 
 class _Piece(NamedTuple):
     """Consecutive entries decoded together: ``entries`` (rising) hold ``records[first:stop]``
-    (indexes into the records asked for), which go out as the batches
-    ``records[cuts[i]:cuts[i + 1]]``; ``held``: the bytes it holds, the entries' once
-    decompressed or its batches' (:func:`record_bytes`), whichever come to more."""
+    (indexes into the records asked for; each entry's first one at ``firsts``), which go
+    out as the batches ``records[cuts[i]:cuts[i + 1]]``; ``held``: the bytes it holds, the
+    entries' once decompressed or its batches' (:func:`record_bytes`), whichever come to
+    more."""
 
     entries: npt.NDArray[np.int64]
+    firsts: npt.NDArray[np.int64]
     first: int
     stop: int
     held: int
@@ -108,15 +131,21 @@ class _Run:
 
 
 def record_bytes(f: LedgerFile, records: npt.NDArray[np.int64], id_text: bool = False) -> npt.NDArray[np.int64]:
-    """What each of ``records`` costs in a batch: its bytes once decompressed, and a row's
+    """What each of ``records`` (indexes, rising) costs in a batch: its bytes once decompressed, and a row's
     share of the id, time and offset columns (:data:`ROW_BYTES`)."""
     extra = ROW_BYTES * (2 if id_text else 1)
-    return f.footer.col("r_size")[records].astype(np.int64) + extra
+    sizes = f.footer.col("r_size")
+    # (a run of records, as a view: no gather)
+    run = len(records) and int(records[-1]) - int(records[0]) == len(records) - 1
+    cost: npt.NDArray[np.int64] = np.add(sizes[int(records[0]):int(records[-1]) + 1] if run else sizes[records], extra,
+                                         dtype=np.int64)
+    return cost
 
 
 class BatchReader:
-    """Decodes a ledger's records into record batches on a few threads (zstd, the record
-    kernel and the gathers all leave the interpreter lock); batches come out in order.
+    """Decodes a ledger's records into record batches on a few threads (zstd and the
+    :func:`~shale.ledger.arrow_columns.arrow_columns` kernel leave the interpreter lock);
+    batches come out in order.
 
     Memory follows decompressed bytes, never rows alone: a batch holds at most
     ``max_batch_bytes`` of records (:func:`record_bytes`; a record bigger than that goes
@@ -135,7 +164,6 @@ class BatchReader:
         self.utf8, self.id_text = utf8, id_text
         self.threads = max(1, threads)
         self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="shale-arrow")
-        self._local = threading.local()
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -153,8 +181,7 @@ class BatchReader:
         require_pyarrow()
         if not len(records):
             return
-        entry_of = f.footer.entry_of(records)
-        pieces = self._plan(f, records, entry_of)
+        pieces = self._plan(f, records)
         active: deque[_Run] = deque()
         held = nxt = 0
         try:
@@ -164,7 +191,7 @@ class BatchReader:
                 while nxt < len(pieces) and len(active) <= self.threads and (
                         not active or held + pieces[nxt].held <= self.max_batch_bytes):
                     piece = pieces[nxt]
-                    steps = self._steps(f, records, entry_of, piece)
+                    steps = self._steps(f, records, piece)
                     active.append(_Run(piece, steps, self._pool.submit(next, steps), _steps_of(piece, self.share)))
                     held += piece.held
                     nxt += 1
@@ -191,18 +218,21 @@ class BatchReader:
         """Decompressed bytes one thread decodes at once, unless one entry is bigger."""
         return max(1, self.max_batch_bytes // self.threads)
 
-    def _plan(self, f: LedgerFile, records: npt.NDArray[np.int64], entry_of: npt.NDArray[np.int64]) -> list[_Piece]:
+    def _plan(self, f: LedgerFile, records: npt.NDArray[np.int64]) -> list[_Piece]:
         """``records`` cut into pieces: runs of entries that hold at most :attr:`share`
         bytes (decompressed, and as batches) and span at most ``chunk_bytes`` stored, or
         one entry; each cut into batches."""
         foot = f.footer
-        firsts = np.flatnonzero(np.r_[True, entry_of[1:] != entry_of[:-1]])  # each entry's first record
+        # where each entry's records begin among records: a search per entry, not per record
+        at = np.searchsorted(records, foot.e_rec_start)
+        entries = np.flatnonzero(at[1:] > at[:-1])
+        firsts = at[entries]  # each entry's first record
         stops = np.r_[firsts[1:], len(records)]
-        entries = np.asarray(entry_of[firsts], dtype=np.int64)
         raw = np.cumsum(foot.raw_lengths()[entries] + FRAME_HEADER.size)
         begin = foot.col("e_offset")[entries].astype(np.int64)
         end = begin + foot.col("e_length")[entries].astype(np.int64)
-        cost = np.cumsum(record_bytes(f, records, self.id_text))
+        cost = record_bytes(f, records, self.id_text)
+        np.cumsum(cost, out=cost)
         made = cost[stops - 1]  # what the batches of the entries up to each come to
         pieces = []
         i = 0
@@ -215,14 +245,16 @@ class BatchReader:
             j = max(j, i + 1)
             a, b = int(firsts[i]), int(stops[j - 1])
             held = max(int(raw[j - 1]) - raw_before, int(made[j - 1]) - made_before)
-            pieces.append(_Piece(entries[i:j], a, b, held, _cuts(cost, a, b, self.max_batch_bytes, self.rows)))
+            pieces.append(_Piece(entries[i:j], firsts[i:j], a, b, held,
+                                 _cuts(cost, a, b, self.max_batch_bytes, self.rows)))
             i = j
         return pieces
 
-    def _steps(self, f: LedgerFile, records: npt.NDArray[np.int64], entry_of: npt.NDArray[np.int64],
+    def _steps(self, f: LedgerFile, records: npt.NDArray[np.int64],
                piece: _Piece) -> Generator[list[pa.RecordBatch], None, None]:
         """The batches of ``piece``, made on the pool's threads: all in one step when the
-        piece fits a thread's share (decompressed into that thread's reused buffer); else
+        piece fits a thread's share (each entry decompressed once, and read where it was
+        decompressed to); else
         (one entry that holds more than the share) one batch per step, reading the entry's
         payload as a stream when it is bigger than the share and compressed with zstd (only
         each batch's records are held), else from the entry decompressed once and held
@@ -234,18 +266,18 @@ class BatchReader:
         foot = f.footer
         offsets, sizes = foot.col("r_offset"), foot.col("r_size")
         if piece.held <= self.share:
-            scratch: Scratch | None = getattr(self._local, "scratch", None)
-            if scratch is None:
-                scratch = self._local.scratch = Scratch()
             f.check_frames(buf, base, e0, e1)
-            raw, frames = f.raw_frames(buf, base, sel, scratch)
+            # each entry's payload where zstd left it (or where it is stored): not copied
+            payloads = f.payloads(buf, base, sel)
+            frames = np.full(len(sel), -FRAME_HEADER.size, dtype=np.int64)
+            bounds = piece.firsts  # where each entry's records begin (a batch takes what it spans of each)
+            ends = np.r_[bounds[1:], piece.stop]
             out = []
             for a, b in itertools.pairwise(cuts):
-                recs, owner = records[a:b], entry_of[a:b]
-                place = np.searchsorted(sel, owner)  # each record's entry's index in sel
-                starts = frames[place] + FRAME_HEADER.size + offsets[recs].astype(np.int64)
-                out.append(_decode(pa, f, raw, starts, recs, self.utf8, self.id_text, functools.partial(
-                    f.check_kept, raw, base, sel, np.bincount(place, minlength=len(sel)), recs, frames=frames)))
+                recs = records[a:b]
+                kept = np.maximum(np.minimum(ends, b) - np.maximum(bounds, a), 0)
+                out.append(_decode(pa, f, payloads, frames, kept, recs, self.utf8, self.id_text,
+                                   functools.partial(_refuse_kept, f, buf, base, sel, kept, recs)))
             yield out
             return
         if stream_for(int(foot.codecs()[e0]), int(foot.raw_lengths()[e0]), self.share):
@@ -256,8 +288,8 @@ class BatchReader:
                 window, starts = _read_records(stream, offsets[recs].astype(np.int64), sizes[recs].astype(np.int64))
                 if b == cuts[-1]:
                     stream.finish()  # (the whole frame checked before its last batch is given)
-                batch = _decode(pa, f, window, starts, recs, self.utf8, self.id_text,
-                                functools.partial(f.check_payload, window, e0, recs, starts))
+                batch = _decode(pa, f, window, _PAYLOAD, np.array([len(recs)]), recs, self.utf8, self.id_text,
+                                functools.partial(f.check_payload, window, e0, recs, starts), starts=starts)
                 del window  # (the batch holds copies: the records read go before it is given)
                 yield [batch]
                 del batch
@@ -266,7 +298,7 @@ class BatchReader:
         del buf
         for a, b in itertools.pairwise(cuts):
             recs = records[a:b]
-            yield [_decode(pa, f, payload, offsets[recs].astype(np.int64), recs, self.utf8, self.id_text,
+            yield [_decode(pa, f, payload, _PAYLOAD, np.array([len(recs)]), recs, self.utf8, self.id_text,
                            functools.partial(f.check_payload, payload, e0, recs))]
 
 
@@ -285,6 +317,14 @@ def _read_records(stream: PayloadStream, offsets: npt.NDArray[np.int64], sizes: 
         stream.skip(int(offsets[i]) - stream.at)
         stream.readinto(view[int(starts[i]):int(starts[j - 1] + sizes[j - 1])])
     return window, starts
+
+
+def _refuse_kept(f: LedgerFile, buf: Any, base: int, sel: npt.NDArray[np.int64], kept: npt.NDArray[np.int64],
+                 recs: npt.NDArray[np.int64]) -> None:
+    """Raise, naming the first of ``recs`` (``kept[i]`` of them in entry ``sel[i]``) that is
+    not what its footer says (only when one is not: the entries are decompressed again)."""
+    raw, frames = f.raw_frames(buf, base, sel)
+    f.check_kept(raw, base, sel, kept, recs, frames=frames)
 
 
 def _steps_of(piece: _Piece, share: int) -> int:
@@ -306,40 +346,33 @@ def _cuts(cost: npt.NDArray[np.int64], first: int, stop: int, limit: int, rows: 
     return cuts
 
 
-def _decode(pa: Any, f: LedgerFile, raw: Any, starts: npt.NDArray[np.int64], recs: npt.NDArray[np.int64],
-            utf8: bool, id_text: bool, refuse: Callable[[], object]) -> Any:
-    """The records ``recs`` of ``f``, starting in ``raw`` at ``starts``, as one batch;
+#: The frame of an entry whose payload starts a buffer (:func:`arrow_columns`).
+_PAYLOAD: Final = np.array([-FRAME_HEADER.size], dtype=np.int64)
+
+
+def _decode(pa: Any, f: LedgerFile, raw: Any, frames: npt.NDArray[np.int64], kept: npt.NDArray[np.int64],
+            recs: npt.NDArray[np.int64], utf8: bool, id_text: bool, refuse: Callable[[], object],
+            starts: npt.NDArray[np.int64] | None = None) -> Any:
+    """The records ``recs`` of ``f`` as one batch: ``kept[i]`` of them in the entry whose
+    frame starts at ``raw[frames[i]:]`` (at the record offsets its footer gives), or, with
+    ``starts``, one payload's records read side by side into ``raw`` from ``starts``.
     ``refuse`` raises, naming the record and what is wrong with it, when one is not what
     its footer says."""
     foot = f.footer
-    bad, cols = record_columns(raw, starts, foot.col("r_size")[recs].astype(np.int64))
-    if cols is not None:
-        # the footer's flags must say what the records hold (a table is chosen by them)
-        flags = foot.col("r_flags")[recs]
-        has_key, empty = (flags & FLAG_HAS_KEY) != 0, (flags & FLAG_TOMBSTONE) != 0
-        if not (np.array_equal(has_key, cols.key_len >= 0) and np.array_equal(empty, cols.value_len <= 0)):
-            cols = None
+    offsets, sizes, flags = foot.col("r_offset"), foot.col("r_size"), foot.col("r_flags")
+    rec = recs
+    if starts is not None:  # (inside one payload: its offsets fit 32 bits as the footer's do)
+        offsets, sizes, flags = starts.astype(np.uint32), sizes[recs], flags[recs]
+        rec = np.arange(len(recs), dtype=np.int64)
+    # from the system's allocator rather than pyarrow's default pool: in a new process that
+    # pool (mimalloc) takes fresh huge pages for the first batches, which costs more system
+    # time than the rest of the first read (bench/README.md); later reads cost the same
+    alloc = functools.partial(pa.allocate_buffer, memory_pool=pa.system_memory_pool())
+    bad, cols = arrow_columns(raw, frames, kept, rec, offsets, sizes, flags, alloc)
     if cols is None:
         refuse()
         raise AssertionError(f"record {bad} was refused and then accepted")  # never: refuse raises
-    return _batch(pa, f, raw, cols, recs, utf8, id_text)
-
-
-def _binary(pa: Any, raw: Any, at: npt.NDArray[np.int64], length: npt.NDArray[np.int64], kind: Any) -> Any:
-    """Byte ranges of ``raw`` (length -1: null) as one Arrow array of ``kind``."""
-    n = len(at)
-    size = np.maximum(length, 0)
-    offsets = np.zeros(n + 1, dtype=np.int64 if kind in (pa.large_binary(), pa.large_string()) else np.int32)
-    np.cumsum(size, out=offsets[1:])
-    # into memory NumPy asks for (huge pages where the system gives them): faulting in
-    # the fresh pages of a bytearray costs more than the copy itself
-    data = gather_ranges(raw, at, at + size, Scratch())
-    nulls = length < 0
-    validity = None
-    if nulls.any():
-        validity = pa.py_buffer(np.packbits(~nulls, bitorder="little"))
-    return pa.Array.from_buffers(kind, n, [validity, pa.py_buffer(offsets), pa.py_buffer(data)],
-                                 null_count=int(nulls.sum()))
+    return _batch(pa, f, cols, recs, utf8, id_text)
 
 
 def _check_text(pa: Any, f: LedgerFile, recs: npt.NDArray[np.int64], array: Any, what: str) -> None:
@@ -366,41 +399,34 @@ def _plain(pa: Any, values: npt.NDArray[Any], kind: Any) -> Any:
     return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(values)])
 
 
-def _flags(pa: Any, values: npt.NDArray[np.bool_]) -> Any:
-    """A NumPy bool array as an Arrow boolean array (bit-packed), without ``pa.array``."""
-    return pa.Array.from_buffers(pa.bool_(), len(values), [None, pa.py_buffer(np.packbits(values, bitorder="little"))])
-
-
-def _batch(pa: Any, f: LedgerFile, raw: Any, cols: RecordColumns, recs: npt.NDArray[np.int64], utf8: bool,
+def _batch(pa: Any, f: LedgerFile, cols: ArrowColumns, recs: npt.NDArray[np.int64], utf8: bool,
            id_text: bool) -> Any:
     n = len(recs)
     ledgers, entries, batches = f.record_id_columns(recs)
     kind = pa.large_string() if utf8 else pa.large_binary()
-    key = _binary(pa, raw, cols.key_at, cols.key_len, kind)
-    value = _binary(pa, raw, cols.value_at, cols.value_len, kind)
+    key = pa.Array.from_buffers(kind, n, [cols.key_valid, cols.key_offsets, cols.key_data], null_count=cols.key_nulls)
+    value = pa.Array.from_buffers(kind, n, [cols.value_valid, cols.value_offsets, cols.value_data],
+                                  null_count=cols.value_nulls)
     if utf8:
         _check_text(pa, f, recs, key, "key")
         _check_text(pa, f, recs, value, "value")
-    names = _binary(pa, raw, cols.name_at, cols.name_len, pa.string())
-    texts = _binary(pa, raw, cols.pval_at, cols.pval_len, pa.string())
-    prop_offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(cols.pairs, out=prop_offsets[1:])
-    properties = pa.MapArray.from_arrays(_plain(pa, prop_offsets, pa.int32()), names, texts)
+    pairs = cols.name_offsets.size // 4 - 1
+    names = pa.Array.from_buffers(pa.string(), pairs, [None, cols.name_offsets, cols.name_data], null_count=0)
+    texts = pa.Array.from_buffers(pa.string(), pairs, [None, cols.text_offsets, cols.text_data], null_count=0)
+    properties = pa.MapArray.from_arrays(pa.Array.from_buffers(pa.int32(), n + 1, [None, cols.prop_offsets]), names,
+                                         texts)
     ts = pa.timestamp("ms", tz="UTC")
-    publish = pa.Array.from_buffers(ts, n, [None, pa.py_buffer(np.ascontiguousarray(cols.publish))])
-    has_event = cols.has_event
-    event_validity = None if has_event.all() else pa.py_buffer(np.packbits(has_event, bitorder="little"))
-    event = pa.Array.from_buffers(ts, n, [event_validity, pa.py_buffer(np.ascontiguousarray(cols.event))],
-                                  null_count=int(n - has_event.sum()))
-    ledger = _plain(pa, ledgers.astype(np.uint64), pa.uint64())
-    entry = _plain(pa, entries.astype(np.uint64), pa.uint64())
-    batch = _plain(pa, batches.astype(np.uint32), pa.uint32())
+    publish = pa.Array.from_buffers(ts, n, [None, cols.publish], null_count=0)
+    event = pa.Array.from_buffers(ts, n, [cols.event_valid, cols.event], null_count=cols.event_nulls)
+    ledger = _plain(pa, np.asarray(ledgers, dtype=np.uint64), pa.uint64())
+    entry = _plain(pa, np.asarray(entries, dtype=np.uint64), pa.uint64())
+    batch = _plain(pa, np.asarray(batches, dtype=np.uint32), pa.uint32())
     text = []
     if id_text:  # (costs about a third of the rest: asked for, not given by default)
         import pyarrow.compute as pc
 
         text = [pc.binary_join_element_wise(pc.cast(ledger, pa.string()), pc.cast(entry, pa.string()),
                                             pc.cast(batch, pa.string()), ":")]
-    tombstone = ((f.footer.col("r_flags")[recs] & FLAG_TOMBSTONE) != 0) & (cols.key_len >= 0)
-    return pa.RecordBatch.from_arrays([*text, ledger, entry, batch, key, value, properties, publish, event,
-                                       _flags(pa, tombstone)], schema=schema(utf8, id_text))
+    tombstone = pa.Array.from_buffers(pa.bool_(), n, [None, cols.tombstone], null_count=0)
+    return pa.RecordBatch.from_arrays([*text, ledger, entry, batch, key, value, properties, publish, event, tombstone],
+                                      schema=schema(utf8, id_text))

@@ -41,7 +41,6 @@ gives — with nothing written aside.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -60,7 +59,7 @@ from shale.ledger.record import Message
 from shale.metadata.snapshots import AsOf
 from shale.metadata.topic import TopicMetadata
 from shale.metadata.view import Segment, TopicView
-from shale.reader.arrow import DEFAULT_BATCH_ROWS, DEFAULT_MAX_BATCH_BYTES, BatchReader, require_pyarrow
+from shale.reader.arrow import DEFAULT_BATCH_ROWS, DEFAULT_MAX_BATCH_BYTES, BatchReader, decode_threads, require_pyarrow
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -223,7 +222,7 @@ def latest_batches(meta: TopicMetadata, plan: LatestPlan, *, utf8: bool = False,
     """Pass two as Arrow record batches (the columns of :mod:`shale.reader.arrow`), each
     of at most ``max_batch_bytes`` of records and ``rows`` rows (needs pyarrow)."""
     require_pyarrow()
-    with BatchReader(min(2, len(os.sched_getaffinity(0))), max_batch_bytes=max_batch_bytes, rows=rows,
+    with BatchReader(decode_threads(), max_batch_bytes=max_batch_bytes, rows=rows,
                      chunk_bytes=min(DEFAULT_CHUNK_BYTES, max_batch_bytes), utf8=utf8) as reader:
         for c in plan.chosen:
             yield from reader.batches(c.segment.open(meta), c.records)

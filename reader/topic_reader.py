@@ -11,7 +11,6 @@ the gaps retention opened ahead of it.
 
 from __future__ import annotations
 
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -32,7 +31,14 @@ from shale.metadata.snapshots import AsOf
 from shale.metadata.state import CompactionState, LedgerInfo, TopicState
 from shale.metadata.topic import TopicMetadata
 from shale.metadata.view import Segment, TopicView, wholly_below
-from shale.reader.arrow import DEFAULT_BATCH_ROWS, DEFAULT_MAX_BATCH_BYTES, BatchReader, require_pyarrow, schema
+from shale.reader.arrow import (
+    DEFAULT_BATCH_ROWS,
+    DEFAULT_MAX_BATCH_BYTES,
+    BatchReader,
+    decode_threads,
+    require_pyarrow,
+    schema,
+)
 from shale.reader.arrow import require as _require
 from shale.reader.gaps import Gap, GapListener, OnGap, check_on_gap, log_gap, log_start
 from shale.reader.subscriber import Subscribing
@@ -107,6 +113,7 @@ class TopicReader(Subscribing):
         self._it: Iterator[Message] | None = None
         self._pending: Message | None = None
         self._files: OrderedDict[str, LedgerFile] = OrderedDict()
+        self._open_ahead = False  # (set while Arrow batches are read: see _opened)
         self._gone: tuple[str, npt.NDArray[np.bool_] | None] = ("", None)
         self._topic: TopicState = self.meta.load_topic()
         self._compaction: CompactionState = CompactionState()
@@ -305,17 +312,43 @@ class TopicReader(Subscribing):
 
         return self._walk(read)
 
-    def _open(self, seg: Segment) -> LedgerFile:
+    def _open(self, seg: Segment, opened: LedgerFile | None = None) -> LedgerFile:
+        """``seg``'s ledger, from the cache or opened (``opened``: already, by _opened)."""
         key = self.meta.topic.key(seg.object)
         f = self._files.get(key)
         if f is None:
-            f = seg.open(self.meta)
+            f = opened or seg.open(self.meta)
             self._files[key] = f
             if len(self._files) > 64:
                 self._files.popitem(last=False)
         else:
             self._files.move_to_end(key)
         return f
+
+    def _opened(self, segs: Iterator[Segment]) -> Iterator[tuple[Segment, LedgerFile]]:
+        """Each of ``segs`` with its ledger opened.  While Arrow batches are read, the next
+        one's footer is read and checked on a thread of its own as the caller reads this
+        one, so that the decoding threads do not wait for it between parts; whatever
+        opening it raises is raised when it is reached, as it would have been."""
+        if not self._open_ahead:
+            for seg in segs:
+                yield seg, self._open(seg)
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        def first_open(seg: Segment) -> LedgerFile | None:
+            # (only reads the cache: this thread is the only one to change it, between opens)
+            return None if self.meta.topic.key(seg.object) in self._files else seg.open(self.meta)
+
+        with ThreadPoolExecutor(1, thread_name_prefix="shale-open") as pool:
+            nxt = next(segs, None)
+            ahead = pool.submit(first_open, nxt) if nxt is not None else None
+            while nxt is not None and ahead is not None:
+                seg, opening = nxt, ahead
+                f = self._open(seg, opening.result())
+                nxt = next(segs, None)
+                ahead = pool.submit(first_open, nxt) if nxt is not None else None
+                yield seg, f
 
     def _deletions(self, seg: Segment, records: int) -> npt.NDArray[np.bool_] | None:
         """The part's deleted records (superseded since it was written), if any."""
@@ -371,8 +404,7 @@ class TopicReader(Subscribing):
             if not view.holds(self._next):
                 return
             try:
-                for seg in view.parts(self._next, stop):
-                    f = self._open(seg)
+                for seg, f in self._opened(view.parts(self._next, stop)):
                     gone = self._deletions(seg, f.n_records)
                     if stop is not None and (cut := f.find(stop)) < f.n_records:
                         gone = np.zeros(f.n_records, dtype=np.bool_) if gone is None else gone.copy()
@@ -471,8 +503,8 @@ class TopicReader(Subscribing):
         if self._pending is not None:  # a message looked at but not taken is read again
             self._next, self._pending = self._pending.id, None
         self._it = None
-        with BatchReader(min(2, len(os.sched_getaffinity(0))), max_batch_bytes=max_batch_bytes, rows=rows,
-                         chunk_bytes=self.chunk_bytes, utf8=utf8, id_text=id_text) as reader:
+        with BatchReader(decode_threads(), max_batch_bytes=max_batch_bytes, rows=rows, chunk_bytes=self.chunk_bytes,
+                         utf8=utf8, id_text=id_text) as reader:
 
             def read(f: LedgerFile, start: int, gone: npt.NDArray[np.bool_] | None) -> Iterator[pa.RecordBatch]:
                 records = np.arange(start, f.n_records, dtype=np.int64)
@@ -482,7 +514,11 @@ class TopicReader(Subscribing):
                 if f.n_records > start:
                     self._next = f.record_id(f.n_records - 1).successor()
 
-            yield from self._walk(read)
+            self._open_ahead = True
+            try:
+                yield from self._walk(read)
+            finally:
+                self._open_ahead = False
         self._tick()
 
     def to_arrow(self, *, utf8: bool = False, id_text: bool = False,

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build the C kernels (ledger/_kernels.c, _encoder.c, _jsonl.c) once with AddressSanitizer and
 # UndefinedBehaviorSanitizer, and run their tests (tests/ledger/test_kernels.py, tests/ledger/test_event_table.py,
-# tests/ledger/test_record_columns.py, tests/ledger/test_record_check.py, the encoder's in tests/shale/test_arrow_in.py,
-# the JSON-lines scanner's tests/shale/test_jsonl_ingest.py)
+# tests/ledger/test_record_columns.py, tests/ledger/test_arrow_columns.py, tests/ledger/test_record_check.py, the encoder's
+# in tests/shale/test_arrow_in.py, the JSON-lines scanner's tests/shale/test_jsonl_ingest.py)
 # against that build.  Fails on a compiler warning (-Werror:
 # the install itself only warns, so that a user's newer compiler cannot break it), on a
 # failing test and on any sanitizer report.  scripts/test.sh runs it; alone:
@@ -132,6 +132,7 @@ print("scripts/sanitize.sh: testing", got)' || { reports; fail "the sanitized bu
 status=0
 "$PY" -m pytest -q -p no:cacheprovider --capture=sys -p shale_sanitized_kernels -c "$ROOT/pyproject.toml" --rootdir "$ROOT" \
   "$ROOT/tests/ledger/test_kernels.py" "$ROOT/tests/ledger/test_event_table.py" "$ROOT/tests/ledger/test_record_check.py" "$ROOT/tests/ledger/test_record_columns.py" \
+  "$ROOT/tests/ledger/test_arrow_columns.py" \
   "$ROOT/tests/shale/test_arrow_in.py::test_encoder_matches_encode_entry_byte_for_byte" \
   "$ROOT/tests/shale/test_arrow_in.py::test_encoder_names_the_first_record_over_the_limit" \
   "$ROOT/tests/shale/test_arrow_in.py::test_encoder_refuses_a_property_named_twice" \

@@ -99,8 +99,8 @@ class _Watched(BatchReader):
         self.alive: dict[int, int] = {}
         self.seen: list[tuple[int, int]] = []  # (pieces alive, their bytes) at each start
 
-    def _steps(self, f: Any, records: Any, entry_of: Any, piece: Any) -> Any:
-        inner = super()._steps(f, records, entry_of, piece)
+    def _steps(self, f: Any, records: Any, piece: Any) -> Any:
+        inner = super()._steps(f, records, piece)
 
         def watched() -> Any:
             with self.lock:
