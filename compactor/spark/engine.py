@@ -55,7 +55,7 @@ from shale.ledger.errors import InvalidInputError, ShaleError
 from shale.metadata.state import CompactedPart
 from shale.storage import Location
 
-__all__ = ["SparkEngine", "SparkJobError", "open_session"]
+__all__ = ["DAEMON_MODULE", "SparkEngine", "SparkJobError", "open_session", "worker_settings"]
 
 T = TypeVar("T")
 
@@ -119,6 +119,20 @@ _PANDAS_WARNING = "PySpark does not yet fully support pandas"
 _PANDAS_FILTER = f"ignore:{_PANDAS_WARNING}:FutureWarning"
 
 
+#: The daemon that imports Shale's task modules before forking the Python workers.
+DAEMON_MODULE: Final = "shale.spark.daemon"
+
+
+def worker_settings(*, shale_installed: bool) -> tuple[tuple[str, str], ...]:
+    """The Spark settings for executors' Python workers that the engine's own session
+    takes (before the user's ``conf``, which may override them): reuse workers across
+    tasks, and, when Shale is installed where the executors run (not shipped as a zip,
+    which reaches only the workers), fork them from :mod:`shale.spark.daemon`, so that
+    no task pays Shale's and NumPy's imports."""
+    reuse = (("spark.python.worker.reuse", "true"),)
+    return (*reuse, ("spark.python.daemon.module", DAEMON_MODULE)) if shale_installed else reuse
+
+
 def open_session(options: SparkOptions) -> tuple[SparkSession, str | None]:
     """Start (or join) the Spark session the engine runs in; also return the code zip
     shipped to executors, if any (the caller deletes it when done).  This process's
@@ -134,6 +148,9 @@ def open_session(options: SparkOptions) -> tuple[SparkSession, str | None]:
     master = options.effective_master
     if master is not None:
         builder = builder.master(master)
+    ship = options.ship_code if options.ship_code is not None else not options.is_local
+    for k, v in worker_settings(shale_installed=not ship):
+        builder = builder.config(k, v)
     if options.is_local:
         builder = builder.config("spark.ui.showConsoleProgress", "false")
         if not any(k == "spark.driver.extraJavaOptions" for k, _ in options.conf):
@@ -153,7 +170,7 @@ def open_session(options: SparkOptions) -> tuple[SparkSession, str | None]:
         # the context starts, so the context it started is told.
         session.sparkContext.pythonExec = sys.executable
     shipped = None
-    if options.ship_code if options.ship_code is not None else not options.is_local:
+    if ship:
         shipped = _package_zip()
         session.sparkContext.addPyFile(shipped)
     return session, shipped

@@ -70,6 +70,34 @@ def executor_pids() -> list[int]:
     return sorted(out)
 
 
+def test_executors_fork_workers_with_shale_already_imported(cluster: SparkEngine) -> None:
+    def probe(_: object) -> list[tuple[int, int, int, tuple[str, ...], bool]]:
+        """This worker's process and parent, and what the daemon it was forked from had
+        imported (and where), looked at before the task imports anything (a function
+        made here travels by value: unpickling it imports no test module)."""
+        import os
+        import sys
+
+        daemon = sys.modules.get("shale.spark.daemon")
+        return [(os.getpid(), os.getppid(), getattr(daemon, "PRELOADED_IN", 0), getattr(daemon, "PRELOADED", ()),
+                 "shale.compactor.spark.tasks" in sys.modules)]
+
+    # Two barrier tasks run at once, so one on each executor (one core each).
+    sc = cluster.session.sparkContext
+    probes = sc.parallelize(range(2), 2).barrier().mapPartitions(probe).collect()
+    executors = executor_pids()
+    assert len(probes) == 2 and len(executors) == 2
+    daemons = set()
+    for worker, parent, preloaded_in, preloaded, loaded in probes:
+        # the modules were imported by the daemon the worker was forked from, not by the worker
+        assert preloaded_in == parent != worker, probes
+        assert {"numpy", "shale.compactor.spark.tasks", "shale.compactor.spark.newkeys", "boto3"} <= set(preloaded)
+        assert loaded
+        daemons.add(parent)
+    # one daemon per executor process, each started by its executor's JVM
+    assert {next(_ancestors(d)) for d in daemons} == set(executors)
+
+
 @pytest.fixture(params=["s3", pytest.param("seaweedfs", marks=pytest.mark.seaweedfs)])
 def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh folder on moto or on SeaweedFS (the environment pointed there for the
