@@ -16,6 +16,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 import warnings
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
@@ -55,7 +56,7 @@ from shale.ledger.errors import InvalidInputError, ShaleError
 from shale.metadata.state import CompactedPart
 from shale.storage import Location
 
-__all__ = ["DAEMON_MODULE", "SparkEngine", "SparkJobError", "open_session", "worker_settings"]
+__all__ = ["DAEMON_MODULE", "SparkEngine", "SparkJobError", "open_session", "warm_executors", "worker_settings"]
 
 T = TypeVar("T")
 
@@ -204,6 +205,27 @@ def _spark_call(fn: Callable[[], T]) -> T:
         raise SparkJobError(f"Spark job failed: {_first_line(e)}") from None
 
 
+def _nothing(it: Iterable[int]) -> Iterator[int]:
+    return iter(())
+
+
+def warm_executors(sc: SparkContext) -> None:
+    """Run one task per core of the application, doing nothing: each executor it reaches
+    starts its Python daemon and a worker (with Shale's modules imported: unpickling this
+    task's function imports the engine's module, and the daemon has them already) and
+    loads the classes its first task needs, which every executor's first task otherwise
+    pays in the middle of a run.  Executors that join later, or that this job's tasks
+    miss (they go where a core is free), start theirs on their first task."""
+    n = max(1, sc.defaultParallelism)
+    sc.setJobDescription("shale: start the executors' Python workers")
+    sc.parallelize(range(n), n).mapPartitions(_nothing).collect()
+
+
+def _warm_quietly(sc: SparkContext) -> None:
+    with contextlib.suppress(Exception):
+        warm_executors(sc)
+
+
 def _identity(k: int) -> int:
     return k
 
@@ -277,6 +299,7 @@ class SparkEngine:
         self._session = session
         self._owns_session = False
         self._shipped: str | None = None
+        self._warming: threading.Thread | None = None
 
     @property
     def session(self) -> SparkSession:
@@ -284,10 +307,27 @@ class SparkEngine:
             # Joining a session someone else started means leaving it running at close.
             self._owns_session = SparkSession.getActiveSession() is None
             self._session, self._shipped = open_session(self.options)
+            if self._owns_session:
+                # The executors start their Python workers while this process goes on
+                # (planning the run, say): see ready().
+                self._warming = threading.Thread(target=_warm_quietly, args=(self._session.sparkContext,),
+                                                 name="shale-spark-warm-up", daemon=True)
+                self._warming.start()
         return self._session
+
+    def ready(self) -> None:
+        """Start the application if need be, and wait until the executors that joined it
+        have started their Python workers (with Shale imported), so that the first tasks
+        of a run pay no start-up; never raises for a failed warm-up (the run's own tasks
+        then say what is wrong)."""
+        self.session  # noqa: B018
+        if self._warming is not None:
+            self._warming.join()
+            self._warming = None
 
     def close(self) -> None:
         """Stop the Spark session if this engine started it."""
+        self._warming = None
         if self._session is not None and self._owns_session:
             with contextlib.suppress(Exception):
                 self._session.stop()

@@ -29,12 +29,14 @@ from typing import Final
 __all__ = ["PRELOAD", "PRELOADED", "PRELOADED_IN", "main", "preload"]
 
 #: What Shale's Spark tasks import, in the order imported here: the compactor's map,
-#: reduce, filter and write tasks (NumPy and the C kernels with them), the storage
-#: backends tasks open (boto3 with the S3 one), and PySpark's worker.
+#: reduce, filter and write tasks (NumPy and the C kernels with them) and the module
+#: their functions are pickled from, the storage backends tasks open (boto3 with the S3
+#: one), and PySpark's worker.
 PRELOAD: Final = (
     "numpy",
     "shale.compactor.spark.tasks",
     "shale.compactor.spark.newkeys",
+    "shale.compactor.spark.engine",
     "shale.storage._local",
     "shale.storage._s3",
     "pyspark.worker",

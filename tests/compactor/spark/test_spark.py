@@ -407,6 +407,16 @@ def test_cli_compacts_several_topics_in_one_application_without_leaking_credenti
                                               if p.is_file())
     assert "SparkListenerApplicationStart" in logged  # the event log was written and read
     assert secret not in logged
+    # The application's first job started the executors' Python workers, and ended before
+    # the first topic's first job began: no task of a run pays their start-up.
+    jobs = [json.loads(x) for p in events.rglob("*") if p.is_file()
+            for x in p.read_text().splitlines() if '"SparkListenerJob' in x]
+    starts = sorted((j["Submission Time"], j["Job ID"], j["Properties"].get("spark.job.description", ""))
+                    for j in jobs if j["Event"] == "SparkListenerJobStart")
+    ends = {j["Job ID"]: j for j in jobs if j["Event"] == "SparkListenerJobEnd"}
+    assert "Python workers" in starts[0][2] and "shale pass one" in starts[1][2], starts
+    assert ends[starts[0][1]]["Job Result"]["Result"] == "JobSucceeded"
+    assert ends[starts[0][1]]["Completion Time"] <= starts[1][0]
 
 
 def test_cli_spark_json_logs_are_json_down_to_the_jvms_own_lines(tmp_path: Path) -> None:
