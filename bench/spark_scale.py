@@ -17,11 +17,12 @@ its peak RSS (VmHWM; ``ru_maxrss`` too, which on Linux also holds the starting p
 RSS), its RSS right after Spark started (the baseline: imports, JVM and session) and at
 each phase, the Spark driver JVM's peak, and the CPU time of the whole application (this
 process, the JVM and every process under it: executors, Python daemons and workers) when
-Spark had started (``cpu_start_s``) and from the topic's start to its end (``cpu_run_s``).  ``driver_bytes_per_ledger`` is
-(peak - baseline) / ledgers.  Then the smallest topic is copied, compacted in full,
-given 1 % more records (same key space) and compacted again: the ratio of the two runs'
-times, without and with Spark's start-up.  One JSON line per run.  ``--pythonpath``
-runs ``compact`` from another Shale tree (an older commit), to compare engines.
+Spark had started (``cpu_start_s``) and from the topic's start to its end
+(``cpu_run_s``).  ``driver_bytes_per_ledger`` is (peak - baseline) / ledgers.  Then the
+smallest topic is copied, compacted in full, given 1 % more records (same key space) and
+compacted again: the ratio of the two runs' times, without and with Spark's start-up.
+One JSON line per run.  ``--pythonpath`` runs ``compact`` from another Shale tree (an
+older commit), to compare engines.
 """
 
 from __future__ import annotations

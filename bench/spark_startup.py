@@ -85,12 +85,13 @@ def local_run(uri: str, a: argparse.Namespace) -> dict[str, Any]:
     if p.returncode != 0 or summary is None or summary.get("status") != "compacted":
         raise SystemExit(f"compact {uri} exited {p.returncode}:\n{p.stdout}\n{p.stderr[-2000:]}")
     d = summary["durations"]
-    n = os.cpu_count() or 1
-    return {"run": "full, local engine", "records": summary["records_read"], "written": summary["records_written"],
+    n, cpu = os.cpu_count() or 1, marks["cpu_at_done_s"] - marks["cpu_at_topic_s"]
+    records = summary["records_read"]
+    return {"run": "full, local engine", "records": records, "written": summary["records_written"],
             "wall_s": round(wall, 2), "plan_s": d.get("plan"), "pass_one_s": d.get("pass_one"),
-            "pass_two_s": d.get("pass_two"), "run_s": d["total"], "cpu_run_s": round(marks["cpu_at_done_s"] - marks["cpu_at_topic_s"], 2),
-            "load_before": round(load, 2), "records_per_s_per_core": round(summary["records_read"] / d["total"] / n),
-            "records_per_cpu_s": round(summary["records_read"] / (marks["cpu_at_done_s"] - marks["cpu_at_topic_s"]))}
+            "pass_two_s": d.get("pass_two"), "run_s": d["total"], "cpu_run_s": round(cpu, 2),
+            "load_before": round(load, 2), "records_per_s_per_core": round(records / d["total"] / n),
+            "records_per_cpu_s": round(records / cpu)}
 
 
 def _copy(src: str, dst: str) -> None:
