@@ -53,10 +53,10 @@ def _status_kib(pid: int | str = "self") -> dict[str, int]:
     return {k: int(v.split()[0]) for k, _, v in (ln.partition(":") for ln in lines) if k in ("VmRSS", "VmHWM")}
 
 
-def _tree_cpu_s(root: int | None) -> float:
-    """CPU seconds (user + system) of this process, and of ``root`` and every process
-    under it (the JVM, the executors it launched, their Python daemons and workers), with
-    the children each has reaped; the clock ticks of ``/proc/<pid>/stat``."""
+def _tree_cpu_s() -> float:
+    """CPU seconds (user + system) of this process and of every process under it (the
+    JVM, the executors it launched, their Python daemons and workers; the local engine's
+    worker processes), each with the children it has reaped: ``/proc/<pid>/stat``."""
     tick = os.sysconf("SC_CLK_TCK")
     parents: dict[int, int] = {}
     cpu: dict[int, float] = {}
@@ -68,10 +68,7 @@ def _tree_cpu_s(root: int | None) -> float:
                 continue
             parents[int(d.name)] = int(f[1])
             cpu[int(d.name)] = sum(int(x) for x in f[11:15]) / tick
-    total = time.process_time()
-    if root is None:
-        return total
-    todo = [root]
+    total, todo = 0.0, [os.getpid()]
     while todo:
         pid = todo.pop()
         total += cpu.get(pid, 0.0)
@@ -98,11 +95,11 @@ def driver(argv: list[str]) -> int:
                 marks["baseline_kib"] = _status_kib()["VmRSS"]
                 proc = getattr(SparkContext._gateway, "proc", None)
                 marks["jvm_pid"] = proc.pid if proc is not None else None
-                marks["cpu_at_start_s"] = _tree_cpu_s(marks["jvm_pid"])
+                marks["cpu_at_start_s"] = _tree_cpu_s()
             elif name == "topic.start" and "cpu_at_topic_s" not in marks:
-                marks["cpu_at_topic_s"] = _tree_cpu_s(marks.get("jvm_pid"))
+                marks["cpu_at_topic_s"] = _tree_cpu_s()
             elif name == "topic.done" and "cpu_at_done_s" not in marks:
-                marks["cpu_at_done_s"] = _tree_cpu_s(marks.get("jvm_pid"))
+                marks["cpu_at_done_s"] = _tree_cpu_s()
             elif name == "topic.phase":
                 phase = getattr(record, "fields", {}).get("phase", "")
                 phase = " ".join(phase.split()[:2]).rstrip(":") if phase.startswith("pass") else phase
