@@ -53,10 +53,11 @@ def _status_kib(pid: int | str = "self") -> dict[str, int]:
     return {k: int(v.split()[0]) for k, _, v in (ln.partition(":") for ln in lines) if k in ("VmRSS", "VmHWM")}
 
 
-def _tree_cpu_s() -> float:
-    """CPU seconds (user + system) of this process and of every process under it (the
-    JVM, the executors it launched, their Python daemons and workers; the local engine's
-    worker processes), each with the children it has reaped: ``/proc/<pid>/stat``."""
+def _tree_cpu() -> dict[str, float]:
+    """CPU seconds (user + system) of this process and of every process under it, each
+    with the children it has reaped (``/proc/<pid>/stat``), by kind: this ``driver``, the
+    driver's ``jvm``, the ``executors`` (JVMs), the ``python_workers`` (executors' Python
+    daemons and the workers they forked), ``other`` (the local engine's workers)."""
     tick = os.sysconf("SC_CLK_TCK")
     parents: dict[int, int] = {}
     cpu: dict[int, float] = {}
@@ -68,12 +69,31 @@ def _tree_cpu_s() -> float:
                 continue
             parents[int(d.name)] = int(f[1])
             cpu[int(d.name)] = sum(int(x) for x in f[11:15]) / tick
-    total, todo = 0.0, [os.getpid()]
+    out = {"driver": 0.0, "jvm": 0.0, "executors": 0.0, "python_workers": 0.0, "other": 0.0}
+    todo = [(os.getpid(), "driver")]
     while todo:
-        pid = todo.pop()
-        total += cpu.get(pid, 0.0)
-        todo.extend(c for c, p in parents.items() if p == pid)
-    return total
+        pid, kind = todo.pop()
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            cmd = b""
+        if pid != os.getpid():
+            if b"CoarseGrainedExecutorBackend" in cmd:
+                kind = "executors"
+            elif b"java" in cmd.split(b"\0")[0]:
+                kind = "jvm"
+            elif b"daemon" in cmd or kind == "python_workers":
+                kind = "python_workers" if kind in ("executors", "python_workers", "jvm") else "other"
+            elif kind == "driver":
+                kind = "other"
+        out[kind] += cpu.get(pid, 0.0)
+        todo.extend((c, kind) for c, p in parents.items() if p == pid)
+    return out
+
+
+def _tree_cpu_s() -> float:
+    """CPU seconds of this process and every process under it (:func:`_tree_cpu`)."""
+    return sum(_tree_cpu().values())
 
 
 def driver(argv: list[str]) -> int:
@@ -97,9 +117,12 @@ def driver(argv: list[str]) -> int:
                 marks["jvm_pid"] = proc.pid if proc is not None else None
                 marks["cpu_at_start_s"] = _tree_cpu_s()
             elif name == "topic.start" and "cpu_at_topic_s" not in marks:
-                marks["cpu_at_topic_s"] = _tree_cpu_s()
+                marks["cpu_by_kind"] = _tree_cpu()
+                marks["cpu_at_topic_s"] = sum(marks["cpu_by_kind"].values())
             elif name == "topic.done" and "cpu_at_done_s" not in marks:
-                marks["cpu_at_done_s"] = _tree_cpu_s()
+                done = _tree_cpu()
+                marks["cpu_at_done_s"] = sum(done.values())
+                marks["cpu_run_by_kind"] = {k: round(v - marks["cpu_by_kind"].get(k, 0.0), 2) for k, v in done.items()}
             elif name == "topic.phase":
                 phase = getattr(record, "fields", {}).get("phase", "")
                 phase = " ".join(phase.split()[:2]).rstrip(":") if phase.startswith("pass") else phase
@@ -221,6 +244,7 @@ def figures(label: str, run: dict[str, Any]) -> dict[str, Any]:
         "run_s": d["total"], "records_per_s": round(records / d["total"]) if d["total"] else None,
         "cpu_start_s": round(m["cpu_at_start_s"], 2) if "cpu_at_start_s" in m else None,
         "cpu_run_s": round(m["cpu_at_done_s"] - m["cpu_at_topic_s"], 2) if "cpu_at_done_s" in m else None,
+        "cpu_run_by_kind": m.get("cpu_run_by_kind"),
         "shale": m.get("shale")}
 
 

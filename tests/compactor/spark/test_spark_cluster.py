@@ -3,8 +3,9 @@ their own (with their own Python workers), against the moto server (and, for the
 test, against SeaweedFS too: its requests signed and checked).  Nothing reaches the
 executors but what the engine ships: the AWS variables are removed before Spark starts.
 Results are checked against the local engine and the rules folded in plain Python
-(:mod:`tests.compaction_model`).  One run has an executor killed in the middle of its
-tasks: its writes are held in a proxy until both executors are running a task, so the
+(:mod:`tests.compaction_model`).  Each executor forks its Python workers from Shale's
+daemon, which imported the tasks' modules before any task ran.  One run has an executor
+killed in the middle of its tasks: its writes are held in a proxy until both executors are running a task, so the
 kill always lands on a running task."""
 
 from __future__ import annotations
