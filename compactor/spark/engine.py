@@ -46,6 +46,7 @@ from shale.compactor.spark.tasks import (
     WriteContext,
     candidate_type,
     error_from_record,
+    forget_opened,
     group_splits,
     map_task,
     reduce_partition,
@@ -63,6 +64,10 @@ T = TypeVar("T")
 #: A filter of new keys is built when the previous parts hold at least this many times
 #: the new records: below that, most of the parts' records would be shuffled anyway.
 KEY_FILTER_RATIO: Final = 4
+#: An incremental run of at most this many new records has the driver build the filter
+#: of their keys, reading their footers one at a time (a few MiB each), rather than a
+#: Spark job of its own, whose fixed cost outweighs the work for so few.
+DRIVER_FILTER_RECORDS: Final = 256 * 1024
 
 
 class SparkJobError(ShaleError):
@@ -381,7 +386,7 @@ class SparkEngine:
                               self.options.split_records, now_ms, config, plan.dictionaries,
                               hold_from=plan.hold_from)
             try:
-                ctx = self._with_new_keys(ctx)
+                ctx = self._with_new_keys(ctx, topic)
                 bc = sc.broadcast(ctx)
                 sc.setJobDescription(f"shale pass one: {topic.uri}")
                 rdd = (sc.parallelize(range(len(tasks)), len(tasks))
@@ -408,7 +413,7 @@ class SparkEngine:
             map_bytes=reports.most_candidates * candidate_type(config.topic_order).itemsize, rdd=rdd, context=bc,
             writes=writes, keys_expired=reports.expired)
 
-    def _with_new_keys(self, ctx: TaskContext) -> TaskContext:
+    def _with_new_keys(self, ctx: TaskContext, topic: Location) -> TaskContext:
         """``ctx`` with a Bloom filter of the new records' keys, when the previous parts
         outweigh the new records enough for their tasks to settle most of their own
         records (an incremental run); else ``ctx`` as it is."""
@@ -420,6 +425,11 @@ class SparkEngine:
         todo = [t for t, (_, i1) in enumerate(ctx.tasks) if i1 > ctx.compacted]
         if not todo:
             return replace(ctx, new_keys=KeyFilter(np.zeros(size // 8, dtype=np.uint8)))
+        if new <= DRIVER_FILTER_RECORDS:
+            try:  # the same task, in this process, through the driver's own store
+                return replace(ctx, new_keys=next(filter_task(replace(ctx, topic=topic), size, todo)))
+            finally:
+                forget_opened()
         sc = self.session.sparkContext
         sc.setJobDescription(f"shale pass one, new keys: {ctx.topic.uri}")
         bc = sc.broadcast(ctx)
