@@ -21,6 +21,7 @@ worker after the fork, and why pyarrow, which starts threads, is left to the wor
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import os
 import sys
@@ -66,6 +67,10 @@ def preload() -> tuple[str, ...]:
             done.append("boto3")
     global PRELOADED, PRELOADED_IN
     PRELOADED, PRELOADED_IN = tuple(done), os.getpid()
+    # What was imported lives as long as the process: out of the collector's sight, the
+    # collection a worker runs after each task neither scans those objects nor writes to
+    # their pages (which would copy each page from the daemon into the worker).
+    gc.freeze()
     return PRELOADED
 
 
