@@ -16,7 +16,7 @@ before it, since on a shared machine the times are noisy and the CPU time much l
 * **full**: a copy of the topic compacted from scratch, by the Spark engine with the
   daemon (``shale.spark.daemon``, the default), without it (``--spark-conf
   spark.python.daemon.module=pyspark.daemon``: PySpark's own), and by the local engine;
-  interleaved, ``--repeat`` rounds.
+  interleaved, ``--repeat`` rounds, in reverse order every other round.
 * **incremental**: the last full Spark run's output given 1 % more records (same key
   space), saved once and restored before each run, compacted with and without the daemon.
 
@@ -101,6 +101,12 @@ def _copy(src: str, dst: str) -> None:
     shutil.copytree(Path(src) / "_meta", Path(dst) / "_meta")
 
 
+def _order(variants: list[str], round_: int) -> list[str]:
+    """The variants in order in even rounds, reversed in odd ones (A B, B A): whatever a
+    run leaves the next one (page cache, the machine's other work) falls on each in turn."""
+    return variants if round_ % 2 == 0 else variants[::-1]
+
+
 def _median(runs: list[dict[str, Any]], key: str) -> float:
     return float(statistics.median(r[key] for r in runs))
 
@@ -153,7 +159,7 @@ def main() -> None:
     try:
         fulls: dict[str, list[dict[str, Any]]] = {v: [] for v in [*variants, "local"]}
         for r in range(a.repeat):
-            for v in fulls:
+            for v in _order(list(fulls), r):
                 if v == "local":
                     res = local_run(full, a)
                 else:
@@ -169,7 +175,7 @@ def main() -> None:
         _copy(full, saved)
         incs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
         for r in range(a.repeat):
-            for v in variants:
+            for v in _order(variants, r):
                 _copy(saved, inc)
                 res = spark_run(inc, f"incremental (+{new} records)", a, v)
                 incs[v].append(res)
