@@ -52,17 +52,18 @@ PRELOADED_IN: int = 0
 
 def preload() -> tuple[str, ...]:
     """Import :data:`PRELOAD` (and boto3, when installed); return the names imported.
-    A module that cannot be imported is left to the tasks, which then say why."""
+    A module that cannot be imported, whatever the reason, is left to the tasks, which
+    then say why: the daemon itself must start."""
     done = []
     for name in PRELOAD:
         try:
             importlib.import_module(name)
-        except ImportError:
+        except Exception:  # the task importing it reports it
             continue
         done.append(name)
     s3 = sys.modules.get("shale.storage._s3")
     if s3 is not None:
-        with contextlib.suppress(ImportError):
+        with contextlib.suppress(Exception):
             s3.import_client()
             done.append("boto3")
     global PRELOADED, PRELOADED_IN
