@@ -15,11 +15,14 @@ Each topic is compacted from scratch by ``compact --engine spark --spark-master
 local-cluster[2,1,1024] --json --no-gc`` in a driver process of its own, which prints
 its peak RSS (VmHWM; ``ru_maxrss`` too, which on Linux also holds the starting process's
 RSS), its RSS right after Spark started (the baseline: imports, JVM and session) and at
-each phase, and the Spark driver JVM's peak.  ``driver_bytes_per_ledger`` is
-(peak - baseline) / ledgers.  Then the smallest topic is copied, compacted in full,
-given 1 % more records (same key space) and compacted again: the ratio of the two runs'
-times, without and with Spark's start-up.  One JSON line per run.  ``--pythonpath``
-runs ``compact`` from another Shale tree (an older commit), to compare engines.
+each phase, the Spark driver JVM's peak, and the CPU time of the whole application (this
+process, the JVM and every process under it: executors, Python daemons and workers) when
+Spark had started (``cpu_start_s``) and from the topic's start to its end
+(``cpu_run_s``).  ``driver_bytes_per_ledger`` is (peak - baseline) / ledgers.  Then the
+smallest topic is copied, compacted in full, given 1 % more records (same key space) and
+compacted again: the ratio of the two runs' times, without and with Spark's start-up.
+One JSON line per run.  ``--pythonpath`` runs ``compact`` from another Shale tree (an
+older commit), to compare engines.
 """
 
 from __future__ import annotations
@@ -50,6 +53,49 @@ def _status_kib(pid: int | str = "self") -> dict[str, int]:
     return {k: int(v.split()[0]) for k, _, v in (ln.partition(":") for ln in lines) if k in ("VmRSS", "VmHWM")}
 
 
+def _tree_cpu() -> dict[str, float]:
+    """CPU seconds (user + system) of this process and of every process under it, each
+    with the children it has reaped (``/proc/<pid>/stat``), by kind: this ``driver``, the
+    driver's ``jvm``, the ``executors`` (JVMs), the ``python_workers`` (executors' Python
+    daemons and the workers they forked), ``other`` (the local engine's workers)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                f = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parents[int(d.name)] = int(f[1])
+            cpu[int(d.name)] = sum(int(x) for x in f[11:15]) / tick
+    out = {"driver": 0.0, "jvm": 0.0, "executors": 0.0, "python_workers": 0.0, "other": 0.0}
+    todo = [(os.getpid(), "driver")]
+    while todo:
+        pid, kind = todo.pop()
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            cmd = b""
+        if pid != os.getpid():
+            if b"CoarseGrainedExecutorBackend" in cmd:
+                kind = "executors"
+            elif b"java" in cmd.split(b"\0")[0]:
+                kind = "jvm"
+            elif b"daemon" in cmd or kind == "python_workers":
+                kind = "python_workers" if kind in ("executors", "python_workers", "jvm") else "other"
+            elif kind == "driver":
+                kind = "other"
+        out[kind] += cpu.get(pid, 0.0)
+        todo.extend((c, kind) for c, p in parents.items() if p == pid)
+    return out
+
+
+def _tree_cpu_s() -> float:
+    """CPU seconds of this process and every process under it (:func:`_tree_cpu`)."""
+    return sum(_tree_cpu().values())
+
+
 def driver(argv: list[str]) -> int:
     """The child: run ``compact`` (the console script's entry point) and print what its
     Python process (and the JVM it started) held, as one JSON line after the summary."""
@@ -69,6 +115,14 @@ def driver(argv: list[str]) -> int:
                 marks["baseline_kib"] = _status_kib()["VmRSS"]
                 proc = getattr(SparkContext._gateway, "proc", None)
                 marks["jvm_pid"] = proc.pid if proc is not None else None
+                marks["cpu_at_start_s"] = _tree_cpu_s()
+            elif name == "topic.start" and "cpu_at_topic_s" not in marks:
+                marks["cpu_by_kind"] = _tree_cpu()
+                marks["cpu_at_topic_s"] = sum(marks["cpu_by_kind"].values())
+            elif name == "topic.done" and "cpu_at_done_s" not in marks:
+                done = _tree_cpu()
+                marks["cpu_at_done_s"] = sum(done.values())
+                marks["cpu_run_by_kind"] = {k: round(v - marks["cpu_by_kind"].get(k, 0.0), 2) for k, v in done.items()}
             elif name == "topic.phase":
                 phase = getattr(record, "fields", {}).get("phase", "")
                 phase = " ".join(phase.split()[:2]).rstrip(":") if phase.startswith("pass") else phase
@@ -188,6 +242,9 @@ def figures(label: str, run: dict[str, Any]) -> dict[str, Any]:
         "wall_s": round(run["wall"], 2), "spark_start_s": d.get("spark_start"), "plan_s": d.get("plan"),
         "pass_one_s": d.get("pass_one"), "pass_two_s": d.get("pass_two"), "publish_s": d.get("publish"),
         "run_s": d["total"], "records_per_s": round(records / d["total"]) if d["total"] else None,
+        "cpu_start_s": round(m["cpu_at_start_s"], 2) if "cpu_at_start_s" in m else None,
+        "cpu_run_s": round(m["cpu_at_done_s"] - m["cpu_at_topic_s"], 2) if "cpu_at_done_s" in m else None,
+        "cpu_run_by_kind": m.get("cpu_run_by_kind"),
         "shale": m.get("shale")}
 
 

@@ -109,7 +109,7 @@ def _start(engine: Engine, tell: EventListener) -> float:
     """Start the engine's application (Spark takes seconds): timed, and told."""
     tell(RunEvent("spark.starting"))
     started = time.perf_counter()
-    engine.session  # type: ignore[attr-defined]  # noqa: B018  (starts the application)
+    engine.ready()  # type: ignore[attr-defined]  # (starts the application and its executors' Python workers)
     seconds = round(time.perf_counter() - started, 3)
     tell(RunEvent("spark.start", seconds=seconds))
     return seconds

@@ -16,6 +16,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 import warnings
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
@@ -45,6 +46,7 @@ from shale.compactor.spark.tasks import (
     WriteContext,
     candidate_type,
     error_from_record,
+    forget_opened,
     group_splits,
     map_task,
     reduce_partition,
@@ -55,13 +57,17 @@ from shale.ledger.errors import InvalidInputError, ShaleError
 from shale.metadata.state import CompactedPart
 from shale.storage import Location
 
-__all__ = ["SparkEngine", "SparkJobError", "open_session"]
+__all__ = ["DAEMON_MODULE", "SparkEngine", "SparkJobError", "open_session", "warm_executors", "worker_settings"]
 
 T = TypeVar("T")
 
 #: A filter of new keys is built when the previous parts hold at least this many times
 #: the new records: below that, most of the parts' records would be shuffled anyway.
 KEY_FILTER_RATIO: Final = 4
+#: An incremental run of at most this many new records has the driver build the filter
+#: of their keys, reading their footers one at a time (a few MiB each), rather than a
+#: Spark job of its own, whose fixed cost outweighs the work for so few.
+DRIVER_FILTER_RECORDS: Final = 256 * 1024
 
 
 class SparkJobError(ShaleError):
@@ -119,6 +125,20 @@ _PANDAS_WARNING = "PySpark does not yet fully support pandas"
 _PANDAS_FILTER = f"ignore:{_PANDAS_WARNING}:FutureWarning"
 
 
+#: The daemon that imports Shale's task modules before forking the Python workers.
+DAEMON_MODULE: Final = "shale.spark.daemon"
+
+
+def worker_settings(*, shale_installed: bool) -> tuple[tuple[str, str], ...]:
+    """The Spark settings for executors' Python workers that the engine's own session
+    takes (before the user's ``conf``, which may override them): reuse workers across
+    tasks, and, when Shale is installed where the executors run (not shipped as a zip,
+    which reaches only the workers), fork them from :mod:`shale.spark.daemon`, so that
+    no task pays Shale's and NumPy's imports."""
+    reuse = (("spark.python.worker.reuse", "true"),)
+    return (*reuse, ("spark.python.daemon.module", DAEMON_MODULE)) if shale_installed else reuse
+
+
 def open_session(options: SparkOptions) -> tuple[SparkSession, str | None]:
     """Start (or join) the Spark session the engine runs in; also return the code zip
     shipped to executors, if any (the caller deletes it when done).  This process's
@@ -134,6 +154,9 @@ def open_session(options: SparkOptions) -> tuple[SparkSession, str | None]:
     master = options.effective_master
     if master is not None:
         builder = builder.master(master)
+    ship = options.ship_code if options.ship_code is not None else not options.is_local
+    for k, v in worker_settings(shale_installed=not ship):
+        builder = builder.config(k, v)
     if options.is_local:
         builder = builder.config("spark.ui.showConsoleProgress", "false")
         if not any(k == "spark.driver.extraJavaOptions" for k, _ in options.conf):
@@ -153,7 +176,7 @@ def open_session(options: SparkOptions) -> tuple[SparkSession, str | None]:
         # the context starts, so the context it started is told.
         session.sparkContext.pythonExec = sys.executable
     shipped = None
-    if options.ship_code if options.ship_code is not None else not options.is_local:
+    if ship:
         shipped = _package_zip()
         session.sparkContext.addPyFile(shipped)
     return session, shipped
@@ -185,6 +208,27 @@ def _spark_call(fn: Callable[[], T]) -> T:
         raise
     except Exception as e:
         raise SparkJobError(f"Spark job failed: {_first_line(e)}") from None
+
+
+def _nothing(it: Iterable[int]) -> Iterator[int]:
+    return iter(())
+
+
+def warm_executors(sc: SparkContext) -> None:
+    """Run one task per core of the application, doing nothing: each executor it reaches
+    starts its Python daemon and a worker (with Shale's modules imported: unpickling this
+    task's function imports the engine's module, and the daemon has them already) and
+    loads the classes its first task needs, which every executor's first task otherwise
+    pays in the middle of a run.  Executors that join later, or that this job's tasks
+    miss (they go where a core is free), start theirs on their first task."""
+    n = max(1, sc.defaultParallelism)
+    sc.setJobDescription("shale: start the executors' Python workers")
+    sc.parallelize(range(n), n).mapPartitions(_nothing).collect()
+
+
+def _warm_quietly(sc: SparkContext) -> None:
+    with contextlib.suppress(Exception):
+        warm_executors(sc)
 
 
 def _identity(k: int) -> int:
@@ -260,6 +304,7 @@ class SparkEngine:
         self._session = session
         self._owns_session = False
         self._shipped: str | None = None
+        self._warming: threading.Thread | None = None
 
     @property
     def session(self) -> SparkSession:
@@ -267,10 +312,27 @@ class SparkEngine:
             # Joining a session someone else started means leaving it running at close.
             self._owns_session = SparkSession.getActiveSession() is None
             self._session, self._shipped = open_session(self.options)
+            if self._owns_session:
+                # The executors start their Python workers while this process goes on
+                # (planning the run, say): see ready().
+                self._warming = threading.Thread(target=_warm_quietly, args=(self._session.sparkContext,),
+                                                 name="shale-spark-warm-up", daemon=True)
+                self._warming.start()
         return self._session
+
+    def ready(self) -> None:
+        """Start the application if need be, and wait until the executors that joined it
+        have started their Python workers (with Shale imported), so that the first tasks
+        of a run pay no start-up; never raises for a failed warm-up (the run's own tasks
+        then say what is wrong)."""
+        self.session  # noqa: B018
+        if self._warming is not None:
+            self._warming.join()
+            self._warming = None
 
     def close(self) -> None:
         """Stop the Spark session if this engine started it."""
+        self._warming = None
         if self._session is not None and self._owns_session:
             with contextlib.suppress(Exception):
                 self._session.stop()
@@ -324,7 +386,7 @@ class SparkEngine:
                               self.options.split_records, now_ms, config, plan.dictionaries,
                               hold_from=plan.hold_from)
             try:
-                ctx = self._with_new_keys(ctx)
+                ctx = self._with_new_keys(ctx, topic)
                 bc = sc.broadcast(ctx)
                 sc.setJobDescription(f"shale pass one: {topic.uri}")
                 rdd = (sc.parallelize(range(len(tasks)), len(tasks))
@@ -351,7 +413,7 @@ class SparkEngine:
             map_bytes=reports.most_candidates * candidate_type(config.topic_order).itemsize, rdd=rdd, context=bc,
             writes=writes, keys_expired=reports.expired)
 
-    def _with_new_keys(self, ctx: TaskContext) -> TaskContext:
+    def _with_new_keys(self, ctx: TaskContext, topic: Location) -> TaskContext:
         """``ctx`` with a Bloom filter of the new records' keys, when the previous parts
         outweigh the new records enough for their tasks to settle most of their own
         records (an incremental run); else ``ctx`` as it is."""
@@ -363,6 +425,11 @@ class SparkEngine:
         todo = [t for t, (_, i1) in enumerate(ctx.tasks) if i1 > ctx.compacted]
         if not todo:
             return replace(ctx, new_keys=KeyFilter(np.zeros(size // 8, dtype=np.uint8)))
+        if new <= DRIVER_FILTER_RECORDS:
+            try:  # the same task, in this process, through the driver's own store
+                return replace(ctx, new_keys=next(filter_task(replace(ctx, topic=topic), size, todo)))
+            finally:
+                forget_opened()
         sc = self.session.sparkContext
         sc.setJobDescription(f"shale pass one, new keys: {ctx.topic.uri}")
         bc = sc.broadcast(ctx)

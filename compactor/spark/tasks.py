@@ -67,6 +67,7 @@ __all__ = [
     "candidate_type",
     "cut_slice",
     "error_from_record",
+    "forget_opened",
     "group_splits",
     "map_task",
     "reduce_partition",
@@ -230,6 +231,12 @@ class WriteContext:
 _LAST_DELETIONS: dict[str, npt.NDArray[np.bool_]] = {}
 # Objects are immutable, so a footer read once stays right; one per worker process.
 _LAST_OPENED: dict[tuple[str, int, int], LedgerFile] = {}
+
+
+def forget_opened() -> None:
+    """Drop the footer kept from the last :meth:`TaskContext.open` (the driver calls it
+    after building a filter of new keys itself, so as not to hold a footer)."""
+    _LAST_OPENED.clear()
 
 
 def _task_errors(gen: Iterator[tuple[int, Any]]) -> Iterator[tuple[int, Any]]:

@@ -422,6 +422,15 @@ class S3Store(ObjectStore):
             token = r.get("NextContinuationToken")
 
 
+def import_client() -> None:
+    """Import what a client is made of (boto3 takes a tenth of a second or more), so that
+    a process forked after this one makes its clients without; ``ImportError`` when
+    boto3 is not installed."""
+    import boto3  # noqa: F401
+    import botocore.session  # noqa: F401
+    from botocore.config import Config  # noqa: F401
+
+
 def _make_client(options: S3Options) -> Any:
     try:
         import boto3

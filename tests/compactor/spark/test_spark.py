@@ -4,6 +4,7 @@ Python (:mod:`tests.compaction_model`), errors, cleanup, credentials."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -13,10 +14,10 @@ import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -35,6 +36,8 @@ from shale.reader.topic_reader import TopicReader
 from tests.compaction_model import CompactionModel, every_record
 from tests.conftest import AWS_VARS, LOCAL_SPARK_ENVIRONMENT, ROOT, local_spark, make_root, run_cli
 from tests.gates import Gate, start_held_compact
+
+T = TypeVar("T")
 
 pytestmark = pytest.mark.slow
 HOUR = 3600.0
@@ -407,6 +410,16 @@ def test_cli_compacts_several_topics_in_one_application_without_leaking_credenti
                                               if p.is_file())
     assert "SparkListenerApplicationStart" in logged  # the event log was written and read
     assert secret not in logged
+    # The application's first job started the executors' Python workers, and ended before
+    # the first topic's first job began: no task of a run pays their start-up.
+    jobs = [json.loads(x) for p in events.rglob("*") if p.is_file()
+            for x in p.read_text().splitlines() if '"SparkListenerJob' in x]
+    starts = sorted((j["Submission Time"], j["Job ID"], j["Properties"].get("spark.job.description", ""))
+                    for j in jobs if j["Event"] == "SparkListenerJobStart")
+    ends = {j["Job ID"]: j for j in jobs if j["Event"] == "SparkListenerJobEnd"}
+    assert "Python workers" in starts[0][2] and "shale pass one" in starts[1][2], starts
+    assert ends[starts[0][1]]["Job Result"]["Result"] == "JobSucceeded"
+    assert ends[starts[0][1]]["Completion Time"] <= starts[1][0]
 
 
 def test_cli_spark_json_logs_are_json_down_to_the_jvms_own_lines(tmp_path: Path) -> None:
@@ -630,15 +643,29 @@ def test_max_map_bytes_bounds_each_reduce_task_and_takes_the_whole_backlog(engin
     assert bounded.reduce_partitions(6_000, CompactionConfig(max_map_bytes=limit)) == 12
 
 
-def test_incremental_runs_settle_previous_parts_through_a_filter_of_new_keys(engine: SparkEngine,
-                                                                            tmp_path: Path) -> None:
+def _stage_names(engine: SparkEngine, run: Callable[[], T]) -> tuple[T, list[str]]:
+    """What ``run`` returns, and the names of the stages of the Spark jobs it ran."""
+    tracker = engine.session.sparkContext.statusTracker()
+    before = set(tracker.getJobIdsForGroup())
+    out = run()
+    jobs = [tracker.getJobInfo(j) for j in sorted(set(tracker.getJobIdsForGroup()) - before)]
+    stages = [tracker.getStageInfo(s) for j in jobs if j is not None for s in j.stageIds]
+    return out, [s.name for s in stages if s is not None]
+
+
+def test_incremental_runs_settle_previous_parts_through_a_filter_of_new_keys(
+        engine: SparkEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Parts' records whose key is surely not new are decided by their own tasks: the same
     content as the local engine and as shuffling everything, with tombstones of the
-    previous parts expiring, keyless records retained and parts kept in place."""
+    previous parts expiring, keyless records retained and parts kept in place; the filter
+    of the new keys built by the driver (few new records: no Spark job of its own) or by
+    a Spark job (``job``, the driver's limit set to none)."""
     from dataclasses import replace
 
-    uris = {name: str(tmp_path / name) for name in ("local", "filter", "shuffle")}
-    engines = {"local": None, "filter": engine,
+    import shale.compactor.spark.engine as spark_engine
+
+    uris = {name: str(tmp_path / name) for name in ("local", "filter", "job", "shuffle")}
+    engines = {"local": None, "filter": engine, "job": engine,
                "shuffle": SparkEngine(replace(engine.options, key_filter=False), session=engine.session)}
     cfg = CompactionConfig(delete_retention_ms=int(HOUR * 1000), retain_null_key=True, reuse_min_bytes=1 << 10,
                            max_part_bytes=1 << 16)
@@ -647,17 +674,27 @@ def test_incremental_runs_settle_previous_parts_through_a_filter_of_new_keys(eng
         for uri in uris.values():
             produce(uri, seed=40 + rnd, n=n, t=t, keys=3_000)
         t += 1.5 * HOUR  # the tombstones the previous run kept expire in this one
-        runs = {name: Compactor(uri, cfg, clock=lambda t=t: t, engine=engines[name]).run()
-                for name, uri in uris.items()}
+        runs, stages = {}, {}
+        for name, uri in uris.items():
+            with monkeypatch.context() as m:
+                if name == "job":
+                    m.setattr(spark_engine, "DRIVER_FILTER_RECORDS", 0)
+                run = functools.partial(Compactor(uri, cfg, clock=lambda t=t: t, engine=engines[name]).run)
+                runs[name], stages[name] = _stage_names(engine, run) if engines[name] else (run(), [])
         assert all(r.status == "compacted" for r in runs.values()), runs
-        assert figures(runs["filter"]) == figures(runs["local"]) == figures(runs["shuffle"])
+        assert figures(runs["filter"]) == figures(runs["local"]) == figures(runs["shuffle"]) == figures(runs["job"])
         assert ({(r.records_reused, r.records_written) for r in runs.values()}
                 == {(runs["local"].records_reused, runs["local"].records_written)})
-        assert compacted(uris["filter"]) == compacted(uris["local"]) == compacted(uris["shuffle"])
+        assert compacted(uris["filter"]) == compacted(uris["local"]) == compacted(uris["shuffle"]) \
+            == compacted(uris["job"])
         if rnd:
             assert runs["filter"].tombstones_dropped > 0
             # the busiest reduce task saw the new keys and a few false positives, not the parts
             assert runs["filter"].map_keys * 4 < runs["shuffle"].map_keys
+            assert runs["job"].map_keys == runs["filter"].map_keys
+            # the filter took a Spark job (a tree reduce) only when the driver was not to build it
+            assert not any("treeReduce" in s for s in stages["filter"]), stages["filter"]
+            assert any("treeReduce" in s for s in stages["job"]), stages["job"]
     assert runs["filter"].records_reused > 0
     assert run_cli("verify", uris["filter"]).returncode == 0
 

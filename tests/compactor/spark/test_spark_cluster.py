@@ -3,8 +3,9 @@ their own (with their own Python workers), against the moto server (and, for the
 test, against SeaweedFS too: its requests signed and checked).  Nothing reaches the
 executors but what the engine ships: the AWS variables are removed before Spark starts.
 Results are checked against the local engine and the rules folded in plain Python
-(:mod:`tests.compaction_model`).  One run has an executor killed in the middle of its
-tasks: its writes are held in a proxy until both executors are running a task, so the
+(:mod:`tests.compaction_model`).  Each executor forks its Python workers from Shale's
+daemon, which imported the tasks' modules before any task ran.  One run has an executor
+killed in the middle of its tasks: its writes are held in a proxy until both executors are running a task, so the
 kill always lands on a running task."""
 
 from __future__ import annotations
@@ -68,6 +69,34 @@ def executor_pids() -> list[int]:
         if b"CoarseGrainedExecutorBackend" in cmd and me in _ancestors(int(d.name)):
             out.append(int(d.name))
     return sorted(out)
+
+
+def test_executors_fork_workers_with_shale_already_imported(cluster: SparkEngine) -> None:
+    def probe(_: object) -> list[tuple[int, int, int, tuple[str, ...], bool]]:
+        """This worker's process and parent, and what the daemon it was forked from had
+        imported (and where), looked at before the task imports anything (a function
+        made here travels by value: unpickling it imports no test module)."""
+        import os
+        import sys
+
+        daemon = sys.modules.get("shale.spark.daemon")
+        return [(os.getpid(), os.getppid(), getattr(daemon, "PRELOADED_IN", 0), getattr(daemon, "PRELOADED", ()),
+                 "shale.compactor.spark.tasks" in sys.modules)]
+
+    # Two barrier tasks run at once, so one on each executor (one core each).
+    sc = cluster.session.sparkContext
+    probes = sc.parallelize(range(2), 2).barrier().mapPartitions(probe).collect()
+    executors = executor_pids()
+    assert len(probes) == 2 and len(executors) == 2
+    daemons = set()
+    for worker, parent, preloaded_in, preloaded, loaded in probes:
+        # the modules were imported by the daemon the worker was forked from, not by the worker
+        assert preloaded_in == parent != worker, probes
+        assert {"numpy", "shale.compactor.spark.tasks", "shale.compactor.spark.newkeys", "boto3"} <= set(preloaded)
+        assert loaded
+        daemons.add(parent)
+    # one daemon per executor process, each started by its executor's JVM
+    assert {next(_ancestors(d)) for d in daemons} == set(executors)
 
 
 @pytest.fixture(params=["s3", pytest.param("seaweedfs", marks=pytest.mark.seaweedfs)])
