@@ -83,6 +83,18 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def _report(runs: dict[str, dict[str, list[float]]], rows: int, parquet: Path) -> None:
+    """Each side's medians and runs, then Shale's figures over pyarrow's."""
+    med = {who: {k: statistics.median(v) for k, v in got.items()} for who, got in runs.items()}
+    for who, got in runs.items():
+        print(json.dumps({"run": "shale to_arrow" if who == "shale" else "pyarrow read_table(parquet)",
+                          "rows": rows, **{f"median_{k}": round(v, 3) for k, v in med[who].items()},
+                          "rows_per_s_call": round(rows / med[who]["call_s"]),
+                          "runs": {k: [round(x, 3) for x in v] for k, v in got.items()}}))
+    print(json.dumps({f"shale / pyarrow {k}": round(med["shale"][k] / med["pyarrow"][k], 2) for k in med["shale"]}
+                     | {"parquet_bytes": parquet.stat().st_size, "load_average": _load()}))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("topic")
@@ -120,14 +132,7 @@ def main() -> None:
         t, c = time.perf_counter(), _cpu()
         n = pq.read_table(parquet).num_rows
         add("pyarrow", {"rows": n, "warm_call_s": time.perf_counter() - t, "warm_call_cpu_s": _cpu() - c})
-    med = {who: {k: statistics.median(v) for k, v in got.items()} for who, got in runs.items()}
-    for who, got in runs.items():
-        print(json.dumps({"run": "shale to_arrow" if who == "shale" else "pyarrow read_table(parquet)",
-                          "rows": rows, **{f"median_{k}": round(v, 3) for k, v in med[who].items()},
-                          "rows_per_s_call": round(rows / med[who]["call_s"]),
-                          "runs": {k: [round(x, 3) for x in v] for k, v in got.items()}}))
-    print(json.dumps({f"shale / pyarrow {k}": round(med["shale"][k] / med["pyarrow"][k], 2) for k in med["shale"]}
-                     | {"parquet_bytes": parquet.stat().st_size, "load_average": _load()}))
+    _report(runs, rows, parquet)
     if a.raw_parquet:
         times: dict[str, list[float]] = {"shale export --compacted": [], "duckdb COPY arg_max": []}
         out = Path(a.topic).parent / "export-bench.parquet"

@@ -75,31 +75,20 @@ def arrow_columns(buf: Buffer | tuple[Buffer, ...], frames: npt.ArrayLike, kept:
     return _arrow_columns_python(buf, f, k, r, o, z, fl, alloc)
 
 
+_MISFIT = "an index, a count or a record's range does not fit the buffers given"
+
+
 def _arrow_columns_python(buf: Buffer | tuple[Buffer, ...], f: npt.NDArray[np.int64], k: npt.NDArray[np.int64],
                           r: npt.NDArray[np.int64], o: npt.NDArray[np.uint32], z: npt.NDArray[np.uint32],
                           fl: npt.NDArray[np.uint8], alloc: Callable[[int], Any]) -> tuple[int, ArrowColumns | None]:
-    if len(f) != len(k) or len(z) != len(o) or len(fl) != len(o):
-        raise ValueError("frames and kept must have one length, offsets, sizes and flags another")
-    if np.any(f < -FRAME_HEADER) or np.any(k < 0) or int(k.sum()) != len(r) or (
-            len(r) and (int(r.min()) < 0 or int(r.max()) >= len(o))):
-        raise ValueError("an index, a count or a record's range does not fit the buffers given")
-    starts = np.repeat(f, k) + FRAME_HEADER + o[r].astype(np.int64)
-    size = z[r].astype(np.int64)
-    if isinstance(buf, tuple):  # one buffer per entry: side by side, each record kept inside its own
-        if len(buf) != len(f):
-            raise ValueError("data must hold one buffer per entry of frames")
-        lens = np.array([memoryview(b).nbytes for b in buf], dtype=np.int64)
-        owner = np.repeat(np.arange(len(f)), k)
-        if np.any((starts < 0) | (starts + size > lens[owner])):
-            raise ValueError("an index, a count or a record's range does not fit the buffers given")
-        starts += (np.cumsum(lens) - lens)[owner]
-        buf = b"".join(buf)
+    _check_shapes(f, k, r, o, z, fl)
+    joined, starts, size = _locate(buf, f, k, r, o, z)
     try:
-        bad, cols = _record_columns_python(buf, starts, size)
+        bad, cols = _record_columns_python(joined, starts, size)
     except ValueError:
-        raise ValueError("an index, a count or a record's range does not fit the buffers given") from None
+        raise ValueError(_MISFIT) from None
     if cols is None:  # (a record before it may still have the wrong flags)
-        _, cols = _record_columns_python(buf, starts[:bad], size[:bad])
+        _, cols = _record_columns_python(joined, starts[:bad], size[:bad])
         assert cols is not None
     flags = fl[r[:len(cols.key_len)]]
     wrong = (((flags & 1) != 0) != (cols.key_len >= 0)) | (((flags & 2) != 0) != (cols.value_len <= 0))
@@ -107,8 +96,40 @@ def _arrow_columns_python(buf: Buffer | tuple[Buffer, ...], f: npt.NDArray[np.in
         return int(np.argmax(wrong)), None
     if bad >= 0:
         return bad, None
-    n = len(r)
+    return -1, _buffers(joined, cols, len(r), alloc)
 
+
+def _check_shapes(f: npt.NDArray[np.int64], k: npt.NDArray[np.int64], r: npt.NDArray[np.int64],
+                  o: npt.NDArray[np.uint32], z: npt.NDArray[np.uint32], fl: npt.NDArray[np.uint8]) -> None:
+    """Every length, index and count fits, as the C kernel checks before reading a record."""
+    if len(f) != len(k) or len(z) != len(o) or len(fl) != len(o):
+        raise ValueError("frames and kept must have one length, offsets, sizes and flags another")
+    if np.any(f < -FRAME_HEADER) or np.any(k < 0) or int(k.sum()) != len(r) or (
+            len(r) and (int(r.min()) < 0 or int(r.max()) >= len(o))):
+        raise ValueError(_MISFIT)
+
+
+def _locate(buf: Buffer | tuple[Buffer, ...], f: npt.NDArray[np.int64], k: npt.NDArray[np.int64],
+            r: npt.NDArray[np.int64], o: npt.NDArray[np.uint32], z: npt.NDArray[np.uint32],
+            ) -> tuple[Buffer, npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """One buffer, and where each record starts in it and its size."""
+    starts = np.repeat(f, k) + FRAME_HEADER + o[r].astype(np.int64)
+    size = z[r].astype(np.int64)
+    if not isinstance(buf, tuple):
+        return buf, starts, size
+    # one buffer per entry: side by side, each record kept inside its own
+    if len(buf) != len(f):
+        raise ValueError("data must hold one buffer per entry of frames")
+    lens = np.array([memoryview(b).nbytes for b in buf], dtype=np.int64)
+    owner = np.repeat(np.arange(len(f)), k)
+    if np.any((starts < 0) | (starts + size > lens[owner])):
+        raise ValueError(_MISFIT)
+    starts += (np.cumsum(lens) - lens)[owner]
+    return b"".join(buf), starts, size
+
+
+def _buffers(buf: Buffer, cols: Any, n: int, alloc: Callable[[int], Any]) -> ArrowColumns:
+    """The Arrow buffers of checked record columns, each from ``alloc``."""
     def put(values: npt.NDArray[Any] | memoryview) -> Any:
         data = (np.ascontiguousarray(values).data if isinstance(values, np.ndarray) else values).cast("B")
         out = alloc(len(data))
@@ -130,7 +151,7 @@ def _arrow_columns_python(buf: Buffer | tuple[Buffer, ...], f: npt.NDArray[np.in
         raise OverflowError("the records' properties do not fit 32-bit Arrow offsets, or their bytes a buffer")
     key_nulls, value_nulls = int((cols.key_len < 0).sum()), int((cols.value_len < 0).sum())
     event_nulls = int(n - cols.has_event.sum())
-    return -1, ArrowColumns(
+    return ArrowColumns(
         offsets_of(cols.key_len, np.int64), data(cols.key_at, cols.key_len),
         bits(cols.key_len >= 0) if key_nulls else None,
         offsets_of(cols.value_len, np.int64), data(cols.value_at, cols.value_len),
