@@ -137,25 +137,27 @@ def _between_batches(shown: _ProduceProgress | None) -> Callable[[int, int], Non
 
 class _ProduceProgress:
     """Records, bytes and rate on the terminal while ``shale produce`` reads (pipes and
-    logs never get it), redrawn at most ten times a second."""
+    logs never get it): drawn once the first records are in, then redrawn at most ten
+    times a second."""
 
     def __init__(self) -> None:
         self._clock = time.monotonic
         self.start = self._last = self._clock()
         self.records = self.bytes = 0
+        self.drawn = False
 
     def add(self, records: int, nbytes: int) -> None:
         self.records += records
         self.bytes += nbytes
         now = self._clock()
-        if now - self._last >= 0.1:
-            self._last = now
+        if not self.drawn or now - self._last >= 0.1:
+            self.drawn, self._last = True, now
             rate = self.records / max(now - self.start, 1e-9)
             sys.stderr.write(f"\rproduce: {count(self.records, 'record')}, {self.bytes / 1e6:,.1f} MB, "
                              f"{rate:,.0f} records/s ")
             sys.stderr.flush()
 
     def close(self) -> None:
-        if self._last != self.start:
+        if self.drawn:
             sys.stderr.write("\r\033[K")  # the line is cleared: the summary follows on stdout
             sys.stderr.flush()
