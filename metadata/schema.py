@@ -5,7 +5,8 @@ writer of the same bucket.  Every document read is decoded against a strict sche
 (msgspec: exact types, bounded integers, no unknown field) and then checked against the
 invariants the rest of Shale relies on:
 
-* ``topic.json``: ledger ids strictly increasing, above every id a truncation removed;
+* ``topic.json``: ledger ids strictly increasing, above every id a truncation removed
+  (``removed_last``, when present, in the last ledger removed);
   each object named as the producer names it (``ledgers/<id>-<nonce>.ledger``, the id
   its own), none twice;
 * ``compaction.json``: parts named as a compaction run names them, in id order and
@@ -91,6 +92,8 @@ class TopicDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     removed_through: Annotated[int, msgspec.Meta(ge=0, le=MAX_ID)] = 0
     truncated_ms: Millis = 0
     dictionaries: list[DictionaryDoc] = []
+    #: the id of the last record of ledger ``removed_through`` (absent when unknown)
+    removed_last: str | None = None
 
 
 class PartDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -210,6 +213,10 @@ def message_id(text: str | None, where: str, field: str) -> MessageId | None:
 def check_topic(doc: TopicDoc, where: str) -> None:
     """The ledger list's invariants (see the module's docstring)."""
     last = doc.removed_through
+    removed_last = message_id(doc.removed_last, where, "removed_last")
+    if removed_last is not None and removed_last.ledger != doc.removed_through:
+        raise InvalidMetadataError(f"{where}: field removed_last: {doc.removed_last!r} is not in ledger "
+                                   f"{doc.removed_through} (removed_through)")
     seen: set[str] = set()
     for i, lg in enumerate(doc.ledgers):
         field = f"ledgers[{i}]"

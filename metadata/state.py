@@ -102,8 +102,11 @@ class TopicState:
 
     ``generation`` counts truncations (retention removing the oldest ledgers),
     ``removed_through`` is the highest ledger id ever removed, so ids are never reused
-    even when every ledger is gone, and ``truncated_ms`` is when the last truncation
-    happened (readers may still be reading what it removed).
+    even when every ledger is gone, ``removed_last`` the id of that ledger's last record
+    (``None`` when the truncation could not read it, or in documents written before it
+    was recorded: then whether the ledger held records past a given id is unknown), and
+    ``truncated_ms`` is when the last truncation happened (readers may still be reading
+    what it removed).
     """
 
     ledgers: tuple[LedgerInfo, ...]
@@ -115,6 +118,7 @@ class TopicState:
     truncated_ms: int = 0
     #: the topic's trained dictionaries, oldest first (never removed)
     dictionaries: tuple[DictionaryInfo, ...] = ()
+    removed_last: MessageId | None = None
 
     @property
     def last_ledger_id(self) -> int:
@@ -144,6 +148,8 @@ class TopicState:
             d["generation"] = self.generation
             d["removed_through"] = self.removed_through
             d["truncated_ms"] = self.truncated_ms
+        if self.removed_last is not None:
+            d["removed_last"] = str(self.removed_last)
         if self.dictionaries:
             d["dictionaries"] = [x.to_json() for x in self.dictionaries]
         return d
@@ -158,7 +164,8 @@ class TopicState:
         return cls(tuple(LedgerInfo.from_doc(x) for x in doc.ledgers), doc.created_ms, version, token,
                    doc.generation, doc.removed_through, doc.truncated_ms,
                    tuple(DictionaryInfo(x.id, x.object, x.bytes, x.created_ms, x.crc32c, x.sha256)
-                         for x in doc.dictionaries))
+                         for x in doc.dictionaries),
+                   None if doc.removed_last is None else MessageId.parse(doc.removed_last))
 
 
 @dataclass(frozen=True, slots=True)

@@ -262,20 +262,26 @@ class TopicView:
     def removed_from(self, first: MessageId) -> Removed | None:
         """Records from ``first`` on that retention removed (None: none were)."""
         through = self.topic.removed_through
-        if through < 1 or first.ledger > through:
+        last = self.topic.removed_last
+        if through < 1 or first.ledger > through or (last is not None and first > last):
             return None
         return Removed(first, through, min(self.covered(), MessageId(through + 1, 0, 0)), self.horizon)
 
     def covered(self, listed: Iterable[LedgerInfo] = ()) -> MessageId:
         """The first id past what the compacted view holds: past its horizon, or past the
-        horizon's ledger when retention removed that ledger (truncation removes only
-        ledgers wholly at or below the horizon unless told otherwise; a removed ledger a
-        reader had ``listed`` says whether it held records above the horizon)."""
+        horizon's ledger when retention removed that ledger and nothing in it lay above the
+        horizon: the topic's ``removed_last`` says so of the last ledger removed; else a
+        removed ledger a reader had ``listed`` does, and without either, truncation is
+        taken to have removed only ledgers wholly at or below the horizon (as it does unless
+        told otherwise)."""
         h = self.horizon
         if h is None:
             return MIN_ID
         if h.ledger > self.topic.removed_through:
             return h.successor()
+        last = self.topic.removed_last
+        if last is not None and h.ledger == last.ledger:
+            return h.successor() if h < last else MessageId(h.ledger + 1, 0, 0)
         known = next((lg for lg in listed if lg.id == h.ledger), None)
         if known is not None and h.entry + 1 < known.entries:
             return h.successor()

@@ -248,13 +248,60 @@ def test_a_rollback_is_refused_when_it_cannot_give_the_view_back(tmp_path: Any) 
         rollback(e.meta, 7)
     with pytest.raises(InvalidInputError, match="epoch 2 is the published view already"):
         rollback(e.meta, 2)
-    # the ledgers above epoch 1's horizon removed behind retention's back: its readers would miss them
-    assert before.snapshots[0].horizon is not None
-    e.meta.truncate(before.snapshots[0].horizon.ledger + 1)
+    # a ledger above epoch 1's horizon removed behind retention's back: its readers would miss it
+    horizon = before.snapshots[0].horizon
+    assert horizon is not None and any(m.id.ledger == horizon.ledger + 1 for m in e.records)
+    e.meta.truncate(horizon.ledger + 2)
     with pytest.raises(InvalidInputError, match="cannot roll back to epoch 1: retention removed ledgers up to"):
         rollback(e.meta, 1)
     after = e.meta.load_compaction()
     assert (after.epoch, after.parts, after.snapshots) == (before.epoch, before.parts, before.snapshots)
+
+
+def test_a_rollback_after_ordinary_retention_gives_the_view_back(disk_topic_uri: str) -> None:
+    """Retention removes ledgers wholly at or below the horizon: the epoch whose horizon
+    ended the last ledger removed lost nothing above it, and stays a rollback target."""
+    e = Epochs(disk_topic_uri, CompactionConfig(snapshot_retention=3, delete_retention_ms=0))
+    e.compact(0)
+    first = e.meta.load_compaction()
+    assert first.horizon is not None and first.horizon == max(m.id for m in e.records)
+    seen = {m.id: m for m in e.records}
+    done = truncate(e.meta, first.horizon.ledger + 1)
+    assert done.removed and done.removed[-1].id == first.horizon.ledger
+    assert e.meta.load_topic().removed_last == first.horizon
+    e.compact(1)
+    seen.update((m.id, m) for m in e.records)
+    records = [seen[i] for i in sorted(seen)]
+    want = e.views[1].rows(records)
+    assert rollback(e.meta, 1, dry_run=True).epoch == 3
+    e.clock.t += 60
+    done = rollback(e.meta, 1, keep=3, clock=e.clock, store_now_ms=int(e.clock.t * 1000))
+    assert (done.from_epoch, done.to_epoch, done.epoch) == (2, 1, 3)
+    for point in (1, 3):
+        with TopicReader(disk_topic_uri, as_of=point) as r:
+            assert [row(m) for m in r.read()] == want, point
+    with TopicReader(disk_topic_uri, read_compacted=True, on_gap="error") as r:
+        assert [row(m) for m in r.read()] == want
+
+
+def test_a_truncation_that_cannot_read_its_last_ledger_still_removes_it(tmp_path: Any) -> None:
+    """The last removed ledger's end is recorded when its footer can be read; a damaged
+    one still goes, and what lay past an id in it is then taken as unknown."""
+    e = Epochs(str(tmp_path / "t"), CompactionConfig(snapshot_retention=2, delete_retention_ms=0))
+    e.compact(0)
+    e.compact(1)
+    state = e.meta.load_compaction()
+    horizon = state.snapshots[0].horizon
+    assert horizon is not None
+    lg = e.meta.load_topic().ledger(horizon.ledger)
+    assert lg is not None
+    e.meta.topic.store.put(e.meta.topic.key(lg.object), b"damaged")
+    e.meta.truncate(horizon.ledger + 1)
+    topic = e.meta.load_topic()
+    assert topic.removed_through == horizon.ledger and topic.removed_last is None
+    assert e.meta.load_compaction().retained_epochs == (1, 2)
+    with pytest.raises(InvalidInputError, match="retention removed ledgers up to"):
+        rollback(e.meta, 1)
 
 
 def test_a_rollback_to_a_view_of_another_order_says_so_and_compactions_then_need_a_rewrite(tmp_path: Any) -> None:

@@ -129,8 +129,8 @@ SPECIAL_INTS = [0, 1, -1, 2, 3, 7, 255, 256, 2**31 - 1, 2**31, 2**32 - 1, 2**32,
                 2**63, 2**64 - 1, 2**64, -(2**63), -(2**63) - 1, 10**30]
 FIELD_NAMES = [
     # topic.json
-    "format", "created_ms", "ledgers", "generation", "removed_through", "truncated_ms", "id", "object", "entries",
-    "records", "bytes", "first_publish", "last_publish", "sealed_ms",
+    "format", "created_ms", "ledgers", "generation", "removed_through", "truncated_ms", "removed_last", "id", "object",
+    "entries", "records", "bytes", "first_publish", "last_publish", "sealed_ms",
     # compaction.json
     "epoch", "horizon", "compacted_ledger", "parts", "retired", "keys", "tombstones", "compacted_ms", "last_run",
     "topic_generation", "first_id", "last_id", "ledger_id", "deletions", "deleted", "objects", "retired_ms",
