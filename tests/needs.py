@@ -28,10 +28,10 @@ __all__ = ["BUILD_HOW", "EXTRAS_HOW", "HOW", "c_extension", "check_needs", "in_c
 
 #: Where the programs the tests run come from (what a skip or a failure tells the reader).
 HOW = {
-    "kubectl": "kubectl 1.21 or later, for its built-in kustomize: the Kubernetes project's kubectl package "
-               "(Debian's kubernetes-client, 1.20, renders no kustomize components)",
+    "kubectl": "kubectl 1.21 or later, for its built-in kustomize, from the Kubernetes project's packages; "
+               "Debian's kubernetes-client, 1.20, renders no kustomize components",
     "promtool": "the Debian package prometheus, which scripts/_system.sh installs as root",
-    "setpriv": "util-linux's setpriv (the Debian package util-linux)",
+    "setpriv": "from the Debian package util-linux",
 }
 
 #: What installs the optional packages the tests import.

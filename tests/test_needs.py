@@ -116,9 +116,10 @@ def test_a_test_whose_program_is_hidden_is_skipped_and_fails_under_ci() -> None:
     """A real test of the suite, kubectl hidden from its PATH: skipped saying what is
     missing and where it comes from; under CI=true an error, saying the same."""
     test = "tests/infra/test_monitoring.py::test_the_readmes_patches_label_the_rules_and_change_a_threshold"
+    says = "kubectl is not on the PATH (kubectl 1.21 or later, for its built-in kustomize"
     skipped = _run_without("kubectl", test, ci=False)
     assert skipped.returncode == 0 and "1 skipped" in skipped.stdout, skipped.stdout + skipped.stderr
-    assert "kubectl is not on the PATH (kubectl 1.21 or later" in skipped.stdout
+    assert says in skipped.stdout
     failed = _run_without("kubectl", test, ci=True)
     assert failed.returncode == 1 and "1 error" in failed.stdout, failed.stdout + failed.stderr
-    assert "kubectl is not on the PATH (kubectl 1.21 or later" in failed.stdout and "CI=true" in failed.stdout
+    assert says in failed.stdout and "[CI=true: " in failed.stdout
