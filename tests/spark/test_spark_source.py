@@ -29,10 +29,11 @@ from shale.reader import TopicReader
 from shale.reader.latest import table_messages
 from shale.reader.splits import plan_splits
 from tests.conftest import ROOT, local_spark, make_root
+from tests.needs import need_module
 
 pytestmark = pytest.mark.slow
-pytest.importorskip("pyspark")
-pytest.importorskip("pyarrow")
+need_module("pyspark")
+need_module("pyarrow")
 T0 = 1_700_000_000_000
 
 
