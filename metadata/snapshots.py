@@ -85,8 +85,12 @@ def retained_text(state: CompactionState) -> str:
 
 
 def describe_as_of(as_of: AsOf) -> str:
-    """``as_of`` in words: ``epoch 4`` or ``2024-05-01T12:00:00Z``."""
-    return f"epoch {as_of}" if isinstance(as_of, int) else _when(as_of_ms(as_of))
+    """``as_of`` in words: ``epoch 4``, ``2024-05-01T12:00:00Z`` or, past what a calendar
+    holds in UTC, ``a time after 9999-12-31T23:59:59Z``."""
+    if isinstance(as_of, int):
+        return f"epoch {as_of}"
+    when = _when(as_of_ms(as_of))
+    return when if when[:1].isdigit() else f"a time {when}"
 
 
 def view_as_of(state: CompactionState, as_of: AsOf, where: str) -> CompactionState:

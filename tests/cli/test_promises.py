@@ -257,7 +257,7 @@ def test_times_have_four_digit_years_and_never_overflow(disk_topic_uri: str) -> 
     one_line_error(run_cli_here("read", uri, "--as-of", "2024-05-01"), 2, "published after 9999-12-31T23:59:59Z")
     # (year 10000 by UTC: before the view was published, by its document)
     one_line_error(run_cli_here("read", uri, "--as-of", "9999-12-31T23:59:59-01:00"), 2,
-                   "no compacted view of after 9999-12-31T23:59:59Z")
+                   "no compacted view of a time after 9999-12-31T23:59:59Z")
 
 
 def test_an_epoch_above_the_id_bound_is_refused(topic: str) -> None:
