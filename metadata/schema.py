@@ -27,7 +27,7 @@ from typing import Annotated, Any, Final, Literal, TypeVar
 import msgspec
 
 from shale.ledger.codecs import MAX_DICTIONARY_BYTES
-from shale.ledger.errors import InvalidInputError, InvalidMetadataError
+from shale.ledger.errors import InvalidInputError, InvalidMetadataError, mid_sentence
 from shale.ledger.ids import MessageId
 from shale.metadata.layout import (
     is_compacted_object,
@@ -39,7 +39,7 @@ from shale.metadata.layout import (
 
 __all__ = ["SUBSCRIPTION_NAME", "CompactionDoc", "DictionaryDoc", "Envelope", "LedgerDoc", "PartDoc", "RetiredDoc",
            "SnapshotDoc", "SubscriptionDoc", "TopicDoc", "check_compaction", "check_topic", "decode_envelope",
-           "message_id", "validate"]
+           "message_id", "schema_error", "validate"]
 
 #: Ledger ids and epochs stay far below 2**63, so every reader (JSON tools included) and
 #: every ``+ 1`` holds them exactly.
@@ -170,11 +170,12 @@ class SubscriptionDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 T = TypeVar("T")
 
 
-def _schema_error(where: str, e: msgspec.ValidationError) -> InvalidMetadataError:
+def schema_error(where: str, e: msgspec.ValidationError) -> InvalidMetadataError:
+    """msgspec's ``e`` about the document ``where`` as one of our messages: ``field F: why``."""
     text = str(e)
     why, _, at = text.partition(" - at `$")
     field = at.rstrip("`").lstrip(".")
-    why = why[:1].lower() + why[1:]
+    why = mid_sentence(why)
     return InvalidMetadataError(f"{where}: {f'field {field}: ' if field else ''}{why}")
 
 
@@ -183,9 +184,9 @@ def decode_envelope(data: bytes, where: str) -> Envelope:
     try:
         return msgspec.json.decode(data, type=Envelope)
     except msgspec.ValidationError as e:
-        raise _schema_error(where, e) from None
+        raise schema_error(where, e) from None
     except msgspec.DecodeError as e:
-        raise InvalidMetadataError(f"{where}: not a metadata document: {str(e)[:1].lower()}{str(e)[1:]}") from None
+        raise InvalidMetadataError(f"{where}: not a metadata document: {mid_sentence(str(e))}") from None
     except RecursionError:
         raise InvalidMetadataError(f"{where}: not a metadata document: nested too deeply") from None
 
@@ -195,7 +196,7 @@ def validate(value: Any, kind: type[T], where: str) -> T:
     try:
         return msgspec.convert(value, kind, strict=True)
     except msgspec.ValidationError as e:
-        raise _schema_error(where, e) from None
+        raise schema_error(where, e) from None
     except RecursionError:
         raise InvalidMetadataError(f"{where}: nested too deeply") from None
 

@@ -19,8 +19,10 @@ import datetime
 from typing import Final
 
 from shale.ledger.errors import InvalidInputError, SnapshotNotFoundError
+from shale.metadata.schema import MAX_ID
 from shale.metadata.state import CompactionState
 from shale.settings.kinds import shown
+from shale.settings.units import format_time
 
 __all__ = ["AsOf", "as_of_ms", "describe_as_of", "parse_as_of", "retained_text", "view_as_of"]
 
@@ -33,7 +35,9 @@ _EXAMPLE: Final = "an epoch (a whole number from 1) or a time (ISO 8601, e.g. 20
 def parse_as_of(text: str) -> AsOf:
     """``EPOCH`` or ``TIME`` as a person types it (``--as-of``, the Spark option ``asOf``)."""
     t = text.strip()
-    if t.isdigit() and t.isascii() and len(t) <= 19 and int(t) >= 1:
+    if t.isdigit() and t.isascii():
+        if len(t) > 19 or not 1 <= int(t) <= MAX_ID:
+            raise InvalidInputError(_epoch_range(t))
         return int(t)
     try:
         when = datetime.datetime.fromisoformat(t)
@@ -50,14 +54,20 @@ def as_of_ms(when: datetime.datetime) -> int:
 
 
 def _check(as_of: object) -> AsOf:
-    if isinstance(as_of, bool) or not isinstance(as_of, (int, datetime.datetime)) or \
-            (isinstance(as_of, int) and as_of < 1):
+    if isinstance(as_of, bool) or not isinstance(as_of, (int, datetime.datetime)):
         raise InvalidInputError(f"as of {shown(repr(as_of))}: expected {_EXAMPLE}")
+    if isinstance(as_of, int) and not 1 <= as_of <= MAX_ID:
+        raise InvalidInputError(_epoch_range(str(as_of)))
     return as_of
 
 
+def _epoch_range(text: str) -> str:
+    # (epochs stay below 2**62, as every id a document holds)
+    return f"epoch {shown(text)} is out of range: epochs run from 1 to {MAX_ID}"
+
+
 def _when(ms: int) -> str:
-    return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_time(ms, style="iso")
 
 
 def _views(state: CompactionState) -> list[tuple[int, int]]:
@@ -75,8 +85,12 @@ def retained_text(state: CompactionState) -> str:
 
 
 def describe_as_of(as_of: AsOf) -> str:
-    """``as_of`` in words: ``epoch 4`` or ``2024-05-01T12:00:00Z``."""
-    return f"epoch {as_of}" if isinstance(as_of, int) else _when(as_of_ms(as_of))
+    """``as_of`` in words: ``epoch 4``, ``2024-05-01T12:00:00Z`` or, past what a calendar
+    holds in UTC, ``a time after 9999-12-31T23:59:59Z``."""
+    if isinstance(as_of, int):
+        return f"epoch {as_of}"
+    when = _when(as_of_ms(as_of))
+    return when if when[:1].isdigit() else f"a time {when}"
 
 
 def view_as_of(state: CompactionState, as_of: AsOf, where: str) -> CompactionState:

@@ -125,6 +125,12 @@ class TopicState:
         return max(self.ledgers[-1].id if self.ledgers else 0, self.removed_through)
 
     @property
+    def next_id(self) -> MessageId:
+        """The id the next ledger a producer registers starts at: no record is at or past
+        it yet (a reader's ``latest``; no subscription may stand past it)."""
+        return MessageId(self.last_ledger_id + 1, 0, 0)
+
+    @property
     def records(self) -> int:
         return sum(lg.records for lg in self.ledgers)
 

@@ -11,7 +11,6 @@ permission error (exit 2), as it does when the store fails.
 
 from __future__ import annotations
 
-import datetime
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -25,7 +24,7 @@ from shale.ledger.format import KIND_COMPACTED
 from shale.ledger.reader import LedgerFile
 from shale.metadata.state import CompactionState, TopicState
 from shale.metadata.topic import TopicMetadata
-from shale.settings.units import count, format_duration
+from shale.settings.units import count, format_duration, format_time
 
 __all__ = ["status_text", "topic_status"]
 
@@ -139,7 +138,7 @@ def _is_damage(e: ShaleError) -> bool:
 def _when(ms: int | None) -> str:
     if not ms:
         return "-"
-    return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return format_time(ms)
 
 
 def _table(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:

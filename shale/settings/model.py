@@ -324,8 +324,8 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
     _s("reset", Text(), "move the subscription NAME to --to (like kafka-consumer-groups --reset-offsets)",
        {"subscriptions"}, group="action", env=False, metavar="NAME"),
     _s("to", Text(), "where --create or --reset puts it: earliest (the compacted view's start), latest (past the "
-       "last record), a message id, or a time (ISO 8601, UTC unless it names a zone: the first record published "
-       "then or later)", {"subscriptions"}, env=False, metavar="earliest|latest|ID|TIME"),
+       "last record), a message id (at most latest), or a time (ISO 8601, UTC unless it names a zone: the first "
+       "record published then or later)", {"subscriptions"}, env=False, metavar="earliest|latest|ID|TIME"),
     # -------------------------------------------------------------- config, dictionary
     _s("set", Text(), "set a policy setting, e.g. delete-retention=7d (repeatable)", {"config"}, many=True,
        metavar="NAME=VALUE"),
