@@ -37,9 +37,9 @@ from shale.metadata.layout import (
     ledger_id_of,
 )
 
-__all__ = ["MAX_TAGS", "SUBSCRIPTION_NAME", "TAG_NAME", "CompactionDoc", "DictionaryDoc", "Envelope", "LedgerDoc", "PartDoc", "RetiredDoc",
-           "SnapshotDoc", "SubscriptionDoc", "TopicDoc", "check_compaction", "check_topic", "decode_envelope",
-           "message_id", "validate"]
+__all__ = ["MAX_TAGS", "SUBSCRIPTION_NAME", "TAG_NAME", "CompactionDoc", "DictionaryDoc", "Envelope", "LedgerDoc",
+           "PartDoc", "RetiredDoc", "SnapshotDoc", "SubscriptionDoc", "TopicDoc", "check_compaction", "check_topic",
+           "decode_envelope", "message_id", "validate"]
 
 #: Ledger ids and epochs stay far below 2**63, so every reader (JSON tools included) and
 #: every ``+ 1`` holds them exactly.

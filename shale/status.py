@@ -83,8 +83,7 @@ def topic_status(topic_uri: str, metadata_uri: str | None = None) -> dict[str, A
             "parts": [{"object": p.object, "records": p.records, "live": p.live, "bytes": p.bytes,
                        "raw_bytes": p.uncompressed_bytes}
                       for p in comp.parts],
-            # the earlier views still readable (--as-of) and rolled back to, oldest first
-            "snapshots": view_rows(comp, published=False),
+            "snapshots": view_rows(comp, published=False),  # (earlier views, oldest first)
             "tags": dict(sorted(comp.tags.items())),
         },
         "policy": policy_text(meta.load_policy()),

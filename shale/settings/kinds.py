@@ -24,8 +24,8 @@ from shale.ledger.errors import InvalidInputError, InvalidURIError
 from shale.ledger.masking import mask_secrets
 from shale.settings.units import MAX_BYTES, MAX_MILLIS, format_duration, format_size, parse_duration, parse_size
 
-__all__ = ["Choice", "Codec", "Duration", "Instant", "Kind", "Pairs", "Rate", "Ratio", "Size", "Switch", "Text", "Uri", "Url",
-           "Whole", "shown"]
+__all__ = ["Choice", "Codec", "Duration", "Instant", "Kind", "Pairs", "Rate", "Ratio", "Size", "Switch", "Text",
+           "Uri", "Url", "Whole", "shown"]
 
 TRUE: Final = frozenset({"1", "true", "yes", "on"})
 FALSE: Final = frozenset({"0", "false", "no", "off"})
