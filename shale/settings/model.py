@@ -244,7 +244,8 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        "bytes", set(), policy=True),
     _s("snapshot-retention", Whole(1, 1000), "keep the newest N compacted views readable, the published one included "
        "(shale read --as-of, shale rollback; 1: only the published one), with every object they read and the ledgers "
-       "above their horizons", {"compact", "rollback"}, default=1, policy=True),
+       "above their horizons; tagged views (shale snapshots --tag) are kept besides", {"compact", "rollback"},
+       default=1, policy=True),
     _s("snapshot-retention-age", Duration(), "also keep every compacted view replaced less than this long ago (0: "
        "by count only)", {"compact", "rollback"}, default=0, policy=True, field="snapshot_retention_age_ms"),
     _s("dry-run", Switch(), "plan and run pass one only; report what would be written; publish nothing",
