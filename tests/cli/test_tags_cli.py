@@ -125,6 +125,17 @@ def test_bad_input_is_one_line_and_exit_2(topic: str) -> None:
     assert after.tags == {"v": 1} and (after.epoch, after.snapshots) == (before.epoch, before.snapshots)
 
 
+def test_a_topic_never_compacted_has_no_view_to_list_or_tag(tmp_path: Path) -> None:
+    uri = str(tmp_path / "fresh")
+    _produce(uri, 0)
+    assert ok("snapshots", uri) == f"{uri}: no compacted view: the topic was never compacted\n"
+    assert json.loads(ok("snapshots", uri, "--json")) == {"topic": uri, "epoch": 0, "views": [], "tags": {}}
+    _one_line(run_cli_here("snapshots", uri, "--tag", "v"), EXIT_USAGE, "never compacted: no view to tag")
+    _one_line(run_cli_here("rollback", uri, "--to-time", "0"), EXIT_USAGE, "no retained view was published by "
+              "1970-01-01T00:00:00.000Z: the topic was never compacted")
+    assert not (Path(uri) / "_meta" / "compaction.json").exists()
+
+
 HOSTILE: list[tuple[str, Any, str]] = [
     ("an epoch as a name", {"12": 1}, "field tags (a key): expected `str` matching regex"),
     ("a path as a name", {"a/../b": 1}, "field tags (a key)"),
