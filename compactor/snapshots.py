@@ -96,7 +96,7 @@ def drop_snapshots(meta: TopicMetadata, epochs: tuple[int, ...], *, now_ms: int 
             raise InvalidInputError(f"{meta.uri}: the compacted view was rolled back to horizon {state.horizon} "
                                     f"while the truncation was planned against {horizon}; nothing was removed: "
                                     "plan it again")
-        refuse_tagged(meta.uri, state, epochs, "dropping them")
+        refuse_tagged(meta.uri, state, epochs, f"dropping the snapshots of epoch {', '.join(map(str, epochs))}")
         kept = tuple(s for s in state.snapshots if s.epoch not in epochs)
         if len(kept) == len(state.snapshots):
             return None

@@ -136,7 +136,8 @@ def test_truncate_never_drops_a_tagged_view(tmp_path: Path) -> None:
     assert e.meta.load_compaction().retained_epochs == (2, 3)
     e.check(2)
     # dropping it by epoch (a truncation planned before the tag) is refused too
-    with pytest.raises(InvalidInputError, match="dropping them would drop the tagged view keep"):
+    with pytest.raises(InvalidInputError, match=r"dropping the snapshots of epoch 2 would drop the tagged view "
+                                                r"keep \(epoch 2\)"):
         drop_snapshots(e.meta, (2,))
     untag_view(e.meta, "keep")
     assert truncate(e.meta, past, drop_snapshots=True).snapshots == (2,)
