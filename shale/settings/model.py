@@ -19,6 +19,7 @@ from shale.settings.kinds import (
     Choice,
     Codec,
     Duration,
+    Instant,
     Kind,
     Pairs,
     Rate,
@@ -36,8 +37,8 @@ __all__ = ["COMMANDS", "ENV_PREFIX", "POLICY_SETTINGS", "SETTINGS", "Setting", "
 ENV_PREFIX: Final = "SHALE_"
 
 #: Every command, in the order ``shale --help`` lists them.
-COMMANDS: Final = ("produce", "read", "get", "export", "status", "compact", "gc", "truncate", "rollback", "config",
-                   "topics", "subscriptions", "verify", "dictionary")
+COMMANDS: Final = ("produce", "read", "get", "export", "status", "compact", "gc", "truncate", "snapshots", "rollback",
+                   "config", "topics", "subscriptions", "verify", "dictionary")
 #: The commands about one topic, named by a ``TOPIC_URI`` and ``--metadata``.
 _ONE_TOPIC: Final = frozenset(COMMANDS) - {"compact", "topics"}
 
@@ -119,6 +120,7 @@ _JSON_HELP: Final = (("compact", "print one JSON line per topic instead of a sum
                      ("config", "print one JSON document instead of text"),
                      ("topics", "print one JSON line per topic instead of a table"),
                      ("subscriptions", "print one JSON document instead of text"),
+                     ("snapshots", "print one JSON document instead of text"),
                      ("verify", "print the report as one JSON line"),
                      ("produce", "print one JSON line with the ids and counts instead of text"))
 _COMPACT: Final = {"compact"}
@@ -182,9 +184,9 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        {"read", "export"}, default=False),
     _s("table", Switch(), "only the latest record of every live key (implies --compacted)", {"read", "export"},
        default=False),
-    _s("as-of", Text(), "read the compacted view as it was at a retained epoch, or at a time (ISO 8601, UTC without a "
-       "zone): its compacted parts, then the ledgers above its horizon (implies --compacted; see snapshot-retention)",
-       {"read"}, metavar="EPOCH|TIME"),
+    _s("as-of", Text(), "read the compacted view as it was at a retained epoch, at a time (ISO 8601, UTC without a "
+       "zone) or at a tag (shale snapshots --tag): its compacted parts, then the ledgers above its horizon (implies "
+       "--compacted; see snapshot-retention)", {"read"}, metavar="EPOCH|TIME|TAG"),
     _s("follow", Switch(), "keep reading as new ledgers are registered (Ctrl-C ends it, exit code 0)", {"read"},
        default=False),
     _s("poll-interval", Duration(), "with --follow: how often to look for new ledgers", {"read"}, default=1000),
@@ -242,7 +244,8 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        "bytes", set(), policy=True),
     _s("snapshot-retention", Whole(1, 1000), "keep the newest N compacted views readable, the published one included "
        "(shale read --as-of, shale rollback; 1: only the published one), with every object they read and the ledgers "
-       "above their horizons", {"compact", "rollback"}, default=1, policy=True),
+       "above their horizons; tagged views (shale snapshots --tag) are kept besides", {"compact", "rollback"},
+       default=1, policy=True),
     _s("snapshot-retention-age", Duration(), "also keep every compacted view replaced less than this long ago (0: "
        "by count only)", {"compact", "rollback"}, default=0, policy=True, field="snapshot_retention_age_ms"),
     _s("dry-run", Switch(), "plan and run pass one only; report what would be written; publish nothing",
@@ -312,10 +315,23 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
     _s("drop-snapshots", Switch(), "also remove ledgers that retained snapshots (snapshot-retention) need above their "
        "horizons, dropping those snapshots first (they can then no longer be read as of, nor rolled back to)",
        {"truncate"}, default=False),
-    _s("to-epoch", Whole(1, (1 << 62) - 1), "the retained epoch whose compacted view to publish again (shale status "
-       "lists them)", {"rollback"}, group="to", required=True, metavar="EPOCH"),
+    _s("to-epoch", Whole(1, (1 << 62) - 1), "the retained epoch whose compacted view to publish again (shale "
+       "snapshots lists them)", {"rollback"}, group="to", required=True, metavar="EPOCH"),
+    _s("to-time", Instant(), "publish again the view that was current at TIME (ISO 8601, UTC without a zone, or "
+       "milliseconds since 1970): the newest retained view published at or before it", {"rollback"}, group="to",
+       required=True),
+    _s("to-tag", Text(), "publish again the view the tag NAME names (shale snapshots --tag)", {"rollback"}, group="to",
+       required=True, metavar="NAME"),
     _s("scrub", Switch(), "first read every frame of every ledger and compacted part, superseded ones included, and "
        "check it (exit 4 naming every damaged object)", {"verify"}, default=False),
+    # -------------------------------------------------------------------- snapshots
+    _s("tag", Text(), "name a retained view NAME (1 to 200 letters, digits, '.', '_' or '-', starting with a letter): "
+       "it is kept, whatever the snapshot retention, until the tag is removed; read it with --as-of NAME",
+       {"snapshots"}, group="tagging", env=False, metavar="NAME"),
+    _s("untag", Text(), "remove the tag NAME: its view falls under the snapshot retention again at the next publish",
+       {"snapshots"}, group="tagging", env=False, metavar="NAME"),
+    _s("epoch", Whole(1, (1 << 62) - 1), "with --tag: the retained epoch to tag", {"snapshots"}, env=False,
+       default_text="the published epoch"),
     # ---------------------------------------------------------------- subscriptions
     _s("create", Text(), "create the subscription NAME (at --to, default earliest)", {"subscriptions"},
        group="action", env=False, metavar="NAME"),

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from shale.compactor import CompactionConfig, Compactor
+from shale.compactor.tags import tag_view
 from shale.ledger.errors import ConflictError
 from shale.ledger.ids import MessageId
 from shale.ledger.ordering import EVENT_TIME, TopicOrder
@@ -174,7 +175,7 @@ def _frame(spark: Any, n: int, *, fail_at: int | None = None, big_at: int | None
 
 
 def test_as_of_reads_a_retained_snapshot_and_its_table(spark: Any, tmp_path: Path) -> None:
-    """``option("asOf", ...)``: a retained snapshot's compacted view (by epoch or time), as
+    """``option("asOf", ...)``: a retained snapshot's compacted view (by epoch, time or tag), as
     ``TopicReader(as_of=...)`` reads it, and its table; a bad or unknown one is refused."""
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     uri = str(tmp_path / "t")
@@ -190,7 +191,13 @@ def test_as_of_reads_a_retained_snapshot_and_its_table(spark: Any, tmp_path: Pat
     assert _got(table.collect()) == _want(list(table_messages(TopicMetadata.open(uri), as_of=1)))
     # (epoch 1's view holds the second round's records as written; epoch 2's compacted them)
     assert _got(df.collect()) != _want(list(TopicReader(uri, read_compacted=True)))
-    with pytest.raises(Exception, match="option asOf: 'soon' is not an epoch"):
+    # a tag reads as its epoch
+    tag_view(TopicMetadata.open(uri), "first", 1)
+    tagged = spark.read.format("shale").option("asOf", "first").option("splitRecords", "150").load(uri)
+    assert _got(tagged.collect()) == _got(df.collect())
+    with pytest.raises(Exception, match="option asOf: 'too soon' is not an epoch"):
+        spark.read.format("shale").option("asOf", "too soon").load(uri).collect()
+    with pytest.raises(Exception, match="no compacted view is tagged 'soon'"):
         spark.read.format("shale").option("asOf", "soon").load(uri).collect()
     with pytest.raises(Exception, match="no compacted view of epoch 5 is retained"):
         spark.read.format("shale").option("asOf", "5").load(uri).collect()
