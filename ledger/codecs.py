@@ -37,6 +37,7 @@ __all__ = [
     "DictionarySource",
     "checked_zstd_frame",
     "compress",
+    "compress_pieces",
     "decompress",
     "dictionary_source",
     "parse_compression",
@@ -250,6 +251,42 @@ def compress(payload: Buffer, compression: Compression) -> tuple[Codec, Buffer]:
     if len(out) >= size:
         return Codec.NONE, payload
     return codec, out
+
+
+def compress_pieces(payload: memoryview, compression: Compression, cap: int) -> tuple[Codec, list[Buffer]]:
+    """:func:`compress` for a payload too big to hold twice: zstd compresses it a piece at
+    a time and stops once its output passes ``cap`` bytes (then, as when compressing would
+    not make it smaller, it is kept as it is), so that it holds ``cap`` bytes of output at
+    most besides its context; lz4, which compresses a block whole, compresses a payload
+    of ``cap`` bytes at most.  The stored bytes come as pieces, in order."""
+    size = payload.nbytes
+    codec = compression.codec
+    if codec in (Codec.NONE, Codec.LZ4) or size > MAX_RAW_ENTRY_BYTES or size == 0:
+        if codec is Codec.LZ4 and 0 < size <= cap:
+            got, stored = compress(payload, compression)
+            return got, [stored]
+        return Codec.NONE, [payload]
+    if compression.dictionary is None and codec is Codec.ZSTD_DICT:
+        raise InvalidInputError("zstd-dict compression needs the topic's dictionary (shale dictionary --train)")
+    import zstandard
+
+    step = 1 << 20
+    out: list[Buffer] = []
+    total = 0
+    try:
+        c = _CONTEXTS.zstd_compressor(compression.level, compression.dictionary).compressobj(size=size)
+        for at in range(0, size, step):
+            got = c.compress(payload[at:at + step])
+            total += len(got)
+            if total > cap:
+                return Codec.NONE, [payload]
+            if got:
+                out.append(got)
+        out.append(c.flush())
+    except zstandard.ZstdError as e:
+        raise CorruptLedgerError(f"zstd cannot compress: {e}") from e
+    total += len(out[-1])
+    return (codec, out) if total < size else (Codec.NONE, [payload])
 
 
 def decompress(stored: Buffer, codec: int, raw_length: int, where: str | Callable[[], str],

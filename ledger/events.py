@@ -23,7 +23,7 @@ from shale.ledger.kernels import Scratch, record_columns
 if TYPE_CHECKING:
     from shale.ledger.reader import LedgerFile
 
-__all__ = ["check_event_times", "copied_event_times", "decoded_event_times"]
+__all__ = ["check_event_times", "copied_event_times", "decoded_event_times", "event_times_at"]
 
 #: Records decoded at once (their decoded columns take ~100 bytes each).
 _BLOCK: Final = 1 << 18
@@ -44,6 +44,22 @@ def _decoded_times(f: LedgerFile, raw: bytes | bytearray | memoryview, frames: I
     """:func:`decoded_event_times`, and each record's own publish time."""
     foot = f.footer
     at = np.repeat(frames + FRAME_HEADER.size, counts) + foot.col("r_offset")[records].astype(np.int64)
+    return _times_at(f, raw, at, records)
+
+
+def event_times_at(f: LedgerFile, buf: bytes | bytearray | memoryview, at: I64, records: I64) -> I64:
+    """The event time (:data:`NO_EVENT_TIME` where none) of each of ``records`` of ``f``
+    (checked records, which start in ``buf`` at ``at``): from the footer when it gives
+    them, else decoded."""
+    known = f.event_times()
+    if known is not None:
+        return np.asarray(known[records], dtype=np.int64)
+    return _times_at(f, buf, at, records)[0]
+
+
+def _times_at(f: LedgerFile, raw: bytes | bytearray | memoryview, at: I64, records: I64) -> tuple[I64, I64]:
+    """The event and publish times of ``records``, decoded where they start in ``raw`` (``at``)."""
+    foot = f.footer
     sizes = foot.col("r_size")[records].astype(np.int64)
     out = np.empty(len(records), dtype=np.int64)
     publish = np.empty(len(records), dtype=np.int64)

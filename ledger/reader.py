@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import mmap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Final
 
 import numpy as np
@@ -30,7 +30,7 @@ from shale.ledger.kernels import Scratch, check_frames, check_kept, check_record
 from shale.ledger.messages import entry_records, messages_at
 from shale.ledger.objects import ObjectSource
 from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES, Message
-from shale.ledger.stream import PayloadStream
+from shale.ledger.stream import PayloadStream, StoredPayload
 from shale.ledger.zstd_frames import decompress_zstd_into
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "RAW_BATCH_BYTES", "LedgerFile"]
@@ -314,6 +314,26 @@ class LedgerFile:
         """:meth:`entry_payload` read as a stream (:class:`~shale.ledger.stream.PayloadStream`):
         the frame checked now, the payload decompressed as it is read."""
         stored = self.frame_payload(buf, base, entry)
+        return PayloadStream(stored, int(self.footer.codecs()[entry]), int(self.footer.raw_lengths()[entry]),
+                             self.entry_where(entry), path=self.url, position=int(self.footer.col("e_offset")[entry]),
+                             dictionaries=self.dictionaries)
+
+    def stored_payload(self, entry: int, piece: int,
+                       read: Callable[[int, int], bytes | memoryview] | None = None) -> StoredPayload:
+        """Entry ``entry``'s frame read in ranged reads of at most ``piece`` bytes, never
+        held whole (:class:`~shale.ledger.stream.StoredPayload`: its header checked now,
+        its checksum once read); ``read(start, end)`` reads the object, when not the store."""
+        foot = self.footer
+        if entry == 0 and not self._header_checked:
+            self._check_header(self.store.get_view(self.key, 0, HEADER_SIZE))
+        count = int(foot.e_rec_start[entry + 1] - foot.e_rec_start[entry])
+        return StoredPayload(read or functools.partial(self.store.get_view, self.key),
+                             int(foot.col("e_offset")[entry]), int(foot.col("e_length")[entry]), count, piece,
+                             self.entry_where(entry), self.url)
+
+    def entry_stream(self, entry: int, stored: StoredPayload) -> PayloadStream:
+        """Entry ``entry``'s payload read as a stream from ``stored`` (:meth:`stored_payload`):
+        neither its stored bytes nor, unless it is an lz4 block, its payload held whole."""
         return PayloadStream(stored, int(self.footer.codecs()[entry]), int(self.footer.raw_lengths()[entry]),
                              self.entry_where(entry), path=self.url, position=int(self.footer.col("e_offset")[entry]),
                              dictionaries=self.dictionaries)
