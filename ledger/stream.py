@@ -26,7 +26,7 @@ from shale.ledger.codecs import Codec, DictionarySource, checked_zstd_frame, dec
 from shale.ledger.errors import CorruptLedgerError
 from shale.ledger.kernels import crc32c
 
-__all__ = ["ZSTD_STREAM_BYTES", "PayloadStream", "StoredPayload", "stream_for", "zstd_window"]
+__all__ = ["FRAME_HEADER_MAX", "ZSTD_STREAM_BYTES", "PayloadStream", "StoredPayload", "zstd_window"]
 
 #: Stored bytes the decompressor reads at a time.
 _READ_BYTES: Final = 1 << 20
@@ -354,10 +354,3 @@ def _frame_end(data: memoryview, header: int, checksum: bool) -> int:
             break
     at += 4 if checksum else 0
     return at if at <= len(data) else -1
-
-
-def stream_for(codec: int, raw_length: int, limit: int) -> bool:
-    """Whether an entry is better read as a stream than decompressed whole: compressed
-    (with zstd: an lz4 block is decompressed whole anyway) and bigger than ``limit``."""
-    return codec in (Codec.ZSTD, Codec.ZSTD_DICT) and raw_length > limit
-

@@ -281,14 +281,15 @@ class LedgerWriter:
                    events: npt.NDArray[np.int64] | None = None,
                    record_publish: npt.NDArray[np.int64] | None = None) -> None:
         """Append many complete, checksummed frames at once: ``blob`` is the frames back to
-        back (``None``: written already, by :meth:`write_frame_bytes`), ``lengths`` their sizes, ``counts`` their record counts, ``codecs`` and
-        ``raw_lengths`` how each payload is stored and its size decompressed (default:
-        stored as it is); ``records`` holds the footer columns of all their records, in
-        order, and a compacted part the original id of each (``ledgers``, ``entry_ids``,
-        ``batch``) and ``delete_since``; ``events`` each record's event time,
-        :data:`NO_EVENT_TIME` where it has none (``None``: none has one, or, in a compacted
-        part, they are not kept); ``record_publish``, in a compacted part that keeps event
-        times, the publish time of the entry each record was first written in."""
+        back (``None``: written already, by :meth:`write_frame_bytes`), ``lengths`` their
+        sizes, ``counts`` their record counts, ``codecs`` and ``raw_lengths`` how each
+        payload is stored and its size decompressed (default: stored as it is); ``records``
+        holds the footer columns of all their records, in order, and a compacted part the
+        original id of each (``ledgers``, ``entry_ids``, ``batch``) and ``delete_since``;
+        ``events`` each record's event time, :data:`NO_EVENT_TIME` where it has none
+        (``None``: none has one, or, in a compacted part, they are not kept);
+        ``record_publish``, in a compacted part that keeps event times, the publish time of
+        the entry each record was first written in."""
         if self._finished:
             raise InvalidInputError("ledger already finished")
         n_entries, n = len(lengths), int(counts.sum())
