@@ -49,6 +49,7 @@ from shale.ledger.errors import InvalidInputError
 from shale.ledger.format import FRAME_HEADER
 from shale.ledger.reader import LedgerFile
 from shale.ledger.stream import FRAME_HEADER_MAX, ZSTD_STREAM_BYTES, zstd_window
+from shale.settings import SETTINGS
 from shale.settings.units import format_size
 
 __all__ = ["LOCAL_OVERHEAD", "MAP_BYTES_PER_KEY", "OBJECT_STORE_OVERHEAD", "RUN_BYTES_PER_RECORD", "BigEntry",
@@ -81,6 +82,8 @@ MIN_PROCESS_BYTES: Final = 24 << 20
 COLUMN_BYTES_PER_RECORD: Final = 128
 _MIN_CHUNK: Final = 256 << 10
 _MIN_WINDOW: Final = 1 << 14
+#: The least ``--max-memory`` a command line takes.
+_LEAST_SETTING: Final[int] = SETTINGS["max-memory"].kind.least  # type: ignore[attr-defined]
 #: A zstd entry bigger than this has its frame's header read while planning (its
 #: window); a smaller one is counted as if its window were its whole content.
 PEEK_BYTES: Final = 4 << 20
@@ -237,7 +240,7 @@ def least_memory(config: CompactionConfig, footprint: Footprint) -> int:
         left = (mib << 20) - footprint.bytes
         return left >= MIN_LEFT and _big_need(config, footprint, left)[0] <= left
 
-    lo, hi = 1, max(2, -(-(footprint.bytes + MIN_LEFT) >> 20))
+    lo, hi = 1, max(_LEAST_SETTING >> 20, -(-(footprint.bytes + MIN_LEFT) >> 20))
     while not fits(hi):
         lo, hi = hi, hi * 2
     while lo < hi:  # (the least that fits, between a bound that does not and one that does)
@@ -294,7 +297,7 @@ def _windows(f: LedgerFile, entries: npt.NDArray[np.int64], raw: npt.NDArray[np.
 
     def window(i: int) -> int:
         a = int(at[i])
-        return zstd_window(f.store.get_range(f.key, a, a + FRAME_HEADER_MAX), int(raw[peek[i]]))
+        return zstd_window(f.store.get_view(f.key, a, a + FRAME_HEADER_MAX), int(raw[peek[i]]))
 
     with ThreadPoolExecutor(max_workers=min(8, len(peek)), thread_name_prefix="shale-peek") as pool:
         out[peek] = list(pool.map(window, range(len(peek))))

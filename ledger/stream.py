@@ -206,22 +206,27 @@ class PayloadStream:
         self._view: memoryview | None = None
         self._source: StoredPayload | None = None
         self._walk: _FrameWalk | None = None
+        zstd = codec in (Codec.ZSTD, Codec.ZSTD_DICT)
         if isinstance(stored, StoredPayload):
             self._source = stored
             if codec == Codec.NONE:
                 if stored.payload_length != raw_length:
                     raise self._bad(f"is stored in {stored.payload_length} bytes, the footer says {raw_length}")
                 return
-            if codec not in (Codec.ZSTD, Codec.ZSTD_DICT):  # (an lz4 block is decompressed whole)
-                whole = bytearray(stored.payload_length)
-                stored.readinto(memoryview(whole))
-                stored.finish()
-                self._source = None
-                stored = whole
-        if codec in (Codec.ZSTD, Codec.ZSTD_DICT):
-            self._reader = self._zstd(stored, codec == Codec.ZSTD_DICT, dictionaries)
+            if zstd:
+                self._reader = self._zstd(stored, codec == Codec.ZSTD_DICT, dictionaries)
+                return
+            whole = bytearray(stored.payload_length)  # (an lz4 block is decompressed whole)
+            stored.readinto(memoryview(whole))
+            stored.finish()
+            self._source = None
+            data: bytes | bytearray | memoryview = whole
         else:
-            self._view = memoryview(decompress(stored, codec, raw_length, where, position=position, path=path,
+            data = stored
+        if zstd:
+            self._reader = self._zstd(data, codec == Codec.ZSTD_DICT, dictionaries)
+        else:
+            self._view = memoryview(decompress(data, codec, raw_length, where, position=position, path=path,
                                                dictionaries=dictionaries)).cast("B")
 
     def _bad(self, why: str) -> CorruptLedgerError:
@@ -247,8 +252,9 @@ class PayloadStream:
                 raise self._bad("is not one whole zstd frame" if end < 0 else
                                 f"has {len(view) - end} bytes after its zstd frame")
         data = zstandard.ZstdCompressionDict(dictionary.data) if dictionary is not None else None
+        source: Any = stored  # (a StoredPayload reads as a file does)
         return zstandard.ZstdDecompressor(dict_data=data, max_window_size=_MAX_WINDOW).stream_reader(
-            stored, read_size=_READ_BYTES, read_across_frames=False)
+            source, read_size=_READ_BYTES, read_across_frames=False)
 
     @property
     def at(self) -> int:

@@ -244,6 +244,19 @@ def run_cli_here(*args: str, input: str | None = None, env: dict[str, str] | Non
     return subprocess.CompletedProcess([script, *args], code, out.getvalue(), err.getvalue())
 
 
+@pytest.fixture
+def memory_cgroups() -> None:
+    """Memory cgroups can be made here (tests/cgroups.py); skipped where they cannot, but
+    in CI, where a test of a memory bound must not pass for want of one."""
+    from tests.cgroups import cgroup_unavailable
+
+    why = cgroup_unavailable()
+    if why:
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+
+
 @pytest.fixture(scope="session")
 def prometheus_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A real Pushgateway and Prometheus (tests/monitoring.py), one per session; skipped

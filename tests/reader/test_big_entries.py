@@ -106,7 +106,7 @@ def test_a_big_entry_stored_as_it_is_is_checked_as_it_is_read(tmp_path: Path) ->
     data[at] ^= 1
     tamper.write_raw(uri, name, bytes(data))
     f, _ = _opened(uri)
-    with pytest.raises(CorruptLedgerError, match="entry 1:0 at byte .*: checksum mismatch"):
+    with pytest.raises(CorruptLedgerError, match=r"entry 1:0 at byte \d+: checksum mismatch"):
         list(f.messages(chunk_bytes=256 << 10, hold_bytes=MiB))
     with pytest.raises(CorruptLedgerError, match="checksum mismatch"), \
             BatchReader(2, max_batch_bytes=MiB, chunk_bytes=256 << 10) as reader:
