@@ -37,7 +37,7 @@ from shale.ledger.format import FRAME_HEADER
 from shale.ledger.ids import MessageId
 from shale.ledger.kernels import crc32c
 from shale.ledger.reader import RAW_BATCH_BYTES, LedgerFile
-from shale.ledger.stream import PayloadStream
+from shale.ledger.stream import PayloadStream, record_groups
 from shale.ledger.writer import LedgerWriter
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ def _copy_whole(f: LedgerFile, e: int, rec: I64, stored: Any, since: I64 | None,
     stored.watchers.append(copy)
     stream = f.entry_stream(e, stored)
     events = np.empty(len(rec), dtype=np.int64) if config.keeps_times else None
-    for a, b, view, starts in _groups(stream, foot, rec, group):
+    for a, b, view, starts in record_groups(stream, foot.col("r_offset")[rec], foot.col("r_size")[rec], group):
         f.check_payload(view, e, rec[a:b], starts=starts)
         if events is not None:
             events[a:b] = event_times_at(f, view, starts, rec[a:b])
@@ -131,7 +131,8 @@ def _copy_survivors(f: LedgerFile, e: int, rec: I64, stream: PayloadStream, sinc
     packed into new entries of at most ``entry_bytes`` (or one record)."""
     foot = f.footer
     sizes = foot.col("r_size")[rec].astype(np.int64)
-    for a, b, view, starts in _groups(stream, foot, rec, min(group, config.entry_bytes)):
+    for a, b, view, starts in record_groups(stream, foot.col("r_offset")[rec], foot.col("r_size")[rec],
+                                                   min(group, config.entry_bytes)):
         f.check_payload(view, e, rec[a:b], starts=starts)
         if b == len(rec):
             stream.finish()  # (the whole frame proven before its last records are written)
@@ -153,31 +154,6 @@ def _copy_survivors(f: LedgerFile, e: int, rec: I64, stream: PayloadStream, sinc
         if codec == Codec.NONE and sink.upload is not None:
             sink.upload.wait_for(sink.upload.submitted)  # (the buffer written is read into again)
         del pieces
-
-
-def _groups(stream: PayloadStream, foot: Any, rec: I64, limit: int) -> Any:
-    """The records ``rec`` (rising, of one entry: the footer's records tile its payload)
-    read from ``stream`` in runs of at most ``limit`` bytes (or one record):
-    ``(a, b, view, starts)`` for ``rec[a:b]``, side by side in ``view`` from ``starts``.
-    The buffer is reused from run to run."""
-    offsets = foot.col("r_offset")[rec].astype(np.int64)
-    sizes = foot.col("r_size")[rec].astype(np.int64)
-    buf = memoryview(bytearray(int(max(min(limit, int(sizes.sum())), sizes.max()))))
-    ends = np.cumsum(sizes)
-    # each stretch of adjacent records is read at once, what lies between skipped
-    breaks = np.r_[True, offsets[1:] != offsets[:-1] + sizes[:-1]]
-    a = 0
-    while a < len(rec):
-        before = int(ends[a - 1]) if a else 0
-        b = max(a + 1, int(np.searchsorted(ends, before + limit, side="right")))
-        firsts = np.flatnonzero(breaks[a:b] | (np.arange(a, b) == a)) + a
-        for i, j in zip(firsts.tolist(), [*firsts[1:].tolist(), b], strict=True):
-            stream.skip(int(offsets[i]) - stream.at)
-            at = (int(ends[i - 1]) if i else 0) - before
-            stream.readinto(buf[at:at + int(ends[j - 1]) - (int(ends[i - 1]) if i else 0)])
-        starts = np.r_[0, ends[a:b - 1] - before].astype(np.int64)
-        yield a, b, buf, starts
-        a = b
 
 
 def _part_for(sink: _PartSink, length: int, count: int) -> LedgerWriter:

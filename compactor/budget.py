@@ -179,12 +179,6 @@ def memory_budget(config: CompactionConfig, footprint: Footprint) -> MemoryBudge
             f"--max-memory {format_size(total)} is too small for {entry.where} ({_mib(entry.raw)} decompressed, "
             f"its biggest record {_mib(entry.record)}; {kind}, it takes {_mib(need)} beside the "
             f"{_mib(run_wide)} the run holds throughout); give at least {least_memory(config, footprint)}MiB")
-    # pass one: a window of records in flight, the rest for the map
-    window = max(_MIN_WINDOW, left // 8 // WINDOW_BYTES_PER_RECORD)
-    per_key = EVENT_MAP_BYTES_PER_KEY if config.topic_order.by_event_time else MAP_BYTES_PER_KEY
-    unit = EVENT_KEY_BYTES if config.topic_order.by_event_time else KEY_BYTES
-    keys = max(1, (left - window * WINDOW_BYTES_PER_RECORD) // per_key)
-    map_bytes = min(config.max_map_bytes, keys * unit)
     # pass two: each process its share, in sixteenths: the reads in flight 2, a read's
     # entries decompressed 1 (in a buffer that may double: 2), the batch re-framed from
     # them 1 (two such buffers, each of which may double: 4), the records' columns
@@ -197,6 +191,16 @@ def memory_budget(config: CompactionConfig, footprint: Footprint) -> MemoryBudge
     parallelism = max(1, min(config.read_parallelism, share // 8 // chunk))
     part = max(64 << 10, min(config.max_part_bytes, share // 8))
     write_behind = max(chunk, share // 8)
+    # pass one: a window of records in flight, the rest for the map; under event-time
+    # order, less what decoding the event times of objects whose footers lack them holds
+    # (reads of a chunk decompressed, or a big entry read as a stream)
+    by_event = config.topic_order.by_event_time
+    window = max(_MIN_WINDOW, left // 8 // WINDOW_BYTES_PER_RECORD)
+    decode = max(4 * chunk, _big_need(config, footprint, share)[0]) if by_event else 0
+    per_key = EVENT_MAP_BYTES_PER_KEY if by_event else MAP_BYTES_PER_KEY
+    unit = EVENT_KEY_BYTES if by_event else KEY_BYTES
+    keys = max(1, (left - window * WINDOW_BYTES_PER_RECORD - decode) // per_key)
+    map_bytes = min(config.max_map_bytes, keys * unit)
     return MemoryBudget(total, records, map_bytes, window, processes, chunk, chunk,
                         max(1, chunk // COLUMN_BYTES_PER_RECORD), parallelism, part, write_behind)
 

@@ -19,14 +19,18 @@ frame's window (:func:`zstd_window`) and what is asked for.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Final
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Final
 
 from shale.ledger.codecs import Codec, DictionarySource, checked_zstd_frame, decompress
 from shale.ledger.errors import CorruptLedgerError
 from shale.ledger.kernels import crc32c
 
-__all__ = ["FRAME_HEADER_MAX", "ZSTD_STREAM_BYTES", "PayloadStream", "StoredPayload", "zstd_window"]
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+__all__ = ["FRAME_HEADER_MAX", "ZSTD_STREAM_BYTES", "PayloadStream", "StoredPayload", "record_groups", "zstd_window"]
 
 #: Stored bytes the decompressor reads at a time.
 _READ_BYTES: Final = 1 << 20
@@ -360,3 +364,30 @@ def _frame_end(data: memoryview, header: int, checksum: bool) -> int:
             break
     at += 4 if checksum else 0
     return at if at <= len(data) else -1
+
+
+def record_groups(stream: PayloadStream, offsets: Any, sizes: Any, limit: int
+                  ) -> Iterator[tuple[int, int, memoryview, npt.NDArray[np.int64]]]:
+    """Records of one entry at ``offsets`` (rising: a footer's records tile its payload)
+    of ``sizes`` bytes, read from ``stream`` in runs of at most ``limit`` bytes (or one
+    record): ``(a, b, view, starts)`` for records ``a`` to ``b - 1``, side by side in
+    ``view`` from ``starts``.  The buffer is reused from run to run."""
+    import numpy as np
+
+    offsets = np.asarray(offsets, dtype=np.int64)
+    sizes = np.asarray(sizes, dtype=np.int64)
+    buf = memoryview(bytearray(int(max(min(limit, int(sizes.sum())), int(sizes.max())))))
+    ends = np.cumsum(sizes)
+    # each stretch of adjacent records is read at once, what lies between skipped
+    breaks = np.r_[True, offsets[1:] != offsets[:-1] + sizes[:-1]]
+    a = 0
+    while a < len(sizes):
+        before = int(ends[a - 1]) if a else 0
+        b = max(a + 1, int(np.searchsorted(ends, before + limit, side="right")))
+        firsts = np.flatnonzero(breaks[a:b] | (np.arange(a, b) == a)) + a
+        for i, j in zip(firsts.tolist(), [*firsts[1:].tolist(), b], strict=True):
+            stream.skip(int(offsets[i]) - stream.at)
+            at = (int(ends[i - 1]) if i else 0) - before
+            stream.readinto(buf[at:at + int(ends[j - 1]) - (int(ends[i - 1]) if i else 0)])
+        yield a, b, buf, np.r_[0, ends[a:b - 1] - before].astype(np.int64)
+        a = b

@@ -199,3 +199,20 @@ def test_the_least_bound_is_the_least() -> None:
 
 def name_of(uri: str) -> str:
     return TopicMetadata.open(uri).load_topic().ledgers[0].object
+
+
+def test_event_times_decoded_from_big_entries_order_the_run_as_batches_do(tmp_path: Path) -> None:
+    """Under event-time order, objects whose footers give no event times (format
+    version 2) have them decoded in pass one: a big entry as a stream, a group of records
+    at a time, to the same result."""
+    from tests.compactor.test_event_times import produce as produce_timed
+    from tests.compactor.test_event_times import rewrite_as_version_2
+
+    streams, batches = str(tmp_path / "s"), str(tmp_path / "b")
+    for uri in (streams, batches):
+        produce_timed(uri, 1, 600)
+        rewrite_as_version_2(uri, [lg.object for lg in TopicMetadata.open(uri).load_topic().ledgers])
+    for uri, extra in ((streams, dict(chunk_raw_bytes=256)), (batches, {})):
+        cfg = CompactionConfig(order="event-time", delete_retention_ms=0, **extra)  # type: ignore[arg-type]
+        assert Compactor(uri, cfg).run().status == "compacted"
+    assert view(streams) == view(batches)
