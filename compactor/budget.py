@@ -31,7 +31,9 @@ reads anything, naming the entry and the least bound that would do.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import functools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Final
@@ -258,11 +260,17 @@ def _compressor_bytes(compression: Compression, size: int) -> int:
     dictionary, the dictionary's tables too); nothing for another codec."""
     if compression.codec not in (Codec.ZSTD, Codec.ZSTD_DICT):
         return 0
+    extra = 4 * len(compression.dictionary.data) if compression.dictionary is not None else 0
+    # (a context grows with the size by powers of two: counted for the next one up)
+    return _context_bytes(compression.level, 1 << max(0, size - 1).bit_length()) + extra
+
+
+@functools.lru_cache(maxsize=128)
+def _context_bytes(level: int, size: int) -> int:
     import zstandard
 
-    params = zstandard.ZstdCompressionParameters.from_level(compression.level, source_size=size)
-    extra = 4 * len(compression.dictionary.data) if compression.dictionary is not None else 0
-    return int(params.estimated_compression_context_size()) + extra
+    return int(zstandard.ZstdCompressionParameters.from_level(level, source_size=size)
+               .estimated_compression_context_size())
 
 
 def _big_entries(f: LedgerFile, e0: int, e1: int) -> list[BigEntry]:
@@ -313,9 +321,21 @@ def _frontier(entries: list[BigEntry]) -> tuple[BigEntry, ...]:
     than a bigger one (:func:`_big_need` takes the most demanding of those bigger than a
     read)."""
     out: list[BigEntry] = []
+    # those kept so far that no other kept one dominates, by what they hold (rising) and
+    # so by their biggest record (falling): the first holding as much as an entry has the
+    # biggest record of all those that do
+    helds: list[int] = []
+    records: list[int] = []
     for e in sorted(entries, key=lambda e: -e.raw):
-        if not any(x.held >= e.held and x.record >= e.record for x in out):
-            out.append(e)
+        i = bisect.bisect_left(helds, e.held)
+        if i < len(helds) and records[i] >= e.record:
+            continue
+        out.append(e)
+        j = i
+        while j > 0 and records[j - 1] <= e.record:  # (those it dominates go)
+            j -= 1
+        k = i + 1 if i < len(helds) and helds[i] == e.held else i
+        helds[j:k], records[j:k] = [e.held], [e.record]
     return tuple(out)
 
 

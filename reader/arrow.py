@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shale.ledger.arrow_columns import ArrowColumns, arrow_columns
+from shale.ledger.codecs import Codec
 from shale.ledger.errors import InvalidInputError
 from shale.ledger.format import FRAME_HEADER
 from shale.ledger.messages import DEFAULT_HOLD_BYTES, refuse_unholdable
@@ -259,12 +260,13 @@ class BatchReader:
         decompressed to); else
         (one entry that holds more than the share) one batch per step, reading the entry on
         its own as a stream when it is bigger than the share (:func:`_streamed_batches`:
-        only each batch's records are held), else from the entry decompressed once and
-        held until its last batch is made."""
+        only each batch's records are held), else (an lz4 block among them: it cannot be read
+        in pieces) from the entry decompressed once and held until its last batch is made."""
         pa = require_pyarrow()
         sel, cuts = piece.entries, piece.cuts
         e0, e1 = int(sel[0]), int(sel[-1]) + 1
-        if piece.held > self.share and int(f.footer.raw_lengths()[e0]) > self.share:
+        if (piece.held > self.share and int(f.footer.raw_lengths()[e0]) > self.share
+                and int(f.footer.codecs()[e0]) != Codec.LZ4):  # (an lz4 block, decompressed whole, is read from it)
             yield from _streamed_batches(pa, f, records, piece, self.chunk_bytes, self.utf8, self.id_text)
             return
         base, buf = f.read_frames(e0, e1)
