@@ -7,9 +7,9 @@ most :data:`WHOLE_ENTRY_BYTES`) is never read with its neighbours: its stored by
 read in ranged reads of ``chunk_bytes``, decompressed as they are read
 (:mod:`shale.ledger.stream`: zstd in its frame's window, an entry stored as it is straight
 from the reads) and decoded twice, first to check it, then a record at a time.  An lz4
-block cannot be read in pieces: one bigger than ``hold_bytes`` and than its biggest
-record is refused (:func:`refuse_unholdable`), naming the entry and the bound that would
-read it.
+block cannot be read in pieces: one bigger than ``hold_bytes``, than its biggest record
+and than :data:`LZ4_WHOLE_BYTES` is refused (:func:`refuse_unholdable`), naming the entry
+and the bound that would read it.
 """
 
 from __future__ import annotations
@@ -30,14 +30,17 @@ from shale.ledger.stream import PayloadStream
 if TYPE_CHECKING:
     from shale.ledger.reader import LedgerFile
 
-__all__ = ["DEFAULT_HOLD_BYTES", "WHOLE_ENTRY_BYTES", "Fields", "big_entry_records", "entry_records", "entry_spans",
-           "messages_at", "messages_in", "refuse_unholdable"]
+__all__ = ["DEFAULT_HOLD_BYTES", "LZ4_WHOLE_BYTES", "WHOLE_ENTRY_BYTES", "Fields", "big_entry_records",
+           "entry_records", "entry_spans", "messages_at", "messages_in", "refuse_unholdable"]
 
 #: An entry of at most this many bytes (decompressed) is decoded all at once; a bigger
 #: one a record at a time.
 WHOLE_ENTRY_BYTES: Final = 8 * 1024 * 1024
 #: What a reader may hold decompressed at once unless told (``--max-batch-bytes``'s default).
 DEFAULT_HOLD_BYTES: Final = 16 << 20
+#: An lz4 block this big is read whole whatever the bound (the most an entry of the
+#: writer's holds by default: ``TopicWriter``'s ``max_entry_bytes``).
+LZ4_WHOLE_BYTES: Final = 1 << 20
 #: A record's fields: key, value, properties, publish time, event time.
 Fields = tuple[bytes | None, bytes | None, Mapping[str, str], int, int | None]
 
@@ -76,14 +79,15 @@ def big_entry_records(f: LedgerFile, e: int, count: int, where: str, max_record_
 
 
 def refuse_unholdable(f: LedgerFile, entries: npt.NDArray[np.int64], hold_bytes: int) -> None:
-    """Refuse, naming the first, an lz4 entry of ``entries`` bigger than ``hold_bytes`` and
-    than its biggest record: an lz4 block is decompressed whole, and a reader holds no
-    more than that at once (a record bigger than it, alone)."""
+    """Refuse, naming the first, an lz4 entry of ``entries`` bigger than ``hold_bytes``,
+    than its biggest record and than :data:`LZ4_WHOLE_BYTES`: an lz4 block is decompressed
+    whole, and a reader holds no more than that at once (a record bigger than it, alone;
+    and, as a zstd frame's window, the block of an entry the writer makes by default)."""
     foot = f.footer
     if not len(entries):
         return
     raw = foot.raw_lengths()[entries]
-    over = np.flatnonzero((foot.codecs()[entries] == Codec.LZ4) & (raw > hold_bytes))
+    over = np.flatnonzero((foot.codecs()[entries] == Codec.LZ4) & (raw > max(hold_bytes, LZ4_WHOLE_BYTES)))
     sizes, starts = foot.col("r_size"), foot.e_rec_start
     for i in over.tolist():
         e = int(entries[i])

@@ -5,8 +5,8 @@ of its stored bytes, and decompressed as it is read (zstd) or read straight from
 (stored as it is), by every path: Arrow batches (``export``, ``to_arrow``, ``read
 --table`` through them), plain messages (``read``, ``TableView``) and messages picked by
 record (``read --table``, ``get``).  An lz4 block, which is decompressed whole, bigger
-than the bound and than its biggest record is refused in one line naming the entry and
-the bound that would read it.
+than the bound, than its biggest record and than 1 MiB is refused in one line naming the
+entry and the bound that would read it.
 """
 
 from __future__ import annotations
