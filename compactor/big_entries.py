@@ -14,10 +14,12 @@ lz4 block, which cannot be read in pieces, decompressed whole).
   failure aborts the part, so nothing undecodable is published.
 * **Partly kept:** its survivors are read in order, checked, and packed into new entries
   of ``entry_bytes`` at most (or one record), each compressed as the run says; a record
-  bigger than a read's share is compressed as a stream and kept as it is should its
-  output grow past that share (:func:`~shale.ledger.codecs.compress_pieces`).
+  bigger than :data:`GROUP_BYTES` is compressed with zstd as a stream, twice (first for
+  the size and checksum its frame's header gives, then for the bytes written after it:
+  :func:`~shale.ledger.codecs.compress_pieces`), so that only the compressor is held
+  beside it; a run writing lz4 keeps such a record as it is.
 
-What this holds — the frame's window, the biggest record, a read's share of output, the
+What this holds — the frame's window, the biggest record, a group's output, the
 compressor — is what the memory budget counts for it (:mod:`shale.compactor.budget`).
 """
 
@@ -35,7 +37,6 @@ from shale.ledger.codecs import Codec, compress_pieces
 from shale.ledger.events import event_times_at
 from shale.ledger.format import FRAME_HEADER
 from shale.ledger.ids import MessageId
-from shale.ledger.kernels import crc32c
 from shale.ledger.reader import RAW_BATCH_BYTES, LedgerFile
 from shale.ledger.stream import PayloadStream, record_groups
 from shale.ledger.writer import LedgerWriter
@@ -140,20 +141,18 @@ def _copy_survivors(f: LedgerFile, e: int, rec: I64, stream: PayloadStream, sinc
         n = int(starts[-1] + sizes[b - 1])
         if sink.upload is not None:
             sink.upload.drain(0)  # (the entry before is written before this one is made)
-        codec, pieces = compress_pieces(view[:n], config.compression, group)
-        crc = 0
-        for p in pieces:
-            crc = crc32c(p, crc)
-        length = FRAME_HEADER.size + sum(memoryview(p).nbytes for p in pieces)
+        codec, stored, crc, pieces = compress_pieces(view[:n], config.compression, group)
+        length = FRAME_HEADER.size + stored
         w = _part_for(sink, length, b - a)
-        w.write_frame_bytes(FRAME_HEADER.pack(length - FRAME_HEADER.size, crc, b - a))
-        for p in pieces:
-            w.write_frame_bytes(p)
+        w.write_frame_bytes(FRAME_HEADER.pack(stored, crc, b - a))
+        for piece in pieces():
+            if sink.upload is not None:
+                sink.upload.drain(0)  # (one piece waits to be written while the next is made)
+            w.write_frame_bytes(piece)
         _register(sink, w, f, e, rec[a:b], since, length, int(codec), n, starts.astype(np.uint32), events,
                   config.keeps_times)
         if codec == Codec.NONE and sink.upload is not None:
             sink.upload.wait_for(sink.upload.submitted)  # (the buffer written is read into again)
-        del pieces
 
 
 def _part_for(sink: _PartSink, length: int, count: int) -> LedgerWriter:

@@ -216,3 +216,27 @@ def test_event_times_decoded_from_big_entries_order_the_run_as_batches_do(tmp_pa
         cfg = CompactionConfig(order="event-time", delete_retention_ms=0, **extra)  # type: ignore[arg-type]
         assert Compactor(uri, cfg).run().status == "compacted"
     assert view(streams) == view(batches)
+
+
+@pytest.mark.parametrize("written", ["zstd", "lz4", "none"])
+def test_big_survivors_of_a_partly_kept_entry_are_compressed_as_streams(tmp_path: Path, written: str) -> None:
+    """Records of 3 MiB (more than a group) surviving in a partly kept big entry: with
+    zstd each is compressed as a stream, twice, into an entry of its own (small, as the
+    text compresses); a run writing lz4 keeps them as they are; the view is whole."""
+    uri = str(tmp_path / "t")
+    produce_big(uri, "zstd", size=3 * MiB)
+    with TopicWriter(uri) as w:
+        w.append("key-1", "newer")
+    cfg = CompactionConfig(delete_retention_ms=0, compression=parse_compression(written), chunk_raw_bytes=MiB)
+    assert Compactor(uri, cfg).run().status == "compacted"
+    got = [(m.key, m.value) for m in TopicReader(uri, read_compacted=True).read()]
+    want = [(b"key-%d" % i, (b"%08d" % i * (3 * MiB // 8))[:3 * MiB]) for i in (0, 2, 3)]
+    assert got == [*want, (b"key-1", b"newer")]
+    (part,) = TopicMetadata.open(uri).load_compaction().parts
+    p = objects.parse(tamper.read_raw(uri, part.object))
+    big = [i for i, n in enumerate(p.cols["e_raw_length"].tolist()) if n >= 3 * MiB]
+    assert len(big) == 3
+    want = {"zstd": Codec.ZSTD, "lz4": Codec.NONE, "none": Codec.NONE}[written]
+    assert all(int(p.cols["e_codec"][i]) == want for i in big)
+    if written == "zstd":
+        assert all(len(p.payloads[i]) < 64 << 10 for i in big)
