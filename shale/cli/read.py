@@ -45,7 +45,8 @@ def _read_table(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> None
 
     # footers first, then only the table's records: memory follows records, not values
     meta = TopicMetadata.open(args.topic, args.metadata)
-    for m in itertools.islice(table_messages(meta, chunk_bytes=chunk_bytes, as_of=_as_of(args)), args.limit):
+    for m in itertools.islice(table_messages(meta, chunk_bytes=chunk_bytes, as_of=_as_of(args),
+                                             hold_bytes=args.max_batch_bytes), args.limit):
         text = message_line(m, args.value_format)
         del m  # (a big value goes before its line is written)
         io.out.write(text)
@@ -70,7 +71,8 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
                      gap_listener=gone_past, chunk_bytes=chunk_bytes, subscription=args.subscription,
                      # a follower prints and flushes each record before asking for the next: the reader
                      # may commit it then, and keeps an idle subscription active
-                     auto_commit=args.follow and args.subscription is not None, as_of=_as_of(args)) as r:
+                     auto_commit=args.follow and args.subscription is not None, as_of=_as_of(args),
+                     max_batch_bytes=args.max_batch_bytes) as r:
         if r.subscriber is not None and r.subscriber.expired:
             io.err.write(f"shale: warning: {r.meta.uri}: subscription {r.subscriber.name!r} had expired (no commit "
                          "within the topic's subscription-expiry): it held nothing back meanwhile, so deletes may have "
