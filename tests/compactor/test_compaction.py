@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,7 +11,9 @@ import pytest
 from shale.compactor import CompactionConfig, Compactor, collect_garbage
 from shale.ledger.errors import TopicNotFoundError
 from shale.ledger.ids import MessageId
+from shale.ledger.ordering import EVENT_TIME, OFFSET
 from shale.ledger.record import Message, Record
+from shale.metadata.subscriptions import Subscriptions
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TableView, TopicReader
@@ -143,6 +146,25 @@ def test_delete_retention_zero_drops_tombstones_at_once(topic_uri: str) -> None:
     s = Compactor(topic_uri, CompactionConfig(delete_retention_ms=0)).run()
     assert s.tombstones_dropped == 2 and s.keys == 1
     assert [(m.key, m.value) for m in compacted(topic_uri)] == [(b"b", b"1")]
+
+
+@pytest.mark.parametrize("order", [OFFSET, EVENT_TIME])
+def test_a_winning_tombstone_past_the_key_ttl_goes_at_once(tmp_path: Path, order: str) -> None:
+    """Key expiry drops a key whose winner is older than the TTL as if it were deleted: a
+    winning tombstone that old goes too, at once, though no run has kept it for the delete
+    retention (a day) and an active subscription has yet to read it (key expiry is a rule
+    of age, never held); a younger tombstone stays for its retention."""
+    clock = Clock()
+    uri = str(tmp_path / "t")
+    produce(uri, [("a", "1"), ("b", "1"), ("a", None), ("c", "1")], clock)
+    clock.advance(3 * 3600)
+    produce(uri, [("d", "1"), ("d", None), ("e", "1")], clock)
+    Subscriptions(TopicMetadata.open(uri)).create("app", now_ms=int(clock() * 1000))
+    cfg = CompactionConfig(order=order, key_ttl_ms=2 * HOUR, delete_retention_ms=24 * HOUR)
+    s = Compactor(uri, cfg, clock=clock).run()
+    assert (s.status, s.tombstones_dropped, s.tombstones_kept, s.keys_expired, s.keys) == (
+        "compacted", 1, 1, 2, 1), s
+    assert [(m.key, m.value) for m in compacted(uri)] == [(b"d", None), (b"e", b"1")]
 
 
 def test_keyless_records_dropped_or_retained(topic_uri: str, tmp_path: object) -> None:
