@@ -290,6 +290,30 @@ def test_retired_ledger_deleted_only_after_grace(topic_uri: str) -> None:
     assert all(meta.topic.store.exists(meta.topic.key(p.object)) for p in meta.load_compaction().parts)
 
 
+def test_a_retired_part_is_deleted_once_exactly_the_grace_has_passed(tmp_path: Path) -> None:
+    """``--gc-grace``: retired parts are deleted only after this long since they were
+    retired; a millisecond before, gc leaves them (and says they wait), at the grace it
+    deletes them."""
+    clock = Clock()
+    uri = str(tmp_path / "t")
+    produce(uri, updates(30, 5), clock)
+    cfg = CompactionConfig(gc_grace_ms=600_000)
+    Compactor(uri, cfg, clock=clock).run()
+    meta = TopicMetadata.open(uri)
+    first = meta.load_compaction().parts[0].object
+    produce(uri, updates(5, 5), clock)
+    clock.advance(60)
+    Compactor(uri, cfg, clock=clock).run()
+    (retired,) = meta.load_compaction().retired
+    assert retired.objects == (first,) and retired.retired_ms == int(clock() * 1000)
+    early = collect_garbage(meta, now_ms=retired.retired_ms + 600_000 - 1, grace_ms=600_000, orphan_grace_ms=3_600_000)
+    assert (early.retired_deleted, early.retired_waiting) == ([], 1)
+    assert meta.topic.store.exists(meta.topic.key(first)) and meta.load_compaction().retired == (retired,)
+    due = collect_garbage(meta, now_ms=retired.retired_ms + 600_000, grace_ms=600_000, orphan_grace_ms=3_600_000)
+    assert (due.retired_deleted, due.retired_waiting) == ([first], 0)
+    assert not meta.topic.store.exists(meta.topic.key(first)) and meta.load_compaction().retired == ()
+
+
 def test_reader_moves_to_new_state_when_its_ledger_is_collected(topic_uri: str) -> None:
     produce(topic_uri, updates(200, 40), batch_size=5)
     Compactor(topic_uri).run()
