@@ -419,7 +419,7 @@ def _raw_input(draw: st.DrawFn) -> bytes:
     return b"\n".join(lines) + draw(st.sampled_from([b"", b"\n"]))
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_raw_input(), st.sampled_from([1, 40, 1 << 20]))
 def test_raw_byte_lines_store_and_refuse_as_the_line_by_line_path(data: bytes, chunk_bytes: int) -> None:
     same(data, chunk_bytes=chunk_bytes, memory=True)
