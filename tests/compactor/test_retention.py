@@ -8,12 +8,17 @@ outlive the orphan grace for readers still reading them."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from pathlib import Path
 
+import pytest
+
 from shale.compactor import CompactionConfig, Compactor, collect_garbage
+from shale.compactor.retention import plan_truncation, retention_cut, truncate
 from shale.compactor.verify import verify_topic
+from shale.ledger.errors import InvalidInputError
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
@@ -76,3 +81,68 @@ def test_ids_stay_monotonic_and_removed_ledgers_wait_for_the_grace(tmp_path: Pat
     assert len([o for o in later.orphans_deleted if o.startswith("ledgers/")]) == 3
     assert run_cli_here("truncate", uri, "--before-ledger", "x").returncode == 2
     assert run_cli_here("truncate", str(tmp_path / "missing"), "--before-ledger", "3").returncode == 2
+
+
+def test_removed_ledgers_wait_for_the_grace_after_the_truncation_however_old_they_are(tmp_path: Path) -> None:
+    """Ledgers written long ago (older than the orphan grace themselves) and removed now
+    stay until the grace has passed since the truncation, for the readers that had listed
+    them: gc takes them at the truncation plus the grace, not a millisecond before."""
+    uri = str(tmp_path / "t")
+    produce(uri, 1, 3_000)
+    meta = TopicMetadata.open(uri)
+    grace = CompactionConfig().orphan_grace_ms
+    written = time.time() - 2 * grace / 1000
+    for f in (tmp_path / "t" / "ledgers").iterdir():
+        os.utime(f, (written, written))
+    plan = truncate(meta, meta.load_topic().last_ledger_id + 1, allow_uncompacted=True)
+    assert len(plan.removed) == 3
+    truncated = meta.load_topic().truncated_ms
+    kept = collect_garbage(meta, now_ms=truncated + grace - 1, grace_ms=0, orphan_grace_ms=grace)
+    assert not any(o.startswith("ledgers/") for o in kept.orphans_deleted), kept.orphans_deleted
+    assert len(list((tmp_path / "t" / "ledgers").iterdir())) == 3
+    gone = collect_garbage(meta, now_ms=truncated + grace, grace_ms=0, orphan_grace_ms=grace)
+    assert sorted(gone.orphans_deleted) == sorted(lg.object for lg in plan.removed)
+
+
+def _timed(uri: str, times_s: list[float]) -> None:
+    """One ledger of one record per entry (``k<i>``), published at ``times_s``."""
+    clock = [0.0]
+    with TopicWriter(uri, max_ledger_records=len(times_s), batch_size=1, clock=lambda: clock[0]) as w:
+        for i, t in enumerate(times_s):
+            clock[0] = t
+            w.append(f"k{i}", f"v{i}")
+
+
+def test_a_horizon_inside_a_ledger_keeps_that_ledger_from_retention(tmp_path: Path) -> None:
+    """The minimum compaction lag stopped the horizon one record before the end of ledger
+    2: removing ledger 2 would lose that record, so truncate refuses (counting it) and a
+    retention rule stops before it."""
+    uri = str(tmp_path / "t")
+    t0 = 1_700_000_000.0
+    _timed(uri, [t0] * 4)
+    _timed(uri, [t0] * 4 + [t0 + 7200])
+    _timed(uri, [t0 + 7200] * 2)
+    lag = 3_600_000
+    s = Compactor(uri, CompactionConfig(min_compaction_lag_ms=lag), clock=lambda: t0 + 7200).run()
+    meta = TopicMetadata.open(uri)
+    assert s.status == "compacted" and str(meta.load_compaction().horizon) == "2:3:0"
+    plan = plan_truncation(meta, 3)
+    assert (plan.uncompacted, plan.records_lost) == ((2,), 1)
+    with pytest.raises(InvalidInputError, match=r"would lose 1 record no compaction has kept \(ledger 2; the horizon "):
+        truncate(meta, 3)
+    assert [lg.id for lg in meta.load_topic().ledgers] == [1, 2, 3]
+    assert retention_cut(meta, older_than_ms=0, now_ms=int((t0 + 10**6) * 1000)) == 2  # ledger 1 only
+
+
+def test_retention_by_age_removes_a_ledger_only_once_it_is_older_than_the_age(tmp_path: Path) -> None:
+    """``--older-than D``: a ledger whose last record is exactly D old stays; a
+    millisecond later it goes."""
+    uri = str(tmp_path / "t")
+    _timed(uri, [1_700_000_000.0, 1_700_000_000.5])
+    _timed(uri, [1_700_000_001.0])
+    assert Compactor(uri, CompactionConfig()).run().status == "compacted"
+    meta = TopicMetadata.open(uri)
+    last = meta.load_topic().ledgers[0].last_publish
+    assert last == 1_700_000_000_500
+    assert retention_cut(meta, older_than_ms=3_600_000, now_ms=last + 3_600_000) == 1
+    assert retention_cut(meta, older_than_ms=3_600_000, now_ms=last + 3_600_001) == 2
