@@ -22,6 +22,7 @@ from typing import Any, Final
 from shale.export_target import open_output
 from shale.ledger.errors import InvalidInputError
 from shale.ledger.reader import DEFAULT_CHUNK_BYTES
+from shale.metadata.asof import AsOf
 from shale.reader import TopicReader
 from shale.reader.arrow import DEFAULT_MAX_BATCH_BYTES, require_pyarrow, schema
 from shale.reader.latest import table_batches, table_messages
@@ -102,9 +103,11 @@ class _Sink(io.RawIOBase):
 def export_topic(topic_uri: str, out_uri: str, *, metadata_uri: str | None = None, compacted: bool = False,
                  table: bool = False, fmt: str | None = None, start: Position = EARLIEST, compression: str = "zstd",
                  utf8: bool = False, progress: Progress | None = None, overwrite: bool = False,
-                 max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> ExportResult:
+                 max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, as_of: AsOf | None = None) -> ExportResult:
     """Write the topic's records (``compacted``: its compacted view; ``table``: the latest
     value of every live key) from ``start`` to ``out_uri`` as ``fmt``; see the module.
+    ``as_of`` (an epoch, a time, a message id or a tag): of the topic as it was at that
+    point, nothing written later (:mod:`shale.metadata.asof`; implies ``compacted``).
 
     ``out_uri`` ``-`` is standard output.  An ``out_uri`` inside a topic, or that is not a
     regular file, is refused; so is one that exists unless ``overwrite``
@@ -118,7 +121,7 @@ def export_topic(topic_uri: str, out_uri: str, *, metadata_uri: str | None = Non
     if table and start != EARLIEST:
         raise InvalidInputError("--table exports every key: it takes no --start")
     reader = TopicReader(topic_uri, metadata_uri=metadata_uri, read_compacted=compacted or table, start=start,
-                         chunk_bytes=min(DEFAULT_CHUNK_BYTES, max_batch_bytes))
+                         chunk_bytes=min(DEFAULT_CHUNK_BYTES, max_batch_bytes), as_of=as_of)
     out = open_output(out_uri, reader.meta, overwrite=overwrite, binary=fmt != "jsonl")
     rows = [0]
     nbytes = [0]
@@ -131,13 +134,15 @@ def export_topic(topic_uri: str, out_uri: str, *, metadata_uri: str | None = Non
     with out as writer:
         sink = _Sink(writer, note)
         if fmt == "jsonl":
-            messages = table_messages(reader.meta) if table else iter(reader)
+            messages = table_messages(reader.meta, as_of=as_of) if table else iter(reader)
             rows[0] = _write_jsonl(messages, sink, rows)
         else:
-            batches = (table_batches(reader.meta, utf8=utf8, max_batch_bytes=max_batch_bytes) if table
+            batches = (table_batches(reader.meta, utf8=utf8, max_batch_bytes=max_batch_bytes, as_of=as_of) if table
                        else reader.iter_batches(utf8=utf8, max_batch_bytes=max_batch_bytes))
             _write_arrow(batches, fmt, compression, sink, rows, utf8)
-    what = "table" if table else "compacted view" if compacted else "records"
+    what = "table" if table else "compacted view" if compacted or as_of is not None else "records"
+    if reader.point is not None:
+        what += f" as of {reader.point.label}"
     return ExportResult(reader.meta.uri, out.uri, fmt, what, rows[0], nbytes[0], time.perf_counter() - t0)
 
 

@@ -182,9 +182,13 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        {"read", "export"}, default=False),
     _s("table", Switch(), "only the latest record of every live key (implies --compacted)", {"read", "export"},
        default=False),
-    _s("as-of", Text(), "read the compacted view as it was at a retained epoch, or at a time (ISO 8601, UTC without a "
-       "zone): its compacted parts, then the ledgers above its horizon (implies --compacted; see snapshot-retention)",
-       {"read"}, metavar="EPOCH|TIME"),
+    _s("as-of", Text(), "the topic as it was at a point, nothing written later: an epoch (that compacted view through "
+       "its horizon), a time (ISO 8601, UTC without a zone, or MILLISms: every record published by then), a message "
+       "id (every record up to it) or a tag; a point older than the history kept is refused (implies --compacted; "
+       "see snapshot-retention)", {"read", "get", "export"}, metavar="EPOCH|TIME|ID|TAG"),
+    _s("from-snapshot", Whole(1, (1 << 62) - 1), "read a retained snapshot's compacted view, then every record above "
+       "its horizon as the topic holds them now (what shale rollback --to-epoch EPOCH would publish; implies "
+       "--compacted)", {"read"}, metavar="EPOCH"),
     _s("follow", Switch(), "keep reading as new ledgers are registered (Ctrl-C ends it, exit code 0)", {"read"},
        default=False),
     _s("poll-interval", Duration(), "with --follow: how often to look for new ledgers", {"read"}, default=1000),
