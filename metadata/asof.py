@@ -175,7 +175,8 @@ def _tag_epoch(state: CompactionState, name: str, where: str) -> int:
     tags = getattr(state, "tags", None) or {}
     epoch = tags.get(name) if isinstance(tags, dict) else None
     if epoch is None:
-        raise SnapshotNotFoundError(f"{where}: no retained view is tagged {name!r} (retained: {_retained_text(state)})")
+        raise SnapshotNotFoundError(f"{where}: {shown(name)!r} is not {_EXAMPLE}, nor the tag of a retained view "
+                                    f"(retained: {_retained_text(state)})")
     return int(epoch)
 
 

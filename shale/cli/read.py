@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from shale.metadata.asof import AsOf
     from shale.reader import TopicReader
 
-__all__ = ["run_export", "run_get", "run_read"]
+__all__ = ["run_changes", "run_export", "run_get", "run_read"]
 
 
 def run_read(args: argparse.Namespace, io: Streams) -> int:
@@ -118,18 +118,13 @@ def _commit(r: TopicReader, io: Streams, unprinted: MessageId | None = None) -> 
 def _point(args: argparse.Namespace) -> tuple[AsOf | None, int | None]:
     """``--as-of EPOCH|TIME|ID|TAG``, parsed, and ``--from-snapshot EPOCH`` (None when not
     given; they exclude each other)."""
-    from shale.metadata.asof import parse_point
-
     from_snapshot = getattr(args, "from_snapshot", None)
     if args.as_of is None:
         return None, from_snapshot
     if from_snapshot is not None:
         raise InvalidInputError("--as-of reads the topic as it was at a point, --from-snapshot a snapshot and "
                                 "everything since: give one")
-    try:
-        return parse_point(args.as_of), None
-    except InvalidInputError as e:
-        raise InvalidInputError(f"--as-of: {e}") from None
+    return _parsed("--as-of", args.as_of), None
 
 
 def run_get(args: argparse.Namespace, io: Streams) -> int:
@@ -147,6 +142,30 @@ def run_get(args: argparse.Namespace, io: Streams) -> int:
         return EXIT_NOT_FOUND
     io.out.write((message_line(found.message, args.value_format) if found.message else "{}") + "\n")
     return 0
+
+
+def run_changes(args: argparse.Namespace, io: Streams) -> int:
+    from shale.jsonlines import change_line
+    from shale.ledger.reader import DEFAULT_CHUNK_BYTES
+    from shale.metadata.topic import TopicMetadata
+    from shale.reader.changes import changes
+
+    since = _parsed("--from", args.from_point)
+    until = None if args.to_point is None else _parsed("--to", args.to_point)
+    meta = TopicMetadata.open(args.topic, args.metadata)
+    for c in changes(meta, since, until, chunk_bytes=DEFAULT_CHUNK_BYTES):
+        io.out.write(change_line(c.op, c.key, c.message, args.value_format))
+        io.out.write("\n")
+    return 0
+
+
+def _parsed(flag: str, text: str) -> AsOf:
+    from shale.metadata.asof import parse_point
+
+    try:
+        return parse_point(text)
+    except InvalidInputError as e:
+        raise InvalidInputError(f"{flag}: {e}") from None
 
 
 def _key_bytes(text: str, b64: bool) -> bytes:
@@ -169,13 +188,18 @@ def run_export(args: argparse.Namespace, io: Streams) -> int:
     from shale.reader import parse_position
 
     as_of, _ = _point(args)
+    since = None if args.changes_from is None else _parsed("--changes-from", args.changes_from)
+    until = None if args.changes_to is None else _parsed("--changes-to", args.changes_to)
+    if until is not None and since is None:
+        raise InvalidInputError("--changes-to goes with --changes-from")
     progress = _ExportProgress() if sys.stderr.isatty() else None
     try:
         result = export_topic(args.topic, args.out, metadata_uri=args.metadata, compacted=args.compacted,
                               table=args.table, fmt=args.export_format, start=parse_position(args.start),
                               compression=args.export_compression, utf8=args.utf8,
                               progress=progress.show if progress else None, overwrite=args.overwrite,
-                              max_batch_bytes=args.max_batch_bytes, as_of=as_of)
+                              max_batch_bytes=args.max_batch_bytes, as_of=as_of,
+                              changes=None if since is None else (since, until))
     finally:
         if progress is not None:
             progress.close()
