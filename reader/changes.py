@@ -81,9 +81,15 @@ def _point(p: AsOf | str) -> AsOf:
     return parse_point(p) if isinstance(p, str) else p
 
 
-def plan_changes(meta: TopicMetadata, since: AsOf | str, until: AsOf | str | None = None) -> ChangePlan:
+def _opened(topic: TopicMetadata | str) -> TopicMetadata:
+    return TopicMetadata.open(topic) if isinstance(topic, str) else topic
+
+
+def plan_changes(topic: TopicMetadata | str, since: AsOf | str, until: AsOf | str | None = None) -> ChangePlan:
     """Which records make the changes from ``since`` to ``until`` (None: the topic as it
-    is now); a point the kept history cannot answer is refused as a read as of it is."""
+    is now) of ``topic`` (its metadata, or its URI); a point the kept history cannot
+    answer is refused as a read as of it is."""
+    meta = _opened(topic)
     since, until = _point(since), None if until is None else _point(until)
     views = _epoch_views(meta, since, until)
     if views is not None:
@@ -236,10 +242,13 @@ def _by_tables(meta: TopicMetadata, a: LatestPlan, b: LatestPlan) -> ChangePlan:
 # ------------------------------------------------------------------------- reading
 
 
-def changes(meta: TopicMetadata, since: AsOf | str, until: AsOf | str | None = None, *,
+def changes(topic: TopicMetadata | str, since: AsOf | str, until: AsOf | str | None = None, *,
             chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[Change]:
-    """The changes from ``since`` to ``until`` (None: now), upserts then deletes, one
-    entry decompressed and one record decoded at a time."""
+    """The changes of ``topic`` (its metadata, or its URI) from ``since`` to ``until``
+    (None: now), upserts then deletes, one entry decompressed and one record decoded at a
+    time.  A point is an epoch, a :class:`~datetime.datetime`, a
+    :class:`~shale.ledger.ids.MessageId`, a tag, or any of them as text."""
+    meta = _opened(topic)
     plan = plan_changes(meta, since, until)
     for c in plan.upserts:
         for m in c.segment.open(meta).messages_at(c.records, chunk_bytes=chunk_bytes):
@@ -259,11 +268,13 @@ def change_schema(utf8: bool = False) -> pa.Schema:
     return pa.schema([("op", pa.string()), *base])
 
 
-def change_batches(meta: TopicMetadata, since: AsOf | str, until: AsOf | str | None = None, *, utf8: bool = False,
-                   max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+def change_batches(topic: TopicMetadata | str, since: AsOf | str, until: AsOf | str | None = None, *,
+                   utf8: bool = False, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
                    rows: int | None = DEFAULT_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
-    """The changes as Arrow record batches of :func:`change_schema`, upserts then deletes."""
+    """The changes as Arrow record batches of :func:`change_schema`, upserts then
+    deletes, each of at most ``max_batch_bytes`` of records (needs pyarrow)."""
     pa = require_pyarrow()
+    meta = _opened(topic)
     plan = plan_changes(meta, since, until)
     out = change_schema(utf8)
     with BatchReader(decode_threads(), max_batch_bytes=max_batch_bytes, rows=rows,
