@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -47,7 +47,7 @@ from shale.reader.latest import Chosen, LatestPlan, plan_latest
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["Change", "ChangePlan", "change_batches", "change_schema", "changes", "plan_changes"]
+__all__ = ["Change", "ChangePlan", "change_batches", "change_schema", "changes", "constant_text", "plan_changes"]
 
 Op = Literal["upsert", "delete"]
 
@@ -283,8 +283,17 @@ def change_batches(topic: TopicMetadata | str, since: AsOf | str, until: AsOf | 
             for c in chosen:
                 for batch in reader.batches(c.segment.open(meta), c.records):
                     n = batch.num_rows
-                    cols = [pa.array([op] * n, pa.string())]
+                    cols = [constant_text(pa, op, n)]
                     for name in out.names[1:]:
                         keep = op == "upsert" or name == "key"
                         cols.append(batch.column(name) if keep else pa.nulls(n, out.field(name).type))
                     yield pa.RecordBatch.from_arrays(cols, schema=out)
+
+
+def constant_text(pa: Any, text: str, n: int) -> Any:
+    """A string array of ``n`` times ``text``, made from its buffers (converting a Python
+    list would import pandas' glue into pyarrow on first use, which costs more than the
+    whole read of a small change set)."""
+    data = text.encode()
+    offsets = np.arange(0, (n + 1) * len(data), len(data), dtype=np.int32)
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data * n))

@@ -227,13 +227,15 @@ def read_change_partition(opts: ReadOptions, partition: ChangePartition) -> Iter
     keeps only its key)."""
     import pyarrow as pa
 
+    from shale.reader.changes import constant_text
+
     target = _arrow_schema(opts)
     f = partition.split.segment.open(opts.meta())
     with BatchReader(1, max_batch_bytes=opts.max_batch_bytes, rows=opts.batch_rows, utf8=opts.utf8,
                      id_text=opts.id_text) as reader:
         for batch in reader.batches(f, partition.records):
             n = batch.num_rows
-            cols = [pa.array([partition.op] * n, pa.string())]
+            cols = [constant_text(pa, partition.op, n)]
             for field in target:
                 if field.name == "op":
                     continue
