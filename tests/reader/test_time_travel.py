@@ -155,6 +155,9 @@ def _check_points(s: Scenario) -> dict[str, int]:
         end = _end(s, point)
         assert all(m.id < end for m in read) if end is not None else True, point
         assert all(m.id in s.history.records for m in read), point
+        if isinstance(point, datetime.datetime):  # the Arrow path ends there too
+            with TopicReader(s.uri, as_of=point) as r:
+                assert r.to_arrow(id_text=True).column("id").to_pylist() == [str(m.id) for m in read], point
     return seen
 
 
