@@ -9,7 +9,6 @@ metadata cannot be read is still listed, with the error, and never stops the oth
 
 from __future__ import annotations
 
-import datetime
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +18,7 @@ from shale.compactor.subscriptions import SubscriptionStatus, slowest, subscript
 from shale.compactor.topics import discover_topics, estimate_dirt
 from shale.ledger.errors import error_line
 from shale.metadata.topic import TopicMetadata
+from shale.settings.units import format_time
 
 __all__ = ["TopicRow", "describe_topic", "list_topics", "rows_text"]
 
@@ -72,7 +72,7 @@ def list_topics(prefix_uri: str, *, reads: int = 8) -> list[TopicRow]:
 def _when(ms: int | None) -> str:
     if not ms:
         return "never"
-    return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).strftime("%Y-%m-%d %H:%M")
+    return format_time(ms, style="minutes")
 
 
 def rows_text(rows: list[TopicRow]) -> str:

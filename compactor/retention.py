@@ -12,7 +12,8 @@ takes ``allow_unread``; the subscription then meets a gap (``shale read --on-gap
 
 A retained snapshot (``snapshot-retention``) is read, and rolled back to, with the
 ledgers above its own horizon: retention keeps them while it is retained.  Removing them
-takes ``drop_snapshots``, which drops the snapshots that need them first.
+takes ``drop_snapshots``, which drops the snapshots that need them first — but never a
+tagged one (:mod:`shale.compactor.tags`): its tag is removed first.
 """
 
 from __future__ import annotations
@@ -128,10 +129,11 @@ def plan_truncation(meta: TopicMetadata, before_ledger: int) -> TruncationPlan:
                           unread_by=_unread_by(removed, _active(meta)) if removed else (), snapshots=held)
 
 
-def _snapshot_floor(state: CompactionState) -> tuple[bool, MessageId | None]:
-    """Whether retained snapshots hold ledgers back, and the lowest of their horizons
-    (records above it are read as of one of them)."""
-    horizons = [s.horizon for s in state.snapshots]
+def _snapshot_floor(state: CompactionState, *, tagged_only: bool = False) -> tuple[bool, MessageId | None]:
+    """Whether retained snapshots (with ``tagged_only``, the tagged ones) hold ledgers
+    back, and the lowest of their horizons (records above it are read as of one of them)."""
+    tagged = set(state.tags.values())
+    horizons = [s.horizon for s in state.snapshots if not tagged_only or s.epoch in tagged]
     if not horizons:
         return False, None
     return True, None if any(h is None for h in horizons) else min(h for h in horizons if h is not None)
@@ -155,7 +157,8 @@ def retention_cut(meta: TopicMetadata, *, older_than_ms: int | None = None, keep
     than ``older_than_ms``, or beyond the newest ``keep_bytes`` of ledgers.  It stops at
     the first ledger with records above the horizon unless ``allow_uncompacted``, and at
     the first one an active subscription has yet to read unless ``allow_unread``, and at the
-    first with records above a retained snapshot's horizon unless ``drop_snapshots``."""
+    first with records above a retained snapshot's horizon — a tagged one's even with
+    ``drop_snapshots``."""
     if (older_than_ms is None) == (keep_bytes is None):
         raise InvalidInputError("give one retention rule: --older-than DURATION or --keep-bytes SIZE")
     topic, state = meta.load_topic(), meta.load_compaction()
@@ -164,13 +167,13 @@ def retention_cut(meta: TopicMetadata, *, older_than_ms: int | None = None, keep
     cut = topic.ledgers[0].id if topic.ledgers else topic.last_ledger_id + 1
     unread_from = None if allow_unread or not topic.ledgers else min((s.position for s in _active(meta)),
                                                                      default=None)
-    held, floor = _snapshot_floor(state)
+    held, floor = _snapshot_floor(state, tagged_only=drop_snapshots)
     for lg in topic.ledgers:
         expired = (now - lg.last_publish > older_than_ms) if older_than_ms is not None else left > (keep_bytes or 0)
         if not expired or (not allow_uncompacted and _records_above(meta, lg, state.horizon)) \
                 or (unread_from is not None and not wholly_below(lg, unread_from)):
             break
-        if held and not drop_snapshots and _records_above(meta, lg, floor):
+        if held and _records_above(meta, lg, floor):
             break
         left -= lg.bytes
         cut = lg.id + 1
@@ -182,7 +185,8 @@ def truncate(meta: TopicMetadata, before_ledger: int, *, allow_uncompacted: bool
     """Remove the ledgers below ``before_ledger``; refuse, unless ``allow_uncompacted``,
     when that removes records above the compaction horizon, unless ``allow_unread``,
     records an active subscription has yet to read, and unless ``drop_snapshots`` (which
-    then drops them first) records above a retained snapshot's.  With ``dry_run`` only plan.
+    then drops them first; never a tagged one) records above a retained snapshot's.  With
+    ``dry_run`` only plan.
 
     The horizon only moves up, so a plan that found every removed record compacted stays
     true until the removal lands: a rollback lowers it only to a retained snapshot's
@@ -202,6 +206,10 @@ def truncate(meta: TopicMetadata, before_ledger: int, *, allow_uncompacted: bool
             f"{'s' if len(plan.unread_by) > 1 else ''} {', '.join(map(repr, plan.unread_by))} "
             f"{'have' if len(plan.unread_by) > 1 else 'has'} yet to read (shale subscriptions {meta.uri}): let "
             "them catch up, delete or reset them, or pass --allow-unread")
+    if plan.snapshots:
+        from shale.compactor.snapshots import refuse_tagged
+
+        refuse_tagged(meta.uri, meta.load_compaction(), plan.snapshots, f"removing the ledgers below {before_ledger}")
     if plan.snapshots and not drop_snapshots:
         raise InvalidInputError(
             f"{meta.uri}: removing the ledgers below {before_ledger} would remove records above the horizon of the "

@@ -41,7 +41,7 @@ from shale.metadata.topic import COMPACTION_DOC, TopicMetadata
 from shale.metadata.view import TopicView
 from shale.settings import SETTINGS
 
-__all__ = ["RollbackResult", "drop_snapshots", "kept_snapshots", "rollback", "succeed"]
+__all__ = ["RollbackResult", "drop_snapshots", "kept_snapshots", "refuse_tagged", "rollback", "succeed"]
 
 #: Swaps a rollback tries when the state changed in ways that leave it valid (garbage
 #: collection trimming the retired list, a truncation's stamp).
@@ -50,12 +50,13 @@ _ATTEMPTS: Final = 10
 
 def kept_snapshots(prev: CompactionState, *, keep: int, keep_age_ms: int, now_ms: int) -> tuple[Snapshot, ...]:
     """The snapshots a state replacing ``prev`` at ``now_ms`` (the store's clock) retains:
-    of ``prev``'s view and its snapshots, the newest ``keep - 1`` and every one replaced
-    less than ``keep_age_ms`` ago, oldest first."""
+    of ``prev``'s view and its snapshots, the newest ``keep - 1``, every one replaced
+    less than ``keep_age_ms`` ago and every one a tag names, oldest first."""
     if keep < 1 or keep_age_ms < 0:
         raise InvalidInputError("snapshot retention keeps at least the published view (1), for no negative age")
     candidates = [*prev.snapshots, *((prev.as_snapshot(now_ms),) if prev.epoch else ())]
     newest = {s.epoch for s in candidates[max(0, len(candidates) - (keep - 1)):]} if keep > 1 else set()
+    newest |= set(prev.tags.values())
     return tuple(s for s in candidates if s.epoch in newest or now_ms - s.replaced_ms < keep_age_ms)
 
 
@@ -69,11 +70,11 @@ def _in_order(views: list[tuple[CompactedPart, ...]], names: set[str]) -> tuple[
 def succeed(prev: CompactionState, new: CompactionState, *, retired_ms: int, keep: int = 1,
             keep_age_ms: int = 0) -> CompactionState:
     """``new`` as the state that replaces ``prev``: with the snapshots it keeps
-    (:func:`kept_snapshots`, judged at ``retired_ms``, the store's clock) and ``prev``'s
-    retired sets, to which what no view it keeps names any more is added, stamped
-    ``retired_ms`` (readers of the replaced views have the grace period from then)."""
+    (:func:`kept_snapshots`, judged at ``retired_ms``, the store's clock), ``prev``'s tags
+    and ``prev``'s retired sets, to which what no view it keeps names any more is added,
+    stamped ``retired_ms`` (readers of the replaced views have the grace period from then)."""
     snapshots = kept_snapshots(prev, keep=keep, keep_age_ms=keep_age_ms, now_ms=retired_ms)
-    new = replace(new, snapshots=snapshots, retired=prev.retired)
+    new = replace(new, snapshots=snapshots, retired=prev.retired, tags=dict(prev.tags))
     gone = prev.retained_objects() - new.retained_objects()
     if not gone:
         return new
@@ -86,7 +87,8 @@ def drop_snapshots(meta: TopicMetadata, epochs: tuple[int, ...], *, now_ms: int 
     """Drop the retained snapshots of ``epochs`` (one compare-and-swap, read again on a
     conflict), retiring what no view left names (stamped ``now_ms``, the store's clock).
     ``horizon``: the published horizon the caller planned with; a view published since
-    below it (a rollback) is refused, since the plan no longer holds."""
+    below it (a rollback) is refused, since the plan no longer holds; so is a snapshot a
+    tag names (tagged since the plan, maybe): a tag is removed first, on purpose."""
     stamp = meta.now_ms() if now_ms is None else now_ms
 
     def dropped(state: CompactionState) -> CompactionState | None:
@@ -94,6 +96,7 @@ def drop_snapshots(meta: TopicMetadata, epochs: tuple[int, ...], *, now_ms: int 
             raise InvalidInputError(f"{meta.uri}: the compacted view was rolled back to horizon {state.horizon} "
                                     f"while the truncation was planned against {horizon}; nothing was removed: "
                                     "plan it again")
+        refuse_tagged(meta.uri, state, epochs, f"dropping the snapshots of epoch {', '.join(map(str, epochs))}")
         kept = tuple(s for s in state.snapshots if s.epoch not in epochs)
         if len(kept) == len(state.snapshots):
             return None
@@ -105,6 +108,18 @@ def drop_snapshots(meta: TopicMetadata, epochs: tuple[int, ...], *, now_ms: int 
         return replace(new, retired=(*state.retired, RetiredSet(named, stamp, state.epoch)))
 
     return meta.update_compaction(dropped, what="dropping snapshots")
+
+
+def refuse_tagged(uri: str, state: CompactionState, epochs: tuple[int, ...], doing: str) -> None:
+    """:class:`~shale.ledger.errors.InvalidInputError` when a tag of ``state`` names one
+    of ``epochs``, which ``doing`` would drop: a tagged view goes only once its tag does."""
+    tagged = {name: e for name, e in sorted(state.tags.items()) if e in epochs}
+    if tagged:
+        names = ", ".join(f"{n} (epoch {e})" for n, e in tagged.items())
+        many = len(tagged) > 1
+        raise InvalidInputError(f"{uri}: {doing} would drop the tagged view{'s' if many else ''} {names}: a tagged "
+                                f"view is never dropped; remove {'each' if many else 'its'} tag first (shale "
+                                f"snapshots {uri} --untag NAME); nothing was removed")
 
 
 # ------------------------------------------------------------------------ rollback
@@ -183,7 +198,7 @@ def _note(meta: TopicMetadata, order: TopicOrder) -> str:
 
 def rollback(meta: TopicMetadata, to_epoch: int, *, keep: int | None = None, keep_age_ms: int | None = None,
              dry_run: bool = False, clock: Callable[[], float] | None = None,
-             store_now_ms: int | None = None) -> RollbackResult:
+             store_now_ms: int | None = None, planned: CompactionState | None = None) -> RollbackResult:
     """Publish the view of the retained epoch ``to_epoch`` again, as the epoch after the
     published one (which becomes a snapshot under ``keep`` and ``keep_age_ms``, as a
     compaction's would; when not given, the topic's ``snapshot-retention`` and
@@ -193,9 +208,11 @@ def rollback(meta: TopicMetadata, to_epoch: int, *, keep: int | None = None, kee
     published one, or one whose records above its horizon retention removed; a
     :class:`~shale.ledger.errors.ConflictError` when another epoch is published first.
     ``clock`` (seconds) stamps when the view was published; ``store_now_ms`` (the store's
-    clock, read when not given) when the replaced one was replaced."""
+    clock, read when not given) when the replaced one was replaced.  ``planned``: the
+    state the caller chose ``to_epoch`` in (read when not given); a publish since then
+    makes the rollback lose, as one since it read the state itself would."""
     where = meta.docs.url(COMPACTION_DOC)
-    planned = meta.load_compaction()
+    planned = meta.load_compaction() if planned is None else planned
     from_epoch = planned.epoch
     if to_epoch == from_epoch and from_epoch:
         raise InvalidInputError(f"{meta.uri}: epoch {to_epoch} is the published view already; nothing to roll back")

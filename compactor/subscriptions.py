@@ -24,11 +24,11 @@ from shale.ledger.format import KIND_ORIGINAL
 from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.reader import LedgerFile
 from shale.metadata.state import LedgerInfo, TopicState
-from shale.metadata.subscriptions import Subscription, Subscriptions, check_name, expiry_of
+from shale.metadata.subscriptions import CLOCK_SKEW_MS, Subscription, Subscriptions, check_name, expiry_of
 from shale.metadata.topic import TopicMetadata
 from shale.metadata.view import wholly_below
 from shale.settings.kinds import shown
-from shale.settings.units import count, format_duration
+from shale.settings.units import count, format_duration, format_time
 
 __all__ = ["Lag", "SubscriptionChange", "SubscriptionList", "SubscriptionStatus", "change_subscription", "lag_of",
            "list_subscriptions", "slowest", "subscription_statuses", "target_position"]
@@ -77,26 +77,35 @@ class SubscriptionStatus:
     subscription: Subscription
     lag: Lag
     active: bool
+    #: when it counts as having last committed (its commit time, unless that was too far
+    #: ahead of this clock: :meth:`~shale.metadata.subscriptions.Subscription.commit_ms`)
+    commit_ms: int = 0
+    #: its commit time was too far ahead of this clock to be believed
+    ahead: bool = False
 
     def to_json(self) -> dict[str, Any]:
         s = self.subscription
         return {"name": s.name, "position": str(s.position), "lag_records": self.lag.records,
                 "lag_bytes": self.lag.bytes, "committed_ms": s.committed_ms, "created_ms": s.created_ms,
-                "state": "active" if self.active else "expired"}
+                "state": "active" if self.active else "expired", "commit_ahead": self.ahead}
 
 
 def subscription_statuses(meta: TopicMetadata, *, topic: TopicState | None = None, now_ms: int | None = None,
                           footers: bool = True) -> list[SubscriptionStatus]:
     """Every subscription of the topic with its lag, active or expired by the topic's
-    ``subscription-expiry`` at ``now_ms`` (this machine's clock when None)."""
-    subs = Subscriptions(meta).list()
+    ``subscription-expiry`` at ``now_ms`` (this machine's clock when None); a
+    subscription past the end of the topic is corrupt metadata naming its document."""
+    subscriptions = Subscriptions(meta)
+    subs = subscriptions.list()
     if not subs:
         return []
     topic = meta.load_topic() if topic is None else topic
+    for s in subs:
+        topic = subscriptions.check_found(s, topic)
     now = int(time.time() * 1000) if now_ms is None else now_ms
     expiry = expiry_of(meta.load_policy())
-    return [SubscriptionStatus(s, lag_of(meta, topic, s.position, footers=footers), s.active(now, expiry))
-            for s in subs]
+    return [SubscriptionStatus(s, lag_of(meta, topic, s.position, footers=footers), s.active(now, expiry),
+                               s.commit_ms(now), s.ahead(now)) for s in subs]
 
 
 def slowest(statuses: list[SubscriptionStatus]) -> SubscriptionStatus | None:
@@ -105,7 +114,7 @@ def slowest(statuses: list[SubscriptionStatus]) -> SubscriptionStatus | None:
 
 
 def _when(ms: int) -> str:
-    return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return format_time(ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,12 +135,16 @@ class SubscriptionList:
                     f"{self.topic} --subscription NAME)")
         table = [("NAME", "POSITION", "LAG RECORDS", "LAG BYTES", "LAST COMMIT (UTC)", "STATE")]
         table += [(r.subscription.name, str(r.subscription.position), f"{r.lag.records:,}", f"{r.lag.bytes:,}",
-                   _when(r.subscription.committed_ms), "active" if r.active else "expired") for r in self.rows]
+                   _when(r.commit_ms) + (" (*)" if r.ahead else ""), "active" if r.active else "expired")
+                  for r in self.rows]
         widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
         lines = ["  ".join(c.rjust(w) if i in (2, 3) else c.ljust(w)
                            for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip() for row in table]
         lines.append(f"(a subscription that has not committed for {format_duration(self.expiry_ms)} expires: it "
                      "holds nothing back until it commits again)")
+        lines += [f"(*) {r.subscription.name}: commit time {_when(r.subscription.committed_ms)} UTC in its document is "
+                  f"more than {format_duration(CLOCK_SKEW_MS)} ahead of this clock: it counts as committed when the "
+                  "document was last written" for r in self.rows if r.ahead]
         return "\n".join(lines)
 
 
@@ -167,22 +180,30 @@ def _position_at(meta: TopicMetadata, topic: TopicState, ms: int) -> MessageId:
         late = np.flatnonzero(f.footer.col("e_publish") >= ms)
         if len(late):
             return f.record_id(int(f.footer.e_rec_start[int(late[0])]))
-    return MessageId(topic.last_ledger_id + 1, 0, 0)
+    return topic.next_id
 
 
 def target_position(meta: TopicMetadata, text: str, topic: TopicState | None = None) -> MessageId:
     """Where ``--to`` puts a subscription: ``earliest`` (``0:0:0``: the compacted view's
-    start, then every record left), ``latest`` (past the last record), a message id (at
-    most ``latest``), or a time (the first record published then or later)."""
+    start, then every record left), ``latest`` (past the last record: the id the topic's
+    next ledger starts at), a message id in its one text form (at most ``latest``: past
+    it a subscription would never read again), or a time (the first record published
+    then or later)."""
+    if not text.strip():
+        raise InvalidInputError(f"--to is empty: {_TO_HELP}")
     topic = meta.load_topic() if topic is None else topic
-    latest = MessageId(topic.last_ledger_id + 1, 0, 0)
+    latest = topic.next_id
     t = text.strip().lower()
     if t in ("earliest", "latest"):
         return MIN_ID if t == "earliest" else latest
-    if re.fullmatch(r"[0-9]+:[0-9]+:[0-9]+", t):
-        position = MessageId.parse(t)
+    if re.fullmatch(r"[0-9]+:[0-9]+:[0-9]+", t, re.ASCII):
+        try:
+            position = MessageId.parse(text)
+        except InvalidInputError as e:
+            raise InvalidInputError(f"--to: {e}") from None
         if position > latest:
-            raise InvalidInputError(f"--to {position}: past the end of {meta.uri} (latest is {latest})")
+            raise InvalidInputError(f"--to {position}: past the end of {meta.uri} (latest is {latest}, where its next "
+                                    "ledger starts): a subscription there would never read again")
         return position
     ms = _time_ms(text.strip())
     if ms is None:
@@ -239,15 +260,16 @@ def change_subscription(meta: TopicMetadata, action: str, name: str, to: str | N
         return SubscriptionChange(meta.uri, name, action)
     if action == "reset" and to is None:
         raise InvalidInputError("--reset needs --to earliest|latest|ID|TIME")
-    after = target_position(meta, to or "earliest", topic)
+    # (an empty --to, say an unset shell variable, is a bad --to, not earliest)
+    after = target_position(meta, "earliest" if to is None else to, topic)
     lag_after = lag_of(meta, topic, after)
     if action == "create":
         if dry_run:
             if subs.load(name) is not None:
                 raise InvalidInputError(f"{meta.uri}: subscription {name!r} exists already")
         else:
-            subs.create(name, after)
+            subs.create(name, after, topic=topic)
         return SubscriptionChange(meta.uri, name, action, None, after, None, lag_after, dry_run)
-    old = subs.get(name) if dry_run else subs.reset(name, after)[0]
+    old = subs.get(name) if dry_run else subs.reset(name, after, topic=topic)[0]
     return SubscriptionChange(meta.uri, name, action, old.position, after, lag_of(meta, topic, old.position),
                               lag_after, dry_run)

@@ -33,6 +33,7 @@ would publish) is :func:`~shale.metadata.snapshots.view_as_of`, not this module.
 from __future__ import annotations
 
 import datetime
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
@@ -41,8 +42,11 @@ import numpy as np
 
 from shale.ledger.errors import InvalidInputError, SnapshotNotFoundError
 from shale.ledger.ids import MIN_ID, MessageId
+from shale.metadata.schema import TAG_NAME
+from shale.metadata.snapshots import epoch_of_tag
 from shale.metadata.state import CompactionState, LedgerInfo, TopicState
 from shale.settings.kinds import shown
+from shale.settings.units import format_time
 
 if TYPE_CHECKING:
     from shale.metadata.topic import TopicMetadata
@@ -57,6 +61,7 @@ MAX_EPOCH: Final = (1 << 62) - 1
 #: Times a point may name: years 0001 to 9999, what ``datetime`` holds.
 _MIN_MS: Final = -62135596800000
 _MAX_MS: Final = 253402300799999
+_TAG: Final = re.compile(TAG_NAME)
 _EXAMPLE: Final = ("an epoch (a whole number from 1), a time (ISO 8601, e.g. 2024-05-01T12:00:00Z, UTC without a "
                    "zone, or milliseconds since 1970 written 1714564800000ms) or a message id LEDGER:ENTRY:BATCH")
 
@@ -107,9 +112,10 @@ def _from_ms(text: str) -> datetime.datetime:
 
 
 def _tag(text: str) -> str:
-    """A tag's name, or the error saying what a point is."""
-    if len(text) > 200 or not text.isprintable() or not text[0].isalpha():
-        raise InvalidInputError(f"{shown(text)!r} is not {_EXAMPLE}, nor a tag")
+    """A tag's name (:data:`~shale.metadata.schema.TAG_NAME`), or the error saying what a
+    point is."""
+    if not _TAG.fullmatch(text):
+        raise InvalidInputError(f"{shown(text)!r} is not {_EXAMPLE}, nor a tag (a name starting with a letter)")
     return text
 
 
@@ -122,11 +128,10 @@ def point_ms(when: datetime.datetime) -> int:
 
 
 def time_text(ms: int) -> str:
-    """Milliseconds since 1970 as ``YYYY-MM-DDTHH:MM:SS(.fff)Z`` (four-digit years)."""
-    ms = min(max(ms, _MIN_MS), _MAX_MS)
-    when = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC) + datetime.timedelta(milliseconds=ms)
-    frac = f".{ms % 1000:03d}" if ms % 1000 else ""
-    return f"{when.year:04d}-{when:%m-%dT%H:%M:%S}{frac}Z"
+    """Milliseconds since 1970 as ``YYYY-MM-DDTHH:MM:SS(.fff)Z``, the milliseconds when
+    there are some (a point between two publishes may lie within one second)."""
+    text = format_time(ms, style="iso")
+    return f"{text[:-1]}.{ms % 1000:03d}Z" if ms % 1000 and text[:1].isdigit() else text
 
 
 def describe_point(as_of: AsOf) -> str:
@@ -171,15 +176,6 @@ def _retained_text(state: CompactionState) -> str:
                      for v in views)
 
 
-def _tag_epoch(state: CompactionState, name: str, where: str) -> int:
-    tags = getattr(state, "tags", None) or {}
-    epoch = tags.get(name) if isinstance(tags, dict) else None
-    if epoch is None:
-        raise SnapshotNotFoundError(f"{where}: {shown(name)!r} is not {_EXAMPLE}, nor the tag of a retained view "
-                                    f"(retained: {_retained_text(state)})")
-    return int(epoch)
-
-
 def resolve_point(meta: TopicMetadata, topic: TopicState, state: CompactionState, as_of: AsOf) -> Point:
     """What a read as of ``as_of`` covers, in a topic whose ledger list is ``topic`` and
     whose compaction state is ``state`` (read after it); a
@@ -190,7 +186,7 @@ def resolve_point(meta: TopicMetadata, topic: TopicState, state: CompactionState
     where = meta.docs.url(COMPACTION_DOC)
     as_of = _checked(as_of)
     if isinstance(as_of, str):
-        as_of = _tag_epoch(state, as_of, where)
+        as_of = epoch_of_tag(state, as_of, where)
     if isinstance(as_of, int):
         view = state.at_epoch(as_of)
         if view is None or as_of < 1:

@@ -125,6 +125,12 @@ class TopicState:
         return max(self.ledgers[-1].id if self.ledgers else 0, self.removed_through)
 
     @property
+    def next_id(self) -> MessageId:
+        """The id the next ledger a producer registers starts at: no record is at or past
+        it yet (a reader's ``latest``; no subscription may stand past it)."""
+        return MessageId(self.last_ledger_id + 1, 0, 0)
+
+    @property
     def records(self) -> int:
         return sum(lg.records for lg in self.ledgers)
 
@@ -313,6 +319,8 @@ class CompactionState:
     order: TopicOrder = field(default_factory=TopicOrder)
     #: earlier published views still readable, oldest first (``snapshot-retention``)
     snapshots: tuple[Snapshot, ...] = ()
+    #: names of retained views, tag -> epoch: a tagged view is kept whatever the retention
+    tags: dict[str, int] = field(default_factory=dict)
 
     @property
     def records(self) -> int:
@@ -350,6 +358,10 @@ class CompactionState:
         then the published view's (none before the first compaction)."""
         return (*(s.epoch for s in self.snapshots), *((self.epoch,) if self.epoch else ()))
 
+    def tags_of(self, epoch: int) -> tuple[str, ...]:
+        """The tags naming epoch ``epoch``, sorted."""
+        return tuple(sorted(name for name, e in self.tags.items() if e == epoch))
+
     def as_snapshot(self, replaced_ms: int) -> Snapshot:
         """The published view as a snapshot, replaced at ``replaced_ms``."""
         return Snapshot(self.epoch, self.horizon, self.compacted_ledger, self.parts, self.keys, self.tombstones,
@@ -384,6 +396,8 @@ class CompactionState:
              **self.order.to_json()}
         if self.snapshots:  # (left out when none: documents as before snapshots were kept)
             d["snapshots"] = [s.to_json() for s in self.snapshots]
+        if self.tags:  # (likewise: documents as before tags existed)
+            d["tags"] = dict(sorted(self.tags.items()))
         return d
 
     @classmethod
@@ -397,4 +411,4 @@ class CompactionState:
         snapshots = tuple(Snapshot.from_doc(s, h, i) for s, (h, i) in zip(doc.snapshots, snapshot_ids, strict=True))
         return cls(doc.epoch, horizon, doc.compacted_ledger, parts, tuple(RetiredSet.from_doc(r) for r in doc.retired),
                    doc.keys, doc.tombstones, doc.compacted_ms, dict(doc.last_run), version, token,
-                   doc.topic_generation, TopicOrder(doc.order, doc.key_ttl_ms), snapshots)
+                   doc.topic_generation, TopicOrder(doc.order, doc.key_ttl_ms), snapshots, dict(doc.tags))

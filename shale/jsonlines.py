@@ -17,7 +17,7 @@ from typing import Any, Final
 
 import msgspec
 
-from shale.ledger.errors import InvalidInputError
+from shale.ledger.errors import InvalidInputError, mid_sentence
 from shale.ledger.record import EVENT_TIME_RANGE, Message, event_time_in_range
 
 __all__ = ["MAX_JSON_DEPTH", "change_line", "change_to_json", "json_document", "message_line", "message_to_json",
@@ -226,9 +226,9 @@ def _not_json(line: str, why: str) -> str:
     except RecursionError:
         return _TOO_DEEP
     except ValueError as e:
-        return f"not valid JSON: {e}"
+        return f"not valid JSON: {mid_sentence(str(e))}"
     if constants:
         return f"not valid JSON: {constants[0]} is not a JSON number"
     if re.search(r"\\u[dD][89a-fA-F]", line):
         return "not valid JSON: a \\u escape is half of a surrogate pair (not valid Unicode)"
-    return f"not valid JSON: {why[:1].lower()}{why[1:]}"
+    return f"not valid JSON: {mid_sentence(why)}"

@@ -11,7 +11,6 @@ permission error (exit 2), as it does when the store fails.
 
 from __future__ import annotations
 
-import datetime
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from shale.compactor.plan import make_plan
 from shale.compactor.policies import policy_text
 from shale.compactor.subscriptions import slowest, subscription_statuses
+from shale.compactor.tags import utc_time, view_lines, view_rows
 from shale.compactor.topics import estimate_dirt
 from shale.ledger.errors import CORRUPTION, ObjectNotFoundError, ShaleError, error_line
 from shale.ledger.format import KIND_COMPACTED
@@ -83,7 +83,8 @@ def topic_status(topic_uri: str, metadata_uri: str | None = None) -> dict[str, A
             "parts": [{"object": p.object, "records": p.records, "live": p.live, "bytes": p.bytes,
                        "raw_bytes": p.uncompressed_bytes}
                       for p in comp.parts],
-            "snapshots": _snapshots(comp),
+            "snapshots": view_rows(comp, published=False),  # (earlier views, oldest first)
+            "tags": dict(sorted(comp.tags.items())),
         },
         "policy": policy_text(meta.load_policy()),
         "damaged": damaged,
@@ -98,15 +99,6 @@ def _subscriptions(meta: TopicMetadata, topic: TopicState) -> dict[str, Any]:
     slow = slowest(statuses)
     return {"subscriptions": [s.to_json() for s in statuses],
             "slowest_subscription": None if slow is None else slow.to_json()}
-
-
-def _snapshots(comp: CompactionState) -> list[dict[str, Any]]:
-    """The earlier views still readable (``--as-of``) and rolled back to (``shale
-    rollback``), oldest first."""
-    return [{"epoch": s.epoch, "horizon": str(s.horizon) if s.horizon else None,
-             "compacted_ms": s.compacted_ms or None, "replaced_ms": s.replaced_ms or None, "keys": s.keys,
-             "tombstones": s.tombstones, "records": s.records, "bytes": s.bytes, "parts": len(s.parts),
-             "order": s.order.order, "key_ttl_ms": s.order.key_ttl_ms} for s in comp.snapshots]
 
 
 def _damaged(meta: TopicMetadata, topic: TopicState, comp: CompactionState) -> list[dict[str, str]]:
@@ -136,12 +128,6 @@ def _is_damage(e: ShaleError) -> bool:
     return isinstance(e, (*CORRUPTION, ObjectNotFoundError))
 
 
-def _when(ms: int | None) -> str:
-    if not ms:
-        return "-"
-    return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
 def _table(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return [indent + "  ".join(c.rjust(w) if c[:1].isdigit() else c.ljust(w)
@@ -169,13 +155,6 @@ def _subscriptions_text(doc: dict[str, Any]) -> list[str]:
     return [text]
 
 
-def _snapshot_lines(snapshots: list[dict[str, Any]]) -> list[str]:
-    """A line per retained snapshot, oldest first."""
-    return [f"snapshot  epoch {s['epoch']}: horizon {s['horizon']}, compacted {_when(s['compacted_ms'])} UTC, "
-            f"replaced {_when(s['replaced_ms'])} UTC, {count(s['keys'], 'key')}, {count(s['records'], 'live record')}, "
-            f"{count(s['bytes'], 'byte')}, {s['order']} order" for s in snapshots]
-
-
 def status_text(doc: dict[str, Any]) -> str:
     """``doc`` (from :func:`topic_status`) for a person to read."""
     c = doc["compaction"]
@@ -188,12 +167,14 @@ def status_text(doc: dict[str, Any]) -> str:
         rows: list[tuple[str, ...]] = [("id", "records", "bytes", "raw bytes", "first publish (UTC)",
                                         "last publish (UTC)")]
         rows += [(str(lg["id"]), f"{lg['records']:,}", f"{lg['bytes']:,}", f"{lg['raw_bytes']:,}",
-                  _when(lg["first_publish_ms"]), _when(lg["last_publish_ms"])) for lg in doc["ledger_list"]]
+                  utc_time(lg["first_publish_ms"]), utc_time(lg["last_publish_ms"])) for lg in doc["ledger_list"]]
         lines += _table(rows)
     if c["horizon"] is None:
         lines.append("horizon   none: never compacted")
     else:
-        lines.append(f"horizon   {c['horizon']} (epoch {c['epoch']}, compacted {_when(c['last_compaction_ms'])} UTC)")
+        tagged = sorted(n for n, e in c["tags"].items() if e == c["epoch"])
+        lines.append(f"horizon   {c['horizon']} (epoch {c['epoch']}, compacted {utc_time(c['last_compaction_ms'])} UTC"
+                     f"{', tagged ' + ', '.join(tagged) if tagged else ''})")
         parts = c["parts"]
         lines.append(f"compacted {count(c['keys'], 'key')} ({count(c['tombstones'], 'tombstone')}), "
                      f"{count(c['compacted_records'], 'live record')}, "
@@ -206,7 +187,7 @@ def status_text(doc: dict[str, Any]) -> str:
         ttl = (f"; keys expire {format_duration(c['key_ttl_ms'])} after their latest record "
                f"({count(c['keys_expired'], 'key')} expired by the last run)" if c["key_ttl_ms"] else "")
         lines.append(f"order     {c['order']}{ttl}")
-    lines += _snapshot_lines(c["snapshots"])
+    lines += view_lines(c["snapshots"])
     lines.append(f"dirty     {count(c['dirty_bytes'], 'byte')} above the horizon, dirty ratio {c['dirty_ratio']:.3f}")
     if c["retired_pending"]:
         lines.append(f"retired   {count(c['retired_pending'], 'object')} waiting for gc")

@@ -1,5 +1,5 @@
-"""The commands that look after a topic: ``gc``, ``truncate``, ``rollback``, ``verify``
-(and ``--scrub``), ``config`` and ``dictionary``."""
+"""The commands that look after a topic: ``gc``, ``truncate``, ``snapshots``, ``rollback``,
+``verify`` (and ``--scrub``), ``config`` and ``dictionary``."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from shale.compactor.scrub import ScrubReport
     from shale.metadata.topic import TopicMetadata
 
-__all__ = ["run_config", "run_dictionary", "run_gc", "run_rollback", "run_truncate", "run_verify"]
+__all__ = ["run_config", "run_dictionary", "run_gc", "run_rollback", "run_snapshots", "run_truncate", "run_verify"]
 
 
 def _topic(args: argparse.Namespace) -> TopicMetadata:
@@ -55,13 +55,42 @@ def run_truncate(args: argparse.Namespace, io: Streams) -> int:
     return 0
 
 
+def run_snapshots(args: argparse.Namespace, io: Streams) -> int:
+    from shale.compactor.tags import list_views, tag_view, untag_view
+    from shale.metadata.snapshots import check_tag
+
+    if args.epoch is not None and args.tag is None:
+        raise InvalidInputError("--epoch goes with --tag")
+    name = args.tag if args.tag is not None else args.untag
+    if name is not None:
+        check_tag(name)  # a bad name is refused before anything is read
+    meta = _topic(args)
+    if args.tag is not None:
+        emit(tag_view(meta, args.tag, args.epoch), io.out, args.json)
+    elif args.untag is not None:
+        emit(untag_view(meta, args.untag), io.out, args.json)
+    else:
+        emit(list_views(meta), io.out, args.json)
+    return 0
+
+
 def run_rollback(args: argparse.Namespace, io: Streams) -> int:
     from shale.compactor.snapshots import rollback
+    from shale.compactor.tags import epoch_at
+    from shale.metadata.snapshots import epoch_of_tag
+    from shale.metadata.topic import COMPACTION_DOC
 
     meta = _topic(args)
     own = args.settings.with_policy(meta.load_policy().to_json())  # a flag > the topic's policy > ...
-    done = rollback(meta, args.to_epoch, keep=own.value("snapshot-retention"),
-                    keep_age_ms=own.value("snapshot-retention-age"), dry_run=args.dry_run)
+    planned, where = meta.load_compaction(), meta.docs.url(COMPACTION_DOC)
+    if args.to_epoch is not None:
+        to_epoch = args.to_epoch
+    elif args.to_tag is not None:
+        to_epoch = epoch_of_tag(planned, args.to_tag, where)
+    else:
+        to_epoch = epoch_at(planned, args.to_time, where)
+    done = rollback(meta, to_epoch, keep=own.value("snapshot-retention"),
+                    keep_age_ms=own.value("snapshot-retention-age"), dry_run=args.dry_run, planned=planned)
     emit(done, io.out, args.json)
     if done.note:
         io.err.write(done.note + "\n")

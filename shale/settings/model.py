@@ -19,6 +19,7 @@ from shale.settings.kinds import (
     Choice,
     Codec,
     Duration,
+    Instant,
     Kind,
     Pairs,
     Rate,
@@ -36,7 +37,8 @@ __all__ = ["COMMANDS", "ENV_PREFIX", "POLICY_SETTINGS", "SETTINGS", "Setting", "
 ENV_PREFIX: Final = "SHALE_"
 
 #: Every command, in the order ``shale --help`` lists them.
-COMMANDS: Final = ("produce", "read", "get", "export", "changes", "status", "compact", "gc", "truncate", "rollback",
+COMMANDS: Final = ("produce", "read", "get", "export", "changes", "status", "compact", "gc", "truncate", "snapshots",
+                   "rollback",
                    "config", "topics", "subscriptions", "verify", "dictionary")
 #: The commands about one topic, named by a ``TOPIC_URI`` and ``--metadata``.
 _ONE_TOPIC: Final = frozenset(COMMANDS) - {"compact", "topics"}
@@ -119,6 +121,7 @@ _JSON_HELP: Final = (("compact", "print one JSON line per topic instead of a sum
                      ("config", "print one JSON document instead of text"),
                      ("topics", "print one JSON line per topic instead of a table"),
                      ("subscriptions", "print one JSON document instead of text"),
+                     ("snapshots", "print one JSON document instead of text"),
                      ("verify", "print the report as one JSON line"),
                      ("produce", "print one JSON line with the ids and counts instead of text"))
 _COMPACT: Final = {"compact"}
@@ -184,8 +187,8 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        default=False),
     _s("as-of", Text(), "the topic as it was at a point, nothing written later: an epoch (that compacted view through "
        "its horizon), a time (ISO 8601, UTC without a zone, or MILLISms: every record published by then), a message "
-       "id (every record up to it) or a tag; a point older than the history kept is refused (implies --compacted; "
-       "see snapshot-retention)", {"read", "get", "export"}, metavar="EPOCH|TIME|ID|TAG"),
+       "id (every record up to it) or a tag (shale snapshots --tag); a point older than the history kept is refused "
+       "(implies --compacted; see snapshot-retention)", {"read", "get", "export"}, metavar="EPOCH|TIME|ID|TAG"),
     _s("from-snapshot", Whole(1, (1 << 62) - 1), "read a retained snapshot's compacted view, then every record above "
        "its horizon as the topic holds them now (what shale rollback --to-epoch EPOCH would publish; implies "
        "--compacted)", {"read"}, metavar="EPOCH"),
@@ -256,7 +259,8 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        "bytes", set(), policy=True),
     _s("snapshot-retention", Whole(1, 1000), "keep the newest N compacted views readable, the published one included "
        "(shale read --as-of, shale rollback; 1: only the published one), with every object they read and the ledgers "
-       "above their horizons", {"compact", "rollback"}, default=1, policy=True),
+       "above their horizons; tagged views (shale snapshots --tag) are kept besides", {"compact", "rollback"},
+       default=1, policy=True),
     _s("snapshot-retention-age", Duration(), "also keep every compacted view replaced less than this long ago (0: "
        "by count only)", {"compact", "rollback"}, default=0, policy=True, field="snapshot_retention_age_ms"),
     _s("dry-run", Switch(), "plan and run pass one only; report what would be written; publish nothing",
@@ -326,10 +330,23 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
     _s("drop-snapshots", Switch(), "also remove ledgers that retained snapshots (snapshot-retention) need above their "
        "horizons, dropping those snapshots first (they can then no longer be read as of, nor rolled back to)",
        {"truncate"}, default=False),
-    _s("to-epoch", Whole(1, (1 << 62) - 1), "the retained epoch whose compacted view to publish again (shale status "
-       "lists them)", {"rollback"}, group="to", required=True, metavar="EPOCH"),
+    _s("to-epoch", Whole(1, (1 << 62) - 1), "the retained epoch whose compacted view to publish again (shale "
+       "snapshots lists them)", {"rollback"}, group="to", required=True, metavar="EPOCH"),
+    _s("to-time", Instant(), "publish again the view that was current at TIME (ISO 8601, UTC without a zone, or "
+       "milliseconds since 1970): the newest retained view published at or before it", {"rollback"}, group="to",
+       required=True),
+    _s("to-tag", Text(), "publish again the view the tag NAME names (shale snapshots --tag)", {"rollback"}, group="to",
+       required=True, metavar="NAME"),
     _s("scrub", Switch(), "first read every frame of every ledger and compacted part, superseded ones included, and "
        "check it (exit 4 naming every damaged object)", {"verify"}, default=False),
+    # -------------------------------------------------------------------- snapshots
+    _s("tag", Text(), "name a retained view NAME (1 to 200 letters, digits, '.', '_' or '-', starting with a letter): "
+       "it is kept, whatever the snapshot retention, until the tag is removed; read it with --as-of NAME",
+       {"snapshots"}, group="tagging", env=False, metavar="NAME"),
+    _s("untag", Text(), "remove the tag NAME: its view falls under the snapshot retention again at the next publish",
+       {"snapshots"}, group="tagging", env=False, metavar="NAME"),
+    _s("epoch", Whole(1, (1 << 62) - 1), "with --tag: the retained epoch to tag", {"snapshots"}, env=False,
+       default_text="the published epoch"),
     # ---------------------------------------------------------------- subscriptions
     _s("create", Text(), "create the subscription NAME (at --to, default earliest)", {"subscriptions"},
        group="action", env=False, metavar="NAME"),
@@ -338,8 +355,8 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
     _s("reset", Text(), "move the subscription NAME to --to (like kafka-consumer-groups --reset-offsets)",
        {"subscriptions"}, group="action", env=False, metavar="NAME"),
     _s("to", Text(), "where --create or --reset puts it: earliest (the compacted view's start), latest (past the "
-       "last record), a message id, or a time (ISO 8601, UTC unless it names a zone: the first record published "
-       "then or later)", {"subscriptions"}, env=False, metavar="earliest|latest|ID|TIME"),
+       "last record), a message id (at most latest), or a time (ISO 8601, UTC unless it names a zone: the first "
+       "record published then or later)", {"subscriptions"}, env=False, metavar="earliest|latest|ID|TIME"),
     # -------------------------------------------------------------- config, dictionary
     _s("set", Text(), "set a policy setting, e.g. delete-retention=7d (repeatable)", {"config"}, many=True,
        metavar="NAME=VALUE"),

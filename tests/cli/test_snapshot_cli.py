@@ -74,8 +74,10 @@ def test_read_as_of_an_epoch_a_time_and_as_a_table(topic: str) -> None:
 
 
 def test_bad_as_of_is_one_line_and_exit_2(topic: str) -> None:
-    _one_line(run_cli_here("read", topic, "--as-of", "yesterday"), EXIT_USAGE,
-              "'yesterday' is not an epoch (a whole number from 1), a time (ISO 8601", "nor the tag of a retained view")
+    _one_line(run_cli_here("read", topic, "--as-of", "the day before"), EXIT_USAGE,
+              "--as-of: 'the day before' is not an epoch (a whole number from 1), a time (ISO 8601")
+    _one_line(run_cli_here("read", topic, "--as-of", "yesterday"), EXIT_USAGE,  # a name: a tag
+              "no compacted view is tagged 'yesterday' (tags: none")
     _one_line(run_cli_here("read", topic, "--as-of", "9", "--table"), EXIT_USAGE,
               "epoch 9 is not retained (retained: epoch 1 (published ", "epoch 3 (published ")
     _one_line(run_cli_here("read", topic, "--as-of", "1", "--from-snapshot", "1"), EXIT_USAGE, "give one")

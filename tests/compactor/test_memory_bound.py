@@ -36,6 +36,7 @@ from shale.producer import TopicWriter
 from shale.reader import TopicReader
 from tests.cgroups import cgroup_unavailable, run_limited
 from tests.conftest import ROOT, run_cli_here
+from tests.needs import needs
 
 MiB = 1 << 20
 OVERHEAD = LOCAL_OVERHEAD  # what a run holds besides the setting (docs/operations.md)
@@ -89,7 +90,7 @@ def check_view(topic: Path | str, keys: int) -> None:
     assert seen == keys
 
 
-cgroups = pytest.mark.skipif(bool(cgroup_unavailable()), reason=cgroup_unavailable() or "cgroups available")
+cgroups = needs(lambda: cgroup_unavailable() and f"{cgroup_unavailable()} (these runs need root and cgroup v1)")
 
 
 @cgroups
@@ -143,7 +144,7 @@ def _mapped_rss(address: int) -> int:
     raise AssertionError("no mapping holds the address")
 
 
-@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs /proc/self/smaps")
+@needs(lambda: None if Path("/proc/self/smaps").exists() else "no /proc/self/smaps (Linux) to count pages by")
 def test_footer_pages_are_given_back_once_read(tmp_path: Path) -> None:
     make_topic(tmp_path / "topic", 200_000)  # one ledger, its footer mapped (over 1 MiB)
     meta = TopicMetadata.open(str(tmp_path / "topic"))

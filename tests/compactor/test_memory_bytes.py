@@ -34,8 +34,9 @@ from shale.reader.splits import plan_splits
 from tests import objects, tamper
 from tests.conftest import ROOT, run_cli
 from tests.craft import build_topic
+from tests.needs import need_module
 
-pa = pytest.importorskip("pyarrow")
+pa = need_module("pyarrow")
 T0 = 1_700_000_000_000
 MiB = 1 << 20
 
@@ -364,7 +365,7 @@ def test_the_setting_is_a_flag_and_a_variable_and_is_checked(tmp_path: Path) -> 
 
 
 def test_the_spark_source_reads_batches_within_its_budget(tmp_path: Path) -> None:
-    pytest.importorskip("pyspark")
+    need_module("pyspark")
     from shale.spark.source import ReadOptions, read_partition
 
     uri = str(tmp_path / "t")

@@ -814,7 +814,7 @@ class ShaleModelMachine(RuleBasedStateMachine):
         commit, as a consumer alive but stuck would do, at the machine's clock)."""
         name = data.draw(st.sampled_from(sorted(self.subs)), label="subscription")
         s = self.subs[name]
-        subs = Subscriptions(self.meta)
+        subs = Subscriptions(self.meta, clock=self.clock)  # (an operator whose clock is the run's)
         if to == "same":
             s.committed_ms = subs.commit(subs.get(name), s.position, now_ms=self.clock.ms).committed_ms
             return

@@ -195,7 +195,7 @@ def test_max_tombstone_hold_bounds_a_subscriber_that_never_moves(tmp_path: Path)
     uri = str(tmp_path / "t")
     clock, truth = Clock(time.time()), {}
     produce(uri, clock, truth, [("a", "1"), ("b", "2"), ("a", None), ("c", "3"), ("b", None)])
-    subs = Subscriptions(TopicMetadata.open(uri))
+    subs = Subscriptions(TopicMetadata.open(uri), clock=clock)  # (commits stamped days ahead, by the test's clock)
     stuck = subs.create("stuck", MIN_ID, now_ms=ms(clock))
     config = CompactionConfig(delete_retention_ms=HOUR, max_tombstone_hold_ms=2 * DAY)
     model = CompactionModel()

@@ -31,6 +31,7 @@ from shale.producer import TopicWriter
 from shale.reader import TopicReader
 from shale.reader.gaps import Gap
 from tests.conftest import ROOT, local_spark, run_cli
+from tests.needs import need_module
 from tests.tamper import edit
 
 KEYS = 7
@@ -125,7 +126,7 @@ def test_every_way_of_reading_stops_at_the_gap(tmp_path: Path, how: str) -> None
     """The reader had listed ledgers 1-3 and read ledger 1; 2 and 3 were removed but their
     objects are still there (the orphan grace), so it reads them; 4-7 it never listed."""
     if how == "iter_batches":
-        pytest.importorskip("pyarrow")
+        need_module("pyarrow")
     uri = str(tmp_path / "t")
     _produce(uri, 0, 30)
     r = TopicReader(uri, poll_interval=0.01)
@@ -347,8 +348,8 @@ def test_read_help_lists_exit_code_6() -> None:
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    pytest.importorskip("pyspark")
-    pytest.importorskip("pyarrow")
+    need_module("pyspark")
+    need_module("pyarrow")
     import shale.spark
 
     session = local_spark(fresh=True)  # (started anew: this module registers the data source)

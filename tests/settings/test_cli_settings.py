@@ -14,7 +14,7 @@ from shale.cli.parsing import UsageError, build_compact_parser, build_parser, pa
 from shale.compactor.policies import parse_assignments
 from shale.metadata.policy import PolicyDoc
 from shale.settings import COMMANDS, POLICY_SETTINGS, SETTINGS, Setting, VariableError, resolve, settings_for
-from shale.settings.kinds import Choice, Codec, Duration, Kind, Pairs, Rate, Ratio, Size, Uri, Url, Whole
+from shale.settings.kinds import Choice, Codec, Duration, Instant, Kind, Pairs, Rate, Ratio, Size, Uri, Url, Whole
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -104,7 +104,7 @@ def _bad(kind: Kind) -> str | None:
     """A value the kind refuses, if it refuses any."""
     bad: dict[type[Kind], str] = {Duration: "soon", Size: "lots", Rate: "1", Ratio: "2", Whole: "x",
                                   Choice: "bogus", Codec: "zstd:99", Uri: "s3:/bucket/t", Url: "ftp://x",
-                                  Pairs: "no-equals"}
+                                  Pairs: "no-equals", Instant: "soon"}
     return bad.get(type(kind))
 
 

@@ -21,9 +21,10 @@ from shale.ledger.writer import encode_entry
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
 from tests.conftest import run_cli_here
+from tests.needs import need_c_extension, need_module
 
-pa = pytest.importorskip("pyarrow")
-pq = pytest.importorskip("pyarrow.parquet")
+pa = need_module("pyarrow")
+pq = need_module("pyarrow.parquet")
 T0 = 1_700_000_000_000
 # lengths at each msgpack size-class boundary (fixstr 31/32, 8-bit 255/256, 16-bit 65535/65536)
 EDGES = [0, 1, 15, 16, 31, 32, 255, 256, 65535, 65536]
@@ -91,8 +92,7 @@ def test_encoder_refuses_a_property_named_twice(pairs: int) -> None:
 
 
 def test_encoder_refuses_offsets_outside_the_data() -> None:
-    if encoder._native is None:
-        pytest.skip("the C encoder was not built")
+    need_c_extension(encoder._native, "ledger/_encoder.c")
     bad = RecordColumns(VarColumn(np.array([0, 5, 99], np.int64), b"abcdef"), _var([b"x", b"y"]))
     with pytest.raises(ValueError, match="outside"):
         encode_columns(bad, T0, 1 << 20)

@@ -35,9 +35,10 @@ from shale.producer import TopicWriter
 from shale.reader import TopicReader
 from tests.conftest import ROOT, run_cli
 from tests.craft import snapshot, snapshot_diff
+from tests.needs import need_module
 
-pa = pytest.importorskip("pyarrow")
-pq = pytest.importorskip("pyarrow.parquet")
+pa = need_module("pyarrow")
+pq = need_module("pyarrow.parquet")
 
 
 def _topic(uri: str, records: int = 60) -> None:

@@ -20,6 +20,7 @@ from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
 from tests.conftest import run_cli_here
+from tests.needs import need_module
 
 EXAMPLE = (b'{"price":19.99000000000000021316282072803,"id":12345678901234567890123456789.0,'
            b'"amount":1e400,"dup":1,"dup":2}')
@@ -268,7 +269,7 @@ def test_an_event_time_no_reader_holds_is_refused_by_the_writer(tmp_path: Path, 
 
 
 def test_an_event_time_no_reader_holds_is_refused_in_arrow_columns(tmp_path: Path) -> None:
-    pa = pytest.importorskip("pyarrow")
+    pa = need_module("pyarrow")
     topic = str(tmp_path / "t")
     cases = [
         (pa.array([0, EVENT_TIME_MAX_MS + 1], pa.int64()), 1),
@@ -288,8 +289,8 @@ def test_an_event_time_no_reader_holds_is_refused_in_arrow_columns(tmp_path: Pat
 
 
 def test_an_event_time_no_reader_holds_is_refused_in_an_input_file(tmp_path: Path) -> None:
-    pa = pytest.importorskip("pyarrow")
-    pq = pytest.importorskip("pyarrow.parquet")
+    pa = need_module("pyarrow")
+    pq = need_module("pyarrow.parquet")
     topic = str(tmp_path / "t")
     src = tmp_path / "rows.parquet"
     pq.write_table(pa.table({"key": ["a", "b", "c"], "value": ["1", "2", "3"],
@@ -302,11 +303,11 @@ def test_an_event_time_no_reader_holds_is_refused_in_an_input_file(tmp_path: Pat
 def test_exported_extreme_event_times_read_everywhere(tmp_path: Path) -> None:
     """The earliest and latest event times a producer accepts, exported as Parquet and
     Arrow: DuckDB, pyarrow, Polars and pandas all read them, as the same instants."""
-    pa = pytest.importorskip("pyarrow")
-    pq = pytest.importorskip("pyarrow.parquet")
-    duckdb = pytest.importorskip("duckdb")
-    pl = pytest.importorskip("polars")
-    pd = pytest.importorskip("pandas")
+    pa = need_module("pyarrow")
+    pq = need_module("pyarrow.parquet")
+    duckdb = need_module("duckdb")
+    pl = need_module("polars")
+    pd = need_module("pandas")
     topic = str(tmp_path / "t")
     p = run_cli_here("produce", topic, input=f'{{"key":"lo","value":"1","event_time":{EVENT_TIME_MIN_MS}}}\n'
                      f'{{"key":"hi","value":"2","event_time":{EVENT_TIME_MAX_MS}}}\n')

@@ -24,8 +24,9 @@ from shale.ledger.record import EVENT_TIME_MAX_MS, EVENT_TIME_MIN_MS
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
 from tests.conftest import run_cli_here
+from tests.needs import c_extension, needs
 
-pytestmark = pytest.mark.skipif(jsonl_ingest.SCANNER != "native", reason="the C scanner was not built")
+pytestmark = needs(c_extension(jsonl_ingest._native, "ledger/_jsonl.c"))
 
 Stored = list[tuple[bytes | None, bytes | None, dict[str, str], int | None]]
 

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from shale.compactor import CompactionConfig, Compactor
+from shale.compactor.tags import tag_view
 from shale.ledger.errors import ConflictError
 from shale.ledger.ids import MessageId
 from shale.ledger.ordering import EVENT_TIME, TopicOrder
@@ -29,10 +30,11 @@ from shale.reader import TopicReader
 from shale.reader.latest import table_messages
 from shale.reader.splits import plan_splits
 from tests.conftest import ROOT, local_spark, make_root
+from tests.needs import need_module
 
 pytestmark = pytest.mark.slow
-pytest.importorskip("pyspark")
-pytest.importorskip("pyarrow")
+need_module("pyspark")
+need_module("pyarrow")
 T0 = 1_700_000_000_000
 
 
@@ -198,14 +200,21 @@ def test_as_of_reads_the_topic_as_it_was_and_changes_between_points(spark: Any, 
     assert _got(snap.collect()) == _want(list(TopicReader(uri, from_snapshot=1)))
     # (epoch 1's view holds the second round's records as written; epoch 2's compacted them)
     assert _got(snap.collect()) != _want(list(TopicReader(uri, read_compacted=True)))
-    for since, until in (("1", "2"), ("1", None), (middle, "2")):
+    # a tag reads as its epoch
+    tag_view(meta, "first", 1)
+    tagged = spark.read.format("shale").option("asOf", "first").option("splitRecords", "150").load(uri)
+    as_of_1 = spark.read.format("shale").option("asOf", "1").option("splitRecords", "150").load(uri)
+    assert _got(tagged.collect()) == _got(as_of_1.collect())
+    for since, until in (("1", "2"), ("1", None), (middle, "2"), ("first", "2")):
         reader = spark.read.format("shale").option("changesFrom", since).option("splitRecords", "50")
         rows = (reader if until is None else reader.option("changesTo", until)).load(uri).collect()
         want = [(c.op, c.key, None if c.message is None else c.message.value) for c in changes(meta, since, until)]
         got = [(r.op, bytes(r.key), None if r.value is None else bytes(r.value)) for r in rows]
         assert sorted(got) == sorted(want) and want, (since, until)
-    with pytest.raises(Exception, match="option asOf: '9soon' is not an epoch"):
-        spark.read.format("shale").option("asOf", "9soon").load(uri).collect()
+    with pytest.raises(Exception, match="option asOf: 'too soon' is not an epoch"):
+        spark.read.format("shale").option("asOf", "too soon").load(uri).collect()
+    with pytest.raises(Exception, match="no compacted view is tagged 'soon'"):
+        spark.read.format("shale").option("asOf", "soon").load(uri).collect()
     with pytest.raises(Exception, match="epoch 5 is not retained"):
         spark.read.format("shale").option("asOf", "5").load(uri).collect()
     with pytest.raises(Exception, match="give one of the options asOf, fromSnapshot and changesFrom"):
