@@ -87,9 +87,10 @@ def parse_point(text: str) -> AsOf:
         raise InvalidInputError(f"an empty point: expected {_EXAMPLE}")
     if t.isascii() and t.isdigit():
         n = int(t) if len(t) <= 20 else MAX_EPOCH + 1
-        if not 1 <= n <= MAX_EPOCH or t != str(n):
-            raise InvalidInputError(f"{shown(t)!r} is not an epoch: epochs are whole numbers from 1 below 2^62, "
-                                    "written without leading zeros")
+        if not 1 <= n <= MAX_EPOCH:
+            raise InvalidInputError(f"epoch {shown(t)} is out of range: epochs run from 1 to {MAX_EPOCH}")
+        if t != str(n):
+            raise InvalidInputError(f"{t!r} is not an epoch: write it without leading zeros ({n})")
         return n
     if t.endswith("ms") and t[:-2].lstrip("-").isdigit() and t[:-2].isascii():
         return _from_ms(t)
@@ -151,7 +152,7 @@ def _checked(as_of: object) -> AsOf:
     if isinstance(as_of, bool) or not isinstance(as_of, (int, datetime.datetime, MessageId, str)):
         raise InvalidInputError(f"as of {shown(repr(as_of))}: expected {_EXAMPLE}")
     if isinstance(as_of, int) and not 1 <= as_of <= MAX_EPOCH:
-        raise InvalidInputError(f"as of epoch {as_of}: epochs are whole numbers from 1 below 2^62")
+        raise InvalidInputError(f"epoch {as_of} is out of range: epochs run from 1 to {MAX_EPOCH}")
     if isinstance(as_of, str):
         return parse_point(as_of)
     return as_of
@@ -200,7 +201,8 @@ def resolve_point(meta: TopicMetadata, topic: TopicState, state: CompactionState
                           where)
     ms = point_ms(as_of)
     end = _cut(meta, topic, ms)
-    return _from_base(topic, state, end, ms, time_text(ms),
+    label = time_text(ms)
+    return _from_base(topic, state, end, ms, label if label[:1].isdigit() else f"a time {label}",
                       lambda v: v.compacted_ms <= ms and (v.horizon is None or v.horizon < end), where)
 
 

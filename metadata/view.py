@@ -171,7 +171,7 @@ class TopicView:
 
     @classmethod
     def load(cls, meta: TopicMetadata, *, compacted: bool = True, as_of: AsOf | None = None,
-             from_snapshot: int | None = None) -> TopicView:
+             from_snapshot: int | str | None = None) -> TopicView:
         """The view as it is now: the ledger list, then (compacted) the compaction state,
         read after it so that it covers at least what the list lacks.  ``as_of`` (an
         epoch, a time, a message id or a tag): the topic as it was at that point, nothing

@@ -100,7 +100,8 @@ class LatestPlan:
 
 
 def plan_latest(meta: TopicMetadata, *, end: MessageId | None = None, order: TopicOrder | None = None,
-                now_ms: int | None = None, as_of: AsOf | None = None, from_snapshot: int | None = None) -> LatestPlan:
+                now_ms: int | None = None, as_of: AsOf | None = None,
+                from_snapshot: int | str | None = None) -> LatestPlan:
     """Pass one: the records of the table of the view as it is now (``end``: of the
     records with ids below ``end`` only), reading footers alone (and, under event-time
     order, the records of a compacted part whose footer does not give their times).
@@ -117,8 +118,7 @@ def plan_latest(meta: TopicMetadata, *, end: MessageId | None = None, order: Top
     or with a key TTL its time (8); and 16 bytes per key while the fold ends."""
     view = TopicView.load(meta, as_of=as_of, from_snapshot=from_snapshot)
     order = view.order(meta) if order is None else order
-    if order.key_ttl_ms and now_ms is None:
-        now_ms = int(time.time() * 1000) if view.now_ms is None else view.now_ms
+    now_ms = _ttl_now(order, now_ms, view)
     segments = [s for s in view.segments(end=end) if isinstance(s, Segment) and s.records > 0]
     # Each object's record count bounds what it adds: filled in place, never concatenated.
     bound = sum(s.records for s in segments)
@@ -159,6 +159,14 @@ def plan_latest(meta: TopicMetadata, *, end: MessageId | None = None, order: Top
     chosen = tuple(Chosen(segment, index[latest[cut[i]:cut[i + 1]]].astype(np.int64))
                    for i, segment in enumerate(segments) if cut[i + 1] > cut[i])
     return LatestPlan(chosen, n, order, expired)
+
+
+def _ttl_now(order: TopicOrder, now_ms: int | None, view: TopicView) -> int | None:
+    """What a key TTL counts from: ``now_ms`` when given, else the point the view is read
+    as of, else the clock (None without a TTL)."""
+    if not order.key_ttl_ms or now_ms is not None:
+        return now_ms
+    return int(time.time() * 1000) if view.now_ms is None else view.now_ms
 
 
 def _winners(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64], times: npt.NDArray[np.int64] | None,
@@ -242,7 +250,7 @@ def latest_messages(meta: TopicMetadata, plan: LatestPlan, *,
 def table_batches(meta: TopicMetadata, *, end: MessageId | None = None, utf8: bool = False,
                   max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, rows: int | None = DEFAULT_BATCH_ROWS,
                   order: TopicOrder | None = None, now_ms: int | None = None,
-                  as_of: AsOf | None = None, from_snapshot: int | None = None) -> Iterator[pa.RecordBatch]:
+                  as_of: AsOf | None = None, from_snapshot: int | str | None = None) -> Iterator[pa.RecordBatch]:
     """Both passes, as Arrow record batches (:func:`plan_latest`, :func:`latest_batches`)."""
     return _planned(meta, end, order, now_ms, (as_of, from_snapshot),
                     lambda plan: latest_batches(meta, plan, utf8=utf8, max_batch_bytes=max_batch_bytes, rows=rows))
@@ -250,14 +258,14 @@ def table_batches(meta: TopicMetadata, *, end: MessageId | None = None, utf8: bo
 
 def table_messages(meta: TopicMetadata, *, end: MessageId | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                    order: TopicOrder | None = None, now_ms: int | None = None,
-                   as_of: AsOf | None = None, from_snapshot: int | None = None) -> Iterator[Message]:
+                   as_of: AsOf | None = None, from_snapshot: int | str | None = None) -> Iterator[Message]:
     """Both passes, as messages (:func:`plan_latest`, :func:`latest_messages`)."""
     return _planned(meta, end, order, now_ms, (as_of, from_snapshot),
                     lambda plan: latest_messages(meta, plan, chunk_bytes=chunk_bytes))
 
 
 def _planned(meta: TopicMetadata, end: MessageId | None, order: TopicOrder | None, now_ms: int | None,
-             view: tuple[AsOf | None, int | None], read: Callable[[LatestPlan], Iterator[_T]]) -> Iterator[_T]:
+             view: tuple[AsOf | None, int | str | None], read: Callable[[LatestPlan], Iterator[_T]]) -> Iterator[_T]:
     """What ``read`` gives of a plan of the table.  An object of the view removed before
     pass two has given anything (a newer compaction retired it, gc deleted it once its
     grace was over) is no loss: the table is planned again from the newest view (with

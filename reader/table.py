@@ -59,7 +59,7 @@ class TableView(Mapping[bytes, bytes]):
 
     def __init__(self, topic_uri: str, *, metadata_uri: str | None = None,
                  clock: Callable[[], float] = time.time, as_of: AsOf | None = None,
-                 from_snapshot: int | None = None) -> None:
+                 from_snapshot: int | str | None = None) -> None:
         self._uri, self._metadata_uri = topic_uri, metadata_uri
         #: what "now" is read from, in seconds (for a key TTL)
         self._clock = clock

@@ -99,7 +99,7 @@ class TopicReader(Subscribing):
                  start: Position = EARLIEST, chunk_bytes: int = DEFAULT_CHUNK_BYTES, follow: bool = False,
                  poll_interval: float = 1.0, on_gap: OnGap = "error", gap_listener: GapListener | None = None,
                  storage_options: StorageOptions | None = None, subscription: str | None = None,
-                 auto_commit: bool = False, as_of: AsOf | None = None, from_snapshot: int | None = None) -> None:
+                 auto_commit: bool = False, as_of: AsOf | None = None, from_snapshot: int | str | None = None) -> None:
         if as_of is not None and from_snapshot is not None:
             raise InvalidInputError("give as_of (the topic as it was) or from_snapshot (a snapshot, then everything "
                                     "since), not both")

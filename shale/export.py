@@ -119,17 +119,11 @@ def export_topic(topic_uri: str, out_uri: str, *, metadata_uri: str | None = Non
     bytes of records a batch holds, and that are decompressed at once
     (:class:`~shale.reader.arrow.BatchReader`)."""
     t0 = time.perf_counter()
-    fmt = format_of(out_uri, fmt)
-    if fmt in CODECS and (compression or "none") not in CODECS[fmt]:
-        raise InvalidInputError(f"--compression {compression!r}: {fmt} takes {', '.join(CODECS[fmt])}")
-    if table and start != EARLIEST:
-        raise InvalidInputError("--table exports every key: it takes no --start")
-    if changes is not None and (table or compacted or as_of is not None or start != EARLIEST):
-        raise InvalidInputError("--changes-from exports the changes between two points: it takes no --table, "
-                                "--compacted, --as-of or --start")
+    want = _Request(format_of(out_uri, fmt), compression, utf8, max_batch_bytes, table, compacted, as_of, changes)
+    want.check(start)
     reader = TopicReader(topic_uri, metadata_uri=metadata_uri, read_compacted=compacted or table, start=start,
                          chunk_bytes=min(DEFAULT_CHUNK_BYTES, max_batch_bytes), as_of=as_of)
-    out = open_output(out_uri, reader.meta, overwrite=overwrite, binary=fmt != "jsonl")
+    out = open_output(out_uri, reader.meta, overwrite=overwrite, binary=want.fmt != "jsonl")
     rows = [0]
     nbytes = [0]
 
@@ -139,23 +133,56 @@ def export_topic(topic_uri: str, out_uri: str, *, metadata_uri: str | None = Non
             progress(rows[0], pos)
 
     with out as writer:
-        sink = _Sink(writer, note)
-        if changes is not None:
-            _write_changes(reader, changes, fmt, compression, sink, rows, utf8, max_batch_bytes)
-        elif fmt == "jsonl":
-            messages = table_messages(reader.meta, as_of=as_of) if table else iter(reader)
+        want.write(reader, _Sink(writer, note), rows)
+    return ExportResult(reader.meta.uri, out.uri, want.fmt, want.what(reader), rows[0], nbytes[0],
+                        time.perf_counter() - t0)
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """What an export writes, and how."""
+
+    fmt: str
+    compression: str
+    utf8: bool
+    max_batch_bytes: int
+    table: bool
+    compacted: bool
+    as_of: AsOf | None
+    changes: tuple[AsOf, AsOf | None] | None
+
+    def check(self, start: Position) -> None:
+        """Refuse what cannot be written, before anything is."""
+        if self.fmt in CODECS and (self.compression or "none") not in CODECS[self.fmt]:
+            raise InvalidInputError(f"--compression {self.compression!r}: {self.fmt} takes "
+                                    f"{', '.join(CODECS[self.fmt])}")
+        if self.table and start != EARLIEST:
+            raise InvalidInputError("--table exports every key: it takes no --start")
+        if self.changes is not None and (self.table or self.compacted or self.as_of is not None
+                                         or start != EARLIEST):
+            raise InvalidInputError("--changes-from exports the changes between two points: it takes no --table, "
+                                    "--compacted, --as-of or --start")
+
+    def write(self, reader: TopicReader, sink: _Sink, rows: list[int]) -> None:
+        if self.changes is not None:
+            _write_changes(reader, self.changes, self.fmt, self.compression, sink, rows, self.utf8,
+                           self.max_batch_bytes)
+        elif self.fmt == "jsonl":
+            messages = table_messages(reader.meta, as_of=self.as_of) if self.table else iter(reader)
             rows[0] = _write_jsonl(messages, sink, rows)
         else:
-            batches = (table_batches(reader.meta, utf8=utf8, max_batch_bytes=max_batch_bytes, as_of=as_of) if table
-                       else reader.iter_batches(utf8=utf8, max_batch_bytes=max_batch_bytes))
-            _write_arrow(batches, fmt, compression, sink, rows, utf8)
-    what = "table" if table else "compacted view" if compacted or as_of is not None else "records"
-    if changes is not None:
-        since, until = changes
-        what = f"changes from {describe_point(since)} to {'now' if until is None else describe_point(until)}"
-    if reader.point is not None:
-        what += f" as of {reader.point.label}"
-    return ExportResult(reader.meta.uri, out.uri, fmt, what, rows[0], nbytes[0], time.perf_counter() - t0)
+            batches = (table_batches(reader.meta, utf8=self.utf8, max_batch_bytes=self.max_batch_bytes,
+                                     as_of=self.as_of) if self.table
+                       else reader.iter_batches(utf8=self.utf8, max_batch_bytes=self.max_batch_bytes))
+            _write_arrow(batches, self.fmt, self.compression, sink, rows, self.utf8)
+
+    def what(self, reader: TopicReader) -> str:
+        """What was exported, in words."""
+        if self.changes is not None:
+            since, until = self.changes
+            return f"changes from {describe_point(since)} to {'now' if until is None else describe_point(until)}"
+        what = "table" if self.table else "compacted view" if self.compacted or self.as_of is not None else "records"
+        return what if reader.point is None else f"{what} as of {reader.point.label}"
 
 
 def _write_changes(reader: TopicReader, changes: tuple[AsOf, AsOf | None], fmt: str, compression: str, sink: _Sink,

@@ -115,10 +115,14 @@ def _commit(r: TopicReader, io: Streams, unprinted: MessageId | None = None) -> 
         r.commit(unprinted)
 
 
-def _point(args: argparse.Namespace) -> tuple[AsOf | None, int | None]:
-    """``--as-of EPOCH|TIME|ID|TAG``, parsed, and ``--from-snapshot EPOCH`` (None when not
-    given; they exclude each other)."""
-    from_snapshot = getattr(args, "from_snapshot", None)
+def _point(args: argparse.Namespace) -> tuple[AsOf | None, int | str | None]:
+    """``--as-of EPOCH|TIME|ID|TAG``, parsed, and ``--from-snapshot EPOCH|TAG`` (None when
+    not given; they exclude each other)."""
+    text = getattr(args, "from_snapshot", None)
+    from_snapshot = None if text is None else _parsed("--from-snapshot", text)
+    if from_snapshot is not None and (isinstance(from_snapshot, bool) or not isinstance(from_snapshot, (int, str))):
+        raise InvalidInputError(f"--from-snapshot: {text!r}: give an epoch or a tag (a time or an id is a point: "
+                                "--as-of)")
     if args.as_of is None:
         return None, from_snapshot
     if from_snapshot is not None:

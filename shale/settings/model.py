@@ -189,9 +189,9 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        "its horizon), a time (ISO 8601, UTC without a zone, or MILLISms: every record published by then), a message "
        "id (every record up to it) or a tag (shale snapshots --tag); a point older than the history kept is refused "
        "(implies --compacted; see snapshot-retention)", {"read", "get", "export"}, metavar="EPOCH|TIME|ID|TAG"),
-    _s("from-snapshot", Whole(1, (1 << 62) - 1), "read a retained snapshot's compacted view, then every record above "
-       "its horizon as the topic holds them now (what shale rollback --to-epoch EPOCH would publish; implies "
-       "--compacted)", {"read"}, metavar="EPOCH"),
+    _s("from-snapshot", Text(), "read a retained snapshot's compacted view (an epoch, or a tag), then every record "
+       "above its horizon as the topic holds them now (what shale rollback --to-epoch EPOCH would publish; implies "
+       "--compacted)", {"read"}, metavar="EPOCH|TAG"),
     _s("from-point", Text(), "the earlier point: an epoch, a time (ISO 8601, UTC without a zone, or MILLISms), a "
        "message id or a tag, as shale read --as-of takes them", {"changes"}, flag="--from", env=False,
        group="from", required=True, metavar="EPOCH|TIME|ID|TAG"),

@@ -120,7 +120,7 @@ class ReadOptions:
     #: read the topic as it was at this point (None: as it is)
     as_of: AsOf | None = None
     #: read this retained snapshot's compacted view and everything since (an epoch)
-    from_snapshot: int | None = None
+    from_snapshot: int | str | None = None
     #: read the changes from this point (to ``changes_to``, None: now) instead of records
     changes_from: AsOf | None = None
     changes_to: AsOf | None = None
@@ -131,7 +131,9 @@ class ReadOptions:
         if not uri:
             raise InvalidURIError("no topic: load(\"<topic-uri>\") or option(\"path\", ...)")
         as_of = _point(options, "asOf")
-        snap = None if options.get("fromSnapshot") is None else _int(options, "fromSnapshot", 1)
+        snap = _point(options, "fromSnapshot")
+        if snap is not None and (isinstance(snap, bool) or not isinstance(snap, (int, str))):
+            raise InvalidInputError("option fromSnapshot: give an epoch or a tag")
         since, until = _point(options, "changesFrom"), _point(options, "changesTo")
         if sum(x is not None for x in (as_of, snap, since)) > 1:
             raise InvalidInputError("give one of the options asOf, fromSnapshot and changesFrom")
