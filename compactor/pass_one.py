@@ -271,7 +271,7 @@ def _build_event_map(plan: Plan, config: CompactionConfig) -> tuple[Plan, KeyMap
     builder = EventKeyMapBuilder(capacity, expected=min(new_records, capacity) if bounded else _expected_keys(plan))
     for n, (i, s) in enumerate(_windows(plan, config.map_window_records)):
         hi, lo, pos, first = _slice_records(s, base)
-        times = decoded_times(s.file, order, s.start, s.stop)
+        times = decoded_times(s.file, order, s.start, s.stop, config.chunk_raw_bytes)
         if pos is not None:
             times = times[pos - base]
         if builder.fits(hi, lo):
@@ -397,7 +397,7 @@ def _decide(plan: Plan, key_map: KeyMap, deferred: int, config: CompactionConfig
         n_keyed = int(np.count_nonzero(has_key))
         tally.keyed += n_keyed
         k = keep[a:b]
-        times = decoded_times(s.file, order, s.start, s.stop) if order.needs_times else None
+        times = decoded_times(s.file, order, s.start, s.stop, config.chunk_raw_bytes) if order.needs_times else None
         since = None
         if s.compacted:
             def newer(i: int = i, s: Slice = s) -> npt.NDArray[np.bool_]:

@@ -238,13 +238,14 @@ def latest_batches(meta: TopicMetadata, plan: LatestPlan, *, utf8: bool = False,
             yield from reader.batches(c.segment.open(meta), c.records)
 
 
-def latest_messages(meta: TopicMetadata, plan: LatestPlan, *,
-                    chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[Message]:
+def latest_messages(meta: TopicMetadata, plan: LatestPlan, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                    hold_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> Iterator[Message]:
     """Pass two as messages, one entry decompressed and one record decoded at a time
     (:meth:`~shale.ledger.reader.LedgerFile.messages_at`), in ranged reads of about
-    ``chunk_bytes``."""
+    ``chunk_bytes``, holding no more than ``hold_bytes`` decompressed at once (an entry
+    bigger than that read as a stream)."""
     for c in plan.chosen:
-        yield from c.segment.open(meta).messages_at(c.records, chunk_bytes=chunk_bytes)
+        yield from c.segment.open(meta).messages_at(c.records, chunk_bytes=chunk_bytes, hold_bytes=hold_bytes)
 
 
 def table_batches(meta: TopicMetadata, *, end: MessageId | None = None, utf8: bool = False,
@@ -258,10 +259,11 @@ def table_batches(meta: TopicMetadata, *, end: MessageId | None = None, utf8: bo
 
 def table_messages(meta: TopicMetadata, *, end: MessageId | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                    order: TopicOrder | None = None, now_ms: int | None = None,
-                   as_of: AsOf | None = None, from_snapshot: int | str | None = None) -> Iterator[Message]:
+                   as_of: AsOf | None = None, from_snapshot: int | str | None = None,
+                   hold_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> Iterator[Message]:
     """Both passes, as messages (:func:`plan_latest`, :func:`latest_messages`)."""
     return _planned(meta, end, order, now_ms, (as_of, from_snapshot),
-                    lambda plan: latest_messages(meta, plan, chunk_bytes=chunk_bytes))
+                    lambda plan: latest_messages(meta, plan, chunk_bytes=chunk_bytes, hold_bytes=hold_bytes))
 
 
 def _planned(meta: TopicMetadata, end: MessageId | None, order: TopicOrder | None, now_ms: int | None,

@@ -99,7 +99,8 @@ class TopicReader(Subscribing):
                  start: Position = EARLIEST, chunk_bytes: int = DEFAULT_CHUNK_BYTES, follow: bool = False,
                  poll_interval: float = 1.0, on_gap: OnGap = "error", gap_listener: GapListener | None = None,
                  storage_options: StorageOptions | None = None, subscription: str | None = None,
-                 auto_commit: bool = False, as_of: AsOf | None = None, from_snapshot: int | str | None = None) -> None:
+                 auto_commit: bool = False, as_of: AsOf | None = None, from_snapshot: int | str | None = None,
+                 max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> None:
         if as_of is not None and from_snapshot is not None:
             raise InvalidInputError("give as_of (the topic as it was) or from_snapshot (a snapshot, then everything "
                                     "since), not both")
@@ -117,6 +118,9 @@ class TopicReader(Subscribing):
         self.point: Point | None = None
         self.read_compacted = read_compacted or as_of is not None or from_snapshot is not None
         self.chunk_bytes = chunk_bytes
+        #: the most a message read holds decompressed at once: a bigger entry is read on its
+        #: own, as a stream (an lz4 block bigger than this and than its biggest record is refused)
+        self.max_batch_bytes = max_batch_bytes
         #: iterating never ends: it waits for new ledgers, looking every ``poll_interval`` s
         self.follow = follow
         self.poll_interval = poll_interval
@@ -390,7 +394,8 @@ class TopicReader(Subscribing):
             live = np.flatnonzero(~gone[start:])
             stop = start + (int(live[-1]) + 1 if live.size else 0)
         last = f.n_records - 1 if f.footer.kind == KIND_ORIGINAL else -1
-        for i, m in enumerate(f.messages(start, stop, chunk_bytes=self.chunk_bytes), start):
+        for i, m in enumerate(f.messages(start, stop, chunk_bytes=self.chunk_bytes, hold_bytes=self.max_batch_bytes),
+                              start):
             # Past an original ledger's last record the next id is in a later ledger: saying
             # so keeps the position exact should retention remove this ledger.
             self._next = MessageId(m.id.ledger + 1, 0, 0) if i == last else m.id.successor()

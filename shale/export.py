@@ -122,7 +122,8 @@ def export_topic(topic_uri: str, out_uri: str, *, metadata_uri: str | None = Non
     want = _Request(format_of(out_uri, fmt), compression, utf8, max_batch_bytes, table, compacted, as_of, changes)
     want.check(start)
     reader = TopicReader(topic_uri, metadata_uri=metadata_uri, read_compacted=compacted or table, start=start,
-                         chunk_bytes=min(DEFAULT_CHUNK_BYTES, max_batch_bytes), as_of=as_of)
+                         chunk_bytes=min(DEFAULT_CHUNK_BYTES, max_batch_bytes), as_of=as_of,
+                         max_batch_bytes=max_batch_bytes)
     out = open_output(out_uri, reader.meta, overwrite=overwrite, binary=want.fmt != "jsonl")
     rows = [0]
     nbytes = [0]
@@ -168,7 +169,8 @@ class _Request:
             _write_changes(reader, self.changes, self.fmt, self.compression, sink, rows, self.utf8,
                            self.max_batch_bytes)
         elif self.fmt == "jsonl":
-            messages = table_messages(reader.meta, as_of=self.as_of) if self.table else iter(reader)
+            messages = (table_messages(reader.meta, as_of=self.as_of, hold_bytes=self.max_batch_bytes) if self.table
+                        else iter(reader))
             rows[0] = _write_jsonl(messages, sink, rows)
         else:
             batches = (table_batches(reader.meta, utf8=self.utf8, max_batch_bytes=self.max_batch_bytes,

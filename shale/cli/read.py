@@ -46,8 +46,8 @@ def _read_table(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> None
     # footers first, then only the table's records: memory follows records, not values
     meta = TopicMetadata.open(args.topic, args.metadata)
     as_of, from_snapshot = _point(args)
-    for m in itertools.islice(table_messages(meta, chunk_bytes=chunk_bytes, as_of=as_of, from_snapshot=from_snapshot),
-                              args.limit):
+    for m in itertools.islice(table_messages(meta, chunk_bytes=chunk_bytes, as_of=as_of, from_snapshot=from_snapshot,
+                                             hold_bytes=args.max_batch_bytes), args.limit):
         text = message_line(m, args.value_format)
         del m  # (a big value goes before its line is written)
         io.out.write(text)
@@ -74,7 +74,7 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
                      # a follower prints and flushes each record before asking for the next: the reader
                      # may commit it then, and keeps an idle subscription active
                      auto_commit=args.follow and args.subscription is not None, as_of=as_of,
-                     from_snapshot=from_snapshot) as r:
+                     from_snapshot=from_snapshot, max_batch_bytes=args.max_batch_bytes) as r:
         if r.subscriber is not None and r.subscriber.expired:
             io.err.write(f"shale: warning: {r.meta.uri}: subscription {r.subscriber.name!r} had expired (no commit "
                          "within the topic's subscription-expiry): it held nothing back meanwhile, so deletes may have "

@@ -210,7 +210,9 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
     _s("subscription", Text(), "read as this durable subscription: start where it last committed (a new one is "
        "created at --start) and commit after the records printed (shale subscriptions)", {"read"}, metavar="NAME"),
     _s("max-batch-bytes", Size(1), "the most bytes of records, once decompressed, that one batch holds and that are "
-       "decompressed at once (a bigger record goes alone; entries are read 8MiB at most at a time)",
+       "decompressed at once (a bigger record goes alone; entries are read 8MiB at most at a time, a bigger entry "
+       "in pieces as it is decompressed; an lz4 entry bigger than this, than its biggest record and than 1MiB is "
+       "refused)",
        {"read", "export"}, default=16 << 20),
     _s("overwrite", Switch(), "replace OUT if it is an existing regular file (default: refuse, and never replace one "
        "that appears while the export runs)", {"export"}, default=False),

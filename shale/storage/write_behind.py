@@ -51,6 +51,12 @@ class WriteBehind(ObjectWriter):
         self._settled += 1
         fut.result()  # a failed write fails the object
 
+    def drain(self, limit: int) -> None:
+        """Wait for the oldest writes until at most ``limit`` bytes wait (for a caller
+        about to hold more of its own)."""
+        while self._pending and self._pending_bytes > limit:
+            self._settle_oldest()
+
     def write(self, data: bytes | bytearray | memoryview, /) -> int:
         size = len(data)
         while self._pending and (self._pending[0][0].done() or self._pending_bytes + size > self._max_pending):
