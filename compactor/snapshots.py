@@ -155,6 +155,8 @@ class RollbackResult:
                 f"{self.horizon or 'none'}, replacing epoch {self.from_epoch}); snapshots retained: {kept}")
         if self.retired:
             text += f"; {self.retired} object{'s' if self.retired != 1 else ''} retired for gc"
+        if self.dry_run:
+            text += f" (shale read {self.topic} --from-snapshot {self.to_epoch} shows what it would read)"
         return text
 
 

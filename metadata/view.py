@@ -41,7 +41,7 @@ from shale.ledger.reader import LedgerFile
 from shale.metadata.state import CompactedPart, CompactionState, LedgerInfo, TopicState
 
 if TYPE_CHECKING:
-    from shale.metadata.snapshots import AsOf
+    from shale.metadata.asof import AsOf
     from shale.metadata.topic import TopicMetadata
 
 __all__ = ["Removed", "Segment", "TopicView", "log_start", "reading_order", "wholly_below"]
@@ -164,17 +164,35 @@ class TopicView:
 
     topic: TopicState
     compaction: CompactionState | None = None
+    #: only ids below this one (None: no bound): a read as of a point stops there
+    end: MessageId | None = None
+    #: what a key TTL counts from (None: the present): the point's time, as of a point
+    now_ms: int | None = None
 
     @classmethod
-    def load(cls, meta: TopicMetadata, *, compacted: bool = True, as_of: AsOf | None = None) -> TopicView:
+    def load(cls, meta: TopicMetadata, *, compacted: bool = True, as_of: AsOf | None = None,
+             from_snapshot: int | str | None = None) -> TopicView:
         """The view as it is now: the ledger list, then (compacted) the compaction state,
         read after it so that it covers at least what the list lacks.  ``as_of`` (an
-        epoch or a time): the compacted view of that retained snapshot instead
-        (:mod:`shale.metadata.snapshots`)."""
+        epoch, a time, a message id or a tag): the topic as it was at that point, nothing
+        written later (:mod:`shale.metadata.asof`); ``from_snapshot`` (an epoch): that
+        retained snapshot's compacted view, then every ledger above its horizon as the
+        topic holds them now (:func:`~shale.metadata.snapshots.view_as_of`)."""
         topic = meta.load_topic()
         if as_of is not None:
-            return cls(topic, meta.load_compaction_as_of(as_of))
+            from shale.metadata.asof import resolve_point
+
+            point = resolve_point(meta, topic, meta.load_compaction(), as_of)
+            return cls(topic, point.base, point.end, point.now_ms)
+        if from_snapshot is not None:
+            return cls(topic, meta.load_compaction_as_of(from_snapshot))
         return cls(topic, meta.load_compaction() if compacted else None)
+
+    def bound(self, end: MessageId | None) -> MessageId | None:
+        """The lower of ``end`` and the view's own bound (None: neither bounds it)."""
+        if end is None or self.end is None:
+            return self.end if end is None else end
+        return min(end, self.end)
 
     def order(self, meta: TopicMetadata) -> TopicOrder:
         """:func:`reading_order` of this view (``meta``: its topic's, for the policy)."""
@@ -207,7 +225,9 @@ class TopicView:
         ``start`` None reads from the oldest record left (every part, whole; what retention
         removed before is no gap).  From an id, the records from there that retention
         removed (:meth:`removed_from`) come before the ledgers as a :class:`Removed` range:
-        in a compacted view, only those the view does not hold (:meth:`uncovered`)."""
+        in a compacted view, only those the view does not hold (:meth:`uncovered`).  The
+        view's own :attr:`end` bounds it too."""
+        end = self.bound(end)
         yield from self.parts(start, end)
         tail = self.tail_start(MIN_ID if start is None else start)
         if start is not None:
@@ -222,6 +242,7 @@ class TopicView:
         """The compacted parts holding ids from ``start`` up to the horizon, before ``stop``.
         ``start`` None: every published part, whole (those without records too)."""
         state = self.compaction
+        stop = self.bound(stop)
         if state is None or (start is not None and not self.holds(start)):
             return
         for part in state.parts:
@@ -238,6 +259,7 @@ class TopicView:
         of at most ``max_records`` records each (record indexes from the metadata: a slice
         wholly before ``start`` covers nothing).  ``among``: these ledgers (removed ones a
         reader had listed) rather than the topic's."""
+        end = self.bound(end)
         step = None if max_records is None else max(1, max_records)
         for lg in self.topic.ledgers if among is None else among:
             if wholly_below(lg, start):

@@ -27,7 +27,7 @@ from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.ordering import TopicOrder, record_time
 from shale.ledger.reader import DEFAULT_CHUNK_BYTES, LedgerFile
 from shale.ledger.record import Message
-from shale.metadata.snapshots import AsOf
+from shale.metadata.asof import AsOf, Point, resolve_point
 from shale.metadata.state import CompactionState, LedgerInfo, TopicState
 from shale.metadata.topic import TopicMetadata
 from shale.metadata.view import Segment, TopicView, wholly_below
@@ -80,8 +80,12 @@ class TopicReader(Subscribing):
     ledgers the reader had listed are still read while their objects last (they stay for
     the orphan grace), so a reader only a little behind loses nothing.
 
-    ``as_of`` (an epoch or a time) reads a retained snapshot's compacted view instead of
-    the published one, as :mod:`shale.metadata.snapshots` says (implies ``read_compacted``).
+    ``as_of`` (an epoch, a time, a message id or a tag) reads the topic as it was at that
+    point, nothing written later (:mod:`shale.metadata.asof`; implies ``read_compacted``):
+    the point is resolved once, when the reader is made, and every read ends there.
+    ``from_snapshot`` (an epoch) reads that retained snapshot's compacted view and then
+    every record above its horizon as the topic holds them now: what a rollback to it
+    would publish (:func:`~shale.metadata.snapshots.view_as_of`).
 
     ``storage_options`` say how to reach the topic's storage
     (:class:`~shale.storage.StorageOptions`; read from the environment when not given).
@@ -95,14 +99,24 @@ class TopicReader(Subscribing):
                  start: Position = EARLIEST, chunk_bytes: int = DEFAULT_CHUNK_BYTES, follow: bool = False,
                  poll_interval: float = 1.0, on_gap: OnGap = "error", gap_listener: GapListener | None = None,
                  storage_options: StorageOptions | None = None, subscription: str | None = None,
-                 auto_commit: bool = False, as_of: AsOf | None = None,
+                 auto_commit: bool = False, as_of: AsOf | None = None, from_snapshot: int | str | None = None,
                  max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> None:
-        if subscription is not None and as_of is not None:
-            raise InvalidInputError("a subscription reads the topic as it is now: give it without as_of")
+        if as_of is not None and from_snapshot is not None:
+            raise InvalidInputError("give as_of (the topic as it was) or from_snapshot (a snapshot, then everything "
+                                    "since), not both")
+        if subscription is not None and (as_of is not None or from_snapshot is not None):
+            raise InvalidInputError("a subscription reads the topic as it is now: give it without as_of or "
+                                    "from_snapshot")
+        if follow and as_of is not None:
+            raise InvalidInputError("a read as of a point ends there: following reads the topic as it grows")
         self.meta = TopicMetadata.open(topic_uri, metadata_uri, storage_options)
-        #: the retained snapshot read instead of the published view (None: the published one)
+        #: the point this reader reads the topic as of (None: as it is)
         self.as_of = as_of
-        self.read_compacted = read_compacted or as_of is not None
+        #: the retained snapshot read, then everything since, instead of the published view
+        self.from_snapshot = from_snapshot
+        #: what the point covers, resolved once (None: no point)
+        self.point: Point | None = None
+        self.read_compacted = read_compacted or as_of is not None or from_snapshot is not None
         self.chunk_bytes = chunk_bytes
         #: the most a message read holds decompressed at once: a bigger entry is read on its
         #: own, as a stream (an lz4 block bigger than this and than its biggest record is refused)
@@ -120,6 +134,10 @@ class TopicReader(Subscribing):
         self._open_ahead = False  # (set while Arrow batches are read: see _opened)
         self._gone: tuple[str, npt.NDArray[np.bool_] | None] = ("", None)
         self._topic: TopicState = self.meta.load_topic()
+        if as_of is not None:
+            self.point = resolve_point(self.meta, self._topic, self.meta.load_compaction(), as_of)
+        #: ids from here on are past the point this reader reads as of (None: no bound)
+        self._end = None if self.point is None else self.point.end
         self._compaction: CompactionState = CompactionState()
         self._next: MessageId = MIN_ID
         #: records below this id that are gone are no gap: they went before an ``earliest`` reader began
@@ -150,10 +168,12 @@ class TopicReader(Subscribing):
         return self._topic
 
     def _load_compaction(self) -> CompactionState:
-        """The compaction state this reader follows: the published one, or the view of
-        the snapshot it reads as of."""
-        if self.as_of is not None:
-            return self.meta.load_compaction_as_of(self.as_of)
+        """The compaction state this reader follows: the published one, the view its point
+        is read from, or the snapshot it reads from."""
+        if self.point is not None:
+            return self.point.base
+        if self.from_snapshot is not None:
+            return self.meta.load_compaction_as_of(self.from_snapshot)
         return self.meta.load_compaction()
 
     def refresh(self) -> None:
@@ -390,6 +410,8 @@ class TopicReader(Subscribing):
         Records removed before they were read are a gap, crossed as ``on_gap`` says."""
         if self.subscriber is not None:
             read = self.subscriber.committing(read)
+        if self._end is not None:
+            read = _bounded(read, self._end)
         if self.read_compacted:
             yield from self._compacted_part(read)
         while True:
@@ -405,11 +427,11 @@ class TopicReader(Subscribing):
         where the position then stands)."""
         while True:
             state = self._compaction
-            view = TopicView(self._topic, state)
+            view = TopicView(self._topic, state, self._end)
             if not view.holds(self._next):
                 return
             try:
-                for seg, f in self._opened(view.parts(self._next, stop)):
+                for seg, f in self._opened(view.parts(self._next, stop)):  # (the point's bound: _bounded)
                     gone = self._deletions(seg, f.n_records)
                     if stop is not None and (cut := f.find(stop)) < f.n_records:
                         gone = np.zeros(f.n_records, dtype=np.bool_) if gone is None else gone.copy()
@@ -430,7 +452,7 @@ class TopicReader(Subscribing):
         """The original ledgers from the position: removed ones still there that this reader
         had listed, then the gap if any, then the listed ones."""
         while True:
-            view = TopicView(self._topic)
+            view = TopicView(self._topic, end=self._end)
             for seg in view.ledgers(self._next, among=self._behind):
                 if self.read_compacted or (self._gap is not None and seg.ledger_id >= self._gap[0].ledger):
                     break
@@ -442,7 +464,7 @@ class TopicReader(Subscribing):
             if self._gap is not None:
                 yield from self._cross_gap(read)
             self._behind = ()
-            view = TopicView(self._topic)
+            view = TopicView(self._topic, end=self._end)
             self._next = view.skip(self._next)
             for seg in view.ledgers(self._next):
                 try:
@@ -561,3 +583,17 @@ class TopicReader(Subscribing):
         else:  # what was handed out may not have been handled: not committed
             self._files.clear()
 
+
+def _bounded(read: Callable[[LedgerFile, int, npt.NDArray[np.bool_] | None], Iterator[_T]], end: MessageId
+             ) -> Callable[[LedgerFile, int, npt.NDArray[np.bool_] | None], Iterator[_T]]:
+    """``read`` of the records below ``end`` only: those from ``end`` on are skipped as
+    deleted ones are, and not even decoded."""
+
+    def bounded(f: LedgerFile, start: int, gone: npt.NDArray[np.bool_] | None) -> Iterator[_T]:
+        cut = f.find(end)
+        if cut < f.n_records:
+            gone = np.zeros(f.n_records, dtype=np.bool_) if gone is None else gone.copy()
+            gone[cut:] = True
+        return read(f, start, gone)
+
+    return bounded

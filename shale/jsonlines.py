@@ -20,7 +20,8 @@ import msgspec
 from shale.ledger.errors import InvalidInputError, mid_sentence
 from shale.ledger.record import EVENT_TIME_RANGE, Message, event_time_in_range
 
-__all__ = ["MAX_JSON_DEPTH", "json_document", "message_line", "message_to_json", "parse_record_line"]
+__all__ = ["MAX_JSON_DEPTH", "change_line", "change_to_json", "json_document", "message_line", "message_to_json",
+           "parse_record_line"]
 
 #: How deeply a JSON value may nest.  Python's ``json`` gives up near 1,000 levels less
 #: the caller's own stack, so a value printed inside a line stays readable well below it.
@@ -115,6 +116,21 @@ def message_line(m: Message, value_format: str = "text") -> str:
     """One JSON line (without its newline) for ``m``, as ``shale read`` prints it: strict
     JSON whatever the record holds."""
     return _ENCODER.encode(message_to_json(m, value_format)).decode("utf-8")
+
+
+def change_to_json(op: str, key: bytes, m: Message | None, value_format: str = "text") -> dict[str, Any]:
+    """A change as ``shale changes`` prints it: ``{"op": "upsert", ...the record}`` or
+    ``{"op": "delete", "key"}`` (``key_b64`` for a key that is not UTF-8)."""
+    if m is not None:
+        return {"op": op, **message_to_json(m, value_format)}
+    out: dict[str, Any] = {"op": op}
+    _text_or_b64(key, "key", out)
+    return out
+
+
+def change_line(op: str, key: bytes, m: Message | None, value_format: str = "text") -> str:
+    """One JSON line (without its newline) for a change (:func:`change_to_json`)."""
+    return _ENCODER.encode(change_to_json(op, key, m, value_format)).decode("utf-8")
 
 
 # --------------------------------------------------------------------- input

@@ -89,6 +89,15 @@ COMMAND_TABLE: Final[dict[str, Command]] = {c.name: c for c in (
             "  5  the key has no value (deleted or never written)", "shale.cli.read:run_get"),
     Command("export", "write a topic, its compacted view or its table as Parquet, Arrow or JSON lines", _EXPORT,
             EXIT_CODES, "shale.cli.read:run_export"),
+    Command("changes", "print what changed between two points: one JSON line per key whose state differs",
+            'Print, as JSON lines, one line per key whose state (its latest record; none once deleted or expired) '
+            'differs between --from and --to: {"op":"upsert", and the key\'s new record as shale read prints it} '
+            'or {"op":"delete","key"}. Upserts come first, in id order, then deletes. A point is an epoch, a time, '
+            'a message id or a tag, as shale read --as-of takes it; one older than the history kept is refused. '
+            'Between two retained epochs only what the later compaction changed is read (the parts the views do '
+            'not share, and their deletion vectors).',
+            "  0  printed\n  2  bad usage or input: a bad point, one older than the history kept, missing topic\n"
+            "  4  corrupt data", "shale.cli.read:run_changes"),
     Command("status", "print a topic's ledgers, records and compaction state",
             "Print a topic's ledgers, its compaction state and its dirty ratio. A damaged ledger or part does not "
             "stop it: each is named (on standard error too) and the dirty ratio is then estimated from the "

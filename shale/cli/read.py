@@ -18,10 +18,10 @@ from shale.settings.kinds import shown
 
 if TYPE_CHECKING:
     from shale.ledger.ids import MessageId
-    from shale.metadata.snapshots import AsOf
+    from shale.metadata.asof import AsOf
     from shale.reader import TopicReader
 
-__all__ = ["run_export", "run_get", "run_read"]
+__all__ = ["run_changes", "run_export", "run_get", "run_read"]
 
 
 def run_read(args: argparse.Namespace, io: Streams) -> int:
@@ -45,7 +45,8 @@ def _read_table(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> None
 
     # footers first, then only the table's records: memory follows records, not values
     meta = TopicMetadata.open(args.topic, args.metadata)
-    for m in itertools.islice(table_messages(meta, chunk_bytes=chunk_bytes, as_of=_as_of(args),
+    as_of, from_snapshot = _point(args)
+    for m in itertools.islice(table_messages(meta, chunk_bytes=chunk_bytes, as_of=as_of, from_snapshot=from_snapshot,
                                              hold_bytes=args.max_batch_bytes), args.limit):
         text = message_line(m, args.value_format)
         del m  # (a big value goes before its line is written)
@@ -60,6 +61,7 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
     from shale.reader.gaps import Gap
 
     start = parse_position(args.start)
+    as_of, from_snapshot = _point(args)
 
     def gone_past(gap: Gap) -> None:  # --on-gap skip or compacted: said on stderr, where it falls in the output
         io.out.flush()
@@ -71,8 +73,8 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
                      gap_listener=gone_past, chunk_bytes=chunk_bytes, subscription=args.subscription,
                      # a follower prints and flushes each record before asking for the next: the reader
                      # may commit it then, and keeps an idle subscription active
-                     auto_commit=args.follow and args.subscription is not None, as_of=_as_of(args),
-                     max_batch_bytes=args.max_batch_bytes) as r:
+                     auto_commit=args.follow and args.subscription is not None, as_of=as_of,
+                     from_snapshot=from_snapshot, max_batch_bytes=args.max_batch_bytes) as r:
         if r.subscriber is not None and r.subscriber.expired:
             io.err.write(f"shale: warning: {r.meta.uri}: subscription {r.subscriber.name!r} had expired (no commit "
                          "within the topic's subscription-expiry): it held nothing back meanwhile, so deletes may have "
@@ -113,16 +115,20 @@ def _commit(r: TopicReader, io: Streams, unprinted: MessageId | None = None) -> 
         r.commit(unprinted)
 
 
-def _as_of(args: argparse.Namespace) -> AsOf | None:
-    """``--as-of EPOCH|TIME``, parsed (None when not given)."""
-    from shale.metadata.snapshots import parse_as_of
-
+def _point(args: argparse.Namespace) -> tuple[AsOf | None, int | str | None]:
+    """``--as-of EPOCH|TIME|ID|TAG``, parsed, and ``--from-snapshot EPOCH|TAG`` (None when
+    not given; they exclude each other)."""
+    text = getattr(args, "from_snapshot", None)
+    from_snapshot = None if text is None else _parsed("--from-snapshot", text)
+    if from_snapshot is not None and (isinstance(from_snapshot, bool) or not isinstance(from_snapshot, (int, str))):
+        raise InvalidInputError(f"--from-snapshot: {text!r}: give an epoch or a tag (a time or an id is a point: "
+                                "--as-of)")
     if args.as_of is None:
-        return None
-    try:
-        return parse_as_of(args.as_of)
-    except InvalidInputError as e:
-        raise InvalidInputError(f"--as-of: {e}") from None
+        return None, from_snapshot
+    if from_snapshot is not None:
+        raise InvalidInputError("--as-of reads the topic as it was at a point, --from-snapshot a snapshot and "
+                                "everything since: give one")
+    return _parsed("--as-of", args.as_of), None
 
 
 def run_get(args: argparse.Namespace, io: Streams) -> int:
@@ -131,13 +137,39 @@ def run_get(args: argparse.Namespace, io: Streams) -> int:
     from shale.reader import lookup
 
     key = _key_bytes(args.key, args.key_b64)
-    found = lookup(TopicMetadata.open(args.topic, args.metadata), key)
+    as_of, _ = _point(args)
+    found = lookup(TopicMetadata.open(args.topic, args.metadata), key, as_of=as_of)
     if found.value is None:
         why = "expired" if found.expired else "deleted" if found.message is not None else "never written"
-        io.err.write(f"shale: no value for key {args.key!r} in {args.topic} ({why})\n")
+        when = "" if as_of is None else f" as of {args.as_of.strip()}"
+        io.err.write(f"shale: no value for key {args.key!r} in {args.topic}{when} ({why})\n")
         return EXIT_NOT_FOUND
     io.out.write((message_line(found.message, args.value_format) if found.message else "{}") + "\n")
     return 0
+
+
+def run_changes(args: argparse.Namespace, io: Streams) -> int:
+    from shale.jsonlines import change_line
+    from shale.ledger.reader import DEFAULT_CHUNK_BYTES
+    from shale.metadata.topic import TopicMetadata
+    from shale.reader.changes import changes
+
+    since = _parsed("--from", args.from_point)
+    until = None if args.to_point is None else _parsed("--to", args.to_point)
+    meta = TopicMetadata.open(args.topic, args.metadata)
+    for c in changes(meta, since, until, chunk_bytes=DEFAULT_CHUNK_BYTES):
+        io.out.write(change_line(c.op, c.key, c.message, args.value_format))
+        io.out.write("\n")
+    return 0
+
+
+def _parsed(flag: str, text: str) -> AsOf:
+    from shale.metadata.asof import parse_point
+
+    try:
+        return parse_point(text)
+    except InvalidInputError as e:
+        raise InvalidInputError(f"{flag}: {e}") from None
 
 
 def _key_bytes(text: str, b64: bool) -> bytes:
@@ -159,13 +191,19 @@ def run_export(args: argparse.Namespace, io: Streams) -> int:
     from shale.export_target import is_stdout
     from shale.reader import parse_position
 
+    as_of, _ = _point(args)
+    since = None if args.changes_from is None else _parsed("--changes-from", args.changes_from)
+    until = None if args.changes_to is None else _parsed("--changes-to", args.changes_to)
+    if until is not None and since is None:
+        raise InvalidInputError("--changes-to goes with --changes-from")
     progress = _ExportProgress() if sys.stderr.isatty() else None
     try:
         result = export_topic(args.topic, args.out, metadata_uri=args.metadata, compacted=args.compacted,
                               table=args.table, fmt=args.export_format, start=parse_position(args.start),
                               compression=args.export_compression, utf8=args.utf8,
                               progress=progress.show if progress else None, overwrite=args.overwrite,
-                              max_batch_bytes=args.max_batch_bytes)
+                              max_batch_bytes=args.max_batch_bytes, as_of=as_of,
+                              changes=None if since is None else (since, until))
     finally:
         if progress is not None:
             progress.close()

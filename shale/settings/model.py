@@ -37,7 +37,8 @@ __all__ = ["COMMANDS", "ENV_PREFIX", "POLICY_SETTINGS", "SETTINGS", "Setting", "
 ENV_PREFIX: Final = "SHALE_"
 
 #: Every command, in the order ``shale --help`` lists them.
-COMMANDS: Final = ("produce", "read", "get", "export", "status", "compact", "gc", "truncate", "snapshots", "rollback",
+COMMANDS: Final = ("produce", "read", "get", "export", "changes", "status", "compact", "gc", "truncate", "snapshots",
+                   "rollback",
                    "config", "topics", "subscriptions", "verify", "dictionary")
 #: The commands about one topic, named by a ``TOPIC_URI`` and ``--metadata``.
 _ONE_TOPIC: Final = frozenset(COMMANDS) - {"compact", "topics"}
@@ -184,13 +185,27 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        {"read", "export"}, default=False),
     _s("table", Switch(), "only the latest record of every live key (implies --compacted)", {"read", "export"},
        default=False),
-    _s("as-of", Text(), "read the compacted view as it was at a retained epoch, at a time (ISO 8601, UTC without a "
-       "zone) or at a tag (shale snapshots --tag): its compacted parts, then the ledgers above its horizon (implies "
-       "--compacted; see snapshot-retention)", {"read"}, metavar="EPOCH|TIME|TAG"),
+    _s("as-of", Text(), "the topic as it was at a point, nothing written later: an epoch (that compacted view through "
+       "its horizon), a time (ISO 8601, UTC without a zone, or MILLISms: every record published by then), a message "
+       "id (every record up to it) or a tag (shale snapshots --tag); a point older than the history kept is refused "
+       "(implies --compacted; see snapshot-retention)", {"read", "get", "export"}, metavar="EPOCH|TIME|ID|TAG"),
+    _s("from-snapshot", Text(), "read a retained snapshot's compacted view (an epoch, or a tag), then every record "
+       "above its horizon as the topic holds them now (what shale rollback --to-epoch EPOCH would publish; implies "
+       "--compacted)", {"read"}, metavar="EPOCH|TAG"),
+    _s("from-point", Text(), "the earlier point: an epoch, a time (ISO 8601, UTC without a zone, or MILLISms), a "
+       "message id or a tag, as shale read --as-of takes them", {"changes"}, flag="--from", env=False,
+       group="from", required=True, metavar="EPOCH|TIME|ID|TAG"),
+    _s("to-point", Text(), "the later point (default: the topic as it is now)", {"changes"}, flag="--to", env=False,
+       metavar="EPOCH|TIME|ID|TAG"),
+    _s("changes-from", Text(), "write the changes from this point instead of records: one row per key whose state "
+       "differs, with an op column (upsert or delete); a point as --as-of takes it", {"export"}, env=False,
+       metavar="EPOCH|TIME|ID|TAG"),
+    _s("changes-to", Text(), "with --changes-from: the later point (default: the topic as it is now)", {"export"},
+       env=False, metavar="EPOCH|TIME|ID|TAG"),
     _s("follow", Switch(), "keep reading as new ledgers are registered (Ctrl-C ends it, exit code 0)", {"read"},
        default=False),
     _s("poll-interval", Duration(), "with --follow: how often to look for new ledgers", {"read"}, default=1000),
-    _s("value-format", Choice(("text", "json")), _VALUE_FORMAT_HELP, {"read", "get"}, default="text"),
+    _s("value-format", Choice(("text", "json")), _VALUE_FORMAT_HELP, {"read", "get", "changes"}, default="text"),
     _s("on-gap", Choice(("error", "skip", "compacted")), _GAP_HELP, {"read"}, default="error"),
     _s("subscription", Text(), "read as this durable subscription: start where it last committed (a new one is "
        "created at --start) and commit after the records printed (shale subscriptions)", {"read"}, metavar="NAME"),

@@ -67,7 +67,7 @@ def test_a_tag_reads_as_its_epoch_and_is_rolled_back_to(topic: str) -> None:
     assert TopicMetadata.open(topic).load_compaction() == before
     done = json.loads(ok("rollback", topic, "--to-tag", "v1", "--json"))
     assert (done["to_epoch"], done["epoch"]) == (1, 4)
-    assert ok("read", topic, "--compacted") == ok("read", topic, "--as-of", "v1")
+    assert ok("read", topic, "--compacted") == ok("read", topic, "--from-snapshot", "v1")
     assert "still" not in ok("snapshots", topic, "--untag", "v1")
     _one_line(run_cli_here("read", topic, "--as-of", "v1"), EXIT_USAGE, "no compacted view is tagged 'v1' "
               "(tags: latest-good (epoch 3)")
@@ -85,7 +85,7 @@ def test_rollback_to_a_time_from_the_command_line(topic: str) -> None:
               "no retained view was published by", f"the earliest retained, epoch 1, was published {_iso(first)}")
     _one_line(run_cli_here("rollback", topic, "--to-time", str(state.compacted_ms)), EXIT_USAGE,
               "epoch 3 is the published view already")
-    want = ok("read", topic, "--as-of", "1")
+    want = ok("read", topic, "--from-snapshot", "1")
     done = json.loads(ok("rollback", topic, "--to-time", _iso(first), "--json"))
     assert (done["to_epoch"], done["epoch"]) == (1, 4)
     assert ok("read", topic, "--compacted") == want
