@@ -36,6 +36,7 @@ from shale.compactor.spark.session import (
     active_session,
     open_session,
     spark_call,
+    stop_session,
     tagged,
     worker_settings,
 )
@@ -169,8 +170,7 @@ class SparkEngine:
         """Stop the Spark session if this engine started it."""
         self._warming = None
         if self._session is not None and self._owns_session:
-            with contextlib.suppress(Exception):
-                self._session.stop()
+            stop_session(self._session)
         self._session = None
         if self._shipped is not None:
             with contextlib.suppress(OSError):

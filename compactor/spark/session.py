@@ -24,7 +24,7 @@ from shale.ledger.errors import InvalidInputError, ShaleError
 from shale.ledger.masking import mask_secrets
 
 __all__ = ["DAEMON_MODULE", "active_session", "first_line", "is_connect", "open_session", "package_zip",
-           "spark_call", "tagged", "worker_settings"]
+           "spark_call", "stop_session", "tagged", "worker_settings"]
 
 T = TypeVar("T")
 
@@ -125,6 +125,8 @@ def open_session(options: SparkOptions) -> tuple[Any, str | None]:
     shipped to it, if any (the caller deletes it when done).  This process's environment
     is left as it is: what Spark's processes need goes through Spark's settings."""
     warnings.filterwarnings("ignore", message=_PANDAS_WARNING, category=FutureWarning)
+    # (a Spark Connect client warns as it gives up on its server: the error says it in one line)
+    warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]", category=UserWarning)
     remote = options.effective_remote
     ship = options.ship_code if options.ship_code is not None else not options.is_local
     where = remote or options.effective_master or "from spark-submit"
@@ -139,7 +141,10 @@ def open_session(options: SparkOptions) -> tuple[Any, str | None]:
                 builder = builder.master(options.effective_master)
             for k, v in _builder_settings(options, ship):
                 builder = builder.config(k, v)
-            with _local_worker_environment(options.is_local):
+            with _local_worker_environment(options.is_local), warnings.catch_warnings():
+                # A Spark Connect server started here takes every setting as it starts,
+                # then its client warns that it cannot set those again.
+                warnings.filterwarnings("ignore", message="Failed to set spark", category=UserWarning)
                 session = builder.getOrCreate()
     except ShaleError:
         raise
@@ -158,6 +163,7 @@ def _open_client(options: SparkOptions, remote: str) -> Any:
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
     session = ConnectSession.builder.remote(remote).getOrCreate()
+    _check_reachable(session)
     for k, v in options.conf:
         try:
             session.conf.set(k, v)
@@ -167,13 +173,66 @@ def _open_client(options: SparkOptions, remote: str) -> Any:
     return session
 
 
+#: How long a new client waits for its server, at most, before the run fails: the client's
+#: own retries wait ten minutes (for a server restarting under a live session).
+_CONNECT_RETRIES: Final = 5
+_CONNECT_BACKOFF_MS: Final = (250, 4000)
+
+
+@contextlib.contextmanager
+def _patient_for_seconds(session: Any) -> Iterator[None]:
+    """Meanwhile, a Spark Connect client gives up on its server after a few seconds."""
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    client = session.client
+    saved = client.get_retry_policies()
+    client.set_retry_policies([DefaultPolicy(max_retries=_CONNECT_RETRIES, initial_backoff=_CONNECT_BACKOFF_MS[0],
+                                             backoff_multiplier=2.0, max_backoff=_CONNECT_BACKOFF_MS[1])])
+    try:
+        yield
+    finally:
+        client.set_retry_policies(saved)
+
+
+def _check_reachable(session: Any) -> None:
+    """Ask the server its version; if it does not answer, close the client (else, as this
+    process exits, it would try again to reach the server for minutes)."""
+    try:
+        with _patient_for_seconds(session):
+            session.version  # noqa: B018
+    except BaseException:
+        with contextlib.suppress(Exception):
+            session.client.close()
+        raise
+
+
+def stop_session(session: Any) -> None:
+    """Stop a session this engine started (a Spark Connect client's: released on its
+    server, giving up after a few seconds if the server is gone).  Never raises."""
+    with contextlib.suppress(Exception):
+        if is_connect(session) and not session.is_stopped:
+            with _patient_for_seconds(session):
+                session.stop()
+        else:
+            session.stop()
+    if is_connect(session):
+        with contextlib.suppress(Exception):
+            session.client.close()
+
+
 _EXCEPTION_LINE: Final = re.compile(r"^\s*((?:\w+\.)*\w*(?:Error|Exception|Exit)\b:?.*)$")
+#: what a gRPC error (a Spark Connect client's) says went wrong
+_GRPC_DETAILS: Final = re.compile(r'^\s*details = "(.*)"\s*$', re.M)
 
 
 def first_line(e: BaseException) -> str:
     """The line that says what went wrong, secrets masked: the innermost Python exception
     a task raised if there is one, else the first line."""
-    lines = str(e).splitlines()
+    text = str(e)
+    grpc = _GRPC_DETAILS.search(text)
+    if grpc:
+        return mask_secrets(grpc.group(1)[:300])
+    lines = text.splitlines()
     found = [m.group(1) for m in map(_EXCEPTION_LINE.match, lines) if m and "Traceback" not in m.group(1)]
     python = [f for f in found if not f.startswith(("org.", "java.", "py4j.", "scala.", "io.grpc."))]
     if python:

@@ -37,8 +37,8 @@ __all__ = ["print_config", "run_compact", "summary_exit_code"]
 _ENVIRONMENT: Final = ("AWS_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
                        "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
                        "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "GOOGLE_APPLICATION_CREDENTIALS", "SHALE_DEBUG",
-                       "SHALE_KERNELS")
-_SPARK_ONLY: Final = ("spark-master", "spark-conf", "spark-split-size", "no-forward-credentials")
+                       "SHALE_KERNELS", "SPARK_REMOTE")
+_SPARK_ONLY: Final = ("spark-master", "spark-remote", "spark-conf", "spark-split-size", "no-forward-credentials")
 
 
 def run_compact(args: argparse.Namespace, io: Streams) -> int:
@@ -71,7 +71,8 @@ def _engine(settings: Settings) -> Engine:
     from shale.compactor.spark.engine import SparkEngine
 
     split = settings.value("spark-split-size")
-    return SparkEngine(SparkOptions(master=settings.value("spark-master"), conf=tuple(settings.value("spark-conf")),
+    return SparkEngine(SparkOptions(master=settings.value("spark-master"), remote=settings.value("spark-remote"),
+                                    conf=tuple(settings.value("spark-conf")),
                                     split_bytes=DEFAULT_SPLIT_BYTES if split is None else split,
                                     forward_credentials=not settings.value("no-forward-credentials")))
 

@@ -312,6 +312,9 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        default="local"),
     _s("spark-master", Text(), _SPARK + "the Spark master: local[N], spark://HOST:PORT, k8s://https://HOST, yarn",
        _COMPACT, default_text="spark-submit's master under spark-submit, else local[*]", metavar="URL"),
+    _s("spark-remote", Text(), _SPARK + "run as a client of this Spark Connect server: sc://HOST:PORT (with "
+       "/;token=... and Spark Connect's other parameters), or local[N] for one started here; instead of a master",
+       _COMPACT, default_text="Spark's SPARK_REMOTE when set (and no master is given), else none", metavar="URL"),
     _s("spark-conf", Pairs(), _SPARK + "a Spark setting for the session Shale starts (repeatable)", _COMPACT,
        many=True),
     _s("spark-split-size", Size(64 << 10, why="the least a Spark task handles"),
