@@ -426,8 +426,14 @@ def test_shipped_code_zip_holds_every_module(tmp_path: Path) -> None:
 
 
 @pytest.mark.s3
+@pytest.mark.parametrize("spark", [("--spark-master", "local[2]"), ("--spark-remote", "local[2]")],
+                         ids=["classic", "connect"])
 def test_cli_compacts_several_topics_in_one_application_without_leaking_credentials(
-        tmp_path: Path, s3_bucket: str) -> None:
+        tmp_path: Path, s3_bucket: str, spark: tuple[str, str]) -> None:
+    """Two topics in one application (classic, or a Spark Connect server started by the
+    command, whose clients send their plans, closures and all, over gRPC): both compacted
+    as the local engine does, the secret key nowhere in the output, the logs or Spark's
+    event log, and the executors' Python workers started before the first run's first job."""
     secret = "Sup3rSecretValue-" + os.urandom(6).hex()
     local_uri = str(tmp_path / "local-topic")
     s3_uri = f"s3://{s3_bucket}/topics/t"
@@ -438,7 +444,7 @@ def test_cli_compacts_several_topics_in_one_application_without_leaking_credenti
         Compactor(ref, CompactionConfig(delete_retention_ms=0)).run()
     events = tmp_path / "events"
     events.mkdir()
-    res = run_cli(local_uri, s3_uri, "--engine", "spark", "--spark-master", "local[2]", "--json",
+    res = run_cli(local_uri, s3_uri, "--engine", "spark", *spark, "--json",
                   "--delete-retention", "0", "--spark-split-size", "64KiB",
                   "--spark-conf", "spark.eventLog.enabled=true", "--spark-conf", f"spark.eventLog.dir=file:{events}",
                   "--spark-conf", "spark.eventLog.compress=false",
