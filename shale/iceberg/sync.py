@@ -1,0 +1,277 @@
+"""A topic's compacted view as an Iceberg table: one snapshot per epoch, incremental.
+
+:func:`sync_table` brings the table to the topic's published epoch.  The snapshot holds
+exactly ``shale read --table --as-of EPOCH``: the latest record of every live key through
+the horizon (:func:`~shale.reader.latest.plan_latest` as of that epoch, its key TTL
+counted from the epoch's publish time), nothing above it.  Its summary carries
+``shale.epoch``, ``shale.horizon`` and ``shale.topic``; a table already at the epoch gets
+no snapshot.
+
+Incremental: the table is read as it is (:mod:`shale.iceberg.state`: the message ids of
+its live rows), the view's records are known by their message ids from footers alone,
+and the difference is written: the records the table lacks as new data files (read from
+the view's objects, only those), the rows the view no longer holds removed by one
+position-delete file.  An epoch that changes 1 % of the keys writes about 1 % of the
+table.  Maintenance happens in the same commit: a data file whose deleted fraction passes
+``rewrite_fraction`` is rewritten (its live rows copied into a new file, it and the
+delete files that only name removed files dropped), and once more than
+:data:`MAX_DELETE_FILES` delete files are live they are merged into one.
+
+Two compactors, or a compactor and an export, may sync at once: each commit requires the
+branch head it read, so one of them loses, reads the table again, and either finds the
+epoch there (nothing to do: an epoch is never committed twice) or decides anew.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from shale.iceberg.catalog import IcebergTarget, open_catalog, translated
+from shale.iceberg.schema import arrow_schema, check_schema, rows_of, table_schema
+from shale.iceberg.state import TableState, id_keys, read_state
+from shale.ledger.errors import ConflictError, InvalidInputError
+from shale.metadata.topic import TopicMetadata
+from shale.reader.latest import Chosen, LatestPlan, latest_batches, plan_latest
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.manifest import DataFile
+    from pyiceberg.table import Table
+
+__all__ = ["ATTEMPTS", "MAX_DELETE_FILES", "SyncResult", "sync_table"]
+
+#: Commits tried when another writer changes the table meanwhile (each reads it again).
+ATTEMPTS: Final = 5
+#: Live position-delete files past which they are merged into one.
+MAX_DELETE_FILES: Final = 16
+#: Table properties set when Shale makes a table.
+_PROPERTIES: Final = {"format-version": "2", "write.metadata.delete-after-commit.enabled": "true",
+                      "write.metadata.previous-versions-max": "20", "write.parquet.compression-codec": "zstd"}
+
+
+@dataclass(frozen=True, slots=True)
+class SyncResult:
+    """What a sync did: ``status`` ``committed`` (a snapshot was made) or ``current`` (the
+    table already held the epoch); the table's rows after it, the rows added and deleted,
+    the files rewritten, the bytes written and the table's live bytes, the snapshots
+    expired, and how long it took."""
+
+    topic: str
+    table: str
+    epoch: int
+    horizon: str | None
+    status: str
+    snapshot_id: int | None = None
+    rows: int = 0
+    added: int = 0
+    deleted: int = 0
+    rewritten_files: int = 0
+    bytes_written: int = 0
+    table_bytes: int = 0
+    expired: int = 0
+    files_removed: int = 0
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"topic": self.topic, "table": self.table, "epoch": self.epoch, "horizon": self.horizon,
+                "status": self.status, "snapshot_id": self.snapshot_id, "rows": self.rows, "added": self.added,
+                "deleted": self.deleted, "rewritten_files": self.rewritten_files, "bytes_written": self.bytes_written,
+                "table_bytes": self.table_bytes, "snapshots_expired": self.expired,
+                "files_removed": self.files_removed, "seconds": round(self.seconds, 3)}
+
+    def human(self) -> str:
+        if self.status == "current":
+            return f"{self.topic}: {self.table} already holds epoch {self.epoch} ({self.rows:,} rows)"
+        return (f"{self.topic}: {self.table} at epoch {self.epoch}: {self.rows:,} rows, {self.added:,} added, "
+                f"{self.deleted:,} deleted, {self.bytes_written:,} bytes written in {self.seconds:.2f}s")
+
+
+@dataclass(slots=True)
+class _Diff:
+    """What a commit writes: the view's records to add, the positions to delete by data
+    file, the data files to rewrite (their rows kept: positions), and the paths removed."""
+
+    added: list[Chosen] = field(default_factory=list)
+    deletes: dict[str, npt.NDArray[np.int64]] = field(default_factory=dict)
+    rewrites: list[tuple[str, npt.NDArray[np.int64]]] = field(default_factory=list)
+    removed: set[str] = field(default_factory=set)
+    merge_deletes: bool = False
+
+    @property
+    def empty(self) -> bool:
+        return not (self.added or self.deletes or self.rewrites or self.removed)
+
+
+def sync_table(meta: TopicMetadata, target: IcebergTarget, *, grace_ms: int = 5 * 60_000,
+               progress: Callable[[str], None] | None = None) -> SyncResult:
+    """Bring ``target`` to ``meta``'s published epoch (see the module); expire the
+    snapshots of epochs the topic no longer retains once they were replaced ``grace_ms``
+    ago, and remove the files only they read."""
+    started = time.perf_counter()
+    state = meta.load_compaction()
+    if not state.epoch:
+        raise InvalidInputError(f"{meta.uri} was never compacted: its Iceberg table holds a compacted view "
+                                "(run compact first)")
+    catalog = open_catalog(target)
+    with translated(target):
+        table = _load_table(catalog, target, meta)
+        for _ in range(ATTEMPTS):
+            try:
+                result = _sync_once(meta, table, target, state.epoch, str(state.horizon), progress)
+                break
+            except ConflictError:
+                table = catalog.load_table(target.identifier)
+        else:
+            raise ConflictError(f"{target.shown} kept changing: {ATTEMPTS} commits lost to other writers")
+        from shale.iceberg.expire import expire_snapshots
+
+        expired, removed = expire_snapshots(catalog.load_table(target.identifier), meta.load_compaction(),
+                                            grace_ms=grace_ms)
+    return _finished(result, expired, removed, time.perf_counter() - started)
+
+
+def _finished(r: SyncResult, expired: int, removed: int, seconds: float) -> SyncResult:
+    return SyncResult(r.topic, r.table, r.epoch, r.horizon, r.status, r.snapshot_id, r.rows, r.added, r.deleted,
+                      r.rewritten_files, r.bytes_written, r.table_bytes, expired, removed, seconds)
+
+
+def _load_table(catalog: Catalog, target: IcebergTarget, meta: TopicMetadata) -> Table:
+    """The table, made (with its namespace) when missing; one of another shape, or of
+    another topic, is refused."""
+    from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
+
+    namespace = target.identifier[:-1]
+    try:
+        table = catalog.load_table(target.identifier)
+    except NoSuchTableError:
+        try:
+            catalog.create_namespace(namespace)
+        except NamespaceAlreadyExistsError:
+            pass
+        props = {**_PROPERTIES, "shale.topic": meta.uri, "shale.value-format": target.value_format}
+        try:
+            return catalog.create_table(target.identifier, schema=table_schema(target.value_format), properties=props)
+        except TableAlreadyExistsError:  # made meanwhile by another writer: checked as any other
+            table = catalog.load_table(target.identifier)
+    check_schema(table.schema(), target.value_format, target.shown)
+    owner = table.properties.get("shale.topic")
+    if owner != meta.uri:
+        whose = f"holds the topic {owner}" if owner else "was not made by Shale"
+        raise InvalidInputError(f"{target.shown} {whose}, not {meta.uri}: give another table")
+    if table.format_version != 2:
+        raise InvalidInputError(f"{target.shown} is Iceberg v{table.format_version}; Shale writes v2 tables")
+    return table
+
+
+def _sync_once(meta: TopicMetadata, table: Table, target: IcebergTarget, epoch: int, horizon: str,
+               progress: Callable[[str], None] | None) -> SyncResult:
+    """One try: read the table, decide, write, commit (ConflictError: lost to another writer)."""
+    from shale.iceberg.commit import commit_snapshot
+    from shale.iceberg.files import FileWriter
+
+    shown = target.table
+    current = read_state(table)
+    if current.epoch is not None and current.epoch >= epoch:
+        return SyncResult(meta.uri, shown, current.epoch, horizon, "current", current.snapshot.snapshot_id
+                          if current.snapshot else None, current.rows, table_bytes=current.bytes)
+    if progress is not None:
+        progress(f"planning epoch {epoch}")
+    plan = plan_latest(meta, as_of=epoch)
+    diff = _decide(meta, plan, current, target.rewrite_fraction)
+    writer = FileWriter(table)
+    try:
+        data, deletes = _write(meta, table, plan, diff, current, writer, target.value_format)
+        props = {"shale.epoch": str(epoch), "shale.horizon": horizon, "shale.topic": meta.uri}
+        removed = frozenset(diff.removed)
+        committed = commit_snapshot(table, data, deletes, removed, props)
+    except BaseException:
+        writer.remove_written()
+        raise
+    snap = committed.current_snapshot()
+    written = sum(int(f.file_size_in_bytes) for f in (*data, *deletes))
+    added = sum(len(c.records) for c in diff.added)
+    deleted = sum(len(v) for p, v in diff.deletes.items() if p not in diff.removed)
+    deleted += sum(int(np.count_nonzero(d.deleted == 0)) - len(k) for d in current.data for p, k in diff.rewrites
+                   if d.path == p)
+    return SyncResult(meta.uri, shown, epoch, horizon, "committed", snap.snapshot_id if snap else None,
+                      plan.rows, added, deleted, len(diff.rewrites), written, _live_bytes(current, data, deletes, diff))
+
+
+def _live_bytes(current: TableState, data: list[DataFile], deletes: list[DataFile], diff: _Diff) -> int:
+    kept = sum(int(d.file.file_size_in_bytes) for d in current.data if d.path not in diff.removed)
+    kept += sum(int(f.file_size_in_bytes) for f, _ in current.deletes if str(f.file_path) not in diff.removed)
+    return kept + sum(int(f.file_size_in_bytes) for f in (*data, *deletes))
+
+
+def _decide(meta: TopicMetadata, plan: LatestPlan, current: TableState, fraction: float) -> _Diff:
+    """The difference between the table and the view (see the module)."""
+    chosen = [(c, id_keys(*c.segment.open(meta).record_id_columns(c.records))) for c in plan.chosen]
+    wanted = np.concatenate([ids for _, ids in chosen]) if chosen else np.empty(0, dtype="S20")
+    wanted.sort()
+    have = current.live_ids()
+    have.sort()
+    diff = _Diff()
+    for c, ids in chosen:
+        keep = ~_member(ids, have)
+        if keep.any():
+            diff.added.append(Chosen(c.segment, c.records[keep]))
+    for d in current.data:
+        gone = ~d.deleted & ~_member(d.ids, wanted)
+        after = d.deleted | gone
+        if after.all():
+            diff.removed.add(d.path)
+        elif np.count_nonzero(after) > fraction * len(after):
+            diff.rewrites.append((d.path, np.flatnonzero(~after)))
+            diff.removed.add(d.path)
+        elif gone.any():
+            diff.deletes[d.path] = np.flatnonzero(gone)
+    live_deletes = [(f, names) for f, names in current.deletes if not names <= diff.removed]
+    diff.removed |= {str(f.file_path) for f, names in current.deletes if names <= diff.removed}
+    if len(live_deletes) + bool(diff.deletes) > MAX_DELETE_FILES:
+        diff.merge_deletes = True
+        diff.removed |= {str(f.file_path) for f, _ in live_deletes}
+        for d in current.data:
+            if d.path not in diff.removed and d.deleted.any():
+                extra = diff.deletes.get(d.path, np.empty(0, dtype=np.int64))
+                diff.deletes[d.path] = np.union1d(np.flatnonzero(d.deleted), extra)
+    return diff
+
+
+def _member(ids: npt.NDArray[Any], among_sorted: npt.NDArray[Any]) -> npt.NDArray[np.bool_]:
+    """Whether each of ``ids`` is in ``among_sorted`` (sorted)."""
+    if not len(among_sorted):
+        return np.zeros(len(ids), dtype=np.bool_)
+    at = np.searchsorted(among_sorted, ids)
+    at[at == len(among_sorted)] = 0
+    return np.asarray(among_sorted[at] == ids, dtype=np.bool_)
+
+
+def _write(meta: TopicMetadata, table: Table, plan: LatestPlan, diff: _Diff, current: TableState,
+           writer: Any, value_format: str) -> tuple[list[DataFile], list[DataFile]]:
+    """The commit's files: the view's new records, the rewritten files' live rows, the
+    deletes."""
+    target = arrow_schema(value_format)
+    added = LatestPlan(tuple(diff.added), plan.records, plan.order)
+    batches = latest_batches(meta, added, utf8=value_format != "binary")
+    data = writer.data_files(rows_of(b, target) for b in batches)
+    if diff.rewrites:
+        data += writer.data_files(_kept_rows(table, diff.rewrites, target))
+    deletes = [] if not diff.deletes else [writer.delete_file(diff.deletes)]
+    return data, [d for d in deletes if d is not None]
+
+
+def _kept_rows(table: Table, rewrites: list[tuple[str, npt.NDArray[np.int64]]], target: pa.Schema) -> Iterator[pa.Table]:
+    """The live rows of each file rewritten, read back from it."""
+    import pyarrow.parquet as pq
+
+    for path, keep in rewrites:
+        with table.io.new_input(path).open() as f:
+            t = pq.read_table(f)
+        yield t.take(keep).select(target.names).cast(target)
