@@ -52,13 +52,15 @@ _CATALOG_NAME: Final = "shale"
 class IcebergTarget:
     """A topic's table: the catalog's URI, the table's ``NAMESPACE.NAME``, the warehouse
     (None: the catalog's own, or beside a SQLite file), how keys and values are kept
-    (:data:`~shale.iceberg.schema.VALUE_FORMATS`), the catalog's other properties, and the
+    (:data:`~shale.iceberg.schema.VALUE_FORMATS`; None: as the table keeps them, binary for
+    a new one), the catalog's other properties, and the
     deleted fraction past which a data file is rewritten."""
 
     catalog: str
     table: str
     warehouse: str | None = None
-    value_format: str = "binary"
+    #: None: as the table keeps them (binary for a new one)
+    value_format: str | None = None
     properties: tuple[tuple[str, str], ...] = ()
     rewrite_fraction: float = 0.2
 

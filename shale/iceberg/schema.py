@@ -77,18 +77,19 @@ def _shape(schema: Schema) -> list[tuple[str, str, bool]]:
     return [(f.name, str(f.field_type), f.required) for f in schema.fields]
 
 
-def check_schema(found: Schema, value_format: str, where: str) -> str:
-    """The value format of an existing table whose schema is Shale's (``where`` names it
-    in the error); a table of any other shape is refused, never written into."""
-    for fmt in VALUE_FORMATS:
+def check_schema(found: Schema, value_format: str | None, where: str) -> bool:
+    """Whether an existing table whose schema is Shale's keeps strings (``where`` names it
+    in the error); a table of any other shape is refused, never written into, and so is
+    a ``value_format`` it does not keep."""
+    for fmt in ("binary", "text"):
         expected = table_schema(fmt)
         if _shape(found) == _shape(expected) and [f.field_id for f in found.fields] == \
                 [f.field_id for f in expected.fields]:
-            if (fmt == "binary") != (value_format == "binary"):
+            if value_format is not None and (fmt == "binary") != (value_format == "binary"):
                 raise InvalidInputError(
                     f"{where} keeps keys and values as {'bytes' if fmt == 'binary' else 'strings'}, not as "
-                    f"{value_format}: give its value format ({fmt}) or another table")
-            return fmt if fmt == "binary" else value_format
+                    f"{value_format}: leave the value format out, or give another table")
+            return fmt != "binary"
     names = ", ".join(f.name for f in found.fields)
     raise InvalidInputError(f"{where} is not a Shale table (its columns: {names}; a topic's table has key, value, "
                             "properties, publish_time, event_time, ledger, entry, batch): give another table")

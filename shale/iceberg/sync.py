@@ -34,7 +34,7 @@ import numpy.typing as npt
 
 from shale.iceberg.catalog import IcebergTarget, open_catalog, translated
 from shale.iceberg.schema import arrow_schema, check_schema, rows_of, table_schema
-from shale.iceberg.state import TableState, id_keys, read_state
+from shale.iceberg.state import TableState, id_keys, read_state, snapshot_epoch
 from shale.ledger.errors import ConflictError, InvalidInputError
 from shale.metadata.topic import TopicMetadata
 from shale.reader.latest import Chosen, LatestPlan, latest_batches, plan_latest
@@ -155,9 +155,10 @@ def _load_table(catalog: Catalog, target: IcebergTarget, meta: TopicMetadata) ->
             catalog.create_namespace(namespace)
         except NamespaceAlreadyExistsError:
             pass
-        props = {**_PROPERTIES, "shale.topic": meta.uri, "shale.value-format": target.value_format}
+        fmt = target.value_format or "binary"
+        props = {**_PROPERTIES, "shale.topic": meta.uri, "shale.value-format": fmt}
         try:
-            return catalog.create_table(target.identifier, schema=table_schema(target.value_format), properties=props)
+            return catalog.create_table(target.identifier, schema=table_schema(fmt), properties=props)
         except TableAlreadyExistsError:  # made meanwhile by another writer: checked as any other
             table = catalog.load_table(target.identifier)
     check_schema(table.schema(), target.value_format, target.shown)
@@ -170,6 +171,15 @@ def _load_table(catalog: Catalog, target: IcebergTarget, meta: TopicMetadata) ->
     return table
 
 
+def value_format(table: Table, target: IcebergTarget) -> str:
+    """How ``table`` keeps keys and values: as asked, else as it was made."""
+    strings = check_schema(table.schema(), target.value_format, target.shown)
+    if target.value_format is not None:
+        return target.value_format
+    made = table.properties.get("shale.value-format")
+    return made if made in ("text", "json") and strings else "text" if strings else "binary"
+
+
 def _sync_once(meta: TopicMetadata, table: Table, target: IcebergTarget, epoch: int, horizon: str,
                progress: Callable[[str], None] | None) -> SyncResult:
     """One try: read the table, decide, write, commit (ConflictError: lost to another writer)."""
@@ -177,17 +187,23 @@ def _sync_once(meta: TopicMetadata, table: Table, target: IcebergTarget, epoch: 
     from shale.iceberg.files import FileWriter
 
     shown = target.table
+    fmt = value_format(table, target)
+    head = table.current_snapshot()
+    done = snapshot_epoch(head)
+    if head is not None and done is not None and done >= epoch:  # (its summary says so: nothing is read)
+        totals = head.summary.additional_properties if head.summary else {}
+        rows = int(totals.get("total-records", 0)) - int(totals.get("total-position-deletes", 0))
+        return SyncResult(meta.uri, shown, done, head.summary.additional_properties.get("shale.horizon", horizon)
+                          if head.summary else horizon, "current", head.snapshot_id, rows,
+                          table_bytes=int(totals.get("total-files-size", 0)))
     current = read_state(table)
-    if current.epoch is not None and current.epoch >= epoch:
-        return SyncResult(meta.uri, shown, current.epoch, horizon, "current", current.snapshot.snapshot_id
-                          if current.snapshot else None, current.rows, table_bytes=current.bytes)
     if progress is not None:
         progress(f"planning epoch {epoch}")
     plan = plan_latest(meta, as_of=epoch)
     diff = _decide(meta, plan, current, target.rewrite_fraction)
     writer = FileWriter(table)
     try:
-        data, deletes = _write(meta, table, plan, diff, current, writer, target.value_format)
+        data, deletes = _write(meta, table, plan, diff, writer, fmt)
         props = {"shale.epoch": str(epoch), "shale.horizon": horizon, "shale.topic": meta.uri}
         removed = frozenset(diff.removed)
         committed = commit_snapshot(table, data, deletes, removed, props)
@@ -253,8 +269,8 @@ def _member(ids: npt.NDArray[Any], among_sorted: npt.NDArray[Any]) -> npt.NDArra
     return np.asarray(among_sorted[at] == ids, dtype=np.bool_)
 
 
-def _write(meta: TopicMetadata, table: Table, plan: LatestPlan, diff: _Diff, current: TableState,
-           writer: Any, value_format: str) -> tuple[list[DataFile], list[DataFile]]:
+def _write(meta: TopicMetadata, table: Table, plan: LatestPlan, diff: _Diff, writer: Any,
+           value_format: str) -> tuple[list[DataFile], list[DataFile]]:
     """The commit's files: the view's new records, the rewritten files' live rows, the
     deletes."""
     target = arrow_schema(value_format)
