@@ -102,7 +102,8 @@ class _Diff:
     deletes: dict[str, npt.NDArray[np.int64]] = field(default_factory=dict)
     rewrites: list[tuple[str, npt.NDArray[np.int64]]] = field(default_factory=list)
     removed: set[str] = field(default_factory=set)
-    merge_deletes: bool = False
+    #: live rows the view no longer holds
+    deleted_rows: int = 0
 
     @property
     def empty(self) -> bool:
@@ -213,11 +214,8 @@ def _sync_once(meta: TopicMetadata, table: Table, target: IcebergTarget, epoch: 
     snap = committed.current_snapshot()
     written = sum(int(f.file_size_in_bytes) for f in (*data, *deletes))
     added = sum(len(c.records) for c in diff.added)
-    deleted = sum(len(v) for p, v in diff.deletes.items() if p not in diff.removed)
-    deleted += sum(int(np.count_nonzero(d.deleted == 0)) - len(k) for d in current.data for p, k in diff.rewrites
-                   if d.path == p)
-    return SyncResult(meta.uri, shown, epoch, horizon, "committed", snap.snapshot_id if snap else None,
-                      plan.rows, added, deleted, len(diff.rewrites), written, _live_bytes(current, data, deletes, diff))
+    return SyncResult(meta.uri, shown, epoch, horizon, "committed", snap.snapshot_id if snap else None, plan.rows,
+                      added, diff.deleted_rows, len(diff.rewrites), written, _live_bytes(current, data, deletes, diff))
 
 
 def _live_bytes(current: TableState, data: list[DataFile], deletes: list[DataFile], diff: _Diff) -> int:
@@ -240,6 +238,7 @@ def _decide(meta: TopicMetadata, plan: LatestPlan, current: TableState, fraction
             diff.added.append(Chosen(c.segment, c.records[keep]))
     for d in current.data:
         gone = ~d.deleted & ~_member(d.ids, wanted)
+        diff.deleted_rows += int(np.count_nonzero(gone))
         after = d.deleted | gone
         if after.all():
             diff.removed.add(d.path)
@@ -251,7 +250,6 @@ def _decide(meta: TopicMetadata, plan: LatestPlan, current: TableState, fraction
     live_deletes = [(f, names) for f, names in current.deletes if not names <= diff.removed]
     diff.removed |= {str(f.file_path) for f, names in current.deletes if names <= diff.removed}
     if len(live_deletes) + bool(diff.deletes) > MAX_DELETE_FILES:
-        diff.merge_deletes = True
         diff.removed |= {str(f.file_path) for f, _ in live_deletes}
         for d in current.data:
             if d.path not in diff.removed and d.deleted.any():
