@@ -34,7 +34,8 @@ from shale.metadata.topic import TopicMetadata
 from shale.settings import Settings, Source, resolve
 from shale.settings.units import count
 
-__all__ = ["AfterPublish", "EventListener", "NoTopicsError", "RunEvent", "choose_topics", "compact_topic", "compact_topics"]
+__all__ = ["AfterPublish", "EventListener", "NoTopicsError", "RunEvent", "choose_topics", "compact_topic",
+           "compact_topics"]
 
 
 @dataclass(frozen=True, slots=True)

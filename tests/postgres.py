@@ -78,14 +78,16 @@ class PostgresServer:
             os.chown(self.root, self._user.pw_uid, self._user.pw_gid)
         self._run(os.path.join(self._bin, "initdb"), "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8")
         kw = {"user": self._user.pw_uid, "group": self._user.pw_gid} if self._user else {}
-        self._proc = subprocess.Popen(  # type: ignore[call-overload]
-            [os.path.join(self._bin, "postgres"), "-D", data, "-p", str(self.port), "-k", self.root,
-             "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"],
-            stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.root, "log"), "wb"), **kw)
+        log = os.path.join(self.root, "log")
+        with open(log, "wb") as err:
+            self._proc = subprocess.Popen(  # type: ignore[call-overload]
+                [os.path.join(self._bin, "postgres"), "-D", data, "-p", str(self.port), "-k", self.root,
+                 "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"], stdout=subprocess.DEVNULL, stderr=err, **kw)
         deadline = time.monotonic() + _READY_S
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise RuntimeError(f"postgres exited: {open(os.path.join(self.root, 'log')).read()[-2000:]}")
+                with open(log) as f:
+                    raise RuntimeError(f"postgres exited: {f.read()[-2000:]}")
             if self._ready():
                 return self
             time.sleep(0.1)

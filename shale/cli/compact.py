@@ -29,9 +29,9 @@ from shale.settings.units import count
 
 if TYPE_CHECKING:
     from shale.cli.metrics import AfterRun
+    from shale.cli.progress import TopicProgress
     from shale.metadata.policy import TopicPolicy
     from shale.metadata.topic import TopicMetadata
-    from shale.cli.progress import TopicProgress
 
 __all__ = ["print_config", "run_compact", "summary_exit_code"]
 

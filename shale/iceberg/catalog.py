@@ -84,8 +84,8 @@ class IcebergTarget:
 def require_pyiceberg() -> None:
     """A one-line error saying how to install pyiceberg, where it is missing."""
     try:
-        import pyiceberg  # noqa: F401
         import pyarrow  # noqa: F401
+        import pyiceberg  # noqa: F401
     except ImportError:
         raise InvalidInputError("Iceberg tables need pyiceberg: pip install 'shale[iceberg]'") from None
 

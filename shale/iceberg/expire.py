@@ -12,6 +12,7 @@ removed by the catalog's commit itself (``write.metadata.delete-after-commit.ena
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING
 
 from shale.iceberg.state import snapshot_epoch
@@ -43,8 +44,8 @@ def _expirable(table: Table, state: CompactionState, now_ms: int, grace_ms: int)
     pinned = {ref.snapshot_id for ref in meta.refs.values()}
     snapshots = sorted(meta.snapshots, key=lambda s: (s.sequence_number or 0, s.timestamp_ms))
     out = []
-    for s, after in zip(snapshots, snapshots[1:], strict=False):
-        if current is not None and s.snapshot_id == current.snapshot_id or s.snapshot_id in pinned:
+    for s, after in itertools.pairwise(snapshots):
+        if (current is not None and s.snapshot_id == current.snapshot_id) or s.snapshot_id in pinned:
             continue
         if snapshot_epoch(s) in kept_epochs:
             continue

@@ -3,7 +3,7 @@ a target size, and Parquet position-delete files (Iceberg v2).
 
 Both go through pyiceberg's Parquet writer, so their column statistics (the bounds a
 reader prunes by, a delete file's ``file_path`` bounds included) are the ones every
-Iceberg reader expects.  Every file written is remembered (:attr:`FileWriter.written`) so
+Iceberg reader expects.  Every file written is remembered (:class:`FileWriter`'s ``written``) so
 that a commit that does not land removes them: nothing is left that no snapshot names.
 """
 

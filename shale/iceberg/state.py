@@ -8,7 +8,7 @@ next commit starts from what is there.
 
 Message ids never change (compaction included), and a view holds at most one live record
 per key, so the rows to delete are those whose ids the new view no longer holds, and the
-rows to add those whose ids the table lacks (:func:`id_keys`, :func:`split`).
+rows to add those whose ids the table lacks (:func:`id_keys`).
 """
 
 from __future__ import annotations

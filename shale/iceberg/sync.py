@@ -281,7 +281,8 @@ def _write(meta: TopicMetadata, table: Table, plan: LatestPlan, diff: _Diff, wri
     return data, [d for d in deletes if d is not None]
 
 
-def _kept_rows(table: Table, rewrites: list[tuple[str, npt.NDArray[np.int64]]], target: pa.Schema) -> Iterator[pa.Table]:
+def _kept_rows(table: Table, rewrites: list[tuple[str, npt.NDArray[np.int64]]], target: pa.Schema
+               ) -> Iterator[pa.Table]:
     """The live rows of each file rewritten, read back from it."""
     import pyarrow.parquet as pq
 

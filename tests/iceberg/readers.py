@@ -40,9 +40,9 @@ print(json.dumps([[text(k), text(v), l, e, b] for k, v, l, e, b in rows.fetchall
 
 def rows_of(keys: list[Any], values: list[Any], ledgers: list[int], entries: list[int], batches: list[int]) -> Rows:
     out: Rows = {}
-    for k, v, l, e, b in zip(keys, values, ledgers, entries, batches, strict=True):
+    for k, v, lg, e, b in zip(keys, values, ledgers, entries, batches, strict=True):
         assert k not in out, f"key {k!r} twice"
-        out[k] = (v, MessageId(l, e, b))
+        out[k] = (v, MessageId(lg, e, b))
     return out
 
 
