@@ -110,16 +110,21 @@ class _Diff:
         return not (self.added or self.deletes or self.rewrites or self.removed)
 
 
-def sync_table(meta: TopicMetadata, target: IcebergTarget, *, grace_ms: int = 5 * 60_000,
+def sync_table(meta: TopicMetadata, target: IcebergTarget, *, epoch: int | None = None, grace_ms: int = 5 * 60_000,
                progress: Callable[[str], None] | None = None) -> SyncResult:
-    """Bring ``target`` to ``meta``'s published epoch (see the module); expire the
-    snapshots of epochs the topic no longer retains once they were replaced ``grace_ms``
-    ago, and remove the files only they read."""
+    """Bring ``target`` to ``meta``'s published epoch (``epoch``: to that retained epoch,
+    unless the table holds a later one; see the module); expire the snapshots of epochs
+    the topic no longer retains once they were replaced ``grace_ms`` ago, and remove the
+    files only they read."""
     started = time.perf_counter()
-    state = meta.load_compaction()
-    if not state.epoch:
+    published = meta.load_compaction()
+    if not published.epoch:
         raise InvalidInputError(f"{meta.uri} was never compacted: its Iceberg table holds a compacted view "
                                 "(run compact first)")
+    state = published if epoch is None else published.at_epoch(epoch)
+    if state is None:
+        raise InvalidInputError(f"{meta.uri} does not retain epoch {epoch} (it retains "
+                                f"{', '.join(map(str, published.retained_epochs))})")
     catalog = open_catalog(target)
     with translated(target):
         table = _load_table(catalog, target, meta)

@@ -3,10 +3,14 @@ pyiceberg (the writer's library), Polars' and DuckDB's own Iceberg readers, ``sh
 --table --as-of`` and a dict model folded from every record produced
 (:mod:`tests.history_model`); across updates, deletes, key TTL expiry and event-time
 order; with time travel to every kept epoch.  And it is written incrementally: an epoch
-that changes 1 % of the keys writes a few per cent of the table."""
+that changes 1 % of the keys writes a few per cent of the table.
+
+``SHALE_LONG_TESTS=1`` runs the comparison over 30 epochs instead of 4 (with rewrites and
+delete-file merges along the way), every reader at every epoch."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +28,7 @@ from tests.iceberg.conftest import Topic, load_table
 from tests.iceberg.readers import Rows, duckdb_rows, polars_rows, pyiceberg_rows, rows_of, view_rows
 
 DAY_MS = 86_400_000
+LONG = os.environ.get("SHALE_LONG_TESTS") == "1"
 
 
 def shale_rows(topic: Topic, epoch: int, utf8: bool) -> Rows:
@@ -58,7 +63,7 @@ def test_every_epoch_is_the_view_for_every_reader(order: str, fmt: str, topic: T
     history = History()
     now = int(time.time() * 1000)
     topic.produce(400, event_times=order == "event-time", now_ms=now - 3 * DAY_MS)  # (past the TTL: expire)
-    for round_ in range(4):
+    for round_ in range(30 if LONG else 4):
         if round_:
             topic.produce(60 + 30 * round_, tombstones=0.2, event_times=order == "event-time", keys=200)
         history.add(every_record(topic.uri))
@@ -69,6 +74,8 @@ def test_every_epoch_is_the_view_for_every_reader(order: str, fmt: str, topic: T
         got = pyiceberg_rows(table)
         assert got == shale_rows(topic, s.epoch, utf8) == model_rows(history, topic, s.epoch, utf8)
         assert snapshot_epoch(table.current_snapshot()) == s.epoch
+        if LONG:
+            assert got == polars_rows(table) == duckdb_rows(table.metadata_location)
     if ttl:
         assert s.keys_expired or len(got) < 200  # (the keys written only 3 days ago are gone)
     assert got == view_rows(topic.uri, s.epoch, utf8)
