@@ -183,8 +183,6 @@ def compact_topic(uri: str, settings: Settings, *, overdue: bool = False, engine
         note = f"retention removed {count(removed, 'ledger')} below the horizon"
         summary.message = f"{summary.message}; {note}" if summary.message else note
     if after_publish is not None and summary.ok:
-        if progress is not None:
-            progress("after publish")
         after_publish(meta, policy, own, summary)
     return summary
 

@@ -34,7 +34,7 @@ import numpy.typing as npt
 
 from shale.iceberg.catalog import IcebergTarget, open_catalog, translated
 from shale.iceberg.schema import arrow_schema, check_schema, rows_of, table_schema
-from shale.iceberg.state import TableState, id_keys, read_state, snapshot_epoch
+from shale.iceberg.state import IdColumns, IdKeys, TableState, read_state, snapshot_epoch
 from shale.ledger.errors import ConflictError, InvalidInputError
 from shale.metadata.topic import TopicMetadata
 from shale.reader.latest import Chosen, LatestPlan, latest_batches, plan_latest
@@ -231,10 +231,13 @@ def _live_bytes(current: TableState, data: list[DataFile], deletes: list[DataFil
 
 def _decide(meta: TopicMetadata, plan: LatestPlan, current: TableState, fraction: float) -> _Diff:
     """The difference between the table and the view (see the module)."""
-    chosen = [(c, id_keys(*c.segment.open(meta).record_id_columns(c.records))) for c in plan.chosen]
-    wanted = np.concatenate([ids for _, ids in chosen]) if chosen else np.empty(0, dtype="S20")
+    columns: list[IdColumns] = [c.segment.open(meta).record_id_columns(c.records) for c in plan.chosen]
+    keys = IdKeys.fitting(columns + [d.ids for d in current.data])
+    chosen = [(c, keys(ids)) for c, ids in zip(plan.chosen, columns, strict=True)]
+    del columns
+    wanted = np.concatenate([ids for _, ids in chosen]) if chosen else keys((np.empty(0, np.uint64),) * 3)
     wanted.sort()
-    have = current.live_ids()
+    have = current.live_ids(keys)
     have.sort()
     diff = _Diff()
     for c, ids in chosen:
@@ -242,7 +245,7 @@ def _decide(meta: TopicMetadata, plan: LatestPlan, current: TableState, fraction
         if keep.any():
             diff.added.append(Chosen(c.segment, c.records[keep]))
     for d in current.data:
-        gone = ~d.deleted & ~_member(d.ids, wanted)
+        gone = ~d.deleted & ~_member(keys(d.ids), wanted)
         diff.deleted_rows += int(np.count_nonzero(gone))
         after = d.deleted | gone
         if after.all():

@@ -217,3 +217,20 @@ def test_message_ids_and_columns(topic: Topic, catalog_uri: str) -> None:
                                                                                           rows[0]["entry"],
                                                                                           rows[0]["batch"])
     assert TopicOrder().order == "offset"
+
+
+def test_ids_compare_as_ids_packed_or_not() -> None:
+    """Ids that fit in 64 bits between them are packed into one number, others are
+    20-byte strings: both sort and compare as the ids do."""
+    import numpy as np
+
+    from shale.iceberg.state import IdKeys
+
+    for big in (False, True):
+        ids = [(1, 5, 0), (1, 5, 3), (2, 0, 0), ((1 << 62) if big else 7, 1, 1), (2, 1 << 40 if big else 9, 2)]
+        cols = tuple(np.array([i[k] for i in ids], dtype=np.uint64) for k in range(3))
+        keys = IdKeys.fitting([cols])  # type: ignore[list-item]
+        got = keys(cols)  # type: ignore[arg-type]
+        assert (got.dtype == np.uint64) is not big
+        assert [ids[i] for i in np.argsort(got, kind="stable")] == sorted(ids)
+        assert len(set(got.tolist())) == len(ids)
