@@ -49,7 +49,7 @@ class IdKeys:
         return cls(bits[1], bits[2], sum(bits) <= 64)
 
     def __call__(self, ids: IdColumns) -> npt.NDArray[Any]:
-        ledger, entry, batch = (np.asarray(c, dtype=np.uint64) for c in ids)
+        ledger, entry, batch = (c if c.dtype == np.uint64 else np.asarray(c, dtype=np.uint64) for c in ids)
         if self._packed:
             return (ledger << np.uint64(self._e + self._b)) | (entry << np.uint64(self._b)) | batch
         out = np.empty(len(ledger), dtype=_ID)
@@ -151,7 +151,8 @@ def _read_ids(io: FileIO, path: str) -> IdColumns:
 
     with io.new_input(path).open() as f:
         t = pq.read_table(f, columns=["ledger", "entry", "batch"])
-    ledger, entry, batch = (np.asarray(t.column(c).to_numpy(), dtype=np.uint64) for c in ("ledger", "entry", "batch"))
+    # (longs that are never negative: their bits are the unsigned ids, viewed without a copy)
+    ledger, entry, batch = (t.column(c).to_numpy().view(np.uint64) for c in ("ledger", "entry", "batch"))
     return ledger, entry, batch
 
 

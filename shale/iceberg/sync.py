@@ -26,18 +26,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
 from shale.iceberg.catalog import IcebergTarget, open_catalog, translated
+from shale.iceberg.diff import Diff, decide
 from shale.iceberg.schema import arrow_schema, check_schema, rows_of, table_schema
-from shale.iceberg.state import IdColumns, IdKeys, TableState, read_state, snapshot_epoch
+from shale.iceberg.state import TableState, read_state, snapshot_epoch
 from shale.ledger.errors import ConflictError, InvalidInputError
 from shale.metadata.topic import TopicMetadata
-from shale.reader.latest import Chosen, LatestPlan, latest_batches, plan_latest
+from shale.reader.latest import LatestPlan, latest_batches
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -45,12 +46,10 @@ if TYPE_CHECKING:
     from pyiceberg.manifest import DataFile
     from pyiceberg.table import Table
 
-__all__ = ["ATTEMPTS", "MAX_DELETE_FILES", "SyncResult", "sync_table"]
+__all__ = ["ATTEMPTS", "SyncResult", "sync_table"]
 
 #: Commits tried when another writer changes the table meanwhile (each reads it again).
 ATTEMPTS: Final = 5
-#: Live position-delete files past which they are merged into one.
-MAX_DELETE_FILES: Final = 16
 #: Table properties set when Shale makes a table.
 _PROPERTIES: Final = {"format-version": "2", "write.metadata.delete-after-commit.enabled": "true",
                       "write.metadata.previous-versions-max": "20", "write.parquet.compression-codec": "zstd"}
@@ -78,36 +77,22 @@ class SyncResult:
     expired: int = 0
     files_removed: int = 0
     seconds: float = 0.0
+    #: how the difference was found: ``views`` (the two epochs' parts) or ``table`` (the
+    #: whole table of the epoch; :mod:`shale.iceberg.diff`); empty when nothing was committed
+    planned_by: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {"topic": self.topic, "table": self.table, "epoch": self.epoch, "horizon": self.horizon,
                 "status": self.status, "snapshot_id": self.snapshot_id, "rows": self.rows, "added": self.added,
                 "deleted": self.deleted, "rewritten_files": self.rewritten_files, "bytes_written": self.bytes_written,
                 "table_bytes": self.table_bytes, "snapshots_expired": self.expired,
-                "files_removed": self.files_removed, "seconds": round(self.seconds, 3)}
+                "files_removed": self.files_removed, "seconds": round(self.seconds, 3), "planned_by": self.planned_by}
 
     def human(self) -> str:
         if self.status == "current":
             return f"{self.topic}: {self.table} already holds epoch {self.epoch} ({self.rows:,} rows)"
         return (f"{self.topic}: {self.table} at epoch {self.epoch}: {self.rows:,} rows, {self.added:,} added, "
                 f"{self.deleted:,} deleted, {self.bytes_written:,} bytes written in {self.seconds:.2f}s")
-
-
-@dataclass(slots=True)
-class _Diff:
-    """What a commit writes: the view's records to add, the positions to delete by data
-    file, the data files to rewrite (their rows kept: positions), and the paths removed."""
-
-    added: list[Chosen] = field(default_factory=list)
-    deletes: dict[str, npt.NDArray[np.int64]] = field(default_factory=dict)
-    rewrites: list[tuple[str, npt.NDArray[np.int64]]] = field(default_factory=list)
-    removed: set[str] = field(default_factory=set)
-    #: live rows the view no longer holds
-    deleted_rows: int = 0
-
-    @property
-    def empty(self) -> bool:
-        return not (self.added or self.deletes or self.rewrites or self.removed)
 
 
 def sync_table(meta: TopicMetadata, target: IcebergTarget, *, epoch: int | None = None, grace_ms: int = 5 * 60_000,
@@ -145,7 +130,7 @@ def sync_table(meta: TopicMetadata, target: IcebergTarget, *, epoch: int | None 
 
 def _finished(r: SyncResult, expired: int, removed: int, seconds: float) -> SyncResult:
     return SyncResult(r.topic, r.table, r.epoch, r.horizon, r.status, r.snapshot_id, r.rows, r.added, r.deleted,
-                      r.rewritten_files, r.bytes_written, r.table_bytes, expired, removed, seconds)
+                      r.rewritten_files, r.bytes_written, r.table_bytes, expired, removed, seconds, r.planned_by)
 
 
 def _load_table(catalog: Catalog, target: IcebergTarget, meta: TopicMetadata) -> Table:
@@ -205,11 +190,10 @@ def _sync_once(meta: TopicMetadata, table: Table, target: IcebergTarget, epoch: 
     current = read_state(table)
     if progress is not None:
         progress(f"planning epoch {epoch}")
-    plan = plan_latest(meta, as_of=epoch)
-    diff = _decide(meta, plan, current, target.rewrite_fraction)
+    diff = decide(meta, current, epoch, target.rewrite_fraction)
     writer = FileWriter(table)
     try:
-        data, deletes = _write(meta, table, plan, diff, writer, fmt)
+        data, deletes = _write(meta, table, diff, writer, fmt)
         props = {"shale.epoch": str(epoch), "shale.horizon": horizon, "shale.topic": meta.uri}
         removed = frozenset(diff.removed)
         committed = commit_snapshot(table, data, deletes, removed, props)
@@ -219,68 +203,23 @@ def _sync_once(meta: TopicMetadata, table: Table, target: IcebergTarget, epoch: 
     snap = committed.current_snapshot()
     written = sum(int(f.file_size_in_bytes) for f in (*data, *deletes))
     added = sum(len(c.records) for c in diff.added)
-    return SyncResult(meta.uri, shown, epoch, horizon, "committed", snap.snapshot_id if snap else None, plan.rows,
-                      added, diff.deleted_rows, len(diff.rewrites), written, _live_bytes(current, data, deletes, diff))
+    return SyncResult(meta.uri, shown, epoch, horizon, "committed", snap.snapshot_id if snap else None, diff.rows,
+                      added, diff.deleted_rows, len(diff.rewrites), written, _live_bytes(current, data, deletes, diff),
+                      planned_by=diff.how)
 
 
-def _live_bytes(current: TableState, data: list[DataFile], deletes: list[DataFile], diff: _Diff) -> int:
+def _live_bytes(current: TableState, data: list[DataFile], deletes: list[DataFile], diff: Diff) -> int:
     kept = sum(int(d.file.file_size_in_bytes) for d in current.data if d.path not in diff.removed)
     kept += sum(int(f.file_size_in_bytes) for f, _ in current.deletes if str(f.file_path) not in diff.removed)
     return kept + sum(int(f.file_size_in_bytes) for f in (*data, *deletes))
 
 
-def _decide(meta: TopicMetadata, plan: LatestPlan, current: TableState, fraction: float) -> _Diff:
-    """The difference between the table and the view (see the module)."""
-    columns: list[IdColumns] = [c.segment.open(meta).record_id_columns(c.records) for c in plan.chosen]
-    keys = IdKeys.fitting(columns + [d.ids for d in current.data])
-    chosen = [(c, keys(ids)) for c, ids in zip(plan.chosen, columns, strict=True)]
-    del columns
-    wanted = np.concatenate([ids for _, ids in chosen]) if chosen else keys((np.empty(0, np.uint64),) * 3)
-    wanted.sort()
-    have = current.live_ids(keys)
-    have.sort()
-    diff = _Diff()
-    for c, ids in chosen:
-        keep = ~_member(ids, have)
-        if keep.any():
-            diff.added.append(Chosen(c.segment, c.records[keep]))
-    for d in current.data:
-        gone = ~d.deleted & ~_member(keys(d.ids), wanted)
-        diff.deleted_rows += int(np.count_nonzero(gone))
-        after = d.deleted | gone
-        if after.all():
-            diff.removed.add(d.path)
-        elif np.count_nonzero(after) > fraction * len(after):
-            diff.rewrites.append((d.path, np.flatnonzero(~after)))
-            diff.removed.add(d.path)
-        elif gone.any():
-            diff.deletes[d.path] = np.flatnonzero(gone)
-    live_deletes = [(f, names) for f, names in current.deletes if not names <= diff.removed]
-    diff.removed |= {str(f.file_path) for f, names in current.deletes if names <= diff.removed}
-    if len(live_deletes) + bool(diff.deletes) > MAX_DELETE_FILES:
-        diff.removed |= {str(f.file_path) for f, _ in live_deletes}
-        for d in current.data:
-            if d.path not in diff.removed and d.deleted.any():
-                extra = diff.deletes.get(d.path, np.empty(0, dtype=np.int64))
-                diff.deletes[d.path] = np.union1d(np.flatnonzero(d.deleted), extra)
-    return diff
-
-
-def _member(ids: npt.NDArray[Any], among_sorted: npt.NDArray[Any]) -> npt.NDArray[np.bool_]:
-    """Whether each of ``ids`` is in ``among_sorted`` (sorted)."""
-    if not len(among_sorted):
-        return np.zeros(len(ids), dtype=np.bool_)
-    at = np.searchsorted(among_sorted, ids)
-    at[at == len(among_sorted)] = 0
-    return np.asarray(among_sorted[at] == ids, dtype=np.bool_)
-
-
-def _write(meta: TopicMetadata, table: Table, plan: LatestPlan, diff: _Diff, writer: Any,
+def _write(meta: TopicMetadata, table: Table, diff: Diff, writer: Any,
            value_format: str) -> tuple[list[DataFile], list[DataFile]]:
     """The commit's files: the view's new records, the rewritten files' live rows, the
     deletes."""
     target = arrow_schema(value_format)
-    added = LatestPlan(tuple(diff.added), plan.records, plan.order)
+    added = LatestPlan(tuple(diff.added), 0)
     batches = latest_batches(meta, added, utf8=value_format != "binary")
     data = writer.data_files(rows_of(b, target) for b in batches)
     if diff.rewrites:
