@@ -69,7 +69,8 @@ def _foreign_table(catalog: str) -> None:
     cat.create_table(("ns", "other"), schema=Schema(NestedField(1, "id", LongType(), required=True)))
 
 
-@pytest.mark.parametrize("case", ["foreign schema", "another topic", "unreachable", "read-only catalog",
+@pytest.mark.parametrize("case", ["foreign schema", "another topic", "unreachable", "REST unreachable",
+                                  "read-only catalog",
                                   "warehouse not writable", "warehouse inside the topic", "bad name"])
 def test_bad_input_is_one_line_and_leaves_the_topic_alone(case: str, topic: Topic, tmp_path: Path) -> None:
     topic.produce(200)
@@ -87,6 +88,8 @@ def test_bad_input_is_one_line_and_leaves_the_topic_alone(case: str, topic: Topi
     elif case == "unreachable":
         catalog = "postgresql://shale@127.0.0.1:9/nothing"
         extra = ["--warehouse", str(tmp_path / "wh")]
+    elif case == "REST unreachable":  # (its properties passed through, the secret never shown)
+        catalog, extra = "http://127.0.0.1:9/catalog", ["--iceberg-property", "credential=me:s3cret"]
     elif case == "read-only catalog":
         assert shale("export", topic.uri, "--format", "iceberg", "--catalog", catalog, "--iceberg-table",
                      "ns.first").returncode == 0
@@ -103,7 +106,8 @@ def test_bad_input_is_one_line_and_leaves_the_topic_alone(case: str, topic: Topi
     done = shale("export", topic.uri, "--format", "iceberg", "--catalog", catalog, "--iceberg-table", table, *extra,
                  privileged=privileged)
     line = one_line(done)
-    assert done.returncode == (1 if case == "unreachable" else 2), line
+    assert done.returncode == (1 if "unreachable" in case else 2), line
+    assert "s3cret" not in line
     assert line.startswith("shale: error: ") and "Error:" not in line.split("error: ", 1)[1][:40]
     assert topic_files(topic) == before
 
