@@ -126,8 +126,8 @@ def open_catalog(target: IcebergTarget) -> Catalog:
     require_pyiceberg()
     sql = _sql_uri(target.catalog)
     props: dict[str, str] = {**_s3_properties(), **dict(target.properties)}
-    if target.catalog.startswith("sqlite:") or "://" not in target.catalog:
-        path = (sql or "")[len("sqlite:///"):]
+    if sql is not None and sql.startswith("sqlite:///") and not sql.startswith("sqlite:///file:"):
+        path = sql[len("sqlite:///"):].split("?", 1)[0]
         if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             raise InvalidInputError(f"the folder of the Iceberg catalog {path} does not exist")
     warehouse = target.warehouse or _default_warehouse(sql)
@@ -185,7 +185,10 @@ def translated(target: IcebergTarget) -> Iterator[None]:
 
 
 def _as_shale(e: Exception, target: IcebergTarget) -> ShaleError:
-    detail = mask_secrets(" ".join(str(e).split())[:300] or type(e).__name__)
+    text = " ".join(str(e).split())
+    # (SQLAlchemy appends the statement, its parameters and a link: not what went wrong)
+    text = re.split(r" \[SQL: | \(Background on this error", text, maxsplit=1)[0]
+    detail = mask_secrets(text[:300] or type(e).__name__)
     kind = _kind(e)
     classes: dict[str, Any] = {"access": StoragePermissionError, "transient": TransientStorageError,
                                "conflict": ConflictError, "usage": InvalidInputError}

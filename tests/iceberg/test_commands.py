@@ -108,6 +108,11 @@ def test_bad_input_is_one_line_and_leaves_the_topic_alone(case: str, topic: Topi
     line = one_line(done)
     assert done.returncode == (1 if "unreachable" in case else 2), line
     assert "s3cret" not in line
+    said = {"foreign schema": "is not a Shale table", "another topic": "holds the topic", "unreachable": "could not "
+            "be reached", "REST unreachable": "could not be reached", "read-only catalog": "readonly database",
+            "warehouse not writable": "Permission denied", "warehouse inside the topic": "lies inside the topic",
+            "bad name": "bad Iceberg table name"}[case]
+    assert said in line, line
     assert line.startswith("shale: error: ") and "Error:" not in line.split("error: ", 1)[1][:40]
     assert topic_files(topic) == before
 
