@@ -8,14 +8,15 @@ counted from the epoch's publish time), nothing above it.  Its summary carries
 no snapshot.
 
 Incremental: the table is read as it is (:mod:`shale.iceberg.state`: the message ids of
-its live rows), the view's records are known by their message ids from footers alone,
-and the difference is written: the records the table lacks as new data files (read from
-the view's objects, only those), the rows the view no longer holds removed by one
-position-delete file.  An epoch that changes 1 % of the keys writes about 1 % of the
-table.  Maintenance happens in the same commit: a data file whose deleted fraction passes
-``rewrite_fraction`` is rewritten (its live rows copied into a new file, it and the
-delete files that only name removed files dropped), and once more than
-:data:`MAX_DELETE_FILES` delete files are live they are merged into one.
+its live rows), the difference between it and the view is found from the two epochs'
+parts or from footers (:mod:`shale.iceberg.diff`), and only the difference is written: the
+records the table lacks as new data files (read from the view's objects, only those), the
+rows the view no longer holds removed by one position-delete file.  An epoch that changes
+1 % of the keys writes about 1 % of the table.  Maintenance happens in the same commit: a
+data file whose deleted fraction passes ``rewrite_fraction`` is rewritten (its live rows
+copied into a new file, it and the delete files that only name removed files dropped),
+and once more than :data:`~shale.iceberg.diff.MAX_DELETE_FILES` delete files are live they
+are merged into one.
 
 Two compactors, or a compactor and an export, may sync at once: each commit requires the
 branch head it read, so one of them loses, reads the table again, and either finds the
