@@ -25,6 +25,7 @@ epoch there (nothing to do: an epoch is never committed twice) or decides anew.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -126,12 +127,7 @@ def sync_table(meta: TopicMetadata, target: IcebergTarget, *, epoch: int | None 
 
         expired, removed = expire_snapshots(catalog.load_table(target.identifier), meta.load_compaction(),
                                             grace_ms=grace_ms)
-    return _finished(result, expired, removed, time.perf_counter() - started)
-
-
-def _finished(r: SyncResult, expired: int, removed: int, seconds: float) -> SyncResult:
-    return SyncResult(r.topic, r.table, r.epoch, r.horizon, r.status, r.snapshot_id, r.rows, r.added, r.deleted,
-                      r.rewritten_files, r.bytes_written, r.table_bytes, expired, removed, seconds, r.planned_by)
+    return dataclasses.replace(result, expired=expired, files_removed=removed, seconds=time.perf_counter() - started)
 
 
 def _load_table(catalog: Catalog, target: IcebergTarget, meta: TopicMetadata) -> Table:
