@@ -8,6 +8,12 @@ one, never one a branch or tag of the table points at.  The files removed are th
 expired snapshots read (their manifest lists, manifests, data and delete files) and no kept
 snapshot reads: a kept snapshot never loses a file.  Old ``metadata.json`` files are
 removed by the catalog's commit itself (``write.metadata.delete-after-commit.enabled``).
+
+Files no snapshot names that a commit left behind (a writer killed between writing its
+files and committing them) are removed by :func:`remove_orphans` once they are older than
+the orphan grace, which a live writer never takes that long to pass: only files of the
+table's own ``data`` and ``metadata`` folders (never below them, where a table named inside
+this one would keep its own), and only the kinds of file a commit writes.
 """
 
 from __future__ import annotations
@@ -23,7 +29,10 @@ if TYPE_CHECKING:
     from pyiceberg.table import Table
     from pyiceberg.table.snapshots import Snapshot
 
-__all__ = ["expire_snapshots", "files_of"]
+__all__ = ["expire_snapshots", "files_of", "remove_orphans"]
+
+#: What a commit writes: data and delete files, manifests and manifest lists, metadata.
+_KINDS = (".parquet", ".avro", ".metadata.json")
 
 
 def files_of(io: FileIO, snapshot: Snapshot) -> set[str]:
@@ -82,3 +91,33 @@ def expire_snapshots(table: Table, state: CompactionState, *, grace_ms: int, now
         except FileNotFoundError:
             pass
     return len(gone), removed
+
+
+def remove_orphans(table: Table, *, grace_ms: int, now_ms: int | None = None) -> int:
+    """Remove the files of the table's ``data`` and ``metadata`` folders that no snapshot
+    and no kept metadata file names, older than ``grace_ms`` (see the module): how many."""
+    import time
+
+    from pyarrow.fs import FileSelector, FileType
+
+    io = table.io
+    locate, fs_of = getattr(io, "parse_location", None), getattr(io, "fs_by_scheme", None)
+    if locate is None or fs_of is None:  # (a FileIO that cannot list: nothing is removed)
+        return 0
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    named = {str(table.metadata_location), *(str(e.metadata_file) for e in table.metadata.metadata_log)}
+    for s in table.metadata.snapshots:
+        named |= files_of(io, s)
+    keep = {locate(p)[2] for p in named}
+    scheme, netloc, root = locate(table.location())
+    fs = fs_of(scheme, netloc)
+    removed = 0
+    for folder in ("data", "metadata"):
+        for info in fs.get_file_info(FileSelector(f"{root.rstrip('/')}/{folder}", allow_not_found=True)):
+            if info.type != FileType.File or info.path in keep or not info.path.endswith(_KINDS):
+                continue
+            if info.mtime is None or now - int(info.mtime.timestamp() * 1000) < grace_ms:
+                continue
+            fs.delete_file(info.path)
+            removed += 1
+    return removed

@@ -114,7 +114,8 @@ def after_publish(meta: TopicMetadata, policy: TopicPolicy, settings: Settings, 
 
     try:
         _refuse_inside(meta, target)
-        result = sync_table(meta, target, grace_ms=settings.value("gc-grace"))
+        result = sync_table(meta, target, grace_ms=settings.value("gc-grace"),
+                            orphan_grace_ms=settings.value("orphan-grace"))
     except Exception as e:  # never the compaction's failure: reported beside it
         _failed(summary, e, target.table)
         return

@@ -98,11 +98,12 @@ class SyncResult:
 
 
 def sync_table(meta: TopicMetadata, target: IcebergTarget, *, epoch: int | None = None, grace_ms: int = 5 * 60_000,
-               progress: Callable[[str], None] | None = None) -> SyncResult:
+               orphan_grace_ms: int = 3_600_000, progress: Callable[[str], None] | None = None) -> SyncResult:
     """Bring ``target`` to ``meta``'s published epoch (``epoch``: to that retained epoch,
     unless the table holds a later one; see the module); expire the snapshots of epochs
     the topic no longer retains once they were replaced ``grace_ms`` ago, and remove the
-    files only they read."""
+    files only they read, and the files no snapshot names older than ``orphan_grace_ms``
+    (:mod:`shale.iceberg.expire`)."""
     started = time.perf_counter()
     published = meta.load_compaction()
     if not published.epoch:
@@ -123,10 +124,11 @@ def sync_table(meta: TopicMetadata, target: IcebergTarget, *, epoch: int | None 
                 table = catalog.load_table(target.identifier)
         else:
             raise ConflictError(f"{target.shown} kept changing: {ATTEMPTS} commits lost to other writers")
-        from shale.iceberg.expire import expire_snapshots
+        from shale.iceberg.expire import expire_snapshots, remove_orphans
 
         expired, removed = expire_snapshots(catalog.load_table(target.identifier), meta.load_compaction(),
                                             grace_ms=grace_ms)
+        removed += remove_orphans(catalog.load_table(target.identifier), grace_ms=orphan_grace_ms)
     return dataclasses.replace(result, expired=expired, files_removed=removed, seconds=time.perf_counter() - started)
 
 

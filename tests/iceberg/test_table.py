@@ -260,3 +260,29 @@ def test_a_table_changed_behind_shales_back_is_decided_from_the_whole_view(topic
     r = sync_table(topic.meta(), target)
     assert r.planned_by == "table"
     assert pyiceberg_rows(load_table(catalog_uri)) == shale_rows(topic, r.epoch, True)
+
+
+def test_leftovers_of_a_killed_commit_go_after_the_orphan_grace(topic: Topic, catalog_uri: str) -> None:
+    """A file no snapshot names (a writer killed before its commit) is removed once older
+    than the orphan grace, a fresh one is not (its writer may still commit it), and
+    neither a file a snapshot reads nor one of a table named inside this one is touched."""
+    target = IcebergTarget(catalog_uri, "shale.t")
+    topic.produce(200)
+    topic.compact()
+    sync_table(topic.meta(), target)
+    table = load_table(catalog_uri)
+    location = Path(table.location().removeprefix("file://"))
+    old, fresh = location / "data" / "data-killed-00001.parquet", location / "metadata" / "killed-m0.avro"
+    inner = location / "data" / "inner" / "data" / "x.parquet"  # (a table named shale.t.data.inner, say)
+    for f in (old, fresh, inner):
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(b"PAR1")
+    stamp = time.time() - 7200
+    os.utime(old, (stamp, stamp))
+    os.utime(inner, (stamp, stamp))
+    topic.produce(20)
+    topic.compact()
+    r = sync_table(topic.meta(), target, orphan_grace_ms=3_600_000)
+    assert not old.exists() and fresh.exists() and inner.exists() and r.files_removed >= 1
+    table = load_table(catalog_uri)
+    assert pyiceberg_rows(table) == shale_rows(topic, r.epoch, False)  # (every file it reads is there)
