@@ -10,12 +10,9 @@ from typing import Any
 
 import pytest
 
-from tests.needs import missing, need_module
+from tests.needs import missing
 from tests.postgres import PostgresServer
 from tests.postgres import missing as postgres_missing
-
-need_module("pyiceberg")
-need_module("pyarrow")
 
 
 @pytest.fixture(scope="session")

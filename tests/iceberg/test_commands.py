@@ -19,7 +19,10 @@ from shale.iceberg.state import snapshot_epoch
 from tests.conftest import run_cli_here
 from tests.iceberg.conftest import Topic, load_table
 from tests.iceberg.readers import duckdb_rows, polars_rows, pyiceberg_rows, view_rows
-from tests.needs import without_root_privileges
+from tests.needs import need_module, without_root_privileges
+
+need_module("pyiceberg")
+need_module("pyarrow")
 
 
 def shale(*args: str, privileged: bool = True) -> subprocess.CompletedProcess[str]:

@@ -26,6 +26,10 @@ from tests.compaction_model import every_record
 from tests.history_model import History
 from tests.iceberg.conftest import Topic, load_table
 from tests.iceberg.readers import Rows, duckdb_rows, polars_rows, pyiceberg_rows, rows_of, view_rows
+from tests.needs import need_module
+
+need_module("pyiceberg")
+need_module("pyarrow")
 
 DAY_MS = 86_400_000
 LONG = os.environ.get("SHALE_LONG_TESTS") == "1"
