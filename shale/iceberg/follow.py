@@ -2,10 +2,11 @@
 ``compact`` of a topic whose policy names a table.
 
 The table's settings (``iceberg-catalog``, ``iceberg-table``, ``iceberg-warehouse``,
-``iceberg-value-format``, ``iceberg-rewrite-fraction``; shale/settings/model.py) come from
-the command's flags, else the topic's policy, else their defaults; ``iceberg-property``
-from the flags (or ``SHALE_ICEBERG_PROPERTY``, one a line) only, never from a policy
-document, since a catalog's credentials have no place there.
+``iceberg-value-format``, ``iceberg-rewrite-fraction``; shale/settings/model.py) come as
+every setting does: the command's flag, else the topic's policy, else a ``SHALE_*``
+variable, else the default; ``iceberg-property`` from the flags (or
+``SHALE_ICEBERG_PROPERTY``, one a line) only, never from a policy document, since a
+catalog's credentials have no place there.
 
 After a publish (:func:`after_publish`, the hook :func:`~shale.compactor.compact_topics`
 calls), the table is brought to the published epoch.  It runs after every run that did
@@ -54,7 +55,8 @@ def target_of(given: Mapping[str, Any], policy: Mapping[str, Any],
 
 
 def _given(settings: Settings) -> dict[str, Any]:
-    """The Iceberg settings that did not come from their defaults, by field name."""
+    """The Iceberg settings (the topic's policy applied) that did not come from their
+    defaults, by field name."""
     from shale.settings import Source
 
     out = {}
@@ -73,7 +75,8 @@ def export_iceberg(topic_uri: str, settings: Settings, metadata_uri: str | None 
 
     meta = TopicMetadata.open(topic_uri, metadata_uri)
     meta.load_topic()  # (a missing topic is said as such, before any catalog is reached)
-    target = target_of(_given(settings), meta.load_policy().to_json(), tuple(settings.value("iceberg-property")))
+    own = settings.with_policy(meta.load_policy().to_json())
+    target = target_of(_given(own), {}, tuple(settings.value("iceberg-property")))
     if target is None:
         raise InvalidInputError("--format iceberg needs --iceberg-catalog URI and --iceberg-table NS.NAME (or the "
                                 "topic's policy: shale config TOPIC --set iceberg-catalog=URI --set "

@@ -196,3 +196,18 @@ def test_warehouse_on_s3_end_to_end(seaweedfs_env: Any, topic: Topic, tmp_path: 
             "s3_url_style": "path", "s3_access_key_id": env["AWS_ACCESS_KEY_ID"],
             "s3_secret_access_key": env["AWS_SECRET_ACCESS_KEY"], "s3_region": env.get("AWS_REGION", "us-east-1")}
     assert pyiceberg_rows(table) == want == polars_rows(table) == duckdb_rows(table.metadata_location, settings=duck)
+
+
+def test_the_table_settings_come_as_every_setting_does(topic: Topic, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flag, else the topic's policy, else a variable: the policy's table wins over a
+    variable's, a flag over both."""
+    catalog = str(tmp_path / "cat.db")
+    topic.produce(50)
+    topic.compact()
+    assert shale("config", topic.uri, "--set", "iceberg-table=ns.policy").returncode == 0
+    monkeypatch.setenv("SHALE_ICEBERG_TABLE", "ns.variable")
+    monkeypatch.setenv("SHALE_ICEBERG_CATALOG", catalog)
+    assert json.loads(shale("export", topic.uri, "--format", "iceberg", "--json").stdout)["table"] == "ns.policy"
+    done = shale("export", topic.uri, "--format", "iceberg", "--iceberg-table", "ns.flag", "--json")
+    assert json.loads(done.stdout)["table"] == "ns.flag"
