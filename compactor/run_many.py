@@ -34,7 +34,8 @@ from shale.metadata.topic import TopicMetadata
 from shale.settings import Settings, Source, resolve
 from shale.settings.units import count
 
-__all__ = ["EventListener", "NoTopicsError", "RunEvent", "choose_topics", "compact_topic", "compact_topics"]
+__all__ = ["AfterPublish", "EventListener", "NoTopicsError", "RunEvent", "choose_topics", "compact_topic",
+           "compact_topics"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +58,10 @@ class RunEvent:
 
 #: Told every :class:`RunEvent`, from the thread the topic runs in.
 EventListener = Callable[[RunEvent], None]
+#: Called after each topic's run that did not fail (its retention applied) with the topic,
+#: its policy, its settings and its summary, which it may add to: what ``compact`` does
+#: after a publish beside compacting (the topic's Iceberg table: shale.iceberg.follow).
+AfterPublish = Callable[[TopicMetadata, TopicPolicy, Settings, RunSummary], None]
 
 
 class NoTopicsError(InvalidInputError):
@@ -65,12 +70,14 @@ class NoTopicsError(InvalidInputError):
 
 
 def compact_topics(settings: Settings | Mapping[str, Any] | None = None, *, engine: Engine | None = None,
-                   on_event: EventListener | None = None) -> list[RunSummary]:
+                   on_event: EventListener | None = None, after_publish: AfterPublish | None = None
+                   ) -> list[RunSummary]:
     """Compact the topics ``settings`` name (``topics`` or ``all``), each under its own
     policy, and return their summaries in the order they ran.  ``settings``: ``compact``'s
     resolved settings (:func:`shale.settings.resolve`), or the values to resolve them
     from, by name (``{"all": "s3://b/topics", "max-topics": 50}``).  One engine compacts
-    every topic (with Spark, one application); it is not closed here."""
+    every topic (with Spark, one application); it is not closed here.  ``after_publish``:
+    called after each topic's run that did not fail (:data:`AfterPublish`)."""
     s = settings if isinstance(settings, Settings) else resolve("compact", settings or {})
     tell = on_event or _ignore
     engine = engine or LocalEngine()
@@ -84,7 +91,7 @@ def compact_topics(settings: Settings | Mapping[str, Any] | None = None, *, engi
     lock = threading.Lock()
 
     def one(item: tuple[str, bool]) -> RunSummary:
-        summary = _run_one(item[0], item[1], s, engine, tell)
+        summary = _run_one(item[0], item[1], s, engine, tell, after_publish)
         with lock:  # run-wide phases go into the first summary done
             summary.durations = {**first, **summary.durations}
             first.clear()
@@ -138,7 +145,8 @@ def choose_topics(settings: Settings) -> list[tuple[str, bool]]:
     return [(c.uri, c.overdue) for c in chosen]
 
 
-def _run_one(uri: str, overdue: bool, settings: Settings, engine: Engine, tell: EventListener) -> RunSummary:
+def _run_one(uri: str, overdue: bool, settings: Settings, engine: Engine, tell: EventListener,
+             after_publish: AfterPublish | None = None) -> RunSummary:
     """One topic's run; whatever it raises becomes its summary's error."""
     shown = _shown(uri)
     start = time.perf_counter()
@@ -147,7 +155,8 @@ def _run_one(uri: str, overdue: bool, settings: Settings, engine: Engine, tell: 
         if interrupts.interrupted():  # a topic not begun when the run was interrupted is not begun
             raise KeyboardInterrupt
         return compact_topic(uri, settings, overdue=overdue, engine=engine,
-                             progress=lambda phase: tell(RunEvent("topic.phase", shown, phase=phase)))
+                             progress=lambda phase: tell(RunEvent("topic.phase", shown, phase=phase)),
+                             after_publish=after_publish)
     except Exception as e:  # one topic's failure, of any kind, never stops another's run
         summary = RunSummary(shown, engine=engine.name, error=mask_secrets(error_line(e)), failure=e)
         summary.durations["total"] = time.perf_counter() - start
@@ -155,10 +164,11 @@ def _run_one(uri: str, overdue: bool, settings: Settings, engine: Engine, tell: 
 
 
 def compact_topic(uri: str, settings: Settings, *, overdue: bool = False, engine: Engine | None = None,
-                  progress: Callable[[str], None] | None = None) -> RunSummary:
+                  progress: Callable[[str], None] | None = None,
+                  after_publish: AfterPublish | None = None) -> RunSummary:
     """One topic's run under its own policy (a run's flag wins over it; an ``overdue``
     topic is compacted whatever its dirty ratio), then the policy's retention, applied
-    only to ledgers the new horizon covers."""
+    only to ledgers the new horizon covers, then ``after_publish``."""
     meta = TopicMetadata.open(uri, settings.value("metadata"))
     refuse_a_file(meta.topic)
     policy = meta.load_policy()
@@ -172,6 +182,8 @@ def compact_topic(uri: str, settings: Settings, *, overdue: bool = False, engine
             progress("retention")
         note = f"retention removed {count(removed, 'ledger')} below the horizon"
         summary.message = f"{summary.message}; {note}" if summary.message else note
+    if after_publish is not None and summary.ok:
+        after_publish(meta, policy, own, summary)
     return summary
 
 

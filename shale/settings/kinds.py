@@ -369,6 +369,10 @@ class Codec(Kind):
 class Text(Kind):
     """Any text (a name, a column, a path)."""
 
+    @property
+    def doc_type(self) -> Any:
+        return str
+
     def parse(self, text: str) -> str:
         return text
 
@@ -382,6 +386,10 @@ class Uri(Kind):
     be followed by ``//`` and a bucket or host (``file:/path`` aside)."""
 
     metavar: ClassVar[str] = "URI"
+
+    @property
+    def doc_type(self) -> Any:
+        return str
 
     def parse(self, text: str) -> str:
         if not text.strip():
