@@ -18,13 +18,12 @@ from collections.abc import Callable
 from typing import Final
 
 from shale.compactor.interrupts import interrupted
-from shale.storage import ObjectWriter
 
 #: How often a throttled wait looks whether the process was interrupted (the interrupt
 #: handler only sets a flag: waking waits from a signal handler could deadlock).
 _POLL_S: Final = 0.1
 
-__all__ = ["Throttle", "ThrottledWriter"]
+__all__ = ["Throttle"]
 
 
 class Throttle:
@@ -76,21 +75,3 @@ class Throttle:
                 return
             if interrupted():
                 raise KeyboardInterrupt
-
-
-class ThrottledWriter(ObjectWriter):
-    """An object writer whose bytes pass through a :class:`Throttle`."""
-
-    def __init__(self, inner: ObjectWriter, throttle: Throttle) -> None:
-        self.inner, self.throttle = inner, throttle
-
-    def write(self, data: bytes | bytearray | memoryview, /) -> int:
-        n = self.inner.write(data)
-        self.throttle(len(data))
-        return n
-
-    def close(self) -> None:
-        self.inner.close()
-
-    def abort(self) -> None:
-        self.inner.abort()
