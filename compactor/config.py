@@ -86,7 +86,7 @@ class CompactionConfig:
       view, as a first run would (needed to change the order of a compacted view).
     * ``snapshot_retention`` / ``snapshot_retention_age_ms`` — how many published views
       stay readable, the new one included (1: only it), and for how long a view replaced
-      stays readable whatever their count (0: not by age): :mod:`shale.compactor.snapshots`.
+      stays readable whatever their count (0: not by age): :mod:`shale.maintenance.snapshots`.
     """
 
     min_compaction_lag_ms: int = SETTINGS["min-compaction-lag"].default

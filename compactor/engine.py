@@ -15,10 +15,10 @@ from typing import Protocol
 
 from shale.compactor import workers as pass_two_workers
 from shale.compactor.config import CompactionConfig
-from shale.compactor.cpus import worker_count
 from shale.compactor.pass_one import Survivors, pass_one
 from shale.compactor.pass_two import PassTwoResult, decide_work, write_parts, write_vectors
 from shale.compactor.plan import Plan
+from shale.runtime.cpus import worker_count
 from shale.storage import Location
 
 __all__ = ["Engine", "LocalEngine", "SurvivorCounts"]

@@ -18,15 +18,12 @@ import uuid
 from collections.abc import Callable
 from typing import Final
 
-from shale.compactor import interrupts
 from shale.compactor.budget import bounded
 from shale.compactor.config import MIN_ORPHAN_GRACE_MS, CompactionConfig
 from shale.compactor.engine import Engine, LocalEngine, SurvivorCounts
-from shale.compactor.gc import collect_garbage
 from shale.compactor.hold import subscription_hold, tombstones_drop, with_hold
 from shale.compactor.pass_two import PassTwoResult
 from shale.compactor.plan import Plan, make_plan, open_slice
-from shale.compactor.snapshots import succeed
 from shale.compactor.summary import RunStatus, RunSummary
 from shale.ledger.errors import (
     ConflictError,
@@ -38,11 +35,14 @@ from shale.ledger.errors import (
 )
 from shale.ledger.format import FLAG_HAS_KEY
 from shale.ledger.ordering import decoded_times
+from shale.maintenance.gc import collect_garbage
+from shale.maintenance.snapshots import succeed
 from shale.metadata.dictionaries import resolve_compression
 from shale.metadata.layout import COMPACTED_DIR, HEARTBEAT_NAME
 from shale.metadata.requirements import AssertEpoch, AssertTopicGeneration, RequirementFailedError
 from shale.metadata.state import CompactionState
 from shale.metadata.topic import TopicMetadata
+from shale.runtime import interrupts
 from shale.settings.units import count
 from shale.storage import StorageOptions
 

@@ -28,7 +28,6 @@ from shale.compactor.config import CompactionConfig
 from shale.compactor.packing import Frames, pack, record_ids
 from shale.compactor.pass_one import Survivors
 from shale.compactor.plan import Plan, Slice
-from shale.compactor.throttle import Throttle
 from shale.ledger.codecs import Codec
 from shale.ledger.deletions import encode_deletions
 from shale.ledger.events import copied_event_times
@@ -38,6 +37,7 @@ from shale.ledger.kernels import CopyPlan, Scratch, copy_plan, crc32c_ranges, ga
 from shale.ledger.reader import LedgerFile
 from shale.ledger.writer import LedgerWriter
 from shale.metadata.state import CompactedPart
+from shale.runtime.throttle import Throttle
 from shale.storage import Location
 from shale.storage.write_behind import ThrottledWriter, WriteBehind
 

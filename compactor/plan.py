@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from shale.compactor.cpus import available_cpus
 from shale.ledger.codecs import Dictionary
 from shale.ledger.deletions import read_deletions
 from shale.ledger.format import FRAME_HEADER, KIND_COMPACTED, KIND_ORIGINAL
@@ -32,6 +31,7 @@ from shale.ledger.reader import LedgerFile
 from shale.metadata.state import CompactedPart, CompactionState, LedgerInfo, TopicState
 from shale.metadata.topic import TopicMetadata
 from shale.metadata.view import Segment, TopicView
+from shale.runtime.cpus import available_cpus
 from shale.storage import Location
 
 __all__ = ["ObjectRef", "Plan", "Slice", "make_plan", "open_slice"]

@@ -21,7 +21,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from shale.compactor import interrupts
 from shale.compactor.config import CompactionConfig
 from shale.compactor.engine import Engine, LocalEngine
 from shale.compactor.job import Compactor
@@ -31,6 +30,7 @@ from shale.ledger.errors import InvalidInputError, error_line
 from shale.ledger.masking import mask_secrets
 from shale.metadata.policy import TopicPolicy
 from shale.metadata.topic import TopicMetadata
+from shale.runtime import interrupts
 from shale.settings import Settings, Source, resolve
 from shale.settings.units import count
 
@@ -178,7 +178,7 @@ def compact_topic(uri: str, settings: Settings, *, overdue: bool = False, engine
 def _retention(meta: TopicMetadata, policy: TopicPolicy, summary: RunSummary) -> int:
     """The ledgers the policy's retention removes after a publish (never those an active
     subscription has yet to read)."""
-    from shale.compactor.retention import UnreadRecordsError, retention_cut, truncate
+    from shale.maintenance.retention import UnreadRecordsError, retention_cut, truncate
 
     older_than, keep = policy.get("retention_ms"), policy.get("retention_bytes")
     if summary.status is not RunStatus.COMPACTED or (older_than is None and keep is None):

@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from shale.compactor.plan import dirty_ratio
-from shale.compactor.subscriptions import Lag, slowest, subscription_statuses
 from shale.ledger.errors import InvalidURIError, error_line
 from shale.ledger.format import KIND_ORIGINAL
 from shale.ledger.reader import LedgerFile
+from shale.maintenance.subscriptions import Lag, slowest, subscription_statuses
 from shale.metadata.layout import META_DIR, refuse_a_file
 from shale.metadata.state import CompactionState, TopicState
 from shale.metadata.topic import TOPIC_DOC, TopicMetadata

@@ -2,7 +2,7 @@
 # Build the C kernels (ledger/_kernels.c, _encoder.c, _jsonl.c) once with AddressSanitizer and
 # UndefinedBehaviorSanitizer, and run their tests (tests/ledger/test_kernels.py, tests/ledger/test_event_table.py,
 # tests/ledger/test_record_columns.py, tests/ledger/test_arrow_columns.py, tests/ledger/test_record_check.py, the encoder's
-# in tests/shale/test_arrow_in.py, the JSON-lines scanner's tests/shale/test_jsonl_ingest.py)
+# in tests/producer/test_arrow_in.py, the JSON-lines scanner's tests/producer/test_jsonl_ingest.py)
 # against that build.  Fails on a compiler warning (-Werror:
 # the install itself only warns, so that a user's newer compiler cannot break it), on a
 # failing test and on any sanitizer report.  scripts/test.sh runs it; alone:
@@ -126,19 +126,19 @@ got = os.path.realpath(k.__file__)
 assert got == os.environ["SHALE_SANITIZED_KERNELS"] and kk.KERNELS == "native", (got, kk.KERNELS)
 import shale.ledger._encoder as e, shale.ledger.encoder as ee
 assert os.path.dirname(os.path.realpath(e.__file__)) == os.path.dirname(got) and ee.ENCODER == "native"
-import shale.ledger._jsonl as s, shale.jsonl_ingest as ss
+import shale.ledger._jsonl as s, shale.producer.jsonl_ingest as ss
 assert os.path.dirname(os.path.realpath(s.__file__)) == os.path.dirname(got) and ss.SCANNER == "native"
 print("scripts/sanitize.sh: testing", got)' || { reports; fail "the sanitized build is not the one imported"; }
 status=0
 "$PY" -m pytest -q -p no:cacheprovider --capture=sys -p shale_sanitized_kernels -c "$ROOT/pyproject.toml" --rootdir "$ROOT" \
   "$ROOT/tests/ledger/test_kernels.py" "$ROOT/tests/ledger/test_event_table.py" "$ROOT/tests/ledger/test_record_check.py" "$ROOT/tests/ledger/test_record_columns.py" \
   "$ROOT/tests/ledger/test_arrow_columns.py" \
-  "$ROOT/tests/shale/test_arrow_in.py::test_encoder_matches_encode_entry_byte_for_byte" \
-  "$ROOT/tests/shale/test_arrow_in.py::test_encoder_names_the_first_record_over_the_limit" \
-  "$ROOT/tests/shale/test_arrow_in.py::test_encoder_refuses_a_property_named_twice" \
-  "$ROOT/tests/shale/test_arrow_in.py::test_encoder_refuses_offsets_outside_the_data" \
-  "$ROOT/tests/shale/test_arrow_in.py::test_bad_batches_name_the_column_and_row_and_append_nothing" \
-  "$ROOT/tests/shale/test_jsonl_ingest.py" "$@" || status=$?
+  "$ROOT/tests/producer/test_arrow_in.py::test_encoder_matches_encode_entry_byte_for_byte" \
+  "$ROOT/tests/producer/test_arrow_in.py::test_encoder_names_the_first_record_over_the_limit" \
+  "$ROOT/tests/producer/test_arrow_in.py::test_encoder_refuses_a_property_named_twice" \
+  "$ROOT/tests/producer/test_arrow_in.py::test_encoder_refuses_offsets_outside_the_data" \
+  "$ROOT/tests/producer/test_arrow_in.py::test_bad_batches_name_the_column_and_row_and_append_nothing" \
+  "$ROOT/tests/producer/test_jsonl_ingest.py" "$@" || status=$?
 reports
 [ "$status" -eq 0 ] || fail "tests failed under the sanitizers (pytest exit status $status)"
 echo "scripts/sanitize.sh: no sanitizer report ($((SECONDS - start)) s)"

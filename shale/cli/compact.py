@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any, Final
 from shale.cli.app import Streams
 from shale.cli.errors import EXIT_CONFLICT, EXIT_OK, EXIT_USAGE, exit_code_of, worst
 from shale.cli.runlog import event, foreign_lines_as_json, logging_to
-from shale.compactor import interrupts
 from shale.compactor.engine import Engine, LocalEngine
 from shale.compactor.run_many import NoTopicsError, RunEvent, compact_topics
 from shale.compactor.summary import RunStatus, RunSummary
 from shale.ledger.errors import InvalidInputError, error_line
 from shale.ledger.masking import mask_secrets
+from shale.runtime import interrupts
 from shale.settings import Settings, Value
 from shale.settings.units import count
 

@@ -13,9 +13,9 @@ from typing import IO, TYPE_CHECKING
 
 from shale.cli.app import Streams
 from shale.cli.output import emit
-from shale.compactor import interrupts
 from shale.ledger.codecs import Compression
 from shale.ledger.errors import InvalidInputError
+from shale.runtime import interrupts
 from shale.settings.units import count
 
 if TYPE_CHECKING:
@@ -26,8 +26,8 @@ __all__ = ["run_produce"]
 
 @interrupts.deferred  # a record is appended whole or not at all: an interrupt waits for the next read
 def run_produce(args: argparse.Namespace, io: Streams) -> int:
-    from shale.ingest import format_of
     from shale.producer import TopicWriter
+    from shale.producer.ingest import format_of
 
     fmt = args.format or format_of(args.input)
     picked = [s for s in ("key-field", "value-field", "properties-field", "event-time-field")
@@ -76,15 +76,15 @@ def _append_all(writer: TopicWriter, stream: IO[bytes], name: str, fmt: str, arg
     shown = _ProduceProgress() if sys.stderr.isatty() else None
     try:
         if fmt == "jsonl":
-            from shale.jsonl_ingest import SCANNER, produce_lines
+            from shale.producer.jsonl_ingest import SCANNER, produce_lines
 
             if SCANNER == "native":
                 produce_lines(writer, stream, name, _between_batches(shown))
             else:
                 _append_lines(writer, stream, name, shown)
         else:
-            from shale.columns import DEFAULT_KEY_FIELD, DEFAULT_VALUE_FIELD, Fields
-            from shale.ingest import produce_columnar
+            from shale.producer.columns import DEFAULT_KEY_FIELD, DEFAULT_VALUE_FIELD, Fields
+            from shale.producer.ingest import produce_columnar
 
             fields = Fields(args.key_field or DEFAULT_KEY_FIELD, args.value_field or DEFAULT_VALUE_FIELD,
                             args.properties_field, args.event_time_field)
@@ -107,7 +107,7 @@ def _append_all(writer: TopicWriter, stream: IO[bytes], name: str, fmt: str, arg
 
 
 def _append_lines(writer: TopicWriter, stream: IO[bytes], name: str, shown: _ProduceProgress | None) -> None:
-    from shale.jsonlines import parse_record_line
+    from shale.producer.jsonlines import parse_record_line
 
     for n, raw in enumerate(interrupts.interruptible(stream), start=1):
         if shown is not None:

@@ -39,8 +39,8 @@ def run_read(args: argparse.Namespace, io: Streams) -> int:
 
 
 def _read_table(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> None:
-    from shale.jsonlines import message_line
     from shale.metadata.topic import TopicMetadata
+    from shale.producer.jsonlines import message_line
     from shale.reader.latest import table_messages
 
     # footers first, then only the table's records: memory follows records, not values
@@ -55,8 +55,8 @@ def _read_table(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> None
 
 
 def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> None:
-    from shale.jsonlines import message_line
     from shale.ledger.errors import GapError
+    from shale.producer.jsonlines import message_line
     from shale.reader import TopicReader, parse_position
     from shale.reader.gaps import Gap
 
@@ -132,8 +132,8 @@ def _point(args: argparse.Namespace) -> tuple[AsOf | None, int | str | None]:
 
 
 def run_get(args: argparse.Namespace, io: Streams) -> int:
-    from shale.jsonlines import message_line
     from shale.metadata.topic import TopicMetadata
+    from shale.producer.jsonlines import message_line
     from shale.reader import lookup
 
     key = _key_bytes(args.key, args.key_b64)
@@ -149,9 +149,9 @@ def run_get(args: argparse.Namespace, io: Streams) -> int:
 
 
 def run_changes(args: argparse.Namespace, io: Streams) -> int:
-    from shale.jsonlines import change_line
     from shale.ledger.reader import DEFAULT_CHUNK_BYTES
     from shale.metadata.topic import TopicMetadata
+    from shale.producer.jsonlines import change_line
     from shale.reader.changes import changes
 
     since = _parsed("--from", args.from_point)

@@ -12,7 +12,7 @@ __all__ = ["run_subscriptions"]
 
 
 def run_subscriptions(args: argparse.Namespace, io: Streams) -> int:
-    from shale.compactor.subscriptions import change_subscription, list_subscriptions
+    from shale.maintenance.subscriptions import change_subscription, list_subscriptions
     from shale.metadata.subscriptions import check_name
     from shale.metadata.topic import TopicMetadata
 

@@ -82,7 +82,7 @@ class WriteBehind(ObjectWriter):
 
 class ThrottledWriter(ObjectWriter):
     """An object writer whose bytes are reported to ``throttle`` after each write (a
-    :class:`~shale.compactor.throttle.Throttle`, which sleeps to keep a byte rate)."""
+    :class:`~shale.runtime.throttle.Throttle`, which sleeps to keep a byte rate)."""
 
     def __init__(self, inner: ObjectWriter, throttle: Callable[[int], None]) -> None:
         self.inner, self.throttle = inner, throttle

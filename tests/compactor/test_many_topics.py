@@ -11,7 +11,7 @@ import pytest
 
 from shale.compactor import CompactionConfig, Compactor
 from shale.compactor.topics import choose, discover_topics
-from shale.compactor.verify import verify_topic
+from shale.maintenance.verify import verify_topic
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from tests.conftest import make_root, run_cli

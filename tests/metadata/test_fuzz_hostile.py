@@ -93,11 +93,11 @@ from hypothesis.errors import InvalidArgument
 
 from shale.cli import build_parser, run_command
 from shale.compactor import CompactionConfig, Compactor, collect_garbage
-from shale.compactor.verify import verify_topic
 from shale.ledger.errors import InvalidMetadataError, ShaleError
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, FRAME_HEADER
 from shale.ledger.ids import MessageId
 from shale.ledger.record import Message
+from shale.maintenance.verify import verify_topic
 from shale.metadata.state import CompactionState, TopicState
 from shale.metadata.topic import TopicMetadata
 from shale.reader import TableView, TopicReader

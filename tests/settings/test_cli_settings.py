@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from shale.cli.parsing import UsageError, build_compact_parser, build_parser, parse
-from shale.compactor.policies import parse_assignments
+from shale.maintenance.policies import parse_assignments
 from shale.metadata.policy import PolicyDoc
 from shale.settings import COMMANDS, POLICY_SETTINGS, SETTINGS, Setting, VariableError, resolve, settings_for
 from shale.settings.kinds import Choice, Codec, Duration, Instant, Kind, Pairs, Rate, Ratio, Size, Uri, Url, Whole

@@ -15,17 +15,17 @@ from typing import Any
 
 import pytest
 
-from shale.compactor.dictionary import train_dictionary
-from shale.compactor.gc import collect_garbage
 from shale.ledger.errors import ConflictError
+from shale.maintenance.dictionary import train_dictionary
+from shale.maintenance.gc import collect_garbage
 from shale.metadata import dictionaries
 from shale.metadata.dictionaries import register_dictionary
 from shale.metadata.documents import DocumentStore
 from shale.metadata.layout import UNREGISTERED_MAX_AGE_MS, staging_done_name, staging_task_name
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
+from shale.producer.staging import StagingWriter, new_write_id
 from shale.reader import TopicReader
-from shale.staging import StagingWriter, new_write_id
 from shale.storage import resolve
 from tests.conftest import make_root, run_cli
 from tests.tamper import read_raw

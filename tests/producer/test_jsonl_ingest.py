@@ -17,12 +17,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from shale import jsonl_ingest
 from shale.cli.produce import _append_lines
-from shale.jsonlines import MAX_JSON_DEPTH
 from shale.ledger.errors import InvalidInputError
 from shale.ledger.record import EVENT_TIME_MAX_MS, EVENT_TIME_MIN_MS
-from shale.producer import TopicWriter
+from shale.producer import TopicWriter, jsonl_ingest
+from shale.producer.jsonlines import MAX_JSON_DEPTH
 from shale.reader import TopicReader
 from shale.storage import resolve
 from tests.conftest import run_cli_here
@@ -207,11 +206,11 @@ def test_a_record_over_the_limit_is_refused_with_its_line_and_the_same_words() -
 
 
 def test_common_lines_never_reach_the_python_parser(monkeypatch: pytest.MonkeyPatch) -> None:
-    import shale.jsonlines
+    import shale.producer.jsonlines
 
     calls = []
-    real = shale.jsonlines.parse_record_line
-    monkeypatch.setattr(shale.jsonlines, "parse_record_line", lambda *a: calls.append(a) or real(*a))
+    real = shale.producer.jsonlines.parse_record_line
+    monkeypatch.setattr(shale.producer.jsonlines, "parse_record_line", lambda *a: calls.append(a) or real(*a))
     lines = [json.dumps({"key": f"user-{i}", "value": json.dumps({"email": f"u{i}@example.com", "seq": i}),
                          "properties": {"source": "demo"}, "event_time": 1_700_000_000_000 + i}) for i in range(300)]
     lines += [json.dumps({"key": None, "value": f"heartbeat {i}"}) for i in range(3)]
@@ -227,11 +226,11 @@ def test_common_lines_never_reach_the_python_parser(monkeypatch: pytest.MonkeyPa
 
 def test_shale_produce_reads_common_lines_as_columns_and_names_a_bad_line(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import shale.jsonlines
+    import shale.producer.jsonlines
 
     calls = []
-    real = shale.jsonlines.parse_record_line
-    monkeypatch.setattr(shale.jsonlines, "parse_record_line", lambda *a: calls.append(a[1]) or real(*a))
+    real = shale.producer.jsonlines.parse_record_line
+    monkeypatch.setattr(shale.producer.jsonlines, "parse_record_line", lambda *a: calls.append(a[1]) or real(*a))
     source = tmp_path / "in.jsonl"
     good = [json.dumps({"key": f"k{i}", "value": {"n": i}, "properties": {"p": "q"}}) for i in range(30)]
     source.write_text("\n".join([*good, '{"key":"k","value":"a\\ud800"}', *good]) + "\n")

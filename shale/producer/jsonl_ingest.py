@@ -4,7 +4,7 @@ The input is read in chunks cut at line ends.  ``ledger/_jsonl.c`` turns each ch
 lines into record columns on a thread of its own (it lets go of the interpreter lock), while
 the chunk before is encoded, compressed and written through :meth:`TopicWriter.append_batch
 <shale.producer.TopicWriter.append_batch>`.  The scanner never decides that a line is
-wrong: a line it is not sure of goes through :func:`~shale.jsonlines.parse_record_line`
+wrong: a line it is not sure of goes through :func:`~shale.producer.jsonlines.parse_record_line`
 and the checks of :meth:`TopicWriter.append <shale.producer.TopicWriter.append>`, as every
 line did before, so a line is stored, or refused with its ``<input>:<line>`` message,
 exactly as the line-by-line path would.  A refused line stops the run with every record
@@ -26,7 +26,6 @@ from typing import IO, Final
 import numpy as np
 import numpy.typing as npt
 
-from shale.compactor import interrupts
 from shale.ledger.encoder import Properties, RecordColumns, VarColumn
 from shale.ledger.errors import InvalidInputError
 from shale.ledger.kernels import load_native
@@ -39,7 +38,8 @@ from shale.ledger.record import (
     event_time_in_range,
     validate_record,
 )
-from shale.producer import TopicWriter
+from shale.producer.writer import TopicWriter
+from shale.runtime import interrupts
 
 __all__ = ["CHUNK_BYTES", "SCANNER", "produce_lines"]
 
@@ -250,7 +250,7 @@ def _records(chunk: _Scanned, first: int, name: str, writer: TopicWriter
 
 def _parse(raw: bytes, where: str, max_record_bytes: int) -> Parsed | None:
     """One line as the line-by-line path reads and checks it (``None``: a blank line)."""
-    from shale.jsonlines import parse_record_line
+    from shale.producer.jsonlines import parse_record_line
 
     try:
         line = raw.decode("utf-8")

@@ -15,16 +15,16 @@ from typing import Any
 import pytest
 
 from shale.compactor import CompactionConfig
-from shale.compactor.retention import retention_cut, truncate
-from shale.compactor.snapshots import drop_snapshots, rollback
-from shale.compactor.tags import epoch_at, list_views, tag_view, untag_view
 from shale.ledger.errors import ConflictError, InvalidInputError, SnapshotNotFoundError
 from shale.ledger.ids import MessageId
+from shale.maintenance.retention import retention_cut, truncate
+from shale.maintenance.snapshots import drop_snapshots, rollback
+from shale.maintenance.tags import epoch_at, list_views, tag_view, untag_view
 from shale.metadata.layout import is_compacted_object
 from shale.metadata.snapshots import epoch_of_tag, parse_as_of
 from shale.reader import TableView, TopicReader
 from tests.compaction_model import every_record, row
-from tests.compactor.test_snapshots import T0, Epochs, collect_everything, produce, stored_compacted
+from tests.maintenance.test_snapshots import T0, Epochs, collect_everything, produce, stored_compacted
 
 
 def rows_as_of(uri: str, as_of: Any) -> list[Any]:

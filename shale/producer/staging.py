@@ -50,7 +50,7 @@ from shale.metadata.layout import (
 )
 from shale.metadata.state import LedgerInfo, TopicState
 from shale.metadata.topic import TopicMetadata
-from shale.producer import UNREGISTERED_MAX_AGE_S, TopicWriter
+from shale.producer.writer import UNREGISTERED_MAX_AGE_S, TopicWriter
 from shale.storage import ObjectStore
 
 __all__ = ["LABEL_STRIDE", "StagedLedger", "StagingWriter", "discard_staged", "finish_write", "new_write_id",
@@ -146,7 +146,7 @@ def _unique(staged: Iterable[StagedLedger]) -> list[StagedLedger]:
 def register_staged(meta: TopicMetadata, staged: Iterable[StagedLedger], attempts: int = 50) -> TopicState:
     """Register every staged ledger, in label order, with one compare-and-swap.
 
-    A staged object older than :data:`~shale.producer.UNREGISTERED_MAX_AGE_S` is written
+    A staged object older than :data:`~shale.producer.writer.UNREGISTERED_MAX_AGE_S` is written
     again first (garbage collection may take an unregistered object past its orphan grace
     for a leftover, and must not be racing its registration), and so are all of them when
     another writer took their labels meanwhile.  A staged object already gone fails the

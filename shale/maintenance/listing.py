@@ -13,10 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from shale.compactor.policies import policy_text
-from shale.compactor.subscriptions import SubscriptionStatus, slowest, subscription_statuses
 from shale.compactor.topics import discover_topics, estimate_dirt
 from shale.ledger.errors import error_line
+from shale.maintenance.policies import policy_text
+from shale.maintenance.subscriptions import SubscriptionStatus, slowest, subscription_statuses
 from shale.metadata.topic import TopicMetadata
 from shale.settings.units import format_time
 

@@ -4,7 +4,7 @@
   ``KeyboardInterrupt`` at once, and every other thread of the process — pass two's reads
   and writes, the topics of ``compact --parallel``, pass-two worker processes (they are
   sent the signal too) — raises one at its next throttle call, or from a throttled wait
-  at once (:mod:`shale.compactor.throttle`).  What the run wrote is removed on the way
+  at once (:mod:`shale.runtime.throttle`).  What the run wrote is removed on the way
   out, as for any failure, and the command exits 130 with one line.
 * A second interrupt ends the process at once, without cleaning up: garbage collection
   removes what is left once the orphan grace has passed.

@@ -14,9 +14,9 @@ import os
 from collections.abc import Callable, Iterator
 from typing import IO, Any, Final
 
-from shale.columns import Fields, shift_rows
 from shale.ledger.errors import InvalidInputError
-from shale.producer import TopicWriter
+from shale.producer.columns import Fields, shift_rows
+from shale.producer.writer import TopicWriter
 from shale.reader.arrow import require_pyarrow
 
 __all__ = ["FORMATS", "format_of", "produce_columnar"]

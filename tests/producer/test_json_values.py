@@ -13,11 +13,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from shale.jsonlines import MAX_JSON_DEPTH
 from shale.ledger.errors import InvalidInputError
 from shale.ledger.record import EVENT_TIME_MAX_MS, EVENT_TIME_MIN_MS, Record
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
+from shale.producer.jsonlines import MAX_JSON_DEPTH
 from shale.reader import TopicReader
 from tests.conftest import run_cli_here
 from tests.needs import need_module

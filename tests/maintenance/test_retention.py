@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from shale.compactor import CompactionConfig, Compactor, collect_garbage
-from shale.compactor.retention import plan_truncation, retention_cut, truncate
-from shale.compactor.verify import verify_topic
 from shale.ledger.errors import InvalidInputError
+from shale.maintenance.retention import plan_truncation, retention_cut, truncate
+from shale.maintenance.verify import verify_topic
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader

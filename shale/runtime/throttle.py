@@ -5,7 +5,7 @@ request budget; ``--max-read-bytes-per-second`` and ``--max-write-bytes-per-seco
 keep it to a share.  With the Spark engine each task is limited on its own.
 
 A throttle is also where long work notices that it should stop: once the process is
-interrupted (:mod:`shale.compactor.interrupts`) every call raises ``KeyboardInterrupt``,
+interrupted (:mod:`shale.runtime.interrupts`) every call raises ``KeyboardInterrupt``,
 limited or not, and a throttled wait ends within a tenth of a second; :meth:`Throttle.cancel`
 ends a run's own waits at once when it fails.
 """
@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-from shale.compactor.interrupts import interrupted
+from shale.runtime.interrupts import interrupted
 
 #: How often a throttled wait looks whether the process was interrupted (the interrupt
 #: handler only sets a flag: waking waits from a signal handler could deadlock).

@@ -4,7 +4,7 @@ of the retained views (``shale snapshots``, and the snapshot lines of ``shale st
 A tag names the epoch of a retained view in ``compaction.json`` (``tags``: name → epoch;
 a view may carry several).  A tagged view is kept whatever ``snapshot-retention`` and
 ``snapshot-retention-age`` say: every publish keeps it as a snapshot
-(:func:`~shale.compactor.snapshots.kept_snapshots`), so garbage collection never deletes
+(:func:`~shale.maintenance.snapshots.kept_snapshots`), so garbage collection never deletes
 an object it reads (they are among the state's retained objects) and retention keeps the
 ledgers above its horizon, as for any retained snapshot.  Removing the tag changes
 nothing else at once: the view falls under the retention again at the next publish (a

@@ -13,7 +13,7 @@ takes ``allow_unread``; the subscription then meets a gap (``shale read --on-gap
 A retained snapshot (``snapshot-retention``) is read, and rolled back to, with the
 ledgers above its own horizon: retention keeps them while it is retained.  Removing them
 takes ``drop_snapshots``, which drops the snapshots that need them first — but never a
-tagged one (:mod:`shale.compactor.tags`): its tag is removed first.
+tagged one (:mod:`shale.maintenance.tags`): its tag is removed first.
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ def truncate(meta: TopicMetadata, before_ledger: int, *, allow_uncompacted: bool
             f"{'have' if len(plan.unread_by) > 1 else 'has'} yet to read (shale subscriptions {meta.uri}): let "
             "them catch up, delete or reset them, or pass --allow-unread")
     if plan.snapshots:
-        from shale.compactor.snapshots import refuse_tagged
+        from shale.maintenance.snapshots import refuse_tagged
 
         refuse_tagged(meta.uri, meta.load_compaction(), plan.snapshots, f"removing the ledgers below {before_ledger}")
     if plan.snapshots and not drop_snapshots:
@@ -219,7 +219,7 @@ def truncate(meta: TopicMetadata, before_ledger: int, *, allow_uncompacted: bool
     if dry_run:
         return dataclasses.replace(plan, dry_run=True)
     if plan.snapshots:
-        from shale.compactor.snapshots import drop_snapshots as drop
+        from shale.maintenance.snapshots import drop_snapshots as drop
 
         drop(meta, plan.snapshots, horizon=plan.horizon)
     state, removed = meta.truncate(before_ledger)

@@ -24,7 +24,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from shale.compactor import interrupts
 from shale.ledger.errors import (
     ConflictError,
     InvalidInputError,
@@ -39,6 +38,7 @@ from shale.metadata.snapshots import retained_text
 from shale.metadata.state import CompactedPart, CompactionState, RetiredSet, Snapshot, TopicState
 from shale.metadata.topic import COMPACTION_DOC, TopicMetadata
 from shale.metadata.view import TopicView
+from shale.runtime import interrupts
 from shale.settings import SETTINGS
 
 __all__ = ["RollbackResult", "drop_snapshots", "kept_snapshots", "refuse_tagged", "rollback", "succeed"]

@@ -25,7 +25,6 @@ from typing import Any, Final
 
 import numpy as np
 
-from shale.columns import DEFAULT_KEY_FIELD, DEFAULT_VALUE_FIELD, Fields, check_event_times, record_columns
 from shale.ledger.codecs import DEFAULT_COMPRESSION, Buffer, Codec, Compression, compress, parse_compression
 from shale.ledger.encoder import EncodedColumns, RecordColumns, Refused, encode_columns, entry_end, entry_of
 from shale.ledger.errors import (
@@ -50,6 +49,7 @@ from shale.metadata.dictionaries import resolve_compression
 from shale.metadata.layout import ledger_object_name
 from shale.metadata.state import LedgerInfo, TopicState
 from shale.metadata.topic import TopicMetadata
+from shale.producer.columns import DEFAULT_KEY_FIELD, DEFAULT_VALUE_FIELD, Fields, check_event_times, record_columns
 from shale.settings.units import count
 from shale.storage import Location, StorageOptions
 

@@ -22,11 +22,11 @@ import pytest
 
 from shale.compactor import CompactionConfig, Compactor, collect_garbage
 from shale.compactor.config import MIN_ORPHAN_GRACE_MS
-from shale.compactor.retention import retention_cut, truncate
-from shale.compactor.snapshots import rollback
-from shale.compactor.verify import verify_topic
 from shale.ledger.errors import InvalidInputError, SnapshotNotFoundError
 from shale.ledger.record import Message
+from shale.maintenance.retention import retention_cut, truncate
+from shale.maintenance.snapshots import rollback
+from shale.maintenance.verify import verify_topic
 from shale.metadata.layout import is_compacted_object
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
@@ -399,7 +399,7 @@ def test_a_rollback_that_planned_before_a_compaction_loses_its_race(tmp_path: An
     for seed in range(2):
         e.compact(seed)
     gate = Gate(tmp_path / "gate")
-    proc = start_held(gate, "shale", "shale.compactor.snapshots:_swapped", "rollback", e.uri, "--to-epoch", "1")
+    proc = start_held(gate, "shale", "shale.maintenance.snapshots:_swapped", "rollback", e.uri, "--to-epoch", "1")
     try:
         assert gate.wait([proc]) == [True], proc.communicate()
         assert e.compact(3) == 3
@@ -416,7 +416,7 @@ def test_a_rollback_that_planned_before_a_compaction_loses_its_race(tmp_path: An
 
 
 def test_a_rollback_keeps_as_the_policy_says_and_a_truncation_planned_before_it_drops_nothing(tmp_path: Any) -> None:
-    from shale.compactor.snapshots import drop_snapshots
+    from shale.maintenance.snapshots import drop_snapshots
 
     e = Epochs(str(tmp_path / "t"), CompactionConfig(snapshot_retention=3, delete_retention_ms=0))
     for seed in range(3):

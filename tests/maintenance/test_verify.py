@@ -17,11 +17,12 @@ from hypothesis import strategies as st
 
 from shale.cli import main as shale_main
 from shale.cli.errors import EXIT_MISMATCH
-from shale.compactor import CompactionConfig, Compactor, keymap, rules, verify, verify_fold
+from shale.compactor import CompactionConfig, Compactor, keymap, rules
 from shale.compactor.rules import latest_by_sorting
-from shale.compactor.verify import verify_topic
-from shale.compactor.verify_fold import latest_per_key
 from shale.ledger import latest as ledger_latest
+from shale.maintenance import verify, verify_fold
+from shale.maintenance.verify import verify_topic
+from shale.maintenance.verify_fold import latest_per_key
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from tests.conftest import run_cli_here

@@ -16,13 +16,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from shale.compactor.plan import make_plan
-from shale.compactor.policies import policy_text
-from shale.compactor.subscriptions import slowest, subscription_statuses
-from shale.compactor.tags import utc_time, view_lines, view_rows
 from shale.compactor.topics import estimate_dirt
 from shale.ledger.errors import CORRUPTION, ObjectNotFoundError, ShaleError, error_line
 from shale.ledger.format import KIND_COMPACTED
 from shale.ledger.reader import LedgerFile
+from shale.maintenance.policies import policy_text
+from shale.maintenance.subscriptions import slowest, subscription_statuses
+from shale.maintenance.tags import utc_time, view_lines, view_rows
 from shale.metadata.state import CompactionState, TopicState
 from shale.metadata.topic import TopicMetadata
 from shale.settings.units import count, format_duration

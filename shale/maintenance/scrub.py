@@ -26,12 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from shale.compactor.throttle import Throttle
 from shale.ledger.errors import CORRUPTION, ObjectNotFoundError, ShaleError, error_line
 from shale.ledger.format import KIND_COMPACTED, KIND_ORIGINAL
 from shale.ledger.kernels import Scratch
 from shale.ledger.reader import LedgerFile
 from shale.metadata.topic import TopicMetadata
+from shale.runtime.throttle import Throttle
 from shale.settings.units import count
 
 __all__ = ["ScrubReport", "scrub_topic"]

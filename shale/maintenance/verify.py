@@ -25,7 +25,7 @@ expected gone, like a dropped tombstone; a compacted record from a removed ledge
 stale only when an existing ledger holds a record of greater ``(time, id)``.
 
 "Latest" is decided here by a fold of verification's own
-(:func:`~shale.compactor.verify_fold.latest_per_key`), never by the compactor's
+(:func:`~shale.maintenance.verify_fold.latest_per_key`), never by the compactor's
 (:func:`~shale.compactor.rules.latest_of_each_key` and the C kernels behind it): a bug in
 either then shows as a mismatch instead of passing unseen.
 """
@@ -38,11 +38,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from shale.compactor.verify_fold import latest_per_key, latest_per_key_by_time
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, KIND_ORIGINAL
 from shale.ledger.ids import MessageId
 from shale.ledger.ordering import TopicOrder, decoded_times
 from shale.ledger.reader import LedgerFile
+from shale.maintenance.verify_fold import latest_per_key, latest_per_key_by_time
 from shale.metadata.state import TopicState
 from shale.metadata.topic import TopicMetadata
 from shale.metadata.view import TopicView
