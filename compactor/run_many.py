@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from shale.compactor.config import CompactionConfig
 from shale.compactor.engine import Engine, LocalEngine
@@ -73,7 +73,8 @@ def compact_topics(settings: Settings | Mapping[str, Any] | None = None, *, engi
     from, by name (``{"all": "s3://b/topics", "max-topics": 50}``).  One engine compacts
     every topic (with Spark, one application); it is not closed here.  Each topic is opened
     once (:class:`~shale.metadata.handle.Topic`): its documents read to choose it are what
-    its run plans from.  With ``backlog``, each ``topic.done`` event carries what the topic
+    its run plans from (for the first :data:`HELD_TOPICS` topics in the order; those after
+    read them again when they run).  With ``backlog``, each ``topic.done`` event carries what the topic
     has left above its horizon after its run (:func:`~shale.compactor.topics.backlog`,
     from the same handle: nothing read again but a footer)."""
     with_backlog = backlog
@@ -146,9 +147,22 @@ def choose_topics(settings: Settings) -> list[tuple[Topic | str, bool]]:
         # the order given; a topic is still overdue by its own policy's lag (unless a flag set one)
         if settings.source("max-compaction-lag") is Source.FLAG:
             return [(t, False) for t in topics_]
-        return [(t, assess(t, now_ms=now_ms).overdue) for t in topics_]
+        return _held([(t, assess(t, now_ms=now_ms).overdue) for t in topics_])
     chosen = choose(topics_, now_ms=now_ms, max_topics=max_topics)
-    return [(c.topic or c.uri, c.overdue) for c in chosen]
+    return _held([(c.topic or c.uri, c.overdue) for c in chosen])
+
+
+#: The topics of a run whose documents, read to choose them, are held until they run; a
+#: topic further down the order reads them again when it runs, so that a run over
+#: thousands of topics does not hold thousands of ledger lists.
+HELD_TOPICS: Final = 128
+
+
+def _held(chosen: list[tuple[Topic | str, bool]]) -> list[tuple[Topic | str, bool]]:
+    for t, _ in chosen[HELD_TOPICS:]:
+        if isinstance(t, Topic):
+            t.forget()
+    return chosen
 
 
 def _opened(uri: str, settings: Settings) -> Topic | str:
