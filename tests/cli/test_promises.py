@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from shale.compactor import CompactionConfig, Compactor
-from shale.compactor.subscriptions import subscription_statuses
 from shale.ledger.errors import InvalidInputError, InvalidMetadataError, mid_sentence
 from shale.ledger.ids import MIN_ID, MessageId
+from shale.maintenance.subscriptions import subscription_statuses
 from shale.metadata.snapshots import parse_as_of
 from shale.metadata.subscriptions import CLOCK_SKEW_MS, Subscriptions, hold_floor
 from shale.metadata.topic import TopicMetadata

@@ -22,12 +22,12 @@ import pytest
 import shale.export
 from shale.compactor import CompactionConfig, Compactor
 from shale.export import JSONL_BLOCK_BYTES, export_topic
-from shale.jsonlines import message_to_json
 from shale.ledger import codecs
 from shale.ledger.errors import InvalidInputError
 from shale.ledger.record import Message, Record
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
+from shale.producer.jsonlines import message_to_json
 from shale.reader import TableView, TopicReader, latest
 from shale.reader.arrow import BatchReader
 from shale.reader.latest import last_of_each_key, latest_batches, latest_messages, plan_latest
