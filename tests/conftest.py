@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.needs import check_needs, need
+from tests.needs import check_needs, need, need_module
 
 ROOT = Path(__file__).resolve().parent.parent
 BACKENDS = ["memory", "local", "s3"]
@@ -90,8 +90,16 @@ def local_spark(*, fresh: bool = False) -> Any:
     return session
 
 
+def need_spark_connect() -> None:
+    """Spark Connect's client (PySpark's ``connect`` extra, which ``shale[spark]`` asks for),
+    or :func:`~tests.needs.missing` it."""
+    for module in ("grpc", "grpc_status", "google.rpc"):
+        need_module(module)
+
+
 def local_connect(*, fresh: bool = False) -> Any:
     """A Spark Connect client of the shared local application (:func:`local_spark`)."""
+    need_spark_connect()
     classic = local_spark(fresh=fresh)
     if _LOCAL_CONNECT and _LOCAL_CONNECT[0][0] is classic:
         return _LOCAL_CONNECT[0][1]

@@ -37,7 +37,16 @@ from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader.topic_reader import TopicReader
 from tests.compaction_model import CompactionModel, every_record
-from tests.conftest import AWS_VARS, LOCAL_SPARK_ENVIRONMENT, ROOT, SPARK_APIS, make_root, run_cli, spark_session
+from tests.conftest import (
+    AWS_VARS,
+    LOCAL_SPARK_ENVIRONMENT,
+    ROOT,
+    SPARK_APIS,
+    make_root,
+    need_spark_connect,
+    run_cli,
+    spark_session,
+)
 from tests.gates import Gate, start_held_compact
 
 T = TypeVar("T")
@@ -434,6 +443,8 @@ def test_cli_compacts_several_topics_in_one_application_without_leaking_credenti
     command, whose clients send their plans, closures and all, over gRPC): both compacted
     as the local engine does, the secret key nowhere in the output, the logs or Spark's
     event log, and the executors' Python workers started before the first run's first job."""
+    if spark[0] == "--spark-remote":
+        need_spark_connect()
     secret = "Sup3rSecretValue-" + os.urandom(6).hex()
     local_uri = str(tmp_path / "local-topic")
     s3_uri = f"s3://{s3_bucket}/topics/t"
