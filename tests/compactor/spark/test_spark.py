@@ -42,6 +42,7 @@ from tests.conftest import (
     LOCAL_SPARK_ENVIRONMENT,
     ROOT,
     SPARK_APIS,
+    local_spark,
     make_root,
     need_spark_connect,
     run_cli,
@@ -567,6 +568,42 @@ def test_killed_spark_run_publishes_nothing_and_gc_removes_its_leftovers(tmp_pat
     assert not [p for p in compacted_dir.rglob("*") if p.is_file()]
     summary = Compactor(uri).run()
     assert summary.status == "compacted" and len(compacted(uri)) == summary.records_written > 0
+
+
+def spark_jobs() -> list[Any]:
+    """The shared application's jobs so far, from Spark's own status store (Spark Connect
+    clients' jobs among them)."""
+    jobs = local_spark().sparkContext._jsc.sc().statusStore().jobsList(None)
+    return [jobs.apply(i) for i in range(jobs.size())]
+
+
+def shuffle_bytes_written(jobs: list[Any], tag: str) -> int:
+    """The bytes Spark's tasks wrote to the shuffle in the stages of those of ``jobs``
+    tagged ``tag`` (a classic session's and Spark Connect's tags end with it)."""
+    store = local_spark().sparkContext._jsc.sc().statusStore()
+    stages: set[int] = set()
+    for job in jobs:
+        if any(t.endswith(tag) for t in str(job.jobTags().mkString(",")).split(",")):
+            stages.update(int(x) for x in str(job.stageIds().mkString(",")).split(",") if x)
+    return sum(int(store.lastStageAttempt(s).shuffleWriteBytes()) for s in stages)
+
+
+def test_pass_one_moves_at_most_16_bytes_a_record_through_the_shuffle(engine: SparkEngine, tmp_path: Path) -> None:
+    """Spark's own shuffle metrics of pass one, on a topic shaped as bench/spark_scale.py's
+    (keys drawn from a fifth as many as records; four in five records are their slice's
+    latest of their key): candidates go as a 16-byte hash and a few compressed bytes, at
+    most 16 bytes a record read in offset order (the pickled rows before were 26)."""
+    uri = str(tmp_path / "t")
+    rnd = random.Random(61)
+    with TopicWriter(uri, max_ledger_records=2_000) as w:
+        for i in range(20_000):
+            w.append(f"key-{rnd.randrange(4_000)}", f"value-{i}")
+    before = {j.jobId() for j in spark_jobs()}
+    summary = Compactor(uri, engine=engine).run()
+    assert summary.status == "compacted" and summary.records_read == 20_000, summary.error
+    written = shuffle_bytes_written([j for j in spark_jobs() if j.jobId() not in before], "shale-pass-one")
+    # (at least the 16-byte key hashes of the 15,700 or so candidates: the metric is pass one's)
+    assert 16 * 15_000 < written <= 16 * 20_000, written
 
 
 def test_reduce_partitions_and_splits_do_not_change_the_result(engine: SparkEngine, tmp_path: Path) -> None:
