@@ -166,7 +166,7 @@ def _shuffle_bytes(events: Path) -> dict[str, dict[str, int]]:
     return out
 
 
-def main() -> None:
+def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--records", type=lambda s: int(float(s)), default=10_000_000)
     p.add_argument("--keys", type=lambda s: int(float(s)), default=2_000_000)
@@ -177,7 +177,53 @@ def main() -> None:
     p.add_argument("--shale", metavar="DIR", help="import Shale from this tree (e.g. a `git archive` of an older "
                    "commit, C kernels copied in); its executors too")
     p.add_argument("--dir", default=str(spark_scale.ROOT / "bench" / "data"))
-    a = p.parse_args()
+    return p.parse_args()
+
+
+def _rounds(a: argparse.Namespace, uri: str, work: Path, session: Any, engine: Any) -> list[dict[str, Any]]:
+    """Every round's runs, after the incremental runs' starting point is made: the topic
+    compacted once, then given 1 % more records."""
+    base = str(work / "incremental-base")
+    _link_copy(uri, base)
+    _run(base, engine, None, "bench-setup")
+    spark_scale.append(base, max(1, a.records // 100), a.keys, a.ledger_records, seed=a.records + 1)
+    runs: list[dict[str, Any]] = []
+    for r in range(a.rounds):
+        order = ROUND[r % 3:] + ROUND[:r % 3]
+        for kind in (order if r % 2 == 0 else order[::-1]):
+            copy = str(work / f"{kind}-{r}")
+            _link_copy(base if kind == "incremental" else uri, copy)
+            spark = kind != "local"
+            out = _run(copy, engine if spark else None, session if spark else None, f"bench-{kind}-{r}")
+            out["run"] = kind
+            runs.append(out)
+            shutil.rmtree(copy, ignore_errors=True)
+    return runs
+
+
+def _report(a: argparse.Namespace, runs: list[dict[str, Any]], events: Path) -> None:
+    """A JSON line per run, with its shuffle bytes, then the summary line."""
+    shuffle = _shuffle_bytes(events)
+    for out in runs:
+        out.update(shuffle.get(out["tag"], {}))
+        if out.get("pass_one_bytes"):
+            out["pass_one_bytes_per_record"] = round(out["pass_one_bytes"] / out["records"], 2)
+            if out.get("candidates"):
+                out["pass_one_bytes_per_candidate"] = round(out["pass_one_bytes"] / out["candidates"], 2)
+        print(json.dumps(out), flush=True)
+    median = {k: statistics.median(o["run_s"] for o in runs if o["run"] == k) for k in ROUND}
+    per_record = [o["pass_one_bytes_per_record"] for o in runs if o["run"] == "full" and
+                  "pass_one_bytes_per_record" in o]
+    print(json.dumps({"run": "summary", "records": a.records, "master": a.master, "connect": a.connect,
+                      "shale": a.shale or str(spark_scale.ROOT), "median_s": median,
+                      "full_vs_local_per_core": round(median["full"] / median["local"], 2),
+                      "incremental_vs_full": round(median["incremental"] / median["full"], 3),
+                      "full_shuffle_bytes_per_record": statistics.median(per_record) if per_record else None}),
+          flush=True)
+
+
+def main() -> None:
+    a = _args()
     if a.shale:
         sys.path.insert(0, a.shale)
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (a.shale, os.environ.get("PYTHONPATH"))))
@@ -201,42 +247,10 @@ def main() -> None:
 
         # (an older engine warmed a SparkContext up)
         warm_executors(classic.sparkContext if "sc" in inspect.signature(warm_executors).parameters else session)
-        engine = _Counting(SparkEngine(SparkOptions(master=a.master), session=session))
-        # the incremental run's starting point: the topic compacted once, then 1 % more records
-        base = str(work / "incremental-base")
-        _link_copy(uri, base)
-        _run(base, engine, None, "bench-setup")
-        spark_scale.append(base, max(1, a.records // 100), a.keys, a.ledger_records, seed=a.records + 1)
-        runs: list[dict[str, Any]] = []
-        for r in range(a.rounds):
-            order = ROUND[r % 3:] + ROUND[:r % 3]
-            for kind in (order if r % 2 == 0 else order[::-1]):
-                copy = str(work / f"{kind}-{r}")
-                _link_copy(base if kind == "incremental" else uri, copy)
-                out = _run(copy, engine if kind != "local" else None, session if kind != "local" else None,
-                           f"bench-{kind}-{r}")
-                out["run"] = kind
-                runs.append(out)
-                shutil.rmtree(copy, ignore_errors=True)
+        runs = _rounds(a, uri, work, session, _Counting(SparkEngine(SparkOptions(master=a.master), session=session)))
     finally:
         classic.stop()
-    shuffle = _shuffle_bytes(events)
-    for out in runs:
-        out.update(shuffle.get(out["tag"], {}))
-        if out.get("pass_one_bytes"):
-            out["pass_one_bytes_per_record"] = round(out["pass_one_bytes"] / out["records"], 2)
-            if out.get("candidates"):
-                out["pass_one_bytes_per_candidate"] = round(out["pass_one_bytes"] / out["candidates"], 2)
-        print(json.dumps(out), flush=True)
-    median = {k: statistics.median(o["run_s"] for o in runs if o["run"] == k) for k in ROUND}
-    per_record = [o["pass_one_bytes_per_record"] for o in runs if o["run"] == "full" and
-                  "pass_one_bytes_per_record" in o]
-    print(json.dumps({"run": "summary", "records": a.records, "master": a.master, "connect": a.connect,
-                      "shale": a.shale or str(spark_scale.ROOT), "median_s": median,
-                      "full_vs_local_per_core": round(median["full"] / median["local"], 2),
-                      "incremental_vs_full": round(median["incremental"] / median["full"], 3),
-                      "full_shuffle_bytes_per_record": statistics.median(per_record) if per_record else None}),
-          flush=True)
+    _report(a, runs, events)
     shutil.rmtree(work, ignore_errors=True)
 
 
