@@ -94,7 +94,7 @@ def _local_worker_environment(local: bool) -> Iterator[None]:
     if not local:
         yield
         return
-    saved = {k: os.environ.get(k) for k in ("PYSPARK_PYTHON", "PYTHONWARNINGS")}
+    saved = {"PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON"), "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS")}
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ["PYTHONWARNINGS"] = _warning_filters()
     try:
@@ -102,7 +102,8 @@ def _local_worker_environment(local: bool) -> Iterator[None]:
     finally:
         for k, v in saved.items():
             if v is None:
-                os.environ.pop(k, None)
+                with contextlib.suppress(KeyError):  # (a write, not a read of a variable)
+                    del os.environ[k]
             else:
                 os.environ[k] = v
 
