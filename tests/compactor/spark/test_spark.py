@@ -687,7 +687,7 @@ def test_dry_run_reports_what_the_local_engine_reports(engine: SparkEngine, tmp_
 
 
 def test_a_failed_spark_job_is_one_line_naming_the_python_error() -> None:
-    from shale.compactor.spark.engine import _first_line
+    from shale.compactor.spark.session import first_line as _first_line
 
     text = ("An error occurred while calling o123.collectAndServe.\n"
             ": org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage 3.0 failed\n"
