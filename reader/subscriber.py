@@ -12,23 +12,41 @@ for more (at-least-once, as Kafka's auto commit): at the next ``read()``, as an 
 or a batch reader moves on to the next ledger or part and when it reaches the end of what
 there is (before a follower waits), and on ``close()`` — not when a ``with`` block ends
 with an error, since what was handed out may not have been handled.
+
+The reader holds the subscription while it is open (its
+:class:`~shale.metadata.subscriptions.Member` in the document): it joins as it opens it,
+every commit is also its heartbeat, and a reader that has written nothing for
+:data:`~shale.metadata.subscriptions.HEARTBEAT_MS` writes one as it is asked for more or
+as a follower waits (with ``auto_commit``, by committing again); it leaves as it closes,
+in its last commit when it has one to make.  While it holds it, ``shale subscriptions``
+refuses to reset or delete the subscription unless forced.
 """
 
 from __future__ import annotations
 
+import datetime
 import time
 from collections.abc import Callable, Iterator
-from typing import Final, Literal, TypeVar
+from typing import Literal, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from shale.ledger.errors import InvalidInputError
+from shale.ledger.errors import ConflictError, InvalidInputError
 from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.reader import LedgerFile
 from shale.ledger.record import Message
 from shale.metadata.state import TopicState
-from shale.metadata.subscriptions import Subscription, Subscriptions, check_name, expiry_of
+from shale.metadata.subscriptions import (
+    HEARTBEAT_MS,
+    Member,
+    Subscription,
+    SubscriptionNotFoundError,
+    Subscriptions,
+    check_name,
+    expiry_of,
+    new_member,
+)
 from shale.metadata.topic import TopicMetadata
 from shale.settings.kinds import shown
 
@@ -36,18 +54,15 @@ __all__ = ["Subscriber", "Subscribing"]
 
 _T = TypeVar("_T")
 Gone = npt.NDArray[np.bool_] | None
-_Start = MessageId | Literal["earliest", "latest"]
-
-#: A reader whose position has not moved still commits it this often, so that a follower
-#: with nothing new to read stays active.
-REFRESH_MS: Final = 3_600_000
+_Start = MessageId | Literal["earliest", "latest"] | datetime.datetime
 
 
 class Subscriber:
     """The subscription ``name`` of the topic ``meta`` describes, as one reader uses it."""
 
     def __init__(self, meta: TopicMetadata, name: str, start: _Start, auto: bool,
-                 handed_out: Callable[[], MessageId], topic: Callable[[], TopicState]) -> None:
+                 handed_out: Callable[[], MessageId], topic: Callable[[], TopicState], *,
+                 interval_ms: int = HEARTBEAT_MS) -> None:
         self.subscriptions = Subscriptions(meta)
         #: commit by itself what the reader handed out, as it is asked for more
         self.auto = auto
@@ -55,20 +70,29 @@ class Subscriber:
         self.handed_out = handed_out
         #: the ledger list as the reader last read it (what a position is checked against)
         self.topic = topic
+        #: this reader, as the subscription's document names the reader holding it (None: closed)
+        self.member: Member | None = new_member(interval_ms, now_ms=int(time.time() * 1000))
         sub = self.subscriptions.load(check_name(name))
+        #: whether this reader created the subscription (at its ``start``)
+        self.created = sub is None
         if sub is None:
             sub = self._create(name, start)
         else:  # (one committed past the end would never read again: corrupt, named)
             self.subscriptions.check_found(sub, topic())
-        self.subscription: Subscription = sub
         now = int(time.time() * 1000)
         #: it had not committed within the topic's ``subscription-expiry`` when opened: it held
         #: nothing back meanwhile, so deletes may have been missed
         self.expired = not sub.active(now, expiry_of(meta.load_policy()))
+        self.subscription: Subscription = self._join(sub)
 
     def _create(self, name: str, start: _Start) -> Subscription:
         if isinstance(start, MessageId):
             position = start
+        elif isinstance(start, datetime.datetime):
+            from shale.metadata.asof import point_ms
+            from shale.metadata.positions import position_at
+
+            position = position_at(self.subscriptions.meta, self.topic(), point_ms(start))
         elif start == "latest":
             position = self.topic().next_id
         else:
@@ -80,7 +104,24 @@ class Subscriber:
             again = self.subscriptions.load(name)
             if again is None:
                 raise
+            self.created = False
             return again
+
+    def _join(self, sub: Subscription) -> Subscription:
+        """``sub`` with this reader as the one holding it (written; read again while
+        another writer changes it meanwhile)."""
+        assert self.member is not None
+        for _ in range(5):
+            try:
+                return self.subscriptions.heartbeat(sub, self._beat())
+            except ConflictError:
+                sub = self.subscriptions.get(sub.name)
+        return self.subscriptions.heartbeat(sub, self._beat())
+
+    def _beat(self) -> Member:
+        assert self.member is not None
+        self.member = self.member.beat(int(time.time() * 1000))
+        return self.member
 
     @property
     def name(self) -> str:
@@ -94,12 +135,13 @@ class Subscriber:
         position = self.subscription.position
         return "earliest" if position == MIN_ID else position
 
-    def commit(self, position: MessageId | None = None) -> MessageId:
+    def commit(self, position: MessageId | None = None, *, leave: bool = False) -> MessageId:
         """Commit ``position``, by default the one after the last record the reader
         returned; returns it.  :class:`InvalidInputError` for anything but a message id at
         most that one (what the reader has not returned is not its to commit), and for a
         position past the end of the topic (where a reader that moved there with ``seek``
-        would never read again)."""
+        would never read again).  ``leave``: the reader lets the subscription go with
+        this commit (its last)."""
         handed_out = self.handed_out()
         if position is None:
             position = handed_out
@@ -109,17 +151,42 @@ class Subscriber:
         elif position > handed_out:
             raise InvalidInputError(f"commit({position}): past what this reader has returned (it may commit up to "
                                     f"{handed_out}, the position after the last message returned)")
-        self.subscription = self.subscriptions.commit(self.subscription, position, topic=self.topic())
+        member = None if leave or self.member is None else self._beat()
+        self.subscription = self.subscriptions.commit(self.subscription, position, topic=self.topic(),
+                                                      member=member)
+        if leave:
+            self.member = None
         return position
 
     def tick(self) -> None:
         """With ``auto``, commit if there is anything to commit: a new position, or the
-        same one not written for :data:`REFRESH_MS` (by when it counts as committed: a
-        commit time ahead of this clock is refreshed too)."""
-        sub = self.subscription
-        now = int(time.time() * 1000)
-        if self.auto and (self.handed_out() != sub.position or now - sub.commit_ms(now) >= REFRESH_MS):
+        same one once this reader has written nothing for
+        :data:`~shale.metadata.subscriptions.HEARTBEAT_MS` (its heartbeat; a commit time
+        ahead of this clock is refreshed too).  Without, write the heartbeat alone then."""
+        if self.member is None:
+            if self.auto and self.handed_out() != self.subscription.position:
+                self.commit()
+            return
+        due = int(time.time() * 1000) - self.member.heartbeat_ms >= HEARTBEAT_MS
+        if self.auto and (due or self.handed_out() != self.subscription.position):
             self.commit()
+        elif due:
+            try:
+                self.subscription = self.subscriptions.heartbeat(self.subscription, self._beat())
+            except (ConflictError, SubscriptionNotFoundError):
+                self.member = None  # let go by a reset or a delete: its next commit says so
+
+    def leave(self) -> None:
+        """Let the subscription go, if this reader still holds it (one write); a reader a
+        reset or a delete let go already has nothing to do."""
+        member, self.member = self.member, None
+        sub = self.subscription
+        if member is None or sub.member is None or sub.member.id != member.id:
+            return
+        try:
+            self.subscription = self.subscriptions.heartbeat(sub, None)
+        except (ConflictError, SubscriptionNotFoundError):
+            pass  # changed or deleted by another writer: it holds this reader no more
 
     def committing(self, read: Callable[[LedgerFile, int, Gone], Iterator[_T]]
                    ) -> Callable[[LedgerFile, int, Gone], Iterator[_T]]:
@@ -145,15 +212,17 @@ class Subscribing:
     _topic: TopicState
 
     def _subscribe(self, meta: TopicMetadata, name: str | None, start: _Start,
-                   auto_commit: bool) -> _Start:
+                   auto_commit: bool, interval_ms: int = HEARTBEAT_MS) -> _Start:
         """Open the subscription ``name`` (created at ``start`` when new), if any; where
-        the reader starts."""
+        the reader starts.  ``interval_ms``: the longest the reader may go between two
+        looks at the topic (a follower's poll interval)."""
         self.subscriber = None
         if name is None:
             if auto_commit:
                 raise InvalidInputError("auto_commit needs a subscription (TopicReader(..., subscription=NAME))")
             return start
-        self.subscriber = Subscriber(meta, name, start, auto_commit, self._handed_out, lambda: self._topic)
+        self.subscriber = Subscriber(meta, name, start, auto_commit, self._handed_out, lambda: self._topic,
+                                     interval_ms=interval_ms)
         return self.subscriber.start
 
     def commit(self, position: MessageId | None = None) -> MessageId:
@@ -171,3 +240,7 @@ class Subscribing:
     def _tick(self) -> None:
         if self.subscriber is not None:
             self.subscriber.tick()
+
+    def _leave(self) -> None:
+        if self.subscriber is not None:
+            self.subscriber.leave()
