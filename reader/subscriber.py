@@ -57,6 +57,11 @@ Gone = npt.NDArray[np.bool_] | None
 _Start = MessageId | Literal["earliest", "latest"] | datetime.datetime
 
 
+def _now_ms() -> int:
+    """This machine's clock, in ms: what heartbeats are stamped and judged by."""
+    return int(time.time() * 1000)
+
+
 class Subscriber:
     """The subscription ``name`` of the topic ``meta`` describes, as one reader uses it."""
 
@@ -71,7 +76,7 @@ class Subscriber:
         #: the ledger list as the reader last read it (what a position is checked against)
         self.topic = topic
         #: this reader, as the subscription's document names the reader holding it (None: closed)
-        self.member: Member | None = new_member(interval_ms, now_ms=int(time.time() * 1000))
+        self.member: Member | None = new_member(interval_ms, now_ms=_now_ms())
         sub = self.subscriptions.load(check_name(name))
         #: whether this reader created the subscription (at its ``start``)
         self.created = sub is None
@@ -79,7 +84,7 @@ class Subscriber:
             sub = self._create(name, start)
         else:  # (one committed past the end would never read again: corrupt, named)
             self.subscriptions.check_found(sub, topic())
-        now = int(time.time() * 1000)
+        now = _now_ms()
         #: it had not committed within the topic's ``subscription-expiry`` when opened: it held
         #: nothing back meanwhile, so deletes may have been missed
         self.expired = not sub.active(now, expiry_of(meta.load_policy()))
@@ -120,7 +125,7 @@ class Subscriber:
 
     def _beat(self) -> Member:
         assert self.member is not None
-        self.member = self.member.beat(int(time.time() * 1000))
+        self.member = self.member.beat(_now_ms())
         return self.member
 
     @property
@@ -167,7 +172,7 @@ class Subscriber:
             if self.auto and self.handed_out() != self.subscription.position:
                 self.commit()
             return
-        due = int(time.time() * 1000) - self.member.heartbeat_ms >= HEARTBEAT_MS
+        due = _now_ms() - self.member.heartbeat_ms >= HEARTBEAT_MS
         if self.auto and (due or self.handed_out() != self.subscription.position):
             self.commit()
         elif due:

@@ -57,11 +57,13 @@ def _read_table(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> None
 def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> None:
     from shale.ledger.errors import GapError
     from shale.producer.jsonlines import message_line
-    from shale.reader import TopicReader, parse_position
+    from shale.reader import TopicReader, parse_start
     from shale.reader.gaps import Gap
 
-    start = parse_position(args.start)
+    start = parse_start(args.start)
     as_of, from_snapshot = _point(args)
+    if args.subscription is not None:
+        _check_start(args)
 
     def gone_past(gap: Gap) -> None:  # --on-gap skip or compacted: said on stderr, where it falls in the output
         io.out.flush()
@@ -99,7 +101,25 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
             raise
         if r.subscriber is not None:
             r.subscriber.auto = False  # the last commit: closing must not move it past an unprinted record
-        _commit(r, io, unprinted)
+        _commit(r, io, unprinted, leave=True)
+
+
+def _check_start(args: argparse.Namespace) -> None:
+    """``--start`` places a new subscription only: given for an existing one, it is refused
+    rather than ignored (moving one is ``shale subscriptions --reset``)."""
+    from shale.metadata.subscriptions import Subscriptions, check_name
+    from shale.metadata.topic import TopicMetadata
+    from shale.settings import Source
+
+    given = args.settings["start"]
+    if given.source is Source.DEFAULT:
+        return
+    sub = Subscriptions(TopicMetadata.open(args.topic, args.metadata)).load(check_name(args.subscription))
+    if sub is not None:
+        raise InvalidInputError(
+            f"{given.given_as} places a new subscription, and {args.topic} has subscription {args.subscription!r} "
+            f"already (at {sub.position}): leave {given.given_as} out to go on from there, or move it with shale "
+            f"subscriptions {args.topic} --reset {args.subscription} --to {args.start.strip()}")
 
 
 #: A subscription's reader commits at least every this many records printed (and whenever
@@ -107,12 +127,13 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
 _COMMIT_EVERY = 1000
 
 
-def _commit(r: TopicReader, io: Streams, unprinted: MessageId | None = None) -> None:
+def _commit(r: TopicReader, io: Streams, unprinted: MessageId | None = None, *, leave: bool = False) -> None:
     """Flush what was printed (whole records only: each line is written at once), then,
-    when reading as a subscription, commit past it (up to ``unprinted`` when given)."""
+    when reading as a subscription, commit past it (up to ``unprinted`` when given;
+    ``leave``: the last commit, letting the subscription go)."""
     io.out.flush()
     if r.subscriber is not None:
-        r.commit(unprinted)
+        r.subscriber.commit(unprinted, leave=leave)
 
 
 def _point(args: argparse.Namespace) -> tuple[AsOf | None, int | str | None]:
@@ -189,7 +210,7 @@ def _key_bytes(text: str, b64: bool) -> bytes:
 def run_export(args: argparse.Namespace, io: Streams) -> int:
     from shale.export import export_topic
     from shale.export_target import is_stdout
-    from shale.reader import parse_position
+    from shale.reader import parse_start
 
     as_of, _ = _point(args)
     since = None if args.changes_from is None else _parsed("--changes-from", args.changes_from)
@@ -199,7 +220,7 @@ def run_export(args: argparse.Namespace, io: Streams) -> int:
     progress = _ExportProgress() if sys.stderr.isatty() else None
     try:
         result = export_topic(args.topic, args.out, metadata_uri=args.metadata, compacted=args.compacted,
-                              table=args.table, fmt=args.export_format, start=parse_position(args.start),
+                              table=args.table, fmt=args.export_format, start=parse_start(args.start),
                               compression=args.export_compression, utf8=args.utf8,
                               progress=progress.show if progress else None, overwrite=args.overwrite,
                               max_batch_bytes=args.max_batch_bytes, as_of=as_of,
