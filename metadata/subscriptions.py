@@ -348,7 +348,7 @@ class Subscriptions:
         return sub.with_version(v.version, v.token)
 
     def commit(self, sub: Subscription, position: MessageId, *, now_ms: int | None = None,
-               topic: TopicState | None = None, member: Member | None | Literal["keep"] = "keep") -> Subscription:
+               topic: TopicState | None = None, member: Member | Literal["keep"] | None = "keep") -> Subscription:
         """``sub`` at ``position`` (:meth:`check_position`, by ``topic`` when given),
         written over the version ``sub`` was read or written at: :class:`ConflictError` if
         another writer changed it since (a reset, another reader of it),

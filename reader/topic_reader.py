@@ -73,7 +73,7 @@ def parse_start(text: str, now_ms: int | None = None) -> Position:
     :data:`~shale.metadata.positions.TIME_HELP`; ``-DURATION`` counts back from
     ``now_ms``, the clock by default) as a UTC datetime."""
     t = text.strip()
-    if t.count(":") == 2 and t.replace(":", "").isdigit() or t.lower() in (EARLIEST, LATEST):
+    if (t.count(":") == 2 and t.replace(":", "").isdigit()) or t.lower() in (EARLIEST, LATEST):
         return parse_position(text)  # (as given: an id has one spelling, without spaces)
     ms = parse_time(t, int(time.time() * 1000) if now_ms is None else now_ms)
     if ms is None:

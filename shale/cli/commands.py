@@ -170,17 +170,24 @@ COMMAND_TABLE: Final[dict[str, Command]] = {c.name: c for c in (
             "metadata, as compact --all orders topics), last compaction and policy. A topic whose metadata cannot "
             "be read is listed with its error.", "  0  listed\n  2  bad URI or no topic under the prefix",
             "shale.cli.inspect:run_topics"),
-    Command("subscriptions", "list a topic's durable subscriptions with their lag; create, delete or reset one",
+    Command("subscriptions", "list a topic's durable subscriptions with their lag and readers; create, delete or "
+            "reset them",
             "Without an action, list the topic's durable subscriptions (shale read --subscription NAME, "
             "TopicReader(subscription=...)): each one's position (the next record it reads), its lag in records and "
-            "bytes, when it last committed, and whether it is active or expired (one that has not committed for the "
-            "topic's subscription-expiry holds nothing back). --create NAME [--to ...], --delete NAME and --reset "
-            "NAME --to earliest|latest|ID|TIME change one, as kafka-consumer-groups does; --dry-run says what they "
-            "would do. An active subscription keeps every tombstone it has yet to read past delete-retention (up to "
+            "bytes, when it last committed, whether it is active or expired (one that has not committed for the "
+            "topic's subscription-expiry holds nothing back), and the reader holding it (--describe: also the lag of "
+            "a compacted read). --create NAME [--to ...] and --delete NAME change one at once. --reset NAME, --all "
+            "and --from-file CSV move them, as kafka-consumer-groups --reset-offsets does: a dry run printing the "
+            "plan (each one's position and lag before and after) unless --execute. A reset or a delete is refused "
+            "while a reader holds the subscription (readers heartbeat into its document as they commit, and every "
+            "30 s when idle, and count as gone 90 s after their last heartbeat), unless --force. An active "
+            "subscription keeps every tombstone it has yet to read past delete-retention (up to "
             "max-tombstone-hold), and every ledger it has yet to read from retention.",
-            "  0  listed, or created, deleted or reset (with --dry-run: said what it would do)\n"
-            "  2  bad usage or input: bad name, unknown or existing subscription, bad --to, missing topic\n"
-            "  3  the subscription kept changing (other writers); safe to run again\n"
+            "  0  listed, created or deleted, reset (--execute), or the plan printed (a dry run)\n"
+            "  2  bad usage or input: bad name, unknown or existing subscription, bad --to (an id\n"
+            "     outside the topic), a bad --from-file line, missing topic (nothing changed)\n"
+            "  3  a reader holds the subscription (run again once it has stopped, or --force), or\n"
+            "     the subscription kept changing (other writers); nothing changed\n"
             "  4  a subscription's or the topic's metadata document breaks its schema",
             "shale.cli.subscriptions:run_subscriptions"),
     Command("verify", "recompute the compacted view from the original ledgers and compare",

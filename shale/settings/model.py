@@ -180,7 +180,7 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
     # ------------------------------------------------------------------ read, get, export
     _s("start", Text(), "where to start: earliest, latest, a message id LEDGER:ENTRY:BATCH (a missing id starts at "
        "the next existing one), or a time, the first record published then or later (Kafka's offsetsForTimes: ISO "
-       "8601, UTC unless it names a zone; milliseconds since 1970; or -DURATION before now, e.g. --start=-1h); with "
+       "8601, UTC unless it names a zone; milliseconds since 1970; or -DURATION before now, e.g. -1h); with "
        "--subscription, where a new subscription starts (an existing one is refused: shale subscriptions --reset)",
        {"read", "export"}, default="earliest", metavar="earliest|latest|ID|TIME"),
     _s("limit", Whole(1), "stop after N records", {"read"}),
@@ -372,7 +372,7 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
     _s("to", Text(), "where --create or --reset puts it: earliest (the compacted view's start), latest (past the "
        "last record), current (where it stands), a message id within the topic, or a time, the first record "
        "published then or later (ISO 8601, UTC unless it names a zone; milliseconds since 1970; or -DURATION before "
-       "now, e.g. --to=-1h)", {"subscriptions"}, env=False, metavar="earliest|latest|current|ID|TIME"),
+       "now, e.g. -1h)", {"subscriptions"}, env=False, metavar="earliest|latest|current|ID|TIME"),
     _s("shift-by", Whole(-(1 << 62), 1 << 62), "with --reset: move it by N records from where it stands (back when "
        "negative), at most to latest and back at most to earliest", {"subscriptions"}, env=False),
     _s("by-duration", Text(), "with --reset: move it to the first record published within DURATION of now (1h, "

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import shale.reader.subscriber as subscriber
-from shale.ledger.ids import MIN_ID, MessageId
+from shale.ledger.ids import MessageId
 from shale.metadata.subscriptions import HEARTBEAT_MS, Member, Subscriptions
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
@@ -112,7 +112,7 @@ def test_every_way_to_say_where_it_goes(topic: str) -> None:
                        (["--to", "1h"], "expected earliest, latest, current"),
                        (["--to", "latest", "--shift-by", "1"], "give one of --to, --shift-by"),
                        ([], "--reset needs --to")):
-        refused(2, "subscriptions", topic, "--reset", "app", *bad, words=(bad and bad[0] or "--reset", words))
+        refused(2, "subscriptions", topic, "--reset", "app", *bad, words=((bad and bad[0]) or "--reset", words))
     refused(2, "subscriptions", topic, "--create", "new", "--to", "current", words=("a new one has none",))
     assert (position(topic, "app"), position(topic, "ops")) == ("2:0:0", "3:1:0")
 
@@ -234,4 +234,3 @@ def test_read_start_takes_a_time_and_is_refused_for_an_existing_subscription(top
     refused(2, "read", topic, "--subscription", "late", "--start", "earliest",
             words=("--start places a new subscription", "'late' already (at 3:0:1)"))
     refused(2, "read", topic, "--start", "yesterday", words=("'yesterday' is not a position",))
-    assert MIN_ID < MessageId(3, 0, 1)
