@@ -25,11 +25,10 @@ from typing import Any
 
 from shale.ledger.errors import InvalidInputError
 from shale.ledger.ids import MessageId
-from shale.ledger.reader import LedgerFile
 from shale.metadata.state import CompactionState, LedgerInfo
 from shale.metadata.subscriptions import Subscription, Subscriptions, expiry_of
 from shale.metadata.topic import TopicMetadata
-from shale.metadata.view import wholly_below
+from shale.metadata.view import TopicView, records_above, wholly_below
 from shale.settings.units import count
 
 __all__ = ["TruncationPlan", "UnreadRecordsError", "plan_truncation", "retention_cut", "truncate"]
@@ -117,15 +116,15 @@ def plan_truncation(meta: TopicMetadata, before_ledger: int) -> TruncationPlan:
         raise InvalidInputError(f"{meta.uri}: --before-ledger {before_ledger} is past the last ledger ({last}); "
                                 f"{last + 1} would remove every ledger")
     removed = tuple(lg for lg in topic.ledgers if lg.id < before_ledger)
-    horizon = state.horizon
+    view = TopicView(topic, state)
     uncompacted, lost = [], 0
     for lg in removed:
-        above = _records_above(meta, lg, horizon)
+        above = view.records_above_exact(meta, lg)
         if above:
             uncompacted.append(lg.id)
             lost += above
-    held = tuple(s.epoch for s in state.snapshots if any(_records_above(meta, lg, s.horizon) for lg in removed))
-    return TruncationPlan(meta.uri, before_ledger, horizon, removed, tuple(uncompacted), lost,
+    held = tuple(s.epoch for s in state.snapshots if any(records_above(meta, lg, s.horizon) for lg in removed))
+    return TruncationPlan(meta.uri, before_ledger, view.horizon, removed, tuple(uncompacted), lost,
                           unread_by=_unread_by(removed, _active(meta)) if removed else (), snapshots=held)
 
 
@@ -137,16 +136,6 @@ def _snapshot_floor(state: CompactionState, *, tagged_only: bool = False) -> tup
     if not horizons:
         return False, None
     return True, None if any(h is None for h in horizons) else min(h for h in horizons if h is not None)
-
-
-def _records_above(meta: TopicMetadata, lg: LedgerInfo, horizon: MessageId | None) -> int:
-    if horizon is None or lg.id > horizon.ledger:
-        return lg.records
-    if lg.id < horizon.ledger:
-        return 0
-    # the horizon falls in this ledger: its footer says where
-    f = LedgerFile.open(meta.topic.store, meta.topic.key(lg.object), ledger_id=lg.id)
-    return max(0, f.n_records - f.find(horizon) - 1)
 
 
 def retention_cut(meta: TopicMetadata, *, older_than_ms: int | None = None, keep_bytes: int | None = None,
@@ -168,12 +157,13 @@ def retention_cut(meta: TopicMetadata, *, older_than_ms: int | None = None, keep
     unread_from = None if allow_unread or not topic.ledgers else min((s.position for s in _active(meta)),
                                                                      default=None)
     held, floor = _snapshot_floor(state, tagged_only=drop_snapshots)
+    view = TopicView(topic, state)
     for lg in topic.ledgers:
         expired = (now - lg.last_publish > older_than_ms) if older_than_ms is not None else left > (keep_bytes or 0)
-        if not expired or (not allow_uncompacted and _records_above(meta, lg, state.horizon)) \
+        if not expired or (not allow_uncompacted and view.records_above_exact(meta, lg)) \
                 or (unread_from is not None and not wholly_below(lg, unread_from)):
             break
-        if held and _records_above(meta, lg, floor):
+        if held and records_above(meta, lg, floor):
             break
         left -= lg.bytes
         cut = lg.id + 1

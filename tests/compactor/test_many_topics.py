@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from shale.compactor import CompactionConfig, Compactor
-from shale.compactor.topics import choose, discover_topics
+from shale.compactor.topics import choose
+from shale.maintenance.listing import discover_topics
 from shale.maintenance.verify import verify_topic
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
