@@ -190,6 +190,18 @@ COMMAND_TABLE: Final[dict[str, Command]] = {c.name: c for c in (
             "     the subscription kept changing (other writers); nothing changed\n"
             "  4  a subscription's or the topic's metadata document breaks its schema",
             "shale.cli.subscriptions:run_subscriptions"),
+    Command("exporter", "serve every subscription's lag and state on /metrics for Prometheus, read continuously",
+            "Read every subscription's lag and state of the topics under PREFIX_URI (or of the one topic it names) "
+            "every --interval, and serve the last reading on http://HOST:PORT/metrics for Prometheus to scrape "
+            "(Kafka's lag exporters): per subscription its lag in records and bytes, whether it is active, when it "
+            "last committed and when it expires, and the reader holding it; per topic whether it could be read. A "
+            "topic that cannot be read is logged and reported (shale_exporter_topic_up 0) and never stops the "
+            "others. Runs until stopped (Ctrl-C, SIGTERM); --once prints one reading instead. The alert rules and "
+            "dashboard panels on these metrics are in infra/monitoring.",
+            "  0  stopped (Ctrl-C), or printed one reading (--once)\n"
+            "  1  unexpected failure: the address cannot be served (in use, not this machine's)\n"
+            "  2  bad usage: a bad flag, variable or --listen address",
+            "shale.cli.exporter:run_exporter"),
     Command("verify", "recompute the compacted view from the original ledgers and compare",
             "Recompute the latest record of every key up to the published horizon from the original ledgers that "
             "still exist (footers only), compare it with the published compacted view, and verify every compacted "

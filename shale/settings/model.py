@@ -40,9 +40,9 @@ ENV_PREFIX: Final = "SHALE_"
 #: Every command, in the order ``shale --help`` lists them.
 COMMANDS: Final = ("produce", "read", "get", "export", "changes", "status", "compact", "gc", "truncate", "snapshots",
                    "rollback",
-                   "config", "topics", "subscriptions", "verify", "dictionary")
+                   "config", "topics", "subscriptions", "exporter", "verify", "dictionary")
 #: The commands about one topic, named by a ``TOPIC_URI`` and ``--metadata``.
-_ONE_TOPIC: Final = frozenset(COMMANDS) - {"compact", "topics"}
+_ONE_TOPIC: Final = frozenset(COMMANDS) - {"compact", "topics", "exporter"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,8 +147,10 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        positional="TOPIC_URI", many=True, group="topics"),
     _s("all", Uri(), "compact every topic under this prefix (a topic is a folder holding _meta/topic.json)",
        _COMPACT, group="topics", metavar="PREFIX_URI"),
-    _s("prefix", Uri(), "a folder holding topics: a local path or s3://bucket/prefix", {"topics"},
-       positional="PREFIX_URI", env=False),
+    _s("prefix", Uri(), "a folder holding topics: a local path or s3://bucket/prefix", {"topics", "exporter"},
+       positional="PREFIX_URI", env=False,
+       help_for=(("exporter", "a folder holding topics (every topic under it, looked for again at each reading), "
+                  "or one topic: a local path or s3://bucket/prefix"),)),
     _s("metadata", Uri(), "where the topic's metadata lives", _ONE_TOPIC | _COMPACT, default_text="TOPIC_URI/_meta"),
     _s("key", Text(), "the key, as text", {"get"}, positional="KEY", env=False),
     _s("key-b64", Switch(), "KEY is base64 (a binary key)", {"get"}, default=False),
@@ -303,7 +305,8 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        "they fit and the next run continues; peak memory stays within SIZE plus a fixed overhead (docs/operations.md, "
        "Sizing memory); with --parallel N, each topic gets SIZE/N", _COMPACT,
        default_text="none: only --max-map-bytes and the other settings bound it"),
-    _s("json", Switch(), "print one JSON line instead of text", set(COMMANDS), default=False, help_for=_JSON_HELP),
+    _s("json", Switch(), "print one JSON line instead of text", set(COMMANDS) - {"exporter"}, default=False,
+       help_for=_JSON_HELP),
     _s("log-format", Choice(("text", "json")), "text: errors and warnings as one line each; json: one JSON object "
        "per event on standard error, for log collectors (no progress display)", _COMPACT, default="text"),
     _s("pushgateway", Url(), "push each topic's run metrics to this Prometheus Pushgateway (e.g. "
@@ -382,6 +385,13 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        "subscription's position and lag before and after)", {"subscriptions"}, env=False, default=False),
     _s("force", Switch(), "reset or delete even while a reader holds the subscription (its heartbeat is live): that "
        "reader fails at its next commit", {"subscriptions"}, env=False, default=False),
+    # -------------------------------------------------------------------- exporter
+    _s("listen", Text(), "serve /metrics on this address (HOST:PORT; port 0: any free port, printed as it starts)",
+       {"exporter"}, default="0.0.0.0:9838", metavar="HOST:PORT"),
+    _s("interval", Duration(1000, "the least time between two readings"), "read every subscription's lag and state "
+       "this often (a scrape serves the last reading, and costs the store nothing)", {"exporter"}, default=60_000),
+    _s("once", Switch(), "read once, print the metrics in Prometheus's text format and exit (for a textfile "
+       "collector, or to look)", {"exporter"}, default=False),
     # -------------------------------------------------------------- config, dictionary
     _s("set", Text(), "set a policy setting, e.g. delete-retention=7d (repeatable)", {"config"}, many=True,
        metavar="NAME=VALUE"),
