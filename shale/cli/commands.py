@@ -86,7 +86,9 @@ COMMAND_TABLE: Final[dict[str, Command]] = {c.name: c for c in (
             "Print the latest record of KEY (one JSON line), from the compacted view and the tail above the "
             "horizon, reading only the footers and the entries whose key hashes match (Pulsar's TableView.get).",
             "  0  found\n  2  bad usage or missing topic\n  4  corrupt data\n"
-            "  5  the key has no value (deleted or never written)", "shale.cli.read:run_get"),
+            "  5  the key has no value; the line says why, as far as can be known: deleted, expired\n"
+            "     (the key TTL), never written, or no record of it left (retention removed its ledgers)",
+            "shale.cli.read:run_get"),
     Command("export", "write a topic, its compacted view or its table as Parquet, Arrow or JSON lines", _EXPORT,
             EXIT_CODES, "shale.cli.read:run_export"),
     Command("changes", "print what changed between two points: one JSON line per key whose state differs",

@@ -156,12 +156,14 @@ def run_get(args: argparse.Namespace, io: Streams) -> int:
     from shale.metadata.topic import TopicMetadata
     from shale.producer.jsonlines import message_line
     from shale.reader import lookup
+    from shale.reader.lookup import why_no_value
 
     key = _key_bytes(args.key, args.key_b64)
     as_of, _ = _point(args)
-    found = lookup(TopicMetadata.open(args.topic, args.metadata), key, as_of=as_of)
+    meta = TopicMetadata.open(args.topic, args.metadata)
+    found = lookup(meta, key, as_of=as_of)
     if found.value is None:
-        why = "expired" if found.expired else "deleted" if found.message is not None else "never written"
+        why = why_no_value(meta, key, found, as_of=as_of)
         when = "" if as_of is None else f" as of {args.as_of.strip()}"
         io.err.write(f"shale: no value for key {args.key!r} in {args.topic}{when} ({why})\n")
         return EXIT_NOT_FOUND

@@ -74,7 +74,8 @@ class TrainReport:
         if self.used:
             return line + f"; producers and compactions now write zstd-dict:{self.level}"
         if not self.helps:
-            return line + "; it does not help: keep zstd (nothing uses a dictionary until the compression policy says so)"
+            return line + ("; it does not help: keep zstd (nothing uses a dictionary until the compression policy "
+                           "says so)")
         return line + f"; to write with it: shale config {self.topic} --set compression=zstd-dict:{self.level}"
 
 
