@@ -40,6 +40,45 @@ EXIT_CODES: Final = """\
      retention (see shale read --on-gap); every record before them was written
 130  interrupted (Ctrl-C): stopped within moments; what a run wrote was removed"""
 
+_PRODUCE_CODES: Final = """\
+  0  appended every record of the input
+  1  unexpected failure, or storage that failed on its own (unreachable, an I/O error)
+  2  bad usage or input: bad flag, variable or value, bad URI, a bad line or row (named;
+     what came before it was appended); access refused
+  3  the topic's ledger list kept changing (many writers at once): what was appended
+     before is kept; run again for the rest
+  4  a metadata document (the ledger list, the policy, a dictionary) breaks its schema
+130  interrupted (Ctrl-C): the records read before it are appended, and named"""
+
+_READ_CODES: Final = """\
+  0  printed (with --follow: until Ctrl-C)
+  1  unexpected failure, or storage that failed on its own (unreachable, an I/O error)
+  2  bad usage or input: bad flag, variable, position or URI, missing topic, bad
+     subscription name, --start for a subscription that exists; access refused
+  3  with --subscription: a reset or another reader changed the subscription first (the
+     records printed since the last commit are read again next time)
+  4  corrupt data: bad checksum, truncated object, unknown format version, a metadata
+     document that breaks its schema or invariants
+  6  records it had yet to read were removed by retention (see --on-gap); every record
+     before them was printed
+130  interrupted (Ctrl-C, without --follow)"""
+
+_EXPORT_CODES: Final = """\
+  0  written (OUT complete)
+  1  unexpected failure, or storage that failed on its own (nothing is left at OUT)
+  2  bad usage or input: bad flag, URI or position, missing topic, OUT inside a topic or
+     existing (without --overwrite), a record not UTF-8 with --utf8; access refused
+  4  corrupt data: bad checksum, truncated object, unknown format version, a metadata
+     document that breaks its schema or invariants
+  6  --start ID: records from there were removed by retention
+130  interrupted (Ctrl-C): nothing is left at OUT"""
+
+_STATUS_CODES: Final = """\
+  0  printed (damaged ledgers or parts are named in it, and on standard error)
+  1  unexpected failure, or storage that failed on its own (unreachable, an I/O error)
+  2  bad usage or missing topic; access refused
+  4  a metadata document breaks its schema or invariants"""
+
 _COMPACT_CODES: Final = """\
   0  compacted, nothing to do, or skipped (dirty ratio below --min-dirty-ratio)
   1  unexpected failure
@@ -77,11 +116,11 @@ _EXPORT: Final = (
 #: Every command of ``shale``, in the order its ``--help`` lists them (``compact`` is also
 #: a console script of its own).
 COMMAND_TABLE: Final[dict[str, Command]] = {c.name: c for c in (
-    Command("produce", "append records to a topic (creating it if needed)", _PRODUCE, EXIT_CODES,
+    Command("produce", "append records to a topic (creating it if needed)", _PRODUCE, _PRODUCE_CODES,
             "shale.cli.produce:run_produce"),
     Command("read", "print a topic's records as JSON lines",
             'Print records as JSON lines {"id","key","value" (or "value_b64"),"properties","publish_time",'
-            '"event_time"}.', EXIT_CODES, "shale.cli.read:run_read"),
+            '"event_time"}.', _READ_CODES, "shale.cli.read:run_read"),
     Command("get", "print the latest record of one key",
             "Print the latest record of KEY (one JSON line), from the compacted view and the tail above the "
             "horizon, reading only the footers and the entries whose key hashes match (Pulsar's TableView.get).",
@@ -90,7 +129,7 @@ COMMAND_TABLE: Final[dict[str, Command]] = {c.name: c for c in (
             "     (the key TTL), never written, or no record of it left (retention removed its ledgers)",
             "shale.cli.read:run_get"),
     Command("export", "write a topic, its compacted view or its table as Parquet, Arrow or JSON lines", _EXPORT,
-            EXIT_CODES, "shale.cli.read:run_export"),
+            _EXPORT_CODES, "shale.cli.read:run_export"),
     Command("changes", "print what changed between two points: one JSON line per key whose state differs",
             'Print, as JSON lines, one line per key whose state (its latest record; none once deleted or expired) '
             'differs between --from and --to: {"op":"upsert", and the key\'s new record as shale read prints it} '
@@ -103,7 +142,7 @@ COMMAND_TABLE: Final[dict[str, Command]] = {c.name: c for c in (
     Command("status", "print a topic's ledgers, records and compaction state",
             "Print a topic's ledgers, its compaction state and its dirty ratio. A damaged ledger or part does not "
             "stop it: each is named (on standard error too) and the dirty ratio is then estimated from the "
-            "metadata; shale verify --scrub is the check.", EXIT_CODES, "shale.cli.inspect:run_status"),
+            "metadata; shale verify --scrub is the check.", _STATUS_CODES, "shale.cli.inspect:run_status"),
     Command("compact", "compact topics (same as the compact command)",
             "Compact keyed topics: keep the latest record of every key below a new horizon in a new compacted "
             "ledger, and publish it atomically.", _COMPACT_CODES, "shale.cli.compact:run_compact"),
