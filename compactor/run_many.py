@@ -25,11 +25,10 @@ from shale.compactor.config import CompactionConfig
 from shale.compactor.engine import Engine, LocalEngine
 from shale.compactor.job import Compactor
 from shale.compactor.summary import RunStatus, RunSummary
-from shale.compactor.topics import assess, choose, refuse_a_file
+from shale.compactor.topics import Backlog, assess, backlog, choose, refuse_a_file
 from shale.ledger.errors import InvalidInputError, error_line
 from shale.ledger.masking import mask_secrets
-from shale.metadata.policy import TopicPolicy
-from shale.metadata.topic import TopicMetadata
+from shale.metadata.handle import Topic
 from shale.runtime import interrupts
 from shale.settings import Settings, Source, resolve
 from shale.settings.units import count
@@ -53,6 +52,8 @@ class RunEvent:
     topics: int = 0
     seconds: float = 0.0
     summary: RunSummary | None = field(default=None, compare=False)
+    #: with ``topic.done`` when asked for: what the topic has left above its horizon
+    backlog: Backlog | None = field(default=None, compare=False)
 
 
 #: Told every :class:`RunEvent`, from the thread the topic runs in.
@@ -65,12 +66,17 @@ class NoTopicsError(InvalidInputError):
 
 
 def compact_topics(settings: Settings | Mapping[str, Any] | None = None, *, engine: Engine | None = None,
-                   on_event: EventListener | None = None) -> list[RunSummary]:
+                   on_event: EventListener | None = None, backlog: bool = False) -> list[RunSummary]:
     """Compact the topics ``settings`` name (``topics`` or ``all``), each under its own
     policy, and return their summaries in the order they ran.  ``settings``: ``compact``'s
     resolved settings (:func:`shale.settings.resolve`), or the values to resolve them
     from, by name (``{"all": "s3://b/topics", "max-topics": 50}``).  One engine compacts
-    every topic (with Spark, one application); it is not closed here."""
+    every topic (with Spark, one application); it is not closed here.  Each topic is opened
+    once (:class:`~shale.metadata.handle.Topic`): its documents read to choose it are what
+    its run plans from.  With ``backlog``, each ``topic.done`` event carries what the topic
+    has left above its horizon after its run (:func:`~shale.compactor.topics.backlog`,
+    from the same handle: nothing read again but a footer)."""
+    with_backlog = backlog
     s = settings if isinstance(settings, Settings) else resolve("compact", settings or {})
     tell = on_event or _ignore
     engine = engine or LocalEngine()
@@ -79,16 +85,19 @@ def compact_topics(settings: Settings | Mapping[str, Any] | None = None, *, engi
         raise NoTopicsError(f"no topics under {s.value('all')} (a topic is a folder holding _meta/topic.json): "
                             "check the prefix")
     tell(RunEvent("run.start", topics=len(chosen)))
-    # Spark's start-up is a phase of its own: in the first topic's summary
-    first = {"spark_start": _start(engine, tell)} if engine.name == "spark" else {}
+    # An application's start-up (Spark's) is a phase of its own: in the first topic's summary
+    first = {f"{engine.name}_start": _start(engine, tell)} if engine.starts_application else {}
+    if not engine.starts_application:
+        engine.ready()
     lock = threading.Lock()
 
-    def one(item: tuple[str, bool]) -> RunSummary:
+    def one(item: tuple[Topic | str, bool]) -> RunSummary:
         summary = _run_one(item[0], item[1], s, engine, tell)
         with lock:  # run-wide phases go into the first summary done
             summary.durations = {**first, **summary.durations}
             first.clear()
-        tell(RunEvent("topic.done", summary.topic, summary=summary))
+        after = _backlog(item[0]) if with_backlog else None
+        tell(RunEvent("topic.done", summary.topic, summary=summary, backlog=after))
         return summary
 
     parallel = s.value("parallel")
@@ -107,15 +116,15 @@ def _ignore(_: RunEvent) -> None:
 
 def _start(engine: Engine, tell: EventListener) -> float:
     """Start the engine's application (Spark takes seconds): timed, and told."""
-    tell(RunEvent("spark.starting"))
+    tell(RunEvent(f"{engine.name}.starting"))
     started = time.perf_counter()
-    engine.ready()  # type: ignore[attr-defined]  # (starts the application and its executors' Python workers)
+    engine.ready()  # (starts the application and its executors' Python workers)
     seconds = round(time.perf_counter() - started, 3)
-    tell(RunEvent("spark.start", seconds=seconds))
+    tell(RunEvent(f"{engine.name}.start", seconds=seconds))
     return seconds
 
 
-def choose_topics(settings: Settings) -> list[tuple[str, bool]]:
+def choose_topics(settings: Settings) -> list[tuple[Topic | str, bool]]:
     """The topics to compact, in order, each with whether it is overdue (compacted
     whatever its dirty ratio): as given, unless ``all``, ``max-topics`` or
     ``max-compaction-lag`` asks for the overdue and the filthiest first."""
@@ -131,27 +140,36 @@ def choose_topics(settings: Settings) -> list[tuple[str, bool]]:
     if prefix is None and not uris:
         raise InvalidInputError("no topic given: name TOPIC_URI(s) or --all PREFIX_URI")
     max_lag, max_topics = settings.value("max-compaction-lag"), settings.value("max-topics")
-    # a topic's own max compaction lag (its policy) applies unless the run's flag set one
-    policy_lag = settings.source("max-compaction-lag") is not Source.FLAG
     now_ms = int(time.time() * 1000)
+    topics_ = [_opened(u, settings) for u in uris]
     if prefix is None and max_lag is None and max_topics is None:
-        # the order given; a topic is still overdue by its own policy's lag
-        return [(u, policy_lag and assess(u, now_ms=now_ms, metadata_uri=metadata, policy_lag=True).overdue)
-                for u in uris]
-    chosen = choose(uris, now_ms=now_ms, max_lag_ms=max_lag, max_topics=max_topics, metadata_uri=metadata,
-                    policy_lag=policy_lag)
-    return [(c.uri, c.overdue) for c in chosen]
+        # the order given; a topic is still overdue by its own policy's lag (unless a flag set one)
+        if settings.source("max-compaction-lag") is Source.FLAG:
+            return [(t, False) for t in topics_]
+        return [(t, assess(t, now_ms=now_ms).overdue) for t in topics_]
+    chosen = choose(topics_, now_ms=now_ms, max_topics=max_topics)
+    return [(c.topic or c.uri, c.overdue) for c in chosen]
 
 
-def _run_one(uri: str, overdue: bool, settings: Settings, engine: Engine, tell: EventListener) -> RunSummary:
+def _opened(uri: str, settings: Settings) -> Topic | str:
+    """``uri``'s handle for this run (its metadata where ``metadata`` says), or ``uri``
+    itself when it cannot be opened: its run opens it again, and fails on its own."""
+    try:
+        return Topic.open(uri, settings.value("metadata"), settings=settings)
+    except Exception:
+        return uri
+
+
+def _run_one(topic: Topic | str, overdue: bool, settings: Settings, engine: Engine,
+             tell: EventListener) -> RunSummary:
     """One topic's run; whatever it raises becomes its summary's error."""
-    shown = _shown(uri)
+    shown = topic.uri if isinstance(topic, Topic) else _shown(topic)
     start = time.perf_counter()
     tell(RunEvent("topic.start", shown, overdue=overdue))
     try:
         if interrupts.interrupted():  # a topic not begun when the run was interrupted is not begun
             raise KeyboardInterrupt
-        return compact_topic(uri, settings, overdue=overdue, engine=engine,
+        return compact_topic(topic, settings, overdue=overdue, engine=engine,
                              progress=lambda phase: tell(RunEvent("topic.phase", shown, phase=phase)))
     except Exception as e:  # one topic's failure, of any kind, never stops another's run
         summary = RunSummary(shown, engine=engine.name, error=mask_secrets(error_line(e)), failure=e)
@@ -159,19 +177,21 @@ def _run_one(uri: str, overdue: bool, settings: Settings, engine: Engine, tell: 
         return summary.finish(RunStatus.ERROR)
 
 
-def compact_topic(uri: str, settings: Settings, *, overdue: bool = False, engine: Engine | None = None,
+def compact_topic(topic: Topic | str, settings: Settings, *, overdue: bool = False, engine: Engine | None = None,
                   progress: Callable[[str], None] | None = None) -> RunSummary:
     """One topic's run under its own policy (a run's flag wins over it; an ``overdue``
     topic is compacted whatever its dirty ratio), then the policy's retention, applied
-    only to ledgers the new horizon covers."""
-    meta = TopicMetadata.open(uri, settings.value("metadata"))
-    refuse_a_file(meta.topic)
-    policy = meta.load_policy()
-    own = settings.with_policy(policy.to_json())
+    only to ledgers the new horizon covers.  ``topic``: its handle (the documents it
+    holds are what the run plans from), or its URI."""
+    t = topic if isinstance(topic, Topic) else Topic.open(topic, settings.value("metadata"), settings=settings)
+    if t.settings is None:
+        t.settings = settings
+    refuse_a_file(t.meta.topic)
+    own = t.effective()
     if overdue:
         own = own.replace("min-dirty-ratio", 0.0)
-    summary = Compactor(meta, CompactionConfig.from_settings(own), progress=progress, engine=engine).run()
-    removed = _retention(meta, policy, summary)
+    summary = Compactor(t, CompactionConfig.from_settings(own), progress=progress, engine=engine).run()
+    removed = _retention(t, summary)
     if removed:
         if progress is not None:
             progress("retention")
@@ -180,26 +200,35 @@ def compact_topic(uri: str, settings: Settings, *, overdue: bool = False, engine
     return summary
 
 
-def _retention(meta: TopicMetadata, policy: TopicPolicy, summary: RunSummary) -> int:
+def _retention(t: Topic, summary: RunSummary) -> int:
     """The ledgers the policy's retention removes after a publish (never those an active
-    subscription has yet to read)."""
+    subscription has yet to read), cut from the documents the run left in its handle."""
     from shale.maintenance.retention import UnreadRecordsError, retention_cut, truncate
 
-    older_than, keep = policy.get("retention_ms"), policy.get("retention_bytes")
+    older_than, keep = t.policy.get("retention_ms"), t.policy.get("retention_bytes")
     if summary.status is not RunStatus.COMPACTED or (older_than is None and keep is None):
         return 0
     removed = 0
     for rule in ({"older_than_ms": older_than}, {"keep_bytes": keep}):
         if next(iter(rule.values())) is None:
             continue
-        topic = meta.load_topic()
-        cut = retention_cut(meta, **rule)
-        if topic.ledgers and cut > topic.ledgers[0].id:
+        ledgers = t.state.ledgers
+        cut = retention_cut(t, **rule)
+        if ledgers and cut > ledgers[0].id:
             try:
-                removed += len(truncate(meta, cut).removed)
+                removed += len(truncate(t.meta, cut).removed)
+                t.forget()  # (truncated: a later rule reads the topic as the truncation left it)
             except UnreadRecordsError:
                 pass  # a subscription created or reset meanwhile: the next run's cut leaves its ledgers
     return removed
+
+
+def _backlog(topic: Topic | str) -> Backlog | None:
+    """What ``topic`` has left above its horizon after its run (None: it cannot be read)."""
+    try:
+        return backlog(topic)
+    except Exception:  # the topic cannot be read (its error, if any, is the run's)
+        return None
 
 
 def _shown(uri: str) -> str:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import datetime
 import time
 from collections.abc import Callable, Iterator
-from typing import Literal, TypeVar
+from typing import Final, Literal, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -50,11 +50,14 @@ from shale.metadata.subscriptions import (
 from shale.metadata.topic import TopicMetadata
 from shale.settings.kinds import shown
 
-__all__ = ["Subscriber", "Subscribing"]
+__all__ = ["COMMIT_EVERY", "Subscriber", "Subscribing"]
 
 _T = TypeVar("_T")
 Gone = npt.NDArray[np.bool_] | None
 _Start = MessageId | Literal["earliest", "latest"] | datetime.datetime
+
+#: How often ``shale read --subscription`` commits: every this many records handed out.
+COMMIT_EVERY: Final = 1000
 
 
 def _now_ms() -> int:
@@ -75,7 +78,7 @@ class Subscriber:
         self.handed_out = handed_out
         #: the ledger list as the reader last read it (what a position is checked against)
         self.topic = topic
-        #: this reader, as the subscription's document names the reader holding it (None: closed)
+        #: this reader, as the subscription's document names the reader holding it (None: gone)
         self.member: Member | None = new_member(interval_ms, now_ms=_now_ms())
         sub = self.subscriptions.load(check_name(name))
         #: whether this reader created the subscription (at its ``start``)
@@ -84,6 +87,12 @@ class Subscriber:
             sub = self._create(name, start)
         else:  # (one committed past the end would never read again: corrupt, named)
             self.subscriptions.check_found(sub, topic())
+        #: commit by itself after this many records handed out (None: only as ``auto`` says, or when told)
+        self.every: int | None = None
+        #: called before each commit the reader makes by itself (say, to flush what it printed)
+        self.before_commit: Callable[[], None] | None = None
+        #: records handed out since the last commit
+        self.since = 0
         now = _now_ms()
         #: it had not committed within the topic's ``subscription-expiry`` when opened: it held
         #: nothing back meanwhile, so deletes may have been missed
@@ -115,7 +124,6 @@ class Subscriber:
     def _join(self, sub: Subscription) -> Subscription:
         """``sub`` with this reader as the one holding it (written; read again while
         another writer changes it meanwhile)."""
-        assert self.member is not None
         for _ in range(5):
             try:
                 return self.subscriptions.heartbeat(sub, self._beat())
@@ -161,7 +169,26 @@ class Subscriber:
                                                       member=member)
         if leave:
             self.member = None
+        self.since = 0
         return position
+
+    def _commit_by_itself(self) -> None:
+        """A commit the reader makes on its own: what it handed out was handled (told to
+        :attr:`before_commit` first: what was done with it must be out before it is committed)."""
+        if self.before_commit is not None:
+            self.before_commit()
+        self.commit()
+
+    def asked(self) -> None:
+        """The reader is asked for more: with a cadence, commit once :attr:`every` records
+        were handed out since the last commit (they were handled, since more is asked for)."""
+        if self.every is not None and self.since >= self.every:
+            self._commit_by_itself()
+
+    def at_end(self) -> None:
+        """The reader handed out every record there is now: with a cadence, commit them."""
+        if self.every is not None and self.since:
+            self._commit_by_itself()
 
     def tick(self) -> None:
         """With ``auto``, commit if there is anything to commit: a new position, or the
@@ -170,11 +197,11 @@ class Subscriber:
         ahead of this clock is refreshed too).  Without, write the heartbeat alone then."""
         if self.member is None:
             if self.auto and self.handed_out() != self.subscription.position:
-                self.commit()
+                self._commit_by_itself()
             return
         due = _now_ms() - self.member.heartbeat_ms >= HEARTBEAT_MS
         if self.auto and (due or self.handed_out() != self.subscription.position):
-            self.commit()
+            self._commit_by_itself()
         elif due:
             try:
                 self.subscription = self.subscriptions.heartbeat(self.subscription, self._beat())
@@ -216,18 +243,26 @@ class Subscribing:
     _next: MessageId
     _topic: TopicState
 
-    def _subscribe(self, meta: TopicMetadata, name: str | None, start: _Start,
-                   auto_commit: bool, interval_ms: int = HEARTBEAT_MS) -> _Start:
-        """Open the subscription ``name`` (created at ``start`` when new), if any; where
-        the reader starts.  ``interval_ms``: the longest the reader may go between two
-        looks at the topic (a follower's poll interval)."""
+    def _subscribe(self, meta: TopicMetadata, name: str | None, start: _Start, auto_commit: bool,
+                   commit_every: int | None = None, before_commit: Callable[[], None] | None = None,
+                   interval_ms: int = HEARTBEAT_MS) -> _Start:
+        """Open the subscription ``name`` (created at ``start`` when new), if any, committing
+        by itself as ``auto_commit`` and ``commit_every`` say; where the reader starts.
+        ``interval_ms``: the longest the reader may go between two looks at the topic (a
+        follower's poll interval)."""
         self.subscriber = None
         if name is None:
-            if auto_commit:
-                raise InvalidInputError("auto_commit needs a subscription (TopicReader(..., subscription=NAME))")
+            if auto_commit or commit_every is not None:
+                raise InvalidInputError("auto_commit and commit_every need a subscription (TopicReader(..., "
+                                        "subscription=NAME))")
             return start
+        if commit_every is not None and (isinstance(commit_every, bool) or not isinstance(commit_every, int)
+                                         or commit_every < 1):
+            raise InvalidInputError(f"commit_every={shown(repr(commit_every))}: expected a whole number of records, "
+                                    "at least 1")
         self.subscriber = Subscriber(meta, name, start, auto_commit, self._handed_out, lambda: self._topic,
                                      interval_ms=interval_ms)
+        self.subscriber.every, self.subscriber.before_commit = commit_every, before_commit
         return self.subscriber.start
 
     def commit(self, position: MessageId | None = None) -> MessageId:
@@ -249,3 +284,16 @@ class Subscribing:
     def _leave(self) -> None:
         if self.subscriber is not None:
             self.subscriber.leave()
+
+    def _asked(self) -> None:
+        """More is asked for: what was handed out so far was handled (a cadence may commit it)."""
+        if self.subscriber is not None:
+            self.subscriber.asked()
+
+    def _handed(self, message: Message | None) -> None:
+        """``message`` handed out (None: every record there is now was)."""
+        if self.subscriber is not None:
+            if message is None:
+                self.subscriber.at_end()
+            else:
+                self.subscriber.since += 1

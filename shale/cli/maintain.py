@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import TYPE_CHECKING
 
 from shale.cli.app import Streams
@@ -139,18 +138,11 @@ def run_verify(args: argparse.Namespace, io: Streams) -> int:
 
 def _scrub(meta: TopicMetadata, args: argparse.Namespace) -> ScrubReport:
     """The scrub, with a progress bar on a terminal."""
+    from shale.cli.progress import transfer
     from shale.maintenance.scrub import scrub_topic
 
-    if not sys.stderr.isatty():
-        return scrub_topic(meta, max_bytes_per_s=args.max_read_bytes_per_second)
-    from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
-
-    with Progress("scrub", BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
-                  console=Console(file=sys.stderr), transient=True) as bar:
-        task = bar.add_task("scrub", total=None)
-        return scrub_topic(meta, max_bytes_per_s=args.max_read_bytes_per_second,
-                           progress=lambda done, total: bar.update(task, completed=done, total=total))
+    with transfer("scrub") as show:
+        return scrub_topic(meta, max_bytes_per_s=args.max_read_bytes_per_second, progress=show)
 
 
 def run_dictionary(args: argparse.Namespace, io: Streams) -> int:

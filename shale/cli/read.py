@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 import base64
 import itertools
-import sys
-import time
 from typing import TYPE_CHECKING
 
 from shale.cli.app import Streams
@@ -59,6 +57,7 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
     from shale.producer.jsonlines import message_line
     from shale.reader import TopicReader, parse_start
     from shale.reader.gaps import Gap
+    from shale.reader.subscriber import COMMIT_EVERY
 
     start = parse_start(args.start)
     as_of, from_snapshot = _point(args)
@@ -70,13 +69,18 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
         io.err.write(f"shale: warning: {gap.human()}\n")
         io.err.flush()
 
+    subscribed = args.subscription is not None
     with TopicReader(args.topic, metadata_uri=args.metadata, read_compacted=args.compacted, start=start,
                      follow=args.follow, poll_interval=args.poll_interval / 1000, on_gap=args.on_gap,
                      gap_listener=gone_past, chunk_bytes=chunk_bytes, subscription=args.subscription,
                      # a follower prints and flushes each record before asking for the next: the reader
-                     # may commit it then, and keeps an idle subscription active
-                     auto_commit=args.follow and args.subscription is not None, as_of=as_of,
-                     from_snapshot=from_snapshot, max_batch_bytes=args.max_batch_bytes) as r:
+                     # may commit it then, and keeps an idle subscription active; a read to the end
+                     # commits every COMMIT_EVERY records printed, and at the end (what was printed
+                     # is flushed first)
+                     auto_commit=args.follow and subscribed,
+                     commit_every=COMMIT_EVERY if subscribed and not args.follow else None,
+                     before_commit=io.out.flush, as_of=as_of, from_snapshot=from_snapshot,
+                     max_batch_bytes=args.max_batch_bytes) as r:
         if r.subscriber is not None and r.subscriber.expired:
             io.err.write(f"shale: warning: {r.meta.uri}: subscription {r.subscriber.name!r} had expired (no commit "
                          "within the topic's subscription-expiry): it held nothing back meanwhile, so deletes may have "
@@ -84,15 +88,12 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
         unprinted = None  # a record returned but not printed whole (an interrupt came): read again next time
         try:
             # islice stops at the limit before asking for one more (a follower would wait for it)
-            for i, m in enumerate(itertools.islice(r, args.limit), 1):
+            for m in itertools.islice(r, args.limit):
                 unprinted = m.id
                 io.out.write(message_line(m, args.value_format) + "\n")
                 unprinted = None
                 if args.follow:
                     io.out.flush()
-                if r.subscriber is not None and i != args.limit and (i % _COMMIT_EVERY == 0
-                                                                     or not r.has_message_available()):
-                    _commit(r, io)
         except KeyboardInterrupt:
             if not args.follow:
                 raise
@@ -120,11 +121,6 @@ def _check_start(args: argparse.Namespace) -> None:
             f"{given.given_as} places a new subscription, and {args.topic} has subscription {args.subscription!r} "
             f"already (at {sub.position}): leave {given.given_as} out to go on from there, or move it with shale "
             f"subscriptions {args.topic} --reset {args.subscription} --to {args.start.strip()}")
-
-
-#: A subscription's reader commits at least every this many records printed (and whenever
-#: it has printed every record there is).
-_COMMIT_EVERY = 1000
 
 
 def _commit(r: TopicReader, io: Streams, unprinted: MessageId | None = None, *, leave: bool = False) -> None:
@@ -210,6 +206,7 @@ def _key_bytes(text: str, b64: bool) -> bytes:
 
 
 def run_export(args: argparse.Namespace, io: Streams) -> int:
+    from shale.cli.progress import counting
     from shale.export import export_topic
     from shale.export_target import is_stdout
     from shale.reader import parse_start
@@ -219,38 +216,12 @@ def run_export(args: argparse.Namespace, io: Streams) -> int:
     until = None if args.changes_to is None else _parsed("--changes-to", args.changes_to)
     if until is not None and since is None:
         raise InvalidInputError("--changes-to goes with --changes-from")
-    progress = _ExportProgress() if sys.stderr.isatty() else None
-    try:
+    with counting("export", unit="rows") as shown:
         result = export_topic(args.topic, args.out, metadata_uri=args.metadata, compacted=args.compacted,
                               table=args.table, fmt=args.export_format, start=parse_start(args.start),
-                              compression=args.export_compression, utf8=args.utf8,
-                              progress=progress.show if progress else None, overwrite=args.overwrite,
-                              max_batch_bytes=args.max_batch_bytes, as_of=as_of,
+                              compression=args.export_compression, utf8=args.utf8, progress=shown.set,
+                              overwrite=args.overwrite, max_batch_bytes=args.max_batch_bytes, as_of=as_of,
                               changes=None if since is None else (since, until))
-    finally:
-        if progress is not None:
-            progress.close()
     # standard output carries the export itself when OUT is -
     emit(result, io.err if is_stdout(args.out) else io.out, args.json)
     return 0
-
-
-class _ExportProgress:
-    """Rows and bytes written, on the terminal only, at most ten times a second."""
-
-    def __init__(self) -> None:
-        self._clock = time.monotonic
-        self._last = 0.0
-        self.drawn = False
-
-    def show(self, rows: int, nbytes: int) -> None:
-        now = self._clock()
-        if now - self._last >= 0.1:
-            self._last, self.drawn = now, True
-            sys.stderr.write(f"\rexport: {rows:,} row{'' if rows == 1 else 's'}, {nbytes / 1e6:,.1f} MB written ")
-            sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.drawn:
-            sys.stderr.write("\r\033[K")
-            sys.stderr.flush()

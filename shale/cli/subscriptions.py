@@ -48,16 +48,16 @@ def _check_flags(args: argparse.Namespace, action: str | None) -> None:
 
 
 def run_subscriptions(args: argparse.Namespace, io: Streams) -> int:
+    from shale.metadata.handle import Topic
     from shale.metadata.subscriptions import check_name
-    from shale.metadata.topic import TopicMetadata
 
     action = next((a for a in _ACTION_FLAGS if _given(args, a)), None)
     _check_flags(args, action)
     if action in ("create", "delete", "reset"):
         check_name(getattr(args, action))  # a bad name is refused before anything is read
     plan_text = _read_plan(args.from_file) if action == "from_file" else None
-    meta = TopicMetadata.open(args.topic, args.metadata)
-    meta.load_topic()  # a missing topic is an error, and nothing is written for it
+    meta = Topic.open(args.topic, args.metadata)
+    meta.state  # noqa: B018  (a missing topic is an error, and nothing is written for it)
     if action is None:
         from shale.maintenance.subscriptions import list_subscriptions
 

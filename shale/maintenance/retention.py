@@ -25,8 +25,9 @@ from typing import Any
 
 from shale.ledger.errors import InvalidInputError
 from shale.ledger.ids import MessageId
+from shale.metadata.handle import Topic, opened
 from shale.metadata.state import CompactionState, LedgerInfo
-from shale.metadata.subscriptions import Subscription, Subscriptions, expiry_of
+from shale.metadata.subscriptions import Subscription, expiry_of
 from shale.metadata.topic import TopicMetadata
 from shale.metadata.view import TopicView, records_above, wholly_below
 from shale.settings.units import count
@@ -93,12 +94,13 @@ class TruncationPlan:
         return dataclasses.replace(self, rule=rule)
 
 
-def _active(meta: TopicMetadata, now_ms: int | None = None) -> list[Subscription]:
+def _active(topic: Topic | TopicMetadata, now_ms: int | None = None) -> list[Subscription]:
     """The topic's active subscriptions (by its ``subscription-expiry``, at ``now_ms``, by
-    default this machine's clock, the one commits are stamped by)."""
+    default this machine's clock, the one commits are stamped by), as its handle lists them."""
+    t = opened(topic)
     now = int(time.time() * 1000) if now_ms is None else now_ms
-    expiry = expiry_of(meta.load_policy())
-    return [s for s in Subscriptions(meta).list() if s.active(now, expiry)]
+    expiry = expiry_of(t.policy)
+    return [s for s in t.subscriptions if s.active(now, expiry)]
 
 
 def _unread_by(removed: tuple[LedgerInfo, ...], active: list[Subscription]) -> tuple[str, ...]:
@@ -138,7 +140,7 @@ def _snapshot_floor(state: CompactionState, *, tagged_only: bool = False) -> tup
     return True, None if any(h is None for h in horizons) else min(h for h in horizons if h is not None)
 
 
-def retention_cut(meta: TopicMetadata, *, older_than_ms: int | None = None, keep_bytes: int | None = None,
+def retention_cut(topic: Topic | TopicMetadata, *, older_than_ms: int | None = None, keep_bytes: int | None = None,
                   allow_uncompacted: bool = False, allow_unread: bool = False, now_ms: int | None = None,
                   drop_snapshots: bool = False) -> int:
     """The ``before_ledger`` that removes the oldest ledgers a retention rule lets go
@@ -147,18 +149,19 @@ def retention_cut(meta: TopicMetadata, *, older_than_ms: int | None = None, keep
     the first ledger with records above the horizon unless ``allow_uncompacted``, and at
     the first one an active subscription has yet to read unless ``allow_unread``, and at the
     first with records above a retained snapshot's horizon — a tagged one's even with
-    ``drop_snapshots``."""
+    ``drop_snapshots``.  From the documents the topic's handle holds (read on first use):
+    the cut is only ever as far as they allow, and the truncation checks them again."""
     if (older_than_ms is None) == (keep_bytes is None):
         raise InvalidInputError("give one retention rule: --older-than DURATION or --keep-bytes SIZE")
-    topic, state = meta.load_topic(), meta.load_compaction()
+    t = opened(topic)
+    meta, view = t.meta, t.view()
     now = meta.now_ms() if now_ms is None else now_ms
-    left = topic.bytes
-    cut = topic.ledgers[0].id if topic.ledgers else topic.last_ledger_id + 1
-    unread_from = None if allow_unread or not topic.ledgers else min((s.position for s in _active(meta)),
-                                                                     default=None)
-    held, floor = _snapshot_floor(state, tagged_only=drop_snapshots)
-    view = TopicView(topic, state)
-    for lg in topic.ledgers:
+    left = view.topic.bytes
+    ledgers = view.topic.ledgers
+    cut = ledgers[0].id if ledgers else view.topic.last_ledger_id + 1
+    unread_from = None if allow_unread or not ledgers else min((s.position for s in _active(t)), default=None)
+    held, floor = _snapshot_floor(t.compaction, tagged_only=drop_snapshots)
+    for lg in ledgers:
         expired = (now - lg.last_publish > older_than_ms) if older_than_ms is not None else left > (keep_bytes or 0)
         if not expired or (not allow_uncompacted and view.records_above_exact(meta, lg)) \
                 or (unread_from is not None and not wholly_below(lg, unread_from)):

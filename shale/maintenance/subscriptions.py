@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shale.ledger.ids import MessageId
+from shale.metadata.handle import Topic, opened
 from shale.metadata.positions import open_ledger
 from shale.metadata.state import TopicState
 from shale.metadata.subscriptions import CLOCK_SKEW_MS, Member, Subscription, Subscriptions, expiry_of
@@ -133,27 +134,28 @@ class SubscriptionStatus:
                                                   "timeout_ms": m.timeout_ms, "holds": self.held}}
 
 
-def subscription_statuses(meta: TopicMetadata, *, topic: TopicState | None = None, now_ms: int | None = None,
-                          footers: bool = True, compacted: bool = False) -> list[SubscriptionStatus]:
+def subscription_statuses(topic: Topic | TopicMetadata, *, now_ms: int | None = None, footers: bool = True,
+                          compacted: bool = False) -> list[SubscriptionStatus]:
     """Every subscription of the topic with its lag, active or expired by the topic's
     ``subscription-expiry`` at ``now_ms`` (this machine's clock when None), and the reader
-    holding it; with ``compacted``, its :func:`compacted_lag` too.  A subscription past
-    the end of the topic is corrupt metadata naming its document."""
-    subscriptions = Subscriptions(meta)
-    subs = subscriptions.list()
+    holding it, from the documents the topic's handle holds (read on first use); with
+    ``compacted``, its :func:`compacted_lag` too.  A subscription past the end of the topic
+    is corrupt metadata naming its document."""
+    t = opened(topic)
+    subs = t.subscriptions
     if not subs:
         return []
-    topic = meta.load_topic() if topic is None else topic
+    state = t.state
     for s in subs:
-        topic = subscriptions.check_found(s, topic)
+        state = Subscriptions(t.meta).check_found(s, state)
     now = int(time.time() * 1000) if now_ms is None else now_ms
-    expiry = expiry_of(meta.load_policy())
-    view = TopicView(topic, meta.load_compaction()) if compacted else None
+    expiry = expiry_of(t.policy)
+    view = TopicView(state, t.compaction) if compacted else None
     return [SubscriptionStatus(
-        s, lag_of(meta, topic, s.position, footers=footers), s.active(now, expiry), s.commit_ms(now), s.ahead(now),
+        s, lag_of(t.meta, state, s.position, footers=footers), s.active(now, expiry), s.commit_ms(now), s.ahead(now),
         min(s.commit_ms(now) + expiry, (1 << 62) - 1),
         None if s.member is None else s.member.age_ms(now, s.written_ms), s.holder(now) is not None,
-        None if view is None else compacted_lag(meta, view, s.position)) for s in subs]
+        None if view is None else compacted_lag(t.meta, view, s.position)) for s in subs]
 
 
 def slowest(statuses: list[SubscriptionStatus]) -> SubscriptionStatus | None:
@@ -213,8 +215,9 @@ class SubscriptionList:
         return (*row, _when(r.commit_ms) + (" (*)" if r.ahead else ""), r.state, reader)
 
 
-def list_subscriptions(meta: TopicMetadata, *, describe: bool = False) -> SubscriptionList:
+def list_subscriptions(meta: Topic | TopicMetadata, *, describe: bool = False) -> SubscriptionList:
     """Every subscription of the topic, by name, with its lag, state and reader (with
     ``describe``: its compacted lag, and a reader gone too)."""
-    return SubscriptionList(meta.uri, expiry_of(meta.load_policy()),
-                            tuple(subscription_statuses(meta, compacted=describe)), describe)
+    t = opened(meta)
+    return SubscriptionList(t.uri, expiry_of(t.policy), tuple(subscription_statuses(t, compacted=describe)),
+                            describe)

@@ -303,7 +303,8 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        "engine): key map, pass two's buffers, reads and writes in flight, the footer pages kept mapped; the key map "
        "gets what the rest leaves (within --max-map-bytes), so a run whose new keys do not fit compacts up to where "
        "they fit and the next run continues; peak memory stays within SIZE plus a fixed overhead (docs/operations.md, "
-       "Sizing memory); with --parallel N, each topic gets SIZE/N", _COMPACT,
+       "Sizing memory); with --parallel N, each topic gets SIZE/N; refused with --engine spark, whose executors Spark "
+       "sizes itself", _COMPACT,
        default_text="none: only --max-map-bytes and the other settings bound it"),
     _s("json", Switch(), "print one JSON line instead of text", set(COMMANDS) - {"exporter"}, default=False,
        help_for=_JSON_HELP),
