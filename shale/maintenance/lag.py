@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from shale.ledger.errors import ShaleError, error_line
 from shale.maintenance.listing import discover_topics
 from shale.maintenance.subscriptions import SubscriptionStatus, subscription_statuses
+from shale.metadata.handle import Topic
 from shale.metadata.layout import META_DIR
-from shale.metadata.topic import TOPIC_DOC, TopicMetadata
+from shale.metadata.topic import TOPIC_DOC
 from shale.storage import resolve
 
 __all__ = ["LagReading", "TopicLag", "read_lag", "topics_under"]
@@ -56,9 +57,9 @@ def topics_under(uri: str) -> list[str]:
 
 def _topic_lag(uri: str, now_ms: int) -> TopicLag:
     try:
-        meta = TopicMetadata.open(uri)
-        topic = meta.load_topic()  # (read whether or not it has subscriptions: a damaged topic is said)
-        return TopicLag(uri, tuple(subscription_statuses(meta, topic=topic, now_ms=now_ms)))
+        topic = Topic.open(uri)
+        topic.state  # noqa: B018  (read whether or not it has subscriptions: a damaged topic is said)
+        return TopicLag(uri, tuple(subscription_statuses(topic, now_ms=now_ms)))
     except (ShaleError, OSError) as e:
         return TopicLag(uri, error=error_line(e))
 

@@ -30,6 +30,7 @@ from typing import Any, Final
 from shale.ledger.errors import InUseError, InvalidInputError
 from shale.ledger.ids import MIN_ID, MessageId
 from shale.maintenance.subscriptions import Lag, ago, lag_of
+from shale.metadata.handle import Topic, opened
 from shale.metadata.positions import TIME_HELP, check_id, parse_time, position_at, shift
 from shale.metadata.state import TopicState
 from shale.metadata.subscriptions import Member, Subscription, Subscriptions, check_name
@@ -210,7 +211,7 @@ class ResetPlan:
         return text if r.holder is None else f"{text}; held by reader {r.held()}"
 
 
-def reset_subscriptions(meta: TopicMetadata, targets: list[tuple[str, Target]] | Target, *,
+def reset_subscriptions(handle: Topic | TopicMetadata, targets: list[tuple[str, Target]] | Target, *,
                         execute: bool = False, force: bool = False, single: bool = False,
                         now_ms: int | None = None) -> ResetPlan:
     """Plan the reset of each named subscription to its target (a :class:`Target` alone:
@@ -218,11 +219,13 @@ def reset_subscriptions(meta: TopicMetadata, targets: list[tuple[str, Target]] |
     module.  :class:`~shale.metadata.subscriptions.SubscriptionNotFoundError` for a name
     the topic lacks, :class:`InUseError` (nothing moved) while a reader holds one, unless
     ``force``."""
+    t = opened(handle)
+    meta = t.meta
     subs = Subscriptions(meta)
-    topic = meta.load_topic()
+    topic = t.state
     now = int(time.time() * 1000) if now_ms is None else now_ms
     if isinstance(targets, Target):
-        found = subs.list()
+        found = list(t.subscriptions)
         if not found:
             raise InvalidInputError(f"{meta.uri}: no subscriptions to reset")
         current = {s.name: s for s in found}
@@ -283,13 +286,15 @@ class SubscriptionChange:
         return text
 
 
-def change_subscription(meta: TopicMetadata, action: str, name: str, to: str | None = None, *,
+def change_subscription(handle: Topic | TopicMetadata, action: str, name: str, to: str | None = None, *,
                         dry_run: bool = False, force: bool = False) -> SubscriptionChange:
     """``--create NAME [--to X]`` or ``--delete NAME`` (refused while a reader holds it,
-    unless ``force``)."""
+    unless ``force``), the ledger list as the topic's handle holds it."""
+    t = opened(handle)
+    meta = t.meta
     subs = Subscriptions(meta)
     check_name(name)
-    topic = meta.load_topic()
+    topic = t.state
     if action == "delete":
         if dry_run:
             old = subs.get(name)
