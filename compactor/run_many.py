@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from shale.compactor.config import CompactionConfig
 from shale.compactor.engine import Engine, LocalEngine
@@ -29,11 +29,14 @@ from shale.compactor.topics import Backlog, assess, backlog, choose, refuse_a_fi
 from shale.ledger.errors import InvalidInputError, error_line
 from shale.ledger.masking import mask_secrets
 from shale.metadata.handle import Topic
+from shale.metadata.policy import TopicPolicy
+from shale.metadata.topic import TopicMetadata
 from shale.runtime import interrupts
 from shale.settings import Settings, Source, resolve
 from shale.settings.units import count
 
-__all__ = ["EventListener", "NoTopicsError", "RunEvent", "choose_topics", "compact_topic", "compact_topics"]
+__all__ = ["AfterPublish", "EventListener", "NoTopicsError", "RunEvent", "choose_topics", "compact_topic",
+           "compact_topics"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +61,10 @@ class RunEvent:
 
 #: Told every :class:`RunEvent`, from the thread the topic runs in.
 EventListener = Callable[[RunEvent], None]
+#: Called after each topic's run that did not fail (its retention applied) with the topic,
+#: its policy, its settings and its summary, which it may add to: what ``compact`` does
+#: after a publish beside compacting (the topic's Iceberg table: shale.iceberg.follow).
+AfterPublish = Callable[[TopicMetadata, TopicPolicy, Settings, RunSummary], None]
 
 
 class NoTopicsError(InvalidInputError):
@@ -66,16 +73,19 @@ class NoTopicsError(InvalidInputError):
 
 
 def compact_topics(settings: Settings | Mapping[str, Any] | None = None, *, engine: Engine | None = None,
-                   on_event: EventListener | None = None, backlog: bool = False) -> list[RunSummary]:
+                   on_event: EventListener | None = None, backlog: bool = False,
+                   after_publish: AfterPublish | None = None) -> list[RunSummary]:
     """Compact the topics ``settings`` name (``topics`` or ``all``), each under its own
     policy, and return their summaries in the order they ran.  ``settings``: ``compact``'s
     resolved settings (:func:`shale.settings.resolve`), or the values to resolve them
     from, by name (``{"all": "s3://b/topics", "max-topics": 50}``).  One engine compacts
     every topic (with Spark, one application); it is not closed here.  Each topic is opened
     once (:class:`~shale.metadata.handle.Topic`): its documents read to choose it are what
-    its run plans from.  With ``backlog``, each ``topic.done`` event carries what the topic
+    its run plans from (for the first :data:`HELD_TOPICS` topics in the order; those after
+    read them again when they run).  With ``backlog``, each ``topic.done`` event carries what the topic
     has left above its horizon after its run (:func:`~shale.compactor.topics.backlog`,
-    from the same handle: nothing read again but a footer)."""
+    from the same handle: nothing read again but a footer).  ``after_publish``: called after
+    each topic's run that did not fail (:data:`AfterPublish`)."""
     with_backlog = backlog
     s = settings if isinstance(settings, Settings) else resolve("compact", settings or {})
     tell = on_event or _ignore
@@ -92,7 +102,7 @@ def compact_topics(settings: Settings | Mapping[str, Any] | None = None, *, engi
     lock = threading.Lock()
 
     def one(item: tuple[Topic | str, bool]) -> RunSummary:
-        summary = _run_one(item[0], item[1], s, engine, tell)
+        summary = _run_one(item[0], item[1], s, engine, tell, after_publish)
         with lock:  # run-wide phases go into the first summary done
             summary.durations = {**first, **summary.durations}
             first.clear()
@@ -146,9 +156,22 @@ def choose_topics(settings: Settings) -> list[tuple[Topic | str, bool]]:
         # the order given; a topic is still overdue by its own policy's lag (unless a flag set one)
         if settings.source("max-compaction-lag") is Source.FLAG:
             return [(t, False) for t in topics_]
-        return [(t, assess(t, now_ms=now_ms).overdue) for t in topics_]
+        return _held([(t, assess(t, now_ms=now_ms).overdue) for t in topics_])
     chosen = choose(topics_, now_ms=now_ms, max_topics=max_topics)
-    return [(c.topic or c.uri, c.overdue) for c in chosen]
+    return _held([(c.topic or c.uri, c.overdue) for c in chosen])
+
+
+#: The topics of a run whose documents, read to choose them, are held until they run; a
+#: topic further down the order reads them again when it runs, so that a run over
+#: thousands of topics does not hold thousands of ledger lists.
+HELD_TOPICS: Final = 128
+
+
+def _held(chosen: list[tuple[Topic | str, bool]]) -> list[tuple[Topic | str, bool]]:
+    for t, _ in chosen[HELD_TOPICS:]:
+        if isinstance(t, Topic):
+            t.forget()
+    return chosen
 
 
 def _opened(uri: str, settings: Settings) -> Topic | str:
@@ -161,7 +184,7 @@ def _opened(uri: str, settings: Settings) -> Topic | str:
 
 
 def _run_one(topic: Topic | str, overdue: bool, settings: Settings, engine: Engine,
-             tell: EventListener) -> RunSummary:
+             tell: EventListener, after_publish: AfterPublish | None = None) -> RunSummary:
     """One topic's run; whatever it raises becomes its summary's error."""
     shown = topic.uri if isinstance(topic, Topic) else _shown(topic)
     start = time.perf_counter()
@@ -170,7 +193,8 @@ def _run_one(topic: Topic | str, overdue: bool, settings: Settings, engine: Engi
         if interrupts.interrupted():  # a topic not begun when the run was interrupted is not begun
             raise KeyboardInterrupt
         return compact_topic(topic, settings, overdue=overdue, engine=engine,
-                             progress=lambda phase: tell(RunEvent("topic.phase", shown, phase=phase)))
+                             progress=lambda phase: tell(RunEvent("topic.phase", shown, phase=phase)),
+                             after_publish=after_publish)
     except Exception as e:  # one topic's failure, of any kind, never stops another's run
         summary = RunSummary(shown, engine=engine.name, error=mask_secrets(error_line(e)), failure=e)
         summary.durations["total"] = time.perf_counter() - start
@@ -178,10 +202,11 @@ def _run_one(topic: Topic | str, overdue: bool, settings: Settings, engine: Engi
 
 
 def compact_topic(topic: Topic | str, settings: Settings, *, overdue: bool = False, engine: Engine | None = None,
-                  progress: Callable[[str], None] | None = None) -> RunSummary:
+                  progress: Callable[[str], None] | None = None,
+                  after_publish: AfterPublish | None = None) -> RunSummary:
     """One topic's run under its own policy (a run's flag wins over it; an ``overdue``
     topic is compacted whatever its dirty ratio), then the policy's retention, applied
-    only to ledgers the new horizon covers.  ``topic``: its handle (the documents it
+    only to ledgers the new horizon covers, then ``after_publish``.  ``topic``: its handle (the documents it
     holds are what the run plans from), or its URI."""
     t = topic if isinstance(topic, Topic) else Topic.open(topic, settings.value("metadata"), settings=settings)
     if t.settings is None:
@@ -197,6 +222,8 @@ def compact_topic(topic: Topic | str, settings: Settings, *, overdue: bool = Fal
             progress("retention")
         note = f"retention removed {count(removed, 'ledger')} below the horizon"
         summary.message = f"{summary.message}; {note}" if summary.message else note
+    if after_publish is not None and summary.ok:
+        after_publish(t.meta, t.policy, own, summary)
     return summary
 
 

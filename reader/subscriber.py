@@ -253,8 +253,8 @@ class Subscribing:
         self.subscriber = None
         if name is None:
             if auto_commit or commit_every is not None:
-                raise InvalidInputError("auto_commit and commit_every need a subscription (TopicReader(..., "
-                                        "subscription=NAME))")
+                given = "auto_commit" if auto_commit else "commit_every"
+                raise InvalidInputError(f"{given} needs a subscription (TopicReader(..., subscription=NAME))")
             return start
         if commit_every is not None and (isinstance(commit_every, bool) or not isinstance(commit_every, int)
                                          or commit_every < 1):

@@ -65,9 +65,12 @@ _READ_CODES: Final = """\
 
 _EXPORT_CODES: Final = """\
   0  written (OUT complete)
-  1  unexpected failure, or storage that failed on its own (nothing is left at OUT)
+  1  unexpected failure, or storage that failed on its own (nothing is left at OUT); an
+     Iceberg catalog that could not be reached
   2  bad usage or input: bad flag, URI or position, missing topic, OUT inside a topic or
-     existing (without --overwrite), a record not UTF-8 with --utf8; access refused
+     existing (without --overwrite), a record not UTF-8 with --utf8; access refused; an
+     Iceberg table that is not Shale's or holds another topic, a catalog or warehouse
+     that refuses to be written
   4  corrupt data: bad checksum, truncated object, unknown format version, a metadata
      document that breaks its schema or invariants
   6  --start ID: records from there were removed by retention
@@ -111,7 +114,10 @@ _EXPORT: Final = (
     "device is refused even with --overwrite); a local OUT's folder must exist. A local export writes a hidden "
     ".shale-export-<nonce>.tmp beside OUT, locked while it runs; each export removes those of its folder whose "
     "writer was killed. DuckDB, Polars, pandas and Spark read Parquet and Arrow directly. Needs pyarrow for "
-    "Parquet and Arrow (pip install 'shale[arrow]').")
+    "Parquet and Arrow (pip install 'shale[arrow]'). --format iceberg takes no OUT: it brings the topic's Iceberg "
+    "table (--iceberg-table in --iceberg-catalog, else the topic's policy) to the published epoch, one snapshot "
+    "per epoch, written incrementally; made, with its namespace, on first use (pip install 'shale[iceberg]'; "
+    "docs/operations.md).")
 
 #: Every command of ``shale``, in the order its ``--help`` lists them (``compact`` is also
 #: a console script of its own).
@@ -128,7 +134,8 @@ COMMAND_TABLE: Final[dict[str, Command]] = {c.name: c for c in (
             "  5  the key has no value; the line says why, as far as can be known: deleted, expired\n"
             "     (the key TTL), never written, or no record of it left (retention removed its ledgers)",
             "shale.cli.read:run_get"),
-    Command("export", "write a topic, its compacted view or its table as Parquet, Arrow or JSON lines", _EXPORT,
+    Command("export", "write a topic, its compacted view or its table as Parquet, Arrow or JSON lines, or as an "
+            "Iceberg table", _EXPORT,
             _EXPORT_CODES, "shale.cli.read:run_export"),
     Command("changes", "print what changed between two points: one JSON line per key whose state differs",
             'Print, as JSON lines, one line per key whose state (its latest record; none once deleted or expired) '

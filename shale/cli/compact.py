@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from shale.cli.metrics import AfterRun
     from shale.cli.progress import TopicProgress
     from shale.compactor.topics import Backlog
+    from shale.metadata.policy import TopicPolicy
+    from shale.metadata.topic import TopicMetadata
+    from shale.settings import Settings
 
 __all__ = ["run_compact", "summary_exit_code"]
 
@@ -52,7 +55,7 @@ def _compact(args: argparse.Namespace, engine: Engine, io: Streams) -> int:
         view = _RunView(args, engine, io)
         try:
             summaries = compact_topics(args.settings, engine=engine, on_event=view.tell,
-                                       backlog=bool(args.pushgateway))
+                                       backlog=bool(args.pushgateway), after_publish=_after_publish)
         except NoTopicsError as e:
             event(logging.ERROR, "run.done", str(e), topics=0, exit_code=EXIT_USAGE)
             return EXIT_USAGE
@@ -65,11 +68,25 @@ def _compact(args: argparse.Namespace, engine: Engine, io: Streams) -> int:
         return code
 
 
+def _after_publish(meta: TopicMetadata, policy: TopicPolicy, settings: Settings, summary: RunSummary) -> None:
+    """The topic's Iceberg table, when its policy names one (shale.iceberg.follow: imported
+    only for such a topic)."""
+    if policy.get("iceberg_catalog") is None and policy.get("iceberg_table") is None:
+        return
+    from shale.iceberg.follow import after_publish
+
+    after_publish(meta, policy, settings, summary)
+
+
 def summary_exit_code(summary: RunSummary) -> int:
-    """What one topic's run exits with: 0 for every outcome but a lost race (3) or an error."""
+    """What one topic's run exits with: 0 for every outcome but a lost race (3) or an
+    error; a run that compacted but could not bring the topic's Iceberg table up to date
+    exits as that error would (1 transient, 2 usage or access, 3 a lost race)."""
     if summary.status is RunStatus.ERROR:
         return exit_code_of(summary.failure) if summary.failure is not None else 1
-    return EXIT_CONFLICT if summary.status is RunStatus.CONFLICT else EXIT_OK
+    if summary.status is RunStatus.CONFLICT:
+        return EXIT_CONFLICT
+    return exit_code_of(summary.iceberg_failure) if summary.iceberg_failure is not None else EXIT_OK
 
 
 def summary_json(summary: RunSummary) -> dict[str, Any]:

@@ -76,20 +76,21 @@ def run_snapshots(args: argparse.Namespace, io: Streams) -> int:
 def run_rollback(args: argparse.Namespace, io: Streams) -> int:
     from shale.maintenance.snapshots import rollback
     from shale.maintenance.tags import epoch_at
+    from shale.metadata.handle import Topic
     from shale.metadata.snapshots import epoch_of_tag
     from shale.metadata.topic import COMPACTION_DOC
 
-    meta = _topic(args)
-    own = args.settings.with_policy(meta.load_policy().to_json())  # a flag > the topic's policy > ...
-    planned, where = meta.load_compaction(), meta.docs.url(COMPACTION_DOC)
+    topic = Topic.open(args.topic, args.metadata, settings=args.settings)
+    topic.state  # noqa: B018  (a missing topic is an error)
+    planned, where = topic.compaction, topic.meta.docs.url(COMPACTION_DOC)
     if args.to_epoch is not None:
         to_epoch = args.to_epoch
     elif args.to_tag is not None:
         to_epoch = epoch_of_tag(planned, args.to_tag, where)
     else:
         to_epoch = epoch_at(planned, args.to_time, where)
-    done = rollback(meta, to_epoch, keep=own.value("snapshot-retention"),
-                    keep_age_ms=own.value("snapshot-retention-age"), dry_run=args.dry_run, planned=planned)
+    # (snapshot-retention and its age by the one precedence rule: the topic's handle holds the settings)
+    done = rollback(topic, to_epoch, dry_run=args.dry_run, planned=planned)
     emit(done, io.out, args.json)
     if done.note:
         io.err.write(done.note + "\n")

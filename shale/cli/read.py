@@ -211,6 +211,10 @@ def run_export(args: argparse.Namespace, io: Streams) -> int:
     from shale.export_target import is_stdout
     from shale.reader import parse_start
 
+    if args.export_format == "iceberg":
+        return _export_iceberg(args, io)
+    if args.out is None:
+        raise InvalidInputError("OUT is needed: where to write (a path, a URI, or - for standard output)")
     as_of, _ = _point(args)
     since = None if args.changes_from is None else _parsed("--changes-from", args.changes_from)
     until = None if args.changes_to is None else _parsed("--changes-to", args.changes_to)
@@ -225,3 +229,18 @@ def run_export(args: argparse.Namespace, io: Streams) -> int:
     # standard output carries the export itself when OUT is -
     emit(result, io.err if is_stdout(args.out) else io.out, args.json)
     return 0
+
+
+def _export_iceberg(args: argparse.Namespace, io: Streams) -> int:
+    """``--format iceberg``: the topic's Iceberg table brought to its published epoch."""
+    from shale.iceberg.follow import export_iceberg
+
+    given = {"OUT": args.out, "--as-of": args.as_of, "--changes-from": args.changes_from,
+             "--start": None if args.start == "earliest" else args.start}
+    extra = next((name for name, v in given.items() if v is not None), None)
+    if extra is not None:
+        raise InvalidInputError(f"--format iceberg writes the table --iceberg-table names, as of the published "
+                                f"epoch: {extra} is not taken")
+    emit(export_iceberg(args.topic, args.settings, args.metadata), io.out, args.json)
+    return 0
+

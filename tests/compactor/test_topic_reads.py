@@ -97,3 +97,17 @@ def test_status_and_the_backlog_read_each_document_once(reads: collections.Count
     backlog(t)
     backlog(t)  # (the handle holds them)
     assert _per_topic(reads, root) == {"t0": {**dict.fromkeys(DOCUMENTS, 1), "subscriptions/s.json": 1}}
+
+
+def test_a_long_run_holds_the_documents_of_its_first_topics_only(reads: collections.Counter[str],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Thousands of topics' ledger lists are not held for a whole run: past the first
+    HELD_TOPICS in the order, a topic reads its documents again when it runs."""
+    from shale.compactor import run_many
+
+    monkeypatch.setattr(run_many, "HELD_TOPICS", 2)
+    root = _topics(subscribed=False)
+    reads.clear()
+    compact_topics({"all": root, "no-gc": True, "max-topics": TOPICS})
+    counts = sorted(c["topic.json"] for c in _per_topic(reads, root).values())
+    assert counts == [1, 1, 2, 2]
