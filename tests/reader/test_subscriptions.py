@@ -129,7 +129,7 @@ def test_names_documents_and_misuse_are_refused_in_one_line(tmp_path: Path) -> N
     assert check_name("a.b_c-9") == "a.b_c-9"
     with pytest.raises(InvalidInputError, match="reads as no subscription"):
         TopicReader(uri).commit()
-    with pytest.raises(InvalidInputError, match="auto_commit and commit_every need a subscription"):
+    with pytest.raises(InvalidInputError, match="auto_commit needs a subscription"):
         TopicReader(uri, auto_commit=True)
     subs = Subscriptions(TopicMetadata.open(uri))
     with pytest.raises(InvalidInputError, match="exists already"):
