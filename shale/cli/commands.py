@@ -246,7 +246,7 @@ COMMAND_TABLE: Final[dict[str, Command]] = {c.name: c for c in (
             "topic that cannot be read is logged and reported (shale_exporter_topic_up 0) and never stops the "
             "others. Runs until stopped (Ctrl-C, SIGTERM); --once prints one reading instead. The alert rules and "
             "dashboard panels on these metrics are in infra/monitoring.",
-            "  0  stopped (Ctrl-C), or printed one reading (--once)\n"
+            "  0  stopped (Ctrl-C, or SIGTERM: it ends the reading under way), or printed one reading\n     (--once)\n"
             "  1  unexpected failure: the address cannot be served (in use, not this machine's)\n"
             "  2  bad usage: a bad flag, variable or --listen address",
             "shale.cli.exporter:run_exporter"),

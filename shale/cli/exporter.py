@@ -24,8 +24,10 @@ logged).  The exporter's own: ``shale_exporter_up`` (0: the prefix could not be 
 from __future__ import annotations
 
 import argparse
+import signal
 import time
 from collections.abc import Iterator
+from types import FrameType
 from typing import TYPE_CHECKING, Any, Final
 
 from shale.cli.app import Streams
@@ -113,6 +115,47 @@ def _report(reading: LagReading, io: Streams, said: dict[str, str]) -> None:
     io.err.flush()
 
 
+class _Stopped(Exception):
+    """SIGTERM arrived while the exporter waited for its next reading."""
+
+
+class _Sigterm:
+    """SIGTERM's handler while the exporter serves.  Kubernetes stops a pod with SIGTERM,
+    and in its container the exporter is the first process, which the kernel spares any
+    signal it has no handler for: without one, every rollout would wait out the grace
+    period and end in a SIGKILL.  During a reading it only says so (raising there could
+    land half-way through the reading's thread pool starting a thread): the reading ends,
+    then the loop; during the wait between readings it ends the wait at once."""
+
+    def __init__(self) -> None:
+        self.asked = False
+        self.waiting = False
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.asked = True
+        if self.waiting:
+            self.waiting = False  # (once: a second SIGTERM must not land in the cleanup)
+            raise _Stopped
+
+
+def _serve(prefix: str, interval_s: float, collector: _Latest, io: Streams, term: _Sigterm) -> None:
+    """Read every ``interval_s`` into ``collector`` until ``term`` is asked to stop."""
+    from shale.maintenance.lag import read_lag
+
+    said: dict[str, str] = {}
+    try:
+        while not term.asked:
+            collector.reading = read_lag(prefix)
+            _report(collector.reading, io, said)
+            term.waiting = True
+            if not term.asked:
+                time.sleep(max(0.0, interval_s - collector.reading.duration_s))
+            term.waiting = False
+    except _Stopped:
+        pass
+    io.err.write("shale exporter: stopped (SIGTERM)\n")
+
+
 def run_exporter(args: argparse.Namespace, io: Streams) -> int:
     from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 
@@ -128,18 +171,19 @@ def run_exporter(args: argparse.Namespace, io: Streams) -> int:
         io.out.write(generate_latest(registry).decode())
         return 0
     host, port = _listen(args.listen)
-    server, _ = start_http_server(port, host, registry)
-    io.err.write(f"shale exporter: serving http://{host}:{server.server_port}/metrics; reading {args.prefix} every "
-                 f"{interval_s:g}s\n")
-    io.err.flush()
-    said: dict[str, str] = {}
+    term = _Sigterm()  # (before it says it serves: from then on SIGTERM is a stop)
+    previous = signal.signal(signal.SIGTERM, term)
     try:
-        while True:
-            collector.reading = read_lag(args.prefix)
-            _report(collector.reading, io, said)
-            time.sleep(max(0.0, interval_s - collector.reading.duration_s))
-    except KeyboardInterrupt:
-        return 0  # a service asked to stop (Ctrl-C) has done nothing wrong
+        server, _ = start_http_server(port, host, registry)
+        io.err.write(f"shale exporter: serving http://{host}:{server.server_port}/metrics; reading {args.prefix} "
+                     f"every {interval_s:g}s\n")
+        io.err.flush()
+        try:
+            _serve(args.prefix, interval_s, collector, io, term)
+        except KeyboardInterrupt:
+            pass  # a service asked to stop (Ctrl-C) has done nothing wrong
+        finally:
+            server.shutdown()
     finally:
-        server.shutdown()
+        signal.signal(signal.SIGTERM, previous)
     return 0

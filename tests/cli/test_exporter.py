@@ -6,6 +6,9 @@ one topic named instead of a prefix, and bad usage in one line."""
 from __future__ import annotations
 
 import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -70,3 +73,18 @@ def test_bad_usage_is_one_line(tmp_path: Path) -> None:
                         (["--interval", "10ms"], "--interval"), (["--json"], "unrecognized arguments: --json")):
         r = run_cli_here("exporter", str(tmp_path), *args)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and words in r.stderr, (args, r.stderr)
+
+
+def test_sigterm_stops_the_server_with_exit_0(tmp_path: Path) -> None:
+    """Kubernetes stops the Deployment's pod with SIGTERM, and the exporter runs there as the
+    container's first process, which the kernel shields from any signal it has no handler
+    for: without one, every rollout would wait out the grace period and end in a SIGKILL."""
+    produce(str(tmp_path / "t"), 3)
+    proc = subprocess.Popen([sys.executable, "-m", "shale.cli", "exporter", str(tmp_path), "--listen", "127.0.0.1:0",
+                             "--interval", "1h"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    first = proc.stderr.readline()
+    assert "serving http://127.0.0.1:" in first, first + proc.stderr.read()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    assert proc.stderr.read() == "shale exporter: stopped (SIGTERM)\n"
