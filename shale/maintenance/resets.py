@@ -35,11 +35,12 @@ from shale.metadata.positions import TIME_HELP, check_id, parse_time, position_a
 from shale.metadata.state import TopicState
 from shale.metadata.subscriptions import Member, Subscription, Subscriptions, check_name
 from shale.metadata.topic import TopicMetadata
+from shale.metadata.view import log_start
 from shale.settings.kinds import shown
 from shale.settings.units import count, parse_duration
 
-__all__ = ["ResetPlan", "ResetRow", "SubscriptionChange", "Target", "change_subscription", "plan_file",
-           "reset_subscriptions", "target_position"]
+__all__ = ["ResetPlan", "ResetRow", "SubscriptionChange", "Target", "change_subscription", "gap_note", "plan_file",
+           "removed_through", "reset_subscriptions", "target_position"]
 
 _TO_HELP: Final = f"expected earliest, latest, current, a message id LEDGER:ENTRY:BATCH or {TIME_HELP}"
 _ID: Final = re.compile(r"[0-9]+:[0-9]+:[0-9]+", re.ASCII)
@@ -153,13 +154,20 @@ class ResetRow:
     lag_after: Lag
     holder: Member | None = None
     holder_age_ms: int = 0
+    #: the topic's ``removed_through`` when ``after`` lies where retention removed the records, else 0
+    removed_through: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {"subscription": self.name, "before": str(self.before), "after": str(self.after),
+                "after_removed": bool(self.removed_through),
                 "lag_records_before": self.lag_before.records, "lag_records_after": self.lag_after.records,
                 "lag_bytes_before": self.lag_before.bytes, "lag_bytes_after": self.lag_after.bytes,
                 "held_by": None if self.holder is None else {"id": self.holder.id,
                                                              "heartbeat_age_ms": self.holder_age_ms}}
+
+    def gap_note(self) -> str:
+        """What a subscription put where retention removed the records meets, in words ("" if nothing)."""
+        return gap_note(self.name, self.after, self.removed_through)
 
     def held(self) -> str:
         m = self.holder
@@ -195,6 +203,7 @@ class ResetPlan:
             widths = [max(len(row[i]) for row in table) for i in range(6)]
             lines += ["  ".join(c.rjust(w) if i in (3, 4) else c.ljust(w)
                                 for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip() for row in table]
+        lines += [r.gap_note() for r in self.rows if r.removed_through]
         if not self.executed:
             held = [r.name for r in self.rows if r.holder is not None]
             lines.append("(a dry run: nothing changed; add --execute to reset"
@@ -252,7 +261,22 @@ def _row(meta: TopicMetadata, topic: TopicState, sub: Subscription, target: Targ
     after = target_position(meta, target, topic, current=sub.position, now_ms=now)
     m = sub.holder(now)
     return ResetRow(sub.name, sub.position, after, lag_of(meta, topic, sub.position), lag_of(meta, topic, after), m,
-                    0 if m is None else m.age_ms(now, sub.written_ms))
+                    0 if m is None else m.age_ms(now, sub.written_ms), removed_through(topic, after))
+
+
+def removed_through(topic: TopicState, position: MessageId) -> int:
+    """The topic's ``removed_through`` if retention removed the records at ``position``
+    (``earliest``, ``0:0:0``, is the oldest record left, never removed), else 0."""
+    return topic.removed_through if MIN_ID < position < log_start(topic) else 0
+
+
+def gap_note(name: str, position: MessageId, removed: int) -> str:
+    """The line saying what a subscription put at ``position``, where retention removed
+    the records (every ledger through ``removed``), meets: a plain read fails there as a
+    gap (exit 6) unless told otherwise (:mod:`shale.reader.gaps`)."""
+    return (f"(note: retention removed the records at {position}, every ledger through {removed}: a plain read of "
+            f"{name!r} meets that gap (exit 6; shale read --on-gap), a compacted one reads them from the compacted "
+            "view; --to earliest is the oldest record left)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,12 +291,15 @@ class SubscriptionChange:
     lag_before: Lag | None = None
     lag_after: Lag | None = None
     dry_run: bool = False
+    #: as :attr:`ResetRow.removed_through`
+    removed_through: int = 0
 
     def to_json(self) -> dict[str, Any]:
         def lag(x: Lag | None) -> int | None:
             return None if x is None else x.records
 
         return {"topic": self.topic, "subscription": self.name, "action": self.action, "dry_run": self.dry_run,
+                "after_removed": bool(self.removed_through),
                 "before": str(self.before) if self.before else None, "after": str(self.after) if self.after else None,
                 "lag_records_before": lag(self.lag_before), "lag_records_after": lag(self.lag_after)}
 
@@ -283,6 +310,8 @@ class SubscriptionChange:
             text += f" at {self.before} ({count(self.lag_before.records, 'record')} behind)"
         if self.after is not None and self.lag_after is not None:
             text += f" at {self.after} ({count(self.lag_after.records, 'record')} behind)"
+            if self.removed_through:
+                text += "\n" + gap_note(self.name, self.after, self.removed_through)
         return text
 
 
@@ -309,4 +338,5 @@ def change_subscription(handle: Topic | TopicMetadata, action: str, name: str, t
             raise InvalidInputError(f"{meta.uri}: subscription {name!r} exists already")
     else:
         subs.create(name, after, topic=topic)
-    return SubscriptionChange(meta.uri, name, action, None, after, None, lag_after, dry_run)
+    return SubscriptionChange(meta.uri, name, action, None, after, None, lag_after, dry_run,
+                              removed_through(topic, after))

@@ -117,6 +117,33 @@ def test_every_way_to_say_where_it_goes(topic: str) -> None:
     assert (position(topic, "app"), position(topic, "ops")) == ("2:0:0", "3:1:0")
 
 
+def test_an_id_retention_removed_is_said_to_be_a_gap(topic: str, tmp_path: Path) -> None:
+    """A subscription put where retention removed the records meets a gap at its next plain
+    read (exit 6), which a compacted read fills from the compacted view: the plan says so."""
+    assert run_cli_here("compact", topic).returncode == 0
+    r = run_cli_here("truncate", topic, "--before-ledger", "2")
+    assert r.returncode == 0, r.stderr
+    note = ("(note: retention removed the records at 1:1:0, every ledger through 1: a plain read of 'app' meets "
+            "that gap (exit 6; shale read --on-gap), a compacted one reads them from the compacted view; --to "
+            "earliest is the oldest record left)")
+    assert ok(topic, "--reset", "app", "--to", "1:1:0").splitlines()[1] == note
+    assert json.loads(ok(topic, "--reset", "app", "--to", "0:0:1", "--json"))["after_removed"] is True
+    (tmp_path / "plan.csv").write_text("app,1:1:0\nops,2:0:0\n")
+    doc = json.loads(ok(topic, "--from-file", str(tmp_path / "plan.csv"), "--json"))
+    assert [r["after_removed"] for r in doc["subscriptions"]] == [True, False]
+    assert note in ok(topic, "--from-file", str(tmp_path / "plan.csv")).splitlines()
+    assert "every ledger through 1: a plain read of 'new'" in ok(topic, "--create", "new", "--to", "1:0:0")
+    # earliest, the first id left, and a shift back past it all stay readable, and say nothing
+    for how in (["--to", "earliest"], ["--to", "2:0:0"], ["--shift-by", "-99"]):
+        out = ok(topic, "--reset", "app", *how)
+        assert "note:" not in out and json.loads(ok(topic, "--reset", "app", *how, "--json"))["after_removed"] is False
+    ok(topic, "--reset", "app", "--to", "1:1:0", "--execute")
+    r = run_cli_here("read", topic, "--subscription", "app", "--limit", "1")
+    assert r.returncode == 6 and "1:1:0" in r.stderr, (r.returncode, r.stderr)
+    r = run_cli_here("read", topic, "--subscription", "app", "--limit", "1", "--compacted")
+    assert r.returncode == 0 and json.loads(r.stdout)["key"], (r.returncode, r.stderr)
+
+
 def test_from_file_and_all_reset_many_or_none(topic: str, tmp_path: Path) -> None:
     plan = tmp_path / "plan.csv"
     plan.write_text("name,position\n# moved back for a replay\napp,earliest\n\nops, 2:1:0\n")

@@ -88,7 +88,8 @@ def test_subscriptions_lists_creates_resets_and_deletes(topic: str) -> None:
     plan = json.loads(r.stdout)
     assert 0 < plan.pop("lag_bytes_before") < plan.pop("lag_bytes_after")
     assert plan == {"topic": topic, "subscription": "app", "action": "reset", "dry_run": True, "before": "1:1:1",
-                    "after": "0:0:0", "lag_records_before": 7, "lag_records_after": 10, "held_by": None}
+                    "after": "0:0:0", "after_removed": False, "lag_records_before": 7, "lag_records_after": 10,
+                    "held_by": None}
     assert read(topic, "--subscription", "app", "--limit", "1") == ["v3"]
     for to, first in (("earliest", "v0"), ("latest", None), ("1:1:0", "v2"), ("2000-01-01", "v0"),
                       ("2999-01-01T00:00:00+02:00", None)):
