@@ -390,7 +390,7 @@ class Subscriptions:
             return
         raise InUseError(
             f"{self.meta.uri}: cannot {doing} subscription {sub.name!r}: reader {m.id} holds it (last heartbeat "
-            f"{format_duration(m.age_ms(now, sub.written_ms))} ago; a reader counts as gone "
+            f"{m.age_ms(now, sub.written_ms) // 1000}s ago; a reader counts as gone "
             f"{format_duration(m.timeout_ms)} after its last heartbeat): stop it first, or force it (--force: the "
             "reader then fails at its next commit)")
 

@@ -8,6 +8,7 @@ reader holding each and the lag of a compacted read; ``read --start`` takes a ti
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +181,8 @@ def test_a_reset_or_delete_is_refused_while_a_reader_holds_it(topic: str) -> Non
                 words=(f"'app' by {member['id']} (heartbeat", "--force", "nothing was reset"))
         refused(3, "subscriptions", topic, "--all", "--to", "earliest", "--execute", words=("nothing was reset",))
         refused(3, "subscriptions", topic, "--delete", "app", words=(f"reader {member['id']} holds it", "--force"))
+        r = run_cli_here("subscriptions", topic, "--delete", "app")
+        assert re.search(r"\(last heartbeat [0-9]+s ago; a reader counts as gone 90s after", r.stderr), r.stderr
         assert (position(topic, "app"), position(topic, "ops")) == ("2:0:0", "3:1:0")
         ok(topic, "--reset", "app", "--to", "earliest", "--execute", "--force")
         with pytest.raises(Exception, match="changed by another writer"):
