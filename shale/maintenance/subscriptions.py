@@ -20,7 +20,6 @@ from typing import Any
 
 from shale.ledger.ids import MessageId
 from shale.metadata.handle import Topic, opened
-from shale.metadata.positions import open_ledger
 from shale.metadata.state import TopicState
 from shale.metadata.subscriptions import CLOCK_SKEW_MS, Member, Subscription, Subscriptions, expiry_of
 from shale.metadata.topic import TopicMetadata
@@ -50,6 +49,8 @@ def lag_of(meta: TopicMetadata, topic: TopicState, position: MessageId, *, foote
         if position <= lg.first_id:
             records, size = records + lg.records, size + lg.bytes
         elif footers:
+            from shale.metadata.positions import open_ledger  # (not at import: every compaction imports this module)
+
             f = open_ledger(meta, lg)
             at = f.find(position)
             if at < f.n_records:
