@@ -9,6 +9,8 @@ import re
 import signal
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -83,8 +85,16 @@ def test_sigterm_stops_the_server_with_exit_0(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "shale.cli", "exporter", str(tmp_path), "--listen", "127.0.0.1:0",
                              "--interval", "1h"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
-    first = proc.stderr.readline()
-    assert "serving http://127.0.0.1:" in first, first + proc.stderr.read()
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 0
-    assert proc.stderr.read() == "shale exporter: stopped (SIGTERM)\n"
+    try:
+        first = proc.stderr.readline()
+        found = re.search(r"serving (http://127\.0\.0\.1:[0-9]+/metrics)", first)
+        assert found, first
+        # once it serves its first reading it waits an hour for the next: SIGTERM ends the wait
+        while "shale_exporter_up 1.0" not in urllib.request.urlopen(found.group(1), timeout=30).read().decode():
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        assert proc.stderr.read() == "shale exporter: stopped (SIGTERM)\n"
+    finally:
+        proc.kill()  # (a failed test leaves no exporter behind; nothing once it has exited)
+        proc.wait()
