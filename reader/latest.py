@@ -60,12 +60,13 @@ from shale.metadata.asof import AsOf
 from shale.metadata.topic import TopicMetadata
 from shale.metadata.view import Segment, TopicView
 from shale.reader.arrow import DEFAULT_BATCH_ROWS, DEFAULT_MAX_BATCH_BYTES, BatchReader, decode_threads, require_pyarrow
+from shale.reader.batches import BATCH_READ_RECORDS
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 __all__ = ["Chosen", "LatestPlan", "last_of_each_key", "latest_batches", "latest_messages", "plan_latest",
-           "table_batches", "table_messages"]
+           "table_batches", "table_messages", "table_rows"]
 
 #: Records compared at once when looking for where hashes change along the sort order
 #: (bounds the gathered copies to a few MiB, beside the per-record arrays).
@@ -264,6 +265,23 @@ def table_messages(meta: TopicMetadata, *, end: MessageId | None = None, chunk_b
     """Both passes, as messages (:func:`plan_latest`, :func:`latest_messages`)."""
     return _planned(meta, end, order, now_ms, (as_of, from_snapshot),
                     lambda plan: latest_messages(meta, plan, chunk_bytes=chunk_bytes, hold_bytes=hold_bytes))
+
+
+def table_rows(meta: TopicMetadata, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+               max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, as_of: AsOf | None = None,
+               from_snapshot: int | str | None = None,
+               batch_rows: int = BATCH_READ_RECORDS) -> Iterator[Message | pa.RecordBatch]:
+    """Both passes, as Arrow record batches (:func:`table_batches`) when the table has at
+    least ``batch_rows`` rows and pyarrow is installed, else as messages
+    (:func:`table_messages`, holding at most ``max_batch_bytes`` decompressed)."""
+    import importlib.util
+
+    def read(plan: LatestPlan) -> Iterator[Message | pa.RecordBatch]:
+        if plan.rows >= batch_rows and importlib.util.find_spec("pyarrow") is not None:
+            return latest_batches(meta, plan, max_batch_bytes=max_batch_bytes)
+        return latest_messages(meta, plan, chunk_bytes=chunk_bytes, hold_bytes=max_batch_bytes)
+
+    return _planned(meta, None, None, None, (as_of, from_snapshot), read)
 
 
 def _planned(meta: TopicMetadata, end: MessageId | None, order: TopicOrder | None, now_ms: int | None,
