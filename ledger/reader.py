@@ -207,7 +207,7 @@ class LedgerFile:
             # the batch indexes sliced, rather than a search per record
             a, b = int(records[0]), int(records[-1]) + 1
             first, last = int(foot.entry_of(a)), int(foot.entry_of(b - 1))
-            counts = np.diff(np.clip(foot.e_rec_start[first:last + 2], a, b))
+            counts = np.diff(np.clip(foot.e_rec_start[first:last + 2], a, b)).astype(np.int64)
             entries = np.repeat(np.arange(first, last + 1, dtype=np.uint64), counts)
             batches = self.batch_indexes[a:b]
         else:  # (the entry of each record once: a batch index is its place in its entry)
