@@ -531,15 +531,17 @@ class TopicReader(Subscribing):
             yield batch.records
 
     def message_batches(self, rows: int | None = DEFAULT_BATCH_ROWS, *, limit: int | None = None,
-                        utf8: bool = False, id_text: bool = False,
-                        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> Iterator[MessageBatch]:
+                        utf8: bool = False, id_text: bool = False, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+                        check_first: bool = False) -> Iterator[MessageBatch]:
         """:meth:`iter_batches` as :class:`~shale.reader.batches.MessageBatch` objects (the
         records, and where the reader stands after each of them), at most ``limit``
         messages in all (None: every one there is now).  The position moves past each
         batch as it is handed out, as it moves past each message :meth:`read_next` returns;
         with ``auto_commit``, what was handed out is committed as the reader moves on to the
-        next ledger or part and when it reaches the end of what there is."""
-        if (yield from self._batches(rows, limit, utf8, id_text, max_batch_bytes)):
+        next ledger or part and when it reaches the end of what there is.  ``check_first``:
+        an entry given in several batches has every record checked before the first is
+        given, as a read of messages checks it (else its frame is checked before the last)."""
+        if (yield from self._batches(rows, limit, (utf8, id_text, check_first), max_batch_bytes)):
             self._tick()
 
     def read_batches(self, limit: int | None = None, *, rows: int | None = DEFAULT_BATCH_ROWS,
@@ -552,17 +554,19 @@ class TopicReader(Subscribing):
         self._tick()  # what the last read returned was handled
         out: list[MessageBatch] = []
         try:
-            for batch in self._batches(rows, limit, False, False, max_batch_bytes):
+            for batch in self._batches(rows, limit, (False, False, True), max_batch_bytes):
                 out.append(batch)
         except GapError:
             if not out:
                 raise
         return out
 
-    def _batches(self, rows: int | None, limit: int | None, utf8: bool, id_text: bool,
+    def _batches(self, rows: int | None, limit: int | None, how: tuple[bool, bool, bool],
                  max_batch_bytes: int) -> Generator[MessageBatch, None, bool]:
-        """The batches of :meth:`message_batches`; returns whether it read to the end of what
-        there is (rather than stopping at ``limit``)."""
+        """The batches of :meth:`message_batches` (``how``: utf8, id_text, check_first);
+        returns whether it read to the end of what there is (rather than stopping at
+        ``limit``)."""
+        utf8, id_text, check_first = how
         require_pyarrow()
         if self._pending is not None:  # a message looked at but not taken is read again
             self._next, self._pending = self._pending.id, None
@@ -570,7 +574,7 @@ class TopicReader(Subscribing):
         if limit is not None and limit <= 0:
             return False
         with BatchReader(decode_threads(), max_batch_bytes=max_batch_bytes, rows=rows, chunk_bytes=self.chunk_bytes,
-                         utf8=utf8, id_text=id_text) as reader:
+                         utf8=utf8, id_text=id_text, check_first=check_first) as reader:
 
             def read(f: LedgerFile, start: int, gone: npt.NDArray[np.bool_] | None) -> Iterator[MessageBatch]:
                 records = np.arange(start, f.n_records, dtype=np.int64)

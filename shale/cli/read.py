@@ -167,7 +167,7 @@ def _print_batches(r: TopicReader, args: argparse.Namespace, io: Streams) -> tup
     out, left = LineOutput(io.out), args.limit
     try:
         while True:
-            for batch in r.message_batches(limit=left, max_batch_bytes=args.max_batch_bytes):
+            for batch in r.message_batches(limit=left, max_batch_bytes=args.max_batch_bytes, check_first=True):
                 write_batches([batch], out, args.value_format, flush=args.follow)
                 left = None if left is None else left - len(batch)
             if not args.follow or left == 0:
