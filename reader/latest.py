@@ -194,17 +194,20 @@ def _fold(meta: TopicMetadata, view: TopicView, order: TopicOrder, end: MessageI
         f = segment.open(meta)
         records = segment.live(meta, f)
         flags = f.footer.col("r_flags")[records]
-        keyed = records[(flags & FLAG_HAS_KEY) != 0]
+        has_key = (flags & FLAG_HAS_KEY) != 0
+        keyed = records[has_key]
         a, b = starts[-1], starts[-1] + len(keyed)
-        hi[a:b] = f.footer.col("r_hash_hi")[keyed]
-        lo[a:b] = f.footer.col("r_hash_lo")[keyed]
+        # (every record of a run keyed, as in a compacted part: sliced, not gathered)
+        pick = slice(int(keyed[0]), int(keyed[-1]) + 1) if b > a and keyed[-1] - keyed[0] == b - a - 1 else keyed
+        hi[a:b] = f.footer.col("r_hash_hi")[pick]
+        lo[a:b] = f.footer.col("r_hash_lo")[pick]
         index[a:b] = keyed
-        tombstone[a:b] = (f.footer.col("r_flags")[keyed] & FLAG_TOMBSTONE) != 0
+        tombstone[a:b] = (flags[has_key] & FLAG_TOMBSTONE) != 0
         if times is not None and len(keyed):
             first = int(keyed[0])
             times[a:b] = decoded_times(f, order, first, int(keyed[-1]) + 1)[keyed - first]
         starts.append(b)
-        del f, records, flags, keyed
+        del f, records, flags, has_key, keyed
     n = starts[-1]
     hi, lo, index, tombstone = hi[:n], lo[:n], index[:n], tombstone[:n]
     times = None if times is None else times[:n]
