@@ -43,7 +43,6 @@ import numpy.typing as npt
 
 from shale.compactor.big_entries import GROUP_BYTES, PART_ROWS_BYTES, PIECE_BYTES, ROW_BYTES
 from shale.compactor.config import CompactionConfig
-from shale.compactor.cpus import worker_count
 from shale.compactor.keymap import EVENT_KEY_BYTES, KEY_BYTES
 from shale.compactor.plan import Plan
 from shale.ledger.codecs import Codec, Compression
@@ -51,6 +50,7 @@ from shale.ledger.errors import InvalidInputError
 from shale.ledger.format import FRAME_HEADER
 from shale.ledger.reader import LedgerFile
 from shale.ledger.stream import FRAME_HEADER_MAX, ZSTD_STREAM_BYTES, zstd_window
+from shale.runtime.cpus import worker_count
 from shale.settings import SETTINGS
 from shale.settings.units import format_size
 

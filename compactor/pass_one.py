@@ -34,7 +34,6 @@ import numpy as np
 import numpy.typing as npt
 
 from shale.compactor.config import CompactionConfig
-from shale.compactor.cpus import worker_count
 from shale.compactor.event_map import EventKeyMapBuilder, event_map_capacity
 from shale.compactor.keymap import KEY_BYTES, KeyMap, KeyMapBuilder
 from shale.compactor.plan import Plan, Slice
@@ -42,6 +41,7 @@ from shale.compactor.rules import held_tombstones, latest_of_each_key, tombstone
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE
 from shale.ledger.kernels import distinct_estimate
 from shale.ledger.ordering import TopicOrder, decoded_times
+from shale.runtime.cpus import worker_count
 
 __all__ = ["Survivors", "latest_of_each_key", "pass_one", "tombstone_fate"]
 

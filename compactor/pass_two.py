@@ -28,7 +28,6 @@ from shale.compactor.config import CompactionConfig
 from shale.compactor.packing import Frames, pack, record_ids
 from shale.compactor.pass_one import Survivors
 from shale.compactor.plan import Plan, Slice
-from shale.compactor.throttle import Throttle, ThrottledWriter
 from shale.ledger.codecs import Codec
 from shale.ledger.deletions import encode_deletions
 from shale.ledger.events import copied_event_times
@@ -38,8 +37,9 @@ from shale.ledger.kernels import CopyPlan, Scratch, copy_plan, crc32c_ranges, ga
 from shale.ledger.reader import LedgerFile
 from shale.ledger.writer import LedgerWriter
 from shale.metadata.state import CompactedPart
+from shale.runtime.throttle import Throttle
 from shale.storage import Location
-from shale.storage.write_behind import WriteBehind
+from shale.storage.write_behind import ThrottledWriter, WriteBehind
 
 __all__ = ["Copy", "Fate", "PassTwoResult", "Work", "choose_reuse", "decide_work", "plan_work", "reuse_part",
            "slice_fate", "write_parts", "write_vectors"]

@@ -58,23 +58,13 @@ MAX_DECODE_THREADS: Final = 8
 
 
 def decode_threads() -> int:
-    """Threads a reader decodes batches on: one per CPU this process may use — its
-    affinity, capped by a cgroup v2 CPU quota as a container's CPU limit sets it (counted
-    as the compactor counts them) — at most :data:`MAX_DECODE_THREADS`."""
-    import os
+    """Threads a reader decodes batches on: one per CPU this process may use, as the
+    compactor counts them (:func:`~shale.runtime.cpus.available_cpus`: its affinity, capped
+    by a cgroup v2 CPU quota as a container's CPU limit sets it), at most
+    :data:`MAX_DECODE_THREADS`."""
+    from shale.runtime.cpus import available_cpus
 
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()[:2]
-        if quota != "max":
-            cpus = min(cpus, max(1, -(-int(quota) // int(period))))
-    except (OSError, ValueError):
-        pass
-    return max(1, min(cpus, MAX_DECODE_THREADS))
+    return min(available_cpus(), MAX_DECODE_THREADS)
 
 
 def require_pyarrow() -> ModuleType:

@@ -223,7 +223,7 @@ def _write_jsonl(messages: Iterator[Any], sink: _Sink, rows: list[int]) -> int:
     """The records as ``shale read`` prints them, one JSON object a line, written in blocks
     of about :data:`JSONL_BLOCK_BYTES` (one write per line would cost more than the
     encoding); a longer line is written on its own, never copied into a block."""
-    from shale.jsonlines import change_to_json, message_to_json
+    from shale.producer.jsonlines import change_to_json, message_to_json
     from shale.reader.changes import Change
 
     block: list[bytes] = []

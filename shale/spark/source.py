@@ -36,18 +36,25 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from shale.columns import shift_rows
 from shale.compactor.units import parse_size
 from shale.ledger.errors import InvalidInputError, InvalidURIError, ShaleError
 from shale.ledger.ids import MIN_ID
 from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES
 from shale.metadata.asof import AsOf, parse_point, resolve_point
 from shale.metadata.topic import TopicMetadata
+from shale.producer.columns import shift_rows
+from shale.producer.staging import (
+    StagedLedger,
+    StagingWriter,
+    discard_staged,
+    finish_write,
+    new_write_id,
+    register_staged,
+)
 from shale.reader.arrow import DEFAULT_BATCH_ROWS, DEFAULT_MAX_BATCH_BYTES, BatchReader
 from shale.reader.latest import plan_latest
 from shale.reader.splits import DEFAULT_SPLIT_RECORDS, Split, plan_splits, read_split
 from shale.reader.topic_reader import EARLIEST, LATEST, parse_position
-from shale.staging import StagedLedger, StagingWriter, discard_staged, finish_write, new_write_id, register_staged
 from shale.storage import StorageOptions
 
 __all__ = ["ChangePartition", "ShaleDataSource", "SplitPartition", "TablePartition"]
@@ -331,7 +338,7 @@ class StagedMessage(WriterCommitMessage):
 class ShaleWriter(DataSourceArrowWriter):
     """Each task stages its ledgers; the driver registers them all (commit) or deletes
     them (abort), and with them whatever tasks it did not hear from staged, or stage
-    later (:func:`~shale.staging.finish_write`)."""
+    later (:func:`~shale.producer.staging.finish_write`)."""
 
     def __init__(self, options: Mapping[str, str], schema: StructType, storage: StorageOptions) -> None:
         uri = options.get("path") or options.get("uri")

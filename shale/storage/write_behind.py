@@ -15,11 +15,12 @@ when a reused buffer is free again.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from shale.storage.base import ObjectWriter
 
-__all__ = ["WriteBehind"]
+__all__ = ["ThrottledWriter", "WriteBehind"]
 
 
 class WriteBehind(ObjectWriter):
@@ -76,4 +77,23 @@ class WriteBehind(ObjectWriter):
             fut, _ = self._pending.popleft()
             fut.exception()
         self._pending_bytes = 0
+        self.inner.abort()
+
+
+class ThrottledWriter(ObjectWriter):
+    """An object writer whose bytes are reported to ``throttle`` after each write (a
+    :class:`~shale.runtime.throttle.Throttle`, which sleeps to keep a byte rate)."""
+
+    def __init__(self, inner: ObjectWriter, throttle: Callable[[int], None]) -> None:
+        self.inner, self.throttle = inner, throttle
+
+    def write(self, data: bytes | bytearray | memoryview, /) -> int:
+        n = self.inner.write(data)
+        self.throttle(len(data))
+        return n
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def abort(self) -> None:
         self.inner.abort()

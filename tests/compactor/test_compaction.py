@@ -441,7 +441,7 @@ def test_compact_several_topics_reports_worst(disk_topic_uri: str) -> None:
 
 
 def test_status_dirty_ratio_is_the_one_compact_uses(topic_uri: str) -> None:
-    from shale.status import topic_status
+    from shale.maintenance.status import topic_status
 
     produce(topic_uri, updates(200, 100))
     Compactor(topic_uri).run()

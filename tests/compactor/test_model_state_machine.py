@@ -969,7 +969,7 @@ class ShaleModelMachine(RuleBasedStateMachine):
     def roll_back(self, data: st.DataObject, seconds: int) -> None:
         """Publish a retained snapshot's view again; the model goes back to that epoch's view
         (and its tombstones' ages), and later runs build on it."""
-        from shale.compactor.snapshots import rollback
+        from shale.maintenance.snapshots import rollback
 
         self._snap_follow()
         self.clock.s += seconds

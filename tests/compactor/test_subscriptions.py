@@ -13,18 +13,18 @@ import pytest
 
 from shale.compactor import CompactionConfig, Compactor, collect_garbage
 from shale.compactor.hold import subscription_hold
-from shale.compactor.retention import UnreadRecordsError, retention_cut, truncate
 from shale.compactor.run_many import compact_topic
-from shale.compactor.subscriptions import subscription_statuses
-from shale.compactor.verify import verify_topic
 from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.record import Message
+from shale.maintenance.retention import UnreadRecordsError, retention_cut, truncate
+from shale.maintenance.status import status_text, topic_status
+from shale.maintenance.subscriptions import subscription_statuses
+from shale.maintenance.verify import verify_topic
 from shale.metadata.subscriptions import Subscriptions
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
 from shale.settings import resolve
-from shale.status import status_text, topic_status
 from tests.compaction_model import CompactionModel, every_record, row
 from tests.compactor.test_compaction import Clock
 

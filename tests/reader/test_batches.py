@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shale.compactor import CompactionConfig, Compactor
-from shale.jsonlines import batch_lines, message_line
 from shale.ledger.errors import GapError
 from shale.ledger.ids import MessageId
 from shale.ledger.record import Record
 from shale.producer import TopicWriter
+from shale.producer.jsonlines import batch_lines, message_line
 from shale.reader import MessageBatch, TopicReader
 from tests import golden
 from tests.conftest import run_cli_here

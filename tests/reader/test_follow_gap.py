@@ -22,10 +22,10 @@ import pytest
 
 from shale.cli.errors import exit_code_of
 from shale.compactor import CompactionConfig, Compactor, collect_garbage
-from shale.compactor.retention import truncate
 from shale.ledger.errors import GapError, ObjectNotFoundError
 from shale.ledger.ids import MessageId
 from shale.ledger.record import Message
+from shale.maintenance.retention import truncate
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader

@@ -115,7 +115,7 @@ def test_event_time_order_and_a_ttl_built_from_batches_refresh_as_messages_do(
 
 
 def _batch(keys: list[bytes]) -> Any:
-    from tests.shale.test_batch_lines import record_batch
+    from tests.producer.test_batch_lines import record_batch
 
     return record_batch([{"id": (1, i, 0), "key": k, "value": b"value-" + k, "properties": [], "publish": i,
                           "event": None} for i, k in enumerate(keys)])

@@ -16,10 +16,10 @@ import pytest
 
 from shale.compactor import CompactionConfig, Compactor, collect_garbage
 from shale.compactor.config import MIN_ORPHAN_GRACE_MS
-from shale.compactor.retention import retention_cut, truncate
 from shale.ledger.errors import SnapshotNotFoundError
 from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.ordering import EVENT_TIME, OFFSET, TopicOrder
+from shale.maintenance.retention import retention_cut, truncate
 from shale.metadata.asof import AsOf
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter

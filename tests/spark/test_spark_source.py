@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 
 from shale.compactor import CompactionConfig, Compactor
-from shale.compactor.tags import tag_view
 from shale.ledger.errors import ConflictError
 from shale.ledger.ids import MessageId
 from shale.ledger.ordering import EVENT_TIME, TopicOrder
 from shale.ledger.record import Message, Record
+from shale.maintenance.tags import tag_view
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from shale.compactor import CompactionConfig, Compactor
-from shale.compactor.gc import collect_garbage
 from shale.ledger.reader import LedgerFile
+from shale.maintenance.gc import collect_garbage
 from shale.metadata.layout import ledger_object_name
 from shale.metadata.state import LedgerInfo
 from shale.metadata.topic import TopicMetadata
