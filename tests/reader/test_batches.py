@@ -7,9 +7,13 @@ comparison of tests/golden.py runs for every read in this process)."""
 
 from __future__ import annotations
 
+import io
 import json
 import random
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -146,3 +150,53 @@ def test_shale_read_is_compared_both_ways(tmp_path: Path) -> None:
         assert out.returncode == 0, (argv, out.stderr)
         assert all(json.loads(line)["id"] for line in out.stdout.splitlines())
     assert golden.COMPARED[0] == before + 10
+
+
+@pytest.mark.parametrize("compacted", [False, True])
+def test_a_follower_in_batches_prints_what_there_is_then_what_comes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   compacted: bool) -> None:
+    """``shale read --follow`` through the Arrow path (every read in batches here): the
+    records there are, flushed before it waits, then those produced while it waits, each
+    line what the messages' path prints for it (a follower is not in the golden comparison:
+    it waits)."""
+    import shale.reader.batches as batches
+    from shale.cli import build_parser, run_command
+
+    monkeypatch.setattr(batches, "BATCH_READ_RECORDS", 0)
+    given: list[int] = []
+    real = TopicReader.message_batches
+
+    def message_batches(self: TopicReader, *args: Any, **kwargs: Any) -> Iterator[MessageBatch]:
+        for b in real(self, *args, **kwargs):
+            given.append(len(b))
+            yield b
+
+    monkeypatch.setattr(TopicReader, "message_batches", message_batches)
+    uri = str(tmp_path / "t")
+    _topic(uri)
+    there = len(TopicReader(uri, read_compacted=compacted).read())
+    printed = threading.Event()
+
+    class Out(io.StringIO):
+        def flush(self) -> None:
+            super().flush()
+            if self.getvalue().count("\n") >= there:
+                printed.set()
+
+    def produce_when_printed() -> None:
+        printed.wait(120)  # (only so that a broken follower cannot hang the run: asserted below)
+        seen.append(printed.is_set())
+        _produce(uri, 4, 30)
+
+    seen: list[bool] = []
+    producer = threading.Thread(target=produce_when_printed, daemon=True)
+    producer.start()
+    out, err = Out(), io.StringIO()
+    argv = ["read", uri, "--follow", "--poll-interval", "10ms", "--limit", str(there + 30)]
+    code = run_command([*argv, "--compacted"] if compacted else argv, build_parser(), out=out, err=err)
+    producer.join()
+    assert (code, err.getvalue(), seen) == (0, "", [True])
+    want = [message_line(m) for m in TopicReader(uri, read_compacted=compacted).read()]
+    assert len(want) == there + 30
+    assert out.getvalue().splitlines() == want
+    assert sum(given) == there + 30  # every line came from a batch
