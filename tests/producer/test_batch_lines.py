@@ -20,10 +20,13 @@ from shale.ledger import kernels
 from shale.producer.jsonlines import batch_lines, json_document, message_line
 from shale.reader.arrow import schema
 from shale.reader.batches import batch_messages
+from tests.needs import c_extension, need_module, needs
 
-pa = pytest.importorskip("pyarrow")
+pa = need_module("pyarrow")
 
+pytestmark = pytest.mark.kernels  # (scripts/sanitize.sh runs these under ASan and UBSan)
 NATIVE = kernels._native
+needs_native = needs(c_extension(NATIVE, "ledger/_kernels.c"))
 I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
 #: bytes no strict UTF-8 decoder takes: a surrogate, an overlong form, past U+10FFFF, cut short, a lone continuation
 NOT_UTF8 = [b"\xed\xa0\x80", b"\xed\xbf\xbf", b"\xc0\x80", b"\xf4\x90\x80\x80", b"\xe2\x82", b"\x80", b"\xff"]
@@ -113,7 +116,7 @@ def undecidable(row: dict[str, Any], value_format: str) -> bool:
     return bool(NATIVE.json_document(value) == 2)
 
 
-@pytest.mark.skipif(NATIVE is None, reason="the C kernels were not built")
+@needs_native
 @settings(max_examples=120, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(st.lists(rows(), min_size=1, max_size=12), st.sampled_from(["text", "json"]),
@@ -140,7 +143,7 @@ def test_the_kernels_lines_are_message_lines(monkeypatch: pytest.MonkeyPatch, it
         assert got_lines(batch, value_format, block_bytes) == got
 
 
-@pytest.mark.skipif(NATIVE is None, reason="the C kernels were not built")
+@needs_native
 @settings(max_examples=400, deadline=None)
 @given(documents | raw)
 def test_the_kernel_judges_documents_as_msgspec_does(text: bytes) -> None:
@@ -157,7 +160,7 @@ def test_the_kernel_judges_documents_as_msgspec_does(text: bytes) -> None:
         assert doc is None
 
 
-@pytest.mark.skipif(NATIVE is None, reason="the C kernels were not built")
+@needs_native
 def test_the_kernel_decides_what_is_plain() -> None:
     """Documents and junk of every kind are decided in C (the Python path is for the edges)."""
     for doc in (b"{}", b" [1, -2.5e3, true, false, null, \"x\\u00e9\"]\n", b'{"a": {"b": [[], {}]}}', b"0", b"-0.0",
@@ -184,7 +187,7 @@ def test_lines_of_plain_rows_a_long_value_and_a_sliced_batch() -> None:
     assert got_lines(tail, "json") == want_lines(tail, "json")
 
 
-@pytest.mark.skipif(NATIVE is None, reason="the C kernels were not built")
+@needs_native
 def test_the_kernel_refuses_buffers_that_do_not_fit() -> None:
     from shale.producer.jsonlines import _kernel_columns
 
