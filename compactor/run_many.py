@@ -34,14 +34,15 @@ from shale.runtime import interrupts
 from shale.settings import Settings, Source, resolve
 from shale.settings.units import count
 
-__all__ = ["EventListener", "NoTopicsError", "RunEvent", "choose_topics", "compact_topic", "compact_topics"]
+__all__ = ["EventListener", "RunEvent", "choose_topics", "compact_topic", "compact_topics"]
 
 
 @dataclass(frozen=True, slots=True)
 class RunEvent:
     """Something that happened during :func:`compact_topics`.
 
-    ``kind`` is one of ``run.start`` (``topics``: how many will be compacted),
+    ``kind`` is one of ``run.start`` (``topics``: how many will be compacted; ``run.empty``
+    instead when ``all`` names a prefix that holds no topic),
     ``spark.start`` (``seconds`` the Spark application took to start), ``topic.start``
     (``overdue``), ``topic.phase`` (``phase``: planning, pass one over N records, pass
     two: keeping N records, publishing, retention) and ``topic.done`` (``summary``)."""
@@ -59,25 +60,22 @@ class RunEvent:
 EventListener = Callable[[RunEvent], None]
 
 
-class NoTopicsError(InvalidInputError):
-    """A prefix holds no topic: a typo in a scheduled run's prefix must not succeed
-    quietly for ever."""
-
-
 def compact_topics(settings: Settings | Mapping[str, Any] | None = None, *, engine: Engine | None = None,
                    on_event: EventListener | None = None) -> list[RunSummary]:
     """Compact the topics ``settings`` name (``topics`` or ``all``), each under its own
     policy, and return their summaries in the order they ran.  ``settings``: ``compact``'s
     resolved settings (:func:`shale.settings.resolve`), or the values to resolve them
     from, by name (``{"all": "s3://b/topics", "max-topics": 50}``).  One engine compacts
-    every topic (with Spark, one application); it is not closed here."""
+    every topic (with Spark, one application); it is not closed here.  A prefix without
+    topics (a deployment that has none yet) is no error: no summary, and a ``run.empty``
+    event that says so."""
     s = settings if isinstance(settings, Settings) else resolve("compact", settings or {})
     tell = on_event or _ignore
     engine = engine or LocalEngine()
     chosen = choose_topics(s)
     if not chosen:
-        raise NoTopicsError(f"no topics under {s.value('all')} (a topic is a folder holding _meta/topic.json): "
-                            "check the prefix")
+        tell(RunEvent("run.empty", s.value("all")))
+        return []
     tell(RunEvent("run.start", topics=len(chosen)))
     # Spark's start-up is a phase of its own: in the first topic's summary
     first = {"spark_start": _start(engine, tell)} if engine.name == "spark" else {}

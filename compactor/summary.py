@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Final
 
 from shale.settings.units import count
 
-__all__ = ["STATUSES", "RunStatus", "RunSummary"]
+__all__ = ["STATUSES", "FleetSummary", "RunStatus", "RunSummary"]
 
 
 class RunStatus(enum.StrEnum):
@@ -122,3 +123,40 @@ class RunSummary:
         reused = f", {self.records_reused:,} kept in place" if self.records_reused else ""
         return (f"kept {count(kept, 'record')}: wrote {self.records_written:,} ({self.bytes_written / 1e6:.1f} MB) "
                 f"in {count(self.parts, 'part')}{reused}")
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSummary:
+    """What a run of many topics did (``compact --all``'s last line): how many topics
+    ended each way, and which failed (an error, or a lost publish race)."""
+
+    topics: int = 0
+    compacted: int = 0
+    nothing_to_do: int = 0
+    skipped: int = 0
+    dry_run: int = 0
+    failed: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, summaries: Sequence[RunSummary]) -> FleetSummary:
+        def n(status: RunStatus) -> int:
+            return sum(1 for s in summaries if s.status is status)
+
+        return cls(len(summaries), n(RunStatus.COMPACTED), n(RunStatus.NOTHING_TO_DO), n(RunStatus.SKIPPED),
+                   n(RunStatus.DRY_RUN), tuple(s.topic for s in summaries if not s.ok))
+
+    def to_json(self, codes: Mapping[str, int] | None = None) -> dict[str, Any]:
+        """The counts, and the topics that failed with their exit codes (``codes``, by topic)."""
+        return {"topics": self.topics, "compacted": self.compacted, "nothing_to_do": self.nothing_to_do,
+                "skipped": self.skipped, "dry_run": self.dry_run, "failed": len(self.failed),
+                "failed_topics": [{"topic": t, "exit_code": (codes or {}).get(t)} for t in self.failed]}
+
+    def human(self, codes: Mapping[str, int] | None = None) -> str:
+        """One line: the counts, then the topics that failed (with their exit codes)."""
+        dry = f", {self.dry_run:,} dry run{'s' if self.dry_run != 1 else ''}" if self.dry_run else ""
+        text = (f"{count(self.topics, 'topic')}: {self.compacted:,} compacted, {self.nothing_to_do:,} with nothing to "
+                f"do, {self.skipped:,} skipped{dry}, {len(self.failed):,} failed")
+        if self.failed:
+            text += ": " + ", ".join(t if codes is None or t not in codes else f"{t} (exit {codes[t]})"
+                                     for t in self.failed)
+        return text

@@ -38,6 +38,7 @@ EXIT_CODES: Final = """\
      the key has no value
   6  shale read (and export --start ID): records it had yet to read were removed by
      retention (see shale read --on-gap); every record before them was written
+  7  compact of several topics: some failed, every other one completed (see compact --help)
 130  interrupted (Ctrl-C): stopped within moments; what a run wrote was removed"""
 
 _COMPACT_CODES: Final = """\
@@ -49,10 +50,15 @@ _COMPACT_CODES: Final = """\
   4  corrupt data found: a ledger object failed its checks (the object and position
      are named) or a metadata document broke its schema or invariants (the document
      and field are named); nothing was published or deleted
+  7  several topics (or --all): some failed (an error, or a lost race) and every other one
+     completed; each failed topic is named, with its own code, on standard error, in its
+     --json line and in the last line; the others need no second run
 130  interrupted (Ctrl-C): the run stopped within moments, removed what it wrote and
      published nothing (a second Ctrl-C stops at once, leaving it to gc)
-With several topics, each is compacted and published on its own; the exit code is the
-worst outcome (4, then 1, then 2, then 3)."""
+With several topics, each is compacted and published on its own, whatever the others do,
+and a last line counts them: compacted, nothing to do, skipped, failed (--json: one JSON
+object). When every topic failed, the exit code is the worst of theirs (4, then 1, then
+2, then 3). A prefix without topics yet (--all) is exit 0, with a warning."""
 
 _PRODUCE: Final = (
     'Append records: JSON lines (one object per line: {"key": str|null, "value": str|object|array|null, '
