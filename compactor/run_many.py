@@ -4,7 +4,7 @@
 overdue ones first, then the filthiest, at most ``max-topics``: :mod:`shale.compactor.topics`),
 compacts each under its own policy (:meth:`~shale.settings.Settings.with_policy`: a
 run's flag > the topic's policy > a variable > the default), a few at a time in threads
-(``parallel``), applies the policy's retention after each publish, and tells the caller
+(``parallel``), applies the policy's retention after each run, and tells the caller
 what happens through events (:class:`RunEvent`: logs, progress, metrics are the
 caller's).  One topic's failure never stops another's: it is its summary's ``error``.
 
@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from shale.compactor.config import CompactionConfig
 from shale.compactor.engine import Engine, LocalEngine
@@ -155,8 +155,10 @@ def _run_one(uri: str, overdue: bool, settings: Settings, engine: Engine, tell: 
 def compact_topic(uri: str, settings: Settings, *, overdue: bool = False, engine: Engine | None = None,
                   progress: Callable[[str], None] | None = None) -> RunSummary:
     """One topic's run under its own policy (a run's flag wins over it; an ``overdue``
-    topic is compacted whatever its dirty ratio), then the policy's retention, applied
-    only to ledgers the new horizon covers."""
+    topic is compacted whatever its dirty ratio), then the policy's retention, whatever
+    the run found to do (compacted, nothing to do, skipped, or lost its race to another
+    compactor), applied only to ledgers the horizon covers that no subscription or
+    snapshot holds (:func:`~shale.maintenance.retention.policy_retention`)."""
     meta = TopicMetadata.open(uri, settings.value("metadata"))
     refuse_a_file(meta.topic)
     policy = meta.load_policy()
@@ -164,35 +166,34 @@ def compact_topic(uri: str, settings: Settings, *, overdue: bool = False, engine
     if overdue:
         own = own.replace("min-dirty-ratio", 0.0)
     summary = Compactor(meta, CompactionConfig.from_settings(own), progress=progress, engine=engine).run()
-    removed = _retention(meta, policy, summary)
-    if removed:
-        if progress is not None:
-            progress("retention")
-        note = f"retention removed {count(removed, 'ledger')} below the horizon"
+    note = _retention(meta, policy, summary, progress)
+    if note:
         summary.message = f"{summary.message}; {note}" if summary.message else note
     return summary
 
 
-def _retention(meta: TopicMetadata, policy: TopicPolicy, summary: RunSummary) -> int:
-    """The ledgers the policy's retention removes after a publish (never those an active
-    subscription has yet to read)."""
-    from shale.maintenance.retention import UnreadRecordsError, retention_cut, truncate
+#: The outcomes after which the policy's retention applies (a dry run changes nothing; a
+#: failed run leaves the topic to whoever looks at its error).
+_RETAINING: Final = (RunStatus.COMPACTED, RunStatus.NOTHING_TO_DO, RunStatus.SKIPPED, RunStatus.CONFLICT)
 
-    older_than, keep = policy.get("retention_ms"), policy.get("retention_bytes")
-    if summary.status is not RunStatus.COMPACTED or (older_than is None and keep is None):
-        return 0
-    removed = 0
-    for rule in ({"older_than_ms": older_than}, {"keep_bytes": keep}):
-        if next(iter(rule.values())) is None:
-            continue
-        topic = meta.load_topic()
-        cut = retention_cut(meta, **rule)
-        if topic.ledgers and cut > topic.ledgers[0].id:
-            try:
-                removed += len(truncate(meta, cut).removed)
-            except UnreadRecordsError:
-                pass  # a subscription created or reset meanwhile: the next run's cut leaves its ledgers
-    return removed
+
+def _retention(meta: TopicMetadata, policy: TopicPolicy, summary: RunSummary,
+               progress: Callable[[str], None] | None) -> str:
+    """The policy's retention after the run, in words for its summary ("" when the policy
+    sets none, or it found nothing to remove and nothing held back)."""
+    from shale.maintenance.retention import policy_retention
+
+    if summary.status not in _RETAINING or (policy.get("retention_ms") is None
+                                            and policy.get("retention_bytes") is None):
+        return ""
+    if progress is not None:
+        progress("retention")
+    done = policy_retention(meta)
+    summary.retention_removed = len(done.removed)
+    notes = [f"retention removed {count(len(done.removed), 'ledger')} below the horizon"] if done.removed else []
+    if done.cut is not None and done.cut.held_by:
+        notes.append(f"retention: {done.cut.human()}")
+    return "; ".join(notes)
 
 
 def _shown(uri: str) -> str:

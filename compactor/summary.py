@@ -61,6 +61,8 @@ class RunSummary:
     dirty_ratio: float = 0.0
     retired_deleted: int = 0
     orphans_deleted: int = 0
+    #: ledgers the topic's retention removed after the run (whatever it found to do)
+    retention_removed: int = 0
     durations: dict[str, float] = field(default_factory=dict)
     message: str = ""
     error: str | None = None

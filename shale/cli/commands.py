@@ -122,15 +122,19 @@ COMMAND_TABLE: Final[dict[str, Command]] = {c.name: c for c in (
             "shale.cli.maintain:run_gc"),
     Command("truncate", "retention: remove the oldest ledgers from a topic",
             "Remove the oldest ledgers of the topic (retention by hand), by one rule: --before-ledger ID (the "
-            "ledgers with ids below ID), --older-than DURATION (the oldest ledgers whose last record is older) or "
-            "--keep-bytes SIZE (the oldest ledgers until at most SIZE is left). By default only ledgers wholly at "
+            "ledgers with ids below ID), --older-than DURATION (the oldest ledgers whose last record is older), "
+            "--keep-bytes SIZE (the oldest ledgers until at most SIZE is left) or --policy (the topic's own retention "
+            "and retention-bytes, as compact applies them after every run). By default only ledgers wholly at "
             "or below the compaction horizon go: the compacted view keeps the latest record of every key, so "
             "nothing a compacted reader sees is lost; --before-ledger past the horizon is refused, and the age and "
             "size rules stop at the horizon. Nor does it remove a ledger an active subscription has yet to read "
-            "(shale subscriptions) unless --allow-unread. A compaction that read them while they were removed "
-            "publishes nothing and exits 3; their objects are deleted by gc once the orphan grace has passed.",
+            "(shale subscriptions) unless --allow-unread. A rule stops at the first ledger something holds back, "
+            "and says what holds it (the horizon, a subscription, a retained or tagged snapshot) and how many ledgers "
+            "past the rule it keeps. A compaction that read them while they were removed publishes nothing and exits "
+            "3; their objects are deleted by gc once the orphan grace has passed.",
             "  0  removed (or, with --dry-run, listed) the ledgers the rule names\n"
-            "  2  bad usage or input: missing topic, ID out of range, ledgers above the horizon\n"
+            "  2  bad usage or input: missing topic, ID out of range, --policy on a topic whose policy\n"
+            "     sets no retention, ledgers above the horizon\n"
             "     without --allow-uncompacted, or ledgers an active subscription has yet to read\n"
             "     without --allow-unread (nothing is removed)\n"
             "  3  the topic kept changing (other writers); safe to run again\n"

@@ -38,19 +38,27 @@ def run_gc(args: argparse.Namespace, io: Streams) -> int:
 
 
 def run_truncate(args: argparse.Namespace, io: Streams) -> int:
-    from shale.maintenance.retention import retention_cut, truncate
+    from shale.maintenance.retention import policy_retention, retention_hold, truncate
 
     meta = _topic(args)
-    before = args.before_ledger
+    if args.policy:
+        for flag in ("allow-uncompacted", "allow-unread", "drop-snapshots"):
+            if args.settings.value(flag):
+                raise InvalidInputError(f"--policy removes what the topic's retention lets go, as compact does: "
+                                        f"--{flag} goes with --before-ledger, --older-than or --keep-bytes")
+        emit(policy_retention(meta, dry_run=args.dry_run), io.out, args.json)
+        return 0
+    before, cut = args.before_ledger, None
     if before is None:  # a rule: as many of the oldest ledgers as it lets go
-        before = retention_cut(meta, older_than_ms=args.older_than, keep_bytes=args.keep_bytes,
-                               allow_uncompacted=args.allow_uncompacted, allow_unread=args.allow_unread,
-                               drop_snapshots=args.drop_snapshots)
+        cut = retention_hold(meta, older_than_ms=args.older_than, keep_bytes=args.keep_bytes,
+                             allow_uncompacted=args.allow_uncompacted, allow_unread=args.allow_unread,
+                             drop_snapshots=args.drop_snapshots)
+        before = cut.before_ledger
     done = truncate(meta, before, allow_uncompacted=args.allow_uncompacted, allow_unread=args.allow_unread,
                     dry_run=args.dry_run, drop_snapshots=args.drop_snapshots)
     if args.before_ledger is None:
         rule = args.settings["older-than" if args.older_than is not None else "keep-bytes"]
-        done = done.by_rule(f"{rule.setting.option} {rule.setting.kind.show(rule.value)}")
+        done = done.by_rule(f"{rule.setting.option} {rule.setting.kind.show(rule.value)}", cut)
     emit(done, io.out, args.json)
     return 0
 

@@ -255,10 +255,12 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
     _s("max-tombstone-hold", Duration(), "drop a tombstone past the delete retention that has been kept this long "
        "whatever the subscriptions that have yet to read it (0: subscriptions hold no tombstone back)", _COMPACT,
        default=30 * 24 * 3_600_000, policy=True, field="max_tombstone_hold_ms"),
-    _s("retention", Duration(), "after each publish, remove ledgers wholly below the horizon and older than this",
-       set(), policy=True, field="retention_ms"),
-    _s("retention-bytes", Size(), "after each publish, remove the oldest ledgers below the horizon beyond this many "
-       "bytes", set(), policy=True),
+    _s("retention", Duration(), "after each compact run, whatever it found to do, and with shale truncate --policy: "
+       "remove the ledgers wholly below the horizon and older than this that no active subscription or retained "
+       "snapshot needs", set(), policy=True, field="retention_ms"),
+    _s("retention-bytes", Size(), "after each compact run, whatever it found to do, and with shale truncate "
+       "--policy: remove the oldest ledgers below the horizon beyond this many bytes that no active subscription or "
+       "retained snapshot needs", set(), policy=True),
     _s("snapshot-retention", Whole(1, 1000), "keep the newest N compacted views readable, the published one included "
        "(shale read --as-of, shale rollback; 1: only the published one), with every object they read and the ledgers "
        "above their horizons; tagged views (shale snapshots --tag) are kept besides", {"compact", "rollback"},
@@ -325,6 +327,9 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        "retention.ms)", {"truncate"}, group="rule", required=True),
     _s("keep-bytes", Size(), "remove the oldest ledgers until at most SIZE of ledgers is left (retention.bytes)",
        {"truncate"}, group="rule", required=True),
+    _s("policy", Switch(), "remove what the topic's own retention lets go (its policy's retention and "
+       "retention-bytes, shale config), as compact does after every run: never past the horizon, nor what an active "
+       "subscription or a retained snapshot needs", {"truncate"}, default=False, group="rule", required=True),
     _s("allow-uncompacted", Switch(), "also remove ledgers with records above the horizon, which no compaction has "
        "kept: those records are lost (the report says how many)", {"truncate"}, default=False),
     _s("allow-unread", Switch(), "also remove ledgers an active subscription has not read yet: it meets a gap "
