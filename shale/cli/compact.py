@@ -11,10 +11,8 @@ import argparse
 import contextlib
 import json
 import logging
-import os
 import threading
 import time
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from shale.cli.app import Streams
@@ -26,26 +24,23 @@ from shale.compactor.summary import FleetSummary, RunStatus, RunSummary
 from shale.ledger.errors import InvalidInputError, error_line
 from shale.ledger.masking import mask_secrets
 from shale.runtime import interrupts
-from shale.settings import Settings, Value
+from shale.settings import Settings
 from shale.settings.units import count
 
 if TYPE_CHECKING:
     from shale.cli.metrics import AfterRun
     from shale.cli.progress import TopicProgress
 
-__all__ = ["print_config", "run_compact", "summary_exit_code"]
+__all__ = ["run_compact", "summary_exit_code"]
 
-#: Settings that are not flags but shape a run: shown by --print-config (secrets masked).
-_ENVIRONMENT: Final = ("AWS_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
-                       "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-                       "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "GOOGLE_APPLICATION_CREDENTIALS", "SHALE_DEBUG",
-                       "SHALE_KERNELS")
 _SPARK_ONLY: Final = ("spark-master", "spark-conf", "spark-split-size", "no-forward-credentials")
 
 
 def run_compact(args: argparse.Namespace, io: Streams) -> int:
     if args.print_config:
-        io.out.write(json.dumps(print_config(args.settings), indent=2) + "\n")
+        from shale.compactor.effective import effective_config
+
+        io.out.write(json.dumps(effective_config(args.settings), indent=2) + "\n")
         return EXIT_OK
     engine = _engine(args.settings)
     # With Spark and JSON logs, the JVM's own lines on standard error are made JSON too.
@@ -234,61 +229,3 @@ def _after_run(args: argparse.Namespace, summary: RunSummary, now_s: float) -> A
     delay = 0.0 if b.oldest_ms is None else max(0.0, now_s - b.oldest_ms / 1000)
     return AfterRun(b.dirty_ratio, delay, (b.max_lag_ms or 0) / 1000, b.subscription_lag.records,
                     b.subscription_lag.bytes)
-
-
-# ------------------------------------------------------------------- --print-config
-
-def print_config(settings: Settings, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The effective settings as a JSON-ready document, secrets masked: each with its
-    value, its source (``flag``, ``policy``, ``env`` or ``default``) and its variable.
-    The policies of the topics given are read: with one topic the settings are that
-    topic's; ``policies`` says, for each topic, the settings its policy sets and which
-    value wins there (a topic that cannot be read shows its error)."""
-    from shale.ledger.kernels import KERNELS
-
-    environ = os.environ if environ is None else environ
-    policies = {uri: _read_policy(uri, settings.value("metadata")) for uri in settings.value("topics")}
-    if len(policies) == 1 and isinstance(only := next(iter(policies.values())), dict):
-        settings = settings.with_policy(only)
-    # which hot loops this process runs: "native" (the C kernels) or "numpy" (fallbacks)
-    doc: dict[str, Any] = {"settings": {v.setting.option: _shown(v) for v in settings.values()},
-                           "environment": {}, "kernels": KERNELS,
-                           "policies": {mask_secrets(uri): {"error": p} if isinstance(p, str) else _set_by(settings, p)
-                                        for uri, p in policies.items()}}
-    for name in _ENVIRONMENT:
-        if environ.get(name):
-            doc["environment"][name] = mask_secrets(environ[name], name)
-    return doc
-
-
-def _read_policy(uri: str, metadata: str | None) -> dict[str, Any] | str:
-    """``uri``'s policy, or why it cannot be read (``--print-config`` never fails for a
-    topic it cannot reach)."""
-    from shale.metadata.topic import TopicMetadata
-
-    try:
-        return TopicMetadata.open(uri, metadata).load_policy().to_json()
-    except Exception as e:
-        return error_line(e)
-
-
-def _set_by(settings: Settings, policy: dict[str, Any]) -> dict[str, Any]:
-    """The settings ``policy`` sets, each with the value that wins for its topic."""
-    own = settings.with_policy(policy)
-    return {v.setting.option: _shown(own[name]) for name, v in settings.items()
-            if v.setting.policy and v.setting.py_name in policy}
-
-
-def _shown(v: Value) -> dict[str, Any]:
-    kind, name = v.setting.kind, v.setting.variable
-    value = [kind.to_json(x) for x in v.value] if isinstance(v.value, list) else (
-        None if v.value is None else kind.to_json(v.value))
-    return {"value": _masked(value, name), "source": str(v.source), "variable": name}
-
-
-def _masked(value: Any, name: str) -> Any:
-    if isinstance(value, str):
-        return mask_secrets(value, name)
-    if isinstance(value, list):
-        return [_masked(x, name) for x in value]
-    return value

@@ -292,6 +292,25 @@ class Whole(Kind):
 
 
 @dataclass(frozen=True, slots=True)
+class Seconds(Kind):
+    """A number of seconds, more than 0 (a timeout)."""
+
+    metavar: ClassVar[str] = "SECONDS"
+
+    def parse(self, text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise InvalidInputError(f"{shown(text)!r} is not a number of seconds") from None
+        return self.check(value)
+
+    def check(self, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+            raise InvalidInputError(f"{shown(value)!r} is not a number of seconds more than 0")
+        return float(value)
+
+
+@dataclass(frozen=True, slots=True)
 class Switch(Kind):
     """On or off: a flag without a value; typed as 1/true/yes/on or 0/false/no/off."""
 

@@ -11,7 +11,7 @@ take it, and whether a topic's policy may set it.  The command line's flags, the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from shale.ledger.codecs import DEFAULT_COMPRESSION
@@ -24,6 +24,7 @@ from shale.settings.kinds import (
     Pairs,
     Rate,
     Ratio,
+    Seconds,
     Size,
     Switch,
     Text,
@@ -32,7 +33,7 @@ from shale.settings.kinds import (
     Whole,
 )
 
-__all__ = ["COMMANDS", "ENV_PREFIX", "POLICY_SETTINGS", "SETTINGS", "Setting", "settings_for"]
+__all__ = ["COMMANDS", "ENV_PREFIX", "POLICY_SETTINGS", "SETTINGS", "VARIABLES", "Setting", "Variable", "settings_for"]
 
 ENV_PREFIX: Final = "SHALE_"
 
@@ -384,3 +385,65 @@ POLICY_SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in SETTINGS.values
 def settings_for(command: str) -> tuple[Setting, ...]:
     """The settings ``command`` takes, in the order its ``--help`` lists them."""
     return tuple(s for s in SETTINGS.values() if command in s.commands)
+
+
+@dataclass(frozen=True, slots=True)
+class Variable:
+    """An environment variable that shapes a run without being a command's flag: what the
+    stores are opened with (:class:`~shale.storage.StorageOptions` is made of these), and
+    how the process runs.  ``--print-config`` shows every one that is set, secrets masked."""
+
+    name: str
+    help: str
+    #: what it sets: an :class:`~shale.storage.S3Options` field (``s3.region``), the retry
+    #: policy's ``retry.attempts``, or "" (read where it is used)
+    target: str = ""
+    kind: Kind = field(default_factory=Text)
+    #: how a value it cannot take is described, after the variable and the value
+    expected: str = ""
+    #: who reads it: Shale, or the library or program Shale leaves it to
+    reader: str = "shale"
+
+
+_S3: Final = "the s3:// store: "
+#: Every variable that is no command's flag, each once.  A declared table; where several
+#: set one thing, the first one set wins (``AWS_ENDPOINT_URL_S3`` over ``AWS_ENDPOINT_URL``).
+VARIABLES: Final[dict[str, Variable]] = {v.name: v for v in (
+    Variable("AWS_ENDPOINT_URL_S3", _S3 + "the endpoint (MinIO, R2, moto ...)", "s3.endpoint_url"),
+    Variable("AWS_ENDPOINT_URL", _S3 + "the endpoint, when AWS_ENDPOINT_URL_S3 is not set", "s3.endpoint_url"),
+    Variable("AWS_REGION", _S3 + "the region", "s3.region"),
+    Variable("AWS_DEFAULT_REGION", _S3 + "the region, when AWS_REGION is not set", "s3.region"),
+    Variable("AWS_PROFILE", _S3 + "the profile of the AWS configuration files", "s3.profile"),
+    Variable("AWS_ACCESS_KEY_ID", _S3 + "the access key", "s3.access_key_id"),
+    Variable("AWS_SECRET_ACCESS_KEY", _S3 + "the secret key", "s3.secret_access_key"),
+    Variable("AWS_SESSION_TOKEN", _S3 + "the session token of temporary credentials", "s3.session_token"),
+    Variable("AWS_ROLE_ARN", _S3 + "the role a web identity assumes", "s3.role_arn"),
+    Variable("AWS_WEB_IDENTITY_TOKEN_FILE", _S3 + "the web identity's token (IRSA, workload identity)",
+             "s3.web_identity_token_file"),
+    Variable("AWS_ROLE_SESSION_NAME", _S3 + "the session name of an assumed role", "s3.role_session_name"),
+    Variable("AWS_CA_BUNDLE", _S3 + "the certificate authorities the endpoint's certificate is checked against",
+             "s3.ca_bundle"),
+    Variable("AWS_STS_REGIONAL_ENDPOINTS", _S3 + "legacy or regional: which STS endpoint assumes roles",
+             "s3.sts_regional_endpoints"),
+    Variable("SHALE_S3_ADDRESSING_STYLE", _S3 + "auto, virtual or path: how the bucket is named in requests",
+             "s3.addressing_style", Choice(("auto", "virtual", "path")), "one of auto, virtual, path"),
+    Variable("SHALE_S3_CONNECT_TIMEOUT", _S3 + "seconds to wait for a connection (default 10)", "s3.connect_timeout",
+             Seconds(), "expected a number of seconds"),
+    Variable("SHALE_S3_READ_TIMEOUT", _S3 + "seconds to wait for an answer (default 60)", "s3.read_timeout",
+             Seconds(), "expected a number of seconds"),
+    Variable("SHALE_S3_ATTEMPTS", "how many times a transient storage failure is tried before it is given up "
+             "(default 6)", "retry.attempts", Whole(1, 9999), "expected a whole number of attempts from 1 to 9999"),
+    Variable("GOOGLE_APPLICATION_CREDENTIALS", "the gs:// store: the service account's key file", reader="gcsfs"),
+    Variable("SHALE_DEBUG", "set: an error's traceback is printed after its one-line message"),
+    Variable("SHALE_KERNELS", "numpy: the NumPy fallbacks instead of the C kernels (to compare, or to rule the "
+             "kernels out)", kind=Choice(("native", "numpy", "python"))),
+    Variable("PYSPARK_PYTHON", "the Python a local Spark master's workers run (this interpreter when not set)",
+             reader="Spark"),
+    Variable("PYSPARK_GATEWAY_PORT", "set under spark-submit: the Spark engine joins the application it names",
+             reader="Spark"),
+    Variable("PYTHONWARNINGS", "Python's warning filters, given to the Spark executors' Python as well",
+             reader="Python"),
+    Variable("OPENBLAS_NUM_THREADS", "NumPy's BLAS threads: the command line sets 1 unless it is set",
+             reader="NumPy"),
+)}
+
