@@ -400,6 +400,10 @@ class Compactor:
                 self.meta.topic.store.delete(self.meta.topic.key(obj))
             except ShaleError:
                 pass  # left for garbage collection as an orphan
+        try:
+            store.remove_empty_folder(topic.key(run_dir))  # (a local folder would stay behind, empty)
+        except ShaleError:
+            pass
 
     def _keys_expire(self, plan: Plan, now_ms: int) -> bool:
         """Whether a run without new records would still drop keys past the key TTL."""

@@ -83,6 +83,15 @@ _EXPORT: Final = (
 #: Every command of ``shale``, in the order its ``--help`` lists them (``compact`` is also
 #: a console script of its own).
 COMMAND_TABLE: Final[dict[str, Command]] = {c.name: c for c in (
+    Command("create", "create a topic, with its own policy (--set NAME=VALUE)",
+            "Create an empty topic at TOPIC_URI, with the policy --set gives it (the settings shale config sets), "
+            "so that its first produce and compaction already run under it: the policy is written first, then the "
+            "topic, and a setting the topic could not work with is refused before anything is written. shale produce "
+            "creates a topic too, without a policy.",
+            "  0  created\n"
+            "  2  bad usage or setting, a topic there already (shale config changes its policy), or one it would\n"
+            "     lie inside or around (nothing is written)\n"
+            "  3  the policy kept changing (other writers)", "shale.cli.maintain:run_create"),
     Command("produce", "append records to a topic (creating it if needed)", _PRODUCE, EXIT_CODES,
             "shale.cli.produce:run_produce"),
     Command("read", "print a topic's records as JSON lines",

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from shale.maintenance.scrub import ScrubReport
     from shale.metadata.topic import TopicMetadata
 
-__all__ = ["run_config", "run_dictionary", "run_gc", "run_rollback", "run_snapshots", "run_truncate", "run_verify"]
+__all__ = ["run_config", "run_create", "run_dictionary", "run_gc", "run_rollback", "run_snapshots", "run_truncate",
+           "run_verify"]
 
 
 def _topic(args: argparse.Namespace) -> TopicMetadata:
@@ -128,6 +129,21 @@ def run_config(args: argparse.Namespace, io: Streams) -> int:
     else:
         width = max(map(len, shown))
         io.out.write("".join(f"{k.ljust(width)}  {v}\n" for k, v in shown.items()))
+    return 0
+
+
+def run_create(args: argparse.Namespace, io: Streams) -> int:
+    from shale.maintenance.policies import create_topic, parse_assignments, policy_text
+    from shale.metadata.topic import TopicMetadata
+
+    meta = TopicMetadata.open(args.topic, args.metadata)
+    changes, _ = parse_assignments(args.set, ())
+    shown = policy_text(create_topic(meta, changes))
+    if args.json:
+        print_json({"topic": meta.uri, "created": True, "policy": shown}, io.out)
+    else:
+        policy = ", ".join(f"{k}={v}" for k, v in shown.items())
+        io.out.write(f"{meta.uri}: created{', policy ' + policy if policy else ', no policy'}\n")
     return 0
 
 

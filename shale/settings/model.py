@@ -38,8 +38,8 @@ __all__ = ["COMMANDS", "ENV_PREFIX", "POLICY_SETTINGS", "SETTINGS", "VARIABLES",
 ENV_PREFIX: Final = "SHALE_"
 
 #: Every command, in the order ``shale --help`` lists them.
-COMMANDS: Final = ("produce", "read", "get", "export", "changes", "status", "compact", "gc", "truncate", "snapshots",
-                   "rollback",
+COMMANDS: Final = ("create", "produce", "read", "get", "export", "changes", "status", "compact", "gc", "truncate",
+                   "snapshots", "rollback",
                    "config", "topics", "subscriptions", "verify", "dictionary")
 #: The commands about one topic, named by a ``TOPIC_URI`` and ``--metadata``.
 _ONE_TOPIC: Final = frozenset(COMMANDS) - {"compact", "topics"}
@@ -118,6 +118,7 @@ def _s(name: str, kind: Kind, help: str, commands: frozenset[str] | set[str], **
 
 
 _JSON_HELP: Final = (("compact", "print one JSON line per topic instead of a summary"),
+                     ("create", "print one JSON document instead of text"),
                      ("status", "print one JSON document instead of text"),
                      ("config", "print one JSON document instead of text"),
                      ("topics", "print one JSON line per topic instead of a table"),
@@ -366,8 +367,9 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        "last record), a message id (at most latest), or a time (ISO 8601, UTC unless it names a zone: the first "
        "record published then or later)", {"subscriptions"}, env=False, metavar="earliest|latest|ID|TIME"),
     # -------------------------------------------------------------- config, dictionary
-    _s("set", Text(), "set a policy setting, e.g. delete-retention=7d (repeatable)", {"config"}, many=True,
-       metavar="NAME=VALUE"),
+    _s("set", Text(), "set a policy setting, e.g. delete-retention=7d (repeatable)", {"config", "create"}, many=True,
+       metavar="NAME=VALUE", help_for=(("create", "the new topic's policy: a policy setting, e.g. retention=7d "
+                                        "(repeatable)"),)),
     _s("unset", Text(), "remove a policy setting: the run's own value applies again (repeatable)", {"config"},
        many=True, metavar="NAME"),
     _s("train", Switch(), "train a new dictionary and register it", {"dictionary"}, default=False),
