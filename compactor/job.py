@@ -115,6 +115,7 @@ def _note_survivors(summary: RunSummary, survivors: SurvivorCounts) -> None:
     summary.keys = survivors.keys
     summary.tombstones_kept = survivors.tombstones_kept
     summary.tombstones_dropped = survivors.tombstones_dropped
+    summary.tombstones_held = survivors.tombstones_held
     summary.keyless_dropped = survivors.keyless_dropped
     summary.keyless_kept = survivors.keyless_kept
     summary.keys_expired = survivors.keys_expired

@@ -51,6 +51,9 @@ class RunSummary:
     keys: int = 0
     tombstones_kept: int = 0
     tombstones_dropped: int = 0
+    #: of the tombstones kept, those past the delete retention that active subscriptions
+    #: have yet to read (held until max-tombstone-hold)
+    tombstones_held: int = 0
     keyless_dropped: int = 0
     keyless_kept: int = 0
     keys_expired: int = 0  # live keys dropped past the key TTL
@@ -105,7 +108,8 @@ class RunSummary:
         return (f"{self.topic}: {'would compact' if dry else 'compacted'} to horizon {self.horizon} ({was}), "
                 f"epoch {self.epoch}: {self._read(dry)} from {sources}, {self._kept(dry, kept)}, "
                 f"{smaller:.1f}% fewer records; {count(self.keys, 'key')}, tombstones kept {self.tombstones_kept:,} "
-                f"dropped {self.tombstones_dropped:,}, keyless dropped {self.keyless_dropped:,}"
+                + (f"({self.tombstones_held:,} held for subscriptions) " if self.tombstones_held else "")
+                + f"dropped {self.tombstones_dropped:,}, keyless dropped {self.keyless_dropped:,}"
                 + (f", keys expired {self.keys_expired:,}" if self.keys_expired else "") + "; "
                 f"{t.get('total', 0.0):.2f}s ({phases})" + (f"; {self.message}" if self.message else ""))
 

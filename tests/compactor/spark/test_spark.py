@@ -117,7 +117,7 @@ def check_model(model: CompactionModel, uri: str, s: RunSummary, cfg: Compaction
 
 
 FIGURES = ("status", "horizon", "records_read", "records_written", "keys", "tombstones_kept",
-           "tombstones_dropped", "keyless_kept", "keyless_dropped", "held_back_records")
+           "tombstones_dropped", "tombstones_held", "keyless_kept", "keyless_dropped", "held_back_records")
 
 
 def figures(s: RunSummary) -> dict[str, Any]:
