@@ -30,7 +30,7 @@ from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.reader import LedgerFile
 from shale.metadata.state import CompactedPart, CompactionState, LedgerInfo, TopicState
 from shale.metadata.topic import TopicMetadata
-from shale.metadata.view import Segment, TopicView
+from shale.metadata.view import Segment, TopicView, dirty_ratio
 from shale.runtime.cpus import available_cpus
 from shale.storage import Location
 
@@ -121,13 +121,6 @@ class Slice:
         f = self.file.footer
         e0, e1 = int(f.entry_of(self.start)), int(f.entry_of(self.stop - 1))
         return int(f.raw_lengths()[e0:e1 + 1].sum()) + FRAME_HEADER.size * (e1 + 1 - e0)
-
-
-def dirty_ratio(dirty_bytes: float, compacted_live_bytes: float) -> float:
-    """Kafka's dirty ratio: bytes above the horizon over all live bytes (those plus the
-    live bytes of the compacted ledger); 0 when nothing is above the horizon."""
-    total = dirty_bytes + compacted_live_bytes
-    return dirty_bytes / total if dirty_bytes and total else 0.0
 
 
 @dataclass(frozen=True, slots=True, eq=False)

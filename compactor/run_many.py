@@ -25,7 +25,7 @@ from shale.compactor.config import CompactionConfig
 from shale.compactor.engine import Engine, LocalEngine
 from shale.compactor.job import Compactor
 from shale.compactor.summary import RunStatus, RunSummary
-from shale.compactor.topics import assess, choose, discover_topics, refuse_a_file
+from shale.compactor.topics import assess, choose, refuse_a_file
 from shale.ledger.errors import InvalidInputError, error_line
 from shale.ledger.masking import mask_secrets
 from shale.metadata.policy import TopicPolicy
@@ -120,7 +120,12 @@ def choose_topics(settings: Settings) -> list[tuple[str, bool]]:
     topics, prefix, metadata = settings.value("topics"), settings.value("all"), settings.value("metadata")
     if prefix is not None and metadata is not None:
         raise InvalidInputError("--all finds topics by their _meta folders, so it cannot be used with --metadata")
-    uris = discover_topics(prefix) if prefix is not None else list(topics)
+    if prefix is not None:
+        from shale.maintenance.listing import discover_topics  # (only --all lists a prefix)
+
+        uris = discover_topics(prefix)
+    else:
+        uris = list(topics)
     if prefix is None and not uris:
         raise InvalidInputError("no topic given: name TOPIC_URI(s) or --all PREFIX_URI")
     max_lag, max_topics = settings.value("max-compaction-lag"), settings.value("max-topics")

@@ -17,7 +17,13 @@ batches), the splits engines read in parallel (:mod:`shale.reader.splits`), poin
 and the compaction planner.
 
 It also says, in one place, which order every reader of "the latest value" decides by
-(:func:`reading_order`).
+(:func:`reading_order`), and what lies above the horizon (what a run has yet to compact),
+by two rules named as such: *estimated* from the metadata alone, the horizon's own ledger
+counted as compacted whole (what ``compact --all`` orders topics by, ``shale topics``
+shows and the Pushgateway's dirty ratio after a run reports), and *exact*, the footer of
+the ledger the horizon lies in read where the metadata cannot tell (``shale status``, a
+run's backlog, retention).  The Spark stream, status, the backlog and retention all ask
+the view.
 
 It lives in ``metadata``, below both the readers and the compactor (which never import
 each other), because both build on it and it needs nothing but the metadata documents
@@ -44,7 +50,8 @@ if TYPE_CHECKING:
     from shale.metadata.asof import AsOf
     from shale.metadata.topic import TopicMetadata
 
-__all__ = ["Removed", "Segment", "TopicView", "log_start", "reading_order", "wholly_below"]
+__all__ = ["Removed", "Segment", "TopicView", "dirty_ratio", "log_start", "reading_order", "records_above",
+           "wholly_below"]
 
 
 def wholly_below(lg: LedgerInfo, position: MessageId) -> bool:
@@ -55,6 +62,35 @@ def wholly_below(lg: LedgerInfo, position: MessageId) -> bool:
 def log_start(topic: TopicState) -> MessageId:
     """The smallest id a record of ``topic`` may still have: past every removed ledger."""
     return MessageId(topic.removed_through + 1, 0, 0) if topic.removed_through else MIN_ID
+
+
+def dirty_ratio(dirty_bytes: float, compacted_live_bytes: float) -> float:
+    """Kafka's dirty ratio: bytes above the horizon over all live bytes (those plus the
+    live bytes of the compacted ledger); 0 when nothing is above the horizon."""
+    total = dirty_bytes + compacted_live_bytes
+    return dirty_bytes / total if dirty_bytes and total else 0.0
+
+
+def records_above(meta: TopicMetadata, lg: LedgerInfo, horizon: MessageId | None) -> int:
+    """How many records of ``lg`` have ids above ``horizon`` (None: every one), exactly:
+    the metadata answers for every ledger but the one the horizon lies in, whose footer
+    says where it falls (one read)."""
+    if horizon is None or lg.id > horizon.ledger:
+        return lg.records
+    if wholly_below(lg, horizon.successor()):
+        return 0
+    f = LedgerFile.open(meta.topic.store, meta.topic.key(lg.object), ledger_id=lg.id)
+    return f.n_records - f.find(horizon.successor())
+
+
+def _entry_bytes(f: LedgerFile, lo: int, hi: int) -> int:
+    """Stored bytes of the entries holding ``f``'s records ``[lo, hi)`` (its footer aside)."""
+    if hi <= lo:
+        return 0
+    foot = f.footer
+    e0, e1 = int(foot.entry_of(lo)), int(foot.entry_of(hi - 1))
+    offs, lens = foot.col("e_offset"), foot.col("e_length")
+    return int(offs[e1]) + int(lens[e1]) - int(offs[e0])
 
 
 def reading_order(meta: TopicMetadata, state: CompactionState | None) -> TopicOrder:
@@ -314,3 +350,67 @@ class TopicView:
         holds the latest record of every key of the rest)."""
         first = max(gone.first, gone.covered)
         return None if first >= gone.resume else Removed(first, gone.through, gone.covered, gone.horizon)
+
+    # ------------------------------------------------------------- above the horizon
+
+    def ledgers_wholly_above(self) -> tuple[LedgerInfo, ...]:
+        """The ledgers whose every record lies above the horizon (every ledger, with none):
+        from the metadata alone."""
+        h = self.horizon
+        return tuple(lg for lg in self.topic.ledgers if h is None or lg.id > h.ledger)
+
+    @property
+    def compacted_records(self) -> int:
+        """The records a read of the compacted parts gives (their live records)."""
+        return 0 if self.compaction is None else sum(p.live for p in self.compaction.parts)
+
+    def dirt_estimated(self) -> tuple[int, float]:
+        """Bytes above the horizon and the dirty ratio, estimated from the metadata alone:
+        the ledgers wholly above it, whole, over those plus each compacted part's bytes in
+        proportion to its live records (the horizon's own ledger counted as compacted)."""
+        dirty = sum(lg.bytes for lg in self.ledgers_wholly_above())
+        parts = self.compaction.parts if self.compaction is not None else ()
+        compacted = sum(p.bytes * (p.live / p.records) for p in parts if p.records)
+        return dirty, dirty_ratio(dirty, compacted)
+
+    def dirt_exact(self, meta: TopicMetadata) -> tuple[int, float]:
+        """Bytes above the horizon and the dirty ratio, exactly: the entry bytes of the
+        records above it over those plus the compacted parts' entry bytes in proportion to
+        their live records (footers excluded on both sides), which is what a run planned now
+        without a minimum lag finds.  Reads the footer of every part and of every ledger from
+        the horizon's own on."""
+        dirty = 0
+        for seg in self.ledgers(self.tail_start(MIN_ID)):
+            f = seg.open(meta)
+            dirty += _entry_bytes(f, seg.span(f)[0], f.n_records)
+        live = 0
+        for seg in self.parts():
+            f, part = seg.open(meta), seg.part
+            share = part.live / part.records if part is not None and part.records else 1
+            live += int(_entry_bytes(f, 0, f.n_records) * share)
+        return dirty, dirty_ratio(dirty, live)
+
+    def records_above_exact(self, meta: TopicMetadata, lg: LedgerInfo) -> int:
+        """How many records of ``lg`` lie above the horizon (:func:`records_above`)."""
+        return records_above(meta, lg, self.horizon)
+
+    def oldest_above_estimated(self) -> int | None:
+        """The first publish time among the ledgers wholly above the horizon (None: none
+        is), from the metadata alone."""
+        return min((lg.first_publish for lg in self.ledgers_wholly_above()), default=None)
+
+    def oldest_above_exact(self, meta: TopicMetadata) -> int | None:
+        """The publish time of the oldest record above the horizon (None: none is): the
+        ledgers wholly above it say theirs, and the footer of the one it lies in says when
+        the entries after it were published (one read)."""
+        times = [lg.first_publish for lg in self.ledgers_wholly_above()]
+        h = self.horizon
+        at = self.topic.ledger(h.ledger) if h is not None else None
+        if at is not None and h is not None and not wholly_below(at, h.successor()):
+            f = LedgerFile.open(meta.topic.store, meta.topic.key(at.object), ledger_id=at.id, kind=KIND_ORIGINAL,
+                                dictionaries=meta.dictionaries)
+            first = f.find(h.successor())
+            if first < f.n_records:
+                times.append(int(f.footer.col("e_publish")[int(f.footer.entry_of(first)):].min()))
+        return min(times, default=None)
+

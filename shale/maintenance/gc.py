@@ -35,9 +35,17 @@ from shale.metadata.layout import (
 )
 from shale.metadata.state import CompactionState, RetiredSet
 from shale.metadata.topic import TopicMetadata
+from shale.settings import SETTINGS
+from shale.settings.kinds import Duration
 from shale.settings.units import count
 
 __all__ = ["COMPACTED_DIR", "GcReport", "collect_garbage", "run_dir_of"]
+
+_ORPHAN_GRACE: Final = SETTINGS["orphan-grace"].kind
+#: Writers give up on an upload older than a third of this before publishing it, and
+#: garbage collection never treats anything younger as an orphan (the settings model's
+#: least ``--orphan-grace``).
+MIN_ORPHAN_GRACE_MS: Final[int] = _ORPHAN_GRACE.least if isinstance(_ORPHAN_GRACE, Duration) else 0
 
 # A local folder's write in progress: ``.shale-tmp-<nonce>-<name>`` beside its object.
 _LOCAL_TMP: Final = re.compile(r"\.shale-tmp-[0-9a-f]{12}-(.+)")
@@ -82,7 +90,6 @@ def collect_garbage(meta: TopicMetadata, *, now_ms: int | None = None, grace_ms:
 
     Ages are judged by the store's clock (``now_ms`` defaults to
     :meth:`TopicMetadata.now_ms`), as the objects' modification times are the store's."""
-    from shale.compactor.config import MIN_ORPHAN_GRACE_MS
     from shale.ledger.errors import InvalidInputError
 
     if grace_ms < 0:

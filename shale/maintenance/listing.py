@@ -13,14 +13,32 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from shale.compactor.topics import discover_topics, estimate_dirt
-from shale.ledger.errors import error_line
+from shale.ledger.errors import InvalidURIError, error_line
 from shale.maintenance.policies import policy_text
 from shale.maintenance.subscriptions import SubscriptionStatus, slowest, subscription_statuses
-from shale.metadata.topic import TopicMetadata
+from shale.metadata.layout import META_DIR, refuse_a_file
+from shale.metadata.topic import TOPIC_DOC, TopicMetadata
+from shale.metadata.view import TopicView
 from shale.settings.units import format_time
+from shale.storage import resolve
 
-__all__ = ["TopicRow", "describe_topic", "list_topics", "rows_text"]
+__all__ = ["TopicRow", "describe_topic", "discover_topics", "list_topics", "rows_text"]
+
+
+def discover_topics(prefix_uri: str) -> list[str]:
+    """URIs of every topic under ``prefix_uri``, sorted (the listing reads every object
+    name under the prefix once)."""
+    loc = resolve(prefix_uri)
+    refuse_a_file(loc)
+    marker = f"/{META_DIR}/{TOPIC_DOC}"
+    found = set()
+    for info in loc.store.list(f"{loc.prefix}/" if loc.prefix else ""):
+        rel = loc.relative(info.key)
+        if rel.endswith(marker) and rel != marker.lstrip("/"):
+            found.add(rel[: -len(marker)])
+        elif rel == marker.lstrip("/"):
+            raise InvalidURIError(f"{prefix_uri} is a topic itself, not a prefix of topics")
+    return [f"{loc.uri.rstrip('/')}/{t}" for t in sorted(found)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +74,7 @@ def describe_topic(uri: str) -> TopicRow:
         slow = slowest(subscription_statuses(meta, topic=topic, footers=False))
     except Exception as e:  # listed with its error; never stops the others
         return TopicRow(uri, error=error_line(e))
-    _, ratio = estimate_dirt(topic, state)
+    _, ratio = TopicView(topic, state).dirt_estimated()
     return TopicRow(uri, len(topic.ledgers), topic.records, topic.bytes,
                     str(state.horizon) if state.horizon else None, state.epoch, ratio,
                     state.compacted_ms or None, policy_text(policy), slowest=slow)

@@ -25,11 +25,10 @@ from typing import Any
 
 from shale.ledger.errors import InvalidInputError
 from shale.ledger.ids import MessageId
-from shale.ledger.reader import LedgerFile
 from shale.metadata.state import CompactionState, LedgerInfo
 from shale.metadata.subscriptions import Subscription, Subscriptions, expiry_of
 from shale.metadata.topic import TopicMetadata
-from shale.metadata.view import wholly_below
+from shale.metadata.view import TopicView, records_above, wholly_below
 from shale.settings.units import count
 
 __all__ = ["Holder", "RetentionCut", "TruncationPlan", "UnreadRecordsError", "plan_truncation", "policy_retention",
@@ -171,26 +170,18 @@ def plan_truncation(meta: TopicMetadata, before_ledger: int) -> TruncationPlan:
         raise InvalidInputError(f"{meta.uri}: --before-ledger {before_ledger} is past the last ledger ({last}); "
                                 f"{last + 1} would remove every ledger")
     removed = tuple(lg for lg in topic.ledgers if lg.id < before_ledger)
-    horizon = state.horizon
+    view = TopicView(topic, state)
     uncompacted, lost = [], 0
     for lg in removed:
-        above = _records_above(meta, lg, horizon)
+        above = view.records_above_exact(meta, lg)
         if above:
             uncompacted.append(lg.id)
             lost += above
-    held = tuple(s.epoch for s in state.snapshots if any(_records_above(meta, lg, s.horizon) for lg in removed))
-    return TruncationPlan(meta.uri, before_ledger, horizon, removed, tuple(uncompacted), lost,
+    held = tuple(s.epoch for s in state.snapshots if any(records_above(meta, lg, s.horizon) for lg in removed))
+    return TruncationPlan(meta.uri, before_ledger, view.horizon, removed, tuple(uncompacted), lost,
                           unread_by=_unread_by(removed, _active(meta)) if removed else (), snapshots=held)
 
 
-def _records_above(meta: TopicMetadata, lg: LedgerInfo, horizon: MessageId | None) -> int:
-    if horizon is None or lg.id > horizon.ledger:
-        return lg.records
-    if lg.id < horizon.ledger:
-        return 0
-    # the horizon falls in this ledger: its footer says where
-    f = LedgerFile.open(meta.topic.store, meta.topic.key(lg.object), ledger_id=lg.id)
-    return max(0, f.n_records - f.find(horizon) - 1)
 
 
 def retention_cut(meta: TopicMetadata, *, older_than_ms: int | None = None, keep_bytes: int | None = None,
@@ -248,13 +239,13 @@ def _holders(meta: TopicMetadata, lg: LedgerInfo, state: CompactionState, active
     the retained snapshots (with ``drop_snapshots``, the tagged ones) with records above
     their horizons in it."""
     out = []
-    if not allow_uncompacted and _records_above(meta, lg, state.horizon):
+    if not allow_uncompacted and records_above(meta, lg, state.horizon):
         out.append(Holder("horizon", at=state.horizon))
     out += [Holder("subscription", s.name, s.position) for s in active if not wholly_below(lg, s.position)]
     tags = {epoch: name for name, epoch in sorted(state.tags.items(), reverse=True)}
     for snap in state.snapshots:
         tag = tags.get(snap.epoch)
-        if (tag is not None or not drop_snapshots) and _records_above(meta, lg, snap.horizon):
+        if (tag is not None or not drop_snapshots) and records_above(meta, lg, snap.horizon):
             out.append(Holder("tag", tag, snap.horizon) if tag is not None
                        else Holder("snapshot", str(snap.epoch), snap.horizon))
     return tuple(out)

@@ -11,20 +11,17 @@ permission error (exit 2), as it does when the store fails.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
-from shale.compactor.plan import make_plan
-from shale.compactor.topics import estimate_dirt
 from shale.ledger.errors import CORRUPTION, ObjectNotFoundError, ShaleError, error_line
-from shale.ledger.format import KIND_COMPACTED
 from shale.ledger.reader import LedgerFile
 from shale.maintenance.policies import policy_text
 from shale.maintenance.subscriptions import slowest, subscription_statuses
 from shale.maintenance.tags import utc_time, view_lines, view_rows
-from shale.metadata.state import CompactionState, TopicState
+from shale.metadata.state import TopicState
 from shale.metadata.topic import TopicMetadata
+from shale.metadata.view import Removed, TopicView
 from shale.settings.units import count, format_duration
 
 __all__ = ["status_text", "topic_status"]
@@ -36,15 +33,15 @@ def topic_status(topic_uri: str, metadata_uri: str | None = None) -> dict[str, A
     meta = TopicMetadata.open(topic_uri, metadata_uri)
     topic, comp = meta.load_topic(), meta.load_compaction()
     damaged: list[dict[str, str]] = []
+    view = TopicView(topic, comp)
     try:
-        # The dirty ratio a compaction run would see (its own plan, no lag).
-        plan = make_plan(meta, now_ms=int(time.time() * 1000), min_compaction_lag_ms=0)
-        dirty, ratio = plan.dirty_bytes, plan.dirty_ratio
+        # The dirty ratio a compaction run would see (no lag): from the footers.
+        dirty, ratio = view.dirt_exact(meta)
     except ShaleError:
-        damaged = _damaged(meta, topic, comp)
+        damaged = _damaged(meta, view)
         if not damaged:
             raise  # not damage: the store or the metadata failed, and the error says so
-        dirty, ratio = estimate_dirt(topic, comp)
+        dirty, ratio = view.dirt_estimated()
     last_id = None
     if topic.ledgers and not any(d["object"] == topic.ledgers[-1].object for d in damaged):
         lg = topic.ledgers[-1]
@@ -101,23 +98,23 @@ def _subscriptions(meta: TopicMetadata, topic: TopicState) -> dict[str, Any]:
             "slowest_subscription": None if slow is None else slow.to_json()}
 
 
-def _damaged(meta: TopicMetadata, topic: TopicState, comp: CompactionState) -> list[dict[str, str]]:
-    """Every ledger and compacted part whose footer cannot be read, with why (an error
-    that is not the object's damage — permission denied, the store failing — is raised)."""
-    store, loc = meta.topic.store, meta.topic
+def _damaged(meta: TopicMetadata, view: TopicView) -> list[dict[str, str]]:
+    """Every object the compacted view reads whose footer cannot be read, with why (an
+    error that is not the object's damage — permission denied, the store failing — is
+    raised).  The view reads every compacted part and the ledgers from the one the horizon
+    lies in (:meth:`~shale.metadata.view.TopicView.segments`: a run opens that one to find
+    the record after the horizon), so a damaged one would stop the next run; a ledger
+    wholly below the horizon is read by neither, and status does not read it either."""
     found = []
-    h = comp.horizon
-    objects: list[tuple[str, int, int | None]] = [(lg.object, lg.id, None) for lg in topic.ledgers
-                                                  if h is None or lg.id >= h.ledger]
-    # (a ledger below the horizon is never read by a run, and status does not read it either)
-    objects += [(p.object, comp.part_ledger_id(p), KIND_COMPACTED) for p in comp.parts]
-    for name, ledger_id, kind in objects:
+    for seg in view.segments():
+        if isinstance(seg, Removed):
+            continue
         try:
-            LedgerFile.open(store, loc.key(name), ledger_id=ledger_id, kind=kind)
+            seg.open(meta)
         except ShaleError as e:
             if not _is_damage(e):
                 raise
-            found.append({"object": name, "error": error_line(e)})
+            found.append({"object": seg.object, "error": error_line(e)})
     return found
 
 

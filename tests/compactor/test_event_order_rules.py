@@ -33,6 +33,8 @@ from shale.ledger import latest as rules_module
 from shale.ledger.format import NO_EVENT_TIME
 from tests.needs import need_c_extension
 
+pytestmark = pytest.mark.kernels  # (scripts/sanitize.sh runs these under ASan and UBSan)
+
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
 Key = tuple[int, int]

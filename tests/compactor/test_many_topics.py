@@ -11,7 +11,8 @@ import pytest
 
 from shale.cli.errors import EXIT_SOME_FAILED, run_exit_code
 from shale.compactor import CompactionConfig, Compactor
-from shale.compactor.topics import choose, discover_topics
+from shale.compactor.topics import choose
+from shale.maintenance.listing import discover_topics
 from shale.maintenance.verify import verify_topic
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter

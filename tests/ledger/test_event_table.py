@@ -41,7 +41,7 @@ Winners = dict[Key, tuple[int, int]]  # key -> (event, position) of its winner
 
 I64_MAX = np.iinfo(np.int64).max
 
-pytestmark = needs(c_extension(kernels._native, "ledger/_kernels.c"))
+pytestmark = [pytest.mark.kernels, needs(c_extension(kernels._native, "ledger/_kernels.c"))]
 
 
 def new_table(expected: int = 0) -> kernels.EventKeyTable:

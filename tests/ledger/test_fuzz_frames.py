@@ -87,6 +87,8 @@ from tests.metadata.test_fuzz_hostile import (
     watchdog,
 )
 
+pytestmark = pytest.mark.kernels  # (scripts/sanitize.sh runs these under ASan and UBSan)
+
 PER_ENTRY = 40
 NAMES = ["alice", "bob", "carol", "dave", "erin"]
 CITIES = ["paris", "rome", "oslo", "lima", "kyiv"]

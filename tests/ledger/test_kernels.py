@@ -52,6 +52,8 @@ from tests.compactor.test_compaction import expected_view
 from tests.conftest import run_cli
 from tests.needs import BUILD_HOW, c_extension, missing, need_c_extension, needs
 
+pytestmark = pytest.mark.kernels  # (scripts/sanitize.sh runs these under ASan and UBSan)
+
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
 Key = tuple[int, int]

@@ -36,6 +36,8 @@ from shale.ledger import kernels
 from shale.ledger.record import Record, encode_record
 from tests.needs import c_extension, need_c_extension, needs
 
+pytestmark = pytest.mark.kernels  # (scripts/sanitize.sh runs these under ASan and UBSan)
+
 NATIVE = kernels._native
 needs_native = needs(c_extension(NATIVE, "ledger/_kernels.c"))
 

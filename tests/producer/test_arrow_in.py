@@ -62,6 +62,7 @@ def _random_columns(rnd: random.Random, n: int) -> RecordColumns:
                          event, np.array([rnd.random() < 0.8 for _ in range(n)], np.uint8))
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("seed", range(4))
 def test_encoder_matches_encode_entry_byte_for_byte(seed: int) -> None:
     rnd = random.Random(seed)
@@ -76,12 +77,14 @@ def test_encoder_matches_encode_entry_byte_for_byte(seed: int) -> None:
             assert np.array_equal(got.flags, ref.r_flags)
 
 
+@pytest.mark.kernels
 def test_encoder_names_the_first_record_over_the_limit() -> None:
     cols = RecordColumns(_var([b"a", b"b", b"c"]), _var([b"x" * 10, b"y" * 100, b"z" * 1000]))
     assert encode_columns(cols, T0, 100) == encoder.Refused("size", 1)
     assert encoder._encode_python(cols, T0, 100) == encoder.Refused("size", 1)
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("pairs", [2, 33, 200])
 def test_encoder_refuses_a_property_named_twice(pairs: int) -> None:
     names = [f"n{k}".encode() for k in range(pairs - 1)] + [b"n0"]
@@ -91,6 +94,7 @@ def test_encoder_refuses_a_property_named_twice(pairs: int) -> None:
     assert encoder._encode_python(cols, T0, 1 << 20) == encoder.Refused("duplicate", 1)
 
 
+@pytest.mark.kernels
 def test_encoder_refuses_offsets_outside_the_data() -> None:
     need_c_extension(encoder._native, "ledger/_encoder.c")
     bad = RecordColumns(VarColumn(np.array([0, 5, 99], np.int64), b"abcdef"), _var([b"x", b"y"]))
@@ -175,6 +179,7 @@ def test_append_batch_takes_sliced_views_large_types_and_python_columns(tmp_path
                         (b"last", b"one", {}, None)]
 
 
+@pytest.mark.kernels
 def test_bad_batches_name_the_column_and_row_and_append_nothing(tmp_path: Path) -> None:
     uri = str(tmp_path / "t")
     good = pa.table({"key": ["a", "b", "c"], "value": ["1", "2", "3"]})

@@ -27,7 +27,7 @@ from shale.storage import resolve
 from tests.conftest import run_cli_here
 from tests.needs import c_extension, needs
 
-pytestmark = needs(c_extension(jsonl_ingest._native, "ledger/_jsonl.c"))
+pytestmark = [pytest.mark.kernels, needs(c_extension(jsonl_ingest._native, "ledger/_jsonl.c"))]
 
 Stored = list[tuple[bytes | None, bytes | None, dict[str, str], int | None]]
 
