@@ -19,6 +19,7 @@ from shale.ledger.errors import (
     GapError,
     InvalidInputError,
     ObjectNotFoundError,
+    ProducerFencedError,
     StoragePermissionError,
     UnsupportedOperationError,
 )
@@ -51,7 +52,7 @@ EXIT_INTERRUPTED: Final = 130
 _CODES: Final[tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], int], ...]] = (
     (GapError, EXIT_GAP),
     (CORRUPTION, EXIT_CORRUPT),
-    (ConflictError, EXIT_CONFLICT),
+    ((ConflictError, ProducerFencedError), EXIT_CONFLICT),
     (InvalidInputError, EXIT_USAGE),
     # how the command is run, not the data: a file's permissions, S3's access denied
     ((StoragePermissionError, PermissionError), EXIT_USAGE),

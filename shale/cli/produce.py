@@ -13,9 +13,9 @@ from typing import IO, TYPE_CHECKING
 
 from shale.cli.app import Streams
 from shale.cli.output import emit
-from shale.ledger.codecs import Compression
 from shale.ledger.errors import InvalidInputError
 from shale.runtime import interrupts
+from shale.settings import Settings
 from shale.settings.units import count
 
 if TYPE_CHECKING:
@@ -35,11 +35,13 @@ def run_produce(args: argparse.Namespace, io: Streams) -> int:
     if fmt == "jsonl" and picked:
         raise InvalidInputError(f"--{picked[0]} picks a column of parquet, arrow or csv input; JSON lines have "
                                 "fixed fields (see shale produce --help)")
+    own = _with_policy(args)
     stream, name = _open_input(args.input)
     try:
         writer = TopicWriter(args.topic, metadata_uri=args.metadata, max_ledger_records=args.max_ledger_records,
                              max_ledger_bytes=args.max_ledger_bytes, batch_size=args.batch_size,
-                             compression=_compression(args))
+                             compression=own.value("compression"), max_ledger_age_ms=own.value("max-ledger-age"),
+                             producer_id=args.producer_id, producer_expiry_ms=own.value("producer-expiry"))
         _append_all(writer, stream, name, fmt, args)
     finally:
         if stream is not sys.stdin.buffer:
@@ -57,17 +59,18 @@ def _open_input(path: str) -> tuple[IO[bytes], str]:
         raise InvalidInputError(f"cannot open input {path}: {e.strerror}") from None
 
 
-def _compression(args: argparse.Namespace) -> Compression:
-    """The compression, by the one precedence rule: the flag > the topic's policy > the
-    variable > the default."""
+def _with_policy(args: argparse.Namespace) -> Settings:
+    """The settings by the one precedence rule: the flag > the topic's policy (its
+    compression, max-ledger-age, producer-expiry) > the variable > the default."""
     from shale.metadata.topic import TopicMetadata
+    from shale.producer.idempotence import check_producer_id
 
-    if args.settings.source("compression") == "flag":
-        given: Compression = args.compression
+    if args.producer_id is not None:
+        check_producer_id(args.producer_id)  # (refused before the topic is read, or made)
+    given: Settings = args.settings
+    if all(given.source(s) == "flag" for s in ("compression", "max-ledger-age", "producer-expiry")):
         return given  # (the topic need not be read)
-    policy = TopicMetadata.open(args.topic, args.metadata).load_policy()
-    value: Compression = args.settings.with_policy(policy.to_json()).value("compression")
-    return value
+    return given.with_policy(TopicMetadata.open(args.topic, args.metadata).load_policy().to_json())
 
 
 def _append_all(writer: TopicWriter, stream: IO[bytes], name: str, fmt: str, args: argparse.Namespace) -> None:
@@ -107,9 +110,16 @@ def _append_all(writer: TopicWriter, stream: IO[bytes], name: str, fmt: str, arg
 
 
 def _append_lines(writer: TopicWriter, stream: IO[bytes], name: str, shown: _ProduceProgress | None) -> None:
+    from shale.producer.jsonl_ingest import CHUNK_BYTES
     from shale.producer.jsonlines import parse_record_line
+    from shale.producer.pipe import lines
 
-    for n, raw in enumerate(interrupts.interruptible(stream), start=1):
+    n = 0
+    for raw in interrupts.interruptible(lines(stream, CHUNK_BYTES, writer.linger_due)):
+        if not raw:  # the linger: what came is sealed before the wait goes on
+            writer.seal_if_due()
+            continue
+        n += 1
         if shown is not None:
             shown.add(1, len(raw))
         where = f"{name}:{n}"

@@ -172,6 +172,17 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        default=64 << 20),
     _s("batch-size", Whole(1), "records per entry (as Pulsar batches; fewer once they come to 1 MiB)", {"produce"},
        default=1000),
+    _s("max-ledger-age", Duration(), "seal what was appended once its oldest record has waited this long, however "
+       "slowly the input comes, so that a follower sees every record within this plus its poll interval (Kafka's "
+       "linger.ms); each seal is one ledger: one object and one swap of the ledger list (0: by size and at the end "
+       "only)", {"produce"}, flag="--linger", default=0, policy=True, field="max_ledger_age_ms"),
+    _s("producer-id", Text(), "make a retried produce skip what an earlier run with this id appended: the records "
+       "of the input are numbered from 0, and those below the number the id last registered (with its ledger, in "
+       "one swap) are skipped, as Kafka's idempotent producer does; give each input its own id (its file name and "
+       "date, say): a prefix is skipped by position, not by content", {"produce"}, metavar="ID"),
+    _s("producer-expiry", Duration(), "how long what a producer id registered is kept after its last ledger; a run "
+       "with the id after that appends everything again", {"produce"}, default=7 * 24 * 3_600_000, policy=True,
+       field="producer_expiry_ms"),
     _s("compression", Codec(),
        "how entries are compressed: none, lz4, zstd (level 1), zstd:LEVEL (1-22), or zstd-dict[:LEVEL] (zstd with "
        "the topic's newest trained dictionary: shale dictionary --train)", {"produce", "compact"},
