@@ -11,6 +11,7 @@ the gaps retention opened ahead of it.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -41,6 +42,7 @@ from shale.reader.arrow import (
 )
 from shale.reader.arrow import require as _require
 from shale.reader.gaps import Gap, GapListener, OnGap, check_on_gap, log_gap, log_start
+from shale.reader.outage import OutageListener, Rider, log_outage
 from shale.reader.subscriber import Subscribing
 from shale.storage import StorageOptions
 
@@ -93,6 +95,11 @@ class TopicReader(Subscribing):
     ``subscription`` names a durable subscription: the reader starts where it last
     committed (a new one is created at ``start``); :meth:`commit`, or ``auto_commit``,
     commits the position after the last message returned (:mod:`shale.reader.subscriber`).
+
+    ``retry_for`` (seconds) rides out storage outages: a read that finds the store
+    unreachable is tried again with backoff for that long (None: for ever when following,
+    else not at all), each outage told once as it starts and once as it ends to
+    ``outage_listener`` (:mod:`shale.reader.outage`).
     """
 
     def __init__(self, topic_uri: str, *, metadata_uri: str | None = None, read_compacted: bool = False,
@@ -100,7 +107,8 @@ class TopicReader(Subscribing):
                  poll_interval: float = 1.0, on_gap: OnGap = "error", gap_listener: GapListener | None = None,
                  storage_options: StorageOptions | None = None, subscription: str | None = None,
                  auto_commit: bool = False, as_of: AsOf | None = None, from_snapshot: int | str | None = None,
-                 max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> None:
+                 max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, retry_for: float | None = None,
+                 outage_listener: OutageListener | None = None) -> None:
         if as_of is not None and from_snapshot is not None:
             raise InvalidInputError("give as_of (the topic as it was) or from_snapshot (a snapshot, then everything "
                                     "since), not both")
@@ -128,6 +136,10 @@ class TopicReader(Subscribing):
         self.on_gap: OnGap = check_on_gap(on_gap)
         #: told of each gap the reader goes past (``skip``, ``compacted``)
         self.gap_listener: GapListener = gap_listener or log_gap
+        #: reads tried again through storage outages, for ``retry_for`` seconds (None: for
+        #: ever when following, else not at all), each outage told to ``outage_listener``
+        self._rider = Rider(self.meta.uri, (math.inf if follow else 0.0) if retry_for is None else retry_for,
+                            outage_listener or log_outage, first_wait=poll_interval)
         self._it: Iterator[Message] | None = None
         self._pending: Message | None = None
         self._files: OrderedDict[str, LedgerFile] = OrderedDict()
@@ -260,7 +272,11 @@ class TopicReader(Subscribing):
                 yield m
 
     def _take(self) -> Message | None:
-        """The next message if the topic has one now, else None (looked for again next time)."""
+        """The next message if the topic has one now, else None (looked for again next time);
+        read again through a storage outage (:mod:`shale.reader.outage`)."""
+        return self._rider.call(self._take_once)
+
+    def _take_once(self) -> Message | None:
         if self._pending is not None:
             pending, self._pending = self._pending, None
             return pending
@@ -292,7 +308,7 @@ class TopicReader(Subscribing):
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return None
-            self._tick()
+            self._rider.call(self._tick)
             time.sleep(self.poll_interval if left is None else min(self.poll_interval, left))
 
     def read(self, limit: int | None = None) -> list[Message]:

@@ -59,6 +59,7 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
     from shale.producer.jsonlines import message_line
     from shale.reader import TopicReader, parse_position
     from shale.reader.gaps import Gap
+    from shale.reader.outage import Outage
 
     start = parse_position(args.start)
     as_of, from_snapshot = _point(args)
@@ -68,13 +69,19 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
         io.err.write(f"shale: warning: {gap.human()}\n")
         io.err.flush()
 
+    def outage(o: Outage) -> None:  # once when it starts, once when it ends
+        io.out.flush()
+        io.err.write(f"shale: {'' if o.ended else 'warning: '}{o.human()}\n")
+        io.err.flush()
+
     with TopicReader(args.topic, metadata_uri=args.metadata, read_compacted=args.compacted, start=start,
                      follow=args.follow, poll_interval=args.poll_interval / 1000, on_gap=args.on_gap,
                      gap_listener=gone_past, chunk_bytes=chunk_bytes, subscription=args.subscription,
                      # a follower prints and flushes each record before asking for the next: the reader
                      # may commit it then, and keeps an idle subscription active
                      auto_commit=args.follow and args.subscription is not None, as_of=as_of,
-                     from_snapshot=from_snapshot, max_batch_bytes=args.max_batch_bytes) as r:
+                     from_snapshot=from_snapshot, max_batch_bytes=args.max_batch_bytes,
+                     retry_for=None if args.retry_for is None else args.retry_for / 1000, outage_listener=outage) as r:
         if r.subscriber is not None and r.subscriber.expired:
             io.err.write(f"shale: warning: {r.meta.uri}: subscription {r.subscriber.name!r} had expired (no commit "
                          "within the topic's subscription-expiry): it held nothing back meanwhile, so deletes may have "

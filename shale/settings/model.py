@@ -218,6 +218,10 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
     _s("follow", Switch(), "keep reading as new ledgers are registered (Ctrl-C ends it, exit code 0)", {"read"},
        default=False),
     _s("poll-interval", Duration(), "with --follow: how often to look for new ledgers", {"read"}, default=1000),
+    _s("retry-for", Duration(), "ride out storage outages: a read that finds storage unreachable (after its own "
+       "retries) tries again, waiting twice as long each time from --poll-interval up to 30s, for this long before "
+       "it gives up (exit 1); each outage is said once when it starts and once when it ends", {"read"},
+       default_text="with --follow: until storage is back; otherwise 0, only the store's own retries"),
     _s("value-format", Choice(("text", "json")), _VALUE_FORMAT_HELP, {"read", "get", "changes"}, default="text"),
     _s("on-gap", Choice(("error", "skip", "compacted")), _GAP_HELP, {"read"}, default="error"),
     _s("subscription", Text(), "read as this durable subscription: start where it last committed (a new one is "
