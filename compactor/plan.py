@@ -161,21 +161,29 @@ class Plan:
 
 def make_plan(meta: TopicMetadata, *, now_ms: int, min_compaction_lag_ms: int,
               open_file: Callable[[str, int | None, int], LedgerFile] | None = None,
-              footers: bool = True, rewrite: bool = False) -> Plan:
+              footers: bool = True, rewrite: bool = False, topic: TopicState | None = None,
+              previous: CompactionState | None = None) -> Plan:
     """Read both metadata documents and the footers needed to fix this run's range
     (every footer with ``footers``; else at most two, see the module's text).
 
     ``rewrite``: read every original ledger still kept, not only those above the previous
     horizon, besides the previous parts (which hold what retention removed since): the
     whole topic competes again, as when its order changes.  The new horizon is then never
-    below the previous one, whatever the lag (those records were compacted already)."""
+    below the previous one, whatever the lag (those records were compacted already).
+
+    ``topic`` and ``previous``: the two documents as already read (a topic's handle holds
+    them), else read here; a ledger list older than a truncation the state was stamped
+    with is read again (the run must plan with the list the truncation left)."""
     loc = meta.topic
     opener = open_file or (lambda key, lid, kind: LedgerFile.open(loc.store, key, ledger_id=lid, kind=kind,
                                                                    dictionaries=meta.dictionaries))
-    previous = meta.load_compaction()
+    previous = meta.load_compaction() if previous is None else previous
+    topic = meta.load_topic() if topic is None else topic
+    if topic.generation < previous.topic_generation:
+        topic = meta.load_topic()
     # What the run reads is the compacted view: every previous part, then the original
     # ledgers from the previous horizon's successor.
-    view = TopicView(meta.load_topic(), previous)
+    view = TopicView(topic, previous)
     cutoff = now_ms - min_compaction_lag_ms
     floor = previous.horizon if rewrite else None
     todo, held_back = _ledgers_to_read(view, cutoff, MIN_ID if rewrite else view.tail_start(MIN_ID), floor)

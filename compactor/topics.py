@@ -13,13 +13,13 @@ uncompacted record is older than ``--max-compaction-lag`` goes first whatever it
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from shale.ledger.errors import error_line
 from shale.maintenance.subscriptions import Lag, slowest, subscription_statuses
+from shale.metadata.handle import Topic, opened
 from shale.metadata.layout import refuse_a_file
-from shale.metadata.topic import TopicMetadata
-from shale.metadata.view import TopicView
 
 __all__ = ["Backlog", "TopicChoice", "assess", "backlog", "choose", "refuse_a_file"]
 
@@ -33,32 +33,46 @@ class TopicChoice:
     oldest_uncompacted_ms: int | None  # first publish time above the horizon; None: nothing new
     overdue: bool  # older than --max-compaction-lag: compacted whatever its ratio
     error: str | None = None  # its metadata could not be read (it is still attempted, and fails clearly)
+    #: the topic, opened: its documents as read to choose it (what its run starts from)
+    topic: Topic | None = field(default=None, compare=False)
 
 
-def assess(uri: str, *, now_ms: int, max_lag_ms: int | None = None, metadata_uri: str | None = None,
+def _max_lag(topic: Topic, max_lag_ms: int | None, policy_lag: bool) -> int | None:
+    """The max compaction lag in force for ``topic``: with a run's settings, by the one
+    precedence rule; else ``max_lag_ms``, which with ``policy_lag`` the topic's own policy
+    replaces when it sets one."""
+    if topic.settings is not None and "max-compaction-lag" in topic.settings:
+        lag: int | None = topic.value("max-compaction-lag")
+        return lag
+    if policy_lag and (own := topic.policy.get("max_compaction_lag_ms")) is not None:
+        return int(own)
+    return max_lag_ms
+
+
+def assess(topic: Topic | str, *, now_ms: int, max_lag_ms: int | None = None, metadata_uri: str | None = None,
            policy_lag: bool = False) -> TopicChoice:
-    """One topic's dirty ratio and age, from its metadata documents; with ``policy_lag``
-    the topic's own max compaction lag, if its policy sets one, replaces ``max_lag_ms``."""
+    """One topic's dirty ratio and age, from its metadata documents (read once, through the
+    handle the choice keeps); the max compaction lag by :func:`_max_lag`."""
     try:
-        meta = TopicMetadata.open(uri, metadata_uri)
-        topic, state = meta.load_topic(), meta.load_compaction()
-        if policy_lag and (own := meta.load_policy().get("max_compaction_lag_ms")) is not None:
-            max_lag_ms = own
+        t = opened(topic, metadata_uri)
+        view = t.view()
+        max_lag_ms = _max_lag(t, max_lag_ms, policy_lag)
     except Exception as e:  # still attempted, and fails clearly on its own (never stops the others)
-        return TopicChoice(uri, 1.0, None, True, error_line(e))
-    view = TopicView(topic, state)
+        uri = topic.uri if isinstance(topic, Topic) else topic
+        return TopicChoice(uri, 1.0, None, True, error_line(e), topic if isinstance(topic, Topic) else None)
     _, ratio = view.dirt_estimated()
     oldest = view.oldest_above_estimated()
     overdue = max_lag_ms is not None and oldest is not None and now_ms - oldest >= max_lag_ms
-    return TopicChoice(uri, ratio, oldest, overdue)
+    return TopicChoice(t.uri, ratio, oldest, overdue, topic=t)
 
 
-def choose(uris: list[str], *, now_ms: int, max_lag_ms: int | None = None, max_topics: int | None = None,
-           metadata_uri: str | None = None, policy_lag: bool = False) -> list[TopicChoice]:
-    """``uris`` in the order to compact them: overdue topics first (oldest first), then
+def choose(topics: Sequence[Topic | str], *, now_ms: int, max_lag_ms: int | None = None,
+           max_topics: int | None = None, metadata_uri: str | None = None,
+           policy_lag: bool = False) -> list[TopicChoice]:
+    """``topics`` in the order to compact them: overdue topics first (oldest first), then
     the rest by dirty ratio, highest first; at most ``max_topics``."""
-    choices = [assess(u, now_ms=now_ms, max_lag_ms=max_lag_ms, metadata_uri=metadata_uri, policy_lag=policy_lag)
-               for u in uris]
+    choices = [assess(t, now_ms=now_ms, max_lag_ms=max_lag_ms, metadata_uri=metadata_uri, policy_lag=policy_lag)
+               for t in topics]
     choices.sort(key=lambda c: (not c.overdue, c.oldest_uncompacted_ms if c.overdue else 0, -c.dirty_ratio, c.uri))
     return choices[:max_topics] if max_topics is not None else choices
 
@@ -74,18 +88,15 @@ class Backlog:
     subscription_lag: Lag = field(default_factory=Lag)
 
 
-def backlog(uri: str, *, max_lag_ms: int | None = None, metadata_uri: str | None = None,
+def backlog(topic: Topic | str, *, max_lag_ms: int | None = None, metadata_uri: str | None = None,
             policy_lag: bool = False) -> Backlog:
-    """``uri``'s backlog; with ``policy_lag`` the topic's own max compaction lag, if its
-    policy sets one, replaces ``max_lag_ms``.  Unlike :func:`assess` the age is exact:
-    when the horizon lies inside a ledger, that ledger's footer says when the entry after
-    the horizon was published (one read); so is the slowest subscription's lag.  Raises
-    what reading the topic raises."""
-    meta = TopicMetadata.open(uri, metadata_uri)
-    topic, state = meta.load_topic(), meta.load_compaction()
-    if policy_lag and (own := meta.load_policy().get("max_compaction_lag_ms")) is not None:
-        max_lag_ms = own
-    view = TopicView(topic, state)
-    slow = slowest(subscription_statuses(meta, topic=topic))
-    return Backlog(view.dirt_estimated()[1], view.oldest_above_exact(meta), max_lag_ms,
+    """The topic's backlog, from the documents its handle holds (after a run: as the run
+    left them, nothing read again); the max compaction lag by :func:`_max_lag`.  Unlike
+    :func:`assess` the age is exact (:meth:`~shale.metadata.view.TopicView.oldest_above_exact`:
+    one footer read when the horizon lies inside a ledger); so is the slowest subscription's
+    lag.  Raises what reading the topic raises."""
+    t = opened(topic, metadata_uri)
+    view = t.view()
+    slow = slowest(subscription_statuses(t))
+    return Backlog(view.dirt_estimated()[1], view.oldest_above_exact(t.meta), _max_lag(t, max_lag_ms, policy_lag),
                    Lag() if slow is None else slow.lag)

@@ -119,6 +119,11 @@ class StoredPayload:
 
         return self.length - FRAME_HEADER.size
 
+    @property
+    def exhausted(self) -> bool:
+        """Whether every stored byte has been read."""
+        return self._fetched >= self.length and self._at >= self._buf_at + self._buf.nbytes
+
     def peek(self, n: int) -> bytes:
         """The first ``n`` bytes of the payload (at most), before any is read."""
         from shale.ledger.format import FRAME_HEADER
@@ -323,7 +328,7 @@ class PayloadStream:
             try:
                 extra = self._reader.read(1)
             except zstandard.ZstdError as e:
-                raise self._bad(f"does not decompress with zstd: {e}") from e
+                raise self._bad(self._frame_verdict() or f"does not decompress with zstd: {e}") from e
             if extra:
                 raise self._bad(f"decompresses to more than the {self.raw_length} bytes the footer says")
             self._reader.close()
@@ -342,10 +347,24 @@ class PayloadStream:
             while got < out.nbytes:
                 n = self._reader.readinto(out[got:])
                 if not n:
-                    raise self._bad(f"decompresses to {self._at + got} bytes, the footer says {self.raw_length}")
+                    raise self._bad(self._frame_verdict() or
+                                    f"decompresses to {self._at + got} bytes, the footer says {self.raw_length}")
                 got += n
         except zstandard.ZstdError as e:
-            raise self._bad(f"does not decompress with zstd: {e}") from e
+            raise self._bad(self._frame_verdict() or f"does not decompress with zstd: {e}") from e
+
+    def _frame_verdict(self) -> str | None:
+        """What is wrong with the stored frame's shape, once what was read of it says so:
+        the same words a whole entry's check gives, rather than the decompressor's."""
+        walk, source = self._walk, self._source
+        if walk is None or source is None:
+            return None
+        length = source.payload_length
+        if walk.end == -2 or walk.end > length or (walk.end == -1 and source.exhausted):
+            return "is not one whole zstd frame"
+        if walk.end >= 0 and walk.end != length:
+            return f"has {length - walk.end} bytes after its zstd frame"
+        return None
 
 
 def _frame_end(data: memoryview, header: int, checksum: bool) -> int:

@@ -47,7 +47,8 @@ from shale.reader.latest import Chosen, LatestPlan, plan_latest
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["Change", "ChangePlan", "change_batches", "change_schema", "changes", "constant_text", "plan_changes"]
+__all__ = ["Change", "ChangePlan", "change_batches", "change_schema", "changes", "constant_text", "plan_changes",
+           "view_difference"]
 
 Op = Literal["upsert", "delete"]
 
@@ -162,6 +163,33 @@ def _segment(state: CompactionState, part: CompactedPart) -> Segment:
 
 def _by_views(meta: TopicMetadata, a: CompactionState, b: CompactionState) -> ChangePlan:
     """Changes between two compacted views: the records live in one and not the other."""
+    return _decide(*_sides(meta, a, b), "views")
+
+
+def view_difference(topic: TopicMetadata | str, since: int, until: int
+                    ) -> tuple[tuple[Chosen, ...], tuple[Chosen, ...], npt.NDArray[np.uint64]] | None:
+    """The records of the table of epoch ``until`` that the table of epoch ``since`` lacks,
+    and those of ``since``'s table that ``until``'s lacks (each a record with a key and a
+    value, by id: a key written again is in both), with the ids of the latter (rows
+    ``(ledger, entry, batch)``), from the two views' parts alone (see the module); None
+    when either epoch has a key TTL, whose table also moves with the clock.  What a copy of
+    the table kept by epoch (an Iceberg table) adds and deletes."""
+    meta = _opened(topic)
+    views = _epoch_views(meta, since, until)
+    if views is None:
+        return None
+    old, new = _sides(meta, *views)
+    ids_o, _, _, fl_o = old.cat()
+    ids_n, _, _, fl_n = new.cat()
+    in_both_o, in_both_n = _matches(ids_o, ids_n)
+    live_value_n = ((fl_n & FLAG_HAS_KEY) != 0) & ((fl_n & FLAG_TOMBSTONE) == 0) & ~in_both_n
+    live_value_o = ((fl_o & FLAG_HAS_KEY) != 0) & ((fl_o & FLAG_TOMBSTONE) == 0) & ~in_both_o
+    return new.chosen(live_value_n), old.chosen(live_value_o), ids_o[live_value_o]
+
+
+def _sides(meta: TopicMetadata, a: CompactionState, b: CompactionState) -> tuple[_Side, _Side]:
+    """The records live in view ``a`` and not in ``b`` (by where they are: a part both
+    views hold, compared by its deletion vectors) and those live in ``b`` and not in ``a``."""
     old, new = _Side.empty(), _Side.empty()
     a_parts = {p.object: p for p in a.parts}
     b_parts = {p.object: p for p in b.parts}
@@ -185,7 +213,7 @@ def _by_views(meta: TopicMetadata, a: CompactionState, b: CompactionState) -> Ch
             seg = _segment(b, part)
             f = seg.open(meta)
             new.add(seg, f, seg.live(meta, f))
-    return _decide(old, new, "views")
+    return old, new
 
 
 def _decide(old: _Side, new: _Side, how: str) -> ChangePlan:

@@ -93,8 +93,10 @@ class TopicReader(Subscribing):
     (:class:`~shale.storage.StorageOptions`; read from the environment when not given).
 
     ``subscription`` names a durable subscription: the reader starts where it last
-    committed (a new one is created at ``start``); :meth:`commit`, or ``auto_commit``,
-    commits the position after the last message returned (:mod:`shale.reader.subscriber`).
+    committed (a new one is created at ``start``); :meth:`commit`, ``auto_commit`` or
+    ``commit_every`` (every N messages returned, once more is asked for, and when every
+    message there is was returned; ``before_commit`` is called first) commits the position
+    after the last message returned (:mod:`shale.reader.subscriber`).
 
     ``retry_for`` (seconds) rides out storage outages: a read that finds the store
     unreachable is tried again with backoff for that long (None: for ever when following,
@@ -107,7 +109,8 @@ class TopicReader(Subscribing):
                  poll_interval: float = 1.0, on_gap: OnGap = "error", gap_listener: GapListener | None = None,
                  storage_options: StorageOptions | None = None, subscription: str | None = None,
                  auto_commit: bool = False, as_of: AsOf | None = None, from_snapshot: int | str | None = None,
-                 max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, retry_for: float | None = None,
+                 max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, commit_every: int | None = None,
+                 before_commit: Callable[[], None] | None = None, retry_for: float | None = None,
                  outage_listener: OutageListener | None = None) -> None:
         if as_of is not None and from_snapshot is not None:
             raise InvalidInputError("give as_of (the topic as it was) or from_snapshot (a snapshot, then everything "
@@ -160,7 +163,7 @@ class TopicReader(Subscribing):
         self._behind: tuple[LedgerInfo, ...] = ()
         #: records gone unread: from this id to the end of that removed ledger
         self._gap: tuple[MessageId, int] | None = None
-        self.seek(self._subscribe(self.meta, subscription, start, auto_commit))
+        self.seek(self._subscribe(self.meta, subscription, start, auto_commit, commit_every, before_commit))
 
     # ---------------------------------------------------------------- positioning
 
@@ -262,7 +265,10 @@ class TopicReader(Subscribing):
     def _drain(self) -> Iterator[Message]:
         self._it = None  # each pass starts from the position and the newest state
         while (m := self._take()) is not None:
+            self._handed(m)
             yield m
+            self._asked()
+        self._handed(None)
         self._tick()
 
     def _following(self) -> Iterator[Message]:
@@ -301,8 +307,10 @@ class TopicReader(Subscribing):
         """The next message, waiting up to ``timeout`` seconds for one to be published
         (None: as long as it takes); None if none came (Pulsar's ``Reader.readNext``)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        self._asked()
         while True:
             m = self._take()
+            self._handed(m)
             if m is not None:
                 return m
             left = None if deadline is None else deadline - time.monotonic()

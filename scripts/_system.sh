@@ -43,3 +43,21 @@ fi
 if ! command -v kubectl >/dev/null 2>&1; then
   echo "kubectl is not on the PATH: the infra tests will be skipped (failed under CI=true)" >&2
 fi
+
+# The Iceberg tests keep a table's catalog in a real PostgreSQL server they start
+# themselves (tests/postgres.py, as SeaweedFS is started): Debian's postgresql, installed
+# here as root when missing, its own cluster kept from starting as the monitoring
+# packages' services are.
+if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
+    && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "installing postgresql for the Iceberg catalog tests" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  refuse=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && refuse=1
+  fi
+  apt-get install -y -q --no-install-recommends postgresql >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends postgresql >/dev/null; } \
+    || echo "could not install postgresql: the PostgreSQL catalog tests will be skipped (failed under CI=true)" >&2
+  if [ -n "$refuse" ]; then rm -f /usr/sbin/policy-rc.d; fi
+fi

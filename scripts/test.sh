@@ -3,6 +3,7 @@
 # Extra arguments go to pytest, e.g. scripts/test.sh -k compaction
 source "$(dirname "$0")/_venv.sh"
 source "$ROOT/scripts/_system.sh"
+source "$ROOT/scripts/_duckdb.sh"
 ruff check .
 mypy
 lint-imports --no-cache

@@ -35,7 +35,7 @@ HOW = {
 }
 
 #: What installs the optional packages the tests import.
-EXTRAS_HOW = "pip install -e '.[dev,s3,spark,arrow,seaweedfs]', which scripts/test.sh does"
+EXTRAS_HOW = "pip install -e '.[dev,s3,spark,arrow,seaweedfs,iceberg]', which scripts/test.sh does"
 
 #: What builds the C extensions.
 BUILD_HOW = ("a C compiler and Python's headers (gcc, Debian's python3-dev) when Shale is installed: "

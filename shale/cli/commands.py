@@ -78,7 +78,10 @@ _EXPORT: Final = (
     "device is refused even with --overwrite); a local OUT's folder must exist. A local export writes a hidden "
     ".shale-export-<nonce>.tmp beside OUT, locked while it runs; each export removes those of its folder whose "
     "writer was killed. DuckDB, Polars, pandas and Spark read Parquet and Arrow directly. Needs pyarrow for "
-    "Parquet and Arrow (pip install 'shale[arrow]').")
+    "Parquet and Arrow (pip install 'shale[arrow]'). --format iceberg takes no OUT: it brings the topic's Iceberg "
+    "table (--iceberg-table in --iceberg-catalog, else the topic's policy) to the published epoch, one snapshot "
+    "per epoch, written incrementally; made, with its namespace, on first use (pip install 'shale[iceberg]'; "
+    "docs/operations.md).")
 
 #: Every command of ``shale``, in the order its ``--help`` lists them (``compact`` is also
 #: a console script of its own).
@@ -102,7 +105,8 @@ COMMAND_TABLE: Final[dict[str, Command]] = {c.name: c for c in (
             "horizon, reading only the footers and the entries whose key hashes match (Pulsar's TableView.get).",
             "  0  found\n  2  bad usage or missing topic\n  4  corrupt data\n"
             "  5  the key has no value (deleted or never written)", "shale.cli.read:run_get"),
-    Command("export", "write a topic, its compacted view or its table as Parquet, Arrow or JSON lines", _EXPORT,
+    Command("export", "write a topic, its compacted view or its table as Parquet, Arrow or JSON lines, or as an "
+            "Iceberg table", _EXPORT,
             EXIT_CODES, "shale.cli.read:run_export"),
     Command("changes", "print what changed between two points: one JSON line per key whose state differs",
             'Print, as JSON lines, one line per key whose state (its latest record; none once deleted or expired) '

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import TYPE_CHECKING
 
 from shale.cli.app import Streams
@@ -86,20 +85,21 @@ def run_snapshots(args: argparse.Namespace, io: Streams) -> int:
 def run_rollback(args: argparse.Namespace, io: Streams) -> int:
     from shale.maintenance.snapshots import rollback
     from shale.maintenance.tags import epoch_at
+    from shale.metadata.handle import Topic
     from shale.metadata.snapshots import epoch_of_tag
     from shale.metadata.topic import COMPACTION_DOC
 
-    meta = _topic(args)
-    own = args.settings.with_policy(meta.load_policy().to_json())  # a flag > the topic's policy > ...
-    planned, where = meta.load_compaction(), meta.docs.url(COMPACTION_DOC)
+    topic = Topic.open(args.topic, args.metadata, settings=args.settings)
+    topic.state  # noqa: B018  (a missing topic is an error)
+    planned, where = topic.compaction, topic.meta.docs.url(COMPACTION_DOC)
     if args.to_epoch is not None:
         to_epoch = args.to_epoch
     elif args.to_tag is not None:
         to_epoch = epoch_of_tag(planned, args.to_tag, where)
     else:
         to_epoch = epoch_at(planned, args.to_time, where)
-    done = rollback(meta, to_epoch, keep=own.value("snapshot-retention"),
-                    keep_age_ms=own.value("snapshot-retention-age"), dry_run=args.dry_run, planned=planned)
+    # (snapshot-retention and its age by the one precedence rule: the topic's handle holds the settings)
+    done = rollback(topic, to_epoch, dry_run=args.dry_run, planned=planned)
     emit(done, io.out, args.json)
     if done.note:
         io.err.write(done.note + "\n")
@@ -163,18 +163,11 @@ def run_verify(args: argparse.Namespace, io: Streams) -> int:
 
 def _scrub(meta: TopicMetadata, args: argparse.Namespace) -> ScrubReport:
     """The scrub, with a progress bar on a terminal."""
+    from shale.cli.progress import transfer
     from shale.maintenance.scrub import scrub_topic
 
-    if not sys.stderr.isatty():
-        return scrub_topic(meta, max_bytes_per_s=args.max_read_bytes_per_second)
-    from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
-
-    with Progress("scrub", BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
-                  console=Console(file=sys.stderr), transient=True) as bar:
-        task = bar.add_task("scrub", total=None)
-        return scrub_topic(meta, max_bytes_per_s=args.max_read_bytes_per_second,
-                           progress=lambda done, total: bar.update(task, completed=done, total=total))
+    with transfer("scrub") as show:
+        return scrub_topic(meta, max_bytes_per_s=args.max_read_bytes_per_second, progress=show)
 
 
 def run_dictionary(args: argparse.Namespace, io: Streams) -> int:

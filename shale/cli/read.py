@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 import base64
 import itertools
-import sys
-import time
 from typing import TYPE_CHECKING
 
 from shale.cli.app import Streams
@@ -60,6 +58,7 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
     from shale.reader import TopicReader, parse_position
     from shale.reader.gaps import Gap
     from shale.reader.outage import Outage
+    from shale.reader.subscriber import COMMIT_EVERY
 
     start = parse_position(args.start)
     as_of, from_snapshot = _point(args)
@@ -74,13 +73,18 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
         io.err.write(f"shale: {'' if o.ended else 'warning: '}{o.human()}\n")
         io.err.flush()
 
+    subscribed = args.subscription is not None
     with TopicReader(args.topic, metadata_uri=args.metadata, read_compacted=args.compacted, start=start,
                      follow=args.follow, poll_interval=args.poll_interval / 1000, on_gap=args.on_gap,
                      gap_listener=gone_past, chunk_bytes=chunk_bytes, subscription=args.subscription,
                      # a follower prints and flushes each record before asking for the next: the reader
-                     # may commit it then, and keeps an idle subscription active
-                     auto_commit=args.follow and args.subscription is not None, as_of=as_of,
-                     from_snapshot=from_snapshot, max_batch_bytes=args.max_batch_bytes,
+                     # may commit it then, and keeps an idle subscription active; a read to the end
+                     # commits every COMMIT_EVERY records printed, and at the end (what was printed
+                     # is flushed first)
+                     auto_commit=args.follow and subscribed,
+                     commit_every=COMMIT_EVERY if subscribed and not args.follow else None,
+                     before_commit=io.out.flush, as_of=as_of, from_snapshot=from_snapshot,
+                     max_batch_bytes=args.max_batch_bytes,
                      retry_for=None if args.retry_for is None else args.retry_for / 1000, outage_listener=outage) as r:
         if r.subscriber is not None and r.subscriber.expired:
             io.err.write(f"shale: warning: {r.meta.uri}: subscription {r.subscriber.name!r} had expired (no commit "
@@ -89,15 +93,12 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
         unprinted = None  # a record returned but not printed whole (an interrupt came): read again next time
         try:
             # islice stops at the limit before asking for one more (a follower would wait for it)
-            for i, m in enumerate(itertools.islice(r, args.limit), 1):
+            for m in itertools.islice(r, args.limit):
                 unprinted = m.id
                 io.out.write(message_line(m, args.value_format) + "\n")
                 unprinted = None
                 if args.follow:
                     io.out.flush()
-                if r.subscriber is not None and i != args.limit and (i % _COMMIT_EVERY == 0
-                                                                     or not r.has_message_available()):
-                    _commit(r, io)
         except KeyboardInterrupt:
             if not args.follow:
                 raise
@@ -107,11 +108,6 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
         if r.subscriber is not None:
             r.subscriber.auto = False  # the last commit: closing must not move it past an unprinted record
         _commit(r, io, unprinted)
-
-
-#: A subscription's reader commits at least every this many records printed (and whenever
-#: it has printed every record there is).
-_COMMIT_EVERY = 1000
 
 
 def _commit(r: TopicReader, io: Streams, unprinted: MessageId | None = None) -> None:
@@ -194,47 +190,41 @@ def _key_bytes(text: str, b64: bool) -> bytes:
 
 
 def run_export(args: argparse.Namespace, io: Streams) -> int:
+    from shale.cli.progress import counting
     from shale.export import export_topic
     from shale.export_target import is_stdout
     from shale.reader import parse_position
 
+    if args.export_format == "iceberg":
+        return _export_iceberg(args, io)
+    if args.out is None:
+        raise InvalidInputError("OUT is needed: where to write (a path, a URI, or - for standard output)")
     as_of, _ = _point(args)
     since = None if args.changes_from is None else _parsed("--changes-from", args.changes_from)
     until = None if args.changes_to is None else _parsed("--changes-to", args.changes_to)
     if until is not None and since is None:
         raise InvalidInputError("--changes-to goes with --changes-from")
-    progress = _ExportProgress() if sys.stderr.isatty() else None
-    try:
+    with counting("export", unit="rows") as shown:
         result = export_topic(args.topic, args.out, metadata_uri=args.metadata, compacted=args.compacted,
                               table=args.table, fmt=args.export_format, start=parse_position(args.start),
-                              compression=args.export_compression, utf8=args.utf8,
-                              progress=progress.show if progress else None, overwrite=args.overwrite,
-                              max_batch_bytes=args.max_batch_bytes, as_of=as_of,
+                              compression=args.export_compression, utf8=args.utf8, progress=shown.set,
+                              overwrite=args.overwrite, max_batch_bytes=args.max_batch_bytes, as_of=as_of,
                               changes=None if since is None else (since, until))
-    finally:
-        if progress is not None:
-            progress.close()
     # standard output carries the export itself when OUT is -
     emit(result, io.err if is_stdout(args.out) else io.out, args.json)
     return 0
 
 
-class _ExportProgress:
-    """Rows and bytes written, on the terminal only, at most ten times a second."""
+def _export_iceberg(args: argparse.Namespace, io: Streams) -> int:
+    """``--format iceberg``: the topic's Iceberg table brought to its published epoch."""
+    from shale.iceberg.follow import export_iceberg
 
-    def __init__(self) -> None:
-        self._clock = time.monotonic
-        self._last = 0.0
-        self.drawn = False
+    given = {"OUT": args.out, "--as-of": args.as_of, "--changes-from": args.changes_from,
+             "--start": None if args.start == "earliest" else args.start}
+    extra = next((name for name, v in given.items() if v is not None), None)
+    if extra is not None:
+        raise InvalidInputError(f"--format iceberg writes the table --iceberg-table names, as of the published "
+                                f"epoch: {extra} is not taken")
+    emit(export_iceberg(args.topic, args.settings, args.metadata), io.out, args.json)
+    return 0
 
-    def show(self, rows: int, nbytes: int) -> None:
-        now = self._clock()
-        if now - self._last >= 0.1:
-            self._last, self.drawn = now, True
-            sys.stderr.write(f"\rexport: {rows:,} row{'' if rows == 1 else 's'}, {nbytes / 1e6:,.1f} MB written ")
-            sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.drawn:
-            sys.stderr.write("\r\033[K")
-            sys.stderr.flush()

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Final
 
 from shale.ledger.errors import ConflictError
+from shale.metadata.handle import Topic, opened
 from shale.metadata.layout import (
     COMPACTED_DIR,
     DICTIONARY_DIR,
@@ -84,12 +85,17 @@ class GcReport:
         return "\n".join([head, *(f"  {name}" for name in gone)])
 
 
-def collect_garbage(meta: TopicMetadata, *, now_ms: int | None = None, grace_ms: int, orphan_grace_ms: int,
-                    dry_run: bool = False, attempts: int = 10) -> GcReport:
+def collect_garbage(topic: Topic | TopicMetadata, *, now_ms: int | None = None, grace_ms: int,
+                    orphan_grace_ms: int, dry_run: bool = False, attempts: int = 10) -> GcReport:
     """Delete retired compacted ledgers past ``grace_ms`` and orphans past ``orphan_grace_ms``.
 
     Ages are judged by the store's clock (``now_ms`` defaults to
-    :meth:`TopicMetadata.now_ms`), as the objects' modification times are the store's."""
+    :meth:`TopicMetadata.now_ms`), as the objects' modification times are the store's.
+    The compaction state the topic's handle holds is where unreferencing starts (a
+    compare-and-swap: one that changed since is read again); what decides whether an
+    object is an orphan is read again after the listing that found it, and kept."""
+    t = opened(topic)
+    meta = t.meta
     from shale.ledger.errors import InvalidInputError
 
     if grace_ms < 0:
@@ -101,8 +107,8 @@ def collect_garbage(meta: TopicMetadata, *, now_ms: int | None = None, grace_ms:
     if now_ms is None:
         now_ms = meta.now_ms()
 
-    state = _unreference_retired(meta, report, now_ms, grace_ms, dry_run, attempts)
-    report.orphans_deleted = _orphans(meta, state, now_ms, orphan_grace_ms, dry_run)
+    state = _unreference_retired(t, report, now_ms, grace_ms, dry_run, attempts)
+    report.orphans_deleted = _orphans(t, state, now_ms, orphan_grace_ms, dry_run)
     if not dry_run:
         # a run's folder emptied by this collection goes too (a local folder would keep it)
         for run in sorted({run_dir_of(o) for o in report.retired_deleted + report.orphans_deleted
@@ -111,11 +117,12 @@ def collect_garbage(meta: TopicMetadata, *, now_ms: int | None = None, grace_ms:
     return report
 
 
-def _unreference_retired(meta: TopicMetadata, report: GcReport, now_ms: int, grace_ms: int, dry_run: bool,
+def _unreference_retired(t: Topic, report: GcReport, now_ms: int, grace_ms: int, dry_run: bool,
                          attempts: int) -> CompactionState:
     """Remove the retired sets past their grace from the state (one compare-and-swap),
     then delete their objects; the state as it then stands.  A state that kept changing
     for every attempt leaves them for the next collection."""
+    meta = t.meta
     loc, store = meta.topic, meta.topic.store
     due: tuple[RetiredSet, ...] = ()
 
@@ -131,9 +138,11 @@ def _unreference_retired(meta: TopicMetadata, report: GcReport, now_ms: int, gra
         return replace(state, retired=tuple(r for r in state.retired if r not in due))
 
     try:
-        state = meta.update_compaction(unreferenced, attempts=attempts, what="garbage collection")
+        state = meta.update_compaction(unreferenced, current=t.compaction, attempts=attempts,
+                                       what="garbage collection")
     except ConflictError:
-        return meta.load_compaction()
+        return t.read_compaction()
+    t.keep(state)
     if not due or dry_run:
         return state
     published = state.referenced_objects()
@@ -147,30 +156,29 @@ def _unreference_retired(meta: TopicMetadata, report: GcReport, now_ms: int, gra
     return state
 
 
-def _orphans(meta: TopicMetadata, state: CompactionState, now_ms: int, grace_ms: int,
-             dry_run: bool) -> list[str]:
+def _orphans(t: Topic, state: CompactionState, now_ms: int, grace_ms: int, dry_run: bool) -> list[str]:
     """Leftovers: only objects named as this topic names what it writes, directly in its
     own folders (another topic nested in them, or a stranger's file, is never one)."""
-    deleted = _orphaned_parts(meta, state, now_ms, grace_ms, dry_run)
+    meta = t.meta
+    deleted = _orphaned_parts(t, state, now_ms, grace_ms, dry_run)
     deleted += _finished_writes(meta, now_ms, grace_ms, dry_run)
     deleted += _unfinished_writes(meta, now_ms, grace_ms, dry_run)
-    deleted += _unregistered_dictionaries(meta, now_ms, grace_ms, dry_run)
-    deleted += _unregistered_ledgers(meta, now_ms, grace_ms, dry_run)
+    deleted += _unregistered_dictionaries(t, now_ms, grace_ms, dry_run)
+    deleted += _unregistered_ledgers(t, now_ms, grace_ms, dry_run)
     return deleted
 
 
-def _orphaned_parts(meta: TopicMetadata, state: CompactionState, now_ms: int, grace_ms: int,
-                    dry_run: bool) -> list[str]:
+def _orphaned_parts(t: Topic, state: CompactionState, now_ms: int, grace_ms: int, dry_run: bool) -> list[str]:
     """Compacted objects no state names: whole runs that never got published, and the
     parts of a published run that no state names any more."""
-    loc, store = meta.topic, meta.topic.store
+    loc, store = t.meta.topic, t.meta.topic.store
     runs: dict[str, list[tuple[str, float]]] = {}
     for info in store.list(loc.key(COMPACTED_DIR)):
         rel = loc.relative(info.key)
         if is_compacted_object(rel):
             runs.setdefault(run_dir_of(rel), []).append((rel, info.mtime))
     # Re-read: a run published after the first read must not look orphaned.
-    fresh = meta.load_compaction()
+    fresh = t.read_compaction()
     referenced = state.referenced_objects() | fresh.referenced_objects()
     referenced_runs = {run_dir_of(o) for o in referenced}
     doomed: list[str] = []
@@ -204,11 +212,11 @@ def _unfinished_writes(meta: TopicMetadata, now_ms: int, grace_ms: int, dry_run:
     return deleted
 
 
-def _unregistered_ledgers(meta: TopicMetadata, now_ms: int, grace_ms: int, dry_run: bool) -> list[str]:
+def _unregistered_ledgers(t: Topic, now_ms: int, grace_ms: int, dry_run: bool) -> list[str]:
     """Ledger objects ``topic.json`` does not register, older than the orphan grace; none
     while a truncation is younger than the grace."""
-    loc, store = meta.topic, meta.topic.store
-    topic = meta.load_topic()
+    loc, store = t.meta.topic, t.meta.topic.store
+    topic = t.read_topic()
     if now_ms - topic.truncated_ms < grace_ms:
         return []  # readers may still be reading the ledgers a truncation just removed
     registered = {lg.object for lg in topic.ledgers}
@@ -246,17 +254,17 @@ def _finished_writes(meta: TopicMetadata, now_ms: int, grace_ms: int, dry_run: b
     return deleted
 
 
-def _unregistered_dictionaries(meta: TopicMetadata, now_ms: int, grace_ms: int, dry_run: bool) -> list[str]:
+def _unregistered_dictionaries(t: Topic, now_ms: int, grace_ms: int, dry_run: bool) -> list[str]:
     """Dictionary objects ``topic.json`` does not register (a training whose
     registration failed), older than the orphan grace.  A registration never takes an
     object that old (it writes the dictionary again), and a registered dictionary is
     never removed from ``topic.json``, so none of these can be needed."""
-    loc, store = meta.topic, meta.topic.store
+    loc, store = t.meta.topic, t.meta.topic.store
     found = [(loc.relative(info.key), info) for info in store.list(loc.key(DICTIONARY_DIR))]
     old = [(rel, info) for rel, info in found if is_dictionary_name(rel) and now_ms - info.mtime * 1000 >= grace_ms]
     if not old:
         return []
-    registered = {d.object for d in meta.load_topic().dictionaries}  # read after the listing
+    registered = {d.object for d in t.read_topic().dictionaries}  # read after the listing
     deleted = []
     for rel, info in sorted(old, key=lambda x: x[0]):
         if rel in registered:

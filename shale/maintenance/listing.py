@@ -16,8 +16,9 @@ from typing import Any
 from shale.ledger.errors import InvalidURIError, error_line
 from shale.maintenance.policies import policy_text
 from shale.maintenance.subscriptions import SubscriptionStatus, slowest, subscription_statuses
+from shale.metadata.handle import Topic
 from shale.metadata.layout import META_DIR, refuse_a_file
-from shale.metadata.topic import TOPIC_DOC, TopicMetadata
+from shale.metadata.topic import TOPIC_DOC
 from shale.metadata.view import TopicView
 from shale.settings.units import format_time
 from shale.storage import resolve
@@ -68,10 +69,9 @@ class TopicRow:
 def describe_topic(uri: str) -> TopicRow:
     """``uri``'s row, from its metadata documents; the error in the row if they cannot be read."""
     try:
-        meta = TopicMetadata.open(uri)
-        topic, state = meta.load_topic(), meta.load_compaction()
-        policy = meta.load_policy()
-        slow = slowest(subscription_statuses(meta, topic=topic, footers=False))
+        t = Topic.open(uri)
+        topic, state, policy = t.state, t.compaction, t.policy
+        slow = slowest(subscription_statuses(t, footers=False))
     except Exception as e:  # listed with its error; never stops the others
         return TopicRow(uri, error=error_line(e))
     _, ratio = TopicView(topic, state).dirt_estimated()

@@ -25,8 +25,9 @@ from typing import Any
 
 from shale.ledger.errors import InvalidInputError
 from shale.ledger.ids import MessageId
+from shale.metadata.handle import Topic, opened
 from shale.metadata.state import CompactionState, LedgerInfo
-from shale.metadata.subscriptions import Subscription, Subscriptions, expiry_of
+from shale.metadata.subscriptions import Subscription, expiry_of
 from shale.metadata.topic import TopicMetadata
 from shale.metadata.view import TopicView, records_above, wholly_below
 from shale.settings.units import count
@@ -147,12 +148,13 @@ class TruncationPlan:
         return dataclasses.replace(self, rule=rule, cut=cut)
 
 
-def _active(meta: TopicMetadata, now_ms: int | None = None) -> list[Subscription]:
+def _active(topic: Topic | TopicMetadata, now_ms: int | None = None) -> list[Subscription]:
     """The topic's active subscriptions (by its ``subscription-expiry``, at ``now_ms``, by
-    default this machine's clock, the one commits are stamped by)."""
+    default this machine's clock, the one commits are stamped by), as its handle lists them."""
+    t = opened(topic)
     now = int(time.time() * 1000) if now_ms is None else now_ms
-    expiry = expiry_of(meta.load_policy())
-    return [s for s in Subscriptions(meta).list() if s.active(now, expiry)]
+    expiry = expiry_of(t.policy)
+    return [s for s in t.subscriptions if s.active(now, expiry)]
 
 
 def _unread_by(removed: tuple[LedgerInfo, ...], active: list[Subscription]) -> tuple[str, ...]:
@@ -182,18 +184,16 @@ def plan_truncation(meta: TopicMetadata, before_ledger: int) -> TruncationPlan:
                           unread_by=_unread_by(removed, _active(meta)) if removed else (), snapshots=held)
 
 
-
-
-def retention_cut(meta: TopicMetadata, *, older_than_ms: int | None = None, keep_bytes: int | None = None,
+def retention_cut(topic: Topic | TopicMetadata, *, older_than_ms: int | None = None, keep_bytes: int | None = None,
                   allow_uncompacted: bool = False, allow_unread: bool = False, now_ms: int | None = None,
                   drop_snapshots: bool = False) -> int:
     """The ``before_ledger`` of :func:`retention_hold` (which says what holds ledgers back)."""
-    return retention_hold(meta, older_than_ms=older_than_ms, keep_bytes=keep_bytes,
+    return retention_hold(topic, older_than_ms=older_than_ms, keep_bytes=keep_bytes,
                           allow_uncompacted=allow_uncompacted, allow_unread=allow_unread, now_ms=now_ms,
                           drop_snapshots=drop_snapshots).before_ledger
 
 
-def retention_hold(meta: TopicMetadata, *, older_than_ms: int | None = None, keep_bytes: int | None = None,
+def retention_hold(topic: Topic | TopicMetadata, *, older_than_ms: int | None = None, keep_bytes: int | None = None,
                    allow_uncompacted: bool = False, allow_unread: bool = False, now_ms: int | None = None,
                    drop_snapshots: bool = False) -> RetentionCut:
     """Where a retention rule cuts the topic: the oldest ledgers it lets go (Kafka's
@@ -203,22 +203,25 @@ def retention_hold(meta: TopicMetadata, *, older_than_ms: int | None = None, kee
     one an active subscription has yet to read unless ``allow_unread``, and at the first
     with records above a retained snapshot's horizon — a tagged one's even with
     ``drop_snapshots``; the cut says which of them held it back, and how many ledgers the
-    rule would let go past it."""
+    rule would let go past it.  From the documents the topic's handle holds (read on first
+    use): the cut is only ever as far as they allow, and the truncation checks them again."""
     if (older_than_ms is None) == (keep_bytes is None):
         raise InvalidInputError("give one retention rule: --older-than DURATION or --keep-bytes SIZE")
-    topic, state = meta.load_topic(), meta.load_compaction()
+    t = opened(topic)
+    meta, view = t.meta, t.view()
     now = meta.now_ms() if now_ms is None else now_ms
-    left = topic.bytes
-    cut = topic.ledgers[0].id if topic.ledgers else topic.last_ledger_id + 1
-    active = [] if allow_unread or not topic.ledgers else _active(meta)
-    for i, lg in enumerate(topic.ledgers):
+    ledgers = view.topic.ledgers
+    left = view.topic.bytes
+    cut = ledgers[0].id if ledgers else view.topic.last_ledger_id + 1
+    active = [] if allow_unread or not ledgers else _active(t)
+    for i, lg in enumerate(ledgers):
         if not _expired(lg, now, older_than_ms, keep_bytes, left):
             break
-        holders = _holders(meta, lg, state, active, allow_uncompacted=allow_uncompacted,
+        holders = _holders(meta, view, lg, t.compaction, active, allow_uncompacted=allow_uncompacted,
                            drop_snapshots=drop_snapshots)
         if holders:
             held = 0
-            for later in topic.ledgers[i:]:
+            for later in ledgers[i:]:
                 if not _expired(later, now, older_than_ms, keep_bytes, left):
                     break
                 held, left = held + 1, left - later.bytes
@@ -233,14 +236,15 @@ def _expired(lg: LedgerInfo, now_ms: int, older_than_ms: int | None, keep_bytes:
     return now_ms - lg.last_publish > older_than_ms if older_than_ms is not None else left > (keep_bytes or 0)
 
 
-def _holders(meta: TopicMetadata, lg: LedgerInfo, state: CompactionState, active: list[Subscription], *,
+def _holders(meta: TopicMetadata, view: TopicView, lg: LedgerInfo, state: CompactionState,
+             active: list[Subscription], *,
              allow_uncompacted: bool, drop_snapshots: bool) -> tuple[Holder, ...]:
     """What keeps ``lg``: the horizon, the active subscriptions that have yet to read it,
     the retained snapshots (with ``drop_snapshots``, the tagged ones) with records above
     their horizons in it."""
     out = []
-    if not allow_uncompacted and records_above(meta, lg, state.horizon):
-        out.append(Holder("horizon", at=state.horizon))
+    if not allow_uncompacted and view.records_above_exact(meta, lg):
+        out.append(Holder("horizon", at=view.horizon))
     out += [Holder("subscription", s.name, s.position) for s in active if not wholly_below(lg, s.position)]
     tags = {epoch: name for name, epoch in sorted(state.tags.items(), reverse=True)}
     for snap in state.snapshots:
@@ -309,15 +313,18 @@ def plan_of_removed(plan: TruncationPlan, removed: tuple[LedgerInfo, ...]) -> Tr
     return TruncationPlan(plan.topic, plan.before_ledger, plan.horizon, removed, uncompacted, lost)
 
 
-def policy_retention(meta: TopicMetadata, *, dry_run: bool = False, now_ms: int | None = None) -> TruncationPlan:
+def policy_retention(topic: Topic | TopicMetadata, *, dry_run: bool = False,
+                     now_ms: int | None = None) -> TruncationPlan:
     """The topic's own retention (its policy's ``retention`` and ``retention-bytes``, as
     ``compact`` applies them after every run): the oldest ledgers either rule lets go,
     never one with records above the horizon, one an active subscription has yet to read,
     or one a retained snapshot needs — those stay, and the plan says what holds them
     (:attr:`TruncationPlan.cut`).  A subscription created meanwhile makes it remove
     nothing (the next run's cut leaves its ledgers).  :class:`InvalidInputError` when the
-    policy sets no retention."""
-    policy = meta.load_policy()
+    policy sets no retention.  From the documents the topic's handle holds; forgotten once
+    ledgers were removed."""
+    t = opened(topic)
+    meta, policy = t.meta, t.policy
     rules = [(name, kind, value) for name, kind, value in (
         ("retention", "older_than_ms", policy.get("retention_ms")),
         ("retention-bytes", "keep_bytes", policy.get("retention_bytes"))) if value is not None]
@@ -326,12 +333,14 @@ def policy_retention(meta: TopicMetadata, *, dry_run: bool = False, now_ms: int 
                                 "retention=7d, or retention-bytes=10GiB)")
     from shale.settings import POLICY_SETTINGS
 
-    cuts = [retention_hold(meta, now_ms=now_ms, **{kind: value}) for _, kind, value in rules]
+    cuts = [retention_hold(t, now_ms=now_ms, **{kind: value}) for _, kind, value in rules]
     before = max(c.before_ledger for c in cuts)
     held = next((c for c in cuts if c.held_by and c.before_ledger == before), RetentionCut(before))
     shown = ", ".join(f"{name}={POLICY_SETTINGS[name].kind.show(value)}" for name, _, value in rules)
     try:
         done = truncate(meta, before, dry_run=dry_run)
+        if done.removed and not dry_run:
+            t.forget()  # (truncated: what the handle held is gone)
     except UnreadRecordsError:  # a subscription created or reset since the cut: it keeps its ledgers
         done = plan_of_removed(plan_truncation(meta, before), ())
     return done.by_rule(f"the policy's {shown}", held)

@@ -33,13 +33,13 @@ from shale.ledger.errors import (
 )
 from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.ordering import TopicOrder
+from shale.metadata.handle import Topic, opened
 from shale.metadata.requirements import AssertEpoch, AssertTopicGeneration, RequirementFailedError
 from shale.metadata.snapshots import retained_text
 from shale.metadata.state import CompactedPart, CompactionState, RetiredSet, Snapshot, TopicState
 from shale.metadata.topic import COMPACTION_DOC, TopicMetadata
 from shale.metadata.view import TopicView
 from shale.runtime import interrupts
-from shale.settings import SETTINGS
 
 __all__ = ["RollbackResult", "drop_snapshots", "kept_snapshots", "refuse_tagged", "rollback", "succeed"]
 
@@ -181,10 +181,10 @@ def _rolled_back(current: CompactionState, target: CompactionState, now_ms: int)
                            last_run=last_run, topic_generation=current.topic_generation, order=target.order)
 
 
-def _note(meta: TopicMetadata, order: TopicOrder) -> str:
+def _note(t: Topic, order: TopicOrder) -> str:
     """A warning when the view rolled back to is in another order or key TTL than the
     topic's policy sets: the next compaction would refuse it, or age it otherwise."""
-    policy = meta.load_policy().order
+    meta, policy = t.meta, t.policy.order
     if policy.order != order.order:
         return (f"{meta.uri}: note: the view is now in {order.order} order and the topic's policy says "
                 f"{policy.order}: compactions in {policy.order} order are refused until one rewrites it "
@@ -196,13 +196,14 @@ def _note(meta: TopicMetadata, order: TopicOrder) -> str:
     return ""
 
 
-def rollback(meta: TopicMetadata, to_epoch: int, *, keep: int | None = None, keep_age_ms: int | None = None,
+def rollback(topic: Topic | TopicMetadata, to_epoch: int, *, keep: int | None = None, keep_age_ms: int | None = None,
              dry_run: bool = False, clock: Callable[[], float] | None = None,
              store_now_ms: int | None = None, planned: CompactionState | None = None) -> RollbackResult:
     """Publish the view of the retained epoch ``to_epoch`` again, as the epoch after the
     published one (which becomes a snapshot under ``keep`` and ``keep_age_ms``, as a
-    compaction's would; when not given, the topic's ``snapshot-retention`` and
-    ``snapshot-retention-age`` policies, else their defaults).  Refused
+    compaction's would; when not given, ``snapshot-retention`` and
+    ``snapshot-retention-age`` by the one precedence rule: the run's flag, the topic's
+    policy, the variable, the default, as the topic's handle holds them).  Refused
     (:class:`~shale.ledger.errors.SnapshotNotFoundError`,
     :class:`~shale.ledger.errors.InvalidInputError`) for an epoch not retained, the
     published one, or one whose records above its horizon retention removed; a
@@ -211,8 +212,10 @@ def rollback(meta: TopicMetadata, to_epoch: int, *, keep: int | None = None, kee
     clock, read when not given) when the replaced one was replaced.  ``planned``: the
     state the caller chose ``to_epoch`` in (read when not given); a publish since then
     makes the rollback lose, as one since it read the state itself would."""
+    t = opened(topic)
+    meta = t.meta
     where = meta.docs.url(COMPACTION_DOC)
-    planned = meta.load_compaction() if planned is None else planned
+    planned = t.compaction if planned is None else planned
     from_epoch = planned.epoch
     if to_epoch == from_epoch and from_epoch:
         raise InvalidInputError(f"{meta.uri}: epoch {to_epoch} is the published view already; nothing to roll back")
@@ -221,31 +224,20 @@ def rollback(meta: TopicMetadata, to_epoch: int, *, keep: int | None = None, kee
                                     "the snapshot-retention policy says how many are kept)")
     now_ms = int((clock or time.time)() * 1000)
     retired_ms = meta.now_ms() if store_now_ms is None else store_now_ms
-    keep, keep_age_ms = _retention(meta, keep, keep_age_ms)
+    keep = t.value("snapshot-retention") if keep is None else keep
+    keep_age_ms = t.value("snapshot-retention-age") if keep_age_ms is None else keep_age_ms
     current = planned
     for _ in range(_ATTEMPTS):
         new = _attempt(meta, current, from_epoch, to_epoch, now_ms, retired_ms, keep, keep_age_ms)
         result = RollbackResult(meta.uri, from_epoch, to_epoch, new.epoch, new.horizon, new.order,
                                 tuple(s.epoch for s in new.snapshots),
                                 sum(len(r.objects) for r in new.retired) - sum(len(r.objects) for r in current.retired),
-                                dry_run, _note(meta, new.order))
+                                dry_run, _note(t, new.order))
         if dry_run or _swapped(meta, new, current, from_epoch):
             return result
         current = meta.load_compaction()
     raise ConflictError(f"{meta.uri}: the compaction state kept changing; the rollback gave up after {_ATTEMPTS} "
                         "attempts (nothing was rolled back)")
-
-
-def _retention(meta: TopicMetadata, keep: int | None, keep_age_ms: int | None) -> tuple[int, int]:
-    """``keep`` and ``keep_age_ms``, or the topic's policies for those not given, else the defaults."""
-    if keep is not None and keep_age_ms is not None:
-        return keep, keep_age_ms
-    policy = meta.load_policy()
-    if keep is None:
-        keep = policy.get("snapshot_retention") or SETTINGS["snapshot-retention"].default
-    if keep_age_ms is None:
-        keep_age_ms = policy.get("snapshot_retention_age_ms") or SETTINGS["snapshot-retention-age"].default
-    return keep, keep_age_ms
 
 
 def _attempt(meta: TopicMetadata, current: CompactionState, from_epoch: int, to_epoch: int, now_ms: int,

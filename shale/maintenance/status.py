@@ -19,7 +19,8 @@ from shale.ledger.reader import LedgerFile
 from shale.maintenance.policies import policy_text
 from shale.maintenance.subscriptions import slowest, subscription_statuses
 from shale.maintenance.tags import utc_time, view_lines, view_rows
-from shale.metadata.state import TopicState
+from shale.metadata.handle import Topic, opened
+from shale.metadata.state import CompactionState
 from shale.metadata.topic import TopicMetadata
 from shale.metadata.view import Removed, TopicView
 from shale.settings.units import count, format_duration
@@ -27,11 +28,12 @@ from shale.settings.units import count, format_duration
 __all__ = ["status_text", "topic_status"]
 
 
-def topic_status(topic_uri: str, metadata_uri: str | None = None) -> dict[str, Any]:
+def topic_status(topic_uri: Topic | str, metadata_uri: str | None = None) -> dict[str, Any]:
     """Ledger count, records, bytes, first/last ids, every ledger and compacted part, the
-    compaction state, and the objects found damaged."""
-    meta = TopicMetadata.open(topic_uri, metadata_uri)
-    topic, comp = meta.load_topic(), meta.load_compaction()
+    compaction state, and the objects found damaged (each document read once)."""
+    t = opened(topic_uri, metadata_uri)
+    meta = t.meta
+    topic, comp = t.state, t.compaction
     damaged: list[dict[str, str]] = []
     view = TopicView(topic, comp)
     try:
@@ -60,39 +62,45 @@ def topic_status(topic_uri: str, metadata_uri: str | None = None) -> dict[str, A
                          "raw_bytes": lg.uncompressed_bytes,
                          "first_publish_ms": lg.first_publish, "last_publish_ms": lg.last_publish}
                         for lg in topic.ledgers],
-        "compaction": {
-            "epoch": comp.epoch,
-            "horizon": str(comp.horizon) if comp.horizon else None,
-            "compacted_ledger": comp.compacted_ledger,
-            "compacted_records": comp.records,
-            "compacted_bytes": comp.bytes,
-            "compacted_raw_bytes": sum(p.uncompressed_bytes for p in comp.parts),
-            "keys": comp.keys,
-            "tombstones": comp.tombstones,
-            "dirty_bytes": dirty,
-            "dirty_ratio": round(ratio, 6),
-            # how the view decided its latest records (readers decide by the same)
-            "order": comp.order.order,
-            "key_ttl_ms": comp.order.key_ttl_ms,
-            "keys_expired": int(comp.last_run.get("keys_expired", 0)),
-            "last_compaction_ms": comp.compacted_ms or None,
-            "retired_pending": sum(len(r.objects) for r in comp.retired),
-            "parts": [{"object": p.object, "records": p.records, "live": p.live, "bytes": p.bytes,
-                       "raw_bytes": p.uncompressed_bytes}
-                      for p in comp.parts],
-            "snapshots": view_rows(comp, published=False),  # (earlier views, oldest first)
-            "tags": dict(sorted(comp.tags.items())),
-        },
-        "policy": policy_text(meta.load_policy()),
+        "compaction": _compaction(comp, dirty, ratio),
+        "policy": policy_text(t.policy),
         "damaged": damaged,
-        **_subscriptions(meta, topic),
+        **_subscriptions(t),
     }
 
 
-def _subscriptions(meta: TopicMetadata, topic: TopicState) -> dict[str, Any]:
+def _compaction(comp: CompactionState, dirty: int, ratio: float) -> dict[str, Any]:
+    """The compaction state as status shows it, with the dirt above its horizon."""
+    return {
+        "epoch": comp.epoch,
+        "horizon": str(comp.horizon) if comp.horizon else None,
+        "compacted_ledger": comp.compacted_ledger,
+        "compacted_records": comp.records,
+        "compacted_bytes": comp.bytes,
+        "compacted_raw_bytes": sum(p.uncompressed_bytes for p in comp.parts),
+        "keys": comp.keys,
+        "tombstones": comp.tombstones,
+        "dirty_bytes": dirty,
+        "dirty_ratio": round(ratio, 6),
+        # how the view decided its latest records (readers decide by the same)
+        "order": comp.order.order,
+        "key_ttl_ms": comp.order.key_ttl_ms,
+        "keys_expired": int(comp.last_run.get("keys_expired", 0)),
+        "last_compaction_ms": comp.compacted_ms or None,
+        "retired_pending": sum(len(r.objects) for r in comp.retired),
+        "parts": [{"object": p.object, "records": p.records, "live": p.live, "bytes": p.bytes,
+                   "raw_bytes": p.uncompressed_bytes}
+                  for p in comp.parts],
+        "snapshots": view_rows(comp, published=False),  # (earlier views, oldest first)
+        "tags": dict(sorted(comp.tags.items())),
+
+    }
+
+
+def _subscriptions(t: Topic) -> dict[str, Any]:
     """The topic's durable subscriptions with their lag and state, and the slowest active
     one (None: none is active)."""
-    statuses = subscription_statuses(meta, topic=topic)
+    statuses = subscription_statuses(t)
     slow = slowest(statuses)
     return {"subscriptions": [s.to_json() for s in statuses],
             "slowest_subscription": None if slow is None else slow.to_json()}

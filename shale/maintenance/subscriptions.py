@@ -23,6 +23,7 @@ from shale.ledger.errors import InvalidInputError
 from shale.ledger.format import KIND_ORIGINAL
 from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.reader import LedgerFile
+from shale.metadata.handle import Topic, opened
 from shale.metadata.state import LedgerInfo, TopicState
 from shale.metadata.subscriptions import CLOCK_SKEW_MS, Subscription, Subscriptions, check_name, expiry_of
 from shale.metadata.topic import TopicMetadata
@@ -90,21 +91,22 @@ class SubscriptionStatus:
                 "state": "active" if self.active else "expired", "commit_ahead": self.ahead}
 
 
-def subscription_statuses(meta: TopicMetadata, *, topic: TopicState | None = None, now_ms: int | None = None,
+def subscription_statuses(topic: Topic | TopicMetadata, *, now_ms: int | None = None,
                           footers: bool = True) -> list[SubscriptionStatus]:
     """Every subscription of the topic with its lag, active or expired by the topic's
-    ``subscription-expiry`` at ``now_ms`` (this machine's clock when None); a
-    subscription past the end of the topic is corrupt metadata naming its document."""
-    subscriptions = Subscriptions(meta)
-    subs = subscriptions.list()
+    ``subscription-expiry`` at ``now_ms`` (this machine's clock when None), from the
+    documents the topic's handle holds (read on first use); a subscription past the end of
+    the topic is corrupt metadata naming its document."""
+    t = opened(topic)
+    subs = t.subscriptions
     if not subs:
         return []
-    topic = meta.load_topic() if topic is None else topic
+    state = t.state
     for s in subs:
-        topic = subscriptions.check_found(s, topic)
+        state = Subscriptions(t.meta).check_found(s, state)
     now = int(time.time() * 1000) if now_ms is None else now_ms
-    expiry = expiry_of(meta.load_policy())
-    return [SubscriptionStatus(s, lag_of(meta, topic, s.position, footers=footers), s.active(now, expiry),
+    expiry = expiry_of(t.policy)
+    return [SubscriptionStatus(s, lag_of(t.meta, state, s.position, footers=footers), s.active(now, expiry),
                                s.commit_ms(now), s.ahead(now)) for s in subs]
 
 
@@ -148,9 +150,10 @@ class SubscriptionList:
         return "\n".join(lines)
 
 
-def list_subscriptions(meta: TopicMetadata) -> SubscriptionList:
+def list_subscriptions(meta: Topic | TopicMetadata) -> SubscriptionList:
     """Every subscription of the topic, by name, with its lag and state."""
-    return SubscriptionList(meta.uri, expiry_of(meta.load_policy()), tuple(subscription_statuses(meta)))
+    t = opened(meta)
+    return SubscriptionList(t.uri, expiry_of(t.policy), tuple(subscription_statuses(t)))
 
 
 # ------------------------------------------------------------------ create, delete, reset
@@ -245,12 +248,16 @@ class SubscriptionChange:
         return text
 
 
-def change_subscription(meta: TopicMetadata, action: str, name: str, to: str | None = None, *,
+def change_subscription(handle: Topic | TopicMetadata, action: str, name: str, to: str | None = None, *,
                         dry_run: bool = False) -> SubscriptionChange:
-    """``--create NAME [--to X]``, ``--delete NAME`` or ``--reset NAME --to X``."""
+    """``--create NAME [--to X]``, ``--delete NAME`` or ``--reset NAME --to X`` (the ledger
+    list as the topic's handle holds it: a position past it is checked against the list
+    read again)."""
+    t = opened(handle)
+    meta = t.meta
     subs = Subscriptions(meta)
     check_name(name)
-    topic = meta.load_topic()
+    topic = t.state
     if action == "delete":
         if dry_run:
             old = subs.get(name)

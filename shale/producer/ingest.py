@@ -1,4 +1,6 @@
-"""``shale produce`` from columnar files: Parquet, Arrow IPC and CSV, batch by batch.
+"""``shale produce``'s input appended to a topic: :func:`produce` picks the way for JSON
+lines (the C scanner, or line by line where it was not built) and for columnar files:
+Parquet, Arrow IPC and CSV, batch by batch.
 
 Each batch read from the file goes through :meth:`TopicWriter.append_batch
 <shale.producer.TopicWriter.append_batch>` (no Python call per record).  The columns are
@@ -15,11 +17,12 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any, Final
 
 from shale.ledger.errors import InvalidInputError
-from shale.producer.columns import Fields, shift_rows
+from shale.producer.columns import DEFAULT_KEY_FIELD, DEFAULT_VALUE_FIELD, Fields, shift_rows
 from shale.producer.writer import TopicWriter
 from shale.reader.arrow import require_pyarrow
+from shale.runtime import interrupts
 
-__all__ = ["FORMATS", "format_of", "produce_columnar"]
+__all__ = ["FORMATS", "format_of", "produce", "produce_columnar"]
 
 #: What ``shale produce --format`` reads.
 FORMATS: Final = ("jsonl", "parquet", "arrow", "csv")
@@ -37,6 +40,32 @@ def format_of(path: str | None) -> str:
     if not path or path == "-":
         return "jsonl"
     return _BY_SUFFIX.get(os.path.splitext(path)[1].lower(), "jsonl")
+
+
+def produce(writer: TopicWriter, stream: IO[bytes], name: str, fmt: str | None = None,
+            fields: Fields | None = None, progress: Callable[[int, int], None] | None = None) -> None:
+    """Every record of ``stream`` (JSON lines, or a Parquet, Arrow IPC or CSV file: ``fmt``,
+    by default what ``name``'s suffix says) appended to ``writer``: JSON lines through the C
+    scanner where it was built, else line by line (the same records and errors either
+    way); a columnar file batch by batch, its columns named by ``fields``.  ``progress``
+    is told of each batch (records, bytes); an interrupt stops between two.  A bad record
+    raises naming it; what was appended before it stays appended (and is sealed when the
+    writer closes)."""
+    def done(rows: int, nbytes: int) -> None:
+        if progress is not None:
+            progress(rows, nbytes)
+        interrupts.check()
+
+    fmt = fmt or format_of(name)
+    if fmt != "jsonl":
+        produce_columnar(writer, stream, name, fmt, fields or Fields(DEFAULT_KEY_FIELD, DEFAULT_VALUE_FIELD), done)
+        return
+    from shale.producer.jsonl_ingest import SCANNER, append_lines, produce_lines
+
+    if SCANNER == "native":
+        produce_lines(writer, stream, name, done)
+    else:
+        append_lines(writer, stream, name, progress)
 
 
 def produce_columnar(writer: TopicWriter, stream: IO[bytes], name: str, fmt: str, fields: Fields,

@@ -43,7 +43,7 @@ from shale.producer.pipe import chunks, fileno, ready
 from shale.producer.writer import TopicWriter
 from shale.runtime import interrupts
 
-__all__ = ["CHUNK_BYTES", "SCANNER", "produce_lines"]
+__all__ = ["CHUNK_BYTES", "SCANNER", "append_lines", "produce_lines"]
 
 _native: Final = load_native("_jsonl")
 #: ``"native"`` when the C scanner is in use, ``"python"`` otherwise.
@@ -155,6 +155,39 @@ class _Feed:
         if self.held is not None:
             held, self.held = self.held, None
             self.total += self.writer.append_batch(held)
+
+
+def append_lines(writer: TopicWriter, stream: IO[bytes], name: str,
+                 progress: Callable[[int, int], None] | None = None) -> None:
+    """Every line of ``stream`` appended one by one, as :func:`produce_lines` does where the
+    scanner was not built (and as it checks itself against): each line read, checked and
+    appended in turn, as it comes; a bad line raises naming it (``name:LINE``), an interrupt
+    stops between two lines.  A writer with a linger seals what it has whenever a wait for
+    more input reaches it (:mod:`shale.producer.pipe`).  ``progress`` is told of each line
+    (1 record, its bytes)."""
+    from shale.producer.jsonlines import parse_record_line
+    from shale.producer.pipe import lines
+
+    n = 0
+    for raw in interrupts.interruptible(lines(stream, CHUNK_BYTES, writer.linger_due)):
+        if not raw:  # the linger: what came is sealed before the wait goes on
+            writer.seal_if_due()
+            continue
+        n += 1
+        if progress is not None:
+            progress(1, len(raw))
+        where = f"{name}:{n}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidInputError(f"{where}: not valid UTF-8") from None
+        if not line.strip():
+            continue
+        key, value, props, event_time = parse_record_line(line, where)
+        try:
+            writer.append(key, value, props, event_time)
+        except InvalidInputError as e:
+            raise InvalidInputError(f"{where}: {e}") from None
 
 
 def _whole_entries(writer: TopicWriter, n: int) -> int:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import io
-import os
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -34,6 +33,7 @@ from shale.ledger.errors import (
     InvalidInputError,
     RecordTooLargeError,
     StorageError,
+    TopicNotFoundError,
 )
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, KIND_ORIGINAL
 from shale.ledger.ids import MessageId
@@ -48,13 +48,14 @@ from shale.ledger.record import (
 )
 from shale.ledger.writer import EncodedEntry, LedgerWriter, encode_entry, relabel_ledger
 from shale.metadata.dictionaries import resolve_compression
+from shale.metadata.handle import Topic
 from shale.metadata.layout import ledger_object_name
 from shale.metadata.state import LedgerInfo, TopicState
-from shale.metadata.topic import TopicMetadata
 from shale.producer.columns import DEFAULT_KEY_FIELD, DEFAULT_VALUE_FIELD, Fields, check_event_times, record_columns
 from shale.producer.idempotence import DEFAULT_PRODUCER_EXPIRY_MS, ProducerSequence
 from shale.producer.linger import Linger
 from shale.producer.result import ProduceResult, SealedLedger
+from shale.runtime.cpus import available_cpus
 from shale.storage import Location, StorageOptions
 
 __all__ = ["ProduceResult", "SealedLedger", "TopicWriter"]
@@ -130,8 +131,7 @@ def _compressed(enc: EncodedColumns, bounds: list[tuple[int, int]], compression:
         return out
 
     chunks = [bounds[k:k + _ENTRIES_PER_TASK] for k in range(0, len(bounds), _ENTRIES_PER_TASK)]
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    threads = min(len(chunks), cpus)
+    threads = min(len(chunks), available_cpus())
     if threads <= 1 or compression.codec is Codec.NONE:
         for chunk in chunks:
             yield from task(chunk)
@@ -145,9 +145,19 @@ def _size(b: bytes | bytearray | memoryview | None) -> int:
     return 0 if b is None else memoryview(b).nbytes
 
 
+def _existing(topic: Topic) -> TopicState | None:
+    """The topic's ledger list as its handle holds it (None: there is no topic yet)."""
+    try:
+        return topic.state
+    except TopicNotFoundError:
+        return None
+
+
 class TopicWriter:
     """Appends records to a topic; use it as a context manager (closing flushes).
 
+    ``topic_uri``: the topic's URI, or its handle (:class:`~shale.metadata.handle.Topic`,
+    whose ledger list and policy it starts from rather than reading them again).
     ``storage_options`` say how to reach the topic's storage
     (:class:`~shale.storage.StorageOptions`; read from the environment when not given).
 
@@ -166,7 +176,7 @@ class TopicWriter:
 
     def __init__(
         self,
-        topic_uri: str,
+        topic_uri: str | Topic,
         *,
         metadata_uri: str | None = None,
         max_ledger_records: int = 500_000,
@@ -184,10 +194,11 @@ class TopicWriter:
     ) -> None:
         if max_ledger_records < 1 or max_ledger_bytes < 1 or batch_size < 1 or max_entry_bytes < 1:
             raise InvalidInputError("max ledger records, max ledger bytes, max entry bytes and batch size must be >= 1")
-        self.meta = TopicMetadata.open(topic_uri, metadata_uri, storage_options)
+        topic = topic_uri if isinstance(topic_uri, Topic) else Topic.open(topic_uri, metadata_uri, storage_options)
+        self.meta = topic.meta
         if isinstance(compression, str):
             compression = parse_compression(compression)
-        policy = self.meta.load_policy()
+        policy = topic.policy
         self._compression = resolve_compression(self.meta, compression or policy.compression or DEFAULT_COMPRESSION)
         #: seals the ledger once its oldest record has waited this long
         self.linger = Linger(max_ledger_age_ms if max_ledger_age_ms is not None
@@ -200,7 +211,7 @@ class TopicWriter:
         self.max_record_bytes = max_record_bytes
         self.register_attempts = register_attempts
         self._clock = clock
-        self._state: TopicState = self.meta.create_topic()
+        self._state: TopicState = _existing(topic) or self.meta.create_topic()
         #: the idempotent producer's numbering (None: not idempotent)
         self.sequence = None if producer_id is None else ProducerSequence.open(
             producer_id, self._state, int(clock() * 1000), producer_expiry_ms if producer_expiry_ms is not None
@@ -421,9 +432,9 @@ class TopicWriter:
             self.linger.sealed()
 
     def _with_ledger(self, ledger: LedgerWriter, upload: _Upload, state: TopicState) -> TopicState | None:
-        """The ledger list ``state`` with the ledger uploaded as its next free id (the
-        change :meth:`TopicMetadata.update_topic` swaps in, again on a fresh list after a
-        conflict), or ``None`` when one of this writer's uploads is registered already (a
+        """The ledger list ``state`` with the ledger uploaded as its next free id (the change
+        :meth:`~shale.metadata.topic.TopicMetadata.update_topic` swaps in, again on a fresh
+        list after a conflict), or ``None`` when one of this writer's uploads is registered already (a
         registration whose outcome was unknown landed after all).
 
         A registration whose outcome is unknown may have landed: the ledger list read

@@ -388,6 +388,10 @@ class Codec(Kind):
 class Text(Kind):
     """Any text (a name, a column, a path)."""
 
+    @property
+    def doc_type(self) -> Any:
+        return str
+
     def parse(self, text: str) -> str:
         return text
 
@@ -401,6 +405,10 @@ class Uri(Kind):
     be followed by ``//`` and a bucket or host (``file:/path`` aside)."""
 
     metavar: ClassVar[str] = "URI"
+
+    @property
+    def doc_type(self) -> Any:
+        return str
 
     def parse(self, text: str) -> str:
         if not text.strip():

@@ -70,6 +70,8 @@ class Setting:
     positional: str = ""
     #: a positional list, or a flag that may be given many times (its variable: one value a line)
     many: bool = False
+    #: a positional argument that may be left out (the command says when it is needed)
+    optional: bool = False
     #: whether a ``SHALE_*`` variable may set it (``--print-config`` is a flag only)
     env: bool = True
     #: the settings of one group exclude each other: a flag of one replaces the variables of all
@@ -154,7 +156,7 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
     _s("key", Text(), "the key, as text", {"get"}, positional="KEY", env=False),
     _s("key-b64", Switch(), "KEY is base64 (a binary key)", {"get"}, default=False),
     _s("out", Uri(), "where to write: a local path, s3://bucket/key.parquet, ..., or - (standard output; also "
-       "/dev/stdout)", {"export"}, positional="OUT", env=False),
+       "/dev/stdout); none with --format iceberg", {"export"}, positional="OUT", env=False, optional=True),
     # ---------------------------------------------------------------------- produce
     _s("input", Text(), "input file", {"produce"}, default="-", default_text="standard input", metavar="PATH|-"),
     _s("format", Choice(("jsonl", "parquet", "arrow", "csv")), "input format", {"produce"},
@@ -233,13 +235,31 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        {"read", "export"}, default=16 << 20),
     _s("overwrite", Switch(), "replace OUT if it is an existing regular file (default: refuse, and never replace one "
        "that appears while the export runs)", {"export"}, default=False),
-    _s("export-format", Choice(("parquet", "arrow", "jsonl")), "what to write", {"export"}, flag="--format",
-       default_text="from OUT's suffix (.parquet, .arrow, .jsonl), else parquet"),
+    _s("export-format", Choice(("parquet", "arrow", "jsonl", "iceberg")), "what to write (iceberg: bring the "
+       "topic's Iceberg table, --iceberg-table in --iceberg-catalog, to its published epoch; no OUT)", {"export"},
+       flag="--format", default_text="from OUT's suffix (.parquet, .arrow, .jsonl), else parquet"),
     _s("utf8", Switch(), "keys and values as text (refused, naming the row, where one is not valid UTF-8) rather "
        "than binary", {"export"}, default=False),
     _s("export-compression", Choice(("zstd", "lz4", "snappy", "none")),
        "how Parquet or Arrow compresses its pages: zstd, lz4, snappy (Parquet only) or none", {"export"},
        flag="--compression", default="zstd"),
+    # ---------------------------------------------------------------------- Iceberg
+    _s("iceberg-catalog", Text(), "the topic's Iceberg catalog: sqlite:///PATH (or a path: pyiceberg's SQL catalog on "
+       "a SQLite file), postgresql://USER@HOST:PORT/DB (the SQL catalog on PostgreSQL; the password from "
+       "PGPASSWORD), or a REST catalog's http(s):// URI; in a topic's policy, every compact brings the table to the "
+       "epoch it publishes", {"export"}, policy=True, aliases=("--catalog",), metavar="URI"),
+    _s("iceberg-table", Text(), "the topic's Iceberg table, NAMESPACE.NAME (made, with its namespace, on first use)",
+       {"export"}, policy=True, metavar="NS.NAME"),
+    _s("iceberg-warehouse", Uri(), "where the table's files go: a folder or s3://bucket/prefix (default: the REST "
+       "catalog's own; for a SQLite catalog, a warehouse folder beside its file)", {"export"}, policy=True,
+       aliases=("--warehouse",), metavar="LOCATION"),
+    _s("iceberg-value-format", Choice(("binary", "text", "json")), "how the table keeps keys and values: binary, "
+       "or strings (text; json: JSON text, for engines' JSON functions), chosen when the table is made",
+       {"export"}, default="binary", policy=True),
+    _s("iceberg-rewrite-fraction", Ratio(), "rewrite a data file of the table once this fraction of its rows is "
+       "deleted", {"export"}, default=0.2, policy=True),
+    _s("iceberg-property", Pairs(prefix="", what="a catalog property"), "a property handed to the Iceberg catalog "
+       "as it is, e.g. credential=ID:SECRET or s3.endpoint=URL (repeatable)", {"export", "compact"}, many=True),
     # ---------------------------------------------------------------------- compact
     _s("max-topics", Whole(1), "compact at most N topics this run: overdue ones first, then the highest dirty "
        "ratio (--all, --max-topics and --max-compaction-lag order the topics so; otherwise they run in the order "
@@ -315,7 +335,8 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        "engine): key map, pass two's buffers, reads and writes in flight, the footer pages kept mapped; the key map "
        "gets what the rest leaves (within --max-map-bytes), so a run whose new keys do not fit compacts up to where "
        "they fit and the next run continues; peak memory stays within SIZE plus a fixed overhead (docs/operations.md, "
-       "Sizing memory); with --parallel N, each topic gets SIZE/N", _COMPACT,
+       "Sizing memory); with --parallel N, each topic gets SIZE/N; refused with --engine spark, whose executors Spark "
+       "sizes itself", _COMPACT,
        default_text="none: only --max-map-bytes and the other settings bound it"),
     _s("json", Switch(), "print one JSON line instead of text", set(COMMANDS), default=False, help_for=_JSON_HELP),
     _s("log-format", Choice(("text", "json")), "text: errors and warnings as one line each; json: one JSON object "

@@ -87,7 +87,7 @@ def cases(topic: str, scratch: str) -> list[Case]:
         Case("shale read T", _shale("read", topic), NEVER | SOME_RUNS - {"concurrent.futures"}, 162),
         Case("shale status T", _shale("status", topic), NEVER | SOME_RUNS, 144),
         Case("compact T", f"from shale.compactor.cli import main\nassert main([{scratch!r}]) == 0",
-             NEVER | {"humanfriendly", "pytimeparse2", "isodate", "tenacity"}, 180),
+             NEVER | {"humanfriendly", "pytimeparse2", "isodate", "tenacity"}, 181),
     ]
 
 

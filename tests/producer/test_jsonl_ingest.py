@@ -1,5 +1,5 @@
 """``shale produce`` of JSON lines through the C scanner and the bulk append, against the
-line-by-line path (``shale.cli.produce._append_lines``): for any input, the same records
+line-by-line path (``shale.producer.jsonl_ingest.append_lines``): for any input, the same records
 stored byte for byte and the same error, naming the same line, with the same records
 appended before it.  scripts/sanitize.sh runs this file against a sanitized build."""
 
@@ -17,10 +17,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from shale.cli.produce import _append_lines
 from shale.ledger.errors import InvalidInputError
 from shale.ledger.record import EVENT_TIME_MAX_MS, EVENT_TIME_MIN_MS
 from shale.producer import TopicWriter, jsonl_ingest
+from shale.producer.jsonl_ingest import append_lines as _append_lines
 from shale.producer.jsonlines import MAX_JSON_DEPTH
 from shale.reader import TopicReader
 from shale.storage import resolve
