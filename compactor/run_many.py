@@ -100,9 +100,11 @@ def compact_topics(settings: Settings | Mapping[str, Any] | None = None, *, engi
 
     def one(item: tuple[Topic | str, bool]) -> RunSummary:
         summary = _run_one(item[0], item[1], s, engine, tell, after_publish)
-        with lock:  # run-wide phases go into the first summary done
-            summary.durations = {**first, **summary.durations}
-            first.clear()
+        with lock:  # run-wide phases go into the first summary done, its total counting them
+            if first:
+                summary.durations = {**first, **summary.durations,
+                                     "total": summary.durations.get("total", 0.0) + sum(first.values())}
+                first.clear()
         after = _backlog(item[0]) if with_backlog else None
         tell(RunEvent("topic.done", summary.topic, summary=summary, backlog=after))
         return summary
