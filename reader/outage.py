@@ -18,7 +18,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 from shale.ledger.errors import TransientStorageError, error_line
 
@@ -65,8 +65,11 @@ class Rider:
     """Calls a reader's reads through outages of ``topic``'s storage (see the module)."""
 
     def __init__(self, topic: str, retry_for: float, listener: OutageListener, *, first_wait: float,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], Any] = time.sleep,
+                 give_up: Callable[[], bool] | None = None) -> None:
         self.topic, self.retry_for, self.listener = topic, retry_for, listener
+        #: asked at each failure: True ends the outage's retries at once (a follow stopped)
+        self._give_up = give_up or (lambda: False)
         self.first_wait = max(first_wait, 0.01)
         self._clock, self._sleep = clock, sleep
         self._since: float | None = None
@@ -88,7 +91,7 @@ class Rider:
 
     def _failed(self, e: TransientStorageError) -> None:
         """Wait before the next attempt, or raise ``e`` once the outage lasted ``retry_for``."""
-        if self.retry_for <= 0:
+        if self.retry_for <= 0 or self._give_up():
             raise e
         now = self._clock()
         if self._since is None:

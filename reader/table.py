@@ -18,11 +18,13 @@ keys that expired since, telling listeners as of a deletion.
 from __future__ import annotations
 
 import heapq
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
+from shale.ledger.errors import TransientStorageError
 from shale.ledger.ordering import TopicOrder
 from shale.ledger.record import Message
 from shale.metadata.asof import AsOf
@@ -30,6 +32,7 @@ from shale.metadata.view import reading_order
 from shale.reader.arrow import DEFAULT_MAX_BATCH_BYTES, require_pyarrow, schema
 from shale.reader.arrow import require as _require
 from shale.reader.latest import table_batches
+from shale.reader.outage import OutageListener, Rider, log_outage
 from shale.reader.topic_reader import EARLIEST, TopicReader
 
 if TYPE_CHECKING:
@@ -170,13 +173,23 @@ class TableView(Mapping[bytes, bytes]):
             listener(m.key or b"", m.value)
         self.listen(listener)
 
-    def follow(self, poll_interval: float = 1.0, stop: threading.Event | None = None) -> None:
+    def follow(self, poll_interval: float = 1.0, stop: threading.Event | None = None, *,
+               retry_for: float = math.inf, outage_listener: OutageListener | None = None) -> None:
         """Keep the view current: refresh every ``poll_interval`` seconds until ``stop``
-        is set (listeners hear of each change)."""
+        is set (listeners hear of each change), riding out storage outages for
+        ``retry_for`` seconds, each told once as it starts and once as it ends to
+        ``outage_listener`` (:mod:`shale.reader.outage`; default a warning logged)."""
         stop = stop or threading.Event()
-        while not stop.is_set():
-            self.refresh()
-            stop.wait(poll_interval)
+        # (a stop set during an outage ends the wait, and the follow at the next failure)
+        rider = Rider(self._uri, retry_for, outage_listener or log_outage, first_wait=poll_interval,
+                      sleep=stop.wait, give_up=stop.is_set)
+        try:
+            while not stop.is_set():
+                rider.call(self.refresh)
+                stop.wait(poll_interval)
+        except TransientStorageError:
+            if not stop.is_set():
+                raise
 
     def message(self, key: bytes) -> Message:
         """The whole latest message of ``key`` (id, properties, times)."""

@@ -23,6 +23,7 @@ import pytest
 
 from shale.ledger.errors import TransientStorageError
 from shale.producer import TopicWriter
+from shale.reader import TableView
 from shale.reader.outage import MAX_WAIT_S, Outage, Rider
 from tests.flaky_proxy import FlakyProxy
 from tests.gates import GUARD_S
@@ -159,3 +160,42 @@ def test_past_retry_for_the_last_error_is_raised_naming_how_long() -> None:
     with pytest.raises(TransientStorageError, match=r"^SlowDown"):  # retry-for 0: at once, as it was
         Rider("s3://b/t", 0.0, lambda o: None, first_wait=1.0).call(
             lambda: (_ for _ in ()).throw(TransientStorageError("SlowDown")))
+
+
+def test_a_table_views_follow_rides_out_an_outage_and_a_stop_during_one_ends_it(
+        moto_endpoint: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    topic = f"s3://{s3_bucket}/topics/t"
+    _produce(topic, "k0")
+    with FlakyProxy(moto_endpoint, {}) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        monkeypatch.setenv("SHALE_S3_ATTEMPTS", "1")
+        view = TableView(topic)
+        told: list[Outage] = []
+        changed: queue.Queue[bytes] = queue.Queue()
+        view.listen(lambda key, value: changed.put(key))
+        stop, failed = threading.Event(), []
+
+        def follow() -> None:
+            try:
+                view.follow(0.05, stop, outage_listener=told.append)
+            except BaseException as e:  # handed to the test
+                failed.append(e)
+
+        follower = threading.Thread(target=follow, daemon=True)
+        follower.start()
+        proxy.faults = {"503": 1.0}
+        _until(lambda: len(told) == 1)
+        tried = proxy.injected["503"]
+        _until(lambda: proxy.injected["503"] >= tried + 2)  # it kept trying, quietly
+        assert len(told) == 1 and not failed
+        proxy.faults = {}
+        _produce(topic, "k1")
+        assert changed.get(timeout=GUARD_S) == b"k1"
+        _until(lambda: len(told) == 2)
+        assert [o.ended for o in told] == [False, True] and view[b"k1"] == b"value of k1"
+        proxy.faults = {"503": 1.0}  # down again, and the follow is stopped meanwhile
+        _until(lambda: len(told) == 3)
+        stop.set()
+        follower.join(GUARD_S)
+        assert not follower.is_alive() and not failed, failed
+        assert [o.ended for o in told] == [False, True, False]
