@@ -401,8 +401,9 @@ def test_cli_compacts_several_topics_in_one_application_without_leaking_credenti
                   "--spark-conf", "spark.ui.enabled=false",
                   script="compact", env={"AWS_SECRET_ACCESS_KEY": secret})
     assert res.returncode == 0, res.stderr
-    lines = [json.loads(x) for x in res.stdout.splitlines()]
+    *lines, run = [json.loads(x) for x in res.stdout.splitlines()]
     assert [x["topic"] for x in lines] == [local_uri, s3_uri]
+    assert (run["topics"], run["compacted"], run["failed"], run["exit_code"]) == (2, 2, 0, 0), run
     assert all(x["status"] == "compacted" and x["engine"] == "spark" for x in lines)
     assert compacted(local_uri) == compacted(refs[0])
     assert compacted(s3_uri) == compacted(refs[1])
