@@ -18,6 +18,7 @@ __all__ = [
     "ConflictError",
     "CorruptLedgerError",
     "GapError",
+    "InUseError",
     "InvalidInputError",
     "InvalidMetadataError",
     "InvalidURIError",
@@ -134,6 +135,12 @@ class ProducerFencedError(ShaleError, RuntimeError):
     """Another writer with the same producer id registered the records this writer was
     about to register (two writers share an id): nothing of this ledger is registered.
     Not retried as a conflict: running the produce again skips what the other appended."""
+
+
+class InUseError(ShaleError):
+    """Refused because something live holds what was to be changed (a reader holding a
+    subscription, by its heartbeat): run again once it has stopped, or force it.  Not a
+    :class:`ConflictError`, which a compare-and-swap loop retries at once."""
 
 
 class CorruptLedgerError(ShaleError, ValueError):

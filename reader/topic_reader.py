@@ -11,12 +11,13 @@ the gaps retention opened ahead of it.
 
 from __future__ import annotations
 
+import datetime
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -28,7 +29,8 @@ from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.ordering import TopicOrder, record_time
 from shale.ledger.reader import DEFAULT_CHUNK_BYTES, LedgerFile
 from shale.ledger.record import Message
-from shale.metadata.asof import AsOf, Point, resolve_point
+from shale.metadata.asof import AsOf, Point, point_ms, resolve_point
+from shale.metadata.positions import TIME_HELP, parse_time, position_at
 from shale.metadata.state import CompactionState, LedgerInfo, TopicState
 from shale.metadata.topic import TopicMetadata
 from shale.metadata.view import Segment, TopicView, wholly_below
@@ -41,28 +43,46 @@ from shale.reader.arrow import (
     schema,
 )
 from shale.reader.arrow import require as _require
+from shale.reader.batches import MessageBatch
 from shale.reader.gaps import Gap, GapListener, OnGap, check_on_gap, log_gap, log_start
 from shale.reader.outage import OutageListener, Rider, log_outage
 from shale.reader.subscriber import Subscribing
+from shale.settings.kinds import shown
 from shale.storage import StorageOptions
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["EARLIEST", "LATEST", "Position", "TopicReader", "parse_position"]
+__all__ = ["EARLIEST", "LATEST", "Position", "TopicReader", "parse_position", "parse_start"]
 
 EARLIEST: Final = "earliest"
 LATEST: Final = "latest"
-Position = MessageId | Literal["earliest", "latest"]
+#: Where a reader starts: ``earliest``, ``latest``, a message id, or (a time) the first
+#: record published then or later
+Position = MessageId | Literal["earliest", "latest"] | datetime.datetime
 _T = TypeVar("_T")
 
 
-def parse_position(text: str) -> Position:
+def parse_position(text: str) -> MessageId | Literal["earliest", "latest"]:
     """``earliest``, ``latest`` or a message id ``L:E:B``."""
     t = text.strip().lower()
     if t in (EARLIEST, LATEST):
         return EARLIEST if t == EARLIEST else LATEST
     return MessageId.parse(text)
+
+
+def parse_start(text: str, now_ms: int | None = None) -> Position:
+    """:func:`parse_position`, or a time (``--start`` of ``shale read`` and ``export``:
+    :data:`~shale.metadata.positions.TIME_HELP`; ``-DURATION`` counts back from
+    ``now_ms``, the clock by default) as a UTC datetime."""
+    t = text.strip()
+    if (t.count(":") == 2 and t.replace(":", "").isdigit()) or t.lower() in (EARLIEST, LATEST):
+        return parse_position(text)  # (as given: an id has one spelling, without spaces)
+    ms = parse_time(t, int(time.time() * 1000) if now_ms is None else now_ms)
+    if ms is None:
+        raise InvalidInputError(f"{shown(t)!r} is not a position: expected earliest, latest, a message id "
+                                f"LEDGER:ENTRY:BATCH or {TIME_HELP}")
+    return datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC) + datetime.timedelta(milliseconds=ms)
 
 
 class TopicReader(Subscribing):
@@ -163,7 +183,8 @@ class TopicReader(Subscribing):
         self._behind: tuple[LedgerInfo, ...] = ()
         #: records gone unread: from this id to the end of that removed ledger
         self._gap: tuple[MessageId, int] | None = None
-        self.seek(self._subscribe(self.meta, subscription, start, auto_commit, commit_every, before_commit))
+        self.seek(self._subscribe(self.meta, subscription, start, auto_commit, commit_every, before_commit,
+                                  int(poll_interval * 1000) if follow else 0))
 
     # ---------------------------------------------------------------- positioning
 
@@ -214,6 +235,9 @@ class TopicReader(Subscribing):
             self._fresh = self._next
         elif position == LATEST:
             self._next = MessageId(self._topic.last_ledger_id + 1, 0, 0)
+        elif isinstance(position, datetime.datetime):  # Kafka's offsetsForTimes
+            self._next = position_at(self.meta, self._topic, point_ms(position))
+            self._removed_from(self._next)
         else:
             self._next = position if isinstance(position, MessageId) else MessageId.parse(str(position))
             self._removed_from(self._next)
@@ -548,29 +572,84 @@ class TopicReader(Subscribing):
         reader decompresses no more than ``max_batch_bytes`` at once across its threads
         (:class:`~shale.reader.arrow.BatchReader`).  :mod:`shale.reader.arrow` gives the
         columns; ``utf8``: keys and values as text; ``id_text``: the ids' text too.  Never
-        waits, even when following; the position moves past what was read.  Needs pyarrow
-        (``shale[arrow]``)."""
+        waits, even when following; the position moves past each batch as it is handed
+        out (:meth:`message_batches`).  Needs pyarrow (``shale[arrow]``)."""
+        for batch in self.message_batches(rows, utf8=utf8, id_text=id_text, max_batch_bytes=max_batch_bytes):
+            yield batch.records
+
+    def message_batches(self, rows: int | None = DEFAULT_BATCH_ROWS, *, limit: int | None = None,
+                        utf8: bool = False, id_text: bool = False, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+                        check_first: bool = False) -> Iterator[MessageBatch]:
+        """:meth:`iter_batches` as :class:`~shale.reader.batches.MessageBatch` objects (the
+        records, and where the reader stands after each of them), at most ``limit``
+        messages in all (None: every one there is now).  The position moves past each
+        batch as it is handed out, as it moves past each message :meth:`read_next` returns;
+        with ``auto_commit``, what was handed out is committed as the reader moves on to the
+        next ledger or part and when it reaches the end of what there is.  ``check_first``:
+        an entry given in several batches has every record checked before the first is
+        given, as a read of messages checks it (else its frame is checked before the last)."""
+        if (yield from self._batches(rows, limit, (utf8, id_text, check_first), max_batch_bytes)):
+            self._tick()
+
+    def read_batches(self, limit: int | None = None, *, rows: int | None = DEFAULT_BATCH_ROWS,
+                     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> list[MessageBatch]:
+        """:meth:`read` in batches: up to ``limit`` messages there are now (all of them when
+        ``None``) as :class:`~shale.reader.batches.MessageBatch` objects of at most ``rows``
+        rows and ``max_batch_bytes`` bytes of records (their Arrow columns in ``records``);
+        never waits.  Should records it had yet to read have been removed, it returns the
+        batches before them, and the next call raises :class:`~shale.ledger.errors.GapError`."""
+        self._tick()  # what the last read returned was handled
+        out: list[MessageBatch] = []
+        try:
+            for batch in self._batches(rows, limit, (False, False, True), max_batch_bytes):
+                out.append(batch)
+        except GapError:
+            if not out:
+                raise
+        return out
+
+    def _batches(self, rows: int | None, limit: int | None, how: tuple[bool, bool, bool],
+                 max_batch_bytes: int) -> Generator[MessageBatch, None, bool]:
+        """The batches of :meth:`message_batches` (``how``: utf8, id_text, check_first);
+        returns whether it read to the end of what there is (rather than stopping at
+        ``limit``)."""
+        utf8, id_text, check_first = how
         require_pyarrow()
         if self._pending is not None:  # a message looked at but not taken is read again
             self._next, self._pending = self._pending.id, None
         self._it = None
+        if limit is not None and limit <= 0:
+            return False
         with BatchReader(decode_threads(), max_batch_bytes=max_batch_bytes, rows=rows, chunk_bytes=self.chunk_bytes,
-                         utf8=utf8, id_text=id_text) as reader:
+                         utf8=utf8, id_text=id_text, check_first=check_first) as reader:
 
-            def read(f: LedgerFile, start: int, gone: npt.NDArray[np.bool_] | None) -> Iterator[pa.RecordBatch]:
+            def read(f: LedgerFile, start: int, gone: npt.NDArray[np.bool_] | None) -> Iterator[MessageBatch]:
                 records = np.arange(start, f.n_records, dtype=np.int64)
                 if gone is not None:
                     records = records[~gone[start:]]
-                yield from reader.batches(f, records)
-                if f.n_records > start:
-                    self._next = f.record_id(f.n_records - 1).successor()
+                last = f.record_id(f.n_records - 1) if f.footer.kind == KIND_ORIGINAL and f.n_records else None
+                for records_batch in reader.batches(f, records):
+                    batch = MessageBatch(records_batch, last)
+                    self._next = batch.after(len(batch) - 1)  # (handed out: as a message is)
+                    yield batch
 
             self._open_ahead = True
+            walk = cast(Generator[MessageBatch, None, None], self._walk(read))
             try:
-                yield from self._walk(read)
+                for batch in walk:
+                    if limit is not None and len(batch) >= limit:
+                        if len(batch) > limit:
+                            batch = batch.head(limit)
+                            self._next = batch.after(limit - 1)
+                        yield batch
+                        return False
+                    if limit is not None:
+                        limit -= len(batch)
+                    yield batch
             finally:
+                walk.close()
                 self._open_ahead = False
-        self._tick()
+        return True
 
     def to_arrow(self, *, utf8: bool = False, id_text: bool = False,
                  max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> pa.Table:
@@ -594,8 +673,15 @@ class TopicReader(Subscribing):
         return polars.from_arrow(self.to_arrow(utf8=utf8, id_text=id_text, max_batch_bytes=max_batch_bytes))
 
     def close(self) -> None:
-        """Commit what was handed out (with ``auto_commit``); forget the opened objects."""
+        """Commit what was handed out (with ``auto_commit``) and let the subscription go;
+        forget the opened objects."""
+        s = self.subscriber
+        if s is not None and s.auto and s.member is not None and self._handed_out() != s.subscription.position:
+            if s.before_commit is not None:
+                s.before_commit()
+            s.commit(leave=True)  # the last commit says the reader leaves
         self._tick()
+        self._leave()
         self._files.clear()
 
     def __enter__(self) -> TopicReader:
@@ -604,8 +690,14 @@ class TopicReader(Subscribing):
     def __exit__(self, exc_type: object, *exc: object) -> None:
         if exc_type is None:
             self.close()
-        else:  # what was handed out may not have been handled: not committed
-            self._files.clear()
+            return
+        # what was handed out may not have been handled: not committed
+        self._files.clear()
+        try:
+            self._leave()
+        except Exception:  # (storage failing as it fails: the error being raised says more)
+            if self.subscriber is not None:
+                self.subscriber.member = None
 
 
 def _bounded(read: Callable[[LedgerFile, int, npt.NDArray[np.bool_] | None], Iterator[_T]], end: MessageId

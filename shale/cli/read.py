@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import base64
 import itertools
+import time
 from typing import TYPE_CHECKING
 
 from shale.cli.app import Streams
@@ -17,6 +18,7 @@ from shale.settings.kinds import shown
 if TYPE_CHECKING:
     from shale.ledger.ids import MessageId
     from shale.metadata.asof import AsOf
+    from shale.metadata.topic import TopicMetadata
     from shale.reader import TopicReader
 
 __all__ = ["run_changes", "run_export", "run_get", "run_read"]
@@ -44,24 +46,62 @@ def _read_table(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> None
     # footers first, then only the table's records: memory follows records, not values
     meta = TopicMetadata.open(args.topic, args.metadata)
     as_of, from_snapshot = _point(args)
+    printed = _print_table_batches(meta, args, io, as_of, from_snapshot)
+    if printed is None:
+        return
     for m in itertools.islice(table_messages(meta, chunk_bytes=chunk_bytes, as_of=as_of, from_snapshot=from_snapshot,
-                                             hold_bytes=args.max_batch_bytes), args.limit):
+                                             hold_bytes=args.max_batch_bytes), printed, args.limit):
         text = message_line(m, args.value_format)
         del m  # (a big value goes before its line is written)
         io.out.write(text)
         io.out.write("\n")
 
 
+def _print_table_batches(meta: TopicMetadata, args: argparse.Namespace, io: Streams, as_of: AsOf | None,
+                         from_snapshot: int | str | None) -> int | None:
+    """The table's lines, written from Arrow batches when it is big (else as messages:
+    :func:`~shale.reader.latest.table_rows`); None when all are printed.  Should reading
+    batches fail, how many rows were printed: the table read as messages goes on from
+    there, printing what it prints and failing as it fails."""
+    from shale.ledger.errors import ShaleError
+    from shale.ledger.record import Message
+    from shale.producer.jsonlines import LineOutput, message_line, write_batches
+    from shale.reader.latest import table_rows
+
+    printed, out = 0, None
+    try:
+        for item in table_rows(meta, max_batch_bytes=args.max_batch_bytes, as_of=as_of, from_snapshot=from_snapshot):
+            if args.limit is not None and printed >= args.limit:
+                break
+            if isinstance(item, Message):
+                text = message_line(item, args.value_format)
+                del item
+                io.out.write(text + "\n")
+                printed += 1
+                continue
+            out = out or LineOutput(io.out)
+            printed += write_batches([item if args.limit is None else item.slice(0, args.limit - printed)], out,
+                                     args.value_format)
+    except ShaleError:
+        if out is None:
+            raise
+        out.flush()
+        return printed
+    return None
+
+
 def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> None:
     from shale.ledger.errors import GapError
     from shale.producer.jsonlines import message_line
-    from shale.reader import TopicReader, parse_position
+    from shale.reader import TopicReader, parse_start
     from shale.reader.gaps import Gap
     from shale.reader.outage import Outage
     from shale.reader.subscriber import COMMIT_EVERY
 
-    start = parse_position(args.start)
+    start = parse_start(args.start)
     as_of, from_snapshot = _point(args)
+    if args.subscription is not None:
+        _check_start(args)
 
     def gone_past(gap: Gap) -> None:  # --on-gap skip or compacted: said on stderr, where it falls in the output
         io.out.flush()
@@ -90,10 +130,16 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
             io.err.write(f"shale: warning: {r.meta.uri}: subscription {r.subscriber.name!r} had expired (no commit "
                          "within the topic's subscription-expiry): it held nothing back meanwhile, so deletes may have "
                          "been missed\n")
+        limit = args.limit
+        if r.subscriber is None and _batched(r):
+            done, limit = _print_batches(r, args, io)
+            if done:
+                _commit(r, io)
+                return
         unprinted = None  # a record returned but not printed whole (an interrupt came): read again next time
         try:
             # islice stops at the limit before asking for one more (a follower would wait for it)
-            for m in itertools.islice(r, args.limit):
+            for m in itertools.islice(r, limit):
                 unprinted = m.id
                 io.out.write(message_line(m, args.value_format) + "\n")
                 unprinted = None
@@ -107,15 +153,74 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
             raise
         if r.subscriber is not None:
             r.subscriber.auto = False  # the last commit: closing must not move it past an unprinted record
-        _commit(r, io, unprinted)
+        _commit(r, io, unprinted, leave=True)
 
 
-def _commit(r: TopicReader, io: Streams, unprinted: MessageId | None = None) -> None:
+def _batched(r: TopicReader) -> bool:
+    """Whether to read in Arrow batches: pyarrow is installed and the read is big enough to
+    pay for it (:data:`~shale.reader.batches.BATCH_READ_RECORDS`)."""
+    import importlib.util
+
+    from shale.reader.batches import BATCH_READ_RECORDS, records_ahead
+
+    return records_ahead(r) >= BATCH_READ_RECORDS and importlib.util.find_spec("pyarrow") is not None
+
+
+def _print_batches(r: TopicReader, args: argparse.Namespace, io: Streams) -> tuple[bool, int | None]:
+    """The records as JSON lines written from Arrow batches (:func:`~shale.producer.jsonlines.batch_lines`),
+    flushed after each batch when following: ``(True, _)`` once done.  A subscription's read
+    prints and commits record by record instead (below).  Should reading batches fail but
+    for a gap, ``(False, left)``: the record-by-record read goes on from where the reader
+    stands, printing what it prints (``left`` more at most) and failing as it fails."""
+    from shale.ledger.errors import GapError, ShaleError
+    from shale.producer.jsonlines import LineOutput, write_batches
+
+    out, left = LineOutput(io.out), args.limit
+    try:
+        while True:
+            for batch in r.message_batches(limit=left, max_batch_bytes=args.max_batch_bytes, check_first=True):
+                write_batches([batch], out, args.value_format, flush=args.follow)
+                left = None if left is None else left - len(batch)
+            if not args.follow or left == 0:
+                return True, left
+            time.sleep(r.poll_interval)
+    except KeyboardInterrupt:
+        if not args.follow:
+            raise
+        return True, left
+    except GapError:
+        out.flush()  # every record read before the gap is out before the error line
+        raise
+    except ShaleError:
+        out.flush()
+        return False, left
+
+
+def _check_start(args: argparse.Namespace) -> None:
+    """``--start`` places a new subscription only: given for an existing one, it is refused
+    rather than ignored (moving one is ``shale subscriptions --reset``)."""
+    from shale.metadata.subscriptions import Subscriptions, check_name
+    from shale.metadata.topic import TopicMetadata
+    from shale.settings import Source
+
+    given = args.settings["start"]
+    if given.source is Source.DEFAULT:
+        return
+    sub = Subscriptions(TopicMetadata.open(args.topic, args.metadata)).load(check_name(args.subscription))
+    if sub is not None:
+        raise InvalidInputError(
+            f"{given.given_as} places a new subscription, and {args.topic} has subscription {args.subscription!r} "
+            f"already (at {sub.position}): leave {given.given_as} out to go on from there, or move it with shale "
+            f"subscriptions {args.topic} --reset {args.subscription} --to {args.start.strip()}")
+
+
+def _commit(r: TopicReader, io: Streams, unprinted: MessageId | None = None, *, leave: bool = False) -> None:
     """Flush what was printed (whole records only: each line is written at once), then,
-    when reading as a subscription, commit past it (up to ``unprinted`` when given)."""
+    when reading as a subscription, commit past it (up to ``unprinted`` when given;
+    ``leave``: the last commit, letting the subscription go)."""
     io.out.flush()
     if r.subscriber is not None:
-        r.commit(unprinted)
+        r.subscriber.commit(unprinted, leave=leave)
 
 
 def _point(args: argparse.Namespace) -> tuple[AsOf | None, int | str | None]:
@@ -138,12 +243,14 @@ def run_get(args: argparse.Namespace, io: Streams) -> int:
     from shale.metadata.topic import TopicMetadata
     from shale.producer.jsonlines import message_line
     from shale.reader import lookup
+    from shale.reader.lookup import why_no_value
 
     key = _key_bytes(args.key, args.key_b64)
     as_of, _ = _point(args)
-    found = lookup(TopicMetadata.open(args.topic, args.metadata), key, as_of=as_of)
+    meta = TopicMetadata.open(args.topic, args.metadata)
+    found = lookup(meta, key, as_of=as_of)
     if found.value is None:
-        why = "expired" if found.expired else "deleted" if found.message is not None else "never written"
+        why = why_no_value(meta, key, found, as_of=as_of)
         when = "" if as_of is None else f" as of {args.as_of.strip()}"
         io.err.write(f"shale: no value for key {args.key!r} in {args.topic}{when} ({why})\n")
         return EXIT_NOT_FOUND
@@ -193,7 +300,7 @@ def run_export(args: argparse.Namespace, io: Streams) -> int:
     from shale.cli.progress import counting
     from shale.export import export_topic
     from shale.export_target import is_stdout
-    from shale.reader import parse_position
+    from shale.reader import parse_start
 
     if args.export_format == "iceberg":
         return _export_iceberg(args, io)
@@ -206,7 +313,7 @@ def run_export(args: argparse.Namespace, io: Streams) -> int:
         raise InvalidInputError("--changes-to goes with --changes-from")
     with counting("export", unit="rows") as shown:
         result = export_topic(args.topic, args.out, metadata_uri=args.metadata, compacted=args.compacted,
-                              table=args.table, fmt=args.export_format, start=parse_position(args.start),
+                              table=args.table, fmt=args.export_format, start=parse_start(args.start),
                               compression=args.export_compression, utf8=args.utf8, progress=shown.set,
                               overwrite=args.overwrite, max_batch_bytes=args.max_batch_bytes, as_of=as_of,
                               changes=None if since is None else (since, until))
