@@ -159,8 +159,7 @@ class TopicReader(Subscribing):
         self.on_gap: OnGap = check_on_gap(on_gap)
         #: told of each gap the reader goes past (``skip``, ``compacted``)
         self.gap_listener: GapListener = gap_listener or log_gap
-        #: reads tried again through storage outages, for ``retry_for`` seconds (None: for
-        #: ever when following, else not at all), each outage told to ``outage_listener``
+        #: reads tried again through storage outages for ``retry_for`` (None: for ever when following)
         self._rider = Rider(self.meta.uri, (math.inf if follow else 0.0) if retry_for is None else retry_for,
                             outage_listener or log_outage, first_wait=poll_interval)
         self._it: Iterator[Message] | None = None
