@@ -126,6 +126,7 @@ _ZSTD_LEVEL: Final = 1
 #: flags of a candidate
 TOMBSTONE: Final = 1
 DROPPED: Final = 2  # not kept if it wins: an expired tombstone, or past the key TTL
+HELD: Final = 4  # a tombstone kept past its delete retention, for a subscription yet to read it
 
 
 class Candidates(NamedTuple):

@@ -46,6 +46,7 @@ from shale.compactor.rules import held_tombstones, latest_by_event_time, latest_
 from shale.compactor.spark.newkeys import settle
 from shale.compactor.spark.shuffle import (
     DROPPED,
+    HELD,
     TOMBSTONE,
     Candidates,
     Kind,
@@ -287,12 +288,16 @@ def _fates(ctx: TaskContext, sp: SplitSpec, f: LedgerFile, idx: npt.NDArray[np.i
     dropped = rule.expired(times[idx], ctx.now_ms) if rule.key_ttl_ms and times is not None \
         else np.zeros(len(idx), dtype=bool)
     tomb = np.flatnonzero(is_tomb & ~dropped)
-    expired, _ = tombstone_fate(f.footer.delete_since()[sp.start:sp.stop][idx[tomb]], ctx.now_ms,
-                                ctx.config.delete_retention_ms,
+    first_kept = f.footer.delete_since()[sp.start:sp.stop][idx[tomb]]
+    expired, _ = tombstone_fate(first_kept, ctx.now_ms, ctx.config.delete_retention_ms,
                                 held=held_tombstones(sp.base + idx[tomb], ctx.hold_from),
                                 max_hold_ms=ctx.config.max_tombstone_hold_ms)
     dropped[tomb[expired]] = True
-    out: npt.NDArray[np.uint8] = (is_tomb * np.uint8(TOMBSTONE) | dropped * np.uint8(DROPPED)).astype(np.uint8)
+    # kept past its retention: only a subscription's hold keeps it (counted where it wins)
+    held = np.zeros(len(idx), dtype=bool)
+    held[tomb[~expired & (ctx.now_ms - first_kept >= ctx.config.delete_retention_ms)]] = True
+    out: npt.NDArray[np.uint8] = (is_tomb * np.uint8(TOMBSTONE) | dropped * np.uint8(DROPPED)
+                                  | held * np.uint8(HELD)).astype(np.uint8)
     return out
 
 
@@ -361,5 +366,6 @@ def _reduce_partition(ctx: TaskContext, rows: Iterable[tuple[int, int, memoryvie
             yield Row(0, Kind.KEPT, i, pack_offsets(kept[a:b] - ctx.bases[i]))
     counts = {"keys": len(win), "tombstones": int(np.count_nonzero(is_tomb)),
               "dropped": int(np.count_nonzero(is_tomb & dropped)), "expired": int(np.count_nonzero(~is_tomb & dropped)),
-              "kept": len(kept), "candidates": len(cand.pos), "live": live}
+              "kept": len(kept), "candidates": len(cand.pos), "live": live,
+              "held": int(np.count_nonzero(((flags & HELD) != 0) & ~dropped))}
     yield Row(0, Kind.STATS, 0, json.dumps(counts).encode())
