@@ -288,8 +288,7 @@ def _fates(ctx: TaskContext, sp: SplitSpec, f: LedgerFile, idx: npt.NDArray[np.i
     dropped = rule.expired(times[idx], ctx.now_ms) if rule.key_ttl_ms and times is not None \
         else np.zeros(len(idx), dtype=bool)
     tomb = np.flatnonzero(is_tomb & ~dropped)
-    first_kept = f.footer.delete_since()[sp.start:sp.stop][idx[tomb]]
-    expired, _ = tombstone_fate(first_kept, ctx.now_ms, ctx.config.delete_retention_ms,
+    expired, first_kept = tombstone_fate(f.footer.delete_since()[sp.start:sp.stop][idx[tomb]], ctx.now_ms, ctx.config.delete_retention_ms,
                                 held=held_tombstones(sp.base + idx[tomb], ctx.hold_from),
                                 max_hold_ms=ctx.config.max_tombstone_hold_ms)
     dropped[tomb[expired]] = True
