@@ -288,7 +288,8 @@ def _fates(ctx: TaskContext, sp: SplitSpec, f: LedgerFile, idx: npt.NDArray[np.i
     dropped = rule.expired(times[idx], ctx.now_ms) if rule.key_ttl_ms and times is not None \
         else np.zeros(len(idx), dtype=bool)
     tomb = np.flatnonzero(is_tomb & ~dropped)
-    expired, first_kept = tombstone_fate(f.footer.delete_since()[sp.start:sp.stop][idx[tomb]], ctx.now_ms, ctx.config.delete_retention_ms,
+    since = f.footer.delete_since()[sp.start:sp.stop][idx[tomb]]
+    expired, first_kept = tombstone_fate(since, ctx.now_ms, ctx.config.delete_retention_ms,
                                 held=held_tombstones(sp.base + idx[tomb], ctx.hold_from),
                                 max_hold_ms=ctx.config.max_tombstone_hold_ms)
     dropped[tomb[expired]] = True
