@@ -314,9 +314,11 @@ def gc(rnd: Round, rng: random.Random) -> None:
 
 def consume(rnd: Round, rng: random.Random, c: Consumer) -> None:
     """One batch read as the subscription, folded, then committed."""
-    limit = rng.randint(5, 120)
+    # a small batch, a large one, or all there is (catching up)
+    limit = rng.choice((rng.randint(5, 60), rng.randint(100, 600), None))
     if c.how == "cli":
-        args = [rnd.uri, "--subscription", c.name, "--limit", str(limit), *(("--compacted",) if c.compacted else ())]
+        args = [rnd.uri, "--subscription", c.name, *(("--limit", str(limit)) if limit else ()),
+                *(("--compacted",) if c.compacted else ())]
         outcome, _ = _cli_read(rnd, c, args)
         rnd.count(f"read.{outcome}")
         return
@@ -344,7 +346,7 @@ def _cli_read(rnd: Round, c: Consumer, args: list[str]) -> tuple[str, list[Messa
 def follow(rnd: Round, rng: random.Random, c: Consumer) -> None:
     """A follower committing as it goes, until the producers are done and it has read
     everything there is (or ``most`` records)."""
-    most = rng.randint(50, 400)
+    most = rng.randint(100, 1000)
     got: list[Message] = []
     with TopicReader(rnd.uri, read_compacted=c.compacted, subscription=c.name, follow=True, auto_commit=True,
                      poll_interval=0.02) as r:

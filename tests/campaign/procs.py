@@ -18,12 +18,13 @@ import subprocess
 import sys
 import tempfile
 import threading
+from multiprocessing.connection import wait
 from multiprocessing.context import ForkServerContext
 from pathlib import Path
 
 __all__ = ["run"]
 
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()
 _CONTEXT: list[ForkServerContext] = []
 
 
@@ -51,6 +52,7 @@ def _child(script: str, args: list[str], env: dict[str, str], folder: str) -> No
     code = compact_main(args) if script == "compact" else main(args)
     sys.stdout.flush()
     sys.stderr.flush()
+    Path(folder, "code").write_text(str(code))  # (see run: the exit status may be lost on the way)
     sys.exit(code)
 
 
@@ -66,9 +68,16 @@ def run(*args: str, script: str = "shale", input: str | None = None,
         Path(folder, "out").touch()
         Path(folder, "err").touch()
         p = _context().Process(target=_child, args=(script, list(args), dict(os.environ), folder))
-        p.start()
-        p.join()
+        # multiprocessing reads a child's exit status in whichever thread polls first (a
+        # start() polls every child), and a second reader then finds none: 255.  So
+        # starting and joining go one thread at a time, and waiting for the end outside.
+        with _LOCK:
+            p.start()
+        wait([p.sentinel])
+        with _LOCK:
+            p.join()
         out = Path(folder, "out").read_text(encoding="utf-8", errors="replace")
         err = Path(folder, "err").read_text(encoding="utf-8", errors="replace")
-    code = p.exitcode if p.exitcode is not None else -1
+        said = Path(folder, "code")
+        code = int(said.read_text()) if said.exists() else p.exitcode if p.exitcode is not None else -1
     return subprocess.CompletedProcess([script, *args], code, out, err)
