@@ -18,6 +18,9 @@
 
 from __future__ import annotations
 
+import traceback
+from collections.abc import Callable
+
 from shale.ledger.ids import MIN_ID, MessageId
 from shale.metadata.layout import ledger_id_of
 from shale.metadata.state import CompactionState, TopicState
@@ -32,27 +35,41 @@ __all__ = ["check_round"]
 
 
 def check_round(rnd: Round) -> None:
-    """Every check of the module docstring; problems go to ``rnd.failures``."""
+    """Every check of the module docstring; problems (an exception too) go to ``rnd.failures``."""
     topic = rnd.topic
     meta = topic.meta()
     state, ledgers = meta.load_compaction(), meta.load_topic()
     floor = min((s.position for s in Subscriptions(meta).list()), default=None)
-    for what, msgs in rnd.seen:
-        rnd.failures += topic.model.mismatches(msgs, f"read during the round ({what})")
-    rnd.failures += _ledgers(topic, ledgers)
-    with TopicReader(topic.uri, read_compacted=True) as r:
-        rnd.failures += topic.model.check_view(r.read(), r.compaction.horizon, floor,
-                                               f"compacted view of epoch {r.compaction.epoch}")
-    rnd.failures += _table(topic)
-    for c in topic.consumers.values():
-        rnd.failures += _consumer(topic, meta, c)
-    for epoch in state.retained_epochs:
-        rnd.failures += _as_of(topic, epoch, floor)
-    rnd.failures += _objects(topic, meta, state, ledgers)
-    p = run("verify", topic.uri, "--scrub", "--json")
-    if p.returncode != 0:
-        rnd.failures.append(f"shale verify --scrub: exit {p.returncode}: {p.stdout[-2000:]} {p.stderr[-2000:]}")
+    checks: list[tuple[str, Callable[[], list[str]]]] = [
+        ("reads during the round", lambda: [p for what, msgs in rnd.seen
+                                            for p in topic.model.mismatches(msgs, f"read during the round ({what})")]),
+        ("the ledgers left", lambda: _ledgers(topic, ledgers)),
+        ("the compacted view", lambda: _compacted(topic, floor)),
+        ("shale read --table", lambda: _table(topic)),
+        *((f"subscription {c.name}", lambda c=c: _consumer(topic, meta, c)) for c in topic.consumers.values()
+          if c.how != "browse"),
+        *((f"as of epoch {e}", lambda e=e: _as_of(topic, e, floor)) for e in state.retained_epochs),
+        ("the objects", lambda: _objects(topic, meta, state, ledgers)),
+        ("shale verify --scrub", lambda: _verify(topic)),
+    ]
+    for what, check in checks:
+        try:
+            rnd.failures += check()
+        except Exception:
+            rnd.failures.append(f"checking {what}: {traceback.format_exc()}")
     rnd.count("checks.epochs-read-as-of", len(state.retained_epochs))
+
+
+def _compacted(topic: CampaignTopic, floor: MessageId | None) -> list[str]:
+    with TopicReader(topic.uri, read_compacted=True) as r:
+        return topic.model.check_view(r.read(), r.compaction.horizon, floor,
+                                      f"compacted view of epoch {r.compaction.epoch}")
+
+
+def _verify(topic: CampaignTopic) -> list[str]:
+    p = run("verify", topic.uri, "--scrub", "--json")
+    return [] if p.returncode == 0 else [f"shale verify --scrub: exit {p.returncode}: {p.stdout[-2000:]} "
+                                         f"{p.stderr[-2000:]}"]
 
 
 def _ledgers(topic: CampaignTopic, ledgers: TopicState) -> list[str]:

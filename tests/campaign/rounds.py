@@ -29,7 +29,7 @@ __all__ = ["Scale", "run_topic"]
 
 #: the consumers of a topic: (how it reads, compacted or plain)
 CONSUMERS: Final = (("api", True), ("cli", False), ("follow", True), ("api", False), ("cli", True),
-                    ("follow", False))
+                    ("follow", False), ("browse", True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +49,8 @@ class Scale:
     other_ops: int
     #: how often a command runs as the installed console script (else forked: :mod:`tests.campaign.procs`)
     console: float = 0.0
+    #: workers running shale status and shale subscriptions (other_ops each)
+    inspectors: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +73,9 @@ def new_topic(uri: str, rng: random.Random, scale: Scale) -> CampaignTopic:
     assert p.returncode == 0, p.stderr
     topic.console = scale.console
     for i, (how, compacted) in enumerate(CONSUMERS[:scale.consumers]):
-        name = f"sub-{i}-{how}-{'compacted' if compacted else 'plain'}"
-        Subscriptions(meta).create(name)
+        name = f"{'reader' if how == 'browse' else 'sub'}-{i}-{how}-{'compacted' if compacted else 'plain'}"
+        if how != "browse":
+            Subscriptions(meta).create(name)
         topic.consumers[name] = Consumer(name, compacted, how)
     return topic
 
@@ -90,6 +93,7 @@ def _plan(rnd: Round, rng: random.Random, scale: Scale) -> list[Worker]:
                 for i in range(rng.randint(1, scale.compactors))]
     for kind in ("rollback", "truncate", "gc"):
         workers += [Worker(f"{kind}-{i}", waits(scale.other_ops), OPERATIONS[kind]) for i in range(scale.others)]
+    workers += [Worker(f"inspect-{i}", waits(scale.other_ops), OPERATIONS["inspect"]) for i in range(scale.inspectors)]
     for c in rnd.topic.consumers.values():
         if c.how == "follow":
             workers.append(Worker(c.name, waits(1), lambda r, g, c=c: follow(r, g, c)))
@@ -126,9 +130,7 @@ def run_round(topic: CampaignTopic, seed: str, scale: Scale) -> Round:
     for t in threads:
         if t.name.startswith("producer"):
             t.join()
-    rnd.producers_done.set()
-    with rnd._cond:
-        rnd._cond.notify_all()
+    rnd.producers_ended()
     for t in threads:
         t.join()
     check_round(rnd)

@@ -27,8 +27,8 @@ LONG = os.environ.get("SHALE_LONG_TESTS") == "1"
 
 SHORT_SCALE = Scale(rounds=3, producers=2, produce_ops=3, compactors=2, compact_ops=2, consumers=3, consume_ops=2,
                     others=1, other_ops=1)
-LONG_SCALE = Scale(rounds=8, producers=4, produce_ops=6, compactors=3, compact_ops=4, consumers=6, consume_ops=4,
-                   others=2, other_ops=2, console=0.1)
+LONG_SCALE = Scale(rounds=8, producers=4, produce_ops=6, compactors=3, compact_ops=4, consumers=7, consume_ops=4,
+                   others=2, other_ops=2, console=0.1, inspectors=1)
 
 
 @pytest.mark.seaweedfs
