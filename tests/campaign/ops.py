@@ -35,7 +35,9 @@ EXPECTED: Final[dict[str, tuple[tuple[int, str, str], ...]]] = {
                 (3, r"truncated while this run read it", "truncated-meanwhile"),
                 # lost to a change of the state that left its requirements standing (gc
                 # trimming the retired list, a snapshot dropped, a truncation's stamp)
-                (3, r"compaction state changed while this run wrote", "state-changed")),
+                (3, r"compaction state changed while this run wrote", "state-changed"),
+                # --rewrite with a key map too small for every key up to the previous horizon
+                (2, r"a rewrite weighs every record up to the previous horizon", "refused-rewrite-map-full")),
     "gc": ((3, r"kept changing", "conflict"),),
     "truncate": ((2, r"no compaction has kept", "refused-uncompacted"),
                  (2, r"yet to read", "refused-unread"),
