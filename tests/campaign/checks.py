@@ -38,8 +38,12 @@ def check_round(rnd: Round) -> None:
     """Every check of the module docstring; problems (an exception too) go to ``rnd.failures``."""
     topic = rnd.topic
     meta = topic.meta()
-    state, ledgers = meta.load_compaction(), meta.load_topic()
-    floor = min((s.position for s in Subscriptions(meta).list()), default=None)
+    try:
+        state, ledgers = meta.load_compaction(), meta.load_topic()
+        floor = min((s.position for s in Subscriptions(meta).list()), default=None)
+    except Exception:
+        rnd.failures.append(f"reading the topic's metadata: {traceback.format_exc()}")
+        return
     checks: list[tuple[str, Callable[[], list[str]]]] = [
         ("reads during the round", lambda: [p for what, msgs in rnd.seen
                                             for p in topic.model.mismatches(msgs, f"read during the round ({what})")]),

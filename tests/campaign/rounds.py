@@ -138,9 +138,11 @@ def run_round(topic: CampaignTopic, seed: str, scale: Scale) -> Round:
 
 
 def summary(rnd: Round, index: int) -> str:
-    state = rnd.topic.meta().load_compaction()
     counts = ", ".join(f"{k}={v}" for k, v in sorted(rnd.counts.items()))
-    ledgers = rnd.topic.meta().load_topic()
+    try:
+        state, ledgers = rnd.topic.meta().load_compaction(), rnd.topic.meta().load_topic()
+    except Exception as e:
+        return f"round {index} seed {rnd.seed}: {counts}; {len(rnd.topic.model.records)} records; ({e})"
     return (f"round {index} seed {rnd.seed}: {counts}; {len(rnd.topic.model.records)} records, ledgers "
             f"{ledgers.ledgers[0].id if ledgers.ledgers else '-'}..{ledgers.last_ledger_id}, epoch {state.epoch}, "
             f"horizon {state.horizon}, retained {list(state.retained_epochs)}")
