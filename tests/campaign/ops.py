@@ -291,6 +291,8 @@ def compact(rnd: Round, rng: random.Random) -> None:
     outcome, out = cli(rnd, "compact", *args, rng=rng)
     if outcome == "ok" and out is not None:
         outcome = out["status"]
+        if "retention removed" in (out.get("message") or ""):  # (the topic's retention policy, after the publish)
+            rnd.count("compact.then-retention-removed")
     rnd.count(f"compact.{outcome}")
     if outcome == "compacted" and out is not None:
         guarded(rnd, "view", lambda: record_view(rnd, int(out["epoch"])))

@@ -12,6 +12,7 @@ would be most of the campaign.  ``console=True`` runs the installed console scri
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing
 import os
 import subprocess
@@ -47,6 +48,7 @@ def _child(script: str, args: list[str], env: dict[str, str], folder: str) -> No
         os.dup2(f, fd)
         os.close(f)
     sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115 (multiprocessing set it to /dev/null)
+    faulthandler.enable()  # a crash says where (as PYTHONFAULTHANDLER does for the console scripts)
     from shale.cli import compact_main, main
 
     code = compact_main(args) if script == "compact" else main(args)
@@ -62,7 +64,7 @@ def run(*args: str, script: str = "shale", input: str | None = None,
     if console:
         from tests.conftest import run_cli
 
-        return run_cli(*args, input=input, script=script)
+        return run_cli(*args, input=input, script=script, env={"PYTHONFAULTHANDLER": "1"})
     with tempfile.TemporaryDirectory(prefix="shale-cmd-") as folder:
         Path(folder, "in").write_text(input or "", encoding="utf-8")
         Path(folder, "out").touch()
