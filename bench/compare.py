@@ -81,7 +81,7 @@ def generate(topic: str, parquet: str, seed: int, n: int, keys: int, value_bytes
         if compression.startswith("zstd-dict") and not first:
             # A topic of zstd-dict is first produced with zstd, until its dictionary is
             # trained on those records (``shale dictionary --train --use``); then with it.
-            from shale.compactor.dictionary import train_and_register
+            from shale.maintenance.dictionary import train_and_register
             from shale.metadata.topic import TopicMetadata
 
             ks, offs, vs = next(batches)

@@ -191,7 +191,7 @@ def cmd_compact(a: argparse.Namespace) -> None:
 
 def _trained(kind: str, rows: list[tuple[bytes, bytes]], where: Path, batch: int) -> Any:
     """A dictionary trained on a topic of ``rows`` (as ``shale dictionary --train`` does)."""
-    from shale.compactor.dictionary import train_dictionary
+    from shale.maintenance.dictionary import train_dictionary
     from shale.metadata.topic import TopicMetadata
     from shale.producer import TopicWriter
 

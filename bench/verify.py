@@ -9,7 +9,7 @@ source tree given (this checkout first, then every ``--tree``), interleaved, so 
 slow spell of the machine hits each alike: one JSON line per run (wall seconds of the
 whole process, peak RSS), then the median of each.  Last, in this process, the two
 folds on the topic's original records: ``shale verify``'s own
-(:func:`shale.compactor.verify_fold.latest_per_key`) and the compactor's
+(:func:`shale.maintenance.verify_fold.latest_per_key`) and the compactor's
 (:func:`shale.compactor.rules.latest_of_each_key`), medians of interleaved calls.
 """
 
@@ -73,8 +73,8 @@ def folds(uri: Path, repeat: int) -> dict[str, Any]:
     import numpy as np
 
     from shale.compactor.rules import latest_of_each_key
-    from shale.compactor.verify_fold import latest_per_key
     from shale.ledger.reader import LedgerFile
+    from shale.maintenance.verify_fold import latest_per_key
     from shale.metadata.topic import TopicMetadata
 
     meta = TopicMetadata.open(str(uri))

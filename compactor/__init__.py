@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from shale.compactor.config import CompactionConfig
-    from shale.compactor.gc import GcReport, collect_garbage
     from shale.compactor.job import Compactor
     from shale.compactor.run_many import RunEvent, compact_topics
     from shale.compactor.summary import RunSummary
     from shale.compactor.units import format_duration, format_size, parse_duration, parse_size
+    from shale.maintenance.gc import GcReport, collect_garbage
 
 __all__ = [
     "CompactionConfig",
@@ -31,9 +31,10 @@ __all__ = [
     "parse_size",
 ]
 
-_HOMES = {"CompactionConfig": "config", "GcReport": "gc", "collect_garbage": "gc", "Compactor": "job",
-          "RunEvent": "run_many", "compact_topics": "run_many", "RunSummary": "summary", "format_duration": "units",
-          "format_size": "units", "parse_duration": "units", "parse_size": "units"}
+_HOMES = {"CompactionConfig": "compactor.config", "GcReport": "maintenance.gc", "collect_garbage": "maintenance.gc",
+          "Compactor": "compactor.job", "RunEvent": "compactor.run_many", "compact_topics": "compactor.run_many",
+          "RunSummary": "compactor.summary", "format_duration": "compactor.units", "format_size": "compactor.units",
+          "parse_duration": "compactor.units", "parse_size": "compactor.units"}
 
 
 def __getattr__(name: str) -> Any:
@@ -42,6 +43,6 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'shale.compactor' has no attribute {name!r}")
     import importlib
 
-    value = getattr(importlib.import_module(f"shale.compactor.{home}"), name)
+    value = getattr(importlib.import_module(f"shale.{home}"), name)
     globals()[name] = value
     return value

@@ -13,8 +13,7 @@ from shale.settings import SETTINGS, Setting, Settings
 from shale.settings.kinds import Duration, Size
 
 __all__ = ["DEFAULT_DELETE_RETENTION_MS", "DEFAULT_GC_GRACE_MS", "DEFAULT_MAX_MAP_BYTES", "DEFAULT_ORPHAN_GRACE_MS",
-           "MIN_ORPHAN_GRACE_MS",
-           "CompactionConfig"]
+           "MIN_ORPHAN_GRACE_MS", "RUN_WIDE", "CompactionConfig"]
 
 def _least(name: str) -> int:
     kind = SETTINGS[name].kind
@@ -32,6 +31,22 @@ DEFAULT_MAX_MAP_BYTES: Final = 1 << 30
 #: Writers give up on an upload older than a third of this before publishing it, and
 #: garbage collection never treats anything younger as an orphan.
 MIN_ORPHAN_GRACE_MS: Final[int] = _least("orphan-grace")
+
+
+#: The settings of ``compact`` that are the run's rather than one topic's compaction's:
+#: which topics, how many at once, where the passes run, what is shown and pushed.  Every
+#: other setting of ``compact`` is a field of :class:`CompactionConfig` (checked below).
+RUN_WIDE: Final = frozenset({"topics", "all", "metadata", "max-topics", "parallel", "max-compaction-lag", "json",
+                             "log-format", "pushgateway", "pushgateway-job", "print-config", "engine", "spark-master",
+                             "spark-conf", "spark-split-size", "no-forward-credentials", "iceberg-property"})
+
+
+def _setting(name: str, **default: Any) -> Any:
+    """A field made from the setting ``name`` of the settings model: its default (unless
+    ``default`` gives another, for a setting whose default is said in words), checked by
+    its kind when the config is made, and filled from it by :meth:`CompactionConfig.from_settings`."""
+    s = SETTINGS[name]
+    return dataclasses.field(default=default.get("default", s.default), metadata={"setting": name})
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,51 +101,51 @@ class CompactionConfig:
       view, as a first run would (needed to change the order of a compacted view).
     * ``snapshot_retention`` / ``snapshot_retention_age_ms`` — how many published views
       stay readable, the new one included (1: only it), and for how long a view replaced
-      stays readable whatever their count (0: not by age): :mod:`shale.compactor.snapshots`.
+      stays readable whatever their count (0: not by age): :mod:`shale.maintenance.snapshots`.
     """
 
-    min_compaction_lag_ms: int = SETTINGS["min-compaction-lag"].default
-    delete_retention_ms: int = DEFAULT_DELETE_RETENTION_MS
-    retain_null_key: bool = SETTINGS["retain-null-key"].default
-    subscription_expiry_ms: int = SETTINGS["subscription-expiry"].default
-    max_tombstone_hold_ms: int = SETTINGS["max-tombstone-hold"].default
-    min_dirty_ratio: float = SETTINGS["min-dirty-ratio"].default
-    dry_run: bool = False
-    gc_grace_ms: int = DEFAULT_GC_GRACE_MS
-    orphan_grace_ms: int = DEFAULT_ORPHAN_GRACE_MS
-    collect_garbage: bool = True
-    max_part_bytes: int = SETTINGS["max-part-bytes"].default
-    max_map_bytes: int = DEFAULT_MAX_MAP_BYTES
-    max_memory: int | None = None
+    min_compaction_lag_ms: int = _setting("min-compaction-lag")
+    delete_retention_ms: int = _setting("delete-retention")
+    retain_null_key: bool = _setting("retain-null-key")
+    subscription_expiry_ms: int = _setting("subscription-expiry")
+    max_tombstone_hold_ms: int = _setting("max-tombstone-hold")
+    min_dirty_ratio: float = _setting("min-dirty-ratio")
+    dry_run: bool = _setting("dry-run")
+    gc_grace_ms: int = _setting("gc-grace")
+    orphan_grace_ms: int = _setting("orphan-grace")
+    collect_garbage: bool = _setting("no-gc", default=True)  # (the flag says the opposite)
+    max_part_bytes: int = _setting("max-part-bytes")
+    max_map_bytes: int = _setting("max-map-bytes", default=DEFAULT_MAX_MAP_BYTES)
+    max_memory: int | None = _setting("max-memory")
     map_window_records: int = 0
     reuse_min_bytes: int = 8 * 1024 * 1024
     reuse_min_live: float = 0.5
-    read_parallelism: int = SETTINGS["read-parallelism"].default
-    max_read_bytes_per_s: int = SETTINGS["max-read-bytes-per-second"].default
-    max_write_bytes_per_s: int = SETTINGS["max-write-bytes-per-second"].default
+    read_parallelism: int = _setting("read-parallelism")
+    max_read_bytes_per_s: int = _setting("max-read-bytes-per-second")
+    max_write_bytes_per_s: int = _setting("max-write-bytes-per-second")
     chunk_bytes: int = 8 * 1024 * 1024
     chunk_raw_bytes: int = 0
     chunk_records: int = 0
-    workers: int = SETTINGS["workers"].default
-    compression: Compression = SETTINGS["compression"].default
+    workers: int = _setting("workers")
+    compression: Compression = _setting("compression")  # noqa: RUF009  (a frozen value)
     entry_bytes: int = 64 * 1024
     write_behind_bytes: int = 64 << 20
     event_times: bool = False
-    order: str = SETTINGS["order"].default
-    key_ttl_ms: int = SETTINGS["key-ttl"].default
-    rewrite: bool = False
-    snapshot_retention: int = SETTINGS["snapshot-retention"].default
-    snapshot_retention_age_ms: int = SETTINGS["snapshot-retention-age"].default
+    order: str = _setting("order")
+    key_ttl_ms: int = _setting("key-ttl")
+    rewrite: bool = _setting("rewrite")
+    snapshot_retention: int = _setting("snapshot-retention")
+    snapshot_retention_age_ms: int = _setting("snapshot-retention-age")
 
     def __post_init__(self) -> None:
         # the settings a command line gives are checked as their flags are
-        for s in _FROM_SETTINGS:
-            if getattr(self, s.py_name) is None:
+        for name, s in _FIELDS.items():
+            if getattr(self, name) is None:
                 continue  # a setting with no default, not given
             try:
-                s.kind.check(getattr(self, s.py_name))
+                s.kind.check(getattr(self, name))
             except InvalidInputError as e:
-                raise InvalidInputError(f"{s.py_name}: {e}") from None
+                raise InvalidInputError(f"{name}: {e}") from None
         if not 0.0 <= self.reuse_min_live <= 1.0 or self.reuse_min_bytes < 0:
             raise InvalidInputError("reuse limits must be a share between 0 and 1 and a size >= 0")
         if not 1 << 10 <= self.entry_bytes <= 16 << 20:
@@ -153,11 +168,10 @@ class CompactionConfig:
         """The run settings ``compact``'s resolved settings give (a topic's policy applied
         or not: :meth:`~shale.settings.Settings.with_policy`); a setting with no value
         (``--max-map-bytes`` unset) keeps this class's default."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        values = {v.setting.py_name: v.value for v in settings.values()
-                  if v.setting.py_name in names and v.value is not None}
-        if "no-gc" in settings:
-            values["collect_garbage"] = not settings.value("no-gc")
+        values = {name: settings.value(s.name) for name, s in _FIELDS.items()
+                  if s.name in settings and settings.value(s.name) is not None}
+        if "collect_garbage" in values:
+            values["collect_garbage"] = not values["collect_garbage"]  # (given as --no-gc)
         parallel = settings.value("parallel") if "parallel" in settings else None
         if values.get("max_memory") and isinstance(parallel, int) and parallel > 1:
             # topics compacted at once share the process: each gets its share
@@ -172,6 +186,18 @@ class CompactionConfig:
                 "compression": str(self.compression), **self.topic_order.to_json()}
 
 
-#: The fields that are settings of the ``compact`` command, checked as their flags are.
-_FROM_SETTINGS: Final[tuple[Setting, ...]] = tuple(
-    s for s in SETTINGS.values() if "compact" in s.commands and s.py_name in CompactionConfig.__dataclass_fields__)
+#: The fields made from the settings model, by field name.
+_FIELDS: Final[dict[str, Setting]] = {f.name: SETTINGS[f.metadata["setting"]]
+                                      for f in dataclasses.fields(CompactionConfig) if "setting" in f.metadata}
+
+
+def _check_complete() -> None:
+    """Every setting of ``compact`` that is not the run's own is a field made from it."""
+    made = {s.name for s in _FIELDS.values()}
+    missing = [s.name for s in SETTINGS.values() if "compact" in s.commands and s.name not in RUN_WIDE | made]
+    if missing:
+        raise TypeError(f"CompactionConfig has no field made from the setting(s) {', '.join(missing)}: add one, "
+                        "or name it in RUN_WIDE")
+
+
+_check_complete()

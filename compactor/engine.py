@@ -11,17 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from typing import Final, Protocol
 
 from shale.compactor import workers as pass_two_workers
 from shale.compactor.config import CompactionConfig
-from shale.compactor.cpus import worker_count
 from shale.compactor.pass_one import Survivors, pass_one
 from shale.compactor.pass_two import PassTwoResult, decide_work, write_parts, write_vectors
 from shale.compactor.plan import Plan
+from shale.ledger.errors import InvalidInputError
+from shale.runtime.cpus import worker_count
+from shale.settings import Settings
 from shale.storage import Location
 
-__all__ = ["Engine", "LocalEngine", "SurvivorCounts"]
+__all__ = ["SPARK_ONLY", "Engine", "LocalEngine", "SurvivorCounts", "engine_for"]
 
 
 class SurvivorCounts(Protocol):
@@ -61,12 +63,27 @@ class SurvivorCounts(Protocol):
 
 
 class Engine(Protocol):
-    """Runs pass one and pass two of a plan."""
+    """Runs pass one and pass two of a plan, and says what it can do, so that its callers
+    never tell engines apart by name."""
 
     name: str
     #: whether the plan should hold every footer (else the engine reads them where it
     #: runs, and the plan holds only what the metadata says of each object)
     plans_with_footers: bool
+    #: whether a run's memory bound (``--max-memory``) holds with it: its passes run in this
+    #: process, sized from the bound (a setting it would ignore is refused up front)
+    bounds_memory: bool
+    #: whether :meth:`ready` starts an application (seconds): a phase of the run of its own,
+    #: told and timed, whose own output lines go with the run's logs
+    starts_application: bool
+
+    def ready(self) -> None:
+        """Make the engine ready to run passes (start its application, warm its workers);
+        called once, before the first topic."""
+
+    def close(self) -> None:
+        """Release what the engine holds (stop an application it started); called once the
+        run is over."""
 
     def pass_one(self, plan: Plan, config: CompactionConfig, now_ms: int) -> SurvivorCounts:
         """Decide which records of ``plan`` survive; nothing is written."""
@@ -89,6 +106,14 @@ class LocalEngine:
 
     name = "local"
     plans_with_footers = True
+    bounds_memory = True
+    starts_application = False
+
+    def ready(self) -> None:
+        pass  # (nothing to start)
+
+    def close(self) -> None:
+        pass  # (nothing held)
 
     def pass_one(self, plan: Plan, config: CompactionConfig, now_ms: int) -> Survivors:
         if (worker_count(config.workers) > 1
@@ -122,3 +147,33 @@ class LocalEngine:
 
     def release(self, survivors: SurvivorCounts) -> None:
         pass
+
+
+#: The settings that only the Spark engine takes.
+SPARK_ONLY: Final = ("spark-master", "spark-conf", "spark-split-size", "no-forward-credentials")
+
+
+def engine_for(settings: Settings) -> Engine:
+    """The engine ``compact``'s resolved ``settings`` ask for (``engine``, and Spark's own
+    settings), not started.  A setting the engine would ignore is bad usage, named as it
+    was given: a Spark setting without ``--engine spark``, and ``--max-memory`` with an
+    engine that does not bound memory (Spark sizes its executors itself)."""
+    given = [settings[n] for n in SPARK_ONLY if settings.value(n) not in (None, [], False)]
+    if settings.value("engine") == "local":
+        if given:
+            raise InvalidInputError(f"{given[0].given_as} needs --engine spark")
+        return LocalEngine()
+    from shale.compactor.spark import SparkOptions, require_pyspark
+    from shale.compactor.spark.options import DEFAULT_SPLIT_BYTES
+
+    require_pyspark()
+    from shale.compactor.spark.engine import SparkEngine
+
+    if settings.value("max-memory") is not None and not SparkEngine.bounds_memory:
+        raise InvalidInputError(f"{settings['max-memory'].given_as} bounds the local engine's memory; --engine spark "
+                                "would ignore it (Spark's executors are sized by spark.executor.memory): drop it, or "
+                                "use --engine local")
+    split = settings.value("spark-split-size")
+    return SparkEngine(SparkOptions(master=settings.value("spark-master"), conf=tuple(settings.value("spark-conf")),
+                                    split_bytes=DEFAULT_SPLIT_BYTES if split is None else split,
+                                    forward_credentials=not settings.value("no-forward-credentials")))

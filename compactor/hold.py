@@ -21,7 +21,8 @@ from shale.compactor.plan import Plan, Slice, open_slice
 from shale.compactor.rules import held_tombstones, tombstone_fate
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE
 from shale.ledger.ids import MessageId
-from shale.metadata.subscriptions import Subscriptions, hold_floor
+from shale.metadata.handle import Topic, opened
+from shale.metadata.subscriptions import hold_floor
 from shale.metadata.topic import TopicMetadata
 
 __all__ = ["subscription_hold", "tombstones_drop", "with_hold"]
@@ -29,12 +30,13 @@ __all__ = ["subscription_hold", "tombstones_drop", "with_hold"]
 _TOMB_BITS: Final = np.uint8(FLAG_HAS_KEY | FLAG_TOMBSTONE)
 
 
-def subscription_hold(meta: TopicMetadata, config: CompactionConfig, now_ms: int) -> MessageId | None:
+def subscription_hold(topic: Topic | TopicMetadata, config: CompactionConfig, now_ms: int) -> MessageId | None:
     """The least position of the topic's subscriptions active at ``now_ms`` (None: none
-    is, or the run holds nothing back: ``max_tombstone_hold_ms`` 0)."""
+    is, or the run holds nothing back: ``max_tombstone_hold_ms`` 0), as its handle lists
+    them."""
     if config.max_tombstone_hold_ms == 0:
         return None
-    return hold_floor(Subscriptions(meta).list(), now_ms, config.subscription_expiry_ms)
+    return hold_floor(opened(topic).subscriptions, now_ms, config.subscription_expiry_ms)
 
 
 def _first_at_or_after(meta: TopicMetadata, s: Slice, floor: MessageId) -> int | None:

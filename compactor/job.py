@@ -18,15 +18,12 @@ import uuid
 from collections.abc import Callable
 from typing import Final
 
-from shale.compactor import interrupts
 from shale.compactor.budget import bounded
 from shale.compactor.config import MIN_ORPHAN_GRACE_MS, CompactionConfig
 from shale.compactor.engine import Engine, LocalEngine, SurvivorCounts
-from shale.compactor.gc import collect_garbage
 from shale.compactor.hold import subscription_hold, tombstones_drop, with_hold
 from shale.compactor.pass_two import PassTwoResult
 from shale.compactor.plan import Plan, make_plan, open_slice
-from shale.compactor.snapshots import succeed
 from shale.compactor.summary import RunStatus, RunSummary
 from shale.ledger.errors import (
     ConflictError,
@@ -38,11 +35,15 @@ from shale.ledger.errors import (
 )
 from shale.ledger.format import FLAG_HAS_KEY
 from shale.ledger.ordering import decoded_times
+from shale.maintenance.gc import collect_garbage
+from shale.maintenance.snapshots import succeed
 from shale.metadata.dictionaries import resolve_compression
+from shale.metadata.handle import Topic
 from shale.metadata.layout import COMPACTED_DIR, HEARTBEAT_NAME
 from shale.metadata.requirements import AssertEpoch, AssertTopicGeneration, RequirementFailedError
 from shale.metadata.state import CompactionState
 from shale.metadata.topic import TopicMetadata
+from shale.runtime import interrupts
 from shale.settings.units import count
 from shale.storage import StorageOptions
 
@@ -152,15 +153,19 @@ class Compactor:
     ('compacted', '12:99:0')
     """
 
-    def __init__(self, topic: str | TopicMetadata, config: CompactionConfig | None = None, *,
+    def __init__(self, topic: str | TopicMetadata | Topic, config: CompactionConfig | None = None, *,
                  metadata_uri: str | None = None, clock: Callable[[], float] | None = None,
                  progress: Callable[[str], None] | None = None, engine: Engine | None = None,
                  storage_options: StorageOptions | None = None) -> None:
         """``topic``: its URI (its metadata under ``metadata_uri``, by default in the
         topic's own ``_meta`` folder, reached with ``storage_options``, by default from the
-        environment), or its metadata already opened."""
-        self.meta = (topic if isinstance(topic, TopicMetadata)
-                     else TopicMetadata.open(topic, metadata_uri, storage_options))
+        environment), its metadata already opened, or its handle (:class:`~shale.metadata.handle.Topic`:
+        the first run plans from the documents it holds, read once for the whole run)."""
+        self.topic = (topic if isinstance(topic, Topic)
+                      else Topic(topic) if isinstance(topic, TopicMetadata)
+                      else Topic.open(topic, metadata_uri, storage_options))
+        self.meta = self.topic.meta
+        self._runs = 0
         self.config = config or CompactionConfig()
         self.engine: Engine = engine or LocalEngine()
         self.clock = clock
@@ -197,14 +202,7 @@ class Compactor:
             return now
 
         now_ms = self._now_ms()
-        self.progress("planning")
-        # zstd-dict writes with the topic's newest dictionary: given to the config here, so
-        # that worker processes and Spark tasks get it with the config
-        self.config = dataclasses.replace(self.config, compression=resolve_compression(self.meta,
-                                                                                       self.config.compression))
-        plan = make_plan(self.meta, now_ms=now_ms, min_compaction_lag_ms=self.config.min_compaction_lag_ms,
-                         footers=self.engine.plans_with_footers, rewrite=self.config.rewrite)
-        plan = with_hold(self.meta, plan, subscription_hold(self.meta, self.config, now_ms))  # held tombstones
+        plan = self._plan(now_ms)
         t = phase("plan", t0)
         _note_plan(summary, plan)
         _check_order(self.meta.uri, plan, self.config)
@@ -230,13 +228,13 @@ class Compactor:
         if plan.new_records and not owed and not changed and plan.dirty_ratio < self.config.min_dirty_ratio:
             return done(RunStatus.SKIPPED,
                         f"dirty ratio {plan.dirty_ratio:.3f} is below {self.config.min_dirty_ratio:.3f}")
-        self.config = bounded(self.config, plan) if self.engine.name == "local" else self.config  # to --max-memory
+        self.config = bounded(self.config, plan) if self.engine.bounds_memory else self.config  # to --max-memory
         self.progress(f"pass one over {sum(s.records for s in plan.slices):,} records")
         try:
             survivors = self.engine.pass_one(plan, self.config, now_ms)
         except ObjectNotFoundError:
             # An engine that re-reads footers (Spark) can meet the same race as pass two.
-            if self.meta.load_compaction().version == plan.previous.version:
+            if self.topic.read_compaction().version == plan.previous.version:
                 raise
             summary.horizon = summary.previous_horizon
             return done(RunStatus.CONFLICT, "another compactor replaced the compacted ledger this run was reading",
@@ -245,6 +243,23 @@ class Compactor:
             return self._write_and_publish(plan, survivors, summary, now_ms, t, phase, done)
         finally:
             self.engine.release(survivors)
+
+    def _plan(self, now_ms: int) -> Plan:
+        """This run's plan, from the documents the topic's handle holds (a later run of this
+        compactor reads the topic as it is then), with the tombstones subscriptions hold."""
+        if self._runs:
+            self.topic.forget()
+        self._runs += 1
+        self.progress("planning")
+        # zstd-dict writes with the topic's newest dictionary: given to the config here, so
+        # that worker processes and Spark tasks get it with the config
+        self.config = dataclasses.replace(self.config, compression=resolve_compression(self.meta,
+                                                                                       self.config.compression))
+        plan = make_plan(self.meta, now_ms=now_ms, min_compaction_lag_ms=self.config.min_compaction_lag_ms,
+                         footers=self.engine.plans_with_footers, rewrite=self.config.rewrite,
+                         topic=self.topic.state, previous=self.topic.compaction)
+        self.topic.keep(plan.topic)
+        return with_hold(self.meta, plan, subscription_hold(self.topic, self.config, now_ms))  # held tombstones
 
     def _write_and_publish(self, plan: Plan, survivors: SurvivorCounts, summary: RunSummary, now_ms: int,
                            t: float, phase: Callable[[str, float], float],
@@ -271,7 +286,7 @@ class Compactor:
                 out = self.engine.pass_two(plan, survivors, self.config, topic=self.meta.topic, run_dir=run_dir,
                                            epoch=epoch, now_ms=now_ms, on_object=written.append)
             except ObjectNotFoundError:
-                if self.meta.load_compaction().version == prev.version:
+                if self.topic.read_compaction().version == prev.version:
                     raise
                 # Another compactor published and its garbage collection removed the
                 # compacted ledger this run was reading: the same race, lost earlier.
@@ -345,7 +360,7 @@ class Compactor:
         lost when another writer swapped first (the caller removes its output)."""
         requirements = (AssertEpoch(prev.epoch), AssertTopicGeneration(new_state.topic_generation))
         try:
-            self.meta.publish_compaction(new_state, prev, requirements)
+            self.topic.keep(self.meta.publish_compaction(new_state, prev, requirements))
         except RequirementFailedError as e:
             return f"{e}; this run's output was removed and the next run plans again"
         except ConflictError as e:
@@ -353,7 +368,7 @@ class Compactor:
         except (StateUnknownError, TransientStorageError):
             # The publish may have landed.  Only the state can tell; without an answer
             # nothing is deleted (leftovers are garbage collection's job).
-            if self.meta.load_compaction().compacted_ledger != run_id:
+            if self.topic.read_compaction().compacted_ledger != run_id:
                 raise
         return ""
 
@@ -419,7 +434,7 @@ class Compactor:
         if not self.config.collect_garbage or self.config.dry_run:
             return
         # now, not the run's start: what this run retired is judged from when it was retired
-        report = collect_garbage(self.meta, now_ms=self._store_now_ms(), grace_ms=self.config.gc_grace_ms,
+        report = collect_garbage(self.topic, now_ms=self._store_now_ms(), grace_ms=self.config.gc_grace_ms,
                                  orphan_grace_ms=self.config.orphan_grace_ms)
         summary.retired_deleted = len(report.retired_deleted)
         summary.orphans_deleted = len(report.orphans_deleted)

@@ -34,7 +34,6 @@ import numpy as np
 import numpy.typing as npt
 
 from shale.compactor.config import CompactionConfig
-from shale.compactor.cpus import worker_count
 from shale.compactor.event_map import EventKeyMapBuilder, event_map_capacity
 from shale.compactor.keymap import KEY_BYTES, KeyMap, KeyMapBuilder
 from shale.compactor.plan import Plan, Slice
@@ -43,6 +42,7 @@ from shale.ledger.errors import InvalidInputError
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE
 from shale.ledger.kernels import distinct_estimate
 from shale.ledger.ordering import TopicOrder, decoded_times
+from shale.runtime.cpus import worker_count
 from shale.settings.units import format_size
 
 __all__ = ["Survivors", "latest_of_each_key", "pass_one", "tombstone_fate"]
@@ -289,7 +289,7 @@ def _build_event_map(plan: Plan, config: CompactionConfig) -> tuple[Plan, KeyMap
     builder = EventKeyMapBuilder(capacity, expected=min(new_records, capacity) if bounded else _expected_keys(plan))
     for n, (i, s) in enumerate(_windows(plan, config.map_window_records)):
         hi, lo, pos, first = _slice_records(s, base)
-        times = decoded_times(s.file, order, s.start, s.stop)
+        times = decoded_times(s.file, order, s.start, s.stop, config.chunk_raw_bytes)
         if pos is not None:
             times = times[pos - base]
         if builder.fits(hi, lo):
@@ -412,7 +412,7 @@ def _decide(plan: Plan, key_map: KeyMap, deferred: int, config: CompactionConfig
         n_keyed = int(np.count_nonzero(has_key))
         tally.keyed += n_keyed
         k = keep[a:b]
-        times = decoded_times(s.file, order, s.start, s.stop) if order.needs_times else None
+        times = decoded_times(s.file, order, s.start, s.stop, config.chunk_raw_bytes) if order.needs_times else None
         since = None
         if s.compacted:
             def newer(i: int = i, s: Slice = s) -> npt.NDArray[np.bool_]:

@@ -23,11 +23,11 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from shale.compactor.big_entries import big_entries, copy_big_entry
 from shale.compactor.config import CompactionConfig
 from shale.compactor.packing import Frames, pack, record_ids
 from shale.compactor.pass_one import Survivors
 from shale.compactor.plan import Plan, Slice
-from shale.compactor.throttle import Throttle, ThrottledWriter
 from shale.ledger.codecs import Codec
 from shale.ledger.deletions import encode_deletions
 from shale.ledger.events import copied_event_times
@@ -37,8 +37,9 @@ from shale.ledger.kernels import CopyPlan, Scratch, copy_plan, crc32c_ranges, ga
 from shale.ledger.reader import LedgerFile
 from shale.ledger.writer import LedgerWriter
 from shale.metadata.state import CompactedPart
+from shale.runtime.throttle import Throttle
 from shale.storage import Location
-from shale.storage.write_behind import WriteBehind
+from shale.storage.write_behind import ThrottledWriter, WriteBehind
 
 __all__ = ["Copy", "Fate", "PassTwoResult", "Work", "choose_reuse", "decide_work", "plan_work", "reuse_part",
            "slice_fate", "write_parts", "write_vectors"]
@@ -93,6 +94,20 @@ class _PartSink:
             held[0].wait_for(held[1])  # (a part closed or aborted since has finished its writes)
         self._in_use[self._turn] = None
         return self._buffers[self._turn]
+
+    @property
+    def upload(self) -> WriteBehind | None:
+        """The writes of the part being written (None between parts)."""
+        return self._upload
+
+    def release_buffers(self) -> None:
+        """Give back the batch buffers, once every write waiting is done: a big entry
+        copied as a stream takes their place (:mod:`shale.compactor.big_entries`)."""
+        if self._upload is not None:
+            self._upload.drain(0)  # (and every other write waiting)
+        self._in_use = [None, None]
+        self._buffers = (Scratch(), Scratch())
+        self.raw_buffer = Scratch()
 
     def batch_done(self) -> None:
         up = self._upload
@@ -301,12 +316,7 @@ def _copy_slice(s: Slice, keep: np.ndarray, since: np.ndarray, sink: _PartSink, 
                  else np.zeros(0, dtype=np.int64))
     # reduceat gives wrong sums for empty entries; entries always hold >= 1 record
     wanted = np.flatnonzero(per_entry > 0)
-    spans = []
-    for c0, c1 in f.chunks(int(wanted[0]), int(wanted[-1]) + 1, config.chunk_bytes, raw_bytes=config.chunk_raw_bytes,
-                           records=config.chunk_records):
-        sel = wanted[np.searchsorted(wanted, c0):np.searchsorted(wanted, c1)]
-        if len(sel):
-            spans.append(sel)  # read only the span of entries that hold survivors
+    spans = _spans(f, wanted, big_entries(f, config), config)
 
     def fetch(sel: np.ndarray) -> tuple[int, bytes | memoryview]:
         got = f.read_frames(int(sel[0]), int(sel[-1]) + 1)
@@ -314,12 +324,21 @@ def _copy_slice(s: Slice, keep: np.ndarray, since: np.ndarray, sink: _PartSink, 
         return got
 
     # Several ranged reads in flight (object stores answer each with latency, not
-    # bandwidth), at most read_parallelism chunks ahead of the copy.
+    # bandwidth), at most read_parallelism chunks ahead of the copy, and none past a big
+    # entry before it is copied (what it holds takes the place of reads and batches).
     ahead: deque[Future[tuple[int, bytes | memoryview]]] = deque()
     nxt = 0
-    for sel in spans:
+    for k, (sel, big) in enumerate(spans):
+        if big:
+            copy_big_entry(f, int(sel[0]), full_keep, full_since, sink, config, result, reads)
+            continue
         while nxt < len(spans) and len(ahead) < config.read_parallelism:
-            ahead.append(pool.submit(fetch, spans[nxt]))
+            if spans[nxt][1]:
+                if nxt > k:
+                    break
+                nxt += 1
+                continue
+            ahead.append(pool.submit(fetch, spans[nxt][0]))
             nxt += 1
         base, buf = ahead.popleft().result()
         lo_e, hi_e = int(sel[0]), int(sel[-1]) + 1
@@ -329,6 +348,35 @@ def _copy_slice(s: Slice, keep: np.ndarray, since: np.ndarray, sink: _PartSink, 
         # next to obsolete records.
         f.check_frames(buf, base, lo_e, hi_e)
         _copy_batch(f, sel, per_entry[sel], base, buf, full_keep, full_since, sink, config)
+
+
+def _spans(f: LedgerFile, wanted: npt.NDArray[np.int64], big: npt.NDArray[np.bool_],
+           config: CompactionConfig) -> list[tuple[npt.NDArray[np.int64], bool]]:
+    """The entries ``wanted`` (those holding survivors) in the order pass two copies
+    them: each big one alone (``True``), the rest in reads of consecutive entries that
+    never reach over a big one, wanted or not (only the span of entries that hold
+    survivors is read)."""
+    spans: list[tuple[npt.NDArray[np.int64], bool]] = []
+    lo, hi = int(wanted[0]), int(wanted[-1]) + 1
+    edges = [*(np.flatnonzero(big[lo:hi]) + lo).tolist(), hi]
+    start = lo
+    for edge in edges:
+        seg = wanted[np.searchsorted(wanted, start):np.searchsorted(wanted, edge)]
+        if len(seg):
+            for c0, c1 in f.chunks(int(seg[0]), int(seg[-1]) + 1, config.chunk_bytes,
+                                   raw_bytes=config.chunk_raw_bytes, records=config.chunk_records):
+                sel = seg[np.searchsorted(seg, c0):np.searchsorted(seg, c1)]
+                if len(sel):
+                    spans.append((sel, False))
+        if edge < hi and _is_wanted(wanted, edge):
+            spans.append((np.array([edge], dtype=np.int64), True))
+        start = edge + 1
+    return spans
+
+
+def _is_wanted(wanted: npt.NDArray[np.int64], e: int) -> bool:
+    i = int(np.searchsorted(wanted, e))
+    return i < len(wanted) and int(wanted[i]) == e
 
 
 def _copy_batch(f: LedgerFile, sel: npt.NDArray[Any], kept: npt.NDArray[np.int64], base: int,

@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from shale.compactor.cpus import available_cpus
 from shale.ledger.codecs import Dictionary
 from shale.ledger.deletions import read_deletions
 from shale.ledger.format import FRAME_HEADER, KIND_COMPACTED, KIND_ORIGINAL
@@ -31,7 +30,8 @@ from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.reader import LedgerFile
 from shale.metadata.state import CompactedPart, CompactionState, LedgerInfo, TopicState
 from shale.metadata.topic import TopicMetadata
-from shale.metadata.view import Segment, TopicView
+from shale.metadata.view import Segment, TopicView, dirty_ratio
+from shale.runtime.cpus import available_cpus
 from shale.storage import Location
 
 __all__ = ["ObjectRef", "Plan", "Slice", "make_plan", "open_slice"]
@@ -123,13 +123,6 @@ class Slice:
         return int(f.raw_lengths()[e0:e1 + 1].sum()) + FRAME_HEADER.size * (e1 + 1 - e0)
 
 
-def dirty_ratio(dirty_bytes: float, compacted_live_bytes: float) -> float:
-    """Kafka's dirty ratio: bytes above the horizon over all live bytes (those plus the
-    live bytes of the compacted ledger); 0 when nothing is above the horizon."""
-    total = dirty_bytes + compacted_live_bytes
-    return dirty_bytes / total if dirty_bytes and total else 0.0
-
-
 @dataclass(frozen=True, slots=True, eq=False)
 class Plan:
     """What one run will read and the horizon it will publish."""
@@ -168,21 +161,29 @@ class Plan:
 
 def make_plan(meta: TopicMetadata, *, now_ms: int, min_compaction_lag_ms: int,
               open_file: Callable[[str, int | None, int], LedgerFile] | None = None,
-              footers: bool = True, rewrite: bool = False) -> Plan:
+              footers: bool = True, rewrite: bool = False, topic: TopicState | None = None,
+              previous: CompactionState | None = None) -> Plan:
     """Read both metadata documents and the footers needed to fix this run's range
     (every footer with ``footers``; else at most two, see the module's text).
 
     ``rewrite``: read every original ledger still kept, not only those above the previous
     horizon, besides the previous parts (which hold what retention removed since): the
     whole topic competes again, as when its order changes.  The new horizon is then never
-    below the previous one, whatever the lag (those records were compacted already)."""
+    below the previous one, whatever the lag (those records were compacted already).
+
+    ``topic`` and ``previous``: the two documents as already read (a topic's handle holds
+    them), else read here; a ledger list older than a truncation the state was stamped
+    with is read again (the run must plan with the list the truncation left)."""
     loc = meta.topic
     opener = open_file or (lambda key, lid, kind: LedgerFile.open(loc.store, key, ledger_id=lid, kind=kind,
                                                                    dictionaries=meta.dictionaries))
-    previous = meta.load_compaction()
+    previous = meta.load_compaction() if previous is None else previous
+    topic = meta.load_topic() if topic is None else topic
+    if topic.generation < previous.topic_generation:
+        topic = meta.load_topic()
     # What the run reads is the compacted view: every previous part, then the original
     # ledgers from the previous horizon's successor.
-    view = TopicView(meta.load_topic(), previous)
+    view = TopicView(topic, previous)
     cutoff = now_ms - min_compaction_lag_ms
     floor = previous.horizon if rewrite else None
     todo, held_back = _ledgers_to_read(view, cutoff, MIN_ID if rewrite else view.tail_start(MIN_ID), floor)

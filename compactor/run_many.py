@@ -19,22 +19,24 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
-from shale.compactor import interrupts
 from shale.compactor.config import CompactionConfig
 from shale.compactor.engine import Engine, LocalEngine
 from shale.compactor.job import Compactor
 from shale.compactor.summary import RunStatus, RunSummary
-from shale.compactor.topics import assess, choose, discover_topics, refuse_a_file
+from shale.compactor.topics import Backlog, assess, backlog, choose, refuse_a_file
 from shale.ledger.errors import InvalidInputError, error_line
 from shale.ledger.masking import mask_secrets
+from shale.metadata.handle import Topic
 from shale.metadata.policy import TopicPolicy
 from shale.metadata.topic import TopicMetadata
+from shale.runtime import interrupts
 from shale.settings import Settings, Source, resolve
 from shale.settings.units import count
 
-__all__ = ["EventListener", "NoTopicsError", "RunEvent", "choose_topics", "compact_topic", "compact_topics"]
+__all__ = ["AfterPublish", "EventListener", "NoTopicsError", "RunEvent", "choose_topics", "compact_topic",
+           "compact_topics"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +55,16 @@ class RunEvent:
     topics: int = 0
     seconds: float = 0.0
     summary: RunSummary | None = field(default=None, compare=False)
+    #: with ``topic.done`` when asked for: what the topic has left above its horizon
+    backlog: Backlog | None = field(default=None, compare=False)
 
 
 #: Told every :class:`RunEvent`, from the thread the topic runs in.
 EventListener = Callable[[RunEvent], None]
+#: Called after each topic's run that did not fail (its retention applied) with the topic,
+#: its policy, its settings and its summary, which it may add to: what ``compact`` does
+#: after a publish beside compacting (the topic's Iceberg table: shale.iceberg.follow).
+AfterPublish = Callable[[TopicMetadata, TopicPolicy, Settings, RunSummary], None]
 
 
 class NoTopicsError(InvalidInputError):
@@ -65,12 +73,20 @@ class NoTopicsError(InvalidInputError):
 
 
 def compact_topics(settings: Settings | Mapping[str, Any] | None = None, *, engine: Engine | None = None,
-                   on_event: EventListener | None = None) -> list[RunSummary]:
+                   on_event: EventListener | None = None, backlog: bool = False,
+                   after_publish: AfterPublish | None = None) -> list[RunSummary]:
     """Compact the topics ``settings`` name (``topics`` or ``all``), each under its own
     policy, and return their summaries in the order they ran.  ``settings``: ``compact``'s
     resolved settings (:func:`shale.settings.resolve`), or the values to resolve them
     from, by name (``{"all": "s3://b/topics", "max-topics": 50}``).  One engine compacts
-    every topic (with Spark, one application); it is not closed here."""
+    every topic (with Spark, one application); it is not closed here.  Each topic is opened
+    once (:class:`~shale.metadata.handle.Topic`): its documents read to choose it are what
+    its run plans from (for the first :data:`HELD_TOPICS` topics in the order; those after
+    read them again when they run).  With ``backlog``, each ``topic.done`` event carries what the topic
+    has left above its horizon after its run (:func:`~shale.compactor.topics.backlog`,
+    from the same handle: nothing read again but a footer).  ``after_publish``: called after
+    each topic's run that did not fail (:data:`AfterPublish`)."""
+    with_backlog = backlog
     s = settings if isinstance(settings, Settings) else resolve("compact", settings or {})
     tell = on_event or _ignore
     engine = engine or LocalEngine()
@@ -79,16 +95,19 @@ def compact_topics(settings: Settings | Mapping[str, Any] | None = None, *, engi
         raise NoTopicsError(f"no topics under {s.value('all')} (a topic is a folder holding _meta/topic.json): "
                             "check the prefix")
     tell(RunEvent("run.start", topics=len(chosen)))
-    # Spark's start-up is a phase of its own: in the first topic's summary
-    first = {"spark_start": _start(engine, tell)} if engine.name == "spark" else {}
+    # An application's start-up (Spark's) is a phase of its own: in the first topic's summary
+    first = {f"{engine.name}_start": _start(engine, tell)} if engine.starts_application else {}
+    if not engine.starts_application:
+        engine.ready()
     lock = threading.Lock()
 
-    def one(item: tuple[str, bool]) -> RunSummary:
-        summary = _run_one(item[0], item[1], s, engine, tell)
+    def one(item: tuple[Topic | str, bool]) -> RunSummary:
+        summary = _run_one(item[0], item[1], s, engine, tell, after_publish)
         with lock:  # run-wide phases go into the first summary done
             summary.durations = {**first, **summary.durations}
             first.clear()
-        tell(RunEvent("topic.done", summary.topic, summary=summary))
+        after = _backlog(item[0]) if with_backlog else None
+        tell(RunEvent("topic.done", summary.topic, summary=summary, backlog=after))
         return summary
 
     parallel = s.value("parallel")
@@ -107,94 +126,136 @@ def _ignore(_: RunEvent) -> None:
 
 def _start(engine: Engine, tell: EventListener) -> float:
     """Start the engine's application (Spark takes seconds): timed, and told."""
-    tell(RunEvent("spark.starting"))
+    tell(RunEvent(f"{engine.name}.starting"))
     started = time.perf_counter()
-    engine.ready()  # type: ignore[attr-defined]  # (starts the application and its executors' Python workers)
+    engine.ready()  # (starts the application and its executors' Python workers)
     seconds = round(time.perf_counter() - started, 3)
-    tell(RunEvent("spark.start", seconds=seconds))
+    tell(RunEvent(f"{engine.name}.start", seconds=seconds))
     return seconds
 
 
-def choose_topics(settings: Settings) -> list[tuple[str, bool]]:
+def choose_topics(settings: Settings) -> list[tuple[Topic | str, bool]]:
     """The topics to compact, in order, each with whether it is overdue (compacted
     whatever its dirty ratio): as given, unless ``all``, ``max-topics`` or
     ``max-compaction-lag`` asks for the overdue and the filthiest first."""
     topics, prefix, metadata = settings.value("topics"), settings.value("all"), settings.value("metadata")
     if prefix is not None and metadata is not None:
         raise InvalidInputError("--all finds topics by their _meta folders, so it cannot be used with --metadata")
-    uris = discover_topics(prefix) if prefix is not None else list(topics)
+    if prefix is not None:
+        from shale.maintenance.listing import discover_topics  # (only --all lists a prefix)
+
+        uris = discover_topics(prefix)
+    else:
+        uris = list(topics)
     if prefix is None and not uris:
         raise InvalidInputError("no topic given: name TOPIC_URI(s) or --all PREFIX_URI")
     max_lag, max_topics = settings.value("max-compaction-lag"), settings.value("max-topics")
-    # a topic's own max compaction lag (its policy) applies unless the run's flag set one
-    policy_lag = settings.source("max-compaction-lag") is not Source.FLAG
     now_ms = int(time.time() * 1000)
+    topics_ = [_opened(u, settings) for u in uris]
     if prefix is None and max_lag is None and max_topics is None:
-        # the order given; a topic is still overdue by its own policy's lag
-        return [(u, policy_lag and assess(u, now_ms=now_ms, metadata_uri=metadata, policy_lag=True).overdue)
-                for u in uris]
-    chosen = choose(uris, now_ms=now_ms, max_lag_ms=max_lag, max_topics=max_topics, metadata_uri=metadata,
-                    policy_lag=policy_lag)
-    return [(c.uri, c.overdue) for c in chosen]
+        # the order given; a topic is still overdue by its own policy's lag (unless a flag set one)
+        if settings.source("max-compaction-lag") is Source.FLAG:
+            return [(t, False) for t in topics_]
+        return _held([(t, assess(t, now_ms=now_ms).overdue) for t in topics_])
+    chosen = choose(topics_, now_ms=now_ms, max_topics=max_topics)
+    return _held([(c.topic or c.uri, c.overdue) for c in chosen])
 
 
-def _run_one(uri: str, overdue: bool, settings: Settings, engine: Engine, tell: EventListener) -> RunSummary:
+#: The topics of a run whose documents, read to choose them, are held until they run; a
+#: topic further down the order reads them again when it runs, so that a run over
+#: thousands of topics does not hold thousands of ledger lists.
+HELD_TOPICS: Final = 128
+
+
+def _held(chosen: list[tuple[Topic | str, bool]]) -> list[tuple[Topic | str, bool]]:
+    for t, _ in chosen[HELD_TOPICS:]:
+        if isinstance(t, Topic):
+            t.forget()
+    return chosen
+
+
+def _opened(uri: str, settings: Settings) -> Topic | str:
+    """``uri``'s handle for this run (its metadata where ``metadata`` says), or ``uri``
+    itself when it cannot be opened: its run opens it again, and fails on its own."""
+    try:
+        return Topic.open(uri, settings.value("metadata"), settings=settings)
+    except Exception:
+        return uri
+
+
+def _run_one(topic: Topic | str, overdue: bool, settings: Settings, engine: Engine,
+             tell: EventListener, after_publish: AfterPublish | None = None) -> RunSummary:
     """One topic's run; whatever it raises becomes its summary's error."""
-    shown = _shown(uri)
+    shown = topic.uri if isinstance(topic, Topic) else _shown(topic)
     start = time.perf_counter()
     tell(RunEvent("topic.start", shown, overdue=overdue))
     try:
         if interrupts.interrupted():  # a topic not begun when the run was interrupted is not begun
             raise KeyboardInterrupt
-        return compact_topic(uri, settings, overdue=overdue, engine=engine,
-                             progress=lambda phase: tell(RunEvent("topic.phase", shown, phase=phase)))
+        return compact_topic(topic, settings, overdue=overdue, engine=engine,
+                             progress=lambda phase: tell(RunEvent("topic.phase", shown, phase=phase)),
+                             after_publish=after_publish)
     except Exception as e:  # one topic's failure, of any kind, never stops another's run
         summary = RunSummary(shown, engine=engine.name, error=mask_secrets(error_line(e)), failure=e)
         summary.durations["total"] = time.perf_counter() - start
         return summary.finish(RunStatus.ERROR)
 
 
-def compact_topic(uri: str, settings: Settings, *, overdue: bool = False, engine: Engine | None = None,
-                  progress: Callable[[str], None] | None = None) -> RunSummary:
+def compact_topic(topic: Topic | str, settings: Settings, *, overdue: bool = False, engine: Engine | None = None,
+                  progress: Callable[[str], None] | None = None,
+                  after_publish: AfterPublish | None = None) -> RunSummary:
     """One topic's run under its own policy (a run's flag wins over it; an ``overdue``
     topic is compacted whatever its dirty ratio), then the policy's retention, applied
-    only to ledgers the new horizon covers."""
-    meta = TopicMetadata.open(uri, settings.value("metadata"))
-    refuse_a_file(meta.topic)
-    policy = meta.load_policy()
-    own = settings.with_policy(policy.to_json())
+    only to ledgers the new horizon covers, then ``after_publish``.  ``topic``: its handle (the documents it
+    holds are what the run plans from), or its URI."""
+    t = topic if isinstance(topic, Topic) else Topic.open(topic, settings.value("metadata"), settings=settings)
+    if t.settings is None:
+        t.settings = settings
+    refuse_a_file(t.meta.topic)
+    own = t.effective()
     if overdue:
         own = own.replace("min-dirty-ratio", 0.0)
-    summary = Compactor(meta, CompactionConfig.from_settings(own), progress=progress, engine=engine).run()
-    removed = _retention(meta, policy, summary)
+    summary = Compactor(t, CompactionConfig.from_settings(own), progress=progress, engine=engine).run()
+    removed = _retention(t, summary)
     if removed:
         if progress is not None:
             progress("retention")
         note = f"retention removed {count(removed, 'ledger')} below the horizon"
         summary.message = f"{summary.message}; {note}" if summary.message else note
+    if after_publish is not None and summary.ok:
+        after_publish(t.meta, t.policy, own, summary)
     return summary
 
 
-def _retention(meta: TopicMetadata, policy: TopicPolicy, summary: RunSummary) -> int:
+def _retention(t: Topic, summary: RunSummary) -> int:
     """The ledgers the policy's retention removes after a publish (never those an active
-    subscription has yet to read)."""
-    from shale.compactor.retention import UnreadRecordsError, retention_cut, truncate
+    subscription has yet to read), cut from the documents the run left in its handle."""
+    from shale.maintenance.retention import UnreadRecordsError, retention_cut, truncate
 
-    older_than, keep = policy.get("retention_ms"), policy.get("retention_bytes")
+    older_than, keep = t.policy.get("retention_ms"), t.policy.get("retention_bytes")
     if summary.status is not RunStatus.COMPACTED or (older_than is None and keep is None):
         return 0
     removed = 0
     for rule in ({"older_than_ms": older_than}, {"keep_bytes": keep}):
         if next(iter(rule.values())) is None:
             continue
-        topic = meta.load_topic()
-        cut = retention_cut(meta, **rule)
-        if topic.ledgers and cut > topic.ledgers[0].id:
+        ledgers = t.state.ledgers
+        cut = retention_cut(t, **rule)
+        if ledgers and cut > ledgers[0].id:
             try:
-                removed += len(truncate(meta, cut).removed)
+                removed += len(truncate(t.meta, cut).removed)
+                t.forget()  # (truncated: a later rule reads the topic as the truncation left it)
             except UnreadRecordsError:
                 pass  # a subscription created or reset meanwhile: the next run's cut leaves its ledgers
     return removed
+
+
+def _backlog(topic: Topic | str) -> Backlog | None:
+    """What ``topic`` has left above its horizon after its run (None: it cannot be read)."""
+    try:
+        return backlog(topic)
+    except Exception:  # the topic cannot be read (its error, if any, is the run's)
+        return None
 
 
 def _shown(uri: str) -> str:

@@ -65,6 +65,11 @@ class RunSummary:
     error: str | None = None
     #: what failed, when the status is ``error`` (not in the JSON: ``error`` says it in words)
     failure: BaseException | None = field(default=None, repr=False, compare=False)
+    #: the topic's Iceberg table after the run, when its policy names one: what bringing it
+    #: to the published epoch did, or its error (shale.iceberg.follow)
+    iceberg: dict[str, Any] | None = None
+    #: what failed bringing the table up to date (the compaction stands; not in the JSON)
+    iceberg_failure: BaseException | None = field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -78,7 +83,9 @@ class RunSummary:
         return self
 
     def to_json(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "failure"}
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("failure", "iceberg_failure")}
+        if d["iceberg"] is None:
+            del d["iceberg"]
         d["durations"] = {k: round(v, 4) for k, v in self.durations.items()}
         d["dirty_ratio"] = round(self.dirty_ratio, 6)
         if d["error"] is None:

@@ -11,12 +11,12 @@
  * name given twice, a value nested deeper than MAX_DEPTH, a number it does not check
  * (long ones), an event time outside [event_min, event_max], a line of whitespace that is
  * not all JSON whitespace) is handed back, by line number and byte span, to the Python
- * parser (shale/jsonlines.py), which decides as it always has.  A line of ASCII
+ * parser (shale/producer/jsonlines.py), which decides as it always has.  A line of ASCII
  * whitespace only is skipped, as the Python path skips it.
  *
  * What a taken line stores is what the Python parser would: a string's UTF-8 after
  * unescaping, an object's or array's exact text from the line, null or absent as no key
- * or no value.  Runs without the interpreter lock; shale/jsonl_ingest.py wraps it.
+ * or no value.  Runs without the interpreter lock; shale/producer/jsonl_ingest.py wraps it.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -485,7 +485,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_jsonl", "JSON lines into record columns (see shale/jsonl_ingest.py).", -1, methods,
+    PyModuleDef_HEAD_INIT, "_jsonl", "JSON lines into record columns (see shale/producer/jsonl_ingest.py).", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -37,6 +37,7 @@ __all__ = [
     "DictionarySource",
     "checked_zstd_frame",
     "compress",
+    "compress_pieces",
     "decompress",
     "dictionary_source",
     "parse_compression",
@@ -250,6 +251,60 @@ def compress(payload: Buffer, compression: Compression) -> tuple[Codec, Buffer]:
     if len(out) >= size:
         return Codec.NONE, payload
     return codec, out
+
+
+def compress_pieces(payload: memoryview, compression: Compression, cap: int
+                    ) -> tuple[Codec, int, int, Callable[[], Iterator[Buffer]]]:
+    """:func:`compress` for a payload too big to hold twice: its codec, its stored size and
+    the CRC32C of its stored bytes, and a function giving those bytes in pieces, to write
+    after a frame header that says all that.  A payload of at most ``cap`` bytes is
+    compressed whole; a bigger one, with zstd, as a stream twice (first for the size and
+    the checksum, keeping nothing, then for the pieces: zstd gives the same bytes for the
+    same input, and the second pass must come to the same size and checksum), so that
+    nothing but the compressor's context is held besides it; with lz4, which compresses a
+    block whole, it is kept as it is."""
+    from shale.ledger.kernels import crc32c
+
+    size = payload.nbytes
+    if size <= cap or compression.codec not in (Codec.ZSTD, Codec.ZSTD_DICT):
+        codec, stored = compress(payload, compression) if size <= cap else (Codec.NONE, payload)
+        return codec, memoryview(stored).nbytes, crc32c(stored), lambda: iter((stored,))
+    length = crc = 0
+    for piece in _zstd_pieces(payload, compression):
+        length += len(piece)
+        crc = crc32c(piece, crc)
+    if length >= size:
+        return Codec.NONE, size, crc32c(payload), lambda: iter((payload,))
+
+    def again() -> Iterator[Buffer]:
+        got = check = 0
+        for piece in _zstd_pieces(payload, compression):
+            got += len(piece)
+            check = crc32c(piece, check)
+            yield piece
+        if (got, check) != (length, crc):
+            raise CorruptLedgerError(f"zstd gave {got} bytes compressing {size} bytes again, {length} the first time")
+
+    return compression.codec, length, crc, again
+
+
+def _zstd_pieces(payload: memoryview, compression: Compression) -> Iterator[bytes]:
+    """``payload`` compressed with ``compression`` (zstd) as one frame declaring its size,
+    in pieces, a megabyte of input at a time."""
+    if compression.dictionary is None and compression.codec is Codec.ZSTD_DICT:
+        raise InvalidInputError("zstd-dict compression needs the topic's dictionary (shale dictionary --train)")
+    import zstandard
+
+    step = 1 << 20
+    try:
+        c = _CONTEXTS.zstd_compressor(compression.level, compression.dictionary).compressobj(size=payload.nbytes)
+        for at in range(0, payload.nbytes, step):
+            got = c.compress(payload[at:at + step])
+            if got:
+                yield got
+        yield c.flush()
+    except zstandard.ZstdError as e:
+        raise CorruptLedgerError(f"zstd cannot compress: {e}") from e
 
 
 def decompress(stored: Buffer, codec: int, raw_length: int, where: str | Callable[[], str],

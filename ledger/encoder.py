@@ -66,7 +66,7 @@ class Properties:
 
 @dataclass(frozen=True, slots=True)
 class RecordColumns:
-    """A batch of records as columns (see :func:`shale.columns.record_columns` for building
+    """A batch of records as columns (see :func:`shale.producer.columns.record_columns` for building
     one from Arrow data or Python sequences)."""
 
     key: VarColumn

@@ -37,6 +37,7 @@ __all__ = [
     "error_detail",
     "error_from_detail",
     "error_line",
+    "mid_sentence",
 ]
 
 class ShaleError(Exception):
@@ -222,3 +223,13 @@ def error_line(e: BaseException) -> str:
     detail = " ".join(str(e).split())
     return mask_secrets(f"unexpected error: {type(e).__name__}{': ' + detail if detail else ''}")
 
+
+
+def mid_sentence(text: str) -> str:
+    """``text`` (a library's message, which starts a sentence) as the rest of one of ours:
+    its first letter lowered, unless its first word is an acronym or a name that keeps
+    its capitals (``JSON is malformed``, ``UTF-8``)."""
+    first = text.split(maxsplit=1)[0] if text.strip() else ""
+    if not first[:1].isupper() or any(c.isupper() for c in first[1:]):
+        return text
+    return text[:1].lower() + text[1:]

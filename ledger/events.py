@@ -23,10 +23,15 @@ from shale.ledger.kernels import Scratch, record_columns
 if TYPE_CHECKING:
     from shale.ledger.reader import LedgerFile
 
-__all__ = ["check_event_times", "copied_event_times", "decoded_event_times"]
+__all__ = ["check_event_times", "copied_event_times", "decoded_event_times", "event_times_at"]
 
 #: Records decoded at once (their decoded columns take ~100 bytes each).
 _BLOCK: Final = 1 << 18
+#: Decompressed bytes :func:`read_event_times` holds at once unless told
+#: (:data:`~shale.ledger.reader.RAW_BATCH_BYTES`).
+_RAW_BYTES: Final = 64 << 20
+#: Records of an entry read as a stream decoded at once.
+_GROUP_BYTES: Final = 1 << 20
 
 I64 = npt.NDArray[np.int64]
 
@@ -44,6 +49,22 @@ def _decoded_times(f: LedgerFile, raw: bytes | bytearray | memoryview, frames: I
     """:func:`decoded_event_times`, and each record's own publish time."""
     foot = f.footer
     at = np.repeat(frames + FRAME_HEADER.size, counts) + foot.col("r_offset")[records].astype(np.int64)
+    return _times_at(f, raw, at, records)
+
+
+def event_times_at(f: LedgerFile, buf: bytes | bytearray | memoryview, at: I64, records: I64) -> I64:
+    """The event time (:data:`NO_EVENT_TIME` where none) of each of ``records`` of ``f``
+    (checked records, which start in ``buf`` at ``at``): from the footer when it gives
+    them, else decoded."""
+    known = f.event_times()
+    if known is not None:
+        return np.asarray(known[records], dtype=np.int64)
+    return _times_at(f, buf, at, records)[0]
+
+
+def _times_at(f: LedgerFile, raw: bytes | bytearray | memoryview, at: I64, records: I64) -> tuple[I64, I64]:
+    """The event and publish times of ``records``, decoded where they start in ``raw`` (``at``)."""
+    foot = f.footer
     sizes = foot.col("r_size")[records].astype(np.int64)
     out = np.empty(len(records), dtype=np.int64)
     publish = np.empty(len(records), dtype=np.int64)
@@ -112,10 +133,11 @@ def _shown(ms: int) -> str:
     return "none" if ms == NO_EVENT_TIME else str(ms)
 
 
-def read_event_times(f: LedgerFile, start: int = 0, stop: int | None = None) -> I64:
+def read_event_times(f: LedgerFile, start: int = 0, stop: int | None = None, raw_bytes: int = _RAW_BYTES) -> I64:
     """The event time (:data:`NO_EVENT_TIME` where none) of records ``[start, stop)`` of
     ``f``: from the footer when it gives them, else read and decoded (the entries holding
-    them, checked, in chunks)."""
+    them, checked, in chunks of at most ``raw_bytes`` decompressed; an entry bigger than
+    that read on its own as a stream, :data:`_GROUP_BYTES` of records at a time)."""
     stop = f.n_records if stop is None else stop
     known = f.event_times()
     if known is not None:
@@ -128,7 +150,10 @@ def read_event_times(f: LedgerFile, start: int = 0, stop: int | None = None) -> 
     e0 = int(np.searchsorted(starts, start, side="right")) - 1
     e1 = int(np.searchsorted(starts, stop, side="left"))
     scratch = Scratch()
-    for c0, c1 in f.chunks(e0, e1):
+    for c0, c1 in f.chunks(e0, e1, raw_bytes=raw_bytes):
+        if c1 == c0 + 1 and int(foot.raw_lengths()[c0]) > raw_bytes:
+            _streamed_times(f, c0, start, stop, out, raw_bytes)
+            continue
         base, buf = f.read_frames(c0, c1)
         f.check_frames(buf, base, c0, c1)
         for piece, raw, frames in f.decompressed(buf, base, np.arange(c0, c1, dtype=np.int64), scratch):
@@ -139,3 +164,21 @@ def read_event_times(f: LedgerFile, start: int = 0, stop: int | None = None) -> 
             inside = (records >= start) & (records < stop)
             out[records[inside] - start] = times[inside]
     return out
+
+
+def _streamed_times(f: LedgerFile, e: int, start: int, stop: int, out: I64, piece: int) -> None:
+    """:func:`read_event_times` of the records of entry ``e`` (those in ``[start, stop)``
+    into ``out``), read as a stream in ranged reads of ``piece`` bytes, every record
+    checked and the whole frame proven."""
+    from shale.ledger.stream import record_groups
+
+    foot = f.footer
+    r0, r1 = int(foot.e_rec_start[e]), int(foot.e_rec_start[e + 1])
+    rec = np.arange(r0, r1, dtype=np.int64)
+    stream = f.entry_stream(e, f.stored_payload(e, min(piece, _GROUP_BYTES)))
+    for a, b, view, at in record_groups(stream, foot.col("r_offset")[rec], foot.col("r_size")[rec], _GROUP_BYTES):
+        f.check_payload(view, e, rec[a:b], starts=at)
+        times = _times_at(f, view, at, rec[a:b])[0]
+        inside = (rec[a:b] >= start) & (rec[a:b] < stop)
+        out[rec[a:b][inside] - start] = times[inside]
+    stream.finish()

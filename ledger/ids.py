@@ -1,6 +1,9 @@
 """Message ids: ``(ledger id, entry id, batch index)``, totally ordered.
 
-The one text form is ``"<ledger>:<entry>:<batch>"`` (e.g. ``"3:17:0"``).
+The one text form is ``"<ledger>:<entry>:<batch>"`` (e.g. ``"3:17:0"``), each part in
+decimal without a sign, a leading zero or spaces around: an id has exactly one spelling,
+so one given by a person or found in a document is compared, shown and stored as it was
+written.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ __all__ = ["MAX_ID", "MIN_ID", "MessageId"]
 
 # ASCII digits only, at most as many as each part's range holds (20, 20, 10), so that a
 # text of thousands of digits is refused as what it is rather than converted
-_ID_RE: Final = re.compile(r"\s*([0-9]{1,20}):([0-9]{1,20}):([0-9]{1,10})\s*", re.ASCII)
+_ID_RE: Final = re.compile(r"(0|[1-9][0-9]{0,19}):(0|[1-9][0-9]{0,19}):(0|[1-9][0-9]{0,9})", re.ASCII)
 _U64: Final = (1 << 64) - 1
 _U32: Final = (1 << 32) - 1
 
@@ -37,13 +40,14 @@ class MessageId:
 
     @classmethod
     def parse(cls, text: str) -> MessageId:
-        """Parse the text form ``"ledger:entry:batch"``; raise :class:`InvalidInputError`."""
-        m = _ID_RE.fullmatch(text)
-        shown = text if len(text) <= 40 else text[:37] + "..."
+        """Parse the text form ``"ledger:entry:batch"`` (nothing else: no spaces around, no
+        leading zero); raise :class:`InvalidInputError`."""
+        m = _ID_RE.fullmatch(text) if isinstance(text, str) else None
+        shown = str(text) if len(str(text)) <= 40 else str(text)[:37] + "..."
         if m is None:
             raise InvalidInputError(
-                f"bad message id {shown!r}: expected LEDGER:ENTRY:BATCH, e.g. 3:17:0 (LEDGER and ENTRY below "
-                f"2^64, BATCH below 2^32)"
+                f"bad message id {shown!r}: expected LEDGER:ENTRY:BATCH, e.g. 3:17:0, in decimal without spaces "
+                "or leading zeros (LEDGER and ENTRY below 2^64, BATCH below 2^32)"
             )
         ledger, entry, batch = (int(g) for g in m.groups())
         if ledger > _U64 or entry > _U64 or batch > _U32:

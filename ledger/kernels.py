@@ -20,8 +20,8 @@ import numpy.typing as npt
 
 from shale.ledger._record_parser import record_fields_at, record_problem_at
 
-__all__ = ["KERNELS", "CopyPlan", "EventKeyTable", "KeyTable", "RecordColumns", "Scratch", "check_frames", "check_kept",
-           "check_records", "copy_plan", "crc32c", "crc32c_ranges", "distinct_estimate", "gather_ranges",
+__all__ = ["EXTENSIONS", "KERNELS", "CopyPlan", "EventKeyTable", "KeyTable", "RecordColumns", "Scratch", "check_frames",
+           "check_kept", "check_records", "copy_plan", "crc32c", "crc32c_ranges", "distinct_estimate", "gather_ranges",
            "latest_positions", "load_native", "new_event_key_table", "new_key_table", "record_columns",
            "record_problem", "start_writeback", "tiling_error"]
 
@@ -38,7 +38,42 @@ def load_native(name: str) -> ModuleType | None:
     try:
         return importlib.import_module(f"shale.ledger.{name}")
     except ImportError:
-        return _installed_extension(name)
+        found = _installed_extension(name)
+    if found is None:
+        _warn_fallback(name)
+    return found
+
+
+#: The C extensions, each with the source it is built from.
+EXTENSIONS: Final = {"_kernels": "ledger/_kernels.c", "_encoder": "ledger/_encoder.c", "_jsonl": "ledger/_jsonl.c"}
+_warned: set[str] = set()
+
+
+def _warn_fallback(name: str) -> None:
+    """One line on standard error (through the ``shale`` logger), once: the extensions that
+    were not built, whose NumPy and Python fallbacks run instead (the same results at many
+    times the CPU).  Asked for with ``SHALE_KERNELS=numpy``, the fallbacks say nothing."""
+    if name in _warned:
+        return
+    import logging
+
+    missing = [n for n in EXTENSIONS if n not in _warned and (n == name or not _found(n))]
+    _warned.update(missing)
+    logging.getLogger("shale").warning(
+        "shale: warning: the C extension%s %s %s not built: the NumPy fallbacks run instead, at many times the CPU "
+        "(install a C compiler and reinstall shale; SHALE_KERNELS=numpy asks for them without this warning)",
+        "s" if len(missing) > 1 else "", ", ".join(f"{n} ({EXTENSIONS[n]})" for n in missing),
+        "were" if len(missing) > 1 else "was")
+
+
+def _found(name: str) -> bool:
+    """Whether the extension ``shale.ledger.<name>`` is there to import (not imported)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(f"shale.ledger.{name}") is not None
+    except ImportError:
+        return False
 
 
 def _installed_extension(name: str) -> ModuleType | None:

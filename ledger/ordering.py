@@ -128,14 +128,16 @@ def record_time(event_time: int | None, entry_publish: int) -> int:
     return entry_publish if event_time is None else event_time
 
 
-def decoded_times(f: LedgerFile, order: TopicOrder, start: int = 0, stop: int | None = None) -> I64:
+def decoded_times(f: LedgerFile, order: TopicOrder, start: int = 0, stop: int | None = None,
+                  raw_bytes: int = 0) -> I64:
     """:meth:`TopicOrder.times` of records ``[start, stop)`` of ``f``, decoding the event
-    times where its footer does not give them (reads those entries whole)."""
+    times where its footer does not give them (reading those entries, at most
+    ``raw_bytes`` decompressed at once when given: :func:`~shale.ledger.events.read_event_times`)."""
     from shale.ledger.events import read_event_times
 
     got = order.times(f.footer, start, stop)
     if got is not None:
         return got
     stop = f.n_records if stop is None else stop
-    events = read_event_times(f, start, stop)
+    events = read_event_times(f, start, stop, raw_bytes) if raw_bytes else read_event_times(f, start, stop)
     return combine(events, f.footer.record_publish()[start:stop])

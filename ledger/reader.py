@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import mmap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Final
 
 import numpy as np
@@ -27,10 +27,10 @@ from shale.ledger.format import (
 )
 from shale.ledger.ids import MessageId
 from shale.ledger.kernels import Scratch, check_frames, check_kept, check_records, gather_ranges, record_problem
-from shale.ledger.messages import entry_records, messages_at
+from shale.ledger.messages import DEFAULT_HOLD_BYTES, messages_at, messages_in
 from shale.ledger.objects import ObjectSource
 from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES, Message
-from shale.ledger.stream import PayloadStream
+from shale.ledger.stream import PayloadStream, StoredPayload
 from shale.ledger.zstd_frames import decompress_zstd_into
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "RAW_BATCH_BYTES", "LedgerFile"]
@@ -310,10 +310,22 @@ class LedgerFile:
                           f"{self.url}: entry {self._entry_name(entry)}", path=self.url,
                           position=int(self.footer.col("e_offset")[entry]), dictionaries=self.dictionaries)
 
-    def payload_stream(self, buf: bytes | memoryview, base: int, entry: int) -> PayloadStream:
-        """:meth:`entry_payload` read as a stream (:class:`~shale.ledger.stream.PayloadStream`):
-        the frame checked now, the payload decompressed as it is read."""
-        stored = self.frame_payload(buf, base, entry)
+    def stored_payload(self, entry: int, piece: int,
+                       read: Callable[[int, int], bytes | memoryview] | None = None) -> StoredPayload:
+        """Entry ``entry``'s frame read in ranged reads of at most ``piece`` bytes, never
+        held whole (:class:`~shale.ledger.stream.StoredPayload`: its header checked now,
+        its checksum once read); ``read(start, end)`` reads the object, when not the store."""
+        foot = self.footer
+        if entry == 0 and not self._header_checked:
+            self._check_header(self.store.get_view(self.key, 0, HEADER_SIZE))
+        count = int(foot.e_rec_start[entry + 1] - foot.e_rec_start[entry])
+        return StoredPayload(read or functools.partial(self.store.get_view, self.key),
+                             int(foot.col("e_offset")[entry]), int(foot.col("e_length")[entry]), count, piece,
+                             self.entry_where(entry), self.url)
+
+    def entry_stream(self, entry: int, stored: StoredPayload) -> PayloadStream:
+        """Entry ``entry``'s payload read as a stream from ``stored`` (:meth:`stored_payload`):
+        neither its stored bytes nor, unless it is an lz4 block, its payload held whole."""
         return PayloadStream(stored, int(self.footer.codecs()[entry]), int(self.footer.raw_lengths()[entry]),
                              self.entry_where(entry), path=self.url, position=int(self.footer.col("e_offset")[entry]),
                              dictionaries=self.dictionaries)
@@ -551,44 +563,22 @@ class LedgerFile:
             i = j
 
     def messages(self, start_record: int = 0, stop_record: int | None = None, *,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> Iterator[Message]:
-        """Decode records ``[start_record, stop_record)`` in order, checking every entry."""
-        rec_start = self.footer.e_rec_start
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+                 hold_bytes: int = DEFAULT_HOLD_BYTES) -> Iterator[Message]:
+        """Decode records ``[start_record, stop_record)`` in order, checking every entry;
+        ``hold_bytes``: the most held decompressed at once
+        (:func:`shale.ledger.messages.messages_in`)."""
         stop_record = self.n_records if stop_record is None else min(stop_record, self.n_records)
-        if start_record >= stop_record:
-            return
-        first = int(self.footer.entry_of(start_record))
-        last = int(self.footer.entry_of(stop_record - 1))
-        foot = self.footer
-        ledgers, entries, batches = self.entry_ledgers, self.entry_ids, self.batch_indexes
-        per_record = foot.ids_per_record
-        for c0, c1 in self.chunks(first, last + 1, chunk_bytes):
-            base, buf = self.read_frames(c0, c1)
-            for e in range(c0, c1):
-                r0 = int(rec_start[e])
-                count = int(rec_start[e + 1]) - r0
-                where = f"{self.url}: entry {self._entry_name(e)}"
-                records = entry_records(self, buf, base, e, count, where, max_record_bytes)
-                if per_record:
-                    lids = foot.cols["r_ledger"][r0:r0 + count].tolist()
-                    eids = foot.cols["r_entry"][r0:r0 + count].tolist()
-                else:
-                    lids, eids = [int(ledgers[e])] * count, [int(entries[e])] * count
-                for k, (key, value, props, pt, et) in enumerate(records):
-                    r = r0 + k
-                    if r < start_record:
-                        continue
-                    if r >= stop_record:
-                        return
-                    yield Message(MessageId(lids[k], eids[k], int(batches[r])), key, value, props, pt, et)
-                del records
+        return messages_in(self, start_record, stop_record, chunk_bytes=chunk_bytes,
+                           max_record_bytes=max_record_bytes, hold_bytes=hold_bytes)
 
     def messages_at(self, records: npt.NDArray[np.int64], *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> Iterator[Message]:
+                    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+                    hold_bytes: int = DEFAULT_HOLD_BYTES) -> Iterator[Message]:
         """The messages of ``records`` (indexes, rising), each decoded where its footer
         places it: :func:`shale.ledger.messages.messages_at`."""
-        return messages_at(self, records, chunk_bytes=chunk_bytes, max_record_bytes=max_record_bytes)
+        return messages_at(self, records, chunk_bytes=chunk_bytes, max_record_bytes=max_record_bytes,
+                           hold_bytes=hold_bytes)
 
 
 def _keys_of(data: npt.NDArray[np.uint8], at: npt.NDArray[np.int64]

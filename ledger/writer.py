@@ -154,6 +154,8 @@ class LedgerWriter:
         self._footer_per_record = sum(np.dtype(COLUMNS[n][0]).itemsize
                                       for n in (*self._r_chunks, "r_event", "r_publish"))
         self._finished = False
+        #: bytes written by write_frame_bytes that no add_frames has registered yet
+        self._unregistered = 0
         self._write(encode_header(kind, ledger_id, created_ms))
 
     @property
@@ -262,7 +264,15 @@ class LedgerWriter:
         col = np.concatenate([np.full(n, NO_EVENT_TIME, dtype=np.int64) if e is None else e for n, e in self._events])
         return None if self.kind == KIND_ORIGINAL and np.all(col == NO_EVENT_TIME) else col
 
-    def add_frames(self, blob: bytes | bytearray | memoryview, lengths: npt.NDArray[np.int64],
+    def write_frame_bytes(self, data: bytes | bytearray | memoryview) -> None:
+        """Write bytes of a frame that the next :meth:`add_frames` (given no ``blob``)
+        adds: a frame too big to hold, written as it is read."""
+        if self._finished:
+            raise InvalidInputError("ledger already finished")
+        self._unregistered += len(data)
+        self._write(data)
+
+    def add_frames(self, blob: bytes | bytearray | memoryview | None, lengths: npt.NDArray[np.int64],
                    counts: npt.NDArray[np.int64], publish: npt.NDArray[Any], records: dict[str, npt.NDArray[Any]], *,
                    codecs: npt.NDArray[np.uint8] | None = None, raw_lengths: npt.NDArray[np.int64] | None = None,
                    ledgers: npt.ArrayLike | None = None, entry_ids: npt.ArrayLike | None = None,
@@ -271,20 +281,24 @@ class LedgerWriter:
                    events: npt.NDArray[np.int64] | None = None,
                    record_publish: npt.NDArray[np.int64] | None = None) -> None:
         """Append many complete, checksummed frames at once: ``blob`` is the frames back to
-        back, ``lengths`` their sizes, ``counts`` their record counts, ``codecs`` and
-        ``raw_lengths`` how each payload is stored and its size decompressed (default:
-        stored as it is); ``records`` holds the footer columns of all their records, in
-        order, and a compacted part the original id of each (``ledgers``, ``entry_ids``,
-        ``batch``) and ``delete_since``; ``events`` each record's event time,
-        :data:`NO_EVENT_TIME` where it has none (``None``: none has one, or, in a compacted
-        part, they are not kept); ``record_publish``, in a compacted part that keeps event
-        times, the publish time of the entry each record was first written in."""
+        back (``None``: written already, by :meth:`write_frame_bytes`), ``lengths`` their
+        sizes, ``counts`` their record counts, ``codecs`` and ``raw_lengths`` how each
+        payload is stored and its size decompressed (default: stored as it is); ``records``
+        holds the footer columns of all their records, in order, and a compacted part the
+        original id of each (``ledgers``, ``entry_ids``, ``batch``) and ``delete_since``;
+        ``events`` each record's event time, :data:`NO_EVENT_TIME` where it has none
+        (``None``: none has one, or, in a compacted part, they are not kept);
+        ``record_publish``, in a compacted part that keeps event times, the publish time of
+        the entry each record was first written in."""
         if self._finished:
             raise InvalidInputError("ledger already finished")
         n_entries, n = len(lengths), int(counts.sum())
         if n_entries == 0:
             return
-        if int(lengths.sum()) != len(blob) or len(counts) != n_entries or len(publish) != n_entries:
+        if blob is not None and self._unregistered:
+            raise InvalidInputError("a frame written by write_frame_bytes must be added before any other")
+        size = self._unregistered if blob is None else len(blob)
+        if int(lengths.sum()) != size or len(counts) != n_entries or len(publish) != n_entries:
             raise InvalidInputError("frames, lengths, counts and publish times disagree")
         if int(lengths.max()) > self.max_entry_bytes:
             raise RecordTooLargeError(f"entry of {int(lengths.max())} bytes exceeds the maximum of "
@@ -301,14 +315,16 @@ class LedgerWriter:
             if self.kind != KIND_COMPACTED or events is None or len(record_publish) != n:
                 raise InvalidInputError("record publish times go with the event times of a compacted part's records")
             self._publish.append(np.asarray(record_publish, dtype=np.int64))
-        starts = self._pos + np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        starts = self._pos - self._unregistered + np.concatenate([[0], np.cumsum(lengths)[:-1]])
         self._e_scalars["e_offset"].extend(starts.tolist())
         self._e_scalars["e_length"].extend(lengths.tolist())
         self._e_scalars["e_publish"].extend(np.asarray(publish).tolist())
         self._e_scalars["e_codec"].extend(np.asarray(codecs).tolist())
         self._e_scalars["e_raw_length"].extend(np.asarray(raw_lengths).tolist())
         self.bytes_saved += int(np.asarray(raw_lengths).sum()) - (int(lengths.sum()) - FRAME_HEADER.size * n_entries)
-        self._write(blob)
+        if blob is not None:
+            self._write(blob)
+        self._unregistered = 0
         self._e_rec_start.extend((self._n_records + np.cumsum(counts)).tolist())
         self._n_records += n
 
@@ -316,6 +332,8 @@ class LedgerWriter:
         """Write footer and trailer; return the object's total size."""
         if self._finished:
             raise InvalidInputError("ledger already finished")
+        if self._unregistered:
+            raise InvalidInputError("a frame was written and never added")
         cols: dict[str, npt.NDArray[Any] | list[npt.NDArray[Any]]] = {}
         for name, values in self._e_scalars.items():
             cols[name] = np.asarray(values, dtype=COLUMNS[name][0])

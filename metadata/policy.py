@@ -17,6 +17,7 @@ import msgspec
 from shale.ledger.codecs import Compression, parse_compression
 from shale.ledger.errors import InvalidInputError, InvalidMetadataError
 from shale.ledger.ordering import OFFSET, TopicOrder
+from shale.metadata.schema import schema_error
 from shale.settings import POLICY_SETTINGS
 from shale.settings.units import MAX_BYTES, MAX_MILLIS
 
@@ -72,7 +73,7 @@ class TopicPolicy:
         try:
             doc = msgspec.convert(value, PolicyDoc, strict=True)
         except msgspec.ValidationError as e:
-            raise InvalidMetadataError(f"{where}: {e}") from None
+            raise schema_error(where, e) from None
         if (codec := getattr(doc, "compression", None)) is not None:
             try:
                 parse_compression(codec)

@@ -5,14 +5,16 @@ writer of the same bucket.  Every document read is decoded against a strict sche
 (msgspec: exact types, bounded integers, no unknown field) and then checked against the
 invariants the rest of Shale relies on:
 
-* ``topic.json``: ledger ids strictly increasing, above every id a truncation removed;
+* ``topic.json``: ledger ids strictly increasing, above every id a truncation removed
+  (``removed_last``, when present, in the last ledger removed);
   each object named as the producer names it (``ledgers/<id>-<nonce>.ledger``, the id
   its own), none twice;
 * ``compaction.json``: parts named as a compaction run names them, in id order and
   disjoint, none past the horizon; deletion vectors beside their parts; retired objects
   named as compacted objects (so never a registered ledger nor a metadata document),
   none of them still published; retained snapshots (earlier views) each held to the
-  same rules as the published parts, older than the state, in epoch order;
+  same rules as the published parts, older than the state, in epoch order; each tag
+  a name that is neither an epoch nor a time, naming a retained epoch;
 * ``subscriptions/<name>.json``: the name its file's, the position a message id.
 
 A violation is an :class:`~shale.ledger.errors.InvalidMetadataError` (exit 4) naming the
@@ -26,7 +28,7 @@ from typing import Annotated, Any, Final, Literal, TypeVar
 import msgspec
 
 from shale.ledger.codecs import MAX_DICTIONARY_BYTES
-from shale.ledger.errors import InvalidInputError, InvalidMetadataError
+from shale.ledger.errors import InvalidInputError, InvalidMetadataError, mid_sentence
 from shale.ledger.ids import MessageId
 from shale.metadata.layout import (
     is_compacted_object,
@@ -36,9 +38,9 @@ from shale.metadata.layout import (
     ledger_id_of,
 )
 
-__all__ = ["SUBSCRIPTION_NAME", "CompactionDoc", "DictionaryDoc", "Envelope", "LedgerDoc", "PartDoc", "RetiredDoc",
-           "SnapshotDoc", "SubscriptionDoc", "TopicDoc", "check_compaction", "check_topic", "decode_envelope",
-           "message_id", "validate"]
+__all__ = ["MAX_TAGS", "SUBSCRIPTION_NAME", "TAG_NAME", "CompactionDoc", "DictionaryDoc", "Envelope", "LedgerDoc",
+           "PartDoc", "RetiredDoc", "SnapshotDoc", "SubscriptionDoc", "TopicDoc", "check_compaction", "check_topic",
+           "decode_envelope", "message_id", "schema_error", "validate"]
 
 #: Ledger ids and epochs stay far below 2**63, so every reader (JSON tools included) and
 #: every ``+ 1`` holds them exactly.
@@ -91,6 +93,8 @@ class TopicDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     removed_through: Annotated[int, msgspec.Meta(ge=0, le=MAX_ID)] = 0
     truncated_ms: Millis = 0
     dictionaries: list[DictionaryDoc] = []
+    #: the id of the last record of ledger ``removed_through`` (absent when unknown)
+    removed_last: str | None = None
 
 
 class PartDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -129,6 +133,16 @@ class SnapshotDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     key_ttl_ms: Millis = 0
 
 
+#: A tag's name (``shale snapshots T --tag NAME``): as a subscription's, but starting with a
+#: letter, so that it is never an epoch (digits) nor a time (ISO 8601 starts with the year)
+#: and ``--as-of NAME`` means one thing.
+TAG_NAME: Final = r"^[A-Za-z][A-Za-z0-9._-]{0,199}$"
+#: The most tags a topic holds (each keeps a view, its objects and the ledgers above it).
+MAX_TAGS: Final = 1000
+
+TagName = Annotated[str, msgspec.Meta(pattern=TAG_NAME)]
+
+
 class CompactionDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     format: Literal[1]
     epoch: Annotated[int, msgspec.Meta(ge=0, le=MAX_ID)]
@@ -146,6 +160,8 @@ class CompactionDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     key_ttl_ms: Millis = 0
     #: earlier views still readable, oldest first (left out when there are none)
     snapshots: list[SnapshotDoc] = []
+    #: names of retained views: tag -> epoch (left out when there are none)
+    tags: Annotated[dict[TagName, Id], msgspec.Meta(max_length=MAX_TAGS)] = {}
 
 
 #: A subscription's name: what its document is named by (``subscriptions/<name>.json``),
@@ -167,11 +183,15 @@ class SubscriptionDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 T = TypeVar("T")
 
 
-def _schema_error(where: str, e: msgspec.ValidationError) -> InvalidMetadataError:
+def schema_error(where: str, e: msgspec.ValidationError) -> InvalidMetadataError:
+    """msgspec's ``e`` about the document ``where`` as one of our messages: ``field F: why``."""
     text = str(e)
     why, _, at = text.partition(" - at `$")
+    if not at:  # a mapping's key: "... - at `key` in `$.tags`"
+        why, _, at = text.partition(" - at `key` in `$")
+        at = f"{at.rstrip('`')} (a key)" if at else ""
     field = at.rstrip("`").lstrip(".")
-    why = why[:1].lower() + why[1:]
+    why = mid_sentence(why)
     return InvalidMetadataError(f"{where}: {f'field {field}: ' if field else ''}{why}")
 
 
@@ -180,9 +200,9 @@ def decode_envelope(data: bytes, where: str) -> Envelope:
     try:
         return msgspec.json.decode(data, type=Envelope)
     except msgspec.ValidationError as e:
-        raise _schema_error(where, e) from None
+        raise schema_error(where, e) from None
     except msgspec.DecodeError as e:
-        raise InvalidMetadataError(f"{where}: not a metadata document: {str(e)[:1].lower()}{str(e)[1:]}") from None
+        raise InvalidMetadataError(f"{where}: not a metadata document: {mid_sentence(str(e))}") from None
     except RecursionError:
         raise InvalidMetadataError(f"{where}: not a metadata document: nested too deeply") from None
 
@@ -192,7 +212,7 @@ def validate(value: Any, kind: type[T], where: str) -> T:
     try:
         return msgspec.convert(value, kind, strict=True)
     except msgspec.ValidationError as e:
-        raise _schema_error(where, e) from None
+        raise schema_error(where, e) from None
     except RecursionError:
         raise InvalidMetadataError(f"{where}: nested too deeply") from None
 
@@ -210,6 +230,10 @@ def message_id(text: str | None, where: str, field: str) -> MessageId | None:
 def check_topic(doc: TopicDoc, where: str) -> None:
     """The ledger list's invariants (see the module's docstring)."""
     last = doc.removed_through
+    removed_last = message_id(doc.removed_last, where, "removed_last")
+    if removed_last is not None and removed_last.ledger != doc.removed_through:
+        raise InvalidMetadataError(f"{where}: field removed_last: {doc.removed_last!r} is not in ledger "
+                                   f"{doc.removed_through} (removed_through)")
     seen: set[str] = set()
     for i, lg in enumerate(doc.ledgers):
         field = f"ledgers[{i}]"
@@ -254,7 +278,18 @@ def check_compaction(doc: CompactionDoc, where: str) -> tuple[MessageId | None, 
     ids, published = _check_parts(doc.parts, horizon, doc.epoch, where, "")
     snapshots, retained = _check_snapshots(doc, where)
     _check_retired(doc, published, retained, where)
+    _check_tags(doc, where)
     return horizon, ids, snapshots
+
+
+def _check_tags(doc: CompactionDoc, where: str) -> None:
+    """Each tag names a retained view: a snapshot's epoch, or the published one."""
+    retained = {s.epoch for s in doc.snapshots} | ({doc.epoch} if doc.epoch else set())
+    for name, epoch in doc.tags.items():
+        if epoch not in retained:
+            kept = ", ".join(map(str, sorted(retained))) or "none"
+            raise InvalidMetadataError(f"{where}: field tags.{name}: epoch {epoch} is not a retained view "
+                                       f"(retained: {kept})")
 
 
 def _check_view(horizon_text: str | None, run: str | None, parts: list[PartDoc], where: str,

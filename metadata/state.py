@@ -102,8 +102,11 @@ class TopicState:
 
     ``generation`` counts truncations (retention removing the oldest ledgers),
     ``removed_through`` is the highest ledger id ever removed, so ids are never reused
-    even when every ledger is gone, and ``truncated_ms`` is when the last truncation
-    happened (readers may still be reading what it removed).
+    even when every ledger is gone, ``removed_last`` the id of that ledger's last record
+    (``None`` when the truncation could not read it, or in documents written before it
+    was recorded: then whether the ledger held records past a given id is unknown), and
+    ``truncated_ms`` is when the last truncation happened (readers may still be reading
+    what it removed).
     """
 
     ledgers: tuple[LedgerInfo, ...]
@@ -115,10 +118,17 @@ class TopicState:
     truncated_ms: int = 0
     #: the topic's trained dictionaries, oldest first (never removed)
     dictionaries: tuple[DictionaryInfo, ...] = ()
+    removed_last: MessageId | None = None
 
     @property
     def last_ledger_id(self) -> int:
         return max(self.ledgers[-1].id if self.ledgers else 0, self.removed_through)
+
+    @property
+    def next_id(self) -> MessageId:
+        """The id the next ledger a producer registers starts at: no record is at or past
+        it yet (a reader's ``latest``; no subscription may stand past it)."""
+        return MessageId(self.last_ledger_id + 1, 0, 0)
 
     @property
     def records(self) -> int:
@@ -144,6 +154,8 @@ class TopicState:
             d["generation"] = self.generation
             d["removed_through"] = self.removed_through
             d["truncated_ms"] = self.truncated_ms
+        if self.removed_last is not None:
+            d["removed_last"] = str(self.removed_last)
         if self.dictionaries:
             d["dictionaries"] = [x.to_json() for x in self.dictionaries]
         return d
@@ -158,7 +170,8 @@ class TopicState:
         return cls(tuple(LedgerInfo.from_doc(x) for x in doc.ledgers), doc.created_ms, version, token,
                    doc.generation, doc.removed_through, doc.truncated_ms,
                    tuple(DictionaryInfo(x.id, x.object, x.bytes, x.created_ms, x.crc32c, x.sha256)
-                         for x in doc.dictionaries))
+                         for x in doc.dictionaries),
+                   None if doc.removed_last is None else MessageId.parse(doc.removed_last))
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,6 +319,8 @@ class CompactionState:
     order: TopicOrder = field(default_factory=TopicOrder)
     #: earlier published views still readable, oldest first (``snapshot-retention``)
     snapshots: tuple[Snapshot, ...] = ()
+    #: names of retained views, tag -> epoch: a tagged view is kept whatever the retention
+    tags: dict[str, int] = field(default_factory=dict)
 
     @property
     def records(self) -> int:
@@ -343,6 +358,10 @@ class CompactionState:
         then the published view's (none before the first compaction)."""
         return (*(s.epoch for s in self.snapshots), *((self.epoch,) if self.epoch else ()))
 
+    def tags_of(self, epoch: int) -> tuple[str, ...]:
+        """The tags naming epoch ``epoch``, sorted."""
+        return tuple(sorted(name for name, e in self.tags.items() if e == epoch))
+
     def as_snapshot(self, replaced_ms: int) -> Snapshot:
         """The published view as a snapshot, replaced at ``replaced_ms``."""
         return Snapshot(self.epoch, self.horizon, self.compacted_ledger, self.parts, self.keys, self.tombstones,
@@ -377,6 +396,8 @@ class CompactionState:
              **self.order.to_json()}
         if self.snapshots:  # (left out when none: documents as before snapshots were kept)
             d["snapshots"] = [s.to_json() for s in self.snapshots]
+        if self.tags:  # (likewise: documents as before tags existed)
+            d["tags"] = dict(sorted(self.tags.items()))
         return d
 
     @classmethod
@@ -390,4 +411,4 @@ class CompactionState:
         snapshots = tuple(Snapshot.from_doc(s, h, i) for s, (h, i) in zip(doc.snapshots, snapshot_ids, strict=True))
         return cls(doc.epoch, horizon, doc.compacted_ledger, parts, tuple(RetiredSet.from_doc(r) for r in doc.retired),
                    doc.keys, doc.tombstones, doc.compacted_ms, dict(doc.last_run), version, token,
-                   doc.topic_generation, TopicOrder(doc.order, doc.key_ttl_ms), snapshots)
+                   doc.topic_generation, TopicOrder(doc.order, doc.key_ttl_ms), snapshots, dict(doc.tags))

@@ -18,9 +18,11 @@ from shale.ledger.errors import (
     ConflictError,
     InvalidInputError,
     InvalidURIError,
+    ShaleError,
     StorageError,
     TopicNotFoundError,
 )
+from shale.ledger.ids import MessageId
 from shale.metadata.dictionaries import DictionaryCache
 from shale.metadata.documents import DocumentStore, Versioned
 from shale.metadata.layout import META_DIR
@@ -191,6 +193,12 @@ class TopicMetadata:
         """
         now_ms = self.now_ms()
         removed: list[LedgerInfo] = []
+        known: dict[int, MessageId | None] = {}
+
+        def last_id(lg: LedgerInfo) -> MessageId | None:
+            if lg.id not in known:
+                known[lg.id] = self._last_record(lg)
+            return known[lg.id]
 
         def truncated(current: TopicState) -> TopicState | None:
             removed[:] = [lg for lg in current.ledgers if lg.id < before_ledger]
@@ -201,7 +209,8 @@ class TopicMetadata:
             return TopicState(tuple(lg for lg in current.ledgers if lg.id >= before_ledger), current.created_ms,
                               generation=current.generation + 1,
                               removed_through=max(current.removed_through, removed[-1].id),
-                              truncated_ms=max(now_ms, current.truncated_ms), dictionaries=current.dictionaries)
+                              truncated_ms=max(now_ms, current.truncated_ms), dictionaries=current.dictionaries,
+                              removed_last=last_id(removed[-1]))
 
         try:
             # a producer registering a ledger meanwhile is a conflict: read again
@@ -212,6 +221,18 @@ class TopicMetadata:
         except ConflictError as e:
             raise ConflictError(f"{self.uri}: the topic kept changing; truncation gave up after {attempts} attempts "
                                 f"({e})") from e
+
+    def _last_record(self, lg: LedgerInfo) -> MessageId | None:
+        """The id of ``lg``'s last record, from its footer; ``None`` when it cannot be read
+        (a damaged or missing ledger still goes: whether it held records past an id is
+        then unknown, which readers and rollbacks take as "it did")."""
+        from shale.ledger.reader import LedgerFile
+
+        try:
+            f = LedgerFile.open(self.topic.store, self.topic.key(lg.object), ledger_id=lg.id)
+            return f.record_id(f.n_records - 1)
+        except (ShaleError, OSError):
+            return None
 
     def _stamp_generation(self, generation: int, attempts: int) -> None:
         if generation == 0:

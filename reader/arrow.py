@@ -31,10 +31,12 @@ import numpy as np
 import numpy.typing as npt
 
 from shale.ledger.arrow_columns import ArrowColumns, arrow_columns
+from shale.ledger.codecs import Codec
 from shale.ledger.errors import InvalidInputError
 from shale.ledger.format import FRAME_HEADER
+from shale.ledger.messages import DEFAULT_HOLD_BYTES, refuse_unholdable
 from shale.ledger.reader import DEFAULT_CHUNK_BYTES, LedgerFile
-from shale.ledger.stream import PayloadStream, stream_for
+from shale.ledger.stream import PayloadStream
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -47,7 +49,7 @@ DEFAULT_BATCH_ROWS: Final = 65_536
 #: Decompressed bytes a batch holds at most, and the entries a reader decompresses at once
 #: across its threads, unless asked otherwise (``--max-batch-bytes``; bench/README.md,
 #: *Memory against decompressed bytes*).
-DEFAULT_MAX_BATCH_BYTES: Final = 16 << 20
+DEFAULT_MAX_BATCH_BYTES: Final = DEFAULT_HOLD_BYTES
 #: What a row costs in a batch beside its record's bytes: its id, times and offsets.
 ROW_BYTES: Final = 64
 #: More decoding threads than this buy nothing: they share :data:`DEFAULT_MAX_BATCH_BYTES`.
@@ -55,23 +57,13 @@ MAX_DECODE_THREADS: Final = 8
 
 
 def decode_threads() -> int:
-    """Threads a reader decodes batches on: one per CPU this process may use — its
-    affinity, capped by a cgroup v2 CPU quota as a container's CPU limit sets it (counted
-    as the compactor counts them) — at most :data:`MAX_DECODE_THREADS`."""
-    import os
+    """Threads a reader decodes batches on: one per CPU this process may use, as the
+    compactor counts them (:func:`~shale.runtime.cpus.available_cpus`: its affinity, capped
+    by a cgroup v2 CPU quota as a container's CPU limit sets it), at most
+    :data:`MAX_DECODE_THREADS`."""
+    from shale.runtime.cpus import available_cpus
 
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()[:2]
-        if quota != "max":
-            cpus = min(cpus, max(1, -(-int(quota) // int(period))))
-    except (OSError, ValueError):
-        pass
-    return max(1, min(cpus, MAX_DECODE_THREADS))
+    return min(available_cpus(), MAX_DECODE_THREADS)
 
 
 def require_pyarrow() -> ModuleType:
@@ -226,6 +218,7 @@ class BatchReader:
         # where each entry's records begin among records: a search per entry, not per record
         at = np.searchsorted(records, foot.e_rec_start)
         entries = np.flatnonzero(at[1:] > at[:-1])
+        refuse_unholdable(f, entries, self.max_batch_bytes)  # (before anything of the object is read)
         firsts = at[entries]  # each entry's first record
         stops = np.r_[firsts[1:], len(records)]
         raw = np.cumsum(foot.raw_lengths()[entries] + FRAME_HEADER.size)
@@ -255,16 +248,18 @@ class BatchReader:
         """The batches of ``piece``, made on the pool's threads: all in one step when the
         piece fits a thread's share (each entry decompressed once, and read where it was
         decompressed to); else
-        (one entry that holds more than the share) one batch per step, reading the entry's
-        payload as a stream when it is bigger than the share and compressed with zstd (only
-        each batch's records are held), else from the entry decompressed once and held
-        until its last batch is made."""
+        (one entry that holds more than the share) one batch per step, reading the entry on
+        its own as a stream when it is bigger than the share (:func:`_streamed_batches`:
+        only each batch's records are held), else (an lz4 block among them: it cannot be read
+        in pieces) from the entry decompressed once and held until its last batch is made."""
         pa = require_pyarrow()
         sel, cuts = piece.entries, piece.cuts
         e0, e1 = int(sel[0]), int(sel[-1]) + 1
+        if (piece.held > self.share and int(f.footer.raw_lengths()[e0]) > self.share
+                and int(f.footer.codecs()[e0]) != Codec.LZ4):  # (an lz4 block, decompressed whole, is read from it)
+            yield from _streamed_batches(pa, f, records, piece, self.chunk_bytes, self.utf8, self.id_text)
+            return
         base, buf = f.read_frames(e0, e1)
-        foot = f.footer
-        offsets, sizes = foot.col("r_offset"), foot.col("r_size")
         if piece.held <= self.share:
             f.check_frames(buf, base, e0, e1)
             # each entry's payload where zstd left it (or where it is stored): not copied
@@ -280,26 +275,34 @@ class BatchReader:
                                    functools.partial(_refuse_kept, f, buf, base, sel, kept, recs)))
             yield out
             return
-        if stream_for(int(foot.codecs()[e0]), int(foot.raw_lengths()[e0]), self.share):
-            stream = f.payload_stream(buf, base, e0)  # (its frame checked; decompressed as it is read)
-            del buf
-            for a, b in itertools.pairwise(cuts):
-                recs = records[a:b]
-                window, starts = _read_records(stream, offsets[recs].astype(np.int64), sizes[recs].astype(np.int64))
-                if b == cuts[-1]:
-                    stream.finish()  # (the whole frame checked before its last batch is given)
-                batch = _decode(pa, f, window, _PAYLOAD, np.array([len(recs)]), recs, self.utf8, self.id_text,
-                                functools.partial(f.check_payload, window, e0, recs, starts), starts=starts)
-                del window  # (the batch holds copies: the records read go before it is given)
-                yield [batch]
-                del batch
-            return
         payload = f.entry_payload(buf, base, e0)  # (one entry: its frame checked, decompressed)
         del buf
         for a, b in itertools.pairwise(cuts):
             recs = records[a:b]
             yield [_decode(pa, f, payload, _PAYLOAD, np.array([len(recs)]), recs, self.utf8, self.id_text,
                            functools.partial(f.check_payload, payload, e0, recs))]
+
+
+def _streamed_batches(pa: Any, f: LedgerFile, records: npt.NDArray[np.int64], piece: _Piece, chunk_bytes: int,
+                      utf8: bool, id_text: bool) -> Generator[list[pa.RecordBatch], None, None]:
+    """The batches of ``piece``, one entry bigger than a thread's share, a batch per step:
+    its stored bytes read in ranged reads of ``chunk_bytes`` and its payload decompressed
+    as it is read (an lz4 block whole), only each batch's records held."""
+    e0 = int(piece.entries[0])
+    foot = f.footer
+    offsets, sizes = foot.col("r_offset"), foot.col("r_size")
+    stream = f.entry_stream(e0, f.stored_payload(e0, chunk_bytes))  # (its frame's header checked)
+    cuts = piece.cuts
+    for a, b in itertools.pairwise(cuts):
+        recs = records[a:b]
+        window, starts = _read_records(stream, offsets[recs].astype(np.int64), sizes[recs].astype(np.int64))
+        if b == cuts[-1]:
+            stream.finish()  # (the whole frame checked before its last batch is given)
+        batch = _decode(pa, f, window, _PAYLOAD, np.array([len(recs)]), recs, utf8, id_text,
+                        functools.partial(f.check_payload, window, e0, recs, starts), starts=starts)
+        del window  # (the batch holds copies: the records read go before it is given)
+        yield [batch]
+        del batch
 
 
 def _read_records(stream: PayloadStream, offsets: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]

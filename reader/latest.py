@@ -56,7 +56,7 @@ from shale.ledger.latest import latest_by_event_time
 from shale.ledger.ordering import TopicOrder, decoded_times
 from shale.ledger.reader import DEFAULT_CHUNK_BYTES
 from shale.ledger.record import Message
-from shale.metadata.snapshots import AsOf
+from shale.metadata.asof import AsOf
 from shale.metadata.topic import TopicMetadata
 from shale.metadata.view import Segment, TopicView
 from shale.reader.arrow import DEFAULT_BATCH_ROWS, DEFAULT_MAX_BATCH_BYTES, BatchReader, decode_threads, require_pyarrow
@@ -100,23 +100,25 @@ class LatestPlan:
 
 
 def plan_latest(meta: TopicMetadata, *, end: MessageId | None = None, order: TopicOrder | None = None,
-                now_ms: int | None = None, as_of: AsOf | None = None) -> LatestPlan:
+                now_ms: int | None = None, as_of: AsOf | None = None,
+                from_snapshot: int | str | None = None) -> LatestPlan:
     """Pass one: the records of the table of the view as it is now (``end``: of the
     records with ids below ``end`` only), reading footers alone (and, under event-time
     order, the records of a compacted part whose footer does not give their times).
 
     ``order``: decide by it rather than by the topic's (:func:`reading_order
     <shale.metadata.view.reading_order>`); ``now_ms``: what a key TTL counts from (default:
-    the clock, read once); ``as_of``: of a retained snapshot's view rather than the
-    published one (:mod:`shale.metadata.snapshots`), decided in that view's order.
+    the point's time as of a point, else the clock, read once); ``as_of``: of the topic as
+    it was at that point (:mod:`shale.metadata.asof`), decided in the order of the view it
+    is read from; ``from_snapshot``: of a retained snapshot's view and every record
+    above its horizon now (:func:`~shale.metadata.snapshots.view_as_of`).
 
     Memory: for every record with a key, its two hashes (16 bytes), its index (4), whether
     it is a tombstone (1) and its place in the sort order (8), and under event-time order
     or with a key TTL its time (8); and 16 bytes per key while the fold ends."""
-    view = TopicView.load(meta, as_of=as_of)
+    view = TopicView.load(meta, as_of=as_of, from_snapshot=from_snapshot)
     order = view.order(meta) if order is None else order
-    if order.key_ttl_ms and now_ms is None:
-        now_ms = int(time.time() * 1000)
+    now_ms = _ttl_now(order, now_ms, view)
     segments = [s for s in view.segments(end=end) if isinstance(s, Segment) and s.records > 0]
     # Each object's record count bounds what it adds: filled in place, never concatenated.
     bound = sum(s.records for s in segments)
@@ -157,6 +159,14 @@ def plan_latest(meta: TopicMetadata, *, end: MessageId | None = None, order: Top
     chosen = tuple(Chosen(segment, index[latest[cut[i]:cut[i + 1]]].astype(np.int64))
                    for i, segment in enumerate(segments) if cut[i + 1] > cut[i])
     return LatestPlan(chosen, n, order, expired)
+
+
+def _ttl_now(order: TopicOrder, now_ms: int | None, view: TopicView) -> int | None:
+    """What a key TTL counts from: ``now_ms`` when given, else the point the view is read
+    as of, else the clock (None without a TTL)."""
+    if not order.key_ttl_ms or now_ms is not None:
+        return now_ms
+    return int(time.time() * 1000) if view.now_ms is None else view.now_ms
 
 
 def _winners(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64], times: npt.NDArray[np.int64] | None,
@@ -228,41 +238,45 @@ def latest_batches(meta: TopicMetadata, plan: LatestPlan, *, utf8: bool = False,
             yield from reader.batches(c.segment.open(meta), c.records)
 
 
-def latest_messages(meta: TopicMetadata, plan: LatestPlan, *,
-                    chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[Message]:
+def latest_messages(meta: TopicMetadata, plan: LatestPlan, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                    hold_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> Iterator[Message]:
     """Pass two as messages, one entry decompressed and one record decoded at a time
     (:meth:`~shale.ledger.reader.LedgerFile.messages_at`), in ranged reads of about
-    ``chunk_bytes``."""
+    ``chunk_bytes``, holding no more than ``hold_bytes`` decompressed at once (an entry
+    bigger than that read as a stream)."""
     for c in plan.chosen:
-        yield from c.segment.open(meta).messages_at(c.records, chunk_bytes=chunk_bytes)
+        yield from c.segment.open(meta).messages_at(c.records, chunk_bytes=chunk_bytes, hold_bytes=hold_bytes)
 
 
 def table_batches(meta: TopicMetadata, *, end: MessageId | None = None, utf8: bool = False,
                   max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, rows: int | None = DEFAULT_BATCH_ROWS,
                   order: TopicOrder | None = None, now_ms: int | None = None,
-                  as_of: AsOf | None = None) -> Iterator[pa.RecordBatch]:
+                  as_of: AsOf | None = None, from_snapshot: int | str | None = None) -> Iterator[pa.RecordBatch]:
     """Both passes, as Arrow record batches (:func:`plan_latest`, :func:`latest_batches`)."""
-    return _planned(meta, end, order, now_ms, as_of,
+    return _planned(meta, end, order, now_ms, (as_of, from_snapshot),
                     lambda plan: latest_batches(meta, plan, utf8=utf8, max_batch_bytes=max_batch_bytes, rows=rows))
 
 
 def table_messages(meta: TopicMetadata, *, end: MessageId | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                    order: TopicOrder | None = None, now_ms: int | None = None,
-                   as_of: AsOf | None = None) -> Iterator[Message]:
+                   as_of: AsOf | None = None, from_snapshot: int | str | None = None,
+                   hold_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> Iterator[Message]:
     """Both passes, as messages (:func:`plan_latest`, :func:`latest_messages`)."""
-    return _planned(meta, end, order, now_ms, as_of,
-                    lambda plan: latest_messages(meta, plan, chunk_bytes=chunk_bytes))
+    return _planned(meta, end, order, now_ms, (as_of, from_snapshot),
+                    lambda plan: latest_messages(meta, plan, chunk_bytes=chunk_bytes, hold_bytes=hold_bytes))
 
 
 def _planned(meta: TopicMetadata, end: MessageId | None, order: TopicOrder | None, now_ms: int | None,
-             as_of: AsOf | None, read: Callable[[LatestPlan], Iterator[_T]]) -> Iterator[_T]:
+             view: tuple[AsOf | None, int | str | None], read: Callable[[LatestPlan], Iterator[_T]]) -> Iterator[_T]:
     """What ``read`` gives of a plan of the table.  An object of the view removed before
     pass two has given anything (a newer compaction retired it, gc deleted it once its
     grace was over) is no loss: the table is planned again from the newest view (with
     the same "now" for a key TTL: the read is one read)."""
-    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    as_of, from_snapshot = view
+    if now_ms is None and as_of is None:
+        now_ms = int(time.time() * 1000)
     for attempt in range(_PLANS):
-        plan = plan_latest(meta, end=end, order=order, now_ms=now_ms, as_of=as_of)
+        plan = plan_latest(meta, end=end, order=order, now_ms=now_ms, as_of=as_of, from_snapshot=from_snapshot)
         given = False
         try:
             for item in read(plan):

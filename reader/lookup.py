@@ -28,6 +28,7 @@ import numpy as np
 from shale.ledger.ordering import TopicOrder, record_time
 from shale.ledger.reader import LedgerFile
 from shale.ledger.record import Message, key_hash
+from shale.metadata.asof import AsOf
 from shale.metadata.topic import TopicMetadata
 from shale.metadata.view import Segment, TopicView
 
@@ -58,13 +59,14 @@ def _matches(f: LedgerFile, hi: int, lo: int) -> Iterator[int]:
     return (int(i) for i in found[::-1])
 
 
-def lookup(meta: TopicMetadata, key: bytes, *, now_ms: int | None = None) -> Lookup:
+def lookup(meta: TopicMetadata, key: bytes, *, now_ms: int | None = None, as_of: AsOf | None = None) -> Lookup:
     """The latest record of ``key`` in the compacted view plus the tail above the horizon
     (the same answer a compacted read would end on, under the topic's order).
-    ``now_ms``: what a key TTL counts from (default: the clock)."""
-    view = TopicView.load(meta)
+    ``now_ms``: what a key TTL counts from (default: the point's time as of a point, else
+    the clock); ``as_of``: as the topic was at that point (:mod:`shale.metadata.asof`)."""
+    view = TopicView.load(meta, as_of=as_of)
     order = view.order(meta)
-    now = int(time.time() * 1000) if now_ms is None else now_ms
+    now = now_ms if now_ms is not None else view.now_ms if view.now_ms is not None else int(time.time() * 1000)
     # newest first: the tail's ledgers, then the compacted parts (at most one live record per key)
     segments = [s for s in view.segments() if isinstance(s, Segment)]
     if order.by_event_time:
@@ -87,10 +89,10 @@ def lookup(meta: TopicMetadata, key: bytes, *, now_ms: int | None = None) -> Loo
 def _live_matches(meta: TopicMetadata, segment: Segment, f: LedgerFile, hi: int, lo: int) -> Iterator[int]:
     """The records of ``segment`` (``f`` opened) whose key hash is ``(hi, lo)`` and that a
     read of the view gives, newest first."""
-    first = segment.span(f)[0]
+    first, stop = segment.span(f)
     gone = segment.deleted(meta, f.n_records)
     for i in _matches(f, hi, lo):
-        if gone is not None and gone[i]:
+        if (gone is not None and gone[i]) or i >= stop:  # deleted, or past the point read as of
             continue
         if i < first:
             break  # at or below the horizon: the compacted view answers for it

@@ -27,10 +27,12 @@ from shale.ledger.errors import InvalidInputError
 from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.reader import LedgerFile
 from shale.ledger.record import Message
+from shale.metadata.state import TopicState
 from shale.metadata.subscriptions import Subscription, Subscriptions, check_name, expiry_of
 from shale.metadata.topic import TopicMetadata
+from shale.settings.kinds import shown
 
-__all__ = ["Subscriber", "Subscribing"]
+__all__ = ["COMMIT_EVERY", "Subscriber", "Subscribing"]
 
 _T = TypeVar("_T")
 Gone = npt.NDArray[np.bool_] | None
@@ -39,36 +41,48 @@ _Start = MessageId | Literal["earliest", "latest"]
 #: A reader whose position has not moved still commits it this often, so that a follower
 #: with nothing new to read stays active.
 REFRESH_MS: Final = 3_600_000
+#: How often ``shale read --subscription`` commits: every this many records handed out.
+COMMIT_EVERY: Final = 1000
 
 
 class Subscriber:
     """The subscription ``name`` of the topic ``meta`` describes, as one reader uses it."""
 
     def __init__(self, meta: TopicMetadata, name: str, start: _Start, auto: bool,
-                 handed_out: Callable[[], MessageId]) -> None:
+                 handed_out: Callable[[], MessageId], topic: Callable[[], TopicState]) -> None:
         self.subscriptions = Subscriptions(meta)
         #: commit by itself what the reader handed out, as it is asked for more
         self.auto = auto
         #: the position after the last record the reader returned
         self.handed_out = handed_out
+        #: the ledger list as the reader last read it (what a position is checked against)
+        self.topic = topic
         sub = self.subscriptions.load(check_name(name))
         if sub is None:
-            sub = self._create(meta, name, start)
+            sub = self._create(name, start)
+        else:  # (one committed past the end would never read again: corrupt, named)
+            self.subscriptions.check_found(sub, topic())
         self.subscription: Subscription = sub
+        #: commit by itself after this many records handed out (None: only as ``auto`` says, or when told)
+        self.every: int | None = None
+        #: called before each commit the reader makes by itself (say, to flush what it printed)
+        self.before_commit: Callable[[], None] | None = None
+        #: records handed out since the last commit
+        self.since = 0
         now = int(time.time() * 1000)
         #: it had not committed within the topic's ``subscription-expiry`` when opened: it held
         #: nothing back meanwhile, so deletes may have been missed
         self.expired = not sub.active(now, expiry_of(meta.load_policy()))
 
-    def _create(self, meta: TopicMetadata, name: str, start: _Start) -> Subscription:
+    def _create(self, name: str, start: _Start) -> Subscription:
         if isinstance(start, MessageId):
             position = start
         elif start == "latest":
-            position = MessageId(meta.load_topic().last_ledger_id + 1, 0, 0)
+            position = self.topic().next_id
         else:
             position = MIN_ID
         try:
-            return self.subscriptions.create(name, position)
+            return self.subscriptions.create(name, position, topic=self.topic())
         except InvalidInputError:
             # created by another reader meanwhile: take theirs
             again = self.subscriptions.load(name)
@@ -90,18 +104,49 @@ class Subscriber:
 
     def commit(self, position: MessageId | None = None) -> MessageId:
         """Commit ``position``, by default the one after the last record the reader
-        returned; returns it."""
-        position = self.handed_out() if position is None else position
-        self.subscription = self.subscriptions.commit(self.subscription, position)
+        returned; returns it.  :class:`InvalidInputError` for anything but a message id at
+        most that one (what the reader has not returned is not its to commit), and for a
+        position past the end of the topic (where a reader that moved there with ``seek``
+        would never read again)."""
+        handed_out = self.handed_out()
+        if position is None:
+            position = handed_out
+        elif not isinstance(position, MessageId):
+            raise InvalidInputError(f"commit({shown(repr(position))}): expected a MessageId (the id of a message "
+                                    "returned, or None: after the last one returned)")
+        elif position > handed_out:
+            raise InvalidInputError(f"commit({position}): past what this reader has returned (it may commit up to "
+                                    f"{handed_out}, the position after the last message returned)")
+        self.subscription = self.subscriptions.commit(self.subscription, position, topic=self.topic())
+        self.since = 0
         return position
+
+    def _commit_by_itself(self) -> None:
+        """A commit the reader makes on its own: what it handed out was handled (told to
+        :attr:`before_commit` first: what was done with it must be out before it is committed)."""
+        if self.before_commit is not None:
+            self.before_commit()
+        self.commit()
+
+    def asked(self) -> None:
+        """The reader is asked for more: with a cadence, commit once :attr:`every` records
+        were handed out since the last commit (they were handled, since more is asked for)."""
+        if self.every is not None and self.since >= self.every:
+            self._commit_by_itself()
+
+    def at_end(self) -> None:
+        """The reader handed out every record there is now: with a cadence, commit them."""
+        if self.every is not None and self.since:
+            self._commit_by_itself()
 
     def tick(self) -> None:
         """With ``auto``, commit if there is anything to commit: a new position, or the
-        same one not written for :data:`REFRESH_MS`."""
+        same one not written for :data:`REFRESH_MS` (by when it counts as committed: a
+        commit time ahead of this clock is refreshed too)."""
         sub = self.subscription
-        if self.auto and (self.handed_out() != sub.position
-                          or int(time.time() * 1000) - sub.committed_ms >= REFRESH_MS):
-            self.commit()
+        now = int(time.time() * 1000)
+        if self.auto and (self.handed_out() != sub.position or now - sub.commit_ms(now) >= REFRESH_MS):
+            self._commit_by_itself()
 
     def committing(self, read: Callable[[LedgerFile, int, Gone], Iterator[_T]]
                    ) -> Callable[[LedgerFile, int, Gone], Iterator[_T]]:
@@ -124,22 +169,30 @@ class Subscribing:
     subscriber: Subscriber | None
     _pending: Message | None
     _next: MessageId
+    _topic: TopicState
 
-    def _subscribe(self, meta: TopicMetadata, name: str | None, start: _Start,
-                   auto_commit: bool) -> _Start:
-        """Open the subscription ``name`` (created at ``start`` when new), if any; where
-        the reader starts."""
+    def _subscribe(self, meta: TopicMetadata, name: str | None, start: _Start, auto_commit: bool,
+                   commit_every: int | None = None, before_commit: Callable[[], None] | None = None) -> _Start:
+        """Open the subscription ``name`` (created at ``start`` when new), if any, committing
+        by itself as ``auto_commit`` and ``commit_every`` say; where the reader starts."""
         self.subscriber = None
         if name is None:
-            if auto_commit:
-                raise InvalidInputError("auto_commit needs a subscription (TopicReader(..., subscription=NAME))")
+            if auto_commit or commit_every is not None:
+                given = "auto_commit" if auto_commit else "commit_every"
+                raise InvalidInputError(f"{given} needs a subscription (TopicReader(..., subscription=NAME))")
             return start
-        self.subscriber = Subscriber(meta, name, start, auto_commit, self._handed_out)
+        if commit_every is not None and (isinstance(commit_every, bool) or not isinstance(commit_every, int)
+                                         or commit_every < 1):
+            raise InvalidInputError(f"commit_every={shown(repr(commit_every))}: expected a whole number of records, "
+                                    "at least 1")
+        self.subscriber = Subscriber(meta, name, start, auto_commit, self._handed_out, lambda: self._topic)
+        self.subscriber.every, self.subscriber.before_commit = commit_every, before_commit
         return self.subscriber.start
 
     def commit(self, position: MessageId | None = None) -> MessageId:
         """Commit to the reader's subscription the position after the last message
-        returned (or ``position``: the id of one returned but not handled), and return it."""
+        returned (or ``position``: the id of one returned but not handled, at most that
+        position), and return it; :class:`InvalidInputError` for any other position."""
         if self.subscriber is None:
             raise InvalidInputError("this reader reads as no subscription (TopicReader(..., subscription=NAME))")
         return self.subscriber.commit(position)
@@ -151,3 +204,16 @@ class Subscribing:
     def _tick(self) -> None:
         if self.subscriber is not None:
             self.subscriber.tick()
+
+    def _asked(self) -> None:
+        """More is asked for: what was handed out so far was handled (a cadence may commit it)."""
+        if self.subscriber is not None:
+            self.subscriber.asked()
+
+    def _handed(self, message: Message | None) -> None:
+        """``message`` handed out (None: every record there is now was)."""
+        if self.subscriber is not None:
+            if message is None:
+                self.subscriber.at_end()
+            else:
+                self.subscriber.since += 1

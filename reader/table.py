@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from shale.ledger.ordering import TopicOrder
 from shale.ledger.record import Message
-from shale.metadata.snapshots import AsOf
+from shale.metadata.asof import AsOf
 from shale.metadata.view import reading_order
 from shale.reader.arrow import DEFAULT_MAX_BATCH_BYTES, require_pyarrow, schema
 from shale.reader.arrow import require as _require
@@ -50,17 +50,21 @@ class TableView(Mapping[bytes, bytes]):
 
     The order and key TTL are the topic's when the view is built (:attr:`order`); build a
     new view after they change (which rewrites the compacted view).  ``clock`` gives "now"
-    in seconds, for a key TTL.  ``as_of`` (an epoch or a time): the table of that retained
-    snapshot's view (its parts, then the ledgers above its horizon), in its own order
-    (:mod:`shale.metadata.snapshots`)."""
+    in seconds, for a key TTL.  ``as_of`` (an epoch, a time, a message id or a tag): the
+    table as it was at that point, nothing written later, in the order of the view it is
+    read from and with the point's time as "now" for a key TTL (:mod:`shale.metadata.asof`);
+    refreshing adds nothing to it.  ``from_snapshot`` (an epoch): the table of that
+    retained snapshot's view and every record above its horizon now (what a rollback to
+    it would publish)."""
 
     def __init__(self, topic_uri: str, *, metadata_uri: str | None = None,
-                 clock: Callable[[], float] = time.time, as_of: AsOf | None = None) -> None:
+                 clock: Callable[[], float] = time.time, as_of: AsOf | None = None,
+                 from_snapshot: int | str | None = None) -> None:
         self._uri, self._metadata_uri = topic_uri, metadata_uri
         #: what "now" is read from, in seconds (for a key TTL)
         self._clock = clock
         self._reader = TopicReader(topic_uri, metadata_uri=metadata_uri, read_compacted=True, start=EARLIEST,
-                                   as_of=as_of)
+                                   as_of=as_of, from_snapshot=from_snapshot)
         #: the order and key TTL the view decides by
         self.order: TopicOrder = reading_order(self._reader.meta, self._reader.compaction)
         self._latest: dict[bytes, Message] = {}
@@ -81,7 +85,8 @@ class TableView(Mapping[bytes, bytes]):
         key that expired included)."""
         if self.order.is_default:
             return self._refresh_by_offset()
-        now = self._now = int(self._clock() * 1000)
+        point = self._reader.point
+        now = self._now = int(self._clock() * 1000) if point is None or point.now_ms is None else point.now_ms
         n = 0
         for m, t in self._reader.timed_messages(self.order):
             n += 1
@@ -192,7 +197,7 @@ class TableView(Mapping[bytes, bytes]):
         # (records published since the last refresh are not in the view yet)
         batches = table_batches(self._reader.meta, end=self._reader.position, utf8=utf8,
                                 max_batch_bytes=max_batch_bytes, order=self.order, now_ms=self._now,
-                                as_of=self._reader.as_of)
+                                as_of=self._reader.as_of, from_snapshot=self._reader.from_snapshot)
         return pa.Table.from_batches(list(batches), schema=schema(utf8))
 
     def to_pandas(self, *, utf8: bool = False, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> Any:

@@ -27,7 +27,7 @@ from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.ordering import TopicOrder, record_time
 from shale.ledger.reader import DEFAULT_CHUNK_BYTES, LedgerFile
 from shale.ledger.record import Message
-from shale.metadata.snapshots import AsOf
+from shale.metadata.asof import AsOf, Point, resolve_point
 from shale.metadata.state import CompactionState, LedgerInfo, TopicState
 from shale.metadata.topic import TopicMetadata
 from shale.metadata.view import Segment, TopicView, wholly_below
@@ -80,29 +80,50 @@ class TopicReader(Subscribing):
     ledgers the reader had listed are still read while their objects last (they stay for
     the orphan grace), so a reader only a little behind loses nothing.
 
-    ``as_of`` (an epoch or a time) reads a retained snapshot's compacted view instead of
-    the published one, as :mod:`shale.metadata.snapshots` says (implies ``read_compacted``).
+    ``as_of`` (an epoch, a time, a message id or a tag) reads the topic as it was at that
+    point, nothing written later (:mod:`shale.metadata.asof`; implies ``read_compacted``):
+    the point is resolved once, when the reader is made, and every read ends there.
+    ``from_snapshot`` (an epoch) reads that retained snapshot's compacted view and then
+    every record above its horizon as the topic holds them now: what a rollback to it
+    would publish (:func:`~shale.metadata.snapshots.view_as_of`).
 
     ``storage_options`` say how to reach the topic's storage
     (:class:`~shale.storage.StorageOptions`; read from the environment when not given).
 
     ``subscription`` names a durable subscription: the reader starts where it last
-    committed (a new one is created at ``start``); :meth:`commit`, or ``auto_commit``,
-    commits the position after the last message returned (:mod:`shale.reader.subscriber`).
+    committed (a new one is created at ``start``); :meth:`commit`, ``auto_commit`` or
+    ``commit_every`` (every N messages returned, once more is asked for, and when every
+    message there is was returned; ``before_commit`` is called first) commits the position
+    after the last message returned (:mod:`shale.reader.subscriber`).
     """
 
     def __init__(self, topic_uri: str, *, metadata_uri: str | None = None, read_compacted: bool = False,
                  start: Position = EARLIEST, chunk_bytes: int = DEFAULT_CHUNK_BYTES, follow: bool = False,
                  poll_interval: float = 1.0, on_gap: OnGap = "error", gap_listener: GapListener | None = None,
                  storage_options: StorageOptions | None = None, subscription: str | None = None,
-                 auto_commit: bool = False, as_of: AsOf | None = None) -> None:
-        if subscription is not None and as_of is not None:
-            raise InvalidInputError("a subscription reads the topic as it is now: give it without as_of")
+                 auto_commit: bool = False, as_of: AsOf | None = None, from_snapshot: int | str | None = None,
+                 max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, commit_every: int | None = None,
+                 before_commit: Callable[[], None] | None = None) -> None:
+        if as_of is not None and from_snapshot is not None:
+            raise InvalidInputError("give as_of (the topic as it was) or from_snapshot (a snapshot, then everything "
+                                    "since), not both")
+        if subscription is not None and (as_of is not None or from_snapshot is not None):
+            raise InvalidInputError("a subscription reads the topic as it is now: give it without as_of or "
+                                    "from_snapshot")
+        if follow and as_of is not None:
+            raise InvalidInputError("a read as of a point ends there: following reads the topic as it grows")
         self.meta = TopicMetadata.open(topic_uri, metadata_uri, storage_options)
-        #: the retained snapshot read instead of the published view (None: the published one)
+        #: the point this reader reads the topic as of (None: as it is)
         self.as_of = as_of
-        self.read_compacted = read_compacted or as_of is not None
+        #: the retained snapshot read, then everything since, instead of the published view
+        self.from_snapshot = from_snapshot
+        #: what the point covers, resolved once (None: no point)
+        self.point: Point | None = None
+        self.read_compacted = read_compacted or as_of is not None or from_snapshot is not None
         self.chunk_bytes = chunk_bytes
+        #: the most a message read holds decompressed at once: a bigger entry is read on its
+        #: own, as a stream (an lz4 block bigger than this and than its biggest record is refused)
+        self.max_batch_bytes = max_batch_bytes
         #: iterating never ends: it waits for new ledgers, looking every ``poll_interval`` s
         self.follow = follow
         self.poll_interval = poll_interval
@@ -116,6 +137,10 @@ class TopicReader(Subscribing):
         self._open_ahead = False  # (set while Arrow batches are read: see _opened)
         self._gone: tuple[str, npt.NDArray[np.bool_] | None] = ("", None)
         self._topic: TopicState = self.meta.load_topic()
+        if as_of is not None:
+            self.point = resolve_point(self.meta, self._topic, self.meta.load_compaction(), as_of)
+        #: ids from here on are past the point this reader reads as of (None: no bound)
+        self._end = None if self.point is None else self.point.end
         self._compaction: CompactionState = CompactionState()
         self._next: MessageId = MIN_ID
         #: records below this id that are gone are no gap: they went before an ``earliest`` reader began
@@ -126,7 +151,7 @@ class TopicReader(Subscribing):
         self._behind: tuple[LedgerInfo, ...] = ()
         #: records gone unread: from this id to the end of that removed ledger
         self._gap: tuple[MessageId, int] | None = None
-        self.seek(self._subscribe(self.meta, subscription, start, auto_commit))
+        self.seek(self._subscribe(self.meta, subscription, start, auto_commit, commit_every, before_commit))
 
     # ---------------------------------------------------------------- positioning
 
@@ -146,10 +171,12 @@ class TopicReader(Subscribing):
         return self._topic
 
     def _load_compaction(self) -> CompactionState:
-        """The compaction state this reader follows: the published one, or the view of
-        the snapshot it reads as of."""
-        if self.as_of is not None:
-            return self.meta.load_compaction_as_of(self.as_of)
+        """The compaction state this reader follows: the published one, the view its point
+        is read from, or the snapshot it reads from."""
+        if self.point is not None:
+            return self.point.base
+        if self.from_snapshot is not None:
+            return self.meta.load_compaction_as_of(self.from_snapshot)
         return self.meta.load_compaction()
 
     def refresh(self) -> None:
@@ -226,7 +253,10 @@ class TopicReader(Subscribing):
     def _drain(self) -> Iterator[Message]:
         self._it = None  # each pass starts from the position and the newest state
         while (m := self._take()) is not None:
+            self._handed(m)
             yield m
+            self._asked()
+        self._handed(None)
         self._tick()
 
     def _following(self) -> Iterator[Message]:
@@ -261,8 +291,10 @@ class TopicReader(Subscribing):
         """The next message, waiting up to ``timeout`` seconds for one to be published
         (None: as long as it takes); None if none came (Pulsar's ``Reader.readNext``)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        self._asked()
         while True:
             m = self._take()
+            self._handed(m)
             if m is not None:
                 return m
             left = None if deadline is None else deadline - time.monotonic()
@@ -370,7 +402,8 @@ class TopicReader(Subscribing):
             live = np.flatnonzero(~gone[start:])
             stop = start + (int(live[-1]) + 1 if live.size else 0)
         last = f.n_records - 1 if f.footer.kind == KIND_ORIGINAL else -1
-        for i, m in enumerate(f.messages(start, stop, chunk_bytes=self.chunk_bytes), start):
+        for i, m in enumerate(f.messages(start, stop, chunk_bytes=self.chunk_bytes, hold_bytes=self.max_batch_bytes),
+                              start):
             # Past an original ledger's last record the next id is in a later ledger: saying
             # so keeps the position exact should retention remove this ledger.
             self._next = MessageId(m.id.ledger + 1, 0, 0) if i == last else m.id.successor()
@@ -385,6 +418,8 @@ class TopicReader(Subscribing):
         Records removed before they were read are a gap, crossed as ``on_gap`` says."""
         if self.subscriber is not None:
             read = self.subscriber.committing(read)
+        if self._end is not None:
+            read = _bounded(read, self._end)
         if self.read_compacted:
             yield from self._compacted_part(read)
         while True:
@@ -400,11 +435,11 @@ class TopicReader(Subscribing):
         where the position then stands)."""
         while True:
             state = self._compaction
-            view = TopicView(self._topic, state)
+            view = TopicView(self._topic, state, self._end)
             if not view.holds(self._next):
                 return
             try:
-                for seg, f in self._opened(view.parts(self._next, stop)):
+                for seg, f in self._opened(view.parts(self._next, stop)):  # (the point's bound: _bounded)
                     gone = self._deletions(seg, f.n_records)
                     if stop is not None and (cut := f.find(stop)) < f.n_records:
                         gone = np.zeros(f.n_records, dtype=np.bool_) if gone is None else gone.copy()
@@ -425,7 +460,7 @@ class TopicReader(Subscribing):
         """The original ledgers from the position: removed ones still there that this reader
         had listed, then the gap if any, then the listed ones."""
         while True:
-            view = TopicView(self._topic)
+            view = TopicView(self._topic, end=self._end)
             for seg in view.ledgers(self._next, among=self._behind):
                 if self.read_compacted or (self._gap is not None and seg.ledger_id >= self._gap[0].ledger):
                     break
@@ -437,7 +472,7 @@ class TopicReader(Subscribing):
             if self._gap is not None:
                 yield from self._cross_gap(read)
             self._behind = ()
-            view = TopicView(self._topic)
+            view = TopicView(self._topic, end=self._end)
             self._next = view.skip(self._next)
             for seg in view.ledgers(self._next):
                 try:
@@ -556,3 +591,17 @@ class TopicReader(Subscribing):
         else:  # what was handed out may not have been handled: not committed
             self._files.clear()
 
+
+def _bounded(read: Callable[[LedgerFile, int, npt.NDArray[np.bool_] | None], Iterator[_T]], end: MessageId
+             ) -> Callable[[LedgerFile, int, npt.NDArray[np.bool_] | None], Iterator[_T]]:
+    """``read`` of the records below ``end`` only: those from ``end`` on are skipped as
+    deleted ones are, and not even decoded."""
+
+    def bounded(f: LedgerFile, start: int, gone: npt.NDArray[np.bool_] | None) -> Iterator[_T]:
+        cut = f.find(end)
+        if cut < f.n_records:
+            gone = np.zeros(f.n_records, dtype=np.bool_) if gone is None else gone.copy()
+            gone[cut:] = True
+        return read(f, start, gone)
+
+    return bounded

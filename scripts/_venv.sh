@@ -6,7 +6,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PYTHON="${PYTHON:-python3}"
-EXTRAS="${SHALE_EXTRAS-dev,s3,spark,arrow,seaweedfs}"
+EXTRAS="${SHALE_EXTRAS-dev,s3,spark,arrow,seaweedfs,iceberg}"
 if [ -n "${SHALE_NO_VENV:-}" ]; then
   return 0
 fi

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Build the C kernels (ledger/_kernels.c, _encoder.c, _jsonl.c) once with AddressSanitizer and
-# UndefinedBehaviorSanitizer, and run their tests (tests/ledger/test_kernels.py, tests/ledger/test_event_table.py,
-# tests/ledger/test_record_columns.py, tests/ledger/test_arrow_columns.py, tests/ledger/test_record_check.py, the encoder's
-# in tests/shale/test_arrow_in.py, the JSON-lines scanner's tests/shale/test_jsonl_ingest.py)
-# against that build.  Fails on a compiler warning (-Werror:
+# UndefinedBehaviorSanitizer, and run the tests marked `kernels` against that build: those
+# whose work is the kernels' own (they call one, compare one with its fallback, feed one
+# hostile bytes: the fuzz of frames and footers, or compact through them with and without;
+# the marker's rule is in pyproject.toml and docs/architecture.md).  tests/kernel_calls.py
+# fails the run when one of the extensions' functions went uncalled by them, so a new
+# kernel cannot go untested here.  Under the sanitizers the footer fuzz runs a quarter of
+# its examples (SHALE_SANITIZED_KERNELS), to keep the run's time bounded.
+# Fails on a compiler warning (-Werror:
 # the install itself only warns, so that a user's newer compiler cannot break it), on a
 # failing test and on any sanitizer report.  scripts/test.sh runs it; alone:
-#     scripts/sanitize.sh [extra pytest arguments]
+#     scripts/sanitize.sh [extra pytest arguments]   (with any, the uncalled-kernel check is off)
 # Needs gcc with its libasan (the suite needs a C compiler anyway) and .venv (scripts/test.sh
 # makes it).
 set -euo pipefail
@@ -88,7 +92,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         pytest.exit(problem, returncode=3)
 EOF
 
-export PYTHONPATH="$TMP${PYTHONPATH:+:$PYTHONPATH}"
+# (the repository last: for the tests package and its plugin, never for shale itself)
+export PYTHONPATH="$TMP${PYTHONPATH:+:$PYTHONPATH}:$ROOT"
 export SHALE_SANITIZED_KERNELS="$SO"
 export LD_PRELOAD="$LIBASAN${LD_PRELOAD:+:$LD_PRELOAD}"
 # detect_leaks=0: CPython does not free everything at exit, and LeakSanitizer would report
@@ -126,19 +131,14 @@ got = os.path.realpath(k.__file__)
 assert got == os.environ["SHALE_SANITIZED_KERNELS"] and kk.KERNELS == "native", (got, kk.KERNELS)
 import shale.ledger._encoder as e, shale.ledger.encoder as ee
 assert os.path.dirname(os.path.realpath(e.__file__)) == os.path.dirname(got) and ee.ENCODER == "native"
-import shale.ledger._jsonl as s, shale.jsonl_ingest as ss
+import shale.ledger._jsonl as s, shale.producer.jsonl_ingest as ss
 assert os.path.dirname(os.path.realpath(s.__file__)) == os.path.dirname(got) and ss.SCANNER == "native"
 print("scripts/sanitize.sh: testing", got)' || { reports; fail "the sanitized build is not the one imported"; }
 status=0
-"$PY" -m pytest -q -p no:cacheprovider --capture=sys -p shale_sanitized_kernels -c "$ROOT/pyproject.toml" --rootdir "$ROOT" \
-  "$ROOT/tests/ledger/test_kernels.py" "$ROOT/tests/ledger/test_event_table.py" "$ROOT/tests/ledger/test_record_check.py" "$ROOT/tests/ledger/test_record_columns.py" \
-  "$ROOT/tests/ledger/test_arrow_columns.py" \
-  "$ROOT/tests/shale/test_arrow_in.py::test_encoder_matches_encode_entry_byte_for_byte" \
-  "$ROOT/tests/shale/test_arrow_in.py::test_encoder_names_the_first_record_over_the_limit" \
-  "$ROOT/tests/shale/test_arrow_in.py::test_encoder_refuses_a_property_named_twice" \
-  "$ROOT/tests/shale/test_arrow_in.py::test_encoder_refuses_offsets_outside_the_data" \
-  "$ROOT/tests/shale/test_arrow_in.py::test_bad_batches_name_the_column_and_row_and_append_nothing" \
-  "$ROOT/tests/shale/test_jsonl_ingest.py" "$@" || status=$?
+calls=(-p tests.kernel_calls)
+[ "$#" -eq 0 ] || calls=()
+"$PY" -m pytest -q -p no:cacheprovider --capture=sys -p shale_sanitized_kernels "${calls[@]}" \
+  -c "$ROOT/pyproject.toml" --rootdir "$ROOT" -m kernels "$ROOT/tests" "$@" || status=$?
 reports
 [ "$status" -eq 0 ] || fail "tests failed under the sanitizers (pytest exit status $status)"
 echo "scripts/sanitize.sh: no sanitizer report ($((SECONDS - start)) s)"

@@ -3,9 +3,12 @@
 # Extra arguments go to pytest, e.g. scripts/test.sh -k compaction
 source "$(dirname "$0")/_venv.sh"
 source "$ROOT/scripts/_system.sh"
+source "$ROOT/scripts/_duckdb.sh"
 ruff check .
 mypy
 lint-imports --no-cache
+# every C extension built: a run that fell back to the NumPy paths would test those instead
+python scripts/check_native.py
 # the C kernels' tests again, built with AddressSanitizer and UBSan (fails without gcc's libasan)
 scripts/sanitize.sh
 exec python -m pytest "$@"

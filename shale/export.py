@@ -22,6 +22,7 @@ from typing import Any, Final
 from shale.export_target import open_output
 from shale.ledger.errors import InvalidInputError
 from shale.ledger.reader import DEFAULT_CHUNK_BYTES
+from shale.metadata.asof import AsOf, describe_point
 from shale.reader import TopicReader
 from shale.reader.arrow import DEFAULT_MAX_BATCH_BYTES, require_pyarrow, schema
 from shale.reader.latest import table_batches, table_messages
@@ -102,9 +103,15 @@ class _Sink(io.RawIOBase):
 def export_topic(topic_uri: str, out_uri: str, *, metadata_uri: str | None = None, compacted: bool = False,
                  table: bool = False, fmt: str | None = None, start: Position = EARLIEST, compression: str = "zstd",
                  utf8: bool = False, progress: Progress | None = None, overwrite: bool = False,
-                 max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> ExportResult:
+                 max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, as_of: AsOf | None = None,
+                 changes: tuple[AsOf, AsOf | None] | None = None) -> ExportResult:
     """Write the topic's records (``compacted``: its compacted view; ``table``: the latest
     value of every live key) from ``start`` to ``out_uri`` as ``fmt``; see the module.
+    ``as_of`` (an epoch, a time, a message id or a tag): of the topic as it was at that
+    point, nothing written later (:mod:`shale.metadata.asof`; implies ``compacted``).
+    ``changes`` (``(since, until)``, until None: now): the changes between two points
+    instead (:mod:`shale.reader.changes`: a row per key whose state differs, with an
+    ``op`` column).
 
     ``out_uri`` ``-`` is standard output.  An ``out_uri`` inside a topic, or that is not a
     regular file, is refused; so is one that exists unless ``overwrite``
@@ -112,14 +119,12 @@ def export_topic(topic_uri: str, out_uri: str, *, metadata_uri: str | None = Non
     bytes of records a batch holds, and that are decompressed at once
     (:class:`~shale.reader.arrow.BatchReader`)."""
     t0 = time.perf_counter()
-    fmt = format_of(out_uri, fmt)
-    if fmt in CODECS and (compression or "none") not in CODECS[fmt]:
-        raise InvalidInputError(f"--compression {compression!r}: {fmt} takes {', '.join(CODECS[fmt])}")
-    if table and start != EARLIEST:
-        raise InvalidInputError("--table exports every key: it takes no --start")
+    want = _Request(format_of(out_uri, fmt), compression, utf8, max_batch_bytes, table, compacted, as_of, changes)
+    want.check(start)
     reader = TopicReader(topic_uri, metadata_uri=metadata_uri, read_compacted=compacted or table, start=start,
-                         chunk_bytes=min(DEFAULT_CHUNK_BYTES, max_batch_bytes))
-    out = open_output(out_uri, reader.meta, overwrite=overwrite, binary=fmt != "jsonl")
+                         chunk_bytes=min(DEFAULT_CHUNK_BYTES, max_batch_bytes), as_of=as_of,
+                         max_batch_bytes=max_batch_bytes)
+    out = open_output(out_uri, reader.meta, overwrite=overwrite, binary=want.fmt != "jsonl")
     rows = [0]
     nbytes = [0]
 
@@ -129,31 +134,85 @@ def export_topic(topic_uri: str, out_uri: str, *, metadata_uri: str | None = Non
             progress(rows[0], pos)
 
     with out as writer:
-        sink = _Sink(writer, note)
-        if fmt == "jsonl":
-            messages = table_messages(reader.meta) if table else iter(reader)
+        want.write(reader, _Sink(writer, note), rows)
+    return ExportResult(reader.meta.uri, out.uri, want.fmt, want.what(reader), rows[0], nbytes[0],
+                        time.perf_counter() - t0)
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """What an export writes, and how."""
+
+    fmt: str
+    compression: str
+    utf8: bool
+    max_batch_bytes: int
+    table: bool
+    compacted: bool
+    as_of: AsOf | None
+    changes: tuple[AsOf, AsOf | None] | None
+
+    def check(self, start: Position) -> None:
+        """Refuse what cannot be written, before anything is."""
+        if self.fmt in CODECS and (self.compression or "none") not in CODECS[self.fmt]:
+            raise InvalidInputError(f"--compression {self.compression!r}: {self.fmt} takes "
+                                    f"{', '.join(CODECS[self.fmt])}")
+        if self.table and start != EARLIEST:
+            raise InvalidInputError("--table exports every key: it takes no --start")
+        if self.changes is not None and (self.table or self.compacted or self.as_of is not None
+                                         or start != EARLIEST):
+            raise InvalidInputError("--changes-from exports the changes between two points: it takes no --table, "
+                                    "--compacted, --as-of or --start")
+
+    def write(self, reader: TopicReader, sink: _Sink, rows: list[int]) -> None:
+        if self.changes is not None:
+            _write_changes(reader, self.changes, self.fmt, self.compression, sink, rows, self.utf8,
+                           self.max_batch_bytes)
+        elif self.fmt == "jsonl":
+            messages = (table_messages(reader.meta, as_of=self.as_of, hold_bytes=self.max_batch_bytes) if self.table
+                        else iter(reader))
             rows[0] = _write_jsonl(messages, sink, rows)
         else:
-            batches = (table_batches(reader.meta, utf8=utf8, max_batch_bytes=max_batch_bytes) if table
-                       else reader.iter_batches(utf8=utf8, max_batch_bytes=max_batch_bytes))
-            _write_arrow(batches, fmt, compression, sink, rows, utf8)
-    what = "table" if table else "compacted view" if compacted else "records"
-    return ExportResult(reader.meta.uri, out.uri, fmt, what, rows[0], nbytes[0], time.perf_counter() - t0)
+            batches = (table_batches(reader.meta, utf8=self.utf8, max_batch_bytes=self.max_batch_bytes,
+                                     as_of=self.as_of) if self.table
+                       else reader.iter_batches(utf8=self.utf8, max_batch_bytes=self.max_batch_bytes))
+            _write_arrow(batches, self.fmt, self.compression, sink, rows, self.utf8)
+
+    def what(self, reader: TopicReader) -> str:
+        """What was exported, in words."""
+        if self.changes is not None:
+            since, until = self.changes
+            return f"changes from {describe_point(since)} to {'now' if until is None else describe_point(until)}"
+        what = "table" if self.table else "compacted view" if self.compacted or self.as_of is not None else "records"
+        return what if reader.point is None else f"{what} as of {reader.point.label}"
+
+
+def _write_changes(reader: TopicReader, changes: tuple[AsOf, AsOf | None], fmt: str, compression: str, sink: _Sink,
+                   rows: list[int], utf8: bool, max_batch_bytes: int) -> None:
+    from shale.reader import changes as changed
+
+    since, until = changes
+    if fmt == "jsonl":
+        _write_jsonl(changed.changes(reader.meta, since, until, chunk_bytes=reader.chunk_bytes), sink, rows)
+    else:
+        batches = changed.change_batches(reader.meta, since, until, utf8=utf8, max_batch_bytes=max_batch_bytes)
+        _write_arrow(batches, fmt, compression, sink, rows, utf8, changed.change_schema(utf8))
 
 
 def _write_arrow(batches: Iterator[Any], fmt: str, compression: str, sink: _Sink, rows: list[int],
-                 utf8: bool) -> None:
+                 utf8: bool, columns: Any = None) -> None:
     pa = require_pyarrow()
     codec = None if compression in ("", "none") else compression
+    columns = schema(utf8) if columns is None else columns
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
         # no statistics of values: the writer would keep copies of the least and greatest
         # value of each row group (of records up to 64 MiB), and a value's min/max skips nothing
-        stats = [f.name for f in schema(utf8) if f.name != "value"]
-        writer: Any = pq.ParquetWriter(sink, schema(utf8), compression=codec or "none", write_statistics=stats)
+        stats = [f.name for f in columns if f.name != "value"]
+        writer: Any = pq.ParquetWriter(sink, columns, compression=codec or "none", write_statistics=stats)
     else:
-        writer = pa.ipc.new_file(sink, schema(utf8), options=pa.ipc.IpcWriteOptions(compression=codec))
+        writer = pa.ipc.new_file(sink, columns, options=pa.ipc.IpcWriteOptions(compression=codec))
     with writer:
         for b in batches:
             writer.write_batch(b)
@@ -164,12 +223,14 @@ def _write_jsonl(messages: Iterator[Any], sink: _Sink, rows: list[int]) -> int:
     """The records as ``shale read`` prints them, one JSON object a line, written in blocks
     of about :data:`JSONL_BLOCK_BYTES` (one write per line would cost more than the
     encoding); a longer line is written on its own, never copied into a block."""
-    from shale.jsonlines import message_to_json
+    from shale.producer.jsonlines import change_to_json, message_to_json
+    from shale.reader.changes import Change
 
     block: list[bytes] = []
     held = 0
     for m in messages:
-        text = json.dumps(message_to_json(m, "text"), separators=(",", ":"), ensure_ascii=False)
+        doc = change_to_json(m.op, m.key, m.message) if isinstance(m, Change) else message_to_json(m, "text")
+        text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
         del m  # (a big value goes before its line is encoded)
         line = text.encode()
         del text

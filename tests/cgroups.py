@@ -5,7 +5,8 @@ too but is reclaimed first, so the parent-side peak RSS (``ru_maxrss``) says how
 the command came.
 
 Needs root and the cgroup v1 memory controller mounted at /sys/fs/cgroup/memory
-(:func:`cgroup_unavailable` says why not, for a skip)."""
+(:func:`cgroup_unavailable` says why not: a test marked with it through
+:func:`tests.needs.needs` is skipped then, but fails in CI)."""
 
 from __future__ import annotations
 

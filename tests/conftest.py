@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from tests.needs import check_needs, need
+
 ROOT = Path(__file__).resolve().parent.parent
 BACKENDS = ["memory", "local", "s3"]
 AWS_VARS = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
@@ -77,6 +79,10 @@ def stop_local_spark() -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     stop_local_spark()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    check_needs(item)  # before the test's fixtures start anything
 
 
 @pytest.fixture(scope="session")
@@ -247,14 +253,10 @@ def run_cli_here(*args: str, input: str | None = None, env: dict[str, str] | Non
 @pytest.fixture(scope="session")
 def prometheus_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A real Pushgateway and Prometheus (tests/monitoring.py), one per session; skipped
-    where their binaries are not installed, but in CI, whose test command installs them."""
+    where their binaries are not installed, failed in CI, whose test command installs them."""
     from tests.monitoring import PrometheusStack, missing_binaries
 
-    why = missing_binaries()
-    if why is not None:
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
+    need(missing_binaries())
     stack = PrometheusStack(tmp_path_factory.mktemp("monitoring"))
     try:
         yield stack

@@ -79,7 +79,7 @@ def start_held_compact(gate: Gate, *args: str, output: int = subprocess.PIPE,
 def start_held(gate: Gate, script: str, hold: str, *args: str, output: int = subprocess.PIPE,
                new_session: bool = False) -> subprocess.Popen[str]:
     """The console script ``script`` with ``args``, held at ``gate`` whenever it calls
-    ``hold`` (``module:attribute``, e.g. ``shale.compactor.snapshots:_swapped``)."""
+    ``hold`` (``module:attribute``, e.g. ``shale.maintenance.snapshots:_swapped``)."""
     exe = Path(sys.executable).parent / script
     return subprocess.Popen([sys.executable, "-c", _HELD, str(exe), *args],
                             env={**os.environ, "SHALE_TEST_GATE": str(gate.folder), "SHALE_TEST_HOLD": hold},

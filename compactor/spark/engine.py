@@ -298,6 +298,10 @@ class SparkEngine:
     name = "spark"
     #: executors read the footers of their own splits; the driver holds summaries
     plans_with_footers = False
+    #: Spark sizes its executors itself (spark.executor.memory): --max-memory is refused
+    bounds_memory = False
+    #: ready() starts the application (seconds): a phase of its own
+    starts_application = True
 
     def __init__(self, options: SparkOptions | None = None, *, session: SparkSession | None = None) -> None:
         self.options = options or SparkOptions()

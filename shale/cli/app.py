@@ -1,6 +1,6 @@
 """Running a command: parse, refuse what cannot work, call the command, and map whatever
 it raises to one line and an exit code (:mod:`shale.cli.errors`); an interrupt to one
-line and 130 (:mod:`shale.compactor.interrupts`)."""
+line and 130 (:mod:`shale.runtime.interrupts`)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Final, TextIO
 
 from shale.cli.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, exit_code_of
-from shale.compactor import interrupts
 from shale.ledger.errors import InvalidURIError, ShaleError, error_line
 from shale.ledger.masking import mask_secrets
+from shale.runtime import interrupts
 
 __all__ = ["Streams", "run_command"]
 

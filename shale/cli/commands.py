@@ -72,7 +72,10 @@ _EXPORT: Final = (
     "device is refused even with --overwrite); a local OUT's folder must exist. A local export writes a hidden "
     ".shale-export-<nonce>.tmp beside OUT, locked while it runs; each export removes those of its folder whose "
     "writer was killed. DuckDB, Polars, pandas and Spark read Parquet and Arrow directly. Needs pyarrow for "
-    "Parquet and Arrow (pip install 'shale[arrow]').")
+    "Parquet and Arrow (pip install 'shale[arrow]'). --format iceberg takes no OUT: it brings the topic's Iceberg "
+    "table (--iceberg-table in --iceberg-catalog, else the topic's policy) to the published epoch, one snapshot "
+    "per epoch, written incrementally; made, with its namespace, on first use (pip install 'shale[iceberg]'; "
+    "docs/operations.md).")
 
 #: Every command of ``shale``, in the order its ``--help`` lists them (``compact`` is also
 #: a console script of its own).
@@ -87,8 +90,18 @@ COMMAND_TABLE: Final[dict[str, Command]] = {c.name: c for c in (
             "horizon, reading only the footers and the entries whose key hashes match (Pulsar's TableView.get).",
             "  0  found\n  2  bad usage or missing topic\n  4  corrupt data\n"
             "  5  the key has no value (deleted or never written)", "shale.cli.read:run_get"),
-    Command("export", "write a topic, its compacted view or its table as Parquet, Arrow or JSON lines", _EXPORT,
+    Command("export", "write a topic, its compacted view or its table as Parquet, Arrow or JSON lines, or as an "
+            "Iceberg table", _EXPORT,
             EXIT_CODES, "shale.cli.read:run_export"),
+    Command("changes", "print what changed between two points: one JSON line per key whose state differs",
+            'Print, as JSON lines, one line per key whose state (its latest record; none once deleted or expired) '
+            'differs between --from and --to: {"op":"upsert", and the key\'s new record as shale read prints it} '
+            'or {"op":"delete","key"}. Upserts come first, in id order, then deletes. A point is an epoch, a time, '
+            'a message id or a tag, as shale read --as-of takes it; one older than the history kept is refused. '
+            'Between two retained epochs only what the later compaction changed is read (the parts the views do '
+            'not share, and their deletion vectors).',
+            "  0  printed\n  2  bad usage or input: a bad point, one older than the history kept, missing topic\n"
+            "  4  corrupt data", "shale.cli.read:run_changes"),
     Command("status", "print a topic's ledgers, records and compaction state",
             "Print a topic's ledgers, its compaction state and its dirty ratio. A damaged ledger or part does not "
             "stop it: each is named (on standard error too) and the dirty ratio is then estimated from the "
@@ -120,15 +133,34 @@ COMMAND_TABLE: Final[dict[str, Command]] = {c.name: c for c in (
             "     without --allow-unread (nothing is removed)\n"
             "  3  the topic kept changing (other writers); safe to run again\n"
             "  4  a ledger footer or metadata document is corrupt", "shale.cli.maintain:run_truncate"),
+    Command("snapshots", "list a topic's retained compacted views; tag one to keep it, or remove a tag",
+            "Without --tag or --untag, list the topic's retained compacted views, oldest first: each one's epoch, "
+            "horizon, when it was published (compacted) and replaced, its keys, live records, bytes, order and tags "
+            "(--json: one document). --tag NAME [--epoch N] names a retained view (default: the published one): a "
+            "tagged view is kept whatever snapshot-retention and snapshot-retention-age say, with every object it "
+            "reads and the ledgers above its horizon, until the tag is removed; read it with shale read --as-of NAME, "
+            "publish it again with shale rollback --to-tag NAME. --untag NAME removes the name: the view falls under "
+            "the snapshot retention again at the next publish. truncate --drop-snapshots never drops a tagged view. "
+            "Each change is one compare-and-swap on the compaction state: a compaction planned before it loses its "
+            "publish (exit 3, safe to run again) rather than publish without it.",
+            "  0  listed, tagged or untagged\n"
+            "  2  bad usage or input: missing topic, bad tag name, an epoch that is not retained (or was\n"
+            "     dropped meanwhile by a publish), a tag that names another epoch, an unknown tag\n"
+            "  3  the compaction state kept changing (other writers); safe to run again\n"
+            "  4  a metadata document breaks its schema or invariants", "shale.cli.maintain:run_snapshots"),
     Command("rollback", "publish a retained snapshot's compacted view again, as a new epoch",
-            "Publish the compacted view of the retained epoch --to-epoch again, as the epoch after the published "
-            "one, with one compare-and-swap fenced by the published epoch, as a compaction publishes: the view it "
-            "replaces becomes a snapshot if the snapshot retention keeps it, and a compaction planned from that "
-            "epoch loses its race. The next compaction builds on the view rolled back to (its parts, then the "
-            "ledgers above its horizon). shale status lists the retained epochs.",
+            "Publish a retained compacted view again, as the epoch after the published one: the view of --to-epoch, "
+            "of --to-tag, or the one current at --to-time (the newest retained view published at or before it). "
+            "Rollback undoes compactions, not records: it republishes an earlier compacted view, and every record "
+            "written since is still read, above that view's horizon. It publishes with one compare-and-swap fenced "
+            "by the published epoch, as a compaction publishes: the view it replaces becomes a snapshot if the "
+            "snapshot retention keeps it, and a compaction planned from that epoch loses its race. The next "
+            "compaction builds on the view rolled back to (its parts, then the ledgers above its horizon). shale "
+            "snapshots lists the retained views.",
             "  0  published (or, with --dry-run, said what would be)\n"
             "  2  bad usage or input: missing topic, an epoch that is not retained or is the published one,\n"
-            "     or one whose records above its horizon retention removed (nothing is published)\n"
+            "     an unknown tag, a time before every retained view was published, or a view whose\n"
+            "     records above its horizon retention removed (nothing is published)\n"
             "  3  lost the race: another epoch was published first (nothing was rolled back)\n"
             "  4  a metadata document breaks its schema or invariants", "shale.cli.maintain:run_rollback"),
     Command("config", "show or change a topic's policy (its own compaction and retention settings)",

@@ -9,78 +9,53 @@ import argparse
 import contextlib
 import json
 import logging
-import os
 import threading
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from shale.cli.app import Streams
 from shale.cli.errors import EXIT_CONFLICT, EXIT_OK, EXIT_USAGE, exit_code_of, worst
 from shale.cli.runlog import event, foreign_lines_as_json, logging_to
-from shale.compactor import interrupts
-from shale.compactor.engine import Engine, LocalEngine
+from shale.compactor.engine import Engine, engine_for
 from shale.compactor.run_many import NoTopicsError, RunEvent, compact_topics
 from shale.compactor.summary import RunStatus, RunSummary
-from shale.ledger.errors import InvalidInputError, error_line
+from shale.ledger.errors import error_line
 from shale.ledger.masking import mask_secrets
-from shale.settings import Settings, Value
+from shale.runtime import interrupts
 from shale.settings.units import count
 
 if TYPE_CHECKING:
     from shale.cli.metrics import AfterRun
     from shale.cli.progress import TopicProgress
+    from shale.compactor.topics import Backlog
+    from shale.metadata.policy import TopicPolicy
+    from shale.metadata.topic import TopicMetadata
+    from shale.settings import Settings
 
-__all__ = ["print_config", "run_compact", "summary_exit_code"]
-
-#: Settings that are not flags but shape a run: shown by --print-config (secrets masked).
-_ENVIRONMENT: Final = ("AWS_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
-                       "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-                       "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "GOOGLE_APPLICATION_CREDENTIALS", "SHALE_DEBUG",
-                       "SHALE_KERNELS")
-_SPARK_ONLY: Final = ("spark-master", "spark-conf", "spark-split-size", "no-forward-credentials")
-
+__all__ = ["run_compact", "summary_exit_code"]
 
 def run_compact(args: argparse.Namespace, io: Streams) -> int:
     if args.print_config:
-        io.out.write(json.dumps(print_config(args.settings), indent=2) + "\n")
+        from shale.compactor.effective import effective_config
+
+        io.out.write(json.dumps(effective_config(args.settings), indent=2) + "\n")
         return EXIT_OK
-    engine = _engine(args.settings)
-    # With Spark and JSON logs, the JVM's own lines on standard error are made JSON too.
-    wrap = foreign_lines_as_json("spark") if engine.name == "spark" and args.log_format == "json" else None
+    engine = engine_for(args.settings)
+    # With an application's engine (Spark) and JSON logs, its own lines on standard error are made JSON too.
+    wrap = foreign_lines_as_json(engine.name) if engine.starts_application and args.log_format == "json" else None
     with wrap or contextlib.nullcontext():
         try:
             return _compact(args, engine, io)
         finally:
-            close = getattr(engine, "close", None)
-            if close is not None:
-                close()
-
-
-def _engine(settings: Settings) -> Engine:
-    """The engine the settings ask for; Spark settings without ``--engine spark`` are bad usage."""
-    given = [settings[n] for n in _SPARK_ONLY if settings.value(n) not in (None, [], False)]
-    if settings.value("engine") == "local":
-        if given:
-            raise InvalidInputError(f"{given[0].given_as} needs --engine spark")
-        return LocalEngine()
-    from shale.compactor.spark import SparkOptions, require_pyspark
-    from shale.compactor.spark.options import DEFAULT_SPLIT_BYTES
-
-    require_pyspark()
-    from shale.compactor.spark.engine import SparkEngine
-
-    split = settings.value("spark-split-size")
-    return SparkEngine(SparkOptions(master=settings.value("spark-master"), conf=tuple(settings.value("spark-conf")),
-                                    split_bytes=DEFAULT_SPLIT_BYTES if split is None else split,
-                                    forward_credentials=not settings.value("no-forward-credentials")))
+            engine.close()
 
 
 def _compact(args: argparse.Namespace, engine: Engine, io: Streams) -> int:
     with logging_to(io.err, args.log_format, "compact"):
         view = _RunView(args, engine, io)
         try:
-            summaries = compact_topics(args.settings, engine=engine, on_event=view.tell)
+            summaries = compact_topics(args.settings, engine=engine, on_event=view.tell,
+                                       backlog=bool(args.pushgateway), after_publish=_after_publish)
         except NoTopicsError as e:
             event(logging.ERROR, "run.done", str(e), topics=0, exit_code=EXIT_USAGE)
             return EXIT_USAGE
@@ -93,11 +68,25 @@ def _compact(args: argparse.Namespace, engine: Engine, io: Streams) -> int:
         return code
 
 
+def _after_publish(meta: TopicMetadata, policy: TopicPolicy, settings: Settings, summary: RunSummary) -> None:
+    """The topic's Iceberg table, when its policy names one (shale.iceberg.follow: imported
+    only for such a topic)."""
+    if policy.get("iceberg_catalog") is None and policy.get("iceberg_table") is None:
+        return
+    from shale.iceberg.follow import after_publish
+
+    after_publish(meta, policy, settings, summary)
+
+
 def summary_exit_code(summary: RunSummary) -> int:
-    """What one topic's run exits with: 0 for every outcome but a lost race (3) or an error."""
+    """What one topic's run exits with: 0 for every outcome but a lost race (3) or an
+    error; a run that compacted but could not bring the topic's Iceberg table up to date
+    exits as that error would (1 transient, 2 usage or access, 3 a lost race)."""
     if summary.status is RunStatus.ERROR:
         return exit_code_of(summary.failure) if summary.failure is not None else 1
-    return EXIT_CONFLICT if summary.status is RunStatus.CONFLICT else EXIT_OK
+    if summary.status is RunStatus.CONFLICT:
+        return EXIT_CONFLICT
+    return exit_code_of(summary.iceberg_failure) if summary.iceberg_failure is not None else EXIT_OK
 
 
 def summary_json(summary: RunSummary) -> dict[str, Any]:
@@ -110,7 +99,9 @@ class _RunView:
 
     def __init__(self, args: argparse.Namespace, engine: Engine, io: Streams) -> None:
         self.args, self.engine, self.io = args, engine, io
-        self.show_progress = args.log_format == "text" and io.err.isatty()
+        from shale.cli.progress import on_terminal
+
+        self.show_progress = args.log_format == "text" and on_terminal(io.err)
         self.bar: TopicProgress | None = None
         self.phases: dict[str, Any] = {}
         self.lock = threading.Lock()  # whole lines, one topic at a time
@@ -123,10 +114,9 @@ class _RunView:
             event(logging.INFO, "run.start", f"compacting {count(e.topics, 'topic')}", topics=e.topics,
                   engine=self.engine.name, parallel=self.args.parallel)
         elif e.kind == "spark.starting" and self.show_progress:
-            from rich.console import Console
+            from shale.cli.progress import waiting
 
-            self.starting = Console(file=self.io.err).status("starting Spark")
-            self.starting.start()
+            self.starting = waiting("starting Spark", self.io.err)
         elif e.kind == "spark.start":
             self._stop_spinner()
             event(logging.INFO, "spark.start", f"Spark started in {e.seconds:.1f}s", seconds=e.seconds)
@@ -138,7 +128,7 @@ class _RunView:
             if show is not None:
                 show(e.phase)
         elif e.kind == "topic.done" and e.summary is not None:
-            self._topic_done(e.summary)
+            self._topic_done(e.summary, e.backlog)
 
     def _topic_start(self, e: RunEvent) -> None:
         if self.show_progress and self.bar is None:
@@ -151,7 +141,7 @@ class _RunView:
             self.phases[e.topic] = self.bar.start(e.topic)
         event(logging.INFO, "topic.start", f"{e.topic}: start", topic=e.topic, overdue=e.overdue)
 
-    def _topic_done(self, summary: RunSummary) -> None:
+    def _topic_done(self, summary: RunSummary, backlog: Backlog | None) -> None:
         if self.bar is not None:
             self.bar.finish(summary.topic)
         code = summary_exit_code(summary)
@@ -170,11 +160,11 @@ class _RunView:
             if line is not None:
                 self._print(line)
         if self.args.pushgateway:
-            _push(self.args, summary, code)
+            _push(self.args, summary, code, backlog)
 
     def _print(self, line: str) -> None:
         # summary lines bound for the terminal the progress display is on go above it
-        if self.bar is not None and self.io.out.isatty():
+        if self.bar is not None and self.bar.on_terminal(self.io.out):
             self.bar.print(line)
         else:
             self.io.out.write(line + "\n")
@@ -191,14 +181,14 @@ class _RunView:
             self.bar.__exit__(None, None, None)
 
 
-def _push(args: argparse.Namespace, summary: RunSummary, code: int) -> None:
+def _push(args: argparse.Namespace, summary: RunSummary, code: int, backlog: Backlog | None) -> None:
     """Push the topic's metrics; a failure is a warning, never a different exit code (the
     run's outcome stands, and the missing push shows as a stale push_time_seconds)."""
     from shale.cli.metrics import push_summary
 
     try:
         now_s = time.time()
-        push_summary(args.pushgateway, summary, exit_code=code, now_s=now_s, after=_after_run(args, summary, now_s),
+        push_summary(args.pushgateway, summary, exit_code=code, now_s=now_s, after=_after_run(args, backlog, now_s),
                      job=args.pushgateway_job)
     except Exception as e:  # any failure to reach the gateway
         event(logging.WARNING, "metrics.error",
@@ -208,79 +198,16 @@ def _push(args: argparse.Namespace, summary: RunSummary, code: int) -> None:
         event(logging.INFO, "metrics.pushed", f"{summary.topic}: metrics pushed", topic=summary.topic)
 
 
-def _after_run(args: argparse.Namespace, summary: RunSummary, now_s: float) -> AfterRun:
-    """What the topic's metadata says after its run: its dirty ratio, the age of its
-    oldest record above the horizon, and the max compaction lag in force (the run's flag,
-    else the topic's policy, as the run chose topics by)."""
+def _after_run(args: argparse.Namespace, backlog: Backlog | None, now_s: float) -> AfterRun:
+    """What the topic's backlog says after its run (the library's, from the topic's
+    handle): its dirty ratio, the age of its oldest record above the horizon, and the max
+    compaction lag in force (the run's flag, else the topic's policy, as the run chose
+    topics by)."""
     from shale.cli.metrics import AfterRun
-    from shale.compactor.topics import backlog
-    from shale.settings import Source
 
-    settings = args.settings
-    lag = settings.value("max-compaction-lag")
-    try:
-        b = backlog(summary.topic, max_lag_ms=lag, metadata_uri=args.metadata,
-                    policy_lag=settings.source("max-compaction-lag") is not Source.FLAG)
-    except Exception:  # the topic cannot be read (its error, if any, is the run's): those gauges stay
-        return AfterRun(max_lag_s=(lag or 0) / 1000)
+    if backlog is None:  # the topic cannot be read (its error, if any, is the run's): those gauges stay
+        return AfterRun(max_lag_s=(args.settings.value("max-compaction-lag") or 0) / 1000)
+    b = backlog
     delay = 0.0 if b.oldest_ms is None else max(0.0, now_s - b.oldest_ms / 1000)
     return AfterRun(b.dirty_ratio, delay, (b.max_lag_ms or 0) / 1000, b.subscription_lag.records,
                     b.subscription_lag.bytes)
-
-
-# ------------------------------------------------------------------- --print-config
-
-def print_config(settings: Settings, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The effective settings as a JSON-ready document, secrets masked: each with its
-    value, its source (``flag``, ``policy``, ``env`` or ``default``) and its variable.
-    The policies of the topics given are read: with one topic the settings are that
-    topic's; ``policies`` says, for each topic, the settings its policy sets and which
-    value wins there (a topic that cannot be read shows its error)."""
-    from shale.ledger.kernels import KERNELS
-
-    environ = os.environ if environ is None else environ
-    policies = {uri: _read_policy(uri, settings.value("metadata")) for uri in settings.value("topics")}
-    if len(policies) == 1 and isinstance(only := next(iter(policies.values())), dict):
-        settings = settings.with_policy(only)
-    # which hot loops this process runs: "native" (the C kernels) or "numpy" (fallbacks)
-    doc: dict[str, Any] = {"settings": {v.setting.option: _shown(v) for v in settings.values()},
-                           "environment": {}, "kernels": KERNELS,
-                           "policies": {mask_secrets(uri): {"error": p} if isinstance(p, str) else _set_by(settings, p)
-                                        for uri, p in policies.items()}}
-    for name in _ENVIRONMENT:
-        if environ.get(name):
-            doc["environment"][name] = mask_secrets(environ[name], name)
-    return doc
-
-
-def _read_policy(uri: str, metadata: str | None) -> dict[str, Any] | str:
-    """``uri``'s policy, or why it cannot be read (``--print-config`` never fails for a
-    topic it cannot reach)."""
-    from shale.metadata.topic import TopicMetadata
-
-    try:
-        return TopicMetadata.open(uri, metadata).load_policy().to_json()
-    except Exception as e:
-        return error_line(e)
-
-
-def _set_by(settings: Settings, policy: dict[str, Any]) -> dict[str, Any]:
-    """The settings ``policy`` sets, each with the value that wins for its topic."""
-    own = settings.with_policy(policy)
-    return {v.setting.option: _shown(own[name]) for name, v in settings.items()
-            if v.setting.policy and v.setting.py_name in policy}
-
-
-def _shown(v: Value) -> dict[str, Any]:
-    kind, name = v.setting.kind, v.setting.variable
-    value = [kind.to_json(x) for x in v.value] if isinstance(v.value, list) else (
-        None if v.value is None else kind.to_json(v.value))
-    return {"value": _masked(value, name), "source": str(v.source), "variable": name}
-
-
-def _masked(value: Any, name: str) -> Any:
-    if isinstance(value, str):
-        return mask_secrets(value, name)
-    if isinstance(value, list):
-        return [_masked(x, name) for x in value]
-    return value

@@ -13,7 +13,7 @@ __all__ = ["run_status", "run_topics"]
 
 
 def run_status(args: argparse.Namespace, io: Streams) -> int:
-    from shale.status import status_text, topic_status
+    from shale.maintenance.status import status_text, topic_status
 
     doc = topic_status(args.topic, args.metadata)
     for d in doc["damaged"]:
@@ -26,7 +26,7 @@ def run_status(args: argparse.Namespace, io: Streams) -> int:
 
 
 def run_topics(args: argparse.Namespace, io: Streams) -> int:
-    from shale.compactor.listing import list_topics, rows_text
+    from shale.maintenance.listing import list_topics, rows_text
 
     rows = list_topics(args.prefix)
     if not rows:

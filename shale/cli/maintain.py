@@ -1,10 +1,9 @@
-"""The commands that look after a topic: ``gc``, ``truncate``, ``rollback``, ``verify``
-(and ``--scrub``), ``config`` and ``dictionary``."""
+"""The commands that look after a topic: ``gc``, ``truncate``, ``snapshots``, ``rollback``,
+``verify`` (and ``--scrub``), ``config`` and ``dictionary``."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import TYPE_CHECKING
 
 from shale.cli.app import Streams
@@ -13,10 +12,10 @@ from shale.cli.output import emit, print_json
 from shale.ledger.errors import InvalidInputError
 
 if TYPE_CHECKING:
-    from shale.compactor.scrub import ScrubReport
+    from shale.maintenance.scrub import ScrubReport
     from shale.metadata.topic import TopicMetadata
 
-__all__ = ["run_config", "run_dictionary", "run_gc", "run_rollback", "run_truncate", "run_verify"]
+__all__ = ["run_config", "run_dictionary", "run_gc", "run_rollback", "run_snapshots", "run_truncate", "run_verify"]
 
 
 def _topic(args: argparse.Namespace) -> TopicMetadata:
@@ -29,7 +28,7 @@ def _topic(args: argparse.Namespace) -> TopicMetadata:
 
 
 def run_gc(args: argparse.Namespace, io: Streams) -> int:
-    from shale.compactor.gc import collect_garbage
+    from shale.maintenance.gc import collect_garbage
 
     report = collect_garbage(_topic(args), grace_ms=args.gc_grace,  # ages by the store's clock
                              orphan_grace_ms=args.orphan_grace, dry_run=args.dry_run)
@@ -38,7 +37,7 @@ def run_gc(args: argparse.Namespace, io: Streams) -> int:
 
 
 def run_truncate(args: argparse.Namespace, io: Streams) -> int:
-    from shale.compactor.retention import retention_cut, truncate
+    from shale.maintenance.retention import retention_cut, truncate
 
     meta = _topic(args)
     before = args.before_ledger
@@ -55,13 +54,43 @@ def run_truncate(args: argparse.Namespace, io: Streams) -> int:
     return 0
 
 
-def run_rollback(args: argparse.Namespace, io: Streams) -> int:
-    from shale.compactor.snapshots import rollback
+def run_snapshots(args: argparse.Namespace, io: Streams) -> int:
+    from shale.maintenance.tags import list_views, tag_view, untag_view
+    from shale.metadata.snapshots import check_tag
 
+    if args.epoch is not None and args.tag is None:
+        raise InvalidInputError("--epoch goes with --tag")
+    name = args.tag if args.tag is not None else args.untag
+    if name is not None:
+        check_tag(name)  # a bad name is refused before anything is read
     meta = _topic(args)
-    own = args.settings.with_policy(meta.load_policy().to_json())  # a flag > the topic's policy > ...
-    done = rollback(meta, args.to_epoch, keep=own.value("snapshot-retention"),
-                    keep_age_ms=own.value("snapshot-retention-age"), dry_run=args.dry_run)
+    if args.tag is not None:
+        emit(tag_view(meta, args.tag, args.epoch), io.out, args.json)
+    elif args.untag is not None:
+        emit(untag_view(meta, args.untag), io.out, args.json)
+    else:
+        emit(list_views(meta), io.out, args.json)
+    return 0
+
+
+def run_rollback(args: argparse.Namespace, io: Streams) -> int:
+    from shale.maintenance.snapshots import rollback
+    from shale.maintenance.tags import epoch_at
+    from shale.metadata.handle import Topic
+    from shale.metadata.snapshots import epoch_of_tag
+    from shale.metadata.topic import COMPACTION_DOC
+
+    topic = Topic.open(args.topic, args.metadata, settings=args.settings)
+    topic.state  # noqa: B018  (a missing topic is an error)
+    planned, where = topic.compaction, topic.meta.docs.url(COMPACTION_DOC)
+    if args.to_epoch is not None:
+        to_epoch = args.to_epoch
+    elif args.to_tag is not None:
+        to_epoch = epoch_of_tag(planned, args.to_tag, where)
+    else:
+        to_epoch = epoch_at(planned, args.to_time, where)
+    # (snapshot-retention and its age by the one precedence rule: the topic's handle holds the settings)
+    done = rollback(topic, to_epoch, dry_run=args.dry_run, planned=planned)
     emit(done, io.out, args.json)
     if done.note:
         io.err.write(done.note + "\n")
@@ -69,7 +98,7 @@ def run_rollback(args: argparse.Namespace, io: Streams) -> int:
 
 
 def run_config(args: argparse.Namespace, io: Streams) -> int:
-    from shale.compactor.policies import check_workable, parse_assignments, policy_text
+    from shale.maintenance.policies import check_workable, parse_assignments, policy_text
     from shale.metadata.topic import TopicMetadata
 
     meta = TopicMetadata.open(args.topic, args.metadata)
@@ -95,7 +124,7 @@ def run_config(args: argparse.Namespace, io: Streams) -> int:
 
 
 def run_verify(args: argparse.Namespace, io: Streams) -> int:
-    from shale.compactor.verify import verify_topic
+    from shale.maintenance.verify import verify_topic
 
     meta = _topic(args)
     if args.scrub:
@@ -110,18 +139,11 @@ def run_verify(args: argparse.Namespace, io: Streams) -> int:
 
 def _scrub(meta: TopicMetadata, args: argparse.Namespace) -> ScrubReport:
     """The scrub, with a progress bar on a terminal."""
-    from shale.compactor.scrub import scrub_topic
+    from shale.cli.progress import transfer
+    from shale.maintenance.scrub import scrub_topic
 
-    if not sys.stderr.isatty():
-        return scrub_topic(meta, max_bytes_per_s=args.max_read_bytes_per_second)
-    from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
-
-    with Progress("scrub", BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
-                  console=Console(file=sys.stderr), transient=True) as bar:
-        task = bar.add_task("scrub", total=None)
-        return scrub_topic(meta, max_bytes_per_s=args.max_read_bytes_per_second,
-                           progress=lambda done, total: bar.update(task, completed=done, total=total))
+    with transfer("scrub") as show:
+        return scrub_topic(meta, max_bytes_per_s=args.max_read_bytes_per_second, progress=show)
 
 
 def run_dictionary(args: argparse.Namespace, io: Streams) -> int:
@@ -129,7 +151,7 @@ def run_dictionary(args: argparse.Namespace, io: Streams) -> int:
 
     meta = TopicMetadata.open(args.topic, args.metadata)
     if args.train:
-        from shale.compactor.dictionary import train_and_register  # (it trains with NumPy: listing needs none)
+        from shale.maintenance.dictionary import train_and_register  # (it trains with NumPy: listing needs none)
 
         emit(train_and_register(meta, size=args.size, level=args.level, use=args.use), io.out, args.json)
         return 0

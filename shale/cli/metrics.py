@@ -123,6 +123,10 @@ def build_registry(summary: RunSummary, *, exit_code: int, now_s: float, after: 
     gauge("subscription_lag_bytes", "stored bytes the slowest active subscription has yet to read (0: none)",
           after.subscription_lag_bytes)
     gauge("uncleanable", "1 when the topic's last run failed", 1 if summary.status is RunStatus.ERROR else 0)
+    if summary.iceberg is not None:  # (a topic whose policy names an Iceberg table)
+        gauge("iceberg_ok", "1 when the run brought the topic's Iceberg table to its epoch, 0 when it failed to",
+              0 if summary.iceberg_failure is not None else 1)
+        gauge("iceberg_epoch", "the epoch the topic's Iceberg table holds after the run", summary.iceberg.get("epoch"))
     gauge("consecutive_failures", "failed runs of this topic in a row", failures)
     published = summary.status is RunStatus.COMPACTED
     gauge("records_reclaimed", "records the run removed from the compacted view (read minus kept)",

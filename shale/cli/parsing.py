@@ -106,7 +106,8 @@ def add_settings(p: argparse.ArgumentParser, command: str) -> None:
         kw: dict[str, Any] = {"help": _help(s, command), "default": argparse.SUPPRESS, "dest": s.dest}
         if s.positional:
             del kw["dest"]
-            p.add_argument(s.dest, metavar=s.positional, type=_convert(s), nargs="*" if s.many else None,
+            nargs = "*" if s.many else "?" if s.optional else None
+            p.add_argument(s.dest, metavar=s.positional, type=_convert(s), nargs=nargs,
                            **{**kw, "default": argparse.SUPPRESS if s.many else None})
         elif s.kind.switch:
             p.add_argument(s.option, *s.aliases, action="store_true", **kw)

@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 import base64
 import itertools
-import sys
-import time
 from typing import TYPE_CHECKING
 
 from shale.cli.app import Streams
@@ -18,10 +16,10 @@ from shale.settings.kinds import shown
 
 if TYPE_CHECKING:
     from shale.ledger.ids import MessageId
-    from shale.metadata.snapshots import AsOf
+    from shale.metadata.asof import AsOf
     from shale.reader import TopicReader
 
-__all__ = ["run_export", "run_get", "run_read"]
+__all__ = ["run_changes", "run_export", "run_get", "run_read"]
 
 
 def run_read(args: argparse.Namespace, io: Streams) -> int:
@@ -39,13 +37,15 @@ def run_read(args: argparse.Namespace, io: Streams) -> int:
 
 
 def _read_table(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> None:
-    from shale.jsonlines import message_line
     from shale.metadata.topic import TopicMetadata
+    from shale.producer.jsonlines import message_line
     from shale.reader.latest import table_messages
 
     # footers first, then only the table's records: memory follows records, not values
     meta = TopicMetadata.open(args.topic, args.metadata)
-    for m in itertools.islice(table_messages(meta, chunk_bytes=chunk_bytes, as_of=_as_of(args)), args.limit):
+    as_of, from_snapshot = _point(args)
+    for m in itertools.islice(table_messages(meta, chunk_bytes=chunk_bytes, as_of=as_of, from_snapshot=from_snapshot,
+                                             hold_bytes=args.max_batch_bytes), args.limit):
         text = message_line(m, args.value_format)
         del m  # (a big value goes before its line is written)
         io.out.write(text)
@@ -53,24 +53,32 @@ def _read_table(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> None
 
 
 def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> None:
-    from shale.jsonlines import message_line
     from shale.ledger.errors import GapError
+    from shale.producer.jsonlines import message_line
     from shale.reader import TopicReader, parse_position
     from shale.reader.gaps import Gap
+    from shale.reader.subscriber import COMMIT_EVERY
 
     start = parse_position(args.start)
+    as_of, from_snapshot = _point(args)
 
     def gone_past(gap: Gap) -> None:  # --on-gap skip or compacted: said on stderr, where it falls in the output
         io.out.flush()
         io.err.write(f"shale: warning: {gap.human()}\n")
         io.err.flush()
 
+    subscribed = args.subscription is not None
     with TopicReader(args.topic, metadata_uri=args.metadata, read_compacted=args.compacted, start=start,
                      follow=args.follow, poll_interval=args.poll_interval / 1000, on_gap=args.on_gap,
                      gap_listener=gone_past, chunk_bytes=chunk_bytes, subscription=args.subscription,
                      # a follower prints and flushes each record before asking for the next: the reader
-                     # may commit it then, and keeps an idle subscription active
-                     auto_commit=args.follow and args.subscription is not None, as_of=_as_of(args)) as r:
+                     # may commit it then, and keeps an idle subscription active; a read to the end
+                     # commits every COMMIT_EVERY records printed, and at the end (what was printed
+                     # is flushed first)
+                     auto_commit=args.follow and subscribed,
+                     commit_every=COMMIT_EVERY if subscribed and not args.follow else None,
+                     before_commit=io.out.flush, as_of=as_of, from_snapshot=from_snapshot,
+                     max_batch_bytes=args.max_batch_bytes) as r:
         if r.subscriber is not None and r.subscriber.expired:
             io.err.write(f"shale: warning: {r.meta.uri}: subscription {r.subscriber.name!r} had expired (no commit "
                          "within the topic's subscription-expiry): it held nothing back meanwhile, so deletes may have "
@@ -78,15 +86,12 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
         unprinted = None  # a record returned but not printed whole (an interrupt came): read again next time
         try:
             # islice stops at the limit before asking for one more (a follower would wait for it)
-            for i, m in enumerate(itertools.islice(r, args.limit), 1):
+            for m in itertools.islice(r, args.limit):
                 unprinted = m.id
                 io.out.write(message_line(m, args.value_format) + "\n")
                 unprinted = None
                 if args.follow:
                     io.out.flush()
-                if r.subscriber is not None and i != args.limit and (i % _COMMIT_EVERY == 0
-                                                                     or not r.has_message_available()):
-                    _commit(r, io)
         except KeyboardInterrupt:
             if not args.follow:
                 raise
@@ -98,11 +103,6 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
         _commit(r, io, unprinted)
 
 
-#: A subscription's reader commits at least every this many records printed (and whenever
-#: it has printed every record there is).
-_COMMIT_EVERY = 1000
-
-
 def _commit(r: TopicReader, io: Streams, unprinted: MessageId | None = None) -> None:
     """Flush what was printed (whole records only: each line is written at once), then,
     when reading as a subscription, commit past it (up to ``unprinted`` when given)."""
@@ -111,31 +111,61 @@ def _commit(r: TopicReader, io: Streams, unprinted: MessageId | None = None) -> 
         r.commit(unprinted)
 
 
-def _as_of(args: argparse.Namespace) -> AsOf | None:
-    """``--as-of EPOCH|TIME``, parsed (None when not given)."""
-    from shale.metadata.snapshots import parse_as_of
-
+def _point(args: argparse.Namespace) -> tuple[AsOf | None, int | str | None]:
+    """``--as-of EPOCH|TIME|ID|TAG``, parsed, and ``--from-snapshot EPOCH|TAG`` (None when
+    not given; they exclude each other)."""
+    text = getattr(args, "from_snapshot", None)
+    from_snapshot = None if text is None else _parsed("--from-snapshot", text)
+    if from_snapshot is not None and (isinstance(from_snapshot, bool) or not isinstance(from_snapshot, (int, str))):
+        raise InvalidInputError(f"--from-snapshot: {text!r}: give an epoch or a tag (a time or an id is a point: "
+                                "--as-of)")
     if args.as_of is None:
-        return None
-    try:
-        return parse_as_of(args.as_of)
-    except InvalidInputError as e:
-        raise InvalidInputError(f"--as-of: {e}") from None
+        return None, from_snapshot
+    if from_snapshot is not None:
+        raise InvalidInputError("--as-of reads the topic as it was at a point, --from-snapshot a snapshot and "
+                                "everything since: give one")
+    return _parsed("--as-of", args.as_of), None
 
 
 def run_get(args: argparse.Namespace, io: Streams) -> int:
-    from shale.jsonlines import message_line
     from shale.metadata.topic import TopicMetadata
+    from shale.producer.jsonlines import message_line
     from shale.reader import lookup
 
     key = _key_bytes(args.key, args.key_b64)
-    found = lookup(TopicMetadata.open(args.topic, args.metadata), key)
+    as_of, _ = _point(args)
+    found = lookup(TopicMetadata.open(args.topic, args.metadata), key, as_of=as_of)
     if found.value is None:
         why = "expired" if found.expired else "deleted" if found.message is not None else "never written"
-        io.err.write(f"shale: no value for key {args.key!r} in {args.topic} ({why})\n")
+        when = "" if as_of is None else f" as of {args.as_of.strip()}"
+        io.err.write(f"shale: no value for key {args.key!r} in {args.topic}{when} ({why})\n")
         return EXIT_NOT_FOUND
     io.out.write((message_line(found.message, args.value_format) if found.message else "{}") + "\n")
     return 0
+
+
+def run_changes(args: argparse.Namespace, io: Streams) -> int:
+    from shale.ledger.reader import DEFAULT_CHUNK_BYTES
+    from shale.metadata.topic import TopicMetadata
+    from shale.producer.jsonlines import change_line
+    from shale.reader.changes import changes
+
+    since = _parsed("--from", args.from_point)
+    until = None if args.to_point is None else _parsed("--to", args.to_point)
+    meta = TopicMetadata.open(args.topic, args.metadata)
+    for c in changes(meta, since, until, chunk_bytes=DEFAULT_CHUNK_BYTES):
+        io.out.write(change_line(c.op, c.key, c.message, args.value_format))
+        io.out.write("\n")
+    return 0
+
+
+def _parsed(flag: str, text: str) -> AsOf:
+    from shale.metadata.asof import parse_point
+
+    try:
+        return parse_point(text)
+    except InvalidInputError as e:
+        raise InvalidInputError(f"{flag}: {e}") from None
 
 
 def _key_bytes(text: str, b64: bool) -> bytes:
@@ -153,41 +183,41 @@ def _key_bytes(text: str, b64: bool) -> bytes:
 
 
 def run_export(args: argparse.Namespace, io: Streams) -> int:
+    from shale.cli.progress import counting
     from shale.export import export_topic
     from shale.export_target import is_stdout
     from shale.reader import parse_position
 
-    progress = _ExportProgress() if sys.stderr.isatty() else None
-    try:
+    if args.export_format == "iceberg":
+        return _export_iceberg(args, io)
+    if args.out is None:
+        raise InvalidInputError("OUT is needed: where to write (a path, a URI, or - for standard output)")
+    as_of, _ = _point(args)
+    since = None if args.changes_from is None else _parsed("--changes-from", args.changes_from)
+    until = None if args.changes_to is None else _parsed("--changes-to", args.changes_to)
+    if until is not None and since is None:
+        raise InvalidInputError("--changes-to goes with --changes-from")
+    with counting("export", unit="rows") as shown:
         result = export_topic(args.topic, args.out, metadata_uri=args.metadata, compacted=args.compacted,
                               table=args.table, fmt=args.export_format, start=parse_position(args.start),
-                              compression=args.export_compression, utf8=args.utf8,
-                              progress=progress.show if progress else None, overwrite=args.overwrite,
-                              max_batch_bytes=args.max_batch_bytes)
-    finally:
-        if progress is not None:
-            progress.close()
+                              compression=args.export_compression, utf8=args.utf8, progress=shown.set,
+                              overwrite=args.overwrite, max_batch_bytes=args.max_batch_bytes, as_of=as_of,
+                              changes=None if since is None else (since, until))
     # standard output carries the export itself when OUT is -
     emit(result, io.err if is_stdout(args.out) else io.out, args.json)
     return 0
 
 
-class _ExportProgress:
-    """Rows and bytes written, on the terminal only, at most ten times a second."""
+def _export_iceberg(args: argparse.Namespace, io: Streams) -> int:
+    """``--format iceberg``: the topic's Iceberg table brought to its published epoch."""
+    from shale.iceberg.follow import export_iceberg
 
-    def __init__(self) -> None:
-        self._clock = time.monotonic
-        self._last = 0.0
-        self.drawn = False
+    given = {"OUT": args.out, "--as-of": args.as_of, "--changes-from": args.changes_from,
+             "--start": None if args.start == "earliest" else args.start}
+    extra = next((name for name, v in given.items() if v is not None), None)
+    if extra is not None:
+        raise InvalidInputError(f"--format iceberg writes the table --iceberg-table names, as of the published "
+                                f"epoch: {extra} is not taken")
+    emit(export_iceberg(args.topic, args.settings, args.metadata), io.out, args.json)
+    return 0
 
-    def show(self, rows: int, nbytes: int) -> None:
-        now = self._clock()
-        if now - self._last >= 0.1:
-            self._last, self.drawn = now, True
-            sys.stderr.write(f"\rexport: {rows:,} row{'' if rows == 1 else 's'}, {nbytes / 1e6:,.1f} MB written ")
-            sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.drawn:
-            sys.stderr.write("\r\033[K")
-            sys.stderr.flush()

@@ -12,9 +12,9 @@ __all__ = ["run_subscriptions"]
 
 
 def run_subscriptions(args: argparse.Namespace, io: Streams) -> int:
-    from shale.compactor.subscriptions import change_subscription, list_subscriptions
+    from shale.maintenance.subscriptions import change_subscription, list_subscriptions
+    from shale.metadata.handle import Topic
     from shale.metadata.subscriptions import check_name
-    from shale.metadata.topic import TopicMetadata
 
     action = next((a for a in ("create", "delete", "reset") if getattr(args, a) is not None), None)
     if action is None:
@@ -24,11 +24,11 @@ def run_subscriptions(args: argparse.Namespace, io: Streams) -> int:
         check_name(getattr(args, action))  # a bad name is refused before anything is read
         if action == "delete" and args.to is not None:
             raise InvalidInputError("--to goes with --create or --reset")
-    meta = TopicMetadata.open(args.topic, args.metadata)
-    meta.load_topic()  # a missing topic is an error, and nothing is written for it
+    topic = Topic.open(args.topic, args.metadata)
+    topic.state  # noqa: B018  (a missing topic is an error, and nothing is written for it)
     if action is None:
-        emit(list_subscriptions(meta), io.out, args.json)
+        emit(list_subscriptions(topic), io.out, args.json)
     else:
-        emit(change_subscription(meta, action, getattr(args, action), args.to, dry_run=args.dry_run), io.out,
+        emit(change_subscription(topic, action, getattr(args, action), args.to, dry_run=args.dry_run), io.out,
              args.json)
     return 0

@@ -10,8 +10,17 @@ each its value (:mod:`shale.settings.resolve`):
 (4, <Source.FLAG: 'flag'>, 604800000, <Source.ENV: 'env'>)
 """
 
-from shale.settings.model import COMMANDS, ENV_PREFIX, POLICY_SETTINGS, SETTINGS, Setting, settings_for
+from shale.settings.model import (
+           COMMANDS,
+           ENV_PREFIX,
+           POLICY_SETTINGS,
+           SETTINGS,
+           VARIABLES,
+           Setting,
+           Variable,
+           settings_for,
+)
 from shale.settings.resolve import Settings, Source, Value, VariableError, resolve
 
-__all__ = ["COMMANDS", "ENV_PREFIX", "POLICY_SETTINGS", "SETTINGS", "Setting", "Settings", "Source", "Value",
-           "VariableError", "resolve", "settings_for"]
+__all__ = ["COMMANDS", "ENV_PREFIX", "POLICY_SETTINGS", "SETTINGS", "VARIABLES", "Setting", "Settings", "Source",
+           "Value", "Variable", "VariableError", "resolve", "settings_for"]

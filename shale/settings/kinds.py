@@ -24,8 +24,8 @@ from shale.ledger.errors import InvalidInputError, InvalidURIError
 from shale.ledger.masking import mask_secrets
 from shale.settings.units import MAX_BYTES, MAX_MILLIS, format_duration, format_size, parse_duration, parse_size
 
-__all__ = ["Choice", "Codec", "Duration", "Kind", "Pairs", "Rate", "Ratio", "Size", "Switch", "Text", "Uri", "Url",
-           "Whole", "shown"]
+__all__ = ["Choice", "Codec", "Duration", "Instant", "Kind", "Pairs", "Rate", "Ratio", "Size", "Switch", "Text",
+           "Uri", "Url", "Whole", "shown"]
 
 TRUE: Final = frozenset({"1", "true", "yes", "on"})
 FALSE: Final = frozenset({"0", "false", "no", "off"})
@@ -126,6 +126,44 @@ class Duration(Kind):
 
     def show(self, value: Any) -> str:
         return format_duration(value)
+
+
+#: The last millisecond of the year 9999 (Python's last time).
+_LAST_MS: Final = 253_402_300_799_999
+
+
+@dataclass(frozen=True, slots=True)
+class Instant(Kind):
+    """A moment, in milliseconds since 1970: typed as ISO 8601 (UTC unless it names a zone)
+    or as the milliseconds themselves."""
+
+    metavar: ClassVar[str] = "TIME"
+
+    def parse(self, text: str) -> int:
+        import datetime
+
+        t = text.strip()
+        if t.isdigit() and t.isascii():  # (a number of thousands of digits is not read)
+            return self.check(int(t) if len(t) <= 15 else t)
+        try:
+            when = datetime.datetime.fromisoformat(t)
+        except ValueError:
+            raise InvalidInputError(f"{shown(t)!r} is not a time: ISO 8601 (e.g. 2024-05-01T12:00:00Z; UTC without "
+                                    "a zone) or milliseconds since 1970") from None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=datetime.UTC)
+        return int(when.timestamp() * 1000)
+
+    def check(self, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _LAST_MS:
+            raise InvalidInputError(f"{shown(value)!r} is not a time in milliseconds since 1970 (up to the year 9999)")
+        return value
+
+    def show(self, value: Any) -> str:
+        import datetime
+
+        start = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+        return (start + datetime.timedelta(milliseconds=value)).isoformat(timespec="milliseconds")
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +292,25 @@ class Whole(Kind):
 
 
 @dataclass(frozen=True, slots=True)
+class Seconds(Kind):
+    """A number of seconds, more than 0 (a timeout)."""
+
+    metavar: ClassVar[str] = "SECONDS"
+
+    def parse(self, text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise InvalidInputError(f"{shown(text)!r} is not a number of seconds") from None
+        return self.check(value)
+
+    def check(self, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+            raise InvalidInputError(f"{shown(value)!r} is not a number of seconds more than 0")
+        return float(value)
+
+
+@dataclass(frozen=True, slots=True)
 class Switch(Kind):
     """On or off: a flag without a value; typed as 1/true/yes/on or 0/false/no/off."""
 
@@ -331,6 +388,10 @@ class Codec(Kind):
 class Text(Kind):
     """Any text (a name, a column, a path)."""
 
+    @property
+    def doc_type(self) -> Any:
+        return str
+
     def parse(self, text: str) -> str:
         return text
 
@@ -344,6 +405,10 @@ class Uri(Kind):
     be followed by ``//`` and a bucket or host (``file:/path`` aside)."""
 
     metavar: ClassVar[str] = "URI"
+
+    @property
+    def doc_type(self) -> Any:
+        return str
 
     def parse(self, text: str) -> str:
         if not text.strip():

@@ -11,7 +11,7 @@ take it, and whether a topic's policy may set it.  The command line's flags, the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from shale.ledger.codecs import DEFAULT_COMPRESSION
@@ -19,10 +19,12 @@ from shale.settings.kinds import (
     Choice,
     Codec,
     Duration,
+    Instant,
     Kind,
     Pairs,
     Rate,
     Ratio,
+    Seconds,
     Size,
     Switch,
     Text,
@@ -31,13 +33,14 @@ from shale.settings.kinds import (
     Whole,
 )
 
-__all__ = ["COMMANDS", "ENV_PREFIX", "POLICY_SETTINGS", "SETTINGS", "Setting", "settings_for"]
+__all__ = ["COMMANDS", "ENV_PREFIX", "POLICY_SETTINGS", "SETTINGS", "VARIABLES", "Setting", "Variable", "settings_for"]
 
 ENV_PREFIX: Final = "SHALE_"
 
 #: Every command, in the order ``shale --help`` lists them.
-COMMANDS: Final = ("produce", "read", "get", "export", "status", "compact", "gc", "truncate", "rollback", "config",
-                   "topics", "subscriptions", "verify", "dictionary")
+COMMANDS: Final = ("produce", "read", "get", "export", "changes", "status", "compact", "gc", "truncate", "snapshots",
+                   "rollback",
+                   "config", "topics", "subscriptions", "verify", "dictionary")
 #: The commands about one topic, named by a ``TOPIC_URI`` and ``--metadata``.
 _ONE_TOPIC: Final = frozenset(COMMANDS) - {"compact", "topics"}
 
@@ -67,6 +70,8 @@ class Setting:
     positional: str = ""
     #: a positional list, or a flag that may be given many times (its variable: one value a line)
     many: bool = False
+    #: a positional argument that may be left out (the command says when it is needed)
+    optional: bool = False
     #: whether a ``SHALE_*`` variable may set it (``--print-config`` is a flag only)
     env: bool = True
     #: the settings of one group exclude each other: a flag of one replaces the variables of all
@@ -119,6 +124,7 @@ _JSON_HELP: Final = (("compact", "print one JSON line per topic instead of a sum
                      ("config", "print one JSON document instead of text"),
                      ("topics", "print one JSON line per topic instead of a table"),
                      ("subscriptions", "print one JSON document instead of text"),
+                     ("snapshots", "print one JSON document instead of text"),
                      ("verify", "print the report as one JSON line"),
                      ("produce", "print one JSON line with the ids and counts instead of text"))
 _COMPACT: Final = {"compact"}
@@ -149,7 +155,7 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
     _s("key", Text(), "the key, as text", {"get"}, positional="KEY", env=False),
     _s("key-b64", Switch(), "KEY is base64 (a binary key)", {"get"}, default=False),
     _s("out", Uri(), "where to write: a local path, s3://bucket/key.parquet, ..., or - (standard output; also "
-       "/dev/stdout)", {"export"}, positional="OUT", env=False),
+       "/dev/stdout); none with --format iceberg", {"export"}, positional="OUT", env=False, optional=True),
     # ---------------------------------------------------------------------- produce
     _s("input", Text(), "input file", {"produce"}, default="-", default_text="standard input", metavar="PATH|-"),
     _s("format", Choice(("jsonl", "parquet", "arrow", "csv")), "input format", {"produce"},
@@ -182,28 +188,62 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        {"read", "export"}, default=False),
     _s("table", Switch(), "only the latest record of every live key (implies --compacted)", {"read", "export"},
        default=False),
-    _s("as-of", Text(), "read the compacted view as it was at a retained epoch, or at a time (ISO 8601, UTC without a "
-       "zone): its compacted parts, then the ledgers above its horizon (implies --compacted; see snapshot-retention)",
-       {"read"}, metavar="EPOCH|TIME"),
+    _s("as-of", Text(), "the topic as it was at a point, nothing written later: an epoch (that compacted view through "
+       "its horizon), a time (ISO 8601, UTC without a zone, or MILLISms: every record published by then), a message "
+       "id (every record up to it) or a tag (shale snapshots --tag); a point older than the history kept is refused "
+       "(implies --compacted; see snapshot-retention)", {"read", "get", "export"}, metavar="EPOCH|TIME|ID|TAG"),
+    _s("from-snapshot", Text(), "read a retained snapshot's compacted view (an epoch, or a tag), then every record "
+       "above its horizon as the topic holds them now (what shale rollback --to-epoch EPOCH would publish; implies "
+       "--compacted)", {"read"}, metavar="EPOCH|TAG"),
+    _s("from-point", Text(), "the earlier point: an epoch, a time (ISO 8601, UTC without a zone, or MILLISms), a "
+       "message id or a tag, as shale read --as-of takes them", {"changes"}, flag="--from", env=False,
+       group="from", required=True, metavar="EPOCH|TIME|ID|TAG"),
+    _s("to-point", Text(), "the later point (default: the topic as it is now)", {"changes"}, flag="--to", env=False,
+       metavar="EPOCH|TIME|ID|TAG"),
+    _s("changes-from", Text(), "write the changes from this point instead of records: one row per key whose state "
+       "differs, with an op column (upsert or delete); a point as --as-of takes it", {"export"}, env=False,
+       metavar="EPOCH|TIME|ID|TAG"),
+    _s("changes-to", Text(), "with --changes-from: the later point (default: the topic as it is now)", {"export"},
+       env=False, metavar="EPOCH|TIME|ID|TAG"),
     _s("follow", Switch(), "keep reading as new ledgers are registered (Ctrl-C ends it, exit code 0)", {"read"},
        default=False),
     _s("poll-interval", Duration(), "with --follow: how often to look for new ledgers", {"read"}, default=1000),
-    _s("value-format", Choice(("text", "json")), _VALUE_FORMAT_HELP, {"read", "get"}, default="text"),
+    _s("value-format", Choice(("text", "json")), _VALUE_FORMAT_HELP, {"read", "get", "changes"}, default="text"),
     _s("on-gap", Choice(("error", "skip", "compacted")), _GAP_HELP, {"read"}, default="error"),
     _s("subscription", Text(), "read as this durable subscription: start where it last committed (a new one is "
        "created at --start) and commit after the records printed (shale subscriptions)", {"read"}, metavar="NAME"),
     _s("max-batch-bytes", Size(1), "the most bytes of records, once decompressed, that one batch holds and that are "
-       "decompressed at once (a bigger record goes alone; entries are read 8MiB at most at a time)",
+       "decompressed at once (a bigger record goes alone; entries are read 8MiB at most at a time, a bigger entry "
+       "in pieces as it is decompressed; an lz4 entry bigger than this, than its biggest record and than 1MiB is "
+       "refused)",
        {"read", "export"}, default=16 << 20),
     _s("overwrite", Switch(), "replace OUT if it is an existing regular file (default: refuse, and never replace one "
        "that appears while the export runs)", {"export"}, default=False),
-    _s("export-format", Choice(("parquet", "arrow", "jsonl")), "what to write", {"export"}, flag="--format",
-       default_text="from OUT's suffix (.parquet, .arrow, .jsonl), else parquet"),
+    _s("export-format", Choice(("parquet", "arrow", "jsonl", "iceberg")), "what to write (iceberg: bring the "
+       "topic's Iceberg table, --iceberg-table in --iceberg-catalog, to its published epoch; no OUT)", {"export"},
+       flag="--format", default_text="from OUT's suffix (.parquet, .arrow, .jsonl), else parquet"),
     _s("utf8", Switch(), "keys and values as text (refused, naming the row, where one is not valid UTF-8) rather "
        "than binary", {"export"}, default=False),
     _s("export-compression", Choice(("zstd", "lz4", "snappy", "none")),
        "how Parquet or Arrow compresses its pages: zstd, lz4, snappy (Parquet only) or none", {"export"},
        flag="--compression", default="zstd"),
+    # ---------------------------------------------------------------------- Iceberg
+    _s("iceberg-catalog", Text(), "the topic's Iceberg catalog: sqlite:///PATH (or a path: pyiceberg's SQL catalog on "
+       "a SQLite file), postgresql://USER@HOST:PORT/DB (the SQL catalog on PostgreSQL; the password from "
+       "PGPASSWORD), or a REST catalog's http(s):// URI; in a topic's policy, every compact brings the table to the "
+       "epoch it publishes", {"export"}, policy=True, aliases=("--catalog",), metavar="URI"),
+    _s("iceberg-table", Text(), "the topic's Iceberg table, NAMESPACE.NAME (made, with its namespace, on first use)",
+       {"export"}, policy=True, metavar="NS.NAME"),
+    _s("iceberg-warehouse", Uri(), "where the table's files go: a folder or s3://bucket/prefix (default: the REST "
+       "catalog's own; for a SQLite catalog, a warehouse folder beside its file)", {"export"}, policy=True,
+       aliases=("--warehouse",), metavar="LOCATION"),
+    _s("iceberg-value-format", Choice(("binary", "text", "json")), "how the table keeps keys and values: binary, "
+       "or strings (text; json: JSON text, for engines' JSON functions), chosen when the table is made",
+       {"export"}, default="binary", policy=True),
+    _s("iceberg-rewrite-fraction", Ratio(), "rewrite a data file of the table once this fraction of its rows is "
+       "deleted", {"export"}, default=0.2, policy=True),
+    _s("iceberg-property", Pairs(prefix="", what="a catalog property"), "a property handed to the Iceberg catalog "
+       "as it is, e.g. credential=ID:SECRET or s3.endpoint=URL (repeatable)", {"export", "compact"}, many=True),
     # ---------------------------------------------------------------------- compact
     _s("max-topics", Whole(1), "compact at most N topics this run: overdue ones first, then the highest dirty "
        "ratio (--all, --max-topics and --max-compaction-lag order the topics so; otherwise they run in the order "
@@ -242,7 +282,8 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        "bytes", set(), policy=True),
     _s("snapshot-retention", Whole(1, 1000), "keep the newest N compacted views readable, the published one included "
        "(shale read --as-of, shale rollback; 1: only the published one), with every object they read and the ledgers "
-       "above their horizons", {"compact", "rollback"}, default=1, policy=True),
+       "above their horizons; tagged views (shale snapshots --tag) are kept besides", {"compact", "rollback"},
+       default=1, policy=True),
     _s("snapshot-retention-age", Duration(), "also keep every compacted view replaced less than this long ago (0: "
        "by count only)", {"compact", "rollback"}, default=0, policy=True, field="snapshot_retention_age_ms"),
     _s("dry-run", Switch(), "plan and run pass one only; report what would be written; publish nothing",
@@ -276,7 +317,8 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        "engine): key map, pass two's buffers, reads and writes in flight, the footer pages kept mapped; the key map "
        "gets what the rest leaves (within --max-map-bytes), so a run whose new keys do not fit compacts up to where "
        "they fit and the next run continues; peak memory stays within SIZE plus a fixed overhead (docs/operations.md, "
-       "Sizing memory); with --parallel N, each topic gets SIZE/N", _COMPACT,
+       "Sizing memory); with --parallel N, each topic gets SIZE/N; refused with --engine spark, whose executors Spark "
+       "sizes itself", _COMPACT,
        default_text="none: only --max-map-bytes and the other settings bound it"),
     _s("json", Switch(), "print one JSON line instead of text", set(COMMANDS), default=False, help_for=_JSON_HELP),
     _s("log-format", Choice(("text", "json")), "text: errors and warnings as one line each; json: one JSON object "
@@ -312,10 +354,23 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
     _s("drop-snapshots", Switch(), "also remove ledgers that retained snapshots (snapshot-retention) need above their "
        "horizons, dropping those snapshots first (they can then no longer be read as of, nor rolled back to)",
        {"truncate"}, default=False),
-    _s("to-epoch", Whole(1, (1 << 62) - 1), "the retained epoch whose compacted view to publish again (shale status "
-       "lists them)", {"rollback"}, group="to", required=True, metavar="EPOCH"),
+    _s("to-epoch", Whole(1, (1 << 62) - 1), "the retained epoch whose compacted view to publish again (shale "
+       "snapshots lists them)", {"rollback"}, group="to", required=True, metavar="EPOCH"),
+    _s("to-time", Instant(), "publish again the view that was current at TIME (ISO 8601, UTC without a zone, or "
+       "milliseconds since 1970): the newest retained view published at or before it", {"rollback"}, group="to",
+       required=True),
+    _s("to-tag", Text(), "publish again the view the tag NAME names (shale snapshots --tag)", {"rollback"}, group="to",
+       required=True, metavar="NAME"),
     _s("scrub", Switch(), "first read every frame of every ledger and compacted part, superseded ones included, and "
        "check it (exit 4 naming every damaged object)", {"verify"}, default=False),
+    # -------------------------------------------------------------------- snapshots
+    _s("tag", Text(), "name a retained view NAME (1 to 200 letters, digits, '.', '_' or '-', starting with a letter): "
+       "it is kept, whatever the snapshot retention, until the tag is removed; read it with --as-of NAME",
+       {"snapshots"}, group="tagging", env=False, metavar="NAME"),
+    _s("untag", Text(), "remove the tag NAME: its view falls under the snapshot retention again at the next publish",
+       {"snapshots"}, group="tagging", env=False, metavar="NAME"),
+    _s("epoch", Whole(1, (1 << 62) - 1), "with --tag: the retained epoch to tag", {"snapshots"}, env=False,
+       default_text="the published epoch"),
     # ---------------------------------------------------------------- subscriptions
     _s("create", Text(), "create the subscription NAME (at --to, default earliest)", {"subscriptions"},
        group="action", env=False, metavar="NAME"),
@@ -324,8 +379,8 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
     _s("reset", Text(), "move the subscription NAME to --to (like kafka-consumer-groups --reset-offsets)",
        {"subscriptions"}, group="action", env=False, metavar="NAME"),
     _s("to", Text(), "where --create or --reset puts it: earliest (the compacted view's start), latest (past the "
-       "last record), a message id, or a time (ISO 8601, UTC unless it names a zone: the first record published "
-       "then or later)", {"subscriptions"}, env=False, metavar="earliest|latest|ID|TIME"),
+       "last record), a message id (at most latest), or a time (ISO 8601, UTC unless it names a zone: the first "
+       "record published then or later)", {"subscriptions"}, env=False, metavar="earliest|latest|ID|TIME"),
     # -------------------------------------------------------------- config, dictionary
     _s("set", Text(), "set a policy setting, e.g. delete-retention=7d (repeatable)", {"config"}, many=True,
        metavar="NAME=VALUE"),
@@ -346,3 +401,65 @@ POLICY_SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in SETTINGS.values
 def settings_for(command: str) -> tuple[Setting, ...]:
     """The settings ``command`` takes, in the order its ``--help`` lists them."""
     return tuple(s for s in SETTINGS.values() if command in s.commands)
+
+
+@dataclass(frozen=True, slots=True)
+class Variable:
+    """An environment variable that shapes a run without being a command's flag: what the
+    stores are opened with (:class:`~shale.storage.StorageOptions` is made of these), and
+    how the process runs.  ``--print-config`` shows every one that is set, secrets masked."""
+
+    name: str
+    help: str
+    #: what it sets: an :class:`~shale.storage.S3Options` field (``s3.region``), the retry
+    #: policy's ``retry.attempts``, or "" (read where it is used)
+    target: str = ""
+    kind: Kind = field(default_factory=Text)
+    #: how a value it cannot take is described, after the variable and the value
+    expected: str = ""
+    #: who reads it: Shale, or the library or program Shale leaves it to
+    reader: str = "shale"
+
+
+_S3: Final = "the s3:// store: "
+#: Every variable that is no command's flag, each once.  A declared table; where several
+#: set one thing, the first one set wins (``AWS_ENDPOINT_URL_S3`` over ``AWS_ENDPOINT_URL``).
+VARIABLES: Final[dict[str, Variable]] = {v.name: v for v in (
+    Variable("AWS_ENDPOINT_URL_S3", _S3 + "the endpoint (MinIO, R2, moto ...)", "s3.endpoint_url"),
+    Variable("AWS_ENDPOINT_URL", _S3 + "the endpoint, when AWS_ENDPOINT_URL_S3 is not set", "s3.endpoint_url"),
+    Variable("AWS_REGION", _S3 + "the region", "s3.region"),
+    Variable("AWS_DEFAULT_REGION", _S3 + "the region, when AWS_REGION is not set", "s3.region"),
+    Variable("AWS_PROFILE", _S3 + "the profile of the AWS configuration files", "s3.profile"),
+    Variable("AWS_ACCESS_KEY_ID", _S3 + "the access key", "s3.access_key_id"),
+    Variable("AWS_SECRET_ACCESS_KEY", _S3 + "the secret key", "s3.secret_access_key"),
+    Variable("AWS_SESSION_TOKEN", _S3 + "the session token of temporary credentials", "s3.session_token"),
+    Variable("AWS_ROLE_ARN", _S3 + "the role a web identity assumes", "s3.role_arn"),
+    Variable("AWS_WEB_IDENTITY_TOKEN_FILE", _S3 + "the web identity's token (IRSA, workload identity)",
+             "s3.web_identity_token_file"),
+    Variable("AWS_ROLE_SESSION_NAME", _S3 + "the session name of an assumed role", "s3.role_session_name"),
+    Variable("AWS_CA_BUNDLE", _S3 + "the certificate authorities the endpoint's certificate is checked against",
+             "s3.ca_bundle"),
+    Variable("AWS_STS_REGIONAL_ENDPOINTS", _S3 + "legacy or regional: which STS endpoint assumes roles",
+             "s3.sts_regional_endpoints"),
+    Variable("SHALE_S3_ADDRESSING_STYLE", _S3 + "auto, virtual or path: how the bucket is named in requests",
+             "s3.addressing_style", Choice(("auto", "virtual", "path")), "one of auto, virtual, path"),
+    Variable("SHALE_S3_CONNECT_TIMEOUT", _S3 + "seconds to wait for a connection (default 10)", "s3.connect_timeout",
+             Seconds(), "expected a number of seconds"),
+    Variable("SHALE_S3_READ_TIMEOUT", _S3 + "seconds to wait for an answer (default 60)", "s3.read_timeout",
+             Seconds(), "expected a number of seconds"),
+    Variable("SHALE_S3_ATTEMPTS", "how many times a transient storage failure is tried before it is given up "
+             "(default 6)", "retry.attempts", Whole(1, 9999), "expected a whole number of attempts from 1 to 9999"),
+    Variable("GOOGLE_APPLICATION_CREDENTIALS", "the gs:// store: the service account's key file", reader="gcsfs"),
+    Variable("SHALE_DEBUG", "set: an error's traceback is printed after its one-line message"),
+    Variable("SHALE_KERNELS", "numpy: the NumPy fallbacks instead of the C kernels (to compare, or to rule the "
+             "kernels out)", kind=Choice(("native", "numpy", "python"))),
+    Variable("PYSPARK_PYTHON", "the Python a local Spark master's workers run (this interpreter when not set)",
+             reader="Spark"),
+    Variable("PYSPARK_GATEWAY_PORT", "set under spark-submit: the Spark engine joins the application it names",
+             reader="Spark"),
+    Variable("PYTHONWARNINGS", "Python's warning filters, given to the Spark executors' Python as well",
+             reader="Python"),
+    Variable("OPENBLAS_NUM_THREADS", "NumPy's BLAS threads: the command line sets 1 unless it is set",
+             reader="NumPy"),
+)}
+

@@ -1,5 +1,6 @@
 """Sizes and durations as people type them, one parser each for every command; and
-counts as people read them (:func:`count`: ``1 record``, ``2,000 records``).
+counts and times as people read them (:func:`count`: ``1 record``, ``2,000 records``;
+:func:`format_time`: ``2024-05-01 12:00:00``).
 
 Sizes (humanfriendly): ``64MiB``, ``256MB``, ``1GB``, ``1.5GiB``, ``8 KiB`` or plain bytes.
 ``KB``, ``MB``, ``GB`` and ``TB`` are powers of 1000 and ``KiB``, ``MiB``, ``GiB`` and ``TiB``
@@ -11,12 +12,14 @@ Durations (pytimeparse2, and isodate for ISO 8601): ``500ms``, ``30s``, ``10m``,
 
 from __future__ import annotations
 
+import datetime
 import math
-from typing import Final
+from typing import Final, Literal
 
 from shale.ledger.errors import InvalidInputError
 
-__all__ = ["MAX_BYTES", "MAX_MILLIS", "count", "format_duration", "format_size", "parse_duration", "parse_size"]
+__all__ = ["MAX_BYTES", "MAX_MILLIS", "count", "format_duration", "format_size", "format_time", "parse_duration",
+           "parse_size"]
 
 #: The longest duration and the largest size a setting may hold (about 146 million years
 #: and 4 EiB): a sum or difference with a time in milliseconds stays a signed 64-bit integer.
@@ -90,8 +93,6 @@ def _plain_seconds(text: str) -> float | None:
         return float(text)
     except ValueError:
         pass
-    import datetime
-
     import pytimeparse2  # (imported when a duration is typed, as are isodate and humanfriendly)
 
     try:
@@ -104,8 +105,6 @@ def _plain_seconds(text: str) -> float | None:
 
 
 def _iso_seconds(text: str) -> float | None:
-    import datetime
-
     import isodate
 
     try:
@@ -133,3 +132,25 @@ def count(n: int, noun: str, plural: str = "") -> str:
     if n == 1:
         return f"1 {noun}"
     return f"{n:,} {plural or (noun[:-1] + 'ies' if noun.endswith('y') and noun[-2:-1] not in 'aeiou' else noun + 's')}"
+
+
+_EPOCH: Final = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_FIRST: Final = datetime.datetime.min.replace(tzinfo=datetime.UTC)
+_LAST: Final = datetime.datetime.max.replace(tzinfo=datetime.UTC, microsecond=0)
+
+
+def format_time(ms: int, *, style: Literal["seconds", "minutes", "iso"] = "seconds") -> str:
+    """``ms`` (since 1970, UTC) as people read it: ``2024-05-01 12:00:00`` (``minutes``:
+    ``2024-05-01 12:00``; ``iso``: ``2024-05-01T12:00:00Z``), the year always in four
+    digits.  A time no calendar date holds (a document may say year 146 million) is said
+    as such, ``after 9999-12-31 23:59:59``, never an error."""
+    try:
+        when = _EPOCH + datetime.timedelta(milliseconds=ms)
+        outside = ""
+    except OverflowError:
+        when, outside = (_LAST, "after ") if ms > 0 else (_FIRST, "before ")
+    # (strftime's %Y gives year 1 as "1" on glibc: the year is formatted here)
+    text = f"{when.year:04d}-{when:%m-%d}{'T' if style == 'iso' else ' '}{when:%H:%M}"
+    if style != "minutes":
+        text += f":{when:%S}"
+    return outside + text + ("Z" if style == "iso" else "")

@@ -3,9 +3,12 @@
 A batch read with ``table`` gives the topic's table, the latest record of every live key
 as ``shale read --table`` gives it (:mod:`shale.reader.latest`): the driver plans it from
 the footers, under the topic's order and key TTL, and each task reads its share of the
-chosen records.  ``asOf`` (an epoch or an ISO 8601 time) reads a retained snapshot's
-compacted view instead of the published one (:mod:`shale.metadata.snapshots`), its table
-too.
+chosen records.  ``asOf`` (an epoch, a time, a message id or a tag) reads the topic as it
+was at that point, nothing written later (:mod:`shale.metadata.asof`), its table too;
+``fromSnapshot`` (an epoch) a retained snapshot's view and everything since.
+``changesFrom`` (and ``changesTo``, default now) reads the changes between two points
+instead (:mod:`shale.reader.changes`): a row per key whose state differs, with an ``op``
+column, ``upsert`` or ``delete``.
 
 Everything a task needs travels in the reader or writer object Spark pickles to it: the
 topic's URI, the options, and the storage options the source was registered with
@@ -33,21 +36,28 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from shale.columns import shift_rows
 from shale.compactor.units import parse_size
 from shale.ledger.errors import InvalidInputError, InvalidURIError, ShaleError
 from shale.ledger.ids import MIN_ID
 from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES
-from shale.metadata.snapshots import AsOf, parse_as_of
+from shale.metadata.asof import AsOf, parse_point, resolve_point
 from shale.metadata.topic import TopicMetadata
+from shale.producer.columns import shift_rows
+from shale.producer.staging import (
+    StagedLedger,
+    StagingWriter,
+    discard_staged,
+    finish_write,
+    new_write_id,
+    register_staged,
+)
 from shale.reader.arrow import DEFAULT_BATCH_ROWS, DEFAULT_MAX_BATCH_BYTES, BatchReader
 from shale.reader.latest import plan_latest
 from shale.reader.splits import DEFAULT_SPLIT_RECORDS, Split, plan_splits, read_split
 from shale.reader.topic_reader import EARLIEST, LATEST, parse_position
-from shale.staging import StagedLedger, StagingWriter, discard_staged, finish_write, new_write_id, register_staged
 from shale.storage import StorageOptions
 
-__all__ = ["ShaleDataSource", "SplitPartition", "TablePartition"]
+__all__ = ["ChangePartition", "ShaleDataSource", "SplitPartition", "TablePartition"]
 
 _TRUE = ("true", "1", "yes")
 
@@ -72,15 +82,16 @@ def _int(options: Mapping[str, str], name: str, default: int) -> int:
     return n
 
 
-def _as_of(options: Mapping[str, str]) -> AsOf | None:
-    """The ``asOf`` option: an epoch or a time (None when not given)."""
-    value = options.get("asOf")
+def _point(options: Mapping[str, str], name: str) -> AsOf | None:
+    """A point option (``asOf``, ``changesFrom``, ``changesTo``): an epoch, a time, a
+    message id or a tag (None when not given)."""
+    value = options.get(name)
     if value is None:
         return None
     try:
-        return parse_as_of(str(value))
+        return parse_point(str(value))
     except InvalidInputError as e:
-        raise InvalidInputError(f"option asOf: {e}") from None
+        raise InvalidInputError(f"option {name}: {e}") from None
 
 
 def _size(options: Mapping[str, str], name: str, default: int) -> int:
@@ -113,24 +124,38 @@ class ReadOptions:
     storage: StorageOptions | None = None
     #: the topic's table: the latest record of every live key (a batch read from the start)
     table: bool = False
-    #: read this retained snapshot's compacted view (an epoch or a time; None: the published one)
+    #: read the topic as it was at this point (None: as it is)
     as_of: AsOf | None = None
+    #: read this retained snapshot's compacted view and everything since (an epoch)
+    from_snapshot: int | str | None = None
+    #: read the changes from this point (to ``changes_to``, None: now) instead of records
+    changes_from: AsOf | None = None
+    changes_to: AsOf | None = None
 
     @classmethod
     def of(cls, options: Mapping[str, str]) -> ReadOptions:
         uri = options.get("path") or options.get("uri")
         if not uri:
             raise InvalidURIError("no topic: load(\"<topic-uri>\") or option(\"path\", ...)")
-        as_of = _as_of(options)
-        return cls(str(uri), options.get("metadata"), _flag(options, "compacted") or as_of is not None,
-                   _flag(options, "utf8"), _flag(options, "idText"),
+        as_of = _point(options, "asOf")
+        snap = _point(options, "fromSnapshot")
+        if snap is not None and (isinstance(snap, bool) or not isinstance(snap, (int, str))):
+            raise InvalidInputError("option fromSnapshot: give an epoch or a tag")
+        since, until = _point(options, "changesFrom"), _point(options, "changesTo")
+        if sum(x is not None for x in (as_of, snap, since)) > 1:
+            raise InvalidInputError("give one of the options asOf, fromSnapshot and changesFrom")
+        if until is not None and since is None:
+            raise InvalidInputError("option changesTo goes with changesFrom")
+        return cls(str(uri), options.get("metadata"), _flag(options, "compacted") or as_of is not None
+                   or snap is not None, _flag(options, "utf8"), _flag(options, "idText"),
                    _int(options, "splitRecords", DEFAULT_SPLIT_RECORDS), _int(options, "batchRows", DEFAULT_BATCH_ROWS),
                    _size(options, "maxBatchBytes", DEFAULT_MAX_BATCH_BYTES), table=_flag(options, "table"),
-                   as_of=as_of)
+                   as_of=as_of, from_snapshot=snap, changes_from=since, changes_to=until)
 
     def ddl(self) -> str:
         data = "string" if self.utf8 else "binary"
-        return ", ".join([*(["id string"] if self.id_text else []), "ledger long", "entry long", "batch int",
+        return ", ".join([*(["op string"] if self.changes_from is not None else []),
+                          *(["id string"] if self.id_text else []), "ledger long", "entry long", "batch int",
                           f"key {data}", f"value {data}", "properties map<string,string>",
                           "publish_time timestamp", "event_time timestamp", "tombstone boolean"])
 
@@ -169,13 +194,63 @@ def plan_table(opts: ReadOptions) -> list[TablePartition]:
     """The driver's work for a ``table`` read: pass one of the table (footers only, the
     key TTL counted from now, read once), its chosen records cut into partitions of at
     most ``splitRecords`` records."""
-    plan = plan_latest(opts.meta(), now_ms=int(time.time() * 1000), as_of=opts.as_of)
+    plan = plan_latest(opts.meta(), now_ms=None if opts.as_of is not None else int(time.time() * 1000),
+                       as_of=opts.as_of, from_snapshot=opts.from_snapshot)
     out = []
     for chosen in plan.chosen:
         split = Split.of(chosen.segment)
         for a in range(0, len(chosen.records), opts.split_records):
             out.append(TablePartition(split, chosen.records[a:a + opts.split_records].astype(np.uint32).tobytes()))
     return out
+
+
+class ChangePartition(TablePartition):
+    """Records of one object that make changes between two points, all of one ``op``."""
+
+    def __init__(self, split: Split, records: bytes, op: str) -> None:
+        InputPartition.__init__(self, (split.to_dict(), records, op))
+
+    @property
+    def op(self) -> str:
+        return str(self.value[2])
+
+
+def plan_change_partitions(opts: ReadOptions) -> list[ChangePartition]:
+    """The driver's work for a ``changesFrom`` read (:func:`~shale.reader.changes.plan_changes`),
+    its records cut into partitions of at most ``splitRecords`` records."""
+    from shale.reader.changes import plan_changes
+
+    assert opts.changes_from is not None
+    plan = plan_changes(opts.meta(), opts.changes_from, opts.changes_to)
+    out = []
+    for op, chosen in (("upsert", plan.upserts), ("delete", plan.deletes)):
+        for c in chosen:
+            split = Split.of(c.segment)
+            for a in range(0, len(c.records), opts.split_records):
+                out.append(ChangePartition(split, c.records[a:a + opts.split_records].astype(np.uint32).tobytes(), op))
+    return out
+
+
+def read_change_partition(opts: ReadOptions, partition: ChangePartition) -> Iterator[Any]:
+    """A task's work for a ``changesFrom`` read: its records with their ``op`` (a delete
+    keeps only its key)."""
+    import pyarrow as pa
+
+    from shale.reader.changes import constant_text
+
+    target = _arrow_schema(opts)
+    f = partition.split.segment.open(opts.meta())
+    with BatchReader(1, max_batch_bytes=opts.max_batch_bytes, rows=opts.batch_rows, utf8=opts.utf8,
+                     id_text=opts.id_text) as reader:
+        for batch in reader.batches(f, partition.records):
+            n = batch.num_rows
+            cols = [constant_text(pa, partition.op, n)]
+            for field in target:
+                if field.name == "op":
+                    continue
+                keep = partition.op == "upsert" or field.name == "key"
+                cols.append(batch.column(field.name).cast(field.type) if keep else pa.nulls(n, field.type))
+            yield pa.RecordBatch.from_arrays(cols, schema=target)
 
 
 def read_table_partition(opts: ReadOptions, partition: TablePartition) -> Iterator[Any]:
@@ -195,7 +270,8 @@ def _arrow_schema(opts: ReadOptions) -> Any:
 
     data = pa.string() if opts.utf8 else pa.binary()
     ts = pa.timestamp("us", tz="UTC")
-    return pa.schema([*([("id", pa.string())] if opts.id_text else []),
+    return pa.schema([*([("op", pa.string())] if opts.changes_from is not None else []),
+                      *([("id", pa.string())] if opts.id_text else []),
                       ("ledger", pa.int64()), ("entry", pa.int64()), ("batch", pa.int32()),
                       ("key", data), ("value", data), ("properties", pa.map_(pa.string(), pa.string())),
                       ("publish_time", ts), ("event_time", ts), ("tombstone", pa.bool_())])
@@ -215,6 +291,11 @@ class ShaleBatchReader(DataSourceReader):
         self.start = start
 
     def partitions(self) -> list[InputPartition]:
+        if self.opts.changes_from is not None:
+            if self.opts.table or parse_position(self.start) != EARLIEST:
+                raise InvalidInputError("option changesFrom reads the changes between two points: it takes no table "
+                                        "nor start")
+            return list(plan_change_partitions(self.opts))
         if self.opts.table:
             if parse_position(self.start) != EARLIEST:
                 raise InvalidInputError("option table reads every key: it takes no start")
@@ -225,12 +306,19 @@ class ShaleBatchReader(DataSourceReader):
         if position == LATEST:
             return []
         start = MIN_ID if position == EARLIEST else position
-        view = None if self.opts.as_of is None else meta.load_compaction_as_of(self.opts.as_of)
-        return [SplitPartition(s) for s in plan_splits(meta, compacted=self.opts.compacted, start=start,
+        view, end = None, None
+        if self.opts.as_of is not None:
+            point = resolve_point(meta, topic, meta.load_compaction(), self.opts.as_of)
+            view, end = point.base, point.end
+        elif self.opts.from_snapshot is not None:
+            view = meta.load_compaction_as_of(self.opts.from_snapshot)
+        return [SplitPartition(s) for s in plan_splits(meta, compacted=self.opts.compacted, start=start, end=end,
                                                       max_records=self.opts.split_records, topic=topic,
                                                       compaction=view)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        if isinstance(partition, ChangePartition):
+            return read_change_partition(self.opts, partition)
         if isinstance(partition, TablePartition):
             return read_table_partition(self.opts, partition)
         assert isinstance(partition, SplitPartition)
@@ -250,7 +338,7 @@ class StagedMessage(WriterCommitMessage):
 class ShaleWriter(DataSourceArrowWriter):
     """Each task stages its ledgers; the driver registers them all (commit) or deletes
     them (abort), and with them whatever tasks it did not hear from staged, or stage
-    later (:func:`~shale.staging.finish_write`)."""
+    later (:func:`~shale.producer.staging.finish_write`)."""
 
     def __init__(self, options: Mapping[str, str], schema: StructType, storage: StorageOptions) -> None:
         uri = options.get("path") or options.get("uri")
@@ -360,6 +448,7 @@ class ShaleDataSource(DataSource):
         if opts.table:
             raise InvalidInputError("option table is for batch reads (a stream with compacted reads the latest "
                                     "value of every key first, then the tail)")
-        if opts.as_of is not None:
-            raise InvalidInputError("option asOf is for batch reads (a stream reads the published view)")
+        if opts.as_of is not None or opts.from_snapshot is not None or opts.changes_from is not None:
+            raise InvalidInputError("options asOf, fromSnapshot and changesFrom are for batch reads (a stream reads "
+                                    "the published view)")
         return ShaleStreamReader(opts, self.options)

@@ -39,6 +39,7 @@ from shale.ledger.errors import InvalidInputError, ObjectNotFoundError
 from shale.ledger.format import KIND_ORIGINAL
 from shale.ledger.ids import MIN_ID, MessageId
 from shale.metadata.state import LedgerInfo, TopicState
+from shale.metadata.view import TopicView
 from shale.reader.gaps import Gap, log_gap, log_start
 from shale.reader.splits import plan_splits
 from shale.reader.topic_reader import EARLIEST, LATEST, parse_position
@@ -92,27 +93,28 @@ class ShaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return offset
 
     def _lost(self, topic: TopicState, offset: dict[str, Any], *, exact: bool = False) -> Gap | None:
-        """The records from ``offset`` on that retention removed, if any.  Unless ``exact``
-        (a ``start`` id), an offset ``L:E:0`` with ``E`` > 0 is a batch's end, past ledger
-        ``L``.  A ``view`` offset reads the compacted view first, which holds the removed
-        ledgers up to the horizon's."""
-        through = topic.removed_through
-        position = MessageId.parse(str(offset["next"]))
-        if through < 1:
+        """The records from ``offset`` on that retention removed, if any (the view's rule,
+        :meth:`~shale.metadata.view.TopicView.removed_from`).  Unless ``exact`` (a ``start``
+        id), an offset ``L:E:0`` with ``E`` > 0 is a batch's end, past ledger ``L``.  A
+        ``view`` offset reads the compacted view first, which holds what it covers of the
+        removed ledgers (:meth:`~shale.metadata.view.TopicView.uncovered`)."""
+        if topic.removed_through < 1:
             return None
+        position = MessageId.parse(str(offset["next"]))
         first = position
         if not exact and position.entry > 0 and position.batch == 0:
             first = MessageId(position.ledger + 1, 0, 0)
-        horizon = None
-        if offset.get("view"):
-            if position == MIN_ID:
-                return None  # earliest: the view, then the tail; what went before the query began is no gap
-            horizon = self.opts.meta().load_compaction().horizon
-            first = max(first, MessageId(horizon.ledger + 1 if horizon is not None else 0, 0, 0))
-        if first.ledger > through:
+        compacted = bool(offset.get("view"))
+        if compacted and position == MIN_ID:
+            return None  # earliest: the view, then the tail; what went before the query began is no gap
+        view = TopicView(topic, self.opts.meta().load_compaction() if compacted else None)
+        gone = view.removed_from(view.tail_start(first))
+        if gone is not None and compacted:
+            gone = view.uncovered(gone)
+        if gone is None:
             return None
-        return Gap(self.opts.meta().uri, first, through, horizon=horizon, uncovered=horizon is not None,
-                   remedy=_REMEDY)
+        return Gap(self.opts.meta().uri, gone.first, gone.through, horizon=gone.horizon if compacted else None,
+                   uncovered=compacted, remedy=_REMEDY)
 
     def _check_loss(self, offset: dict[str, Any], topic: TopicState | None = None, *, exact: bool = False,
                     warn: bool = True) -> Gap | None:
@@ -140,11 +142,13 @@ class ShaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         taken: list[LedgerInfo] = []
         records = 0
         if start.get("view"):
-            state = meta.load_compaction()
-            if state.horizon is not None and state.horizon >= position:
-                # The first batch reads the compacted view whole, so it ends past the horizon.
-                records = sum(part.live for part in state.parts)
-                taken = [lg for lg in ahead if lg.id <= state.horizon.ledger]
+            view = TopicView(topic, meta.load_compaction())
+            if view.holds(position):
+                # The first batch reads the compacted view whole, so it ends past the horizon:
+                # at the end of the first ledger wholly above it.
+                records = view.compacted_records
+                above = {lg.id for lg in view.ledgers_wholly_above()}
+                taken = [lg for lg in ahead if lg.id not in above]
                 ahead = ahead[len(taken):]
         for lg in ahead:
             if budget is not None and taken and records >= budget:

@@ -22,6 +22,7 @@ from typing import Any, Final
 
 from shale.ledger.errors import InvalidInputError
 from shale.ledger.masking import mask_secrets
+from shale.settings.model import VARIABLES, Variable
 from shale.storage.retry import RetryPolicy
 
 __all__ = ["ADDRESSING_STYLES", "CREDENTIAL_FIELDS", "S3Options", "StorageOptions"]
@@ -33,26 +34,7 @@ ADDRESSING_STYLES: Final = ("auto", "virtual", "path")
 CREDENTIAL_FIELDS: Final = ("profile", "access_key_id", "secret_access_key", "session_token", "role_arn",
                             "web_identity_token_file", "role_session_name")
 
-# Each S3 setting and the variables it is read from, first found first.
-_S3_VARIABLES: Final = {
-    "endpoint_url": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
-    "region": ("AWS_REGION", "AWS_DEFAULT_REGION"),
-    "profile": ("AWS_PROFILE",),
-    "access_key_id": ("AWS_ACCESS_KEY_ID",),
-    "secret_access_key": ("AWS_SECRET_ACCESS_KEY",),
-    "session_token": ("AWS_SESSION_TOKEN",),
-    "role_arn": ("AWS_ROLE_ARN",),
-    "web_identity_token_file": ("AWS_WEB_IDENTITY_TOKEN_FILE",),
-    "role_session_name": ("AWS_ROLE_SESSION_NAME",),
-    "ca_bundle": ("AWS_CA_BUNDLE",),
-    "sts_regional_endpoints": ("AWS_STS_REGIONAL_ENDPOINTS",),
-    "addressing_style": ("SHALE_S3_ADDRESSING_STYLE",),
-    "connect_timeout": ("SHALE_S3_CONNECT_TIMEOUT",),
-    "read_timeout": ("SHALE_S3_READ_TIMEOUT",),
-}
 _SECONDS: Final = ("connect_timeout", "read_timeout")
-#: How many times a transient storage failure is tried (the only retry setting a variable sets).
-_ATTEMPTS_VARIABLE: Final = "SHALE_S3_ATTEMPTS"
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -90,30 +72,10 @@ class S3Options:
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> S3Options:
-        """The settings the standard AWS variables (and Shale's ``SHALE_S3_*``) give."""
-        env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        origins: list[tuple[str, str]] = []
-        problems: list[str] = []
-        for name, variables in _S3_VARIABLES.items():
-            found = next((v for v in variables if env.get(v)), None)
-            if found is None:
-                continue
-            value: Any = env[found]
-            if name in _SECONDS:
-                try:
-                    value = float(value)
-                except ValueError:
-                    value = 0.0
-                if not value > 0:
-                    problems.append(f"{found} {env[found]!r}: expected a number of seconds")
-                    continue
-            if name == "addressing_style" and value not in ADDRESSING_STYLES:
-                problems.append(f"{found} {value!r}: one of {', '.join(ADDRESSING_STYLES)}")
-                continue
-            values[name] = value
-            origins.append((name, found))
-        return cls(**values, origins=tuple(origins), problems=tuple(problems))
+        """The settings the standard AWS variables (and Shale's ``SHALE_S3_*``) give: the
+        settings model's variables of the ``s3.`` fields (:data:`shale.settings.VARIABLES`)."""
+        found = _from_variables("s3.", os.environ if environ is None else environ)
+        return cls(**found.values, origins=found.origins, problems=found.problems)
 
     def named(self, setting: str) -> str:
         """What the user calls ``setting``: the variable it was read from, else its name."""
@@ -151,15 +113,11 @@ class StorageOptions:
         configuration is read by fsspec where a store is opened."""
         env = os.environ if environ is None else environ
         s3 = S3Options.from_environment(env)
-        given = env.get(_ATTEMPTS_VARIABLE)
-        if not given:
-            return cls(s3=s3)
-        attempts = int(given) if given.isascii() and given.isdigit() and len(given) <= 4 else 0
-        if attempts < 1:
+        retry = _from_variables("retry.", env)
+        if retry.problems:
             # like a bad S3 variable: refused by the first S3 request, not by commands that never make one
-            problem = f"{_ATTEMPTS_VARIABLE} {given!r}: expected a whole number of attempts from 1 to 9999"
-            return cls(s3=dataclasses.replace(s3, problems=(*s3.problems, problem)))
-        return cls(s3=s3, retry=RetryPolicy(attempts=attempts))
+            return cls(s3=dataclasses.replace(s3, problems=(*s3.problems, *retry.problems)))
+        return cls(s3=s3, retry=RetryPolicy(**retry.values)) if retry.values else cls(s3=s3)
 
     def without_credentials(self) -> StorageOptions:
         """The same options without the S3 credentials and profile: a process given these
@@ -175,3 +133,36 @@ class StorageOptions:
         return f"StorageOptions(s3={self.s3!r}, retry={self.retry!r}, fsspec={fs!r})"
 
     __str__ = __repr__
+
+
+@dataclass(frozen=True, slots=True)
+class _Found:
+    """What the variables of one group of fields gave: the values, by field, the variable
+    each came from, and why those that could not be taken were not."""
+
+    values: dict[str, Any]
+    origins: tuple[tuple[str, str], ...]
+    problems: tuple[str, ...]
+
+
+def _from_variables(group: str, env: Mapping[str, str]) -> _Found:
+    """The fields under ``group`` (``s3.``) that the settings model's variables set in
+    ``env``: for each field, the first of its variables that is set."""
+    by_field: dict[str, list[Variable]] = {}
+    for v in VARIABLES.values():
+        if v.target.startswith(group):
+            by_field.setdefault(v.target.removeprefix(group), []).append(v)
+    values: dict[str, Any] = {}
+    origins, problems = [], []
+    for name, variables in by_field.items():
+        given = next((v for v in variables if env.get(v.name)), None)
+        if given is None:
+            continue
+        try:
+            values[name] = given.kind.parse(env[given.name])
+        except InvalidInputError:
+            problems.append(f"{given.name} {env[given.name]!r}: {given.expected}")
+            continue
+        origins.append((name, given.name))
+    return _Found(values, tuple(origins), tuple(problems))
+

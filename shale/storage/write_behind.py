@@ -15,11 +15,12 @@ when a reused buffer is free again.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from shale.storage.base import ObjectWriter
 
-__all__ = ["WriteBehind"]
+__all__ = ["ThrottledWriter", "WriteBehind"]
 
 
 class WriteBehind(ObjectWriter):
@@ -51,6 +52,12 @@ class WriteBehind(ObjectWriter):
         self._settled += 1
         fut.result()  # a failed write fails the object
 
+    def drain(self, limit: int) -> None:
+        """Wait for the oldest writes until at most ``limit`` bytes wait (for a caller
+        about to hold more of its own)."""
+        while self._pending and self._pending_bytes > limit:
+            self._settle_oldest()
+
     def write(self, data: bytes | bytearray | memoryview, /) -> int:
         size = len(data)
         while self._pending and (self._pending[0][0].done() or self._pending_bytes + size > self._max_pending):
@@ -70,4 +77,23 @@ class WriteBehind(ObjectWriter):
             fut, _ = self._pending.popleft()
             fut.exception()
         self._pending_bytes = 0
+        self.inner.abort()
+
+
+class ThrottledWriter(ObjectWriter):
+    """An object writer whose bytes are reported to ``throttle`` after each write (a
+    :class:`~shale.runtime.throttle.Throttle`, which sleeps to keep a byte rate)."""
+
+    def __init__(self, inner: ObjectWriter, throttle: Callable[[int], None]) -> None:
+        self.inner, self.throttle = inner, throttle
+
+    def write(self, data: bytes | bytearray | memoryview, /) -> int:
+        n = self.inner.write(data)
+        self.throttle(len(data))
+        return n
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def abort(self) -> None:
         self.inner.abort()

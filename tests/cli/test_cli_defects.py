@@ -17,6 +17,7 @@ import pytest
 from shale.compactor import CompactionConfig, Compactor
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
+from tests.needs import need_module
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str, script: str = "shale") -> tuple[int, str, str]:
@@ -58,7 +59,7 @@ def test_a_uri_with_one_slash_is_bad_usage_naming_it(capsys: pytest.CaptureFixtu
 
 def test_exports_compression_is_checked_and_read_from_a_variable_of_its_own(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("pyarrow")
+    need_module("pyarrow")
     topic, out = str(tmp_path / "t"), tmp_path / "t.parquet"
     produce(topic, 20)
     code, _, err = run(capsys, "export", topic, str(out), "--compression", "zstd:3")

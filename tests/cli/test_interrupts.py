@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from shale.compactor.throttle import Throttle
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
+from shale.runtime.throttle import Throttle
 from tests.conftest import ROOT
 
 #: Far below how long the throttled runs below would take (ten minutes and more), far

@@ -290,7 +290,7 @@ def test_verify_scrub_finds_a_flipped_byte_in_a_superseded_entry(disk_topic_uri:
 
 def test_scrub_counts_objects_collected_meanwhile_as_gone_not_damaged(topic_uri: str) -> None:
     from shale.compactor import CompactionConfig, Compactor
-    from shale.compactor.scrub import scrub_topic
+    from shale.maintenance.scrub import scrub_topic
 
     def produce(n: int, tag: str) -> None:
         with TopicWriter(topic_uri, max_ledger_records=10) as w:

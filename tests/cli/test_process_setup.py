@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.needs import needs
+
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads through /proc")
+pytestmark = needs(lambda: None if Path("/proc/self/task").is_dir() else "no /proc/self/task (Linux) to count threads")
 
 
 def _threads_after(code: str, **env: str) -> tuple[int, str]:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from shale.cli.errors import EXIT_CORRUPT, EXIT_USAGE
+from shale.ledger.ids import MessageId
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TableView, TopicReader
@@ -46,17 +47,23 @@ def _one_line(r: object, code: int, *needles: str) -> None:
 
 
 def test_read_as_of_an_epoch_a_time_and_as_a_table(topic: str) -> None:
+    state = TopicMetadata.open(topic).load_compaction()
     for epoch in (1, 2, 3):
-        r = run_cli_here("read", topic, "--as-of", str(epoch))
-        assert r.returncode == 0, r.stderr
-        with TopicReader(topic, as_of=epoch) as reader:
-            assert [json.loads(x)["id"] for x in r.stdout.splitlines()] == [str(m.id) for m in reader.read()]
-        r = run_cli_here("read", topic, "--as-of", str(epoch), "--table")
-        assert r.returncode == 0, r.stderr
-        assert {json.loads(x)["key"]: json.loads(x)["value"] for x in r.stdout.splitlines()} == {
-            k.decode(): v.decode() for k, v in TableView(topic, as_of=epoch).items()}
-    # epoch 1 is older: more records above its horizon than the published view has
-    assert len(run_cli_here("read", topic, "--as-of", "1").stdout.splitlines()) > len(
+        horizon = state.at_epoch(epoch).horizon  # type: ignore[union-attr]
+        for point, flag in ((dict(as_of=epoch), "--as-of"), (dict(from_snapshot=epoch), "--from-snapshot")):
+            r = run_cli_here("read", topic, flag, str(epoch))
+            assert r.returncode == 0, r.stderr
+            with TopicReader(topic, **point) as reader:  # type: ignore[arg-type]
+                assert [json.loads(x)["id"] for x in r.stdout.splitlines()] == [str(m.id) for m in reader.read()]
+            r = run_cli_here("read", topic, flag, str(epoch), "--table")
+            assert r.returncode == 0, r.stderr
+            assert {json.loads(x)["key"]: json.loads(x)["value"] for x in r.stdout.splitlines()} == {
+                k.decode(): v.decode() for k, v in TableView(topic, **point).items()}  # type: ignore[arg-type]
+        # as of an epoch: nothing above its horizon
+        ids = [json.loads(x)["id"] for x in run_cli_here("read", topic, "--as-of", str(epoch)).stdout.splitlines()]
+        assert ids and all(MessageId.parse(i) <= horizon for i in ids)
+    # from epoch 1's snapshot: more records above its horizon than the published view has
+    assert len(run_cli_here("read", topic, "--from-snapshot", "1").stdout.splitlines()) > len(
         run_cli_here("read", topic, "--compacted").stdout.splitlines())
     state = TopicMetadata.open(topic).load_compaction()
     when = datetime.datetime.fromtimestamp(state.snapshots[1].compacted_ms / 1000, datetime.UTC)
@@ -67,12 +74,26 @@ def test_read_as_of_an_epoch_a_time_and_as_a_table(topic: str) -> None:
 
 
 def test_bad_as_of_is_one_line_and_exit_2(topic: str) -> None:
-    _one_line(run_cli_here("read", topic, "--as-of", "yesterday"), EXIT_USAGE,
-              "--as-of: 'yesterday' is not an epoch (a whole number from 1) or a time (ISO 8601")
+    _one_line(run_cli_here("read", topic, "--as-of", "the day before"), EXIT_USAGE,
+              "--as-of: 'the day before' is not an epoch (a whole number from 1), a time (ISO 8601")
+    _one_line(run_cli_here("read", topic, "--as-of", "yesterday"), EXIT_USAGE,  # a name: a tag
+              "no compacted view is tagged 'yesterday' (tags: none")
     _one_line(run_cli_here("read", topic, "--as-of", "9", "--table"), EXIT_USAGE,
-              "no compacted view of epoch 9 is retained (retained: epoch 1 (published ", "epoch 3 (published ")
+              "epoch 9 is not retained (retained: epoch 1 (published ", "epoch 3 (published ")
+    _one_line(run_cli_here("read", topic, "--as-of", "1", "--from-snapshot", "1"), EXIT_USAGE, "give one")
+    _one_line(run_cli_here("read", topic, "--as-of", "1", "--follow"), EXIT_USAGE, "a read as of a point ends there")
+    # before any record, with the whole history kept: nothing was there
+    r = run_cli_here("read", topic, "--as-of", "1999-01-01")
+    assert (r.returncode, r.stdout) == (0, ""), r.stderr
+    # once retention removed ledgers, a time before the oldest retained view is refused
+    assert run_cli_here("truncate", topic, "--before-ledger", "2").returncode == 0
+    oldest = TopicMetadata.open(topic).load_compaction().snapshots[0]
     _one_line(run_cli_here("read", topic, "--as-of", "1999-01-01"), EXIT_USAGE,
-              "no compacted view of 1999-01-01T00:00:00Z is published by then and retained")
+              "1999-01-01T00:00:00Z is older than the history kept: the earliest time that can be read is",
+              f"(epoch {oldest.epoch}'s view)")
+    _one_line(run_cli_here("read", topic, "--as-of", "1:0:0", "--table"), EXIT_USAGE,
+              "id 1:0:0 is older than the history kept: the earliest id that can be read is")
+    _one_line(run_cli_here("get", topic, "k1", "--as-of", "1999-01-01"), EXIT_USAGE, "older than the history kept")
 
 
 def test_status_lists_the_retained_snapshots(topic: str) -> None:
@@ -97,7 +118,8 @@ def test_rollback_from_the_command_line(topic: str) -> None:
     doc = json.loads(r.stdout)
     assert (doc["from_epoch"], doc["to_epoch"], doc["epoch"], doc["snapshots"]) == (3, 1, 4, [2, 3])
     assert doc["horizon"] == str(before.snapshots[0].horizon) and doc["note"] is None
-    assert run_cli_here("read", topic, "--compacted").stdout == run_cli_here("read", topic, "--as-of", "4").stdout
+    assert run_cli_here("read", topic, "--compacted").stdout == run_cli_here("read", topic, "--from-snapshot",
+                                                                               "4").stdout
     _one_line(run_cli_here("rollback", topic, "--to-epoch", "1"), EXIT_USAGE,
               "epoch 1 is not retained (retained: epoch 2 (published ")
     _one_line(run_cli_here("rollback", topic, "--to-epoch", "4"), EXIT_USAGE, "epoch 4 is the published view already")

@@ -2,7 +2,7 @@
 counted in modules (never timed), and how a command's process ends.
 
 ``--help`` and a command line's parsing import neither NumPy nor any codec; a command
-that reads only a topic's metadata (``shale config``) imports no NumPy; none imports
+that reads only a topic's metadata (``shale config``, ``shale snapshots``) imports no NumPy; none imports
 pyarrow, boto3, PySpark, pandas or ``importlib.metadata`` (with the ``email`` package
 under it) unless its work needs them; ``status`` of a small topic starts no thread pool
 (nor imports one), and a compaction whose compare-and-swap succeeds at the first try
@@ -82,11 +82,12 @@ def cases(topic: str, scratch: str) -> list[Case]:
         Case("parsing shale get T KEY", "import os\nfrom shale.cli.parsing import build_parser, parse\n"
              "parse(build_parser('get'), ['get', 'T', 'KEY'], os.environ)", light, 50),
         Case("shale config T", _shale("config", topic), NEVER | RECORDS | SOME_RUNS, 110),
+        Case("shale snapshots T", _shale("snapshots", topic), NEVER | RECORDS | SOME_RUNS, 110),
         Case("shale get T KEY", _shale("get", topic, "k3"), NEVER | SOME_RUNS, 142),
         Case("shale read T", _shale("read", topic), NEVER | SOME_RUNS - {"concurrent.futures"}, 162),
         Case("shale status T", _shale("status", topic), NEVER | SOME_RUNS, 144),
         Case("compact T", f"from shale.compactor.cli import main\nassert main([{scratch!r}]) == 0",
-             NEVER | {"humanfriendly", "pytimeparse2", "isodate", "tenacity"}, 178),
+             NEVER | {"humanfriendly", "pytimeparse2", "isodate", "tenacity"}, 181),
     ]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,7 +11,9 @@ import pytest
 from shale.compactor import CompactionConfig, Compactor, collect_garbage
 from shale.ledger.errors import TopicNotFoundError
 from shale.ledger.ids import MessageId
+from shale.ledger.ordering import EVENT_TIME, OFFSET
 from shale.ledger.record import Message, Record
+from shale.metadata.subscriptions import Subscriptions
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TableView, TopicReader
@@ -145,6 +148,25 @@ def test_delete_retention_zero_drops_tombstones_at_once(topic_uri: str) -> None:
     assert [(m.key, m.value) for m in compacted(topic_uri)] == [(b"b", b"1")]
 
 
+@pytest.mark.parametrize("order", [OFFSET, EVENT_TIME])
+def test_a_winning_tombstone_past_the_key_ttl_goes_at_once(tmp_path: Path, order: str) -> None:
+    """Key expiry drops a key whose winner is older than the TTL as if it were deleted: a
+    winning tombstone that old goes too, at once, though no run has kept it for the delete
+    retention (a day) and an active subscription has yet to read it (key expiry is a rule
+    of age, never held); a younger tombstone stays for its retention."""
+    clock = Clock()
+    uri = str(tmp_path / "t")
+    produce(uri, [("a", "1"), ("b", "1"), ("a", None), ("c", "1")], clock)
+    clock.advance(3 * 3600)
+    produce(uri, [("d", "1"), ("d", None), ("e", "1")], clock)
+    Subscriptions(TopicMetadata.open(uri)).create("app", now_ms=int(clock() * 1000))
+    cfg = CompactionConfig(order=order, key_ttl_ms=2 * HOUR, delete_retention_ms=24 * HOUR)
+    s = Compactor(uri, cfg, clock=clock).run()
+    assert (s.status, s.tombstones_dropped, s.tombstones_kept, s.keys_expired, s.keys) == (
+        "compacted", 1, 1, 2, 1), s
+    assert [(m.key, m.value) for m in compacted(uri)] == [(b"d", None), (b"e", b"1")]
+
+
 def test_keyless_records_dropped_or_retained(topic_uri: str, tmp_path: object) -> None:
     items = [(None, "x0"), ("a", "1"), (None, "x1"), ("a", "2")]
     produce(topic_uri, items)
@@ -266,6 +288,30 @@ def test_retired_ledger_deleted_only_after_grace(topic_uri: str) -> None:
     assert meta.load_compaction().retired == ()
     # nothing the published state refers to was touched
     assert all(meta.topic.store.exists(meta.topic.key(p.object)) for p in meta.load_compaction().parts)
+
+
+def test_a_retired_part_is_deleted_once_exactly_the_grace_has_passed(tmp_path: Path) -> None:
+    """``--gc-grace``: retired parts are deleted only after this long since they were
+    retired; a millisecond before, gc leaves them (and says they wait), at the grace it
+    deletes them."""
+    clock = Clock()
+    uri = str(tmp_path / "t")
+    produce(uri, updates(30, 5), clock)
+    cfg = CompactionConfig(gc_grace_ms=600_000)
+    Compactor(uri, cfg, clock=clock).run()
+    meta = TopicMetadata.open(uri)
+    first = meta.load_compaction().parts[0].object
+    produce(uri, updates(5, 5), clock)
+    clock.advance(60)
+    Compactor(uri, cfg, clock=clock).run()
+    (retired,) = meta.load_compaction().retired
+    assert retired.objects == (first,) and retired.retired_ms == int(clock() * 1000)
+    early = collect_garbage(meta, now_ms=retired.retired_ms + 600_000 - 1, grace_ms=600_000, orphan_grace_ms=3_600_000)
+    assert (early.retired_deleted, early.retired_waiting) == ([], 1)
+    assert meta.topic.store.exists(meta.topic.key(first)) and meta.load_compaction().retired == (retired,)
+    due = collect_garbage(meta, now_ms=retired.retired_ms + 600_000, grace_ms=600_000, orphan_grace_ms=3_600_000)
+    assert (due.retired_deleted, due.retired_waiting) == ([first], 0)
+    assert not meta.topic.store.exists(meta.topic.key(first)) and meta.load_compaction().retired == ()
 
 
 def test_reader_moves_to_new_state_when_its_ledger_is_collected(topic_uri: str) -> None:
@@ -395,7 +441,7 @@ def test_compact_several_topics_reports_worst(disk_topic_uri: str) -> None:
 
 
 def test_status_dirty_ratio_is_the_one_compact_uses(topic_uri: str) -> None:
-    from shale.status import topic_status
+    from shale.maintenance.status import topic_status
 
     produce(topic_uri, updates(200, 100))
     Compactor(topic_uri).run()

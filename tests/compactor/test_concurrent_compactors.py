@@ -24,7 +24,7 @@ import pytest
 
 from shale.cli.errors import EXIT_CONFLICT
 from shale.compactor import CompactionConfig, Compactor
-from shale.compactor.verify import verify_topic
+from shale.maintenance.verify import verify_topic
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from tests.conftest import make_root

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from shale.compactor import CompactionConfig, Compactor
-from shale.compactor.verify import verify_topic
 from shale.ledger.errors import InvalidInputError
 from shale.ledger.ordering import TopicOrder
 from shale.ledger.record import Record
+from shale.maintenance.verify import verify_topic
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader

@@ -31,6 +31,9 @@ from shale.compactor.rules import latest_by_event_time, latest_of_each_key
 from shale.ledger import kernels
 from shale.ledger import latest as rules_module
 from shale.ledger.format import NO_EVENT_TIME
+from tests.needs import need_c_extension
+
+pytestmark = pytest.mark.kernels  # (scripts/sanitize.sh runs these under ASan and UBSan)
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
@@ -75,8 +78,8 @@ def paths(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> st
         monkeypatch.setattr(rules_module, "_LATE_BLOCK", 7)
         monkeypatch.setattr(rules_module, "new_key_table", lambda expected=0: None)
         monkeypatch.setattr(rules_module, "latest_positions", lambda hi, lo: None)
-    elif kernels._native is None:
-        pytest.skip("the C kernels are not in use")
+    else:
+        need_c_extension(kernels._native, "ledger/_kernels.c")
     return str(request.param)
 
 
@@ -181,8 +184,8 @@ def map_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
     runs in NumPy (and looking keys up without the C table)."""
     if request.param == "numpy":
         numpy_maps(monkeypatch)
-    elif kernels._native is None:
-        pytest.skip("the C kernels are not in use")
+    else:
+        need_c_extension(kernels._native, "ledger/_kernels.c")
     return str(request.param)
 
 
@@ -332,8 +335,7 @@ def test_events_of_on_many_keys_and_crafted_ones(map_path: str) -> None:
 
 
 def test_event_map_survives_a_table_crowded_mid_way() -> None:
-    if kernels._native is None:
-        pytest.skip("the C kernels are not in use")
+    need_c_extension(kernels._native, "ledger/_kernels.c")
     rng = np.random.default_rng(45)
     chunks = chunks_of(rng, 3_000, [4_000, 2_000])
     crafted_hi = (np.uint64(0xABCDEF1234) << np.uint64(24)) | np.arange(20_000, dtype=np.uint64)

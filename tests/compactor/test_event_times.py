@@ -66,14 +66,16 @@ def rewrite_as_version_2(uri: str, names: list[str]) -> None:
         tamper.write_raw(uri, name, objects.to_version_2(tamper.read_raw(uri, name)))
 
 
+@pytest.mark.parametrize("read_bytes", [0, 256], ids=["batches", "streams"])
 @pytest.mark.parametrize("codec", ["none", "zstd"])
-def test_compacted_parts_keep_each_records_event_time(tmp_path: Path, codec: str) -> None:
+def test_compacted_parts_keep_each_records_event_time(tmp_path: Path, codec: str, read_bytes: int) -> None:
     """Through every copy of pass two (whole frames, survivors of partly kept entries,
-    packed and compressed anew), from version 3 objects and from version 2 ones (whose
-    records are decoded), first and incremental runs."""
+    packed and compressed anew; with ``read_bytes``, every entry bigger than a read and
+    copied as a stream), from version 3 objects and from version 2 ones (whose records are
+    decoded), first and incremental runs."""
     uri = str(tmp_path / "t")
     cfg = CompactionConfig(delete_retention_ms=0, compression=parse_compression(codec), max_part_bytes=1 << 16,
-                           reuse_min_bytes=1 << 40, event_times=True)
+                           reuse_min_bytes=1 << 40, event_times=True, chunk_raw_bytes=read_bytes)
     produce(uri, 1, 900, compression=codec)
     meta = TopicMetadata.open(uri)
     old = [lg.object for lg in meta.load_topic().ledgers[:2]]

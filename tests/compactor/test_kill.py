@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 
 from shale.compactor import CompactionConfig, Compactor, collect_garbage
-from shale.compactor.verify import verify_topic
+from shale.maintenance.verify import verify_topic
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from shale.compactor import CompactionConfig, Compactor
-from shale.compactor.topics import choose, discover_topics
-from shale.compactor.verify import verify_topic
+from shale.compactor.topics import choose
+from shale.maintenance.listing import discover_topics
+from shale.maintenance.verify import verify_topic
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from tests.conftest import make_root, run_cli

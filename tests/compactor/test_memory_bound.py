@@ -36,6 +36,7 @@ from shale.producer import TopicWriter
 from shale.reader import TopicReader
 from tests.cgroups import cgroup_unavailable, run_limited
 from tests.conftest import ROOT, run_cli_here
+from tests.needs import needs
 
 MiB = 1 << 20
 OVERHEAD = LOCAL_OVERHEAD  # what a run holds besides the setting (docs/operations.md)
@@ -89,7 +90,7 @@ def check_view(topic: Path | str, keys: int) -> None:
     assert seen == keys
 
 
-cgroups = pytest.mark.skipif(bool(cgroup_unavailable()), reason=cgroup_unavailable() or "cgroups available")
+cgroups = needs(lambda: cgroup_unavailable() and f"{cgroup_unavailable()} (these runs need root and cgroup v1)")
 
 
 @cgroups
@@ -129,6 +130,96 @@ def test_twenty_million_keys_under_a_memory_limit(tmp_path: Path) -> None:
     check_view(topic, keys)
 
 
+def make_one_entry(path: Path | str) -> None:
+    """One entry of 4 records of 63 MiB of text (252 MiB decompressed; an entry may hold
+    256 MiB), a few KB stored with zstd, written by the public writer."""
+    with TopicWriter(str(path), compression="zstd", batch_size=4, max_entry_bytes=256 * MiB) as w:
+        for i in range(4):
+            w.append(f"key-{i}", big_value(i, 63 * MiB))
+
+
+def make_twelve(path: Path | str) -> None:
+    """Twelve records of 60 MB of text, each in an entry of its own."""
+    with TopicWriter(str(path), compression="zstd", max_entry_bytes=MiB) as w:
+        for i in range(12):
+            w.append(f"key-{i}", big_value(i, 60_000_000))
+
+
+def big_value(i: int, size: int) -> bytes:
+    return (b"value-%02d-" % i * (size // 9 + 1))[:size]
+
+
+def check_big_view(topic: Path | str, records: int, size: int) -> None:
+    """The compacted view holds every record once, each with its whole value."""
+    with TopicReader(str(topic), read_compacted=True) as r:
+        got = [(m.key, m.value == big_value(i, size)) for i, m in enumerate(r)]
+    assert got == [(b"key-%d" % i, True) for i in range(records)]
+
+
+def compact_limited(topic: Path | str, setting: str, limit: int) -> tuple[int, str, int]:
+    """``compact --max-memory SETTING`` under a cgroup limit of ``limit``: its exit code,
+    standard error and peak RSS; never killed for memory."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    got = run_limited([sys.executable, "-m", "shale.cli", "compact", str(topic), "--max-memory", setting, "--json",
+                       "--min-dirty-ratio", "0"], limit, env=env, cwd=str(ROOT))
+    assert not got.oom_killed, f"killed for memory under {limit >> 20} MiB: {got.stderr}"
+    print(f"{setting}: exit {got.exit_code}, peak RSS {got.peak_rss >> 20} MiB, limit {limit >> 20} MiB, "
+          f"failcnt {got.failcnt}")
+    return got.exit_code, got.stderr.strip(), got.peak_rss
+
+
+@cgroups
+def test_an_entry_of_252_mib_is_refused_under_64mib_and_compacted_within_the_least_bound(tmp_path: Path) -> None:
+    """Records of 63 MiB do not fit a run under 64 MiB: refused before anything is read
+    (exit 2, one line naming the object, the entry and the least bound), nothing
+    written; compacted at that bound and at 384 MiB, each within its limit."""
+    import re
+    import shutil
+
+    source = tmp_path / "source"
+    make_one_entry(source)
+    topic = tmp_path / "topic"
+    shutil.copytree(source, topic)
+    before = {p: p.read_bytes() for p in topic.rglob("*") if p.is_file()}
+    code, err, _ = compact_limited(topic, "64MiB", 64 * MiB + OVERHEAD)
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    ledger = next(topic.rglob("*.ledger")).name
+    assert ledger in err and "entry 1:0" in err, err
+    assert {p: p.read_bytes() for p in topic.rglob("*") if p.is_file()} == before
+    m = re.search(r"give at least (\d+)MiB", err)
+    assert m is not None, err
+    least = int(m.group(1))
+    assert 64 < least < 128
+    for setting in (least, 384):
+        shutil.rmtree(topic)
+        shutil.copytree(source, topic)
+        code, err, peak = compact_limited(topic, f"{setting}MiB", setting * MiB + OVERHEAD)
+        assert code == 0, err
+        assert peak <= setting * MiB + OVERHEAD
+        check_big_view(topic, 4, 63 * MiB)
+
+
+@cgroups
+def test_twelve_records_of_60_mb_are_compacted_within_64mib(tmp_path: Path) -> None:
+    topic = tmp_path / "topic"
+    make_twelve(topic)
+    code, err, peak = compact_limited(topic, "64MiB", 64 * MiB + OVERHEAD)
+    assert code == 0, err
+    assert peak <= 64 * MiB + OVERHEAD
+    check_big_view(topic, 12, 60_000_000)
+
+
+@cgroups
+@pytest.mark.s3
+def test_big_entries_on_object_storage_stay_within_the_setting(s3_bucket: str) -> None:
+    topic = f"s3://{s3_bucket}/topic"
+    make_twelve(topic)
+    code, err, peak = compact_limited(topic, "64MiB", 64 * MiB + OBJECT_STORE_OVERHEAD)
+    assert code == 0, err
+    assert peak <= 64 * MiB + OBJECT_STORE_OVERHEAD
+    check_big_view(topic, 12, 60_000_000)
+
+
 def _mapped_rss(address: int) -> int:
     """Resident bytes of the mapping of this process that holds ``address``."""
     inside = False
@@ -143,7 +234,7 @@ def _mapped_rss(address: int) -> int:
     raise AssertionError("no mapping holds the address")
 
 
-@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs /proc/self/smaps")
+@needs(lambda: None if Path("/proc/self/smaps").exists() else "no /proc/self/smaps (Linux) to count pages by")
 def test_footer_pages_are_given_back_once_read(tmp_path: Path) -> None:
     make_topic(tmp_path / "topic", 200_000)  # one ledger, its footer mapped (over 1 MiB)
     meta = TopicMetadata.open(str(tmp_path / "topic"))

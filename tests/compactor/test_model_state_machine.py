@@ -814,7 +814,7 @@ class ShaleModelMachine(RuleBasedStateMachine):
         commit, as a consumer alive but stuck would do, at the machine's clock)."""
         name = data.draw(st.sampled_from(sorted(self.subs)), label="subscription")
         s = self.subs[name]
-        subs = Subscriptions(self.meta)
+        subs = Subscriptions(self.meta, clock=self.clock)  # (an operator whose clock is the run's)
         if to == "same":
             s.committed_ms = subs.commit(subs.get(name), s.position, now_ms=self.clock.ms).committed_ms
             return
@@ -876,38 +876,100 @@ class ShaleModelMachine(RuleBasedStateMachine):
         self.snap_seen = self.epoch
 
     @precondition(lambda self: self.epoch > 0)
-    @rule(data=st.data(), by_time=st.booleans(), table=st.booleans())
-    def read_as_of(self, data: st.DataObject, by_time: bool, table: bool) -> None:
-        """A read as of a retained epoch (or the time it was published) is that epoch's view;
-        one no view answers is refused, listing those retained."""
+    @rule(data=st.data(), table=st.booleans())
+    def read_from_snapshot(self, data: st.DataObject, table: bool) -> None:
+        """A read from a retained epoch's snapshot is that epoch's view, then every record
+        above its horizon; one no view answers is refused, listing those retained."""
         self._snap_follow()
         retained = [*self.snap_retained, self.epoch]
         epoch = data.draw(st.sampled_from([*retained, max(1, retained[0] - 1), self.epoch + 1]), label="epoch")
-        as_of: int | datetime.datetime = epoch
-        if by_time and epoch in retained:
-            at = self.snap_published[epoch] + data.draw(st.sampled_from([0, 999]), label="ms after")
-            as_of = datetime.datetime.fromtimestamp(at / 1000, datetime.UTC)
-            epoch = max(e for e in retained if self.snap_published[e] <= at)
         if epoch not in retained:
-            event("read as of: not retained")
+            event("read from a snapshot: not retained")
             with pytest.raises(SnapshotNotFoundError, match="retained: epoch"):
-                TopicReader(self.uri, as_of=as_of)
+                TopicReader(self.uri, from_snapshot=epoch)
             return
-        event(f"read as of: {'the published view' if epoch == self.epoch else 'a snapshot'}"
-              f"{' by time' if by_time else ''}")
+        event(f"read from {'the published view' if epoch == self.epoch else 'a snapshot'}")
         want = self._expected(*self.history[epoch])
-        with TopicReader(self.uri, as_of=as_of) as r:
-            self._compare(r.read(), want, f"read as of {as_of}")
+        with TopicReader(self.uri, from_snapshot=epoch) as r:
+            self._compare(r.read(), want, f"read from snapshot {epoch}")
         if table:
-            got = dict(TableView(self.uri, as_of=as_of, clock=self.clock))
+            got = dict(TableView(self.uri, from_snapshot=epoch, clock=self.clock))
             assert got == self._table_of(want, self.clock.ms), (got, self._table_of(want, self.clock.ms))
+
+    def _draw_point(self, data: st.DataObject, label: str) -> int | datetime.datetime:
+        """A retained epoch, or a time: one a view was published at (or just after), or
+        one a record was published at."""
+        retained = [*self.snap_retained, self.epoch]
+        kind = data.draw(st.sampled_from(["epoch", "published", "record"]), label=f"{label} kind")
+        if kind == "epoch":
+            return int(data.draw(st.sampled_from(retained), label=label))
+        if kind == "published" or not self.visible:
+            at = self.snap_published[data.draw(st.sampled_from(retained), label=label)]
+        else:
+            at = data.draw(st.sampled_from(self.visible), label=label).publish_time
+        at += data.draw(st.sampled_from([-1, 0, 999]), label=f"{label} ms after")
+        return datetime.datetime.fromtimestamp(at / 1000, datetime.UTC)
+
+    def _as_of(self, point: int | datetime.datetime) -> tuple[list[Rec], int]:
+        """What a read as of ``point`` gives (records, as the model keeps them) and the
+        "now" its table counts a key TTL from: an epoch's view through its horizon; at a
+        time, the newest retained view published by then, then the records above its
+        horizon up to the first one (in id order) published later."""
+        if isinstance(point, int):
+            horizon, kept = self.history[point]
+            return [r for r in self._expected(horizon, kept) if horizon is not None
+                    and r.id <= horizon], self.snap_published[point]  # type: ignore[operator]
+        at = int(point.timestamp() * 1000)
+        cut = next((r.id for r in self.visible if r.publish_time > at), None)
+        bases = [e for e in (*self.snap_retained, self.epoch) if self.snap_published[e] <= at
+                 and (cut is None or self.history[e][0] is None or self.history[e][0] < cut)]
+        horizon, kept = self.history[bases[-1]] if bases else (None, ())
+        return [r for r in self._expected(horizon, kept) if cut is None or r.id < cut], at  # type: ignore[operator]
+
+    @precondition(lambda self: self.epoch > 0)
+    @rule(data=st.data(), table=st.booleans())
+    def read_as_of(self, data: st.DataObject, table: bool) -> None:
+        """A read as of a retained epoch is its view through its horizon; as of a time,
+        every record published by then: nothing written later, whatever was published or
+        compacted since.  An epoch not retained is refused."""
+        self._snap_follow()
+        point = self._draw_point(data, "point")
+        if data.draw(st.booleans(), label="an epoch not retained"):
+            missing = data.draw(st.sampled_from([self.epoch + 1, *([self.snap_retained[0] - 1] if self.snap_retained
+                                                                   and self.snap_retained[0] > 1 else [])]))
+            with pytest.raises(SnapshotNotFoundError, match="is not retained"):
+                TopicReader(self.uri, as_of=missing)
+        event(f"read as of: {'an epoch' if isinstance(point, int) else 'a time'}")
+        want, now = self._as_of(point)
+        with TopicReader(self.uri, as_of=point) as r:
+            self._compare(r.read(), want, f"read as of {point}")
+        if table:
+            got = dict(TableView(self.uri, as_of=point))
+            assert got == self._table_of(want, now), (point, got, self._table_of(want, now))
+
+    @precondition(lambda self: self.epoch > 0)
+    @rule(data=st.data())
+    def changes_between(self, data: st.DataObject) -> None:
+        """The changes between two points are the difference of the two tables: a key
+        with another record is an upsert of it, a key gone is a delete."""
+        from shale.reader.changes import changes
+
+        self._snap_follow()
+        a, b = self._draw_point(data, "from"), self._draw_point(data, "to")
+        event(f"changes: {type(a).__name__} to {type(b).__name__}")
+        old, new = (self._table_recs(*self._as_of(p)) for p in (a, b))
+        got = list(changes(self.meta, a, b))
+        ups = {c.key: c.message.id for c in got if c.op == "upsert" and c.message is not None}
+        assert ups == {k: r.id for k, r in new.items() if k not in old or old[k].id != r.id}, (a, b)
+        assert {c.key for c in got if c.op == "delete"} == set(old) - set(new), (a, b)
+        assert len(got) == len(ups) + len(set(old) - set(new))
 
     @precondition(lambda self: bool(self.snap_retained))
     @rule(data=st.data(), seconds=st.sampled_from([0, 1, 3600]))
     def roll_back(self, data: st.DataObject, seconds: int) -> None:
         """Publish a retained snapshot's view again; the model goes back to that epoch's view
         (and its tombstones' ages), and later runs build on it."""
-        from shale.compactor.snapshots import rollback
+        from shale.maintenance.snapshots import rollback
 
         self._snap_follow()
         self.clock.s += seconds
@@ -941,8 +1003,10 @@ class ShaleModelMachine(RuleBasedStateMachine):
         if self.snap_retained:
             event(f"snapshots retained: {len(self.snap_retained)}")
         for epoch in self.snap_retained:
-            with TopicReader(self.uri, as_of=epoch) as r:
+            with TopicReader(self.uri, from_snapshot=epoch) as r:
                 self._compare(r.read(), self._expected(*self.history[epoch]), f"snapshot of epoch {epoch}")
+            with TopicReader(self.uri, as_of=epoch) as r:
+                self._compare(r.read(), self._as_of(epoch)[0], f"as of epoch {epoch}")
 
     # --------------------------------------------------------------- invariants
 
@@ -971,6 +1035,10 @@ class ShaleModelMachine(RuleBasedStateMachine):
     def _table_of(self, records: list[Rec], now: int) -> dict[bytes, bytes]:
         """The latest value of every key among ``records`` (in id order) by the topic's
         order, less tombstones and keys past the TTL at ``now``."""
+        return {k: r.value for k, r in self._table_recs(records, now).items()}  # type: ignore[misc]
+
+    def _table_recs(self, records: list[Rec], now: int) -> dict[bytes, Rec]:
+        """:meth:`_table_of`, each key's record."""
         times = self._times()
         best: dict[bytes, Rec] = {}
         for r in records:
@@ -979,7 +1047,7 @@ class ShaleModelMachine(RuleBasedStateMachine):
             cur = best.get(r.key)
             if self.order == "offset" or cur is None or times[r.id][0] >= times[cur.id][0]:  # type: ignore[index]
                 best[r.key] = r
-        return {k: r.value for k, r in best.items()  # type: ignore[misc]
+        return {k: r for k, r in best.items()
                 if not r.tombstone and not (self.ttl and self._age(times[r.id]) < now - self.ttl)}  # type: ignore[index]
 
     def teardown(self) -> None:

@@ -12,17 +12,19 @@ from pathlib import Path
 import pytest
 
 from shale.compactor import CompactionConfig, Compactor, collect_garbage
-from shale.compactor.retention import UnreadRecordsError, retention_cut, truncate
+from shale.compactor.hold import subscription_hold
 from shale.compactor.run_many import compact_topic
-from shale.compactor.verify import verify_topic
 from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.record import Message
+from shale.maintenance.retention import UnreadRecordsError, retention_cut, truncate
+from shale.maintenance.status import status_text, topic_status
+from shale.maintenance.subscriptions import subscription_statuses
+from shale.maintenance.verify import verify_topic
 from shale.metadata.subscriptions import Subscriptions
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
 from shale.settings import resolve
-from shale.status import status_text, topic_status
 from tests.compaction_model import CompactionModel, every_record, row
 from tests.compactor.test_compaction import Clock
 
@@ -195,7 +197,7 @@ def test_max_tombstone_hold_bounds_a_subscriber_that_never_moves(tmp_path: Path)
     uri = str(tmp_path / "t")
     clock, truth = Clock(time.time()), {}
     produce(uri, clock, truth, [("a", "1"), ("b", "2"), ("a", None), ("c", "3"), ("b", None)])
-    subs = Subscriptions(TopicMetadata.open(uri))
+    subs = Subscriptions(TopicMetadata.open(uri), clock=clock)  # (commits stamped days ahead, by the test's clock)
     stuck = subs.create("stuck", MIN_ID, now_ms=ms(clock))
     config = CompactionConfig(delete_retention_ms=HOUR, max_tombstone_hold_ms=2 * DAY)
     model = CompactionModel()
@@ -248,3 +250,47 @@ def test_a_run_with_nothing_new_leaves_retained_keyless_records_alone(tmp_path: 
     config = CompactionConfig(delete_retention_ms=0, retain_null_key=True)
     assert Compactor(uri, config).run().keyless_kept == 1
     assert Compactor(uri, config).run().status == "nothing-to-do"
+
+
+def test_the_hold_starts_at_the_least_position_of_the_active_subscriptions(tmp_path: Path) -> None:
+    """Two active subscriptions at different positions, and an expired one at the start:
+    the tombstones from the slower active one's position on are held past their
+    retention, those before it go with it."""
+    uri = str(tmp_path / "t")
+    clock, truth = Clock(time.time()), {}
+    items: Items = [(f"k{i}", f"v{i}") for i in range(8)] + [(f"k{i}", None) for i in range(8)]
+    produce(uri, clock, truth, items, per_ledger=100)  # one ledger, entries of two records
+    config = CompactionConfig(delete_retention_ms=HOUR)
+    assert Compactor(uri, config, clock=clock).run().tombstones_kept == 8
+    meta = TopicMetadata.open(uri)
+    subs = Subscriptions(meta)
+    subs.create("fast", MessageId(1, 7, 0), now_ms=ms(clock))  # the 15th record: k6's tombstone
+    subs.create("slow", MessageId(1, 5, 1), now_ms=ms(clock))  # the 12th: k3's tombstone
+    subs.create("gone", MIN_ID, now_ms=ms(clock) - 8 * DAY)  # expired: holds nothing
+    assert subscription_hold(meta, config, ms(clock)) == MessageId(1, 5, 1)
+    clock.advance(2 * HOUR / 1000)
+    s = Compactor(uri, config, clock=clock).run()
+    assert (s.tombstones_dropped, s.tombstones_kept) == (3, 5)
+    assert [m.key for m in TopicReader(uri, read_compacted=True).read()] == [f"k{i}".encode() for i in range(3, 8)]
+
+
+@pytest.mark.parametrize("since_commit", [DAY - 1, DAY])
+def test_a_subscription_expires_once_exactly_the_expiry_has_passed_since_its_commit(tmp_path: Path,
+                                                                                   since_commit: int) -> None:
+    """``subscription-expiry`` 1 day: a subscription that last committed a day ago to the
+    millisecond holds nothing back and is shown expired; a millisecond less, it is active
+    and holds its tombstone (what the docs say: one that has not committed for this long
+    holds nothing back)."""
+    uri = str(tmp_path / "t")
+    clock, truth = Clock(time.time()), {}
+    produce(uri, clock, truth, [("a", "1"), ("b", "2"), ("a", None), ("c", "3")])
+    meta = TopicMetadata.open(uri)
+    meta.update_policy({"subscription_expiry_ms": DAY})
+    now = ms(clock)  # the time the compactor takes from the clock, to the millisecond
+    Subscriptions(meta).create("edge", MIN_ID, now_ms=now - since_commit)
+    active = since_commit < DAY
+    config = CompactionConfig(delete_retention_ms=0, subscription_expiry_ms=DAY)
+    assert subscription_hold(meta, config, now) == (MIN_ID if active else None)
+    assert [(st.subscription.name, st.active) for st in subscription_statuses(meta, now_ms=now)] == [("edge", active)]
+    s = Compactor(uri, config, clock=clock).run()
+    assert (s.status, s.tombstones_kept, s.tombstones_dropped) == ("compacted", int(active), int(not active)), s

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from shale.compactor import CompactionConfig, Compactor, pass_two
-from shale.compactor.throttle import Throttle
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
+from shale.runtime.throttle import Throttle
 from tests.conftest import run_cli
 
 

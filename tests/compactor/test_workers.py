@@ -19,7 +19,6 @@ from shale.cli.errors import EXIT_CORRUPT, exit_code_of
 from shale.compactor import CompactionConfig, Compactor
 from shale.compactor import pass_one as pass_one_module
 from shale.compactor import workers as workers_module
-from shale.compactor.cpus import available_cpus
 from shale.compactor.keymap import KeyMapBuilder
 from shale.compactor.plan import make_plan
 from shale.ledger.errors import CorruptLedgerError, ShaleError
@@ -27,6 +26,7 @@ from shale.ledger.format import FRAME_HEADER
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
+from shale.runtime.cpus import available_cpus
 
 T0 = 1_700_000_000.0
 HOUR = 3600.0

@@ -22,6 +22,7 @@ import pytest
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
 from tests.conftest import ROOT, run_cli
+from tests.needs import need
 
 DOCKER = ROOT / "infra" / "docker"
 UID = 10001
@@ -40,9 +41,7 @@ def _engine_missing() -> str | None:
 
 
 def build(target: str) -> str:
-    reason = _engine_missing()
-    if reason:
-        pytest.skip(reason)
+    need(_engine_missing())
     started = time.monotonic()
     res = subprocess.run([str(DOCKER / "build.sh"), target], capture_output=True, text=True, timeout=3600)
     assert res.returncode == 0, res.stderr[-4000:]

@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from shale.compactor.cli import build_compact_parser
+from tests.needs import needs, program
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "infra" / "k8s"
@@ -37,7 +38,7 @@ IMAGE_REPO = "ghcr.io/shale-project/shale"
 POD_FIELDS = {"status.podIP": "10.1.2.3", "metadata.name": "shale-compact-29000000-abcde",
               "metadata.namespace": "shale"}
 
-needs_kubectl = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with kustomize) is not installed")
+needs_kubectl = needs(program("kubectl"))
 
 Render = Callable[[str], list[dict[str, Any]]]
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -20,6 +19,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from tests.needs import needs, program
 
 ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "infra" / "monitoring"
@@ -37,11 +38,8 @@ PUSHED = frozenset({
 KUBE_STATE_METRICS = frozenset({"kube_cronjob_next_schedule_time", "kube_cronjob_spec_suspend",
                                 "kube_cronjob_status_last_successful_time"})
 
-# the test command installs it (scripts/_system.sh): missing in CI is a failure, not a skip
-needs_promtool = pytest.mark.skipif(
-    shutil.which("promtool") is None and not os.environ.get("CI"),
-    reason="promtool is not installed (the Debian package prometheus, which scripts/_system.sh installs)")
-needs_kubectl = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with kustomize) is not installed")
+needs_promtool = needs(program("promtool"))
+needs_kubectl = needs(program("kubectl"))
 
 
 def load(name: str) -> ModuleType:

@@ -19,6 +19,8 @@ from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE
 from shale.ledger.record import Record, decode_records, encode_record
 from tests.ledger.test_record_columns import records
 
+pytestmark = pytest.mark.kernels  # (scripts/sanitize.sh runs these under ASan and UBSan)
+
 NATIVE = kernels._native
 
 

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from shale.compactor import CompactionConfig, Compactor
-from shale.compactor.verify import verify_topic
 from shale.ledger import codecs
 from shale.ledger.codecs import (
     DEFAULT_COMPRESSION,
@@ -30,6 +29,7 @@ from shale.ledger.ids import MessageId
 from shale.ledger.reader import LedgerFile
 from shale.ledger.record import Message, Record
 from shale.ledger.writer import LedgerWriter, encode_entry
+from shale.maintenance.verify import verify_topic
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TableView, TopicReader

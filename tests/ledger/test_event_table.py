@@ -32,6 +32,7 @@ from tests.ledger.test_kernels import (
     random_u64,
     u64,
 )
+from tests.needs import c_extension, needs
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
@@ -40,7 +41,7 @@ Winners = dict[Key, tuple[int, int]]  # key -> (event, position) of its winner
 
 I64_MAX = np.iinfo(np.int64).max
 
-pytestmark = pytest.mark.skipif(kernels._native is None, reason="the C kernels are not in use")
+pytestmark = [pytest.mark.kernels, needs(c_extension(kernels._native, "ledger/_kernels.c"))]
 
 
 def new_table(expected: int = 0) -> kernels.EventKeyTable:

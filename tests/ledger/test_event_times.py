@@ -13,8 +13,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from shale.columns import Fields
-from shale.ingest import produce_columnar
 from shale.ledger.errors import CorruptLedgerError
 from shale.ledger.format import KIND_ORIGINAL, NO_EVENT_TIME
 from shale.ledger.reader import LedgerFile
@@ -22,6 +20,8 @@ from shale.ledger.record import Record
 from shale.ledger.writer import LedgerWriter, encode_entry
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
+from shale.producer.columns import Fields
+from shale.producer.ingest import produce_columnar
 from shale.storage import resolve
 from tests import objects
 

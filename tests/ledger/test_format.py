@@ -687,7 +687,7 @@ def test_message_id_ordering() -> None:
 def test_message_id_text_form() -> None:
     assert str(MessageId(3, 17, 0)) == "3:17:0"
     assert MessageId.parse("3:17:0") == MessageId(3, 17, 0)
-    assert MessageId.parse("  3:17:2 ") == MessageId(3, 17, 2)
+    assert MessageId.parse("3:17:2") == MessageId(3, 17, 2)
     assert MessageId.parse(str(MAX_ID)) == MAX_ID
     assert str(MAX_ID) == f"{_U64}:{_U64}:{_U32}"
     for mid in (MessageId(0, 0, 0), MessageId(12345678901234, 5, 7)):
@@ -696,7 +696,9 @@ def test_message_id_text_form() -> None:
 
 
 @pytest.mark.parametrize("text", ["", "3:17", "3:17:0:1", "a:b:c", "-1:0:0", "3:-1:0", "3:17:x", "3.0:17:0",
-                                  "3 17 0", "3::0", "earliest", "0x3:1:0"])
+                                  "3 17 0", "3::0", "earliest", "0x3:1:0",
+                                  # one spelling only: no spaces around, no leading zero
+                                  "  3:17:2 ", " 1:0:0", "1:0:0\n", "01:00:00", "3:017:0", "3:17:00"])
 def test_message_id_parse_errors(text: str) -> None:
     with pytest.raises(InvalidInputError) as info:
         MessageId.parse(text)

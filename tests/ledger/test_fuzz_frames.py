@@ -64,13 +64,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shale.compactor import CompactionConfig, Compactor, collect_garbage
-from shale.compactor.retention import retention_cut, truncate
-from shale.compactor.verify import verify_topic
 from shale.ledger.codecs import Codec, Dictionary, parse_compression
 from shale.ledger.errors import ShaleError
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE
 from shale.ledger.ids import MessageId
 from shale.ledger.kernels import crc32c
+from shale.maintenance.retention import retention_cut, truncate
+from shale.maintenance.verify import verify_topic
 from shale.metadata.dictionaries import register_dictionary
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
@@ -86,6 +86,8 @@ from tests.metadata.test_fuzz_hostile import (
     note,
     watchdog,
 )
+
+pytestmark = pytest.mark.kernels  # (scripts/sanitize.sh runs these under ASan and UBSan)
 
 PER_ENTRY = 40
 NAMES = ["alice", "bob", "carol", "dave", "erin"]

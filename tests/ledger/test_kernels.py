@@ -50,6 +50,9 @@ from shale.producer import TopicWriter
 from shale.reader import TopicReader
 from tests.compactor.test_compaction import expected_view
 from tests.conftest import run_cli
+from tests.needs import BUILD_HOW, c_extension, missing, need_c_extension, needs
+
+pytestmark = pytest.mark.kernels  # (scripts/sanitize.sh runs these under ASan and UBSan)
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
@@ -57,7 +60,7 @@ Key = tuple[int, int]
 
 FORCED_FALLBACK = os.environ.get("SHALE_KERNELS", "").strip().lower() in ("numpy", "python")
 NATIVE = kernels._native
-needs_native = pytest.mark.skipif(NATIVE is None, reason="the C kernels are not in use")
+needs_native = needs(c_extension(NATIVE, "ledger/_kernels.c"))
 
 # Lengths around the C CRC's strategy changes: 8-byte words, 3 x 256-byte and 3 x 8 KiB blocks.
 CRC_LENGTHS = [0, 1, 2, 3, 7, 8, 9, 15, 16, 17, 255, 256, 257, 767, 768, 769, 1000, 8191, 8192, 8193,
@@ -91,8 +94,7 @@ def numpy_keymap() -> Iterator[None]:
 def kernel_path(request: pytest.FixtureRequest) -> Iterator[str]:
     """Runs a test once with the C kernels (skipped without them) and once with the fallbacks."""
     if request.param == "native":
-        if NATIVE is None:
-            pytest.skip("the C kernels are not in use")
+        need_c_extension(NATIVE, "ledger/_kernels.c")
         yield "native"
     else:
         with fallback_kernels():
@@ -181,7 +183,7 @@ def as_bools(found: bytearray | npt.NDArray[np.bool_]) -> list[bool]:
 def new_table(expected: int = 0) -> kernels.KeyTable:
     table = kernels.new_key_table(expected)
     if table is None:
-        pytest.skip("the C kernels are not in use: no KeyTable")
+        need_c_extension(None, "ledger/_kernels.c (its KeyTable)")
     return table
 
 
@@ -950,7 +952,7 @@ def kernels_in_subprocess(kernels_env: str) -> str:
 def test_compaction_is_the_same_with_and_without_the_c_kernels(tmp_path: Path) -> None:
     assert kernels_in_subprocess("numpy") == "numpy"
     if kernels_in_subprocess("") != "native":
-        pytest.skip("the C kernels are not built: nothing to compare")
+        missing(f"the C extension built from ledger/_kernels.c is not built: nothing to compare ({BUILD_HOW})")
     native_uri, numpy_uri = str(tmp_path / "native" / "topic"), str(tmp_path / "numpy" / "topic")
     produce(native_uri, 0, 4_000, keys=1_500)
     shutil.copytree(native_uri, numpy_uri)

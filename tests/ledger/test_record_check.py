@@ -34,9 +34,12 @@ from hypothesis import strategies as st
 
 from shale.ledger import kernels
 from shale.ledger.record import Record, encode_record
+from tests.needs import c_extension, need_c_extension, needs
+
+pytestmark = pytest.mark.kernels  # (scripts/sanitize.sh runs these under ASan and UBSan)
 
 NATIVE = kernels._native
-needs_native = pytest.mark.skipif(NATIVE is None, reason="the C kernels are not in use")
+needs_native = needs(c_extension(NATIVE, "ledger/_kernels.c"))
 
 I64 = npt.NDArray[np.int64]
 U8 = npt.NDArray[np.uint8]
@@ -55,8 +58,7 @@ ALL_GOOD_UTF8 = ["", "a", "é", "€", "😀", "\U0010ffff", "\ud7ff", "\ue000",
 def kernel_path(request: pytest.FixtureRequest) -> Iterator[str]:
     """Runs a test once with the C kernels (skipped without them) and once with the fallback."""
     if request.param == "native":
-        if NATIVE is None:
-            pytest.skip("the C kernels are not in use")
+        need_c_extension(NATIVE, "ledger/_kernels.c")
         yield "native"
     else:
         with pytest.MonkeyPatch.context() as mp:
@@ -480,8 +482,8 @@ def test_check_kept_checks_the_copied_records_only(use_native: bool, monkeypatch
     """The records compaction copies, found through the copy plan (entry frames, kept
     counts, record indexes): a moved boundary is found where it is copied, and not where
     it is not; both implementations agree; bad selections are ValueErrors."""
-    if use_native and NATIVE is None:
-        pytest.skip("the C kernels are not in use")
+    if use_native:
+        need_c_extension(NATIVE, "ledger/_kernels.c")
     if not use_native:
         monkeypatch.setattr(kernels, "_native", None)
     recs = [Record(b"k%d" % i, b"v" * (i + 1), {"p": "q"} if i % 2 else {}, 1, None) for i in range(5)]

@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from shale.ledger import kernels
 from shale.ledger.record import Record, decode_records, encode_record
 
+pytestmark = pytest.mark.kernels  # (scripts/sanitize.sh runs these under ASan and UBSan)
+
 NATIVE = kernels._native
 I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
 

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from shale.compactor import CompactionConfig, Compactor, collect_garbage
-from shale.compactor.dictionary import train_dictionary
-from shale.compactor.verify import verify_topic
 from shale.ledger.codecs import Codec, Compression, Dictionary, parse_compression
 from shale.ledger.errors import InvalidInputError, InvalidMetadataError
 from shale.ledger.reader import LedgerFile
+from shale.maintenance.dictionary import train_dictionary
+from shale.maintenance.verify import verify_topic
 from shale.metadata.dictionaries import register_dictionary
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter

@@ -11,8 +11,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +24,7 @@ from shale.reader import TableView, TopicReader
 from tests import objects, tamper
 from tests.conftest import run_cli_here
 from tests.metadata.test_dictionaries import _model, _produce, _rows
+from tests.needs import without_root_privileges
 
 ROWS = _rows(4000, 3)
 
@@ -189,34 +188,15 @@ def test_a_missing_registered_dictionary_is_damage_for_every_command(topic: str)
 # ------------------------------------------------------------------- permission denied
 
 
-@pytest.fixture
-def shared_topic(template: Path) -> Iterator[str]:
-    """A copy of the topic another user may read (tests run as root, and root reads a
-    file whatever its mode: the commands run as ``nobody``)."""
-    where = Path(tempfile.mkdtemp(prefix="shale-perm-"))
-    try:
-        os.chmod(where, 0o755)
-        shutil.copytree(template, where / "t")
-        yield str(where / "t")
-    finally:
-        shutil.rmtree(where, ignore_errors=True)
-
-
 def run_unprivileged(*args: str) -> subprocess.CompletedProcess[str]:
-    """``shale ARGS`` as a user without root's power to read any file (util-linux's
-    ``setpriv`` drops root's user, groups and capabilities before it runs the command)."""
+    """``shale ARGS`` without root's power to read any file (tests run as root, and root
+    reads a file whatever its mode: :func:`tests.needs.without_root_privileges`)."""
     cmd = [os.path.abspath(Path(sys.executable).parent / "shale"), *args]
-    if os.geteuid() == 0:
-        setpriv = shutil.which("setpriv")
-        if setpriv is None:
-            pytest.skip("running as root without setpriv: no way to run a command that root's power does not "
-                        "let read every file")
-        cmd = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd="/", env={**os.environ, "HOME": "/"})
+    return subprocess.run(without_root_privileges(cmd), capture_output=True, text=True, timeout=300, cwd="/",
+                          env={**os.environ, "HOME": "/"})
 
 
-def test_an_unreadable_ledger_is_a_permission_error_not_damage(shared_topic: str) -> None:
-    topic = shared_topic
+def test_an_unreadable_ledger_is_a_permission_error_not_damage(topic: str) -> None:
     assert run_unprivileged("verify", topic, "--scrub").returncode == 0  # everything readable so far
     lg = TopicMetadata.open(topic).load_topic().ledgers[-1]
     os.chmod(Path(topic) / lg.object, 0)
@@ -228,8 +208,7 @@ def test_an_unreadable_ledger_is_a_permission_error_not_damage(shared_topic: str
         assert "DAMAGE" not in r.stdout and "damaged" not in r.stdout + r.stderr
 
 
-def test_an_unreadable_dictionary_is_a_permission_error_not_damage(shared_topic: str) -> None:
-    topic = shared_topic
+def test_an_unreadable_dictionary_is_a_permission_error_not_damage(topic: str) -> None:
     name, _ = _dictionary(topic)
     os.chmod(Path(topic) / name, 0)
     for args in (("read", topic), ("verify", topic, "--scrub")):

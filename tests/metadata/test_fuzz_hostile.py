@@ -93,11 +93,11 @@ from hypothesis.errors import InvalidArgument
 
 from shale.cli import build_parser, run_command
 from shale.compactor import CompactionConfig, Compactor, collect_garbage
-from shale.compactor.verify import verify_topic
 from shale.ledger.errors import InvalidMetadataError, ShaleError
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, FRAME_HEADER
 from shale.ledger.ids import MessageId
 from shale.ledger.record import Message
+from shale.maintenance.verify import verify_topic
 from shale.metadata.state import CompactionState, TopicState
 from shale.metadata.topic import TopicMetadata
 from shale.reader import TableView, TopicReader
@@ -129,8 +129,8 @@ SPECIAL_INTS = [0, 1, -1, 2, 3, 7, 255, 256, 2**31 - 1, 2**31, 2**32 - 1, 2**32,
                 2**63, 2**64 - 1, 2**64, -(2**63), -(2**63) - 1, 10**30]
 FIELD_NAMES = [
     # topic.json
-    "format", "created_ms", "ledgers", "generation", "removed_through", "truncated_ms", "id", "object", "entries",
-    "records", "bytes", "first_publish", "last_publish", "sealed_ms",
+    "format", "created_ms", "ledgers", "generation", "removed_through", "truncated_ms", "removed_last", "id", "object",
+    "entries", "records", "bytes", "first_publish", "last_publish", "sealed_ms",
     # compaction.json
     "epoch", "horizon", "compacted_ledger", "parts", "retired", "keys", "tombstones", "compacted_ms", "last_run",
     "topic_generation", "first_id", "last_id", "ledger_id", "deletions", "deleted", "objects", "retired_ms",
@@ -144,8 +144,14 @@ NAME_FIELDS = ("object", "deletions", "compacted_ledger")
 HOSTILE_REACHING = 16
 
 
+#: Under the sanitizers (scripts/sanitize.sh), where an example costs several times as much,
+#: a quarter of the examples: the marked fuzz still reaches every kernel, in bounded time.
+SANITIZED = bool(os.environ.get("SHALE_SANITIZED_KERNELS"))
+
+
 def _settings(examples: int) -> Callable[[Any], Any]:
-    return settings(max_examples=examples * SCALE, deadline=None, derandomize=not LONG,
+    return settings(max_examples=max(5, examples // 4) if SANITIZED else examples * SCALE, deadline=None,
+                    derandomize=not LONG,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                            HealthCheck.data_too_large])
 
@@ -813,6 +819,7 @@ def test_lies_about_names(tmp_path: Path, data: st.DataObject) -> None:
     check_example(data, tmp_path, ("names",))
 
 
+@pytest.mark.kernels
 @pytest.mark.timeout(7200 if LONG else 600)
 @_settings(100)
 @given(data=st.data())
@@ -820,6 +827,7 @@ def test_lies_in_ledger_footers(tmp_path: Path, data: st.DataObject) -> None:
     check_example(data, tmp_path, ("ledger",))
 
 
+@pytest.mark.kernels
 @pytest.mark.timeout(7200 if LONG else 600)
 @_settings(60)
 @given(data=st.data())

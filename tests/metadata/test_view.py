@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from shale.ledger.format import KIND_COMPACTED, KIND_ORIGINAL
 from shale.ledger.ids import MIN_ID, MessageId
 from shale.metadata.state import CompactedPart, CompactionState, LedgerInfo, TopicState
@@ -81,6 +83,14 @@ def test_records_retention_removed_from_an_id() -> None:
     # a removed horizon ledger a reader had listed says whether records lay above the horizon
     assert view.covered([_ledger(3, entries=2)]) == MessageId(4, 0, 0)
     assert view.covered([_ledger(3, entries=5)]) == H.successor()
+    # the topic records where the last removed ledger ended: that decides, listed or not
+    ended = TopicView(replace(topic, removed_last=MessageId(4, 3, 0)), STATE)
+    assert ended.removed_from(MessageId(4, 3, 1)) is None and ended.removed_from(MessageId(4, 3, 0)) is not None
+    ends_at_horizon = TopicView(replace(_topic(range(5, 7), removed_through=3), removed_last=H), STATE)
+    assert ends_at_horizon.covered([_ledger(3, entries=5)]) == MessageId(4, 0, 0)
+    assert ends_at_horizon.removed_from(H.successor()) is None
+    past_horizon = TopicView(replace(_topic(range(5, 7), removed_through=3), removed_last=MessageId(3, 4, 0)), STATE)
+    assert past_horizon.covered() == H.successor() and past_horizon.removed_from(H.successor()) is not None
     # from earliest, what went before the read began is no gap; only ledgers 1-3 removed: none lost
     assert not any(isinstance(s, Removed) for s in view.segments())
     assert not any(isinstance(s, Removed) for s in TopicView(_topic(range(4, 7), 3), STATE).segments(MIN_ID))

@@ -35,12 +35,12 @@ from hypothesis import HealthCheck, Phase, event, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from shale.compactor import CompactionConfig, Compactor, collect_garbage
-from shale.compactor.retention import truncate
-from shale.compactor.verify import verify_topic
 from shale.ledger.codecs import parse_compression
 from shale.ledger.errors import GapError, InvalidInputError
 from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.record import Message
+from shale.maintenance.retention import truncate
+from shale.maintenance.verify import verify_topic
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TableView, TopicReader

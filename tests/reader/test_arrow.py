@@ -22,8 +22,9 @@ from shale.ledger.record import Message, Record
 from shale.producer import TopicWriter
 from shale.reader import TableView, TopicReader
 from tests.conftest import run_cli_here
+from tests.needs import need_module
 
-pa = pytest.importorskip("pyarrow")
+pa = need_module("pyarrow")
 T0 = 1_700_000_000_000
 
 
@@ -139,8 +140,8 @@ def test_text_columns_and_their_refusal(tmp_path: Path) -> None:
 
 
 def test_export_is_read_back_by_duckdb_polars_and_pyarrow(disk_topic_uri: str, tmp_path: Path) -> None:
-    duckdb = pytest.importorskip("duckdb")
-    polars = pytest.importorskip("polars")
+    duckdb = need_module("duckdb")
+    polars = need_module("polars")
     import pyarrow.parquet as pq
 
     uri = disk_topic_uri
@@ -192,7 +193,7 @@ def test_export_to_s3_appears_whole_or_not_at_all(s3_bucket: str, tmp_path: Path
 
 
 def test_export_as_text_for_a_sql_query(tmp_path: Path) -> None:
-    duckdb = pytest.importorskip("duckdb")
+    duckdb = need_module("duckdb")
     uri = str(tmp_path / "users")
     with TopicWriter(uri) as w:
         for i in range(300):

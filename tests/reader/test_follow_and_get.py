@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TableView, TopicReader, lookup
 from tests.conftest import ROOT, run_cli, run_cli_here
+from tests.gates import GUARD_S
 
 
 def _produce(topic: str, items: list[tuple[str, str | None]], per: int = 10) -> None:
@@ -38,10 +38,10 @@ def test_a_following_reader_gets_records_produced_after_it_started(topic_uri: st
     r = TopicReader(topic_uri, follow=True, poll_interval=0.01)
     assert len(r.read(20)) == 20
     assert not r.has_message_available()
-    assert r.read_next(timeout=0.05) is None
+    assert r.read_next(timeout=0.05) is None  # (it looks once at least, whatever the timeout)
     _produce(topic_uri, [("late", "arrival")])
     assert r.has_message_available()
-    m = r.read_next(timeout=5)
+    m = r.read_next(timeout=GUARD_S)  # there already: the guard is reached only by a hang
     assert m is not None and m.key == b"late" and m.value == b"arrival"
     # iterating a following reader waits for more instead of ending
     got: list[bytes] = []
@@ -52,10 +52,11 @@ def test_a_following_reader_gets_records_produced_after_it_started(topic_uri: st
             if len(got) == 2:
                 return
 
-    t = threading.Thread(target=consume)
+    t = threading.Thread(target=consume, daemon=True)
     t.start()
     _produce(topic_uri, [("a", "1"), ("b", "2")], per=1)
-    t.join(timeout=30)
+    t.join(GUARD_S)
+    assert not t.is_alive(), f"the follower hung after {got}"
     assert got == [b"1", b"2"]
 
 
@@ -69,7 +70,7 @@ def test_a_compacted_follower_switches_to_the_tail_with_no_gap_and_no_duplicate(
     assert state.horizon is not None
     assert [m.id <= state.horizon for m in first] == [True] * 10 + [False] * 15
     _produce(topic_uri, [("k1", "after")])
-    m = r.read_next(timeout=5)
+    m = r.read_next(timeout=GUARD_S)  # there already: the guard is reached only by a hang
     ids = [x.id for x in first] + [m.id if m else None]
     assert m is not None and m.value == b"after"
     assert ids == sorted(ids) and len(set(ids)) == len(ids)  # no duplicate, in order
@@ -79,18 +80,25 @@ def test_a_following_table_view_calls_its_listener(topic_uri: str) -> None:
     _produce(topic_uri, _updates(20, 4))
     view = TableView(topic_uri)
     seen: list[tuple[bytes, bytes | None]] = []
-    view.for_each_and_listen(lambda key, value: seen.append((key, value)))
+    two = threading.Event()
+
+    def listener(key: bytes, value: bytes | None) -> None:
+        seen.append((key, value))
+        if len(seen) == 2:
+            two.set()
+
+    view.for_each_and_listen(listener)
     assert sorted(k for k, _ in seen) == [b"k0", b"k1", b"k2", b"k3"]
     seen.clear()
+    two.clear()
     _produce(topic_uri, [("k9", "new"), ("k0", None)], per=1)
     stop = threading.Event()
-    t = threading.Thread(target=view.follow, kwargs={"poll_interval": 0.01, "stop": stop})
+    t = threading.Thread(target=view.follow, kwargs={"poll_interval": 0.01, "stop": stop}, daemon=True)
     t.start()
-    deadline = time.monotonic() + 30
-    while len(seen) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    heard = two.wait(GUARD_S)  # the guard is reached only when the changes never come
     stop.set()
-    t.join(timeout=30)
+    t.join(GUARD_S)
+    assert heard and not t.is_alive(), seen
     assert seen == [(b"k9", b"new"), (b"k0", None)]
     assert view.get(b"k9") == b"new" and b"k0" not in view
 

@@ -22,15 +22,16 @@ import pytest
 
 from shale.cli.errors import exit_code_of
 from shale.compactor import CompactionConfig, Compactor, collect_garbage
-from shale.compactor.retention import truncate
 from shale.ledger.errors import GapError, ObjectNotFoundError
 from shale.ledger.ids import MessageId
 from shale.ledger.record import Message
+from shale.maintenance.retention import truncate
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
 from shale.reader.gaps import Gap
 from tests.conftest import ROOT, local_spark, run_cli
+from tests.needs import need_module
 from tests.tamper import edit
 
 KEYS = 7
@@ -125,7 +126,7 @@ def test_every_way_of_reading_stops_at_the_gap(tmp_path: Path, how: str) -> None
     """The reader had listed ledgers 1-3 and read ledger 1; 2 and 3 were removed but their
     objects are still there (the orphan grace), so it reads them; 4-7 it never listed."""
     if how == "iter_batches":
-        pytest.importorskip("pyarrow")
+        need_module("pyarrow")
     uri = str(tmp_path / "t")
     _produce(uri, 0, 30)
     r = TopicReader(uri, poll_interval=0.01)
@@ -190,6 +191,44 @@ def test_a_reader_mid_ledger_when_its_ledger_is_collected(disk_topic_uri: str, o
     assert (str(gap.first), gap.through) == ("2:0:5", 3)
     substitute = [] if on_gap == "skip" else _view(uri, everything, MessageId(2, 0, 5), MessageId(4, 0, 0))
     assert _ids(got) == _ids(everything[:15] + substitute) + [f"4:{e}:{b}" for e in (0, 1) for b in range(5)]
+
+
+@pytest.mark.parametrize("on_gap", ["error", "skip"])
+@pytest.mark.parametrize("before", [4, 8])
+def test_a_refreshed_reader_still_reads_the_removed_ledgers_it_had_listed(tmp_path: Path, on_gap: Any,
+                                                                          before: int) -> None:
+    """It listed ledgers 1-3 and read into ledger 2; ledgers 4-7 came, and retention removed
+    those below ``before`` (1-3: all it had listed, or 1-7), their objects still there (the
+    orphan grace); ``refresh`` then took the new list.  The rest of ledgers 2 and 3 is
+    still read from their objects, and only what it never listed (4-7) is a gap: no record
+    it had listed vanishes, nor is it left out of the gap."""
+    uri = str(tmp_path / "t")
+    _produce(uri, 0, 30)
+    heard: list[Gap] = []
+    r = TopicReader(uri, on_gap=on_gap, gap_listener=heard.append)
+    got = r.read(12)
+    assert str(r.position) == "2:0:2"
+    _produce(uri, 30, 40)
+    everything = TopicReader(uri).read()
+    _remove_through(uri, before, collect=False)
+    _produce(uri, 70, 5)
+    r.refresh()
+    assert [lg.id for lg in r.topic.ledgers] == [*range(before, 8), 8]
+    listed, kept = everything[12:30], everything[10 * (before - 1):]  # 18 records of ledgers 2 and 3
+    new = [f"8:0:{b}" for b in range(5)]
+    if before == 4:  # nothing it had not listed was removed: no gap
+        assert _ids(r.read()) == _ids(listed + kept) + new and not heard
+        return
+    if on_gap == "error":
+        assert _ids(r.read()) == _ids(listed)
+        with pytest.raises(GapError) as e:
+            r.read()
+        assert e.value.first == "4:0:0" and "records 4:0:0 to 7:…" in str(e.value)
+        return
+    got += r.read()
+    (gap,) = heard
+    assert (str(gap.first), gap.through, gap.how) == ("4:0:0", 7, "skipped")
+    assert _ids(got) == _ids(everything[:30]) + new
 
 
 def test_a_missing_object_that_retention_did_not_remove_is_no_gap(tmp_path: Path) -> None:
@@ -347,8 +386,8 @@ def test_read_help_lists_exit_code_6() -> None:
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    pytest.importorskip("pyspark")
-    pytest.importorskip("pyarrow")
+    need_module("pyspark")
+    need_module("pyarrow")
     import shale.spark
 
     session = local_spark(fresh=True)  # (started anew: this module registers the data source)

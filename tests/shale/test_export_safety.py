@@ -35,9 +35,10 @@ from shale.producer import TopicWriter
 from shale.reader import TopicReader
 from tests.conftest import ROOT, run_cli
 from tests.craft import snapshot, snapshot_diff
+from tests.needs import need_module
 
-pa = pytest.importorskip("pyarrow")
-pq = pytest.importorskip("pyarrow.parquet")
+pa = need_module("pyarrow")
+pq = need_module("pyarrow.parquet")
 
 
 def _topic(uri: str, records: int = 60) -> None:
@@ -154,6 +155,32 @@ def test_export_into_another_topics_layout_is_refused(disk_topic_uri: str, tmp_p
     _topic_still_works(nested)
     # a new file beside the topics is written
     assert _cli("export", source, f"{root}/topics-export.parquet")[0] == 0
+
+
+@pytest.mark.s3
+def test_export_into_a_topic_at_a_bucket_root_is_refused(s3_bucket: str, tmp_path: Path) -> None:
+    """A topic's objects at a bucket's root (``_meta/topic.json`` at the top: a topic
+    copied there whole, as ``aws s3 sync s3://a/t s3://b`` does; Shale itself creates no
+    topic at a root): no export goes anywhere in that bucket, at its top or in any folder,
+    with or without ``--overwrite``, and the bucket stays as it was."""
+    import boto3
+
+    root = f"s3://{s3_bucket}"
+    _topic(f"{root}/t", records=20)
+    client = boto3.client("s3", region_name="us-east-1")
+    for o in client.list_objects_v2(Bucket=s3_bucket, Prefix="t/")["Contents"]:
+        client.copy_object(Bucket=s3_bucket, Key=o["Key"].removeprefix("t/"),
+                           CopySource={"Bucket": s3_bucket, "Key": o["Key"]})
+        client.delete_object(Bucket=s3_bucket, Key=o["Key"])
+    assert client.head_object(Bucket=s3_bucket, Key="_meta/topic.json")
+    source = str(tmp_path / "src")
+    _topic(source, records=20)
+    before = _state(root)
+    for out in (f"{root}/x.parquet", f"{root}/exports/2024/x.parquet", f"{root}/ledgers/x.jsonl"):
+        for flags in ((), ("--overwrite",)):
+            code, _, err = _cli("export", source, out, *flags)
+            _one_line_refusal(code, err, f"{out}: is inside the topic {root}", "_meta/topic.json")
+    assert _state(root) == before
 
 
 def _canonical(uri: str) -> str:

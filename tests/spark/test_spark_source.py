@@ -23,16 +23,18 @@ from shale.ledger.errors import ConflictError
 from shale.ledger.ids import MessageId
 from shale.ledger.ordering import EVENT_TIME, TopicOrder
 from shale.ledger.record import Message, Record
+from shale.maintenance.tags import tag_view
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
 from shale.reader.latest import table_messages
 from shale.reader.splits import plan_splits
 from tests.conftest import ROOT, local_spark, make_root
+from tests.needs import need_module
 
 pytestmark = pytest.mark.slow
-pytest.importorskip("pyspark")
-pytest.importorskip("pyarrow")
+need_module("pyspark")
+need_module("pyarrow")
 T0 = 1_700_000_000_000
 
 
@@ -172,9 +174,13 @@ def _frame(spark: Any, n: int, *, fail_at: int | None = None, big_at: int | None
     return df.drop("id")
 
 
-def test_as_of_reads_a_retained_snapshot_and_its_table(spark: Any, tmp_path: Path) -> None:
-    """``option("asOf", ...)``: a retained snapshot's compacted view (by epoch or time), as
-    ``TopicReader(as_of=...)`` reads it, and its table; a bad or unknown one is refused."""
+def test_as_of_reads_the_topic_as_it_was_and_changes_between_points(spark: Any, tmp_path: Path) -> None:
+    """``option("asOf", ...)``: the topic as it was at a point (an epoch, an id, a time),
+    as ``TopicReader(as_of=...)`` reads it, and its table; ``fromSnapshot``: a snapshot and
+    everything since; ``changesFrom``/``changesTo``: the changes between two points as
+    :mod:`shale.reader.changes` gives them; bad or unknown points are refused."""
+    from shale.reader.changes import changes
+
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     uri = str(tmp_path / "t")
     config = CompactionConfig(delete_retention_ms=3_600_000, snapshot_retention=2)
@@ -182,17 +188,37 @@ def test_as_of_reads_a_retained_snapshot_and_its_table(spark: Any, tmp_path: Pat
     Compactor(uri, config).run()
     _produce(uri, 2, 300, ledger=200)
     Compactor(uri, config).run()
-    assert TopicMetadata.open(uri).load_compaction().retained_epochs == (1, 2)
-    df = spark.read.format("shale").option("asOf", "1").option("splitRecords", "150").load(uri)
-    assert _got(df.collect()) == _want(list(TopicReader(uri, as_of=1)))
-    table = spark.read.format("shale").option("asOf", "1").option("table", "true").load(uri)
-    assert _got(table.collect()) == _want(list(table_messages(TopicMetadata.open(uri), as_of=1)))
+    meta = TopicMetadata.open(uri)
+    assert meta.load_compaction().retained_epochs == (1, 2)
+    middle = str(list(TopicReader(uri))[700].id)
+    for point in ("1", "2", middle, "2030-01-01T00:00:00Z"):
+        df = spark.read.format("shale").option("asOf", point).option("splitRecords", "150").load(uri)
+        assert _got(df.collect()) == _want(list(TopicReader(uri, as_of=point))), point  # type: ignore[arg-type]
+        table = spark.read.format("shale").option("asOf", point).option("table", "true").load(uri)
+        assert _got(table.collect()) == _want(list(table_messages(meta, as_of=point))), point  # type: ignore[arg-type]
+    snap = spark.read.format("shale").option("fromSnapshot", "1").load(uri)
+    assert _got(snap.collect()) == _want(list(TopicReader(uri, from_snapshot=1)))
     # (epoch 1's view holds the second round's records as written; epoch 2's compacted them)
-    assert _got(df.collect()) != _want(list(TopicReader(uri, read_compacted=True)))
-    with pytest.raises(Exception, match="option asOf: 'soon' is not an epoch"):
+    assert _got(snap.collect()) != _want(list(TopicReader(uri, read_compacted=True)))
+    # a tag reads as its epoch
+    tag_view(meta, "first", 1)
+    tagged = spark.read.format("shale").option("asOf", "first").option("splitRecords", "150").load(uri)
+    as_of_1 = spark.read.format("shale").option("asOf", "1").option("splitRecords", "150").load(uri)
+    assert _got(tagged.collect()) == _got(as_of_1.collect())
+    for since, until in (("1", "2"), ("1", None), (middle, "2"), ("first", "2")):
+        reader = spark.read.format("shale").option("changesFrom", since).option("splitRecords", "50")
+        rows = (reader if until is None else reader.option("changesTo", until)).load(uri).collect()
+        want = [(c.op, c.key, None if c.message is None else c.message.value) for c in changes(meta, since, until)]
+        got = [(r.op, bytes(r.key), None if r.value is None else bytes(r.value)) for r in rows]
+        assert sorted(got) == sorted(want) and want, (since, until)
+    with pytest.raises(Exception, match="option asOf: 'too soon' is not an epoch"):
+        spark.read.format("shale").option("asOf", "too soon").load(uri).collect()
+    with pytest.raises(Exception, match="no compacted view is tagged 'soon'"):
         spark.read.format("shale").option("asOf", "soon").load(uri).collect()
-    with pytest.raises(Exception, match="no compacted view of epoch 5 is retained"):
+    with pytest.raises(Exception, match="epoch 5 is not retained"):
         spark.read.format("shale").option("asOf", "5").load(uri).collect()
+    with pytest.raises(Exception, match="give one of the options asOf, fromSnapshot and changesFrom"):
+        spark.read.format("shale").option("asOf", "1").option("changesFrom", "1").load(uri).collect()
 
 
 def test_write_then_read_round_trip(spark: Any, disk_topic_uri: str) -> None:

@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from shale.compactor.verify import verify_topic
+from shale.maintenance.verify import verify_topic
 from shale.metadata.topic import TopicMetadata
 from tests.conftest import run_cli
 from tests.flaky_proxy import FlakyProxy

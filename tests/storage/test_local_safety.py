@@ -27,6 +27,7 @@ from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.storage import Location, ObjectInfo, resolve
 from shale.storage._local import LocalStore
+from tests.needs import missing, without_root_privileges
 
 ROOT = Path(__file__).resolve().parents[2]
 LONG_AGO = time.time() - 400 * 86_400
@@ -266,7 +267,7 @@ def test_a_device_is_refused_without_being_opened(loc: Location, base: Path, mon
     try:
         os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(1, 5))  # what /dev/zero is
     except PermissionError:
-        pytest.skip("making a device node needs CAP_MKNOD")
+        missing("making a device node needs CAP_MKNOD (run the tests as root)")
     real_open = os.open
 
     def guard(name: Any, flags: int, *args: Any, **kwargs: Any) -> int:
@@ -302,21 +303,49 @@ def test_a_folder_or_a_file_where_they_do_not_belong(loc: Location, base: Path) 
 
 # ------------------------------------------------------------------- the disk's errors
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file whatever its permissions; "
-                    "test_permission_denied_is_a_usage_error covers the translation")
-def test_an_unreadable_object_is_a_permission_error(loc: Location, base: Path) -> None:
-    key = loc.key("doc")
-    loc.store.put(key, b"secret")
+#: Each operation named on the command line, on the key after it, in a store of the local
+#: folder first named: what it raised, printed as ``<class> <exit code> <is a
+#: PermissionError> <message>``, or ``done``.
+_OPERATIONS = textwrap.dedent("""
+    import sys
+    from shale.cli.errors import exit_code_of
+    from shale.storage import resolve
+    store = resolve(sys.argv[1]).store
+    ops = {"get": store.get, "put": lambda k: store.put(k, b"x"),
+           "put_if_absent": lambda k: store.put_if_absent(k, b"x")}
+    for op, key in zip(sys.argv[2::2], sys.argv[3::2]):
+        try:
+            ops[op](key)
+            print("done")
+        except Exception as e:
+            print(type(e).__name__, exit_code_of(e), isinstance(e, PermissionError), e)
+""")
+
+
+def test_an_unreadable_object_and_an_unwritable_folder_are_permission_errors(loc: Location, base: Path) -> None:
+    """Modes really refusing: the operations run in a process without root's power over
+    files (tests/needs.py), so the disk itself says EACCES, whoever runs the tests."""
+    loc.store.put(loc.key("doc"), b"secret")
+    loc.store.put(loc.key("ledgers/old"), b"kept")
     os.chmod(base / "t" / "doc", 0)
-    with pytest.raises(StoragePermissionError, match=f"^{base}/t/doc: permission denied$") as e:
-        loc.store.get(key)
-    assert exit_code_of(e.value) == 2
+    os.chmod(base / "t" / "ledgers", 0o555)
+    args = ["get", loc.key("doc"), "put", loc.key("ledgers/new"), "put_if_absent", loc.key("ledgers/new"),
+            "get", loc.key("ledgers/old")]
+    r = subprocess.run(without_root_privileges([sys.executable, "-c", _OPERATIONS, str(base / "t"), *args]),
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines() == [f"StoragePermissionError 2 True {base}/t/doc: permission denied",
+                                     f"StoragePermissionError 2 True {base}/t/ledgers/new: permission denied",
+                                     f"StoragePermissionError 2 True {base}/t/ledgers/new: permission denied",
+                                     "done"]
+    assert os.listdir(base / "t" / "ledgers") == ["old"]  # no temporary file left behind
 
 
 @pytest.mark.parametrize("refused", ["doc", "ledgers"])
 def test_permission_denied_is_a_usage_error(loc: Location, monkeypatch: pytest.MonkeyPatch, refused: str) -> None:
-    """What a chmod 000 object or folder gives a non-root user (simulated: tests may run
-    as root); the message names the object either way."""
+    """What a chmod 000 object or folder gives (the refusal simulated, in this process:
+    every operation, the temporary file's creation included); the message names the
+    object either way."""
     key = loc.key("ledgers/doc")
     loc.store.put(key, b"secret")
     real_open = os.open

@@ -219,7 +219,7 @@ def test_spark_reads_and_writes_entries_compressed_with_the_topics_dictionary(en
                                                                             tmp_path: Path) -> None:
     """Executors get the topic's dictionaries with the tasks: both engines publish the
     same view of a topic written with zstd-dict, and the Spark run packs with it too."""
-    from shale.compactor.dictionary import train_dictionary
+    from shale.maintenance.dictionary import train_dictionary
     from shale.metadata.dictionaries import register_dictionary
 
     local_uri, spark_uri = str(tmp_path / "local"), str(tmp_path / "spark")

@@ -34,6 +34,7 @@ from shale.compactor import Compactor
 from shale.producer import TopicWriter
 from shale.reader.topic_reader import TopicReader
 from tests.conftest import ROOT
+from tests.needs import need_module
 
 LONG = os.environ.get("SHALE_LONG_TESTS") == "1"
 pytestmark = [pytest.mark.slow, pytest.mark.s3,
@@ -69,7 +70,7 @@ def script(*args: str, env: dict[str, str], timeout: float = 240) -> subprocess.
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     """Master and workers started by the script with no AWS variable; always stopped."""
-    pytest.importorskip("pyspark")
+    need_module("pyspark")
     folder = tmp_path / "cluster"
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and not k.startswith("PYSPARK_")}
     env["PYTHON"] = sys.executable
