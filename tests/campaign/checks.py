@@ -8,8 +8,9 @@
   its committed position as it reads (plain or compacted), ends with the model's table —
   every tombstone of a key it had seen after its position reaches it.
 * Every retained snapshot reads as published: ``as of`` each retained epoch, the records at
-  or below its horizon are those read when it was published, and they and the records
-  above are what the model says.
+  or below its horizon are those read when it was published, what the model says, and
+  nothing above it; read ``from`` it (what a rollback to it would publish), the same
+  records, then every record above its horizon.
 * Objects: every object a published state or the ledger list names exists; nothing under
   ``compacted/`` is left that no state names; ``shale gc`` never deleted an object still
   named; ``shale verify --scrub`` decodes every frame of every object and finds the view
@@ -133,11 +134,17 @@ def _consumer(topic: CampaignTopic, meta: TopicMetadata, c: Consumer) -> list[st
 
 
 def _as_of(topic: CampaignTopic, epoch: int, floor: MessageId | None) -> list[str]:
-    """The view as of a retained epoch: what the model says, and at or below its horizon
-    what was read when it was published."""
+    """The view as of a retained epoch (its records through its horizon, nothing written
+    later) and read from it (then everything since): what the model says, and at or below
+    its horizon what was read when it was published."""
     with TopicReader(topic.uri, as_of=epoch) as r:
         msgs, horizon = r.read(), r.compaction.horizon
-    problems = topic.model.check_view(msgs, horizon, floor, f"as of epoch {epoch}")
+    problems = topic.model.check_view(msgs, horizon, floor, f"as of epoch {epoch}", since=False)
+    with TopicReader(topic.uri, from_snapshot=epoch) as r:
+        since, from_horizon = r.read(), r.compaction.horizon
+    problems += topic.model.check_view(since, from_horizon, floor, f"from snapshot {epoch}")
+    if [m.id for m in since if horizon is not None and m.id <= horizon] != [m.id for m in msgs]:
+        problems.append(f"from snapshot {epoch}: its view is not what a read as of it gives")
     seen = topic.views.get(epoch)
     if seen is None:
         return problems

@@ -45,9 +45,6 @@ EXPECTED: Final[dict[str, tuple[tuple[int, str, str], ...]]] = {
                  (3, r"kept changing", "conflict")),
     "rollback": ((2, r"is not retained", "refused-not-retained"),
                  (2, r"is the published view already", "refused-published"),
-                 # compactor/snapshots.py _removed_above asks about horizon.successor(), inside the
-                 # ledger that ended at the horizon: refused after retention (being fixed elsewhere)
-                 (2, r"retention removed ledgers", "refused-retention-removed"),
                  (3, r"another compactor published epoch \d+ first", "lost-race"),
                  (3, r"truncated while this run read it", "truncated-meanwhile"),
                  (3, r"kept changing", "conflict")),
