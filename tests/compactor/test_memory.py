@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from shale.compactor import CompactionConfig, Compactor
-from shale.compactor.verify import verify_topic
+from shale.maintenance.verify import verify_topic
 from shale.ledger.errors import InvalidInputError
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
