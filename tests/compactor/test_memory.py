@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from shale.compactor import CompactionConfig, Compactor
-from shale.maintenance.verify import verify_topic
 from shale.ledger.errors import InvalidInputError
+from shale.maintenance.verify import verify_topic
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
