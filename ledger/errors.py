@@ -18,6 +18,7 @@ __all__ = [
     "ConflictError",
     "CorruptLedgerError",
     "GapError",
+    "InUseError",
     "InvalidInputError",
     "InvalidMetadataError",
     "InvalidURIError",
@@ -127,6 +128,12 @@ class ConflictError(ShaleError):
 
 class AlreadyExistsError(ConflictError, FileExistsError):
     """A create-if-absent found the object already there."""
+
+
+class InUseError(ShaleError):
+    """Refused because something live holds what was to be changed (a reader holding a
+    subscription, by its heartbeat): run again once it has stopped, or force it.  Not a
+    :class:`ConflictError`, which a compare-and-swap loop retries at once."""
 
 
 class CorruptLedgerError(ShaleError, ValueError):

@@ -39,8 +39,8 @@ from shale.metadata.layout import (
 )
 
 __all__ = ["MAX_TAGS", "SUBSCRIPTION_NAME", "TAG_NAME", "CompactionDoc", "DictionaryDoc", "Envelope", "LedgerDoc",
-           "PartDoc", "RetiredDoc", "SnapshotDoc", "SubscriptionDoc", "TopicDoc", "check_compaction", "check_topic",
-           "decode_envelope", "message_id", "schema_error", "validate"]
+           "MemberDoc", "PartDoc", "RetiredDoc", "SnapshotDoc", "SubscriptionDoc", "TopicDoc", "check_compaction",
+           "check_topic", "decode_envelope", "message_id", "schema_error", "validate"]
 
 #: Ledger ids and epochs stay far below 2**63, so every reader (JSON tools included) and
 #: every ``+ 1`` holds them exactly.
@@ -169,6 +169,16 @@ class CompactionDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 SUBSCRIPTION_NAME: Final = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}$"
 
 
+class MemberDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The reader holding a subscription, as it last said so (its heartbeat)."""
+
+    #: who it is: host, process and a nonce (``host:pid:nonce``)
+    id: Annotated[str, msgspec.Meta(min_length=1, max_length=300)]
+    heartbeat_ms: Millis
+    #: how long after its heartbeat it counts as gone (three of its heartbeat intervals)
+    timeout_ms: Annotated[int, msgspec.Meta(ge=1, le=_MAX_MS)]
+
+
 class SubscriptionDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``subscriptions/<name>.json``: a durable subscription's committed position."""
 
@@ -178,6 +188,8 @@ class SubscriptionDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     position: Annotated[str, msgspec.Meta(max_length=64)]
     committed_ms: Millis
     created_ms: Millis
+    #: the reader holding it (left out when none does)
+    member: MemberDoc | None = None
 
 
 T = TypeVar("T")

@@ -21,6 +21,16 @@ A position is a message id in its one text form, at most the id the topic's next
 starts at (:attr:`~shale.metadata.state.TopicState.next_id`: ``latest``); past it, a
 subscription would never read again, so such a position is refused when given and is
 corrupt metadata when found.
+
+A reader holding a subscription says so in its document (its :class:`Member`, Kafka's
+group member): it joins when it opens the subscription, and its heartbeat is the time
+every write of it carries — its commits, and a refresh when it has written nothing for
+:data:`HEARTBEAT_MS` — so a busy reader's heartbeats cost nothing more than its commits
+and an idle one's one small write every half minute.  It counts as gone
+(:meth:`Member.alive`) three heartbeat intervals after its last heartbeat (Kafka's
+session timeout) and leaves when it closes.  A reset or a delete is refused while a
+reader holds the subscription unless forced (the reader's next commit then fails, as
+any reader's whose subscription another writer changed).
 """
 
 from __future__ import annotations
@@ -29,11 +39,12 @@ import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from shale.ledger.errors import (
     AlreadyExistsError,
     ConflictError,
+    InUseError,
     InvalidInputError,
     InvalidMetadataError,
     ObjectNotFoundError,
@@ -50,8 +61,8 @@ from shale.settings import SETTINGS
 from shale.settings.kinds import shown
 from shale.settings.units import format_duration, format_time
 
-__all__ = ["CLOCK_SKEW_MS", "DEFAULT_EXPIRY_MS", "SUBSCRIPTIONS_DIR", "Subscription", "SubscriptionNotFoundError",
-           "Subscriptions", "check_name", "expiry_of", "hold_floor"]
+__all__ = ["CLOCK_SKEW_MS", "DEFAULT_EXPIRY_MS", "HEARTBEAT_MS", "SUBSCRIPTIONS_DIR", "Member", "Subscription",
+           "SubscriptionNotFoundError", "Subscriptions", "check_name", "expiry_of", "hold_floor", "new_member"]
 
 SUBSCRIPTIONS_DIR: Final = "subscriptions"
 #: How long a subscription that does not commit stays active (the ``subscription-expiry`` policy).
@@ -64,6 +75,11 @@ _FILE: Final = re.compile(SUBSCRIPTION_NAME.rstrip("$") + r"\.json$")
 CLOCK_SKEW_MS: Final = 3_600_000
 #: Every topic's first ledger starts here or later: no position up to it is past an end.
 _FIRST: Final = MessageId(1, 0, 0)
+#: A reader that has written nothing to its subscription for this long writes a heartbeat
+#: (a follower waiting longer between polls, at each poll).
+HEARTBEAT_MS: Final = 30_000
+#: A reader counts as gone this many of its heartbeat intervals after its last heartbeat.
+_MISSED_HEARTBEATS: Final = 3
 
 
 class SubscriptionNotFoundError(InvalidInputError, LookupError):
@@ -77,6 +93,52 @@ def check_name(name: str) -> str:
         raise InvalidInputError(f"bad subscription name {shown(name)!r}: use 1 to 200 letters, digits, '.', '_' or "
                                 "'-', not starting with '.'")
     return name
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """The reader holding a subscription: who it is, when it last said so (by its clock),
+    and how long after that it counts as gone."""
+
+    id: str
+    heartbeat_ms: int
+    timeout_ms: int
+
+    def heartbeat_at(self, now_ms: int, written_ms: int | None = None) -> int:
+        """When it counts as having last said so, judged at ``now_ms``: its heartbeat, unless
+        that is more than its timeout ahead of ``now_ms`` (a clock set wrong, a hand edit)
+        — then when the document was last written (``written_ms``, by the store's clock),
+        at most ``now_ms``; long ago when that is unknown."""
+        if self.heartbeat_ms - now_ms <= self.timeout_ms:
+            return self.heartbeat_ms
+        return 0 if written_ms is None else min(written_ms, now_ms)
+
+    def age_ms(self, now_ms: int, written_ms: int | None = None) -> int:
+        """How long ago its last heartbeat was (0 when it is ahead of ``now_ms`` but believed)."""
+        return max(0, now_ms - self.heartbeat_at(now_ms, written_ms))
+
+    def alive(self, now_ms: int, written_ms: int | None = None) -> bool:
+        """Whether it still holds the subscription at ``now_ms``: its last heartbeat is
+        less than its timeout old."""
+        return now_ms - self.heartbeat_at(now_ms, written_ms) < self.timeout_ms
+
+    def beat(self, now_ms: int) -> Member:
+        return replace(self, heartbeat_ms=now_ms)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "heartbeat_ms": self.heartbeat_ms, "timeout_ms": self.timeout_ms}
+
+
+def new_member(interval_ms: int = HEARTBEAT_MS, *, now_ms: int = 0) -> Member:
+    """A member for a reader of this process that heartbeats at least every
+    ``interval_ms`` (:data:`HEARTBEAT_MS` at the least)."""
+    import os
+    import secrets
+    import socket
+
+    interval = max(HEARTBEAT_MS, int(interval_ms))
+    host = socket.gethostname()[:200] or "localhost"
+    return Member(f"{host}:{os.getpid()}:{secrets.token_hex(3)}", now_ms, _MISSED_HEARTBEATS * interval)
 
 
 def expiry_of(policy: TopicPolicy) -> int:
@@ -97,8 +159,15 @@ class Subscription:
     version: int = 0
     token: str = ""
     #: when its document was last written, by the store's clock: looked up only when its
-    #: commit time was too far ahead of the reader's clock to be believed
+    #: commit time (or its member's heartbeat) was too far ahead of the reader's clock to be believed
     written_ms: int | None = None
+    #: the reader holding it, as it last said so (None: none has, or the last one left)
+    member: Member | None = None
+
+    def holder(self, now_ms: int) -> Member | None:
+        """The reader holding it at ``now_ms`` (None: none, or it is gone)."""
+        m = self.member
+        return m if m is not None and m.alive(now_ms, self.written_ms) else None
 
     def ahead(self, now_ms: int) -> bool:
         """Whether its commit time is too far ahead of ``now_ms`` to be believed (more than
@@ -122,8 +191,11 @@ class Subscription:
         return replace(self, version=version, token=token)
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": 1, "name": self.name, "position": str(self.position), "committed_ms": self.committed_ms,
-                "created_ms": self.created_ms}
+        doc = {"format": 1, "name": self.name, "position": str(self.position), "committed_ms": self.committed_ms,
+               "created_ms": self.created_ms}
+        if self.member is not None:
+            doc["member"] = self.member.to_json()
+        return doc
 
     @classmethod
     def from_json(cls, value: Any, version: int, token: str, name: str, where: str) -> Subscription:
@@ -135,7 +207,9 @@ class Subscription:
                                        f"names ({name!r})")
         position = message_id(doc.position, where, "position")
         assert position is not None  # (a str, never None)
-        return cls(doc.name, position, doc.committed_ms, doc.created_ms, version, token)
+        m = doc.member
+        member = None if m is None else Member(m.id, m.heartbeat_ms, m.timeout_ms)
+        return cls(doc.name, position, doc.committed_ms, doc.created_ms, version, token, member=member)
 
 
 def hold_floor(subscriptions: Iterable[Subscription], now_ms: int, expiry_ms: int) -> MessageId | None:
@@ -211,7 +285,9 @@ class Subscriptions:
         if doc is None:
             return None
         sub = Subscription.from_json(doc.value, doc.version, doc.token, name, self.url(name))
-        if sub.ahead(self._now_ms()):
+        now = self._now_ms()
+        m = sub.member
+        if sub.ahead(now) or (m is not None and m.heartbeat_ms - now > m.timeout_ms):
             sub = replace(sub, written_ms=self._written_ms(name))
         return sub
 
@@ -272,20 +348,28 @@ class Subscriptions:
         return sub.with_version(v.version, v.token)
 
     def commit(self, sub: Subscription, position: MessageId, *, now_ms: int | None = None,
-               topic: TopicState | None = None) -> Subscription:
+               topic: TopicState | None = None, member: Member | Literal["keep"] | None = "keep") -> Subscription:
         """``sub`` at ``position`` (:meth:`check_position`, by ``topic`` when given),
         written over the version ``sub`` was read or written at: :class:`ConflictError` if
         another writer changed it since (a reset, another reader of it),
-        :class:`SubscriptionNotFoundError` if it was deleted."""
+        :class:`SubscriptionNotFoundError` if it was deleted.  ``member``: the reader
+        holding it from now on (None: none; by default, the one ``sub`` names)."""
         new = replace(sub, position=self.check_position(position, topic), committed_ms=self._stamp(now_ms),
-                      written_ms=None)
+                      written_ms=None, member=sub.member if member == "keep" else member)
+        return self._replace(sub, new)
+
+    def heartbeat(self, sub: Subscription, member: Member | None) -> Subscription:
+        """``sub`` written again as it is but for its member, ``member`` (None: the reader
+        leaves): no commit, but as :meth:`commit` over the version ``sub`` was read at."""
+        return self._replace(sub, replace(sub, member=member, written_ms=None))
+
+    def _replace(self, sub: Subscription, new: Subscription) -> Subscription:
         try:
             v = self.docs.replace(f"{sub.name}.json", new.to_json(), sub.version, token=sub.token or None)
         except (StateUnknownError, TransientStorageError):
             # the write may have landed: only the document can tell (what it holds is then ours)
             now = self.load(sub.name)
-            if now is None or (now.version, now.position, now.committed_ms) != (sub.version + 1, position,
-                                                                                 new.committed_ms):
+            if now is None or now.version != sub.version + 1 or now.to_json() != new.to_json():
                 raise
             return now
         except ConflictError as e:
@@ -298,11 +382,24 @@ class Subscriptions:
                 "to go on from there", expected=e.expected, found=e.found) from None
         return new.with_version(v.version, v.token)
 
+    def check_free(self, sub: Subscription, *, force: bool = False, doing: str = "reset") -> None:
+        """:class:`InUseError` if a reader holds ``sub`` now (by this clock) and not ``force``."""
+        now = self._now_ms()
+        m = sub.holder(now)
+        if m is None or force:
+            return
+        raise InUseError(
+            f"{self.meta.uri}: cannot {doing} subscription {sub.name!r}: reader {m.id} holds it (last heartbeat "
+            f"{m.age_ms(now, sub.written_ms) // 1000}s ago; a reader counts as gone "
+            f"{format_duration(m.timeout_ms)} after its last heartbeat): stop it first, or force it (--force: the "
+            "reader then fails at its next commit)")
+
     def reset(self, name: str, position: MessageId, *, now_ms: int | None = None,
-              topic: TopicState | None = None) -> tuple[Subscription, Subscription]:
+              topic: TopicState | None = None, force: bool = False) -> tuple[Subscription, Subscription]:
         """Move ``name`` to ``position`` (:meth:`check_position`, by ``topic`` when given),
         which counts as a commit; the subscription before and after.
-        :class:`SubscriptionNotFoundError` if there is none."""
+        :class:`SubscriptionNotFoundError` if there is none; :class:`InUseError` if a
+        reader holds it, unless ``force`` (it is let go: that reader's next commit fails)."""
         check_name(name)
         self.check_position(position, topic)
         stamp = self._stamp(now_ms)
@@ -315,18 +412,28 @@ class Subscriptions:
             return sub
 
         def moved(current: Subscription) -> Subscription:
+            self.check_free(current, force=force)
             before[:] = [current]
-            return replace(current, position=position, committed_ms=stamp, written_ms=None)
+            return replace(current, position=position, committed_ms=stamp, written_ms=None, member=None)
 
         after = self.docs.update(f"{check_name(name)}.json", moved, load=existing,
                                  what=f"{self.meta.uri}: resetting subscription {name!r}")
         return before[0], after
 
-    def delete(self, name: str) -> None:
+    def delete(self, name: str, *, force: bool = False) -> None:
         """Remove ``name``'s document (read or not: a damaged one is removed too);
-        :class:`SubscriptionNotFoundError` if there is none."""
+        :class:`SubscriptionNotFoundError` if there is none; :class:`InUseError` if a
+        reader holds it, unless ``force``."""
         loc = self.docs.location
         key = loc.key(f"{check_name(name)}.json")
+        try:
+            sub = self.load(name)
+        except InvalidMetadataError:
+            sub = None  # damaged: nobody reads it
+        else:
+            if sub is None:
+                raise self._missing(name)
+            self.check_free(sub, force=force, doing="delete")
         if not loc.store.exists(key):
             raise self._missing(name)
         loc.store.delete(key)

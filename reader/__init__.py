@@ -14,13 +14,14 @@ from shale.reader.lookup import Lookup, lookup
 
 if TYPE_CHECKING:
     from shale.reader.table import Listener, TableView
-    from shale.reader.topic_reader import EARLIEST, LATEST, Position, TopicReader, parse_position
+    from shale.reader.topic_reader import EARLIEST, LATEST, Position, TopicReader, parse_position, parse_start
 
 __all__ = ["EARLIEST", "LATEST", "Listener", "Lookup", "Position", "TableView", "TopicReader", "lookup",
-           "parse_position"]
+           "parse_position", "parse_start"]
 
 _HOMES = {"Listener": "table", "TableView": "table",
-          **dict.fromkeys(("EARLIEST", "LATEST", "Position", "TopicReader", "parse_position"), "topic_reader")}
+          **dict.fromkeys(("EARLIEST", "LATEST", "Position", "TopicReader", "parse_position", "parse_start"),
+                          "topic_reader")}
 
 
 def __getattr__(name: str) -> Any:

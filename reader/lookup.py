@@ -25,14 +25,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shale.ledger.format import KIND_ORIGINAL
 from shale.ledger.ordering import TopicOrder, record_time
 from shale.ledger.reader import LedgerFile
 from shale.ledger.record import Message, key_hash
 from shale.metadata.asof import AsOf
 from shale.metadata.topic import TopicMetadata
 from shale.metadata.view import Segment, TopicView
+from shale.settings.units import format_duration, format_time
 
-__all__ = ["Lookup", "lookup"]
+__all__ = ["Lookup", "lookup", "why_no_value"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,3 +132,62 @@ def _by_event_time(meta: TopicMetadata, key: bytes, newest_first: list[Segment],
                 return Lookup(key, None, len(newest_first), entries, expired=True)
             return Lookup(key, m, len(newest_first), entries)
     return Lookup(key, None, len(newest_first), entries)
+
+
+def why_no_value(meta: TopicMetadata, key: bytes, found: Lookup, *, as_of: AsOf | None = None,
+                 now_ms: int | None = None) -> str:
+    """Why ``key`` has no value, in words, given what :func:`lookup` ``found``: deleted or
+    expired as the view says; else from the original ledgers the compacted view replaced
+    (their footers read newest first, the entries whose hashes match decoded), which hold
+    its records until retention removes them: deleted (a tombstone compaction dropped
+    past the delete retention), expired (a record older than the key TTL compaction
+    dropped), never written (no ledger holds it and retention removed none), or no record
+    left (retention removed ledgers that might have).  Reads footers only on this path."""
+    if found.expired:
+        return "expired"
+    if found.message is not None:
+        return "deleted"
+    view = TopicView.load(meta, as_of=as_of)
+    order = view.order(meta)
+    now = now_ms if now_ms is not None else view.now_ms if view.now_ms is not None else int(time.time() * 1000)
+    latest = _latest_original(meta, view, key, order)
+    if latest is not None:
+        m, t = latest
+        if m.is_tombstone:
+            return "deleted: its latest record is a tombstone, which a compaction dropped past the delete retention"
+        if order.expired_at(t, now):
+            return (f"expired: its latest record ({format_time(t)} UTC) is older than the key TTL "
+                    f"({format_duration(order.key_ttl_ms)}), and a compaction dropped it")
+        return "no live record"
+    if view.topic.removed_through:
+        return (f"no record of it left: never written, or only in ledgers retention removed (up to ledger "
+                f"{view.topic.removed_through})")
+    return "never written"
+
+
+def _latest_original(meta: TopicMetadata, view: TopicView, key: bytes, order: TopicOrder
+                     ) -> tuple[Message, int] | None:
+    """The latest record of ``key`` (under ``order``) among the original ledgers kept at
+    or below the view's horizon, with its time; None when none holds it."""
+    horizon, end = view.horizon, view.end
+    hi, lo = key_hash(key)
+    best: tuple[int, int, int, Message] | None = None  # (time, ledger, index, record)
+    for lg in reversed(view.topic.ledgers):
+        if horizon is None or lg.first_id > horizon or (end is not None and lg.first_id >= end):
+            continue  # above the horizon: the view read it already
+        f = LedgerFile.open(meta.topic.store, meta.topic.key(lg.object), ledger_id=lg.id, kind=KIND_ORIGINAL,
+                            dictionaries=meta.dictionaries)
+        stop = min(f.find(horizon.successor()), f.n_records if end is None else f.find(end))
+        for i in _matches(f, hi, lo):
+            if i >= stop:
+                continue
+            m = next(f.messages(i, i + 1))
+            if m.key != key:
+                continue
+            times = order.times(f.footer, i, i + 1)
+            t = int(times[0]) if times is not None else record_time(m.event_time, int(f.footer.record_publish()[i]))
+            if best is None or (t, lg.id, i) > best[:3]:
+                best = (t, lg.id, i, m)
+            if not order.by_event_time:
+                return m, t  # the newest by offset: no other can win
+    return None if best is None else (best[3], best[0])

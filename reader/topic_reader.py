@@ -11,6 +11,7 @@ the gaps retention opened ahead of it.
 
 from __future__ import annotations
 
+import datetime
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -27,7 +28,8 @@ from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.ordering import TopicOrder, record_time
 from shale.ledger.reader import DEFAULT_CHUNK_BYTES, LedgerFile
 from shale.ledger.record import Message
-from shale.metadata.asof import AsOf, Point, resolve_point
+from shale.metadata.asof import AsOf, Point, point_ms, resolve_point
+from shale.metadata.positions import TIME_HELP, parse_time, position_at
 from shale.metadata.state import CompactionState, LedgerInfo, TopicState
 from shale.metadata.topic import TopicMetadata
 from shale.metadata.view import Segment, TopicView, wholly_below
@@ -42,25 +44,42 @@ from shale.reader.arrow import (
 from shale.reader.arrow import require as _require
 from shale.reader.gaps import Gap, GapListener, OnGap, check_on_gap, log_gap, log_start
 from shale.reader.subscriber import Subscribing
+from shale.settings.kinds import shown
 from shale.storage import StorageOptions
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["EARLIEST", "LATEST", "Position", "TopicReader", "parse_position"]
+__all__ = ["EARLIEST", "LATEST", "Position", "TopicReader", "parse_position", "parse_start"]
 
 EARLIEST: Final = "earliest"
 LATEST: Final = "latest"
-Position = MessageId | Literal["earliest", "latest"]
+#: Where a reader starts: ``earliest``, ``latest``, a message id, or (a time) the first
+#: record published then or later
+Position = MessageId | Literal["earliest", "latest"] | datetime.datetime
 _T = TypeVar("_T")
 
 
-def parse_position(text: str) -> Position:
+def parse_position(text: str) -> MessageId | Literal["earliest", "latest"]:
     """``earliest``, ``latest`` or a message id ``L:E:B``."""
     t = text.strip().lower()
     if t in (EARLIEST, LATEST):
         return EARLIEST if t == EARLIEST else LATEST
     return MessageId.parse(text)
+
+
+def parse_start(text: str, now_ms: int | None = None) -> Position:
+    """:func:`parse_position`, or a time (``--start`` of ``shale read`` and ``export``:
+    :data:`~shale.metadata.positions.TIME_HELP`; ``-DURATION`` counts back from
+    ``now_ms``, the clock by default) as a UTC datetime."""
+    t = text.strip()
+    if (t.count(":") == 2 and t.replace(":", "").isdigit()) or t.lower() in (EARLIEST, LATEST):
+        return parse_position(text)  # (as given: an id has one spelling, without spaces)
+    ms = parse_time(t, int(time.time() * 1000) if now_ms is None else now_ms)
+    if ms is None:
+        raise InvalidInputError(f"{shown(t)!r} is not a position: expected earliest, latest, a message id "
+                                f"LEDGER:ENTRY:BATCH or {TIME_HELP}")
+    return datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC) + datetime.timedelta(milliseconds=ms)
 
 
 class TopicReader(Subscribing):
@@ -151,7 +170,8 @@ class TopicReader(Subscribing):
         self._behind: tuple[LedgerInfo, ...] = ()
         #: records gone unread: from this id to the end of that removed ledger
         self._gap: tuple[MessageId, int] | None = None
-        self.seek(self._subscribe(self.meta, subscription, start, auto_commit, commit_every, before_commit))
+        self.seek(self._subscribe(self.meta, subscription, start, auto_commit, commit_every, before_commit,
+                                  int(poll_interval * 1000) if follow else 0))
 
     # ---------------------------------------------------------------- positioning
 
@@ -202,6 +222,9 @@ class TopicReader(Subscribing):
             self._fresh = self._next
         elif position == LATEST:
             self._next = MessageId(self._topic.last_ledger_id + 1, 0, 0)
+        elif isinstance(position, datetime.datetime):  # Kafka's offsetsForTimes
+            self._next = position_at(self.meta, self._topic, point_ms(position))
+            self._removed_from(self._next)
         else:
             self._next = position if isinstance(position, MessageId) else MessageId.parse(str(position))
             self._removed_from(self._next)
@@ -578,8 +601,15 @@ class TopicReader(Subscribing):
         return polars.from_arrow(self.to_arrow(utf8=utf8, id_text=id_text, max_batch_bytes=max_batch_bytes))
 
     def close(self) -> None:
-        """Commit what was handed out (with ``auto_commit``); forget the opened objects."""
+        """Commit what was handed out (with ``auto_commit``) and let the subscription go;
+        forget the opened objects."""
+        s = self.subscriber
+        if s is not None and s.auto and s.member is not None and self._handed_out() != s.subscription.position:
+            if s.before_commit is not None:
+                s.before_commit()
+            s.commit(leave=True)  # the last commit says the reader leaves
         self._tick()
+        self._leave()
         self._files.clear()
 
     def __enter__(self) -> TopicReader:
@@ -588,8 +618,14 @@ class TopicReader(Subscribing):
     def __exit__(self, exc_type: object, *exc: object) -> None:
         if exc_type is None:
             self.close()
-        else:  # what was handed out may not have been handled: not committed
-            self._files.clear()
+            return
+        # what was handed out may not have been handled: not committed
+        self._files.clear()
+        try:
+            self._leave()
+        except Exception:  # (storage failing as it fails: the error being raised says more)
+            if self.subscriber is not None:
+                self.subscriber.member = None
 
 
 def _bounded(read: Callable[[LedgerFile, int, npt.NDArray[np.bool_] | None], Iterator[_T]], end: MessageId

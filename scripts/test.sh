@@ -11,4 +11,5 @@ lint-imports --no-cache
 python scripts/check_native.py
 # the C kernels' tests again, built with AddressSanitizer and UBSan (fails without gcc's libasan)
 scripts/sanitize.sh
-exec python -m pytest "$@"
+# the slowest tests named at the end, so that the suite's time stays watched
+exec python -m pytest --durations=30 "$@"

@@ -106,15 +106,20 @@ class _Server:
                 self.proc.wait()
 
 
-def config_for_tests(shipped: Path, target: str, rules: Path) -> dict[str, Any]:
-    """The shipped config, scraping ``target`` twice a second and loading the rule files
-    from ``rules`` (the shipped ones' folder): otherwise as shipped."""
+def config_for_tests(shipped: Path, target: str, rules: Path, exporters: Path) -> dict[str, Any]:
+    """The shipped config, scraping the Pushgateway at ``target`` and the exporters the
+    file ``exporters`` lists (file discovery: a test writes it as it starts one) twice a
+    second, and loading the rule files from ``rules`` (the shipped ones' folder): otherwise
+    as shipped."""
     doc: dict[str, Any] = yaml.safe_load(shipped.read_text())
     doc["global"].update(scrape_interval="500ms", evaluation_interval="500ms")
     doc["rule_files"] = [str(rules / f) for f in doc.get("rule_files", [])]
-    [job] = doc["scrape_configs"]
-    assert job["honor_labels"] is True
-    job["static_configs"] = [{"targets": [target]}]
+    jobs = {job["job_name"]: job for job in doc["scrape_configs"]}
+    assert set(jobs) == {"pushgateway", "shale-exporter"}
+    assert jobs["pushgateway"]["honor_labels"] is True
+    jobs["pushgateway"]["static_configs"] = [{"targets": [target]}]
+    del jobs["shale-exporter"]["static_configs"]
+    jobs["shale-exporter"]["file_sd_configs"] = [{"files": [str(exporters)], "refresh_interval": "1s"}]
     return doc
 
 
@@ -128,7 +133,10 @@ class PrometheusStack:
             "--log.level=warn"], folder / "pushgateway.log")
         config = folder / "prometheus.yml"
         target = urllib.parse.urlsplit(self.pushgateway.url).netloc
-        config.write_text(yaml.safe_dump(config_for_tests(MONITORING / "prometheus.yml", target, MONITORING)))
+        self.exporters = folder / "exporters.json"
+        self.exporters.write_text("[]")
+        config.write_text(yaml.safe_dump(config_for_tests(MONITORING / "prometheus.yml", target, MONITORING,
+                                                          self.exporters)))
         try:
             self.prometheus = _Server("Prometheus", lambda port: [
                 "prometheus", f"--config.file={config}", f"--storage.tsdb.path={folder / 'data'}",
@@ -189,6 +197,15 @@ class PrometheusStack:
             return all(abs(got.get(k, 0.0) - v) < 1e-3 for k, v in want.items())
 
         self.wait_for("push_time_seconds", caught_up)
+
+    def scrape_exporter(self, target: str | None) -> None:
+        """Have Prometheus scrape the exporter at ``target`` (``host:port``; None: none), and
+        wait until it has (``up`` 1 for it, or gone)."""
+        self.exporters.write_text(json.dumps([{"targets": [target]}] if target else []))
+        if target is None:
+            self.wait_for('up{job="shale-exporter"}', lambda rows: not rows)
+        else:
+            self.wait_for(f'up{{job="shale-exporter",instance="{target}"}}', lambda rows: any(v == 1 for _, v in rows))
 
     def stop(self) -> None:
         if hasattr(self, "prometheus"):

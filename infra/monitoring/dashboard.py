@@ -5,10 +5,11 @@ file is generated from it, never edited by hand.
     python infra/monitoring/dashboard.py --check    # exit 1 if it is out of date
 
 The dashboard reads the ``shale_compaction_*`` gauges ``compact --pushgateway`` pushes, one
-group per topic, from the Prometheus data source chosen in its ``datasource`` variable;
-its ``topic`` variable selects topics (all by default).  The queries use the pushed gauges
-only, not the recording rules of ``rules/shale.yml``, so the dashboard works on a
-Prometheus that does not load them.
+group per topic, and (its last rows) the ``shale_subscription_*`` gauges ``shale exporter``
+serves, one series per subscription, from the Prometheus data source chosen in its
+``datasource`` variable; its ``topic`` variable selects topics (all by default).  The
+queries use those gauges only, not the recording rules of ``rules/shale.yml``, so the
+dashboard works on a Prometheus that does not load them.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from grafanalib.core import (  # type: ignore[import-untyped]
     TimeSeries,
 )
 
-__all__ = ["OUTPUT", "build", "main", "panel_queries", "render"]
+__all__ = ["OUTPUT", "build", "main", "panel_queries", "render", "subscription"]
 
 OUTPUT: Final = Path(__file__).resolve().parent / "shale-dashboard.json"
 UID: Final = "shale-compaction"
@@ -123,6 +124,39 @@ PANELS: Final = (
 )
 
 
+def subscription(name: str) -> str:
+    """The selector of one gauge of ``shale exporter`` for the chosen topics."""
+    return f"shale_subscription_{name}{{{TOPIC}}}"
+
+
+SUBSCRIPTION: Final = "{{topic}} {{subscription}}"
+
+SUBSCRIPTION_STATS: Final = (
+    PanelSpec("Expired subscriptions", "Subscriptions that have not committed within their topic's "
+              "subscription-expiry: they hold nothing back (ShaleSubscriptionExpired).", "short",
+              (Query(f"sum(1 - {subscription('active')})", "expired"),), stat=True, red_from=1),
+    PanelSpec("Largest subscription lag", "The most records any chosen subscription has left to read.", "short",
+              (Query(f"max({subscription('lag_records')})", "records"),), stat=True),
+    PanelSpec("Topics the exporter cannot read", "Topics whose subscriptions shale exporter could not read at its "
+              "last reading (its log names the error).", "short",
+              (Query(f'sum(1 - shale_exporter_topic_up{{{TOPIC}}})', "topics"),), stat=True, red_from=1),
+)
+
+SUBSCRIPTION_PANELS: Final = (
+    PanelSpec("Subscription lag in records", "Records a plain read from each subscription's position has left "
+              "(shale exporter). Above 100,000 for 30 minutes fires ShaleSubscriptionLagHigh.", "short",
+              (Query(subscription("lag_records"), SUBSCRIPTION),)),
+    PanelSpec("Subscription lag in bytes", "Stored bytes a plain read from each subscription's position has left.",
+              "bytes", (Query(subscription("lag_bytes"), SUBSCRIPTION),)),
+    PanelSpec("Time until a subscription expires", "Seconds until each subscription expires unless it commits "
+              "(negative: expired). Under a day fires ShaleSubscriptionExpiringSoon.", "s",
+              (Query(f"{subscription('expiry_timestamp_seconds')} - time()", SUBSCRIPTION),)),
+    PanelSpec("Readers holding subscriptions", "1 while a reader holds the subscription (its heartbeat is live), "
+              "0 when none does.", "short",
+              (Query(subscription("held"), SUBSCRIPTION),)),
+)
+
+
 def _targets(spec: PanelSpec) -> list[Target]:
     return [Target(expr=q.expr, legendFormat=q.legend, refId=chr(ord("A") + i), datasource=DATASOURCE)
             for i, q in enumerate(spec.queries)]
@@ -149,6 +183,13 @@ def _panels() -> Iterator[Any]:
     half = WIDTH // 2
     for i, spec in enumerate(PANELS):
         yield _panel(spec, GridPos(h=HEIGHT, w=half, x=(i % 2) * half, y=4 + (i // 2) * HEIGHT))
+    # the subscriptions' rows, below the compaction's
+    top = 4 + (len(PANELS) + 1) // 2 * HEIGHT
+    stat_width = WIDTH // len(SUBSCRIPTION_STATS)
+    for i, spec in enumerate(SUBSCRIPTION_STATS):
+        yield _panel(spec, GridPos(h=4, w=stat_width, x=i * stat_width, y=top))
+    for i, spec in enumerate(SUBSCRIPTION_PANELS):
+        yield _panel(spec, GridPos(h=HEIGHT, w=half, x=(i % 2) * half, y=top + 4 + (i // 2) * HEIGHT))
 
 
 def _templates() -> list[Template]:
@@ -164,7 +205,7 @@ def build() -> Any:
     """The dashboard (a :class:`grafanalib.core.Dashboard`)."""
     return Dashboard(title="Shale compaction", uid=UID, tags=["shale"], timezone="utc", refresh="1m",
                      description="Shale's compaction runs per topic, from the metrics `compact --pushgateway` "
-                                 "pushes.",
+                                 "pushes, and its subscriptions' lag, from `shale exporter`.",
                      time=Time("now-7d", "now"), schemaVersion=SCHEMA_VERSION, panels=list(_panels()),
                      templating=Templating(list=_templates())).auto_panel_ids()
 

@@ -40,6 +40,48 @@ EXIT_CODES: Final = """\
      retention (see shale read --on-gap); every record before them was written
 130  interrupted (Ctrl-C): stopped within moments; what a run wrote was removed"""
 
+_PRODUCE_CODES: Final = """\
+  0  appended every record of the input
+  1  unexpected failure, or storage that failed on its own (unreachable, an I/O error)
+  2  bad usage or input: bad flag, variable or value, bad URI, a bad line or row (named;
+     what came before it was appended); access refused
+  3  the topic's ledger list kept changing (many writers at once): what was appended
+     before is kept; run again for the rest
+  4  a metadata document (the ledger list, the policy, a dictionary) breaks its schema
+130  interrupted (Ctrl-C): the records read before it are appended, and named"""
+
+_READ_CODES: Final = """\
+  0  printed (with --follow: until Ctrl-C)
+  1  unexpected failure, or storage that failed on its own (unreachable, an I/O error)
+  2  bad usage or input: bad flag, variable, position or URI, missing topic, bad
+     subscription name, --start for a subscription that exists; access refused
+  3  with --subscription: a reset or another reader changed the subscription first (the
+     records printed since the last commit are read again next time)
+  4  corrupt data: bad checksum, truncated object, unknown format version, a metadata
+     document that breaks its schema or invariants
+  6  records it had yet to read were removed by retention (see --on-gap); every record
+     before them was printed
+130  interrupted (Ctrl-C, without --follow)"""
+
+_EXPORT_CODES: Final = """\
+  0  written (OUT complete)
+  1  unexpected failure, or storage that failed on its own (nothing is left at OUT); an
+     Iceberg catalog that could not be reached
+  2  bad usage or input: bad flag, URI or position, missing topic, OUT inside a topic or
+     existing (without --overwrite), a record not UTF-8 with --utf8; access refused; an
+     Iceberg table that is not Shale's or holds another topic, a catalog or warehouse
+     that refuses to be written
+  4  corrupt data: bad checksum, truncated object, unknown format version, a metadata
+     document that breaks its schema or invariants
+  6  --start ID: records from there were removed by retention
+130  interrupted (Ctrl-C): nothing is left at OUT"""
+
+_STATUS_CODES: Final = """\
+  0  printed (damaged ledgers or parts are named in it, and on standard error)
+  1  unexpected failure, or storage that failed on its own (unreachable, an I/O error)
+  2  bad usage or missing topic; access refused
+  4  a metadata document breaks its schema or invariants"""
+
 _COMPACT_CODES: Final = """\
   0  compacted, nothing to do, or skipped (dirty ratio below --min-dirty-ratio)
   1  unexpected failure
@@ -80,19 +122,21 @@ _EXPORT: Final = (
 #: Every command of ``shale``, in the order its ``--help`` lists them (``compact`` is also
 #: a console script of its own).
 COMMAND_TABLE: Final[dict[str, Command]] = {c.name: c for c in (
-    Command("produce", "append records to a topic (creating it if needed)", _PRODUCE, EXIT_CODES,
+    Command("produce", "append records to a topic (creating it if needed)", _PRODUCE, _PRODUCE_CODES,
             "shale.cli.produce:run_produce"),
     Command("read", "print a topic's records as JSON lines",
             'Print records as JSON lines {"id","key","value" (or "value_b64"),"properties","publish_time",'
-            '"event_time"}.', EXIT_CODES, "shale.cli.read:run_read"),
+            '"event_time"}.', _READ_CODES, "shale.cli.read:run_read"),
     Command("get", "print the latest record of one key",
             "Print the latest record of KEY (one JSON line), from the compacted view and the tail above the "
             "horizon, reading only the footers and the entries whose key hashes match (Pulsar's TableView.get).",
             "  0  found\n  2  bad usage or missing topic\n  4  corrupt data\n"
-            "  5  the key has no value (deleted or never written)", "shale.cli.read:run_get"),
+            "  5  the key has no value; the line says why, as far as can be known: deleted, expired\n"
+            "     (the key TTL), never written, or no record of it left (retention removed its ledgers)",
+            "shale.cli.read:run_get"),
     Command("export", "write a topic, its compacted view or its table as Parquet, Arrow or JSON lines, or as an "
             "Iceberg table", _EXPORT,
-            EXIT_CODES, "shale.cli.read:run_export"),
+            _EXPORT_CODES, "shale.cli.read:run_export"),
     Command("changes", "print what changed between two points: one JSON line per key whose state differs",
             'Print, as JSON lines, one line per key whose state (its latest record; none once deleted or expired) '
             'differs between --from and --to: {"op":"upsert", and the key\'s new record as shale read prints it} '
@@ -105,7 +149,7 @@ COMMAND_TABLE: Final[dict[str, Command]] = {c.name: c for c in (
     Command("status", "print a topic's ledgers, records and compaction state",
             "Print a topic's ledgers, its compaction state and its dirty ratio. A damaged ledger or part does not "
             "stop it: each is named (on standard error too) and the dirty ratio is then estimated from the "
-            "metadata; shale verify --scrub is the check.", EXIT_CODES, "shale.cli.inspect:run_status"),
+            "metadata; shale verify --scrub is the check.", _STATUS_CODES, "shale.cli.inspect:run_status"),
     Command("compact", "compact topics (same as the compact command)",
             "Compact keyed topics: keep the latest record of every key below a new horizon in a new compacted "
             "ledger, and publish it atomically.", _COMPACT_CODES, "shale.cli.compact:run_compact"),
@@ -174,19 +218,38 @@ COMMAND_TABLE: Final[dict[str, Command]] = {c.name: c for c in (
             "metadata, as compact --all orders topics), last compaction and policy. A topic whose metadata cannot "
             "be read is listed with its error.", "  0  listed\n  2  bad URI or no topic under the prefix",
             "shale.cli.inspect:run_topics"),
-    Command("subscriptions", "list a topic's durable subscriptions with their lag; create, delete or reset one",
+    Command("subscriptions", "list a topic's durable subscriptions with their lag and readers; create, delete or "
+            "reset them",
             "Without an action, list the topic's durable subscriptions (shale read --subscription NAME, "
             "TopicReader(subscription=...)): each one's position (the next record it reads), its lag in records and "
-            "bytes, when it last committed, and whether it is active or expired (one that has not committed for the "
-            "topic's subscription-expiry holds nothing back). --create NAME [--to ...], --delete NAME and --reset "
-            "NAME --to earliest|latest|ID|TIME change one, as kafka-consumer-groups does; --dry-run says what they "
-            "would do. An active subscription keeps every tombstone it has yet to read past delete-retention (up to "
+            "bytes, when it last committed, whether it is active or expired (one that has not committed for the "
+            "topic's subscription-expiry holds nothing back), and the reader holding it (--describe: also the lag of "
+            "a compacted read). --create NAME [--to ...] and --delete NAME change one at once. --reset NAME, --all "
+            "and --from-file CSV move them, as kafka-consumer-groups --reset-offsets does: a dry run printing the "
+            "plan (each one's position and lag before and after) unless --execute. A reset or a delete is refused "
+            "while a reader holds the subscription (readers heartbeat into its document as they commit, and every "
+            "30 s when idle, and count as gone 90 s after their last heartbeat), unless --force. An active "
+            "subscription keeps every tombstone it has yet to read past delete-retention (up to "
             "max-tombstone-hold), and every ledger it has yet to read from retention.",
-            "  0  listed, or created, deleted or reset (with --dry-run: said what it would do)\n"
-            "  2  bad usage or input: bad name, unknown or existing subscription, bad --to, missing topic\n"
-            "  3  the subscription kept changing (other writers); safe to run again\n"
+            "  0  listed, created or deleted, reset (--execute), or the plan printed (a dry run)\n"
+            "  2  bad usage or input: bad name, unknown or existing subscription, bad --to (an id\n"
+            "     outside the topic), a bad --from-file line, missing topic (nothing changed)\n"
+            "  3  a reader holds the subscription (run again once it has stopped, or --force), or\n"
+            "     the subscription kept changing (other writers); nothing changed\n"
             "  4  a subscription's or the topic's metadata document breaks its schema",
             "shale.cli.subscriptions:run_subscriptions"),
+    Command("exporter", "serve every subscription's lag and state on /metrics for Prometheus, read continuously",
+            "Read every subscription's lag and state of the topics under PREFIX_URI (or of the one topic it names) "
+            "every --interval, and serve the last reading on http://HOST:PORT/metrics for Prometheus to scrape "
+            "(Kafka's lag exporters): per subscription its lag in records and bytes, whether it is active, when it "
+            "last committed and when it expires, and the reader holding it; per topic whether it could be read. A "
+            "topic that cannot be read is logged and reported (shale_exporter_topic_up 0) and never stops the "
+            "others. Runs until stopped (Ctrl-C, SIGTERM); --once prints one reading instead. The alert rules and "
+            "dashboard panels on these metrics are in infra/monitoring.",
+            "  0  stopped (Ctrl-C, or SIGTERM: it ends the reading under way), or printed one reading\n     (--once)\n"
+            "  1  unexpected failure: the address cannot be served (in use, not this machine's)\n"
+            "  2  bad usage: a bad flag, variable or --listen address",
+            "shale.cli.exporter:run_exporter"),
     Command("verify", "recompute the compacted view from the original ledgers and compare",
             "Recompute the latest record of every key up to the published horizon from the original ledgers that "
             "still exist (footers only), compare it with the published compacted view, and verify every compacted "

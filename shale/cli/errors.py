@@ -17,6 +17,7 @@ from shale.ledger.errors import (
     BucketNotFoundError,
     ConflictError,
     GapError,
+    InUseError,
     InvalidInputError,
     ObjectNotFoundError,
     StoragePermissionError,
@@ -31,7 +32,8 @@ EXIT_OK: Final = 0
 EXIT_FAILURE: Final = 1
 #: Bad usage or input: a flag, variable, value, URI, record or id; access refused.
 EXIT_USAGE: Final = 2
-#: Lost a compare-and-swap race: another writer or compactor won; safe to run again.
+#: Lost a compare-and-swap race: another writer or compactor won; safe to run again.  Also
+#: a change refused while a live reader holds what it changes (run again once it stops).
 EXIT_CONFLICT: Final = 3
 #: Corrupt data: an object failed its checks, a metadata document broke its schema.
 EXIT_CORRUPT: Final = 4
@@ -48,7 +50,7 @@ EXIT_INTERRUPTED: Final = 130
 _CODES: Final[tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], int], ...]] = (
     (GapError, EXIT_GAP),
     (CORRUPTION, EXIT_CORRUPT),
-    (ConflictError, EXIT_CONFLICT),
+    ((ConflictError, InUseError), EXIT_CONFLICT),
     (InvalidInputError, EXIT_USAGE),
     # how the command is run, not the data: a file's permissions, S3's access denied
     ((StoragePermissionError, PermissionError), EXIT_USAGE),

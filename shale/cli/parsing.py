@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, NoReturn
@@ -48,7 +49,7 @@ class OneLineParser(argparse.ArgumentParser):
 
     def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                    namespace: argparse.Namespace | None = None) -> argparse.Namespace:
-        ns, extras = self.parse_known_args(args, namespace)
+        ns, extras = self.parse_known_args(_joined(sys.argv[1:] if args is None else args), namespace)
         if extras:  # named by the command they were given to: its --help is the one to read
             self.chosen(ns).error(f"unrecognized arguments: {' '.join(extras)}")
         return ns
@@ -56,6 +57,29 @@ class OneLineParser(argparse.ArgumentParser):
     def chosen(self, ns: argparse.Namespace) -> OneLineParser:
         """The parser of the command ``ns`` is for (a sub-command's, or this one)."""
         return self.commands.get(getattr(ns, "command", ""), self)
+
+
+#: A value that starts with a dash and a digit: a time before now (``-1h``), a negative count.
+_DASHED: Final = re.compile(r"-[0-9]")
+
+
+def _joined(args: Sequence[str]) -> list[str]:
+    """``args`` with a long flag's value that starts with ``-`` and a digit joined to it
+    (``--to -1h`` as ``--to=-1h``), which argparse would take for a flag of its own."""
+    args = list(args)
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            return out + args[i:]
+        if a.startswith("--") and "=" not in a and i + 1 < len(args) and _DASHED.match(args[i + 1]):
+            out.append(f"{a}={args[i + 1]}")
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+    return out
 
 
 def precedence_help(command: str) -> str:

@@ -55,12 +55,14 @@ def _read_table(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> None
 def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> None:
     from shale.ledger.errors import GapError
     from shale.producer.jsonlines import message_line
-    from shale.reader import TopicReader, parse_position
+    from shale.reader import TopicReader, parse_start
     from shale.reader.gaps import Gap
     from shale.reader.subscriber import COMMIT_EVERY
 
-    start = parse_position(args.start)
+    start = parse_start(args.start)
     as_of, from_snapshot = _point(args)
+    if args.subscription is not None:
+        _check_start(args)
 
     def gone_past(gap: Gap) -> None:  # --on-gap skip or compacted: said on stderr, where it falls in the output
         io.out.flush()
@@ -100,15 +102,34 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
             raise
         if r.subscriber is not None:
             r.subscriber.auto = False  # the last commit: closing must not move it past an unprinted record
-        _commit(r, io, unprinted)
+        _commit(r, io, unprinted, leave=True)
 
 
-def _commit(r: TopicReader, io: Streams, unprinted: MessageId | None = None) -> None:
+def _check_start(args: argparse.Namespace) -> None:
+    """``--start`` places a new subscription only: given for an existing one, it is refused
+    rather than ignored (moving one is ``shale subscriptions --reset``)."""
+    from shale.metadata.subscriptions import Subscriptions, check_name
+    from shale.metadata.topic import TopicMetadata
+    from shale.settings import Source
+
+    given = args.settings["start"]
+    if given.source is Source.DEFAULT:
+        return
+    sub = Subscriptions(TopicMetadata.open(args.topic, args.metadata)).load(check_name(args.subscription))
+    if sub is not None:
+        raise InvalidInputError(
+            f"{given.given_as} places a new subscription, and {args.topic} has subscription {args.subscription!r} "
+            f"already (at {sub.position}): leave {given.given_as} out to go on from there, or move it with shale "
+            f"subscriptions {args.topic} --reset {args.subscription} --to {args.start.strip()}")
+
+
+def _commit(r: TopicReader, io: Streams, unprinted: MessageId | None = None, *, leave: bool = False) -> None:
     """Flush what was printed (whole records only: each line is written at once), then,
-    when reading as a subscription, commit past it (up to ``unprinted`` when given)."""
+    when reading as a subscription, commit past it (up to ``unprinted`` when given;
+    ``leave``: the last commit, letting the subscription go)."""
     io.out.flush()
     if r.subscriber is not None:
-        r.commit(unprinted)
+        r.subscriber.commit(unprinted, leave=leave)
 
 
 def _point(args: argparse.Namespace) -> tuple[AsOf | None, int | str | None]:
@@ -131,12 +152,14 @@ def run_get(args: argparse.Namespace, io: Streams) -> int:
     from shale.metadata.topic import TopicMetadata
     from shale.producer.jsonlines import message_line
     from shale.reader import lookup
+    from shale.reader.lookup import why_no_value
 
     key = _key_bytes(args.key, args.key_b64)
     as_of, _ = _point(args)
-    found = lookup(TopicMetadata.open(args.topic, args.metadata), key, as_of=as_of)
+    meta = TopicMetadata.open(args.topic, args.metadata)
+    found = lookup(meta, key, as_of=as_of)
     if found.value is None:
-        why = "expired" if found.expired else "deleted" if found.message is not None else "never written"
+        why = why_no_value(meta, key, found, as_of=as_of)
         when = "" if as_of is None else f" as of {args.as_of.strip()}"
         io.err.write(f"shale: no value for key {args.key!r} in {args.topic}{when} ({why})\n")
         return EXIT_NOT_FOUND
@@ -186,7 +209,7 @@ def run_export(args: argparse.Namespace, io: Streams) -> int:
     from shale.cli.progress import counting
     from shale.export import export_topic
     from shale.export_target import is_stdout
-    from shale.reader import parse_position
+    from shale.reader import parse_start
 
     if args.export_format == "iceberg":
         return _export_iceberg(args, io)
@@ -199,7 +222,7 @@ def run_export(args: argparse.Namespace, io: Streams) -> int:
         raise InvalidInputError("--changes-to goes with --changes-from")
     with counting("export", unit="rows") as shown:
         result = export_topic(args.topic, args.out, metadata_uri=args.metadata, compacted=args.compacted,
-                              table=args.table, fmt=args.export_format, start=parse_position(args.start),
+                              table=args.table, fmt=args.export_format, start=parse_start(args.start),
                               compression=args.export_compression, utf8=args.utf8, progress=shown.set,
                               overwrite=args.overwrite, max_batch_bytes=args.max_batch_bytes, as_of=as_of,
                               changes=None if since is None else (since, until))

@@ -6,7 +6,9 @@ trainer wants them).  Every other entry sampled is kept out of the training and 
 measure: each is compressed on its own, as a producer stores it, with zstd at the level
 asked for, with and without the new dictionary.  The dictionary is registered in the
 topic (:mod:`shale.metadata.dictionaries`); ``--use`` also sets the topic's compression
-policy to ``zstd-dict``, so producers and compactions write with it from then on.
+policy to ``zstd-dict``, so producers and compactions write with it from then on — only when
+it helps: a dictionary that leaves those entries no smaller than zstd alone is refused with
+``--use`` (nothing registered, the policy unchanged).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from shale.metadata.dictionaries import register_dictionary
 from shale.metadata.topic import TopicMetadata
 from shale.settings.units import count
 
-__all__ = ["TrainReport", "Trained", "train_and_register", "train_dictionary"]
+__all__ = ["TrainReport", "Trained", "gain_text", "train_and_register", "train_dictionary"]
 
 #: zstd's trainer wants about a hundred times the dictionary's size in samples ...
 SAMPLE_FACTOR: Final = 100
@@ -51,19 +53,40 @@ class TrainReport:
     level: int
     used: bool  # whether the topic's compression policy was set to zstd-dict
 
+    @property
+    def helps(self) -> bool:
+        """Whether the dictionary makes the entries measured smaller than zstd alone does."""
+        return self.zstd_dict_bytes < self.zstd_bytes
+
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "helps": self.helps}
+
+    def measured(self) -> str:
+        """What it was measured on and what it gives, in words."""
+        entries = count(self.entries_measured, "other entry", "other entries")
+        return (f"on {entries} ({count(self.raw_bytes, 'byte')}), each compressed on its own: zstd:{self.level} "
+                f"{count(self.zstd_bytes, 'byte')}, with the dictionary {self.zstd_dict_bytes:,} "
+                f"({gain_text(self.zstd_bytes, self.zstd_dict_bytes)})")
 
     def human(self) -> str:
-        gain = self.zstd_bytes / self.zstd_dict_bytes if self.zstd_dict_bytes else 0.0
-        measured = count(self.entries_measured, "other entry", "other entries")
         line = (f"{self.topic}: trained dictionary {self.dictionary_id} ({count(self.dictionary_bytes, 'byte')}) on "
-                f"{count(self.records_sampled, 'record')}; on {measured} ({count(self.raw_bytes, 'byte')}), each "
-                f"compressed on its own: zstd:{self.level} {count(self.zstd_bytes, 'byte')}, with the dictionary "
-                f"{self.zstd_dict_bytes:,} ({gain:.2f}x smaller)")
+                f"{count(self.records_sampled, 'record')}; {self.measured()}")
         if self.used:
             return line + f"; producers and compactions now write zstd-dict:{self.level}"
+        if not self.helps:
+            return line + ("; it does not help: keep zstd (nothing uses a dictionary until the compression policy "
+                           "says so)")
         return line + f"; to write with it: shale config {self.topic} --set compression=zstd-dict:{self.level}"
+
+
+def gain_text(plain: int, with_dict: int) -> str:
+    """What a dictionary does to ``plain`` bytes, made ``with_dict``: ``2.50x smaller``,
+    ``no smaller``, or ``19.0% larger``."""
+    if with_dict < plain:
+        return f"{plain / with_dict:.2f}x smaller" if with_dict else "smaller"
+    if with_dict == plain:
+        return "no smaller"
+    return f"{(with_dict - plain) / plain:.1%} larger" if plain else "larger"
 
 
 def _sample(meta: TopicMetadata, want_bytes: int) -> tuple[list[bytes], list[bytes]]:
@@ -142,9 +165,14 @@ def train_and_register(meta: TopicMetadata, *, size: int = 112 << 10, level: int
     register it, with ``use`` set the topic's compression policy to ``zstd-dict:LEVEL``,
     and measure what it saves on entries it was not trained on."""
     trained = train_dictionary(meta, size=size, level=level, rng=rng)
+    raw, plain, with_dict = _measure(trained.dictionary, trained.held_out, level)
+    report = TrainReport(meta.uri, trained.dictionary.id, len(trained.dictionary.data), trained.records,
+                         len(trained.held_out), raw, plain, with_dict, level, use)
+    if use and not report.helps:
+        raise InvalidInputError(
+            f"{meta.uri}: --use refused: the dictionary trained does not help, {report.measured()}; nothing was "
+            "registered and the compression policy is unchanged (train on more records, or keep zstd)")
     register_dictionary(meta, trained.dictionary)
     if use:
         meta.update_policy({"compression": f"zstd-dict:{level}"}, [])
-    raw, plain, with_dict = _measure(trained.dictionary, trained.held_out, level)
-    return TrainReport(meta.uri, trained.dictionary.id, len(trained.dictionary.data), trained.records,
-                       len(trained.held_out), raw, plain, with_dict, level, use)
+    return report

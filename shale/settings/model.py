@@ -40,9 +40,9 @@ ENV_PREFIX: Final = "SHALE_"
 #: Every command, in the order ``shale --help`` lists them.
 COMMANDS: Final = ("produce", "read", "get", "export", "changes", "status", "compact", "gc", "truncate", "snapshots",
                    "rollback",
-                   "config", "topics", "subscriptions", "verify", "dictionary")
+                   "config", "topics", "subscriptions", "exporter", "verify", "dictionary")
 #: The commands about one topic, named by a ``TOPIC_URI`` and ``--metadata``.
-_ONE_TOPIC: Final = frozenset(COMMANDS) - {"compact", "topics"}
+_ONE_TOPIC: Final = frozenset(COMMANDS) - {"compact", "topics", "exporter"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,8 +149,10 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        positional="TOPIC_URI", many=True, group="topics"),
     _s("all", Uri(), "compact every topic under this prefix (a topic is a folder holding _meta/topic.json)",
        _COMPACT, group="topics", metavar="PREFIX_URI"),
-    _s("prefix", Uri(), "a folder holding topics: a local path or s3://bucket/prefix", {"topics"},
-       positional="PREFIX_URI", env=False),
+    _s("prefix", Uri(), "a folder holding topics: a local path or s3://bucket/prefix", {"topics", "exporter"},
+       positional="PREFIX_URI", env=False,
+       help_for=(("exporter", "a folder holding topics (every topic under it, looked for again at each reading), "
+                  "or one topic: a local path or s3://bucket/prefix"),)),
     _s("metadata", Uri(), "where the topic's metadata lives", _ONE_TOPIC | _COMPACT, default_text="TOPIC_URI/_meta"),
     _s("key", Text(), "the key, as text", {"get"}, positional="KEY", env=False),
     _s("key-b64", Switch(), "KEY is base64 (a binary key)", {"get"}, default=False),
@@ -181,8 +183,11 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
                   "are compressed: none, lz4, zstd (level 1), zstd:LEVEL (1-22), or zstd-dict[:LEVEL] (zstd with "
                   "the topic's newest trained dictionary); entries kept whole keep their stored bytes"),)),
     # ------------------------------------------------------------------ read, get, export
-    _s("start", Text(), "where to start: earliest, latest, or a message id LEDGER:ENTRY:BATCH (a missing id "
-       "starts at the next existing one)", {"read", "export"}, default="earliest", metavar="earliest|latest|ID"),
+    _s("start", Text(), "where to start: earliest, latest, a message id LEDGER:ENTRY:BATCH (a missing id starts at "
+       "the next existing one), or a time, the first record published then or later (Kafka's offsetsForTimes: ISO "
+       "8601, UTC unless it names a zone; milliseconds since 1970; or -DURATION before now, e.g. -1h); with "
+       "--subscription, where a new subscription starts (an existing one is refused: shale subscriptions --reset)",
+       {"read", "export"}, default="earliest", metavar="earliest|latest|ID|TIME"),
     _s("limit", Whole(1), "stop after N records", {"read"}),
     _s("compacted", Switch(), "read the compacted view: compacted ledger up to the horizon, then the tail",
        {"read", "export"}, default=False),
@@ -290,7 +295,8 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        {"compact", "gc", "truncate", "subscriptions", "rollback"}, default=False,
        help_for=(("gc", "list what would be deleted, delete nothing"),
                  ("truncate", "say what would be removed; remove nothing"),
-                 ("subscriptions", "say what --create, --delete or --reset would do; change nothing"),
+                 ("subscriptions", "say what --create or --delete would do; change nothing (a reset is a dry run "
+                  "unless --execute)"),
                  ("rollback", "say what would be published; publish nothing"))),
     _s("gc-grace", Duration(), "delete a retired compacted ledger only after this long", {"compact", "gc"},
        default=5 * 60_000, field="gc_grace_ms", aliases=("--grace",),
@@ -320,7 +326,8 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        "Sizing memory); with --parallel N, each topic gets SIZE/N; refused with --engine spark, whose executors Spark "
        "sizes itself", _COMPACT,
        default_text="none: only --max-map-bytes and the other settings bound it"),
-    _s("json", Switch(), "print one JSON line instead of text", set(COMMANDS), default=False, help_for=_JSON_HELP),
+    _s("json", Switch(), "print one JSON line instead of text", set(COMMANDS) - {"exporter"}, default=False,
+       help_for=_JSON_HELP),
     _s("log-format", Choice(("text", "json")), "text: errors and warnings as one line each; json: one JSON object "
        "per event on standard error, for log collectors (no progress display)", _COMPACT, default="text"),
     _s("pushgateway", Url(), "push each topic's run metrics to this Prometheus Pushgateway (e.g. "
@@ -374,13 +381,38 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
     # ---------------------------------------------------------------- subscriptions
     _s("create", Text(), "create the subscription NAME (at --to, default earliest)", {"subscriptions"},
        group="action", env=False, metavar="NAME"),
-    _s("delete", Text(), "delete the subscription NAME: it holds nothing back any more", {"subscriptions"},
-       group="action", env=False, metavar="NAME"),
-    _s("reset", Text(), "move the subscription NAME to --to (like kafka-consumer-groups --reset-offsets)",
-       {"subscriptions"}, group="action", env=False, metavar="NAME"),
+    _s("delete", Text(), "delete the subscription NAME: it holds nothing back any more (refused while a reader holds "
+       "it, unless --force)", {"subscriptions"}, group="action", env=False, metavar="NAME"),
+    _s("reset", Text(), "move the subscription NAME to --to, --shift-by or --by-duration (like kafka-consumer-groups "
+       "--reset-offsets): a dry run printing the plan unless --execute", {"subscriptions"}, group="action", env=False,
+       metavar="NAME"),
+    _s("all-subscriptions", Switch(), "reset every subscription of the topic (to --to, --shift-by or --by-duration; "
+       "a dry run unless --execute)", {"subscriptions"}, flag="--all", group="action", env=False, default=False),
+    _s("from-file", Text(), "reset the subscriptions a CSV file names, each to its own position: lines NAME,POSITION, "
+       "POSITION as --to takes it (a first line name,position is a header; - reads standard input); a dry run unless "
+       "--execute", {"subscriptions"}, group="action", env=False, metavar="CSV"),
+    _s("describe", Switch(), "also show each subscription's compacted lag (what a compacted read from its position "
+       "has left: one record per key up to the horizon, then every record above it) and the reader its document "
+       "names even once gone", {"subscriptions"}, env=False, default=False),
     _s("to", Text(), "where --create or --reset puts it: earliest (the compacted view's start), latest (past the "
-       "last record), a message id (at most latest), or a time (ISO 8601, UTC unless it names a zone: the first "
-       "record published then or later)", {"subscriptions"}, env=False, metavar="earliest|latest|ID|TIME"),
+       "last record), current (where it stands), a message id within the topic, or a time, the first record "
+       "published then or later (ISO 8601, UTC unless it names a zone; milliseconds since 1970; or -DURATION before "
+       "now, e.g. -1h)", {"subscriptions"}, env=False, metavar="earliest|latest|current|ID|TIME"),
+    _s("shift-by", Whole(-(1 << 62), 1 << 62), "with --reset: move it by N records from where it stands (back when "
+       "negative), at most to latest and back at most to earliest", {"subscriptions"}, env=False),
+    _s("by-duration", Text(), "with --reset: move it to the first record published within DURATION of now (1h, "
+       "PT1H; a leading - is allowed: -1h)", {"subscriptions"}, env=False, metavar="DURATION"),
+    _s("execute", Switch(), "carry out a reset (without it, a reset is a dry run that prints the plan: each "
+       "subscription's position and lag before and after)", {"subscriptions"}, env=False, default=False),
+    _s("force", Switch(), "reset or delete even while a reader holds the subscription (its heartbeat is live): that "
+       "reader fails at its next commit", {"subscriptions"}, env=False, default=False),
+    # -------------------------------------------------------------------- exporter
+    _s("listen", Text(), "serve /metrics on this address (HOST:PORT; port 0: any free port, printed as it starts)",
+       {"exporter"}, default="0.0.0.0:9838", metavar="HOST:PORT"),
+    _s("interval", Duration(1000, "the least time between two readings"), "read every subscription's lag and state "
+       "this often (a scrape serves the last reading, and costs the store nothing)", {"exporter"}, default=60_000),
+    _s("once", Switch(), "read once, print the metrics in Prometheus's text format and exit (for a textfile "
+       "collector, or to look)", {"exporter"}, default=False),
     # -------------------------------------------------------------- config, dictionary
     _s("set", Text(), "set a policy setting, e.g. delete-retention=7d (repeatable)", {"config"}, many=True,
        metavar="NAME=VALUE"),

@@ -1,19 +1,29 @@
 """``compact --all --pushgateway`` into a real Pushgateway, scraped by a real Prometheus
 with the shipped config: every metric docs/operations.md documents, asked of
 Prometheus's HTTP API, after runs over a few topics of which one fails, then fails
-again, then is mended."""
+again, then is mended.  ``shale exporter`` scraped by the same Prometheus: every
+subscription's lag and state as it changes, a deleted one gone, the shipped alert on an
+expired one firing; and every panel of the shipped dashboard answering."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from shale.cli.metrics import failures_after
 from shale.compactor.summary import RunStatus
+from shale.ledger.ids import MIN_ID
+from shale.metadata.subscriptions import Subscriptions
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
+from shale.reader import TopicReader
 from tests.compactor.test_many_topics import lines, produce
 from tests.conftest import ROOT, run_cli_here
 from tests.monitoring import MONITORING, PrometheusStack
@@ -170,6 +180,68 @@ def test_the_failure_count_rules() -> None:
         assert failures_after(neither, 4) == 4 and failures_after(neither, None) is None
 
 
+@contextlib.contextmanager
+def exporter(stack: PrometheusStack, prefix: str) -> Iterator[subprocess.Popen[str]]:
+    """``shale exporter PREFIX`` reading every half second on a free port, scraped by the
+    stack's Prometheus while the block runs."""
+    proc = subprocess.Popen([sys.executable, "-m", "shale.cli", "exporter", prefix, "--listen", "127.0.0.1:0",
+                             "--interval", "1s"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                            cwd=ROOT, env=os.environ.copy())
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()
+        found = re.search(r"http://(127\.0\.0\.1:\d+)/metrics", first)
+        assert found, first + proc.stderr.read()
+        stack.scrape_exporter(found.group(1))
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        stack.scrape_exporter(None)
+
+
+def by_subscription(rows: list[tuple[dict[str, str], float]]) -> dict[tuple[str, str], float]:
+    return {(r["topic"].rsplit("/", 1)[1], r.get("subscription", "")): v for r, v in rows}
+
+
+def test_the_exporter_serves_every_subscriptions_lag_and_state(prometheus_stack: PrometheusStack,
+                                                               tmp_path: Path) -> None:
+    stack = prometheus_stack
+    root = str(tmp_path / "topics")
+    a, b, bad = f"{root}/a", f"{root}/b", f"{root}/bad"
+    produce(a, 100)
+    produce(b, 10)
+    produce(bad, 10)
+    (tmp_path / "topics" / "bad" / "_meta" / "topic.json").write_text("{")
+    subs = Subscriptions(TopicMetadata.open(a))
+    subs.create("slow")
+    subs.create("gone", MIN_ID, now_ms=1)  # committed in 1970: expired
+    Subscriptions(TopicMetadata.open(b)).create("done", TopicMetadata.open(b).load_topic().next_id)
+    mine = re.escape(root).replace("\\", "\\\\")
+    with exporter(stack, root), TopicReader(a, subscription="held") as reader:
+        lag = by_subscription(stack.wait_for(f'shale_subscription_lag_records{{topic=~"{mine}/.+"}}',
+                                             lambda rows: len(rows) == 4))
+        assert lag == {("a", "slow"): 100, ("a", "gone"): 100, ("a", "held"): 100, ("b", "done"): 0}
+        active = by_subscription(stack.query(f'shale_subscription_active{{topic=~"{mine}/.+"}}'))
+        assert active == {("a", "slow"): 1, ("a", "gone"): 0, ("a", "held"): 1, ("b", "done"): 1}
+        held = by_subscription(stack.query(f'shale_subscription_held{{topic=~"{mine}/.+"}}'))
+        assert held[("a", "slow")] == 0 and ("a", "held") in held
+        # the reader holding one: its heartbeat's age is there (whether it is live depends on time)
+        beats = by_subscription(stack.query(f'shale_subscription_heartbeat_age_seconds{{topic=~"{mine}/.+"}}'))
+        assert set(beats) == {("a", "held")} and beats[("a", "held")] >= 0
+        up = by_subscription(stack.query(f'shale_exporter_topic_up{{topic=~"{mine}/.+"}}'))
+        assert up == {("a", ""): 1, ("b", ""): 1, ("bad", ""): 0}
+        # the shipped rule on an expired subscription fires in the real Prometheus
+        stack.wait_for(f'ALERTS{{alertname="ShaleSubscriptionExpired",alertstate="firing",topic="{a}"}}',
+                       lambda rows: {r["subscription"] for r, _ in rows} == {"gone"})
+        # lag as it changes: the reader reads 60 records and commits; a deleted subscription goes
+        reader.read(limit=60)
+        reader.commit()
+        subs.delete("slow")
+        stack.wait_for(f'shale_subscription_lag_records{{topic="{a}"}}',
+                       lambda rows: by_subscription(rows) == {("a", "gone"): 100, ("a", "held"): 40})
+
+
 def _dashboard() -> Any:
     import importlib.util
     import sys
@@ -197,12 +269,15 @@ def test_every_dashboard_panel_returns_data(prometheus_stack: PrometheusStack, t
     for _ in range(2):
         compact("--all", root, "--pushgateway", stack.pushgateway_url)
     stack.sync()
+    Subscriptions(TopicMetadata.open(good)).create("billing")
     mine = re.escape(root).replace("\\", "\\\\") + "/.+"
     queries = _dashboard().panel_queries()
     assert len(queries) >= 10
-    for title, expr in queries:
-        assert '".+"' in expr, (title, expr)
-        rows = stack.query(expr.replace('".+"', f'"{mine}"'))
-        assert rows, f"panel {title!r}: {expr} returned no data"
-        topics = {r["topic"] for r, _ in rows if "topic" in r}
-        assert topics <= {good, bad}, (title, topics)
+    with exporter(stack, root):
+        stack.wait_for(f'shale_subscription_lag_records{{topic=~"{mine}"}}')
+        for title, expr in queries:
+            assert '".+"' in expr, (title, expr)
+            rows = stack.query(expr.replace('".+"', f'"{mine}"'))
+            assert rows, f"panel {title!r}: {expr} returned no data"
+            topics = {r["topic"] for r, _ in rows if "topic" in r}
+            assert topics <= {good, bad}, (title, topics)

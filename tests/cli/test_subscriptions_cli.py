@@ -57,9 +57,12 @@ def test_read_as_a_subscription_goes_on_where_it_stopped(topic: str) -> None:
     assert read(topic, "--subscription", "cli") == []
     produce(topic, 2, first=10)
     assert read(topic, "--subscription", "cli", "--follow", "--limit", "2") == ["v10", "v11"]
-    # --start places a new subscription only
+    # --start places a new subscription only: given for an existing one, it is refused, not ignored
     assert read(topic, "--subscription", "late", "--start", "latest") == []
-    assert read(topic, "--subscription", "late", "--start", "earliest") == []
+    one_line_error(run_cli_here("read", topic, "--subscription", "late", "--start", "earliest"), 2,
+                   "--start places a new subscription", "subscription 'late' already (at 5:0:0)",
+                   "--reset late --to earliest")
+    assert read(topic, "--subscription", "late") == []
     one_line_error(run_cli_here("read", topic, "--subscription", "x", "--table"), 2, "--subscription")
     one_line_error(run_cli_here("read", topic, "--subscription", "no/slash"), 2, "bad subscription name")
 
@@ -73,8 +76,8 @@ def test_subscriptions_lists_creates_resets_and_deletes(topic: str) -> None:
     r = run_cli_here("subscriptions", topic)
     lines = r.stdout.splitlines()
     assert lines[0].split() == ["NAME", "POSITION", "LAG", "RECORDS", "LAG", "BYTES", "LAST", "COMMIT", "(UTC)",
-                                "STATE"]
-    assert lines[1].split()[:3] == ["app", "1:1:1", "7"] and lines[1].split()[-1] == "active"
+                                "STATE", "READER"]
+    assert lines[1].split()[:3] == ["app", "1:1:1", "7"] and lines[1].split()[-2:] == ["active", "-"]
     assert lines[2].split()[:3] == ["ops", "2:0:0", "6"]
     doc = json.loads(run_cli_here("subscriptions", topic, "--json").stdout)
     assert [(s["name"], s["position"], s["lag_records"], s["state"]) for s in doc["subscriptions"]] == [
@@ -82,13 +85,15 @@ def test_subscriptions_lists_creates_resets_and_deletes(topic: str) -> None:
     assert doc["subscriptions"][0]["lag_bytes"] > doc["subscriptions"][1]["lag_bytes"] > 0
     # a dry run says what a reset would do, and does nothing
     r = run_cli_here("subscriptions", topic, "--reset", "app", "--to", "earliest", "--dry-run", "--json")
-    assert json.loads(r.stdout) == {"topic": topic, "subscription": "app", "action": "reset", "dry_run": True,
-                                    "before": "1:1:1", "after": "0:0:0", "lag_records_before": 7,
-                                    "lag_records_after": 10}
+    plan = json.loads(r.stdout)
+    assert 0 < plan.pop("lag_bytes_before") < plan.pop("lag_bytes_after")
+    assert plan == {"topic": topic, "subscription": "app", "action": "reset", "dry_run": True, "before": "1:1:1",
+                    "after": "0:0:0", "after_removed": False, "lag_records_before": 7, "lag_records_after": 10,
+                    "held_by": None}
     assert read(topic, "--subscription", "app", "--limit", "1") == ["v3"]
     for to, first in (("earliest", "v0"), ("latest", None), ("1:1:0", "v2"), ("2000-01-01", "v0"),
                       ("2999-01-01T00:00:00+02:00", None)):
-        r = run_cli_here("subscriptions", topic, "--reset", "app", "--to", to)
+        r = run_cli_here("subscriptions", topic, "--reset", "app", "--to", to, "--execute")
         assert r.returncode == 0 and "reset subscription 'app' from" in r.stdout, r.stderr
         assert read(topic, "--subscription", "app", "--limit", "1") == ([first] if first else [])
     r = run_cli_here("subscriptions", topic, "--delete", "ops")

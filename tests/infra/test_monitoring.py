@@ -37,6 +37,13 @@ PUSHED = frozenset({
     "max_lag_seconds", "uncleanable", "consecutive_failures", "records_reclaimed", "bytes_reclaimed"})
 KUBE_STATE_METRICS = frozenset({"kube_cronjob_next_schedule_time", "kube_cronjob_spec_suspend",
                                 "kube_cronjob_status_last_successful_time"})
+# What ``shale exporter`` serves (shale/cli/exporter.py): per subscription, per topic, its own.
+EXPORTED = frozenset({
+    "shale_subscription_lag_records", "shale_subscription_lag_bytes", "shale_subscription_active",
+    "shale_subscription_last_commit_timestamp_seconds", "shale_subscription_expiry_timestamp_seconds",
+    "shale_subscription_held", "shale_subscription_heartbeat_age_seconds", "shale_exporter_topic_up",
+    "shale_exporter_up", "shale_exporter_last_update_timestamp_seconds", "shale_exporter_update_duration_seconds",
+    "shale_exporter_interval_seconds"})
 
 needs_promtool = needs(program("promtool"))
 needs_kubectl = needs(program("kubectl"))
@@ -87,15 +94,20 @@ def test_the_rules_cover_each_condition_with_a_severity_and_annotations_naming_t
     alerts = {rule["alert"]: rule for rule in rules() if "alert" in rule}
     assert set(alerts) == {"ShaleCompactionLagExceeded", "ShaleCompactionFailing", "ShaleCompactionCorruptData",
                            "ShaleCompactionNotRunning", "ShaleDirtyRatioHigh", "ShaleCronJobMissedSchedule",
-                           "ShaleCronJobNoRecentSuccess"}
+                           "ShaleCronJobNoRecentSuccess", "ShaleSubscriptionLagHigh", "ShaleSubscriptionExpiringSoon",
+                           "ShaleSubscriptionExpired", "ShaleLagExporterDown", "ShaleLagExporterTopicFailing"}
     for name, rule in alerts.items():
         assert rule["labels"]["severity"] in ("warning", "critical"), name
         assert set(rule["annotations"]) == {"summary", "description"}, name
         names = "$labels.topic" if name.startswith("ShaleCompaction") and name != "ShaleCompactionNotRunning" \
-            else "$labels."
+            else "$labels.subscription" if name.startswith("ShaleSubscription") else "$labels."
         assert names in rule["annotations"]["summary"], name
-    used = set(re.findall(r"\b(?:shale_compaction_|kube_cronjob_)\w+", " ".join(r["expr"] for r in rules())))
-    assert used <= {f"shale_compaction_{m}" for m in PUSHED} | KUBE_STATE_METRICS, used
+    used = set(re.findall(r"\b(?:shale_compaction_|kube_cronjob_|shale_subscription_|shale_exporter_)\w+",
+                          " ".join(r["expr"] for r in rules())))
+    assert used <= {f"shale_compaction_{m}" for m in PUSHED} | KUBE_STATE_METRICS | EXPORTED, used
+    # the lag, the expiry, and the exporter itself are watched
+    assert {"shale_subscription_lag_records", "shale_subscription_expiry_timestamp_seconds",
+            "shale_subscription_active", "shale_exporter_topic_up"} <= used
 
 
 def test_the_cronjob_rules_name_the_cronjob_of_the_kubernetes_base() -> None:
@@ -123,6 +135,18 @@ MUTANTS = [
     ("unless on (namespace, cronjob) kube_cronjob_spec_suspend == 1", "", "cronjob.yml"),
     ("last_successful_time{cronjob=\"shale-compact\"} > 28 * 3600",
      "last_successful_time{cronjob=\"shale-compact\"} > 29 * 3600", "cronjob.yml"),
+    ("lag_records > 100000 and", "lag_records >= 100000 and", "subscriptions.yml"),
+    ("lag_records > 100000 and shale_subscription_active == 1", "lag_records > 100000", "subscriptions.yml"),
+    ("for: 30m", "for: 29m", "subscriptions.yml"),
+    ("time() < 24 * 3600", "time() <= 24 * 3600", "subscriptions.yml"),
+    ("time() < 24 * 3600 and shale_subscription_active == 1", "time() < 24 * 3600", "subscriptions.yml"),
+    ("expr: shale_subscription_active == 0", "expr: shale_subscription_active < 0", "subscriptions.yml"),
+    ('up{job="shale-exporter"} == 0\n', 'up{job="shale-exporter"} == 2\n', "subscriptions.yml"),
+    ("or shale_exporter_up == 0", "or shale_exporter_up == 2", "subscriptions.yml"),
+    ("3 * shale_exporter_interval_seconds + 300", "3 * shale_exporter_interval_seconds + 240", "subscriptions.yml"),
+    ("for: 10m", "for: 9m", "subscriptions.yml"),
+    ("shale_exporter_topic_up == 0\n        for: 15m", "shale_exporter_topic_up == 0\n        for: 14m",
+     "subscriptions.yml"),
 ]
 
 
@@ -268,6 +292,11 @@ def test_the_dashboard_shows_what_compaction_is_watched_by(dashboard: ModuleType
     assert used >= {"dirty_ratio_before", "dirty_ratio_after", "max_delay_seconds", "max_lag_seconds",
                     "duration_seconds", "bytes_reclaimed", "records_reclaimed", "uncleanable",
                     "consecutive_failures", "exit_code", "last_success_timestamp_seconds"}
+    exported = {m for _, expr in dashboard.panel_queries()
+                for m in re.findall(r"\bshale_(?:subscription|exporter)_\w+", expr)}
+    assert exported <= EXPORTED, exported - EXPORTED
+    assert exported >= {"shale_subscription_lag_records", "shale_subscription_lag_bytes", "shale_subscription_active",
+                        "shale_subscription_expiry_timestamp_seconds", "shale_exporter_topic_up"}
 
 
 @needs_promtool
@@ -285,6 +314,12 @@ def test_every_panel_query_is_promql_that_returns_data(dashboard: ModuleType, tm
     extra = {"duration_seconds": ',phase="total"', "status": ',status="compacted"'}
     series = [{"series": f"shale_compaction_{m}{{{labels}{extra.get(m, '')}}}", "values": "1x10"}
               for m in sorted(PUSHED)]
+    # ... and the exporter's gauges of one subscription of that topic
+    exporter = 'job="shale-exporter",instance="e:9838",topic="s3://bucket/topics/users"'
+    for m in sorted(EXPORTED):
+        if m.startswith("shale_subscription_") or m == "shale_exporter_topic_up":
+            one = ',subscription="billing"' if m.startswith("shale_subscription_") else ""
+            series.append({"series": f"{m}{{{exporter}{one}}}", "values": "1x10"})
     tests = {"rule_files": [], "evaluation_interval": "1m", "tests": [{
         "interval": "1m", "input_series": series,
         "promql_expr_test": [{"expr": f"count({expr}) > bool 0", "eval_time": "5m",

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ from shale.compactor import CompactionConfig, Compactor, collect_garbage
 from shale.ledger.codecs import Codec, Compression, Dictionary, parse_compression
 from shale.ledger.errors import InvalidInputError, InvalidMetadataError
 from shale.ledger.reader import LedgerFile
-from shale.maintenance.dictionary import train_dictionary
+from shale.maintenance.dictionary import gain_text, train_dictionary
 from shale.maintenance.verify import verify_topic
 from shale.metadata.dictionaries import register_dictionary
 from shale.metadata.topic import TopicMetadata
@@ -196,3 +198,33 @@ def test_dictionary_bytes_are_checked_before_use() -> None:
         Dictionary.load(bytes.fromhex("37a430ec") + (7).to_bytes(4, "little") + b"\0" * 100, "d", expect_id=8)
     with pytest.raises(CorruptLedgerError, match="1 MiB at most"):
         Dictionary.load(b"\0" * ((1 << 20) + 1), "d")
+
+
+def _unhelpful(uri: str) -> None:
+    """Entries the dictionary is trained on (even ones: four letters) unlike those it is
+    measured on (odd ones: base64 of random bytes), so that it makes them larger."""
+    rnd = random.Random(5)
+    with TopicWriter(uri, batch_size=20) as w:
+        for i in range(4000):
+            even = i // 20 % 2 == 0
+            w.append(f"k{i}", "".join(rnd.choice("abcd") for _ in range(100)) if even
+                     else base64.b64encode(rnd.randbytes(75)).decode())
+
+
+def test_use_refuses_a_dictionary_that_does_not_help_and_the_ratio_is_worded_right(tmp_path: Path) -> None:
+    uri = str(tmp_path / "t")
+    _unhelpful(uri)
+    r = run_cli_here("dictionary", uri, "--train", "--size", "4KiB", "--use")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "--use refused: the dictionary trained does not help" in r.stderr and "% larger)" in r.stderr, r.stderr
+    assert "nothing was registered" in r.stderr and "x smaller" not in r.stderr
+    meta = TopicMetadata.open(uri)
+    assert meta.load_policy().get("compression") is None and meta.load_topic().dictionaries == ()
+    # without --use it is registered, and said to make entries larger
+    r = run_cli_here("dictionary", uri, "--train", "--size", "4KiB", "--json")
+    report = json.loads(r.stdout)
+    assert r.returncode == 0 and report["helps"] is False and report["zstd_dict_bytes"] > report["zstd_bytes"]
+    text = run_cli_here("dictionary", uri, "--train", "--size", "4KiB").stdout
+    assert re.search(r"with the dictionary [\d,]+ \(\d+\.\d% larger\); it does not help: keep zstd", text), text
+    assert gain_text(1000, 1190) == "19.0% larger" and gain_text(1000, 400) == "2.50x smaller"
+    assert gain_text(1000, 1000) == "no smaller"

@@ -153,6 +153,40 @@ def test_shale_get_prints_the_latest_value(disk_topic_uri: str) -> None:
     assert r.returncode == 5 and r.stdout == "" and "no value for key 'missing'" in r.stderr, r.stderr
 
 
+def test_shale_get_says_what_can_be_known_of_a_key_without_a_value(tmp_path: Path) -> None:
+    """A key compaction dropped is not "never written": the original ledgers it replaced
+    still hold its records, and say whether it was deleted or expired under the key TTL;
+    "never written" only when no ledger holds it and retention removed none."""
+    uri = str(tmp_path / "t")
+    old = 1_700_000_000.0  # 2023: older than any key TTL of a day
+    with TopicWriter(uri, batch_size=2, max_ledger_records=4, clock=lambda: old) as w:
+        for k, v in (("stale", "v0"), ("gone", "v1"), ("gone", None), ("other", "v3")):
+            w.append(k, v)
+    _produce(uri, [("fresh", "v4")])
+
+    def why(key: str) -> str:
+        r = run_cli_here("get", uri, key)
+        assert r.returncode == 5 and r.stdout == "", (key, r.stdout, r.stderr)
+        head = f"shale: no value for key {key!r} in {uri} ("
+        assert r.stderr.startswith(head) and r.stderr.endswith(")\n"), r.stderr
+        return r.stderr[len(head):-2]
+
+    assert why("gone") == "deleted" and why("nope") == "never written"  # before any compaction
+    assert run_cli_here("config", uri, "--set", "key-ttl=1d").returncode == 0
+    assert why("stale") == "expired"  # the view says so (its latest record is older than the TTL)
+    assert run_cli_here("compact", uri, "--delete-retention", "0").returncode == 0
+    assert why("stale") == ("expired: its latest record (2023-11-14 22:13:20 UTC) is older than the key TTL (1d), "
+                            "and a compaction dropped it")
+    assert why("gone") == "deleted: its latest record is a tombstone, which a compaction dropped past the delete " \
+                          "retention"
+    assert why("nope") == "never written"
+    assert json.loads(run_cli_here("get", uri, "fresh").stdout)["value"] == "v4"
+    # once retention removed the ledgers that held them, nothing is known for sure
+    assert run_cli_here("truncate", uri, "--before-ledger", "2").returncode == 0
+    assert why("stale") == why("nope") == ("no record of it left: never written, or only in ledgers retention "
+                                           "removed (up to ledger 1)")
+
+
 # ------------------------------------------------------------------------ value formats
 
 def test_read_value_format_json_and_table_implies_compacted(tmp_path: Path) -> None:

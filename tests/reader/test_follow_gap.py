@@ -377,7 +377,7 @@ def test_shale_read_follow_paused_across_retention(disk_topic_uri: str, on_gap: 
 
 def test_read_help_lists_exit_code_6() -> None:
     r = run_cli("read", "--help")
-    assert r.returncode == 0 and "  6  shale read (and export --start ID): records it had yet to read" in r.stdout
+    assert r.returncode == 0 and "  6  records it had yet to read were removed by retention (see --on-gap)" in r.stdout
     assert "--on-gap {error,skip,compacted}" in r.stdout
 
 

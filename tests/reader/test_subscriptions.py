@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from shale.ledger.errors import ConflictError, InvalidInputError, InvalidMetadataError, StateUnknownError
+from shale.ledger.errors import ConflictError, InUseError, InvalidInputError, InvalidMetadataError, StateUnknownError
 from shale.ledger.ids import MIN_ID, MessageId
 from shale.metadata.subscriptions import SubscriptionNotFoundError, Subscriptions, check_name
 from shale.metadata.topic import TopicMetadata
@@ -95,18 +95,26 @@ def test_a_commit_loses_to_a_reset_or_another_reader_and_a_deleted_subscription_
     produce(uri, 8)
     subs = Subscriptions(TopicMetadata.open(uri))
     a = TopicReader(uri, subscription="shared")
-    b = TopicReader(uri, subscription="shared")
     a.read(limit=2)
     a.commit()
+    b = TopicReader(uri, subscription="shared")  # takes the subscription over from a
+    a.read(limit=1)
     b.read(limit=5)
     with pytest.raises(ConflictError, match=r"changed by another writer.*stands at 1:0:2 now"):
-        b.commit()  # never undoes the other reader's commit
-    subs.reset("shared", MIN_ID)
+        a.commit()  # never undoes what the reader holding it now does
+    b.commit()
+    # b holds it: a reset or a delete is refused unless forced, and a forced one lets b go
+    with pytest.raises(InUseError, match=r"reader \S+:\d+:\w+ holds it .*--force"):
+        subs.reset("shared", MIN_ID)
+    assert position(uri, "shared") == MessageId(2, 1, 1)
+    subs.reset("shared", MIN_ID, force=True)
     with pytest.raises(ConflictError, match="shared"):
-        a.commit()
+        b.commit()
     assert position(uri, "shared") == MIN_ID
     c = TopicReader(uri, subscription="shared")
-    subs.delete("shared")
+    with pytest.raises(InUseError, match="cannot delete"):
+        subs.delete("shared")
+    subs.delete("shared", force=True)
     with pytest.raises(SubscriptionNotFoundError, match="'shared' was deleted"):
         c.commit()
     assert subs.names() == []

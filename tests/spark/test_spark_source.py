@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -537,3 +538,33 @@ def test_spark_writes_refuse_an_event_time_no_reader_holds(spark: Any, tmp_path:
     assert [m.event_time for m in TopicReader(topic)] == [None, EVENT_TIME_MIN_MS, EVENT_TIME_MAX_MS]
     ledgers = sorted(p.name for p in (tmp_path / "t" / "ledgers").iterdir())
     assert len(ledgers) == 2
+
+
+def _doc_examples() -> dict[str, str]:
+    """The Python examples of docs/spark.md, by the first line of each."""
+    text = (ROOT / "docs" / "spark.md").read_text()
+    return {block.splitlines()[0]: block for block in re.findall(r"```python\n(.*?)```", text, re.S)}
+
+
+def test_the_docs_examples_run(spark: Any, tmp_path: Path) -> None:
+    """docs/spark.md's examples of registering, writing and reading, run as they are
+    written on a topic of this test's (in place of s3://bucket/topics/users)."""
+    import pyspark.sql.functions as F
+
+    examples = _doc_examples()
+    uri = str(tmp_path / "users")
+    when = datetime.datetime(2024, 5, 1, tzinfo=datetime.UTC)
+    changes = spark.createDataFrame(
+        [("u1", "Ann", {"source": "web"}, when), ("u2", "Bob", {"source": "app"}, when),
+         ("u3", "Cy", {"source": "web"}, when), ("u1", "Ann B.", {"source": "app"}, when)],
+        "key string, value string, properties map<string,string>, event_time timestamp")
+    scope: dict[str, Any] = {"spark": spark, "changes": changes}
+    for first in ("import shale.spark", "(changes.select(", "from pyspark.sql import functions as F"):
+        if first.startswith("from"):
+            Compactor(uri).run()  # (so that the compacted view holds each key's latest record once)
+        [block] = [b for line, b in examples.items() if line.startswith(first)]
+        assert "s3://bucket/topics/users" in block or first == "import shale.spark"
+        exec(compile(block.replace("s3://bucket/topics/users", uri), "docs/spark.md", "exec"), scope)
+    by_source = {r["source"]: r["count"] for r in scope["users"].where("NOT tombstone")
+                 .groupBy(F.col("properties")["source"].alias("source")).count().collect()}
+    assert by_source == {"web": 1, "app": 2}  # u1's latest record came from the app
