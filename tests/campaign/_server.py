@@ -10,9 +10,12 @@ import importlib
 
 for _name in ("numpy", "boto3", "shale.cli.app", "shale.cli.parsing", "shale.cli.compact", "shale.cli.maintain",
               "shale.cli.produce", "shale.cli.read", "shale.cli.runlog", "shale.compactor.job",
-              "shale.compactor.run_many", "shale.compactor.gc", "shale.compactor.retention",
-              "shale.compactor.snapshots", "shale.compactor.verify", "shale.compactor.scrub",
-              "shale.compactor.workers", "shale.compactor.pass_two", "shale.jsonl_ingest", "shale.jsonlines",
-              "shale.producer", "shale.reader.topic_reader", "shale.reader.latest", "shale.storage._s3",
-              "tests.campaign.procs"):
-    importlib.import_module(_name)
+              "shale.compactor.run_many", "shale.maintenance.gc", "shale.maintenance.retention",
+              "shale.maintenance.snapshots", "shale.maintenance.verify", "shale.maintenance.scrub",
+              "shale.maintenance.status", "shale.compactor.workers", "shale.compactor.pass_two",
+              "shale.producer.jsonl_ingest", "shale.producer.jsonlines", "shale.producer", "shale.reader.topic_reader",
+              "shale.reader.latest", "shale.storage._s3", "tests.campaign.procs"):
+    try:
+        importlib.import_module(_name)
+    except ImportError as e:  # (the fork server passes over an ImportError: every command would import it again)
+        raise RuntimeError(f"tests/campaign/_server.py preloads {_name}, which is no more: {e}") from e

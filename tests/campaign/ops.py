@@ -186,7 +186,10 @@ def cli(rnd: Round, command: str, *args: str, input: str | None = None,
     for code, said, outcome in EXPECTED.get(command, ()):
         if p.returncode == code and re.search(said, said_all):
             return outcome, None
-    rnd.fail(f"{script} {' '.join(argv)}: exit {p.returncode}: {said_all.strip()[-2000:]}")
+    said = said_all.strip()
+    if p.returncode < 0 and len(said) > 4000:  # killed by a signal: the crash dump starts with the thread that crashed
+        said = f"{said[:3000]}\n[...]\n{said[-1000:]}"
+    rnd.fail(f"{script} {' '.join(argv)}: exit {p.returncode}: {said[-4000:]}")
     return f"exit-{p.returncode}", None
 
 
