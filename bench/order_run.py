@@ -7,7 +7,9 @@ with an event time in record order but for ~5 % up to ten minutes late (zstd, en
 1,000 records), under bench/data/.  Then times, in interleaved rounds, a first (full)
 compaction in each order, the compaction state removed between runs; then, on a second
 topic of a tenth of the size, an incremental run over 1 % new records in each order.
-Prints medians, the ratio to offset order, the key map's bytes per key and peak RSS.
+Prints medians (wall, and CPU of the process and its workers: compare those on a shared
+machine), the ratio to offset order, the key map's bytes per key, the last run's phases
+and peak RSS.
 """
 
 from __future__ import annotations
@@ -55,14 +57,22 @@ def reset(path: Path) -> None:
     shutil.rmtree(path / "compacted", ignore_errors=True)
 
 
+def _cpu() -> float:
+    """CPU time of this process and its children (pass two's workers), user + system."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def run(path: Path, order: str, ttl_ms: int = 0) -> tuple[float, dict[str, object]]:
+    """One run: its wall time, and its figures (CPU time and the run's phases among them)."""
     cfg = CompactionConfig(delete_retention_ms=0, order=order, key_ttl_ms=ttl_ms)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _cpu()
     s = Compactor(str(path), cfg).run()
     took = time.perf_counter() - start
     assert s.status == "compacted", s.human()
-    return took, {"keys": s.keys, "map_keys": s.map_keys, "map_bytes": s.map_bytes,
-                  "keys_expired": s.keys_expired}
+    return took, {"cpu_s": round(_cpu() - cpu, 3), "keys": s.keys, "map_keys": s.map_keys,
+                  "map_bytes": s.map_bytes, "keys_expired": s.keys_expired,
+                  "phases_s": {k: round(v, 3) for k, v in s.durations.items()}}
 
 
 def main() -> None:
@@ -81,19 +91,21 @@ def main() -> None:
     cases = {"offset": ("offset", 0), "event-time": ("event-time", 0),
              "event-time + key TTL": ("event-time", now_ms - BASE_MS - ttl)}
     full: dict[str, list[float]] = {c: [] for c in cases}
+    cpu: dict[str, list[float]] = {c: [] for c in cases}
     info: dict[str, dict[str, object]] = {}
     for _ in range(a.pairs):
         for name, (order, t) in cases.items():
             reset(big)
             took, info[name] = run(big, order, t)
             full[name].append(took)
-    base = statistics.median(full["offset"])
-    print(f"full run, {a.records:,} records / {a.keys:,} keys, median of {a.pairs}:")
+            cpu[name].append(float(info[name]["cpu_s"]))  # type: ignore[arg-type]
+    base, base_cpu = statistics.median(full["offset"]), statistics.median(cpu["offset"])
+    print(f"full run, {a.records:,} records / {a.keys:,} keys, median of {a.pairs} (wall; CPU):")
     for name, ts in full.items():
-        m = statistics.median(ts)
+        m, c = statistics.median(ts), statistics.median(cpu[name])
         d = info[name]
         per_key = int(d["map_bytes"]) / max(1, int(d["map_keys"]))  # type: ignore[call-overload]
-        print(f"  {name:22s} {m:7.2f} s  {base / m:5.2f}x offset order's speed  "
+        print(f"  {name:22s} {m:7.2f} s  {base / m:5.2f}x offset order's speed; CPU {c:6.2f} s  {base_cpu / c:5.2f}x  "
               f"map {per_key:.0f} bytes a key  {json.dumps(d)}")
 
     small = Path(a.dir) / f"order-incr-{a.records // 10}-{a.keys // 10}"

@@ -2570,6 +2570,584 @@ done:
 }
 
 /* ------------------------------------------------------------------------------------ */
+/* JSON lines from Arrow batches                                                         */
+/*
+ * `shale read` prints each record as one JSON line (shale/jsonlines.py, message_line):
+ * {"id","key"|"key_b64","value"|"value_b64","properties","publish_time","event_time"},
+ * text escaped as msgspec escapes it (", \ and the control characters; nothing else),
+ * keys and values that are not UTF-8 in base64.  json_lines writes those lines straight
+ * from the buffers of a batch of shale.reader.arrow's columns, without the interpreter
+ * lock.  Two kinds of record it hands back to the Python path instead (it stops before
+ * them and says so): one whose property names repeat (a decoded record keeps the last
+ * text at the first name's place) or that has more properties than it compares, and,
+ * printing values as JSON, a value whose document it cannot tell for certain that
+ * msgspec reads or refuses (a number near the edge of the ranges msgspec reads, a
+ * surrogate escape, nesting near MAX_JSON_DEPTH).  Everything else is decided here.
+ */
+
+enum { JL_LEDGER, JL_ENTRY, JL_BATCH, JL_KEY_VALID, JL_KEY_OFFS, JL_KEY_DATA, JL_VALUE_VALID, JL_VALUE_OFFS,
+       JL_VALUE_DATA, JL_PROP_OFFS, JL_NAME_OFFS, JL_NAME_DATA, JL_TEXT_OFFS, JL_TEXT_DATA, JL_PUBLISH,
+       JL_EVENT_VALID, JL_EVENT, JL_BUFFERS };
+
+/* Property names compared pairwise for repeats: a record with more goes the Python way. */
+#define JL_MAX_PAIRS 64
+/* What a line needs beside its text: the names, punctuation, three ids and two times. */
+#define JL_LINE_FIXED 200
+/* A value nested deeper than this is left to the Python path (which refuses past 512). */
+#define JL_MAX_DEPTH 500
+/* Numbers msgspec surely reads: an integer of at most this many digits ... */
+#define JL_SURE_DIGITS 18
+/* ... and a fraction or exponent that keeps the number this far from a double's range. */
+#define JL_SURE_EXPONENT 300
+
+enum { JL_DONE = 0, JL_HANDOFF = 1, JL_GROW = 2, JL_MISFIT = -1 };
+enum { JSON_VALID = 0, JSON_INVALID = 1, JSON_UNSURE = 2 };
+
+typedef struct {
+    const uint8_t *buf[JL_BUFFERS];
+    Py_ssize_t len[JL_BUFFERS]; /* -1: None */
+    Py_ssize_t n;               /* rows */
+    Py_ssize_t pairs;           /* properties in all (rows of the name and text offsets) */
+    int json_values;
+} jl_job_t;
+
+static inline int64_t jl_i64(const jl_job_t *j, int b, Py_ssize_t i) { return (int64_t)ld64((const uint64_t *)(const void *)j->buf[b] + i); }
+static inline int32_t jl_i32(const jl_job_t *j, int b, Py_ssize_t i) { return (int32_t)ld32((const uint32_t *)(const void *)j->buf[b] + i); }
+static inline int jl_bit(const jl_job_t *j, int b, Py_ssize_t i) {
+    return j->len[b] < 0 || ((j->buf[b][i >> 3] >> (i & 7)) & 1);
+}
+
+/* Whether any byte of w is below 0x20, '"', '\\' or not ASCII (each test exact for "any byte"). */
+#define JL_ONES 0x0101010101010101ull
+#define JL_HIGHS 0x8080808080808080ull
+static inline int jl_word_special(uint64_t w) {
+    uint64_t below = (w - JL_ONES * 0x20) & ~w;
+    uint64_t q = w ^ (JL_ONES * '"'), b = w ^ (JL_ONES * '\\');
+    uint64_t quote = (q - JL_ONES) & ~q, slash = (b - JL_ONES) & ~b;
+    return ((below | quote | slash | w) & JL_HIGHS) != 0;
+}
+
+static const char jl_hex[] = "0123456789abcdef";
+
+/* One ASCII byte as msgspec writes it inside a string. */
+static inline uint8_t *jl_ascii(uint8_t *d, uint8_t c) {
+    if (c >= 0x20 && c != '"' && c != '\\') {
+        *d++ = c;
+        return d;
+    }
+    *d++ = '\\';
+    switch (c) {
+    case '"': *d++ = '"'; break;
+    case '\\': *d++ = '\\'; break;
+    case '\b': *d++ = 'b'; break;
+    case '\f': *d++ = 'f'; break;
+    case '\n': *d++ = 'n'; break;
+    case '\r': *d++ = 'r'; break;
+    case '\t': *d++ = 't'; break;
+    default:
+        memcpy(d, "u00", 3);
+        d[3] = (uint8_t)jl_hex[c >> 4], d[4] = (uint8_t)jl_hex[c & 15];
+        d += 5;
+    }
+    return d;
+}
+
+/* s[0..n) as the inside of a JSON string, as msgspec writes it, when it is UTF-8 text
+ * (checked on the way, as Python's strict decoder checks it): where the text ends in d;
+ * NULL when it is not text. */
+static uint8_t *jl_text(uint8_t *d, const uint8_t *s, int64_t n) {
+    int64_t i = 0;
+    while (i < n) {
+        uint64_t w;
+        if (n - i >= 8 && (memcpy(&w, s + i, 8), !jl_word_special(w))) {
+            memcpy(d, &w, 8);
+            d += 8, i += 8;
+            continue;
+        }
+        int64_t stop = n - i >= 8 ? i + 8 : n;
+        while (i < stop) {
+            if (s[i] < UTF8_ASCII_END) {
+                d = jl_ascii(d, s[i++]);
+                continue;
+            }
+            size_t len = utf8_sequence(s + i, (size_t)(n - i));
+            if (!len) return NULL;
+            memcpy(d, s + i, len);
+            d += len, i += (int64_t)len;
+        }
+    }
+    return d;
+}
+
+/* Text already known to be UTF-8 (property names and texts: the record was checked). */
+static uint8_t *jl_escaped(uint8_t *d, const uint8_t *s, int64_t n) {
+    uint8_t *end = jl_text(d, s, n);
+    return end ? end : d;
+}
+
+static const char jl_b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/* s[0..n) in base64 with padding (Python's base64.b64encode). */
+static uint8_t *jl_base64(uint8_t *d, const uint8_t *s, int64_t n) {
+    int64_t i = 0;
+    for (; n - i >= 3; i += 3) {
+        uint32_t v = (uint32_t)s[i] << 16 | (uint32_t)s[i + 1] << 8 | s[i + 2];
+        d[0] = (uint8_t)jl_b64[v >> 18], d[1] = (uint8_t)jl_b64[(v >> 12) & 63];
+        d[2] = (uint8_t)jl_b64[(v >> 6) & 63], d[3] = (uint8_t)jl_b64[v & 63];
+        d += 4;
+    }
+    if (n - i == 1) {
+        uint32_t v = (uint32_t)s[i] << 16;
+        d[0] = (uint8_t)jl_b64[v >> 18], d[1] = (uint8_t)jl_b64[(v >> 12) & 63], d[2] = '=', d[3] = '=';
+        d += 4;
+    } else if (n - i == 2) {
+        uint32_t v = (uint32_t)s[i] << 16 | (uint32_t)s[i + 1] << 8;
+        d[0] = (uint8_t)jl_b64[v >> 18], d[1] = (uint8_t)jl_b64[(v >> 12) & 63], d[2] = (uint8_t)jl_b64[(v >> 6) & 63];
+        d[3] = '=';
+        d += 4;
+    }
+    return d;
+}
+
+static inline uint8_t *jl_lit(uint8_t *d, const char *s) {
+    size_t n = strlen(s);
+    memcpy(d, s, n);
+    return d + n;
+}
+
+static const char jl_pairs[] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+                               "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+                               "8081828384858687888990919293949596979899";
+
+/* v in decimal, two digits at a time. */
+static uint8_t *jl_u64(uint8_t *d, uint64_t v) {
+    uint8_t tmp[20];
+    int k = 20;
+    while (v >= 100) {
+        unsigned r = (unsigned)(v % 100);
+        v /= 100;
+        k -= 2;
+        memcpy(tmp + k, jl_pairs + 2 * r, 2);
+    }
+    if (v >= 10) {
+        k -= 2;
+        memcpy(tmp + k, jl_pairs + 2 * v, 2);
+    } else {
+        tmp[--k] = (uint8_t)('0' + v);
+    }
+    memcpy(d, tmp + k, (size_t)(20 - k));
+    return d + (20 - k);
+}
+
+static uint8_t *jl_i64_text(uint8_t *d, int64_t v) {
+    if (v < 0) {
+        *d++ = '-';
+        return jl_u64(d, (uint64_t)0 - (uint64_t)v);
+    }
+    return jl_u64(d, (uint64_t)v);
+}
+
+/* ---- whether msgspec reads a text as one JSON document (three answers: see above) ---- */
+
+static inline const uint8_t *jl_ws(const uint8_t *p, const uint8_t *end) {
+    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
+    return p;
+}
+
+static inline int jl_hexval(uint8_t c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* A string at p (its opening quote); *p moved past it.  (The text is valid UTF-8.) */
+static int jl_json_string(const uint8_t **pp, const uint8_t *end) {
+    const uint8_t *p = *pp + 1;
+    int verdict = JSON_VALID;
+    while (p < end) {
+        uint8_t c = *p++;
+        if (c == '"') {
+            *pp = p;
+            return verdict;
+        }
+        if (c < 0x20) return JSON_INVALID;
+        if (c != '\\') continue;
+        if (p >= end) return JSON_INVALID;
+        c = *p++;
+        if (c == 'u') {
+            int v = 0;
+            for (int k = 0; k < 4; k++) {
+                int h = p < end ? jl_hexval(*p++) : -1;
+                if (h < 0) return JSON_INVALID;
+                v = v << 4 | h;
+            }
+            if (v >= 0xd800 && v <= 0xdfff) verdict = JSON_UNSURE; /* pairs and halves: msgspec's to judge */
+        } else if (!memchr("\"\\/bfnrt", c, 8)) {
+            return JSON_INVALID;
+        }
+    }
+    return JSON_INVALID;
+}
+
+static inline const uint8_t *jl_digits(const uint8_t *p, const uint8_t *end, int64_t *count) {
+    const uint8_t *s = p;
+    while (p < end && *p >= '0' && *p <= '9') p++;
+    *count = p - s;
+    return p;
+}
+
+/* A number at p; *p moved past it. */
+static int jl_json_number(const uint8_t **pp, const uint8_t *end) {
+    const uint8_t *p = *pp;
+    int64_t whole, frac = 0, exp_digits = 0, exp = 0;
+    if (p < end && *p == '-') p++;
+    if (p >= end || *p < '0' || *p > '9') return JSON_INVALID;
+    if (*p == '0') {
+        p++, whole = 1;
+        if (p < end && *p >= '0' && *p <= '9') return JSON_INVALID; /* a leading zero */
+    } else {
+        p = jl_digits(p, end, &whole);
+    }
+    if (p < end && *p == '.') {
+        p = jl_digits(p + 1, end, &frac);
+        if (!frac) return JSON_INVALID;
+    }
+    int has_exp = p < end && (*p == 'e' || *p == 'E'), negative = 0;
+    if (has_exp) {
+        p++;
+        if (p < end && (*p == '+' || *p == '-')) negative = *p++ == '-';
+        const uint8_t *s = p;
+        p = jl_digits(p, end, &exp_digits);
+        if (!exp_digits) return JSON_INVALID;
+        for (const uint8_t *q = s; q < p && exp < 100000; q++) exp = exp * 10 + (*q - '0');
+        if (negative) exp = -exp;
+    }
+    *pp = p;
+    if (!frac && !has_exp) return whole <= JL_SURE_DIGITS ? JSON_VALID : JSON_UNSURE;
+    if (whole > JL_SURE_DIGITS || frac > JL_SURE_EXPONENT || exp_digits > 5 || exp < -JL_SURE_EXPONENT ||
+        whole + exp > JL_SURE_EXPONENT)
+        return JSON_UNSURE;
+    return JSON_VALID;
+}
+
+static int jl_json_literal(const uint8_t **pp, const uint8_t *end, const char *word, size_t n) {
+    if ((size_t)(end - *pp) < n || memcmp(*pp, word, n) != 0) return JSON_INVALID;
+    *pp += n;
+    return JSON_VALID;
+}
+
+/* One scalar at p (not an array or object), *p moved past it. */
+static int jl_json_scalar(const uint8_t **p, const uint8_t *end) {
+    switch (**p) {
+    case '"': return jl_json_string(p, end);
+    case 't': return jl_json_literal(p, end, "true", 4);
+    case 'f': return jl_json_literal(p, end, "false", 5);
+    case 'n': return jl_json_literal(p, end, "null", 4);
+    default: return jl_json_number(p, end);
+    }
+}
+
+static inline int jl_worse(int a, int b) { return a > b ? a : b; }
+
+/* Whether msgspec reads s[0..n) (valid UTF-8) as one JSON document: JSON_VALID,
+ * JSON_INVALID, or JSON_UNSURE (for the Python path to say). */
+static int jl_json_check(const uint8_t *s, int64_t n) {
+    const uint8_t *p = s, *end = s + n;
+    uint8_t stack[JL_MAX_DEPTH]; /* '[' or '{' of each open container */
+    int depth = 0, verdict = JSON_VALID;
+    p = jl_ws(p, end);
+    for (;;) {
+        /* a value */
+        if (p >= end) return JSON_INVALID;
+        if (*p == '[' || *p == '{') {
+            if (depth == JL_MAX_DEPTH) return JSON_UNSURE;
+            uint8_t open = *p++;
+            stack[depth++] = open;
+            p = jl_ws(p, end);
+            if (p < end && *p == (open == '[' ? ']' : '}')) {
+                p++, depth--;
+            } else if (open == '{') {
+                if (p >= end || *p != '"') return JSON_INVALID;
+                verdict = jl_worse(verdict, jl_json_string(&p, end));
+                if (verdict == JSON_INVALID) return verdict;
+                p = jl_ws(p, end);
+                if (p >= end || *p++ != ':') return JSON_INVALID;
+                p = jl_ws(p, end);
+                continue;
+            } else {
+                continue;
+            }
+        } else {
+            verdict = jl_worse(verdict, jl_json_scalar(&p, end));
+            if (verdict == JSON_INVALID) return verdict;
+        }
+        /* after a value: a comma, a closing bracket, or the end */
+        for (;;) {
+            p = jl_ws(p, end);
+            if (!depth) return p == end ? verdict : JSON_INVALID;
+            if (p >= end) return JSON_INVALID;
+            uint8_t top = stack[depth - 1], c = *p++;
+            if (c == (top == '[' ? ']' : '}')) {
+                depth--;
+                continue;
+            }
+            if (c != ',') return JSON_INVALID;
+            p = jl_ws(p, end);
+            if (top == '{') {
+                if (p >= end || *p != '"') return JSON_INVALID;
+                verdict = jl_worse(verdict, jl_json_string(&p, end));
+                if (verdict == JSON_INVALID) return verdict;
+                p = jl_ws(p, end);
+                if (p >= end || *p++ != ':') return JSON_INVALID;
+                p = jl_ws(p, end);
+            }
+            break;
+        }
+    }
+}
+
+/* ---- the lines ---- */
+
+/* Row i's key or value (b: its validity buffer; offsets and data follow it): -1 when
+ * null, else its length with *at its bytes; JL_MISFIT when its offsets do not fit. */
+static inline int64_t jl_field(const jl_job_t *j, int b, Py_ssize_t i, const uint8_t **at) {
+    if (!jl_bit(j, b, i)) return -1;
+    int64_t lo = jl_i64(j, b + 1, i), hi = jl_i64(j, b + 1, i + 1);
+    if (lo < 0 || hi < lo || hi > j->len[b + 2]) return JL_MISFIT - 1;
+    *at = j->buf[b + 2] + lo;
+    return hi - lo;
+}
+
+/* Property k's name and text, checked to fit; 0, or JL_MISFIT. */
+static inline int jl_pair(const jl_job_t *j, Py_ssize_t k, const uint8_t **name, int64_t *name_len,
+                          const uint8_t **text, int64_t *text_len) {
+    int64_t a = jl_i32(j, JL_NAME_OFFS, k), b = jl_i32(j, JL_NAME_OFFS, k + 1);
+    int64_t c = jl_i32(j, JL_TEXT_OFFS, k), d = jl_i32(j, JL_TEXT_OFFS, k + 1);
+    if (a < 0 || b < a || b > j->len[JL_NAME_DATA] || c < 0 || d < c || d > j->len[JL_TEXT_DATA]) return JL_MISFIT;
+    *name = j->buf[JL_NAME_DATA] + a, *name_len = b - a, *text = j->buf[JL_TEXT_DATA] + c, *text_len = d - c;
+    return 0;
+}
+
+typedef struct {
+    const uint8_t *key, *value;
+    int64_t key_len, value_len, first_pair, pairs;
+    int value_doc; /* print the value as its JSON text */
+} jl_row_t;
+
+/* Row i read and judged; the bytes its line may take at most in *need.  JL_DONE, JL_HANDOFF
+ * (the Python path prints it) or JL_MISFIT. */
+static int jl_read_row(const jl_job_t *j, Py_ssize_t i, jl_row_t *r, int64_t *need) {
+    r->key = r->value = NULL;
+    if ((r->key_len = jl_field(j, JL_KEY_VALID, i, &r->key)) < -1) return JL_MISFIT;
+    if ((r->value_len = jl_field(j, JL_VALUE_VALID, i, &r->value)) < -1) return JL_MISFIT;
+    r->first_pair = jl_i32(j, JL_PROP_OFFS, i);
+    int64_t stop = jl_i32(j, JL_PROP_OFFS, i + 1);
+    if (r->first_pair < 0 || stop < r->first_pair || stop > j->pairs) return JL_MISFIT;
+    r->pairs = stop - r->first_pair;
+    r->value_doc = 0;
+    if (j->json_values && r->value_len > 0 && utf8_valid(r->value, (size_t)r->value_len)) {
+        int verdict = jl_json_check(r->value, r->value_len);
+        if (verdict == JSON_UNSURE) return JL_HANDOFF;
+        r->value_doc = verdict == JSON_VALID;
+    }
+    /* (6 bytes a byte escaped as \u00XX; base64 takes fewer) */
+    *need = JL_LINE_FIXED + 6 * ((r->key_len > 0 ? r->key_len : 0) + (r->value_len > 0 ? r->value_len : 0)) + 8;
+    if (r->pairs > JL_MAX_PAIRS) return JL_HANDOFF;
+    for (int64_t k = 0; k < r->pairs; k++) {
+        const uint8_t *name, *text, *other, *ignored;
+        int64_t name_len, text_len, other_len, ignored_len;
+        if (jl_pair(j, r->first_pair + k, &name, &name_len, &text, &text_len) < 0) return JL_MISFIT;
+        *need += 6 * (name_len + text_len) + 6;
+        for (int64_t m = 0; m < k; m++) { /* a name given twice: a decoded record holds it once */
+            if (jl_pair(j, r->first_pair + m, &other, &other_len, &ignored, &ignored_len) < 0) return JL_MISFIT;
+            if (other_len == name_len && memcmp(other, name, (size_t)name_len) == 0) return JL_HANDOFF;
+        }
+    }
+    return JL_DONE;
+}
+
+/* "name":... of a key or a value: text (base64 when it is not UTF-8), null, or (a value)
+ * its JSON text. */
+static uint8_t *jl_put_field(uint8_t *d, const char *name, const uint8_t *s, int64_t n, int doc) {
+    uint8_t *start = d;
+    *d++ = '"';
+    d = jl_lit(d, name);
+    if (n < 0) return jl_lit(d, "\":null");
+    if (doc) { /* line breaks, only ever between its tokens, become spaces */
+        d = jl_lit(d, "\":");
+        for (int64_t k = 0; k < n; k++) *d++ = s[k] == '\n' || s[k] == '\r' ? ' ' : s[k];
+        return d;
+    }
+    d = jl_lit(d, "\":\"");
+    uint8_t *end = jl_text(d, s, n);
+    if (!end) { /* not text: written again in base64 */
+        d = start;
+        *d++ = '"';
+        d = jl_lit(d, name);
+        d = jl_lit(d, "_b64\":\"");
+        end = jl_base64(d, s, n);
+    }
+    *end++ = '"';
+    return end;
+}
+
+static uint8_t *jl_put_row(const jl_job_t *j, Py_ssize_t i, const jl_row_t *r, uint8_t *d) {
+    d = jl_lit(d, "{\"id\":\"");
+    d = jl_u64(d, (uint64_t)jl_i64(j, JL_LEDGER, i));
+    *d++ = ':';
+    d = jl_u64(d, (uint64_t)jl_i64(j, JL_ENTRY, i));
+    *d++ = ':';
+    d = jl_u64(d, ld32((const uint32_t *)(const void *)j->buf[JL_BATCH] + i));
+    d = jl_lit(d, "\",");
+    d = jl_put_field(d, "key", r->key, r->key_len, 0);
+    *d++ = ',';
+    d = jl_put_field(d, "value", r->value, r->value_len, r->value_doc);
+    d = jl_lit(d, ",\"properties\":{");
+    for (int64_t k = 0; k < r->pairs; k++) {
+        const uint8_t *name, *text;
+        int64_t name_len, text_len;
+        jl_pair(j, r->first_pair + k, &name, &name_len, &text, &text_len); /* (checked by jl_read_row) */
+        if (k) *d++ = ',';
+        *d++ = '"';
+        d = jl_escaped(d, name, name_len);
+        d = jl_lit(d, "\":\"");
+        d = jl_escaped(d, text, text_len);
+        *d++ = '"';
+    }
+    d = jl_lit(d, "},\"publish_time\":");
+    d = jl_i64_text(d, jl_i64(j, JL_PUBLISH, i));
+    d = jl_lit(d, ",\"event_time\":");
+    d = jl_bit(j, JL_EVENT_VALID, i) ? jl_i64_text(d, jl_i64(j, JL_EVENT, i)) : jl_lit(d, "null");
+    return jl_lit(d, "}\n");
+}
+
+/* Rows from *row up to stop written into out (cap bytes); *row moved past them, *written
+ * set.  JL_DONE (at stop, or out full), JL_HANDOFF (*row goes the Python way), JL_GROW
+ * (nothing written: row *row needs *need bytes) or JL_MISFIT. */
+static int jl_write(const jl_job_t *j, Py_ssize_t *row, Py_ssize_t stop, uint8_t *out, Py_ssize_t cap,
+                    Py_ssize_t *written, int64_t *need) {
+    uint8_t *d = out;
+    for (; *row < stop; (*row)++) {
+        jl_row_t r;
+        int got = jl_read_row(j, *row, &r, need);
+        if (got != JL_DONE) {
+            *written = d - out;
+            return got;
+        }
+        if (*need > cap - (d - out)) {
+            *written = d - out;
+            return d == out ? JL_GROW : JL_DONE;
+        }
+        d = jl_put_row(j, *row, &r, d);
+    }
+    *written = d - out;
+    return JL_DONE;
+}
+
+/* The job's buffers, checked against the rows; 0, or -1 with an exception set. */
+static int jl_get_job(PyObject *cols, Py_buffer views[JL_BUFFERS], jl_job_t *j) {
+    if (!PyTuple_Check(cols) || PyTuple_GET_SIZE(cols) != JL_BUFFERS) {
+        PyErr_Format(PyExc_ValueError, "columns must be a tuple of %d buffers or None", JL_BUFFERS);
+        return -1;
+    }
+    for (int b = 0; b < JL_BUFFERS; b++) {
+        PyObject *o = PyTuple_GET_ITEM(cols, b);
+        j->len[b] = -1, j->buf[b] = NULL;
+        if (o == Py_None) {
+            if (b == JL_KEY_VALID || b == JL_VALUE_VALID || b == JL_EVENT_VALID) continue;
+            static const uint8_t none = 0; /* (an empty data buffer: pyarrow gives None for one) */
+            if (b == JL_KEY_DATA || b == JL_VALUE_DATA || b == JL_NAME_DATA || b == JL_TEXT_DATA) {
+                j->buf[b] = &none, j->len[b] = 0;
+                continue;
+            }
+            PyErr_Format(PyExc_ValueError, "column buffer %d is missing", b);
+            return -1;
+        }
+        if (PyObject_GetBuffer(o, &views[b], PyBUF_C_CONTIGUOUS) < 0) return -1;
+        j->buf[b] = views[b].buf, j->len[b] = views[b].len;
+    }
+    Py_ssize_t n = j->len[JL_LEDGER] / 8, bits = (n + 7) / 8;
+    j->n = n;
+    j->pairs = j->len[JL_NAME_OFFS] / 4 - 1;
+    int ok = j->len[JL_ENTRY] >= 8 * n && j->len[JL_BATCH] >= 4 * n && j->len[JL_KEY_OFFS] >= 8 * (n + 1) &&
+             j->len[JL_VALUE_OFFS] >= 8 * (n + 1) && j->len[JL_PROP_OFFS] >= 4 * (n + 1) && j->pairs >= 0 &&
+             j->len[JL_TEXT_OFFS] >= 4 * (j->pairs + 1) && j->len[JL_PUBLISH] >= 8 * n && j->len[JL_EVENT] >= 8 * n;
+    for (int b = 0; b < JL_BUFFERS; b++)
+        if ((b == JL_KEY_VALID || b == JL_VALUE_VALID || b == JL_EVENT_VALID) && j->len[b] >= 0 && j->len[b] < bits)
+            ok = 0;
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "the column buffers do not hold as many rows as the ids");
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(json_lines_doc,
+             "json_lines(columns, start, stop, json_values, out) -> (written, row, status, need)\n\n"
+             "The JSON lines shale read prints (shale.jsonlines.message_line, each line ending in a\n"
+             "newline) of rows start.. of a batch of shale.reader.arrow's columns, written into out\n"
+             "(a writable buffer) from its start.  columns: the buffers of the ids (ledger and entry\n"
+             "uint64, batch uint32), key validity (None: no nulls), offsets (int64) and bytes, the same\n"
+             "for values, property offsets (int32, per row), name offsets (int32) and bytes, text\n"
+             "offsets and bytes, publish times (int64), event validity and times.  json_values: print\n"
+             "a value that is a JSON document as that document.  Returns the bytes written and the\n"
+             "row reached, and status 0 (done up to stop, or out is full), 1 (that row is for the\n"
+             "Python path to print: repeated property names, or a value it cannot judge) or 2 (out\n"
+             "is too small for that row alone: it needs need bytes).  A ValueError when offsets do\n"
+             "not fit the buffers.");
+
+static PyObject *py_json_lines(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *cols, *out_obj;
+    Py_ssize_t start, stop;
+    int json_values;
+    if (!PyArg_ParseTuple(args, "OnnpO", &cols, &start, &stop, &json_values, &out_obj)) return NULL;
+    Py_buffer views[JL_BUFFERS], out;
+    for (int b = 0; b < JL_BUFFERS; b++) views[b].obj = NULL;
+    out.obj = NULL;
+    PyObject *result = NULL;
+    jl_job_t j;
+    j.json_values = json_values;
+    if (jl_get_job(cols, views, &j) < 0) goto done;
+    if (start < 0 || stop < start || stop > j.n) {
+        PyErr_SetString(PyExc_ValueError, "rows out of range");
+        goto done;
+    }
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) goto done;
+    Py_ssize_t row = start, written = 0;
+    int64_t need = 0;
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = jl_write(&j, &row, stop, out.buf, out.len, &written, &need);
+    Py_END_ALLOW_THREADS
+    if (status == JL_MISFIT)
+        PyErr_SetString(PyExc_ValueError, "offsets do not fit the column buffers");
+    else
+        result = Py_BuildValue("(nniL)", written, row, status, (long long)need);
+done:
+    for (int b = 0; b < JL_BUFFERS; b++)
+        if (views[b].obj) PyBuffer_Release(&views[b]);
+    if (out.obj) PyBuffer_Release(&out);
+    return result;
+}
+
+PyDoc_STRVAR(json_document_doc,
+             "json_document(text) -> int\n\n"
+             "Whether msgspec reads text (UTF-8) as one JSON document: 0 it does, 1 it does not,\n"
+             "2 not known here (json_lines hands such a value to the Python path).");
+
+static PyObject *py_json_document(PyObject *Py_UNUSED(self), PyObject *arg) {
+    Py_buffer v;
+    if (PyObject_GetBuffer(arg, &v, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    int verdict;
+    Py_BEGIN_ALLOW_THREADS
+    verdict = jl_json_check(v.buf, v.len);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&v);
+    return PyLong_FromLong(verdict);
+}
+
+/* ------------------------------------------------------------------------------------ */
 
 static PyMethodDef methods[] = {
     {"crc32c", py_crc32c, METH_VARARGS, crc32c_doc},
@@ -2585,6 +3163,8 @@ static PyMethodDef methods[] = {
     {"latest_of_each_key", py_latest_of_each_key, METH_VARARGS, latest_of_each_key_doc},
     {"distinct_estimate", py_distinct_estimate, METH_O, distinct_estimate_doc},
     {"arrow_columns", py_arrow_columns, METH_VARARGS, arrow_columns_doc},
+    {"json_lines", py_json_lines, METH_VARARGS, json_lines_doc},
+    {"json_document", py_json_document, METH_O, json_document_doc},
     {NULL, NULL, 0, NULL},
 };
 

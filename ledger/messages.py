@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from shale.ledger.reader import LedgerFile
 
 __all__ = ["DEFAULT_HOLD_BYTES", "LZ4_WHOLE_BYTES", "WHOLE_ENTRY_BYTES", "Fields", "big_entry_records",
-           "entry_records", "entry_spans", "messages_at", "messages_in", "refuse_unholdable"]
+           "check_big_entry", "entry_records", "entry_spans", "messages_at", "messages_in", "refuse_unholdable"]
 
 #: An entry of at most this many bytes (decompressed) is decoded all at once; a bigger
 #: one a record at a time.
@@ -57,18 +57,28 @@ def entry_records(f: LedgerFile, buf: bytes | memoryview, base: int, e: int, cou
                                position=position, max_record_bytes=max_record_bytes))
 
 
-def big_entry_records(f: LedgerFile, e: int, count: int, where: str, max_record_bytes: int,
-                      chunk_bytes: int) -> Iterator[Fields]:
-    """:func:`entry_records` for an entry read on its own (see the module): its payload
-    read twice as a stream from ranged reads of ``chunk_bytes``, first to check every
-    record and the whole frame, then to give them one at a time."""
+def check_big_entry(f: LedgerFile, e: int, count: int, where: str, max_record_bytes: int,
+                    chunk_bytes: int) -> list[int]:
+    """Every record of entry ``e`` of ``f`` (``count`` of them) decoded, and its whole frame
+    checked, its payload read as a stream from ranged reads of ``chunk_bytes`` and let go
+    as it is read; where each record ends.  The check :func:`big_entry_records` makes before
+    it gives the entry's first record."""
     position = int(f.footer.col("e_offset")[e])
     check = f.entry_stream(e, f.stored_payload(e, chunk_bytes))
     ends: list[int] = []
     collections.deque(decode_records(check, count=count, where=where, path=f.url, position=position,
                                      max_record_bytes=max_record_bytes, ends=ends), maxlen=0)
     check.finish()
-    del check
+    return ends
+
+
+def big_entry_records(f: LedgerFile, e: int, count: int, where: str, max_record_bytes: int,
+                      chunk_bytes: int) -> Iterator[Fields]:
+    """:func:`entry_records` for an entry read on its own (see the module): its payload
+    read twice as a stream from ranged reads of ``chunk_bytes``, first to check every
+    record and the whole frame (:func:`check_big_entry`), then to give them one at a time."""
+    position = int(f.footer.col("e_offset")[e])
+    ends = check_big_entry(f, e, count, where, max_record_bytes, chunk_bytes)
     stream = f.entry_stream(e, f.stored_payload(e, chunk_bytes))
     for n in np.diff(ends, prepend=0).tolist():
         data = stream.take(n)

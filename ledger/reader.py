@@ -31,7 +31,7 @@ from shale.ledger.messages import DEFAULT_HOLD_BYTES, messages_at, messages_in
 from shale.ledger.objects import ObjectSource
 from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES, Message
 from shale.ledger.stream import PayloadStream, StoredPayload
-from shale.ledger.zstd_frames import decompress_zstd_into
+from shale.ledger.zstd_frames import decompress_zstd_each, decompress_zstd_into
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "RAW_BATCH_BYTES", "LedgerFile"]
 
@@ -202,6 +202,14 @@ class LedgerFile:
         if foot.kind == KIND_COMPACTED:
             batches = self.batch_indexes[records]
             entries = foot.record_entries(records)
+        elif len(records) and int(records[-1]) - int(records[0]) == len(records) - 1:
+            # a run of an original ledger: each entry's id repeated over its records, and
+            # the batch indexes sliced, rather than a search per record
+            a, b = int(records[0]), int(records[-1]) + 1
+            first, last = int(foot.entry_of(a)), int(foot.entry_of(b - 1))
+            counts = np.diff(np.clip(foot.e_rec_start[first:last + 2], a, b)).astype(np.int64)
+            entries = np.repeat(np.arange(first, last + 1, dtype=np.uint64), counts)
+            batches = self.batch_indexes[a:b]
         else:  # (the entry of each record once: a batch index is its place in its entry)
             entry = foot.entry_of(records)
             batches = records - foot.e_rec_start[entry]
@@ -338,15 +346,23 @@ class LedgerFile:
         would copy them side by side."""
         foot = self.footer
         offs = foot.col("e_offset")[sel].astype(np.int64) - base
-        ends = (offs + foot.col("e_length")[sel]).tolist()
+        ends = offs + foot.col("e_length")[sel].astype(np.int64)
+        codecs, raw = foot.codecs()[sel], foot.raw_lengths()[sel].astype(np.int64)
         view, url = memoryview(buf), self.url
-        out: list[bytes | bytearray | memoryview] = []
-        for i, (codec, o, end, n) in enumerate(zip(foot.codecs()[sel].tolist(), offs.tolist(), ends,
-                                                    foot.raw_lengths()[sel].tolist(), strict=True)):
-            stored = view[o + FRAME_HEADER.size:end]
-            out.append(stored if codec == Codec.NONE else decompress(
-                stored, codec, n, functools.partial(self.entry_where, int(sel[i])), path=url, position=base + o,
-                dictionaries=self.dictionaries))
+        out: list[bytes | bytearray | memoryview] = [view[o + FRAME_HEADER.size:end]
+                                                     for o, end in zip(offs.tolist(), ends.tolist(), strict=True)]
+        # Small zstd entries all at once (their headers checked together, the library called
+        # once); whatever that leaves, and every other codec, one by one below.
+        slow = codecs != Codec.NONE
+        z = np.flatnonzero(codecs == Codec.ZSTD)
+        if len(z) >= _MIN_BATCHED_FRAMES:
+            done, got = decompress_zstd_each(buf, offs[z] + FRAME_HEADER.size, ends[z], raw[z])
+            for k in np.flatnonzero(done).tolist():
+                out[int(z[k])] = got[k]
+            slow[z[done]] = False
+        for i in np.flatnonzero(slow).tolist():
+            out[i] = decompress(out[i], int(codecs[i]), int(raw[i]), functools.partial(self.entry_where, int(sel[i])),
+                                path=url, position=base + int(offs[i]), dictionaries=self.dictionaries)
         return tuple(out)
 
     def raw_frames(self, buf: bytes | memoryview, base: int, sel: npt.NDArray[np.int64],

@@ -24,7 +24,7 @@ import numpy.typing as npt
 from shale.ledger.codecs import Buffer, DictionarySource, zstd_decompressor
 from shale.ledger.errors import ShaleError
 
-__all__ = ["decompress_zstd_into", "plain_zstd_frames"]
+__all__ = ["decompress_zstd_each", "decompress_zstd_into", "plain_zstd_frames"]
 
 _MAGIC: Final = 0xFD2FB528
 #: Size of the frame-content-size field by its flag (flag 0: one byte when the frame is a
@@ -128,3 +128,33 @@ def decompress_zstd_into(buf: Buffer, starts: npt.NDArray[np.int64], ends: npt.N
             continue
         out[at:at + n] = got
     return done
+
+
+def decompress_zstd_each(buf: Buffer, starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64],
+                         raw_lengths: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.bool_], list[Buffer]]:
+    """Decompress the zstd payloads ``buf[starts[i]:ends[i]]`` (without a dictionary) that
+    :func:`plain_zstd_frames` passes, in one call to the library (which leaves the
+    interpreter lock and checks each one's content checksum and size): which were, and
+    each one's payload, in order (an empty buffer for those that were not).  Should the
+    library refuse any of them, none is: the one-by-one path
+    (:func:`~shale.ledger.codecs.decompress`) says what is wrong."""
+    import zstandard
+
+    n = len(starts)
+    done, _ = plain_zstd_frames(np.frombuffer(buf, dtype=np.uint8), starts, ends, raw_lengths)
+    pick = np.flatnonzero(done)
+    out: list[Buffer] = [b""] * n
+    if not len(pick):
+        return done, out
+    segments = np.empty((len(pick), 2), dtype=np.uint64)
+    segments[:, 0] = starts[pick]
+    segments[:, 1] = ends[pick] - starts[pick]
+    try:
+        got = zstd_decompressor().multi_decompress_to_buffer(
+            zstandard.BufferWithSegments(buf, segments.tobytes()),
+            decompressed_sizes=raw_lengths[pick].astype(np.uint64).tobytes())
+    except zstandard.ZstdError:
+        return np.zeros(n, dtype=np.bool_), out
+    for k, i in enumerate(pick.tolist()):
+        out[i] = got[k]
+    return done, out

@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Any
 from shale.reader.lookup import Lookup, lookup
 
 if TYPE_CHECKING:
+    from shale.reader.batches import MessageBatch
     from shale.reader.table import Listener, TableView
     from shale.reader.topic_reader import EARLIEST, LATEST, Position, TopicReader, parse_position, parse_start
 
-__all__ = ["EARLIEST", "LATEST", "Listener", "Lookup", "Position", "TableView", "TopicReader", "lookup",
+__all__ = ["EARLIEST", "LATEST", "Listener", "Lookup", "MessageBatch", "Position", "TableView", "TopicReader", "lookup",
            "parse_position", "parse_start"]
 
-_HOMES = {"Listener": "table", "TableView": "table",
+_HOMES = {"Listener": "table", "TableView": "table", "MessageBatch": "batches",
           **dict.fromkeys(("EARLIEST", "LATEST", "Position", "TopicReader", "parse_position", "parse_start"),
                           "topic_reader")}
 

@@ -34,8 +34,9 @@ from shale.ledger.arrow_columns import ArrowColumns, arrow_columns
 from shale.ledger.codecs import Codec
 from shale.ledger.errors import InvalidInputError
 from shale.ledger.format import FRAME_HEADER
-from shale.ledger.messages import DEFAULT_HOLD_BYTES, refuse_unholdable
+from shale.ledger.messages import DEFAULT_HOLD_BYTES, check_big_entry, refuse_unholdable
 from shale.ledger.reader import DEFAULT_CHUNK_BYTES, LedgerFile
+from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES
 from shale.ledger.stream import PayloadStream
 
 if TYPE_CHECKING:
@@ -146,14 +147,18 @@ class BatchReader:
     ``max_batch_bytes`` too, besides the batch the caller holds.  An entry bigger than its
     thread's share is decoded alone, a batch at a time, the next one made only once the
     caller asks for it; compressed with zstd, it is decompressed as it is read (only each
-    batch's records are held).  ``rows``, when given, also caps the rows of a batch."""
+    batch's records are held), its frame checked before its last batch is given, or, with
+    ``check_first``, every record and the frame before its first (read twice, as a read
+    of messages reads it: :func:`~shale.ledger.messages.check_big_entry`).  ``rows``, when
+    given, also caps the rows of a batch."""
 
     def __init__(self, threads: int = 2, *, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, rows: int | None = None,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, utf8: bool = False, id_text: bool = False) -> None:
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, utf8: bool = False, id_text: bool = False,
+                 check_first: bool = False) -> None:
         if max_batch_bytes < 1 or (rows is not None and rows < 1):
             raise InvalidInputError("a batch must be allowed one byte and one row at least")
         self.max_batch_bytes, self.rows, self.chunk_bytes = max_batch_bytes, rows, chunk_bytes
-        self.utf8, self.id_text = utf8, id_text
+        self.utf8, self.id_text, self.check_first = utf8, id_text, check_first
         self.threads = max(1, threads)
         self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="shale-arrow")
 
@@ -255,6 +260,10 @@ class BatchReader:
         pa = require_pyarrow()
         sel, cuts = piece.entries, piece.cuts
         e0, e1 = int(sel[0]), int(sel[-1]) + 1
+        if piece.held > self.share and self.check_first:  # (one entry, given in several batches)
+            start = f.footer.e_rec_start
+            check_big_entry(f, e0, int(start[e0 + 1]) - int(start[e0]), f.entry_where(e0), DEFAULT_MAX_RECORD_BYTES,
+                            self.chunk_bytes)
         if (piece.held > self.share and int(f.footer.raw_lengths()[e0]) > self.share
                 and int(f.footer.codecs()[e0]) != Codec.LZ4):  # (an lz4 block, decompressed whole, is read from it)
             yield from _streamed_batches(pa, f, records, piece, self.chunk_bytes, self.utf8, self.id_text)

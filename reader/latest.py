@@ -64,8 +64,8 @@ from shale.reader.arrow import DEFAULT_BATCH_ROWS, DEFAULT_MAX_BATCH_BYTES, Batc
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["Chosen", "LatestPlan", "last_of_each_key", "latest_batches", "latest_messages", "plan_latest",
-           "table_batches", "table_messages"]
+__all__ = ["Chosen", "LatestPlan", "TablePlan", "last_of_each_key", "latest_batches", "latest_messages", "plan_latest",
+           "plan_table", "table_batches", "table_messages", "table_rows"]
 
 #: Records compared at once when looking for where hashes change along the sort order
 #: (bounds the gathered copies to a few MiB, beside the per-record arrays).
@@ -99,6 +99,36 @@ class LatestPlan:
         return sum(len(c.records) for c in self.chosen)
 
 
+@dataclass(frozen=True, slots=True)
+class TablePlan:
+    """:func:`plan_latest`'s plan with what a :class:`~shale.reader.TableView` holds beside
+    the rows: the high half of each row's 128-bit key hash (``hi``, in the order of the
+    plan's rows), each row's time when the order needs times (else None), and under
+    event-time order the keys whose winner is a tombstone not expired (``tombstones``:
+    their hashes and times; a late record older than one changes nothing)."""
+
+    plan: LatestPlan
+    hi: npt.NDArray[np.uint64]
+    times: npt.NDArray[np.int64] | None
+    tombstones: tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.int64]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Fold:
+    """Pass one's arrays: for every record with a key of the view's objects (those of
+    ``segments[i]`` at ``starts[i]:starts[i + 1]``), its hashes, index, tombstone flag and
+    time (when the order needs them); and the winner of each key (positions, rising)."""
+
+    segments: list[Segment]
+    starts: list[int]
+    hi: npt.NDArray[np.uint64]
+    lo: npt.NDArray[np.uint64]
+    index: npt.NDArray[np.uint32]
+    tombstone: npt.NDArray[np.bool_]
+    times: npt.NDArray[np.int64] | None
+    winners: npt.NDArray[np.int64]
+
+
 def plan_latest(meta: TopicMetadata, *, end: MessageId | None = None, order: TopicOrder | None = None,
                 now_ms: int | None = None, as_of: AsOf | None = None,
                 from_snapshot: int | str | None = None) -> LatestPlan:
@@ -116,9 +146,40 @@ def plan_latest(meta: TopicMetadata, *, end: MessageId | None = None, order: Top
     Memory: for every record with a key, its two hashes (16 bytes), its index (4), whether
     it is a tombstone (1) and its place in the sort order (8), and under event-time order
     or with a key TTL its time (8); and 16 bytes per key while the fold ends."""
+    return plan_table(meta, end=end, order=order, now_ms=now_ms, as_of=as_of, from_snapshot=from_snapshot).plan
+
+
+def plan_table(meta: TopicMetadata, *, end: MessageId | None = None, order: TopicOrder | None = None,
+               now_ms: int | None = None, as_of: AsOf | None = None,
+               from_snapshot: int | str | None = None) -> TablePlan:
+    """:func:`plan_latest`, with what a table view holds beside its rows (:class:`TablePlan`)."""
     view = TopicView.load(meta, as_of=as_of, from_snapshot=from_snapshot)
     order = view.order(meta) if order is None else order
     now_ms = _ttl_now(order, now_ms, view)
+    fold = _fold(meta, view, order, end)
+    latest = fold.winners
+    dead = latest[fold.tombstone[latest]]
+    latest = latest[~fold.tombstone[latest]]
+    expired = 0
+    if order.key_ttl_ms:
+        assert fold.times is not None and now_ms is not None
+        gone = order.expired(fold.times[latest], now_ms)
+        expired = int(np.count_nonzero(gone))
+        latest = latest[~gone]
+        dead = dead[~order.expired(fold.times[dead], now_ms)]
+    cut = np.searchsorted(latest, fold.starts)
+    chosen = tuple(Chosen(segment, fold.index[latest[cut[i]:cut[i + 1]]].astype(np.int64))
+                   for i, segment in enumerate(fold.segments) if cut[i + 1] > cut[i])
+    times = None if fold.times is None else fold.times[latest]
+    if not order.by_event_time or fold.times is None:
+        dead = dead[:0]
+    dead_times = np.empty(0, dtype=np.int64) if fold.times is None else fold.times[dead]
+    return TablePlan(LatestPlan(chosen, int(fold.starts[-1]), order, expired), fold.hi[latest], times,
+                     (fold.hi[dead], fold.lo[dead], dead_times))
+
+
+def _fold(meta: TopicMetadata, view: TopicView, order: TopicOrder, end: MessageId | None) -> _Fold:
+    """Pass one over the footers of ``view``'s objects (ids below ``end``)."""
     segments = [s for s in view.segments(end=end) if isinstance(s, Segment) and s.records > 0]
     # Each object's record count bounds what it adds: filled in place, never concatenated.
     bound = sum(s.records for s in segments)
@@ -133,32 +194,24 @@ def plan_latest(meta: TopicMetadata, *, end: MessageId | None = None, order: Top
         f = segment.open(meta)
         records = segment.live(meta, f)
         flags = f.footer.col("r_flags")[records]
-        keyed = records[(flags & FLAG_HAS_KEY) != 0]
+        has_key = (flags & FLAG_HAS_KEY) != 0
+        keyed = records[has_key]
         a, b = starts[-1], starts[-1] + len(keyed)
-        hi[a:b] = f.footer.col("r_hash_hi")[keyed]
-        lo[a:b] = f.footer.col("r_hash_lo")[keyed]
+        # (every record of a run keyed, as in a compacted part: sliced, not gathered)
+        pick = slice(int(keyed[0]), int(keyed[-1]) + 1) if b > a and keyed[-1] - keyed[0] == b - a - 1 else keyed
+        hi[a:b] = f.footer.col("r_hash_hi")[pick]
+        lo[a:b] = f.footer.col("r_hash_lo")[pick]
         index[a:b] = keyed
-        tombstone[a:b] = (f.footer.col("r_flags")[keyed] & FLAG_TOMBSTONE) != 0
+        tombstone[a:b] = (flags[has_key] & FLAG_TOMBSTONE) != 0
         if times is not None and len(keyed):
             first = int(keyed[0])
             times[a:b] = decoded_times(f, order, first, int(keyed[-1]) + 1)[keyed - first]
         starts.append(b)
-        del f, records, flags, keyed
+        del f, records, flags, has_key, keyed
     n = starts[-1]
-    latest = _winners(hi[:n], lo[:n], None if times is None else times[:n], order)
-    del hi, lo
-    latest = latest[~tombstone[latest]]
-    expired = 0
-    if order.key_ttl_ms:
-        assert times is not None and now_ms is not None
-        gone = order.expired(times[latest], now_ms)
-        expired = int(np.count_nonzero(gone))
-        latest = latest[~gone]
-    del times
-    cut = np.searchsorted(latest, starts)
-    chosen = tuple(Chosen(segment, index[latest[cut[i]:cut[i + 1]]].astype(np.int64))
-                   for i, segment in enumerate(segments) if cut[i + 1] > cut[i])
-    return LatestPlan(chosen, n, order, expired)
+    hi, lo, index, tombstone = hi[:n], lo[:n], index[:n], tombstone[:n]
+    times = None if times is None else times[:n]
+    return _Fold(segments, starts, hi, lo, index, tombstone, times, _winners(hi, lo, times, order))
 
 
 def _ttl_now(order: TopicOrder, now_ms: int | None, view: TopicView) -> int | None:
@@ -182,48 +235,56 @@ def _winners(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64], times: npt.
 def last_of_each_key(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
     """Positions (rising) of the last occurrence of every distinct 128-bit hash ``(hi, lo)``.
 
-    The positions are sorted by ``hi``; each run of one ``hi`` is one key, whose last
-    occurrence is the run's greatest position.  A run that holds more than one ``lo`` (two
-    keys whose hashes share their high 64 bits: one pair of keys in about 10**19) is
-    settled key by key."""
+    Each record's position is packed into the low bits of its ``hi`` and the packed words
+    are sorted (a plain sort, several times faster than an argsort): a run of equal high
+    bits is, nearly always, one key, whose last occurrence is the run's last word.  Runs
+    whose members are not all one key (their high bits shared by chance, or two keys
+    whose hashes share their 64 high bits) are settled key by key."""
     n = len(hi)
     if not n:
         return np.empty(0, dtype=np.int64)
-    order = np.argsort(hi).astype(np.int64, copy=False)
-    new_hi = _changes(hi, order)
-    same_hi_new_lo = _changes(lo, order)
-    same_hi_new_lo &= ~new_hi
-    runs = np.flatnonzero(new_hi)
-    del new_hi
-    last = np.maximum.reduceat(order, runs)
-    if same_hi_new_lo.any():
-        mixed = np.unique(np.searchsorted(runs, np.flatnonzero(same_hi_new_lo), side="right") - 1)
-        ends = np.r_[runs[1:], n]
-        settled = []
-        for r in mixed.tolist():
-            members = order[runs[r]:ends[r]]
-            by_lo = members[np.lexsort((members, lo[members]))]  # by lo, then position
-            tail = np.r_[lo[by_lo][1:] != lo[by_lo][:-1], True]
-            settled.append(by_lo[tail])
-        keep = np.ones(len(last), dtype=np.bool_)
-        keep[mixed] = False
-        last = np.concatenate([last[keep], *settled])
-    del order
+    bits = max(1, (n - 1).bit_length())
+    low = np.uint64((1 << bits) - 1)
+    packed = np.bitwise_and(hi, ~low)
+    for a in range(0, n, _COMPARE_RECORDS):  # (the positions a slice at a time: no copy of the whole)
+        packed[a:a + _COMPARE_RECORDS] |= np.arange(a, min(n, a + _COMPARE_RECORDS), dtype=np.uint64)
+    packed.sort()
+    ends = np.empty(n, dtype=np.bool_)  # the last word of each run of equal high bits
+    ends[-1] = True
+    mixed = []
+    for a in range(0, n - 1, _COMPARE_RECORDS):
+        b = min(n - 1, a + _COMPARE_RECORDS)
+        np.greater(packed[a + 1:b + 1] ^ packed[a:b], low, out=ends[a:b])
+        same = np.flatnonzero(~ends[a:b]) + a  # neighbours in one run: must hold one key
+        x, y = (packed[same] & low).astype(np.int64), (packed[same + 1] & low).astype(np.int64)
+        mixed.append(same[(hi[x] != hi[y]) | (lo[x] != lo[y])])
+    runs = np.flatnonzero(ends)
+    del ends
+    last = (packed[runs] & low).astype(np.int64)
+    odd = np.concatenate(mixed) if mixed else np.empty(0, dtype=np.int64)
+    if len(odd):
+        last = _settle(hi, lo, packed, low, runs, last, odd)
+    del packed
     last.sort()
     return last
 
 
-def _changes(values: npt.NDArray[np.uint64], order: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
-    """Whether ``values`` changes at each step along ``order`` (the first step: True),
-    gathered a slice at a time."""
-    n = len(order)
-    out = np.empty(n, dtype=np.bool_)
-    out[0] = True
-    for a in range(1, n, _COMPARE_RECORDS):
-        b = min(n, a + _COMPARE_RECORDS)
-        v = values[order[a - 1:b]]
-        np.not_equal(v[1:], v[:-1], out=out[a:b])
-    return out
+def _settle(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64], packed: npt.NDArray[np.uint64], low: np.uint64,
+            runs: npt.NDArray[np.intp], last: npt.NDArray[np.int64], odd: npt.NDArray[np.intp]
+            ) -> npt.NDArray[np.int64]:
+    """``last`` with the runs that hold more than one key (``odd``: words inside them)
+    settled key by key: the last position of each distinct ``(hi, lo)`` of the run."""
+    which = np.unique(np.searchsorted(runs, odd))  # (a run ends at runs[r]: odd lie before their run's end)
+    starts = np.r_[0, runs[:-1] + 1]
+    settled = []
+    for r in which.tolist():
+        members = (packed[starts[r]:runs[r] + 1] & low).astype(np.int64)
+        by_key = members[np.lexsort((members, lo[members], hi[members]))]  # by key, then position
+        tail = np.r_[(hi[by_key][1:] != hi[by_key][:-1]) | (lo[by_key][1:] != lo[by_key][:-1]), True]
+        settled.append(by_key[tail])
+    keep = np.ones(len(last), dtype=np.bool_)
+    keep[which] = False
+    return np.concatenate([last[keep], *settled])
 
 
 def latest_batches(meta: TopicMetadata, plan: LatestPlan, *, utf8: bool = False,
@@ -264,6 +325,28 @@ def table_messages(meta: TopicMetadata, *, end: MessageId | None = None, chunk_b
     """Both passes, as messages (:func:`plan_latest`, :func:`latest_messages`)."""
     return _planned(meta, end, order, now_ms, (as_of, from_snapshot),
                     lambda plan: latest_messages(meta, plan, chunk_bytes=chunk_bytes, hold_bytes=hold_bytes))
+
+
+def table_rows(meta: TopicMetadata, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+               max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, as_of: AsOf | None = None,
+               from_snapshot: int | str | None = None,
+               batch_rows: int | None = None) -> Iterator[Message | pa.RecordBatch]:
+    """Both passes, as Arrow record batches (:func:`table_batches`) when the table has at
+    least ``batch_rows`` rows (default :data:`~shale.reader.batches.BATCH_READ_RECORDS`)
+    and pyarrow is installed, else as messages (:func:`table_messages`, holding at most
+    ``max_batch_bytes`` decompressed)."""
+    import importlib.util
+
+    from shale.reader import batches
+
+    least = batches.BATCH_READ_RECORDS if batch_rows is None else batch_rows
+
+    def read(plan: LatestPlan) -> Iterator[Message | pa.RecordBatch]:
+        if plan.rows >= least and importlib.util.find_spec("pyarrow") is not None:
+            return latest_batches(meta, plan, max_batch_bytes=max_batch_bytes)
+        return latest_messages(meta, plan, chunk_bytes=chunk_bytes, hold_bytes=max_batch_bytes)
+
+    return _planned(meta, None, None, None, (as_of, from_snapshot), read)
 
 
 def _planned(meta: TopicMetadata, end: MessageId | None, order: TopicOrder | None, now_ms: int | None,

@@ -13,6 +13,13 @@ tombstone that deleted its key (the view remembers the time of each key's winnin
 tombstone for that).  With a key TTL, a key whose winning record is older than the TTL is
 not in the view: "now" is read once per :meth:`TableView.refresh`, and each refresh also drops the
 keys that expired since, telling listeners as of a deletion.
+
+The view is built from Arrow batches where pyarrow is installed: the table of the view as
+it is when the view is made (:func:`~shale.reader.latest.plan_table`, footers first, then
+only the latest record of each live key) is held as the batches it was read in, keys and
+values in their buffers, found through a hash index (:class:`~shale.reader.table_rows.TableRows`);
+what later refreshes read is applied message by message over it.  Without pyarrow, every
+record is applied message by message.
 """
 
 from __future__ import annotations
@@ -23,17 +30,21 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
+from shale.ledger.errors import ObjectNotFoundError
+from shale.ledger.ids import MessageId
 from shale.ledger.ordering import TopicOrder
 from shale.ledger.record import Message
 from shale.metadata.asof import AsOf
 from shale.metadata.view import reading_order
 from shale.reader.arrow import DEFAULT_MAX_BATCH_BYTES, require_pyarrow, schema
 from shale.reader.arrow import require as _require
-from shale.reader.latest import table_batches
+from shale.reader.latest import latest_batches, plan_table, table_batches
 from shale.reader.topic_reader import EARLIEST, TopicReader
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+    from shale.reader.table_rows import TableRows
 
 __all__ = ["Listener", "TableView"]
 
@@ -43,6 +54,8 @@ Listener = Callable[[bytes, bytes | None], None]
 #: Stale entries the expiry queue holds at most beyond twice the keys it ages, before it
 #: is built again from the live ones.
 _QUEUE_SLACK: Final = 1024
+#: Plans made at most when objects of the view are removed before they are read.
+_PLANS: Final = 3
 
 
 class TableView(Mapping[bytes, bytes]):
@@ -67,6 +80,9 @@ class TableView(Mapping[bytes, bytes]):
                                    as_of=as_of, from_snapshot=from_snapshot)
         #: the order and key TTL the view decides by
         self.order: TopicOrder = reading_order(self._reader.meta, self._reader.compaction)
+        #: the rows the view was built with (None: without pyarrow, every record is in _latest)
+        self._rows: TableRows | None = None
+        #: each key's latest message, of those applied since the view was built
         self._latest: dict[bytes, Message] = {}
         #: each key's winning time, when the order needs times
         self._times: dict[bytes, int] = {}
@@ -77,7 +93,42 @@ class TableView(Mapping[bytes, bytes]):
         #: the "now" of the last refresh (what the key TTL counted from)
         self._now: int | None = None
         self._listeners: list[Listener] = []
+        self._load()
         self.refresh()
+
+    def _now_ms(self) -> int:
+        """What a key TTL counts from: the point's time as of a point, else the clock."""
+        point = self._reader.point
+        return int(self._clock() * 1000) if point is None or point.now_ms is None else point.now_ms
+
+    def _load(self) -> None:
+        """The table of the view as it is now, read in Arrow batches and held as they are
+        (where pyarrow is installed); the reader then stands past every ledger it listed."""
+        import importlib.util
+
+        if importlib.util.find_spec("pyarrow") is None:
+            return  # (refresh applies every record)
+        from shale.reader.table_rows import TableRows
+
+        r = self._reader
+        end = MessageId(r.topic.last_ledger_id + 1, 0, 0)
+        now = self._now_ms() if self.order.key_ttl_ms else None
+        if not self.order.is_default:
+            self._now = now
+        for attempt in range(_PLANS):
+            plan = plan_table(r.meta, end=end, order=self.order, now_ms=now, as_of=r.as_of,
+                              from_snapshot=r.from_snapshot)
+            try:
+                batches = list(latest_batches(r.meta, plan.plan))
+            except ObjectNotFoundError:  # retired and collected since it was planned: plan again
+                if attempt == _PLANS - 1:
+                    raise
+                continue
+            hi, times, tombstones = plan.hi, plan.times, plan.tombstones
+            del plan  # (its record indexes, before the index is built)
+            self._rows = TableRows(batches, hi, times, tombstones)
+            r.seek(end)
+            return
 
     def refresh(self) -> int:
         """Apply every message published since the last refresh; return how many.  Each
@@ -85,8 +136,7 @@ class TableView(Mapping[bytes, bytes]):
         key that expired included)."""
         if self.order.is_default:
             return self._refresh_by_offset()
-        point = self._reader.point
-        now = self._now = int(self._clock() * 1000) if point is None or point.now_ms is None else point.now_ms
+        now = self._now = self._now_ms()
         n = 0
         for m, t in self._reader.timed_messages(self.order):
             n += 1
@@ -102,6 +152,7 @@ class TableView(Mapping[bytes, bytes]):
             n += 1
             if m.key is None:
                 continue
+            self._drop_row(m.key)
             if m.is_tombstone:
                 self._latest.pop(m.key, None)
             else:
@@ -114,18 +165,19 @@ class TableView(Mapping[bytes, bytes]):
         """Take ``m`` (time ``t``) into the view if it wins for its key."""
         order = self.order
         if order.by_event_time:
-            held = self._times.get(key, self._deleted.get(key))
+            held = self._held(key)
             if held is not None and t < held:
                 return  # late: older than the key's winner (equal times: the later id wins)
+        held_row = self._drop_row(key)
         if m.is_tombstone or order.expired_at(t, now):
-            had = self._latest.pop(key, None)
+            had = self._latest.pop(key, None) is not None or held_row
             self._times.pop(key, None)
             self._deleted.pop(key, None)
             if m.is_tombstone and order.by_event_time:
                 self._deleted[key] = t
                 self._queue_for_expiry(t, key)
             # (a winner already expired: anything older that comes later is expired too)
-            if m.is_tombstone or had is not None:
+            if m.is_tombstone or had:
                 self._tell(key, None)
             return
         self._latest[key] = m
@@ -134,23 +186,51 @@ class TableView(Mapping[bytes, bytes]):
         self._queue_for_expiry(t, key)
         self._tell(key, m.value)
 
+    def _held(self, key: bytes) -> int | None:
+        """The time of ``key``'s winner, or of the tombstone that deleted it, if any."""
+        held = self._times.get(key, self._deleted.get(key))
+        if held is not None or self._rows is None:
+            return held
+        row = self._rows.find(key)
+        if row >= 0:
+            assert self._rows.times is not None
+            return int(self._rows.times[row])
+        return self._rows.tombstone_time(key)
+
+    def _drop_row(self, key: bytes) -> bool:
+        """``key`` is applied anew: the rows built with no longer answer for it (whether
+        they held a value for it)."""
+        if self._rows is None:
+            return False
+        row = self._rows.find(key)
+        if row >= 0:
+            self._rows.kill(row)
+        if self.order.by_event_time:
+            self._rows.forget_tombstone(key)
+        return row >= 0
+
     def _queue_for_expiry(self, t: int, key: bytes) -> None:
         if self.order.key_ttl_ms:
             heapq.heappush(self._queue, (t, key))
 
     def _expire(self, now: int) -> None:
         """Drop the keys whose winner's time is past the key TTL at ``now`` (and forget the
-        tombstones that are: whatever comes late for their keys is older, so expired too)."""
+        tombstones that are: whatever comes late for their keys is older, so expired too),
+        telling listeners in the order of those times."""
         if not self.order.key_ttl_ms:
             return
         queue = self._queue
+        dropped: list[tuple[int, bytes]] = []
         while queue and self.order.expired_at(queue[0][0], now):
             t, key = heapq.heappop(queue)
             if self._times.get(key) == t:  # still its winner's time
                 del self._latest[key], self._times[key]
-                self._tell(key, None)
+                dropped.append((t, key))
             elif self._deleted.get(key) == t:
                 del self._deleted[key]
+        built = [] if self._rows is None else self._rows.expire(self.order, now)
+        for _, key in heapq.merge(dropped, built):
+            self._tell(key, None)
         if len(queue) > 2 * (len(self._times) + len(self._deleted)) + _QUEUE_SLACK:
             self._queue = [(t, k) for k, t in (*self._times.items(), *self._deleted.items())]
             heapq.heapify(self._queue)
@@ -180,11 +260,21 @@ class TableView(Mapping[bytes, bytes]):
 
     def message(self, key: bytes) -> Message:
         """The whole latest message of ``key`` (id, properties, times)."""
-        return self._latest[key]
+        got = self._latest.get(key)
+        if got is not None:
+            return got
+        row = -1 if self._rows is None else self._rows.find(key)
+        if row < 0:
+            raise KeyError(key)
+        assert self._rows is not None
+        return self._rows.message(row)
 
     def messages(self) -> Iterator[Message]:
         """Latest messages in id order."""
-        return iter(sorted(self._latest.values(), key=lambda m: m.id))
+        applied = sorted(self._latest.values(), key=lambda m: m.id)
+        if self._rows is None:
+            return iter(applied)
+        return heapq.merge(self._rows.messages(), applied, key=lambda m: m.id)
 
     def to_arrow(self, *, utf8: bool = False, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> pa.Table:
         """The view as an Arrow table, as of the last :meth:`refresh`: the latest record of
@@ -212,11 +302,28 @@ class TableView(Mapping[bytes, bytes]):
         return polars.from_arrow(self.to_arrow(utf8=utf8, max_batch_bytes=max_batch_bytes))
 
     def __getitem__(self, key: bytes) -> bytes:
-        value = self._latest[key].value
+        got = self._latest.get(key)
+        if got is not None:
+            value = got.value
+        else:
+            row = -1 if self._rows is None else self._rows.find(key)
+            if row < 0:
+                raise KeyError(key)
+            assert self._rows is not None
+            value = self._rows.value(row)
         return value if value is not None else b""
 
+    def __contains__(self, key: object) -> bool:
+        if key in self._latest:
+            return True
+        return isinstance(key, bytes) and self._rows is not None and self._rows.find(key) >= 0
+
     def __iter__(self) -> Iterator[bytes]:
-        return iter(self._latest)
+        """The keys: those the view was built with in the id order of their records, then
+        those applied since."""
+        if self._rows is not None:
+            yield from self._rows.keys()
+        yield from self._latest
 
     def __len__(self) -> int:
-        return len(self._latest)
+        return len(self._latest) + (0 if self._rows is None else self._rows.live)

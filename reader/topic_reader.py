@@ -14,9 +14,9 @@ from __future__ import annotations
 import datetime
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -42,6 +42,7 @@ from shale.reader.arrow import (
     schema,
 )
 from shale.reader.arrow import require as _require
+from shale.reader.batches import MessageBatch
 from shale.reader.gaps import Gap, GapListener, OnGap, check_on_gap, log_gap, log_start
 from shale.reader.subscriber import Subscribing
 from shale.settings.kinds import shown
@@ -555,29 +556,84 @@ class TopicReader(Subscribing):
         reader decompresses no more than ``max_batch_bytes`` at once across its threads
         (:class:`~shale.reader.arrow.BatchReader`).  :mod:`shale.reader.arrow` gives the
         columns; ``utf8``: keys and values as text; ``id_text``: the ids' text too.  Never
-        waits, even when following; the position moves past what was read.  Needs pyarrow
-        (``shale[arrow]``)."""
+        waits, even when following; the position moves past each batch as it is handed
+        out (:meth:`message_batches`).  Needs pyarrow (``shale[arrow]``)."""
+        for batch in self.message_batches(rows, utf8=utf8, id_text=id_text, max_batch_bytes=max_batch_bytes):
+            yield batch.records
+
+    def message_batches(self, rows: int | None = DEFAULT_BATCH_ROWS, *, limit: int | None = None,
+                        utf8: bool = False, id_text: bool = False, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+                        check_first: bool = False) -> Iterator[MessageBatch]:
+        """:meth:`iter_batches` as :class:`~shale.reader.batches.MessageBatch` objects (the
+        records, and where the reader stands after each of them), at most ``limit``
+        messages in all (None: every one there is now).  The position moves past each
+        batch as it is handed out, as it moves past each message :meth:`read_next` returns;
+        with ``auto_commit``, what was handed out is committed as the reader moves on to the
+        next ledger or part and when it reaches the end of what there is.  ``check_first``:
+        an entry given in several batches has every record checked before the first is
+        given, as a read of messages checks it (else its frame is checked before the last)."""
+        if (yield from self._batches(rows, limit, (utf8, id_text, check_first), max_batch_bytes)):
+            self._tick()
+
+    def read_batches(self, limit: int | None = None, *, rows: int | None = DEFAULT_BATCH_ROWS,
+                     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> list[MessageBatch]:
+        """:meth:`read` in batches: up to ``limit`` messages there are now (all of them when
+        ``None``) as :class:`~shale.reader.batches.MessageBatch` objects of at most ``rows``
+        rows and ``max_batch_bytes`` bytes of records (their Arrow columns in ``records``);
+        never waits.  Should records it had yet to read have been removed, it returns the
+        batches before them, and the next call raises :class:`~shale.ledger.errors.GapError`."""
+        self._tick()  # what the last read returned was handled
+        out: list[MessageBatch] = []
+        try:
+            for batch in self._batches(rows, limit, (False, False, True), max_batch_bytes):
+                out.append(batch)
+        except GapError:
+            if not out:
+                raise
+        return out
+
+    def _batches(self, rows: int | None, limit: int | None, how: tuple[bool, bool, bool],
+                 max_batch_bytes: int) -> Generator[MessageBatch, None, bool]:
+        """The batches of :meth:`message_batches` (``how``: utf8, id_text, check_first);
+        returns whether it read to the end of what there is (rather than stopping at
+        ``limit``)."""
+        utf8, id_text, check_first = how
         require_pyarrow()
         if self._pending is not None:  # a message looked at but not taken is read again
             self._next, self._pending = self._pending.id, None
         self._it = None
+        if limit is not None and limit <= 0:
+            return False
         with BatchReader(decode_threads(), max_batch_bytes=max_batch_bytes, rows=rows, chunk_bytes=self.chunk_bytes,
-                         utf8=utf8, id_text=id_text) as reader:
+                         utf8=utf8, id_text=id_text, check_first=check_first) as reader:
 
-            def read(f: LedgerFile, start: int, gone: npt.NDArray[np.bool_] | None) -> Iterator[pa.RecordBatch]:
+            def read(f: LedgerFile, start: int, gone: npt.NDArray[np.bool_] | None) -> Iterator[MessageBatch]:
                 records = np.arange(start, f.n_records, dtype=np.int64)
                 if gone is not None:
                     records = records[~gone[start:]]
-                yield from reader.batches(f, records)
-                if f.n_records > start:
-                    self._next = f.record_id(f.n_records - 1).successor()
+                last = f.record_id(f.n_records - 1) if f.footer.kind == KIND_ORIGINAL and f.n_records else None
+                for records_batch in reader.batches(f, records):
+                    batch = MessageBatch(records_batch, last)
+                    self._next = batch.after(len(batch) - 1)  # (handed out: as a message is)
+                    yield batch
 
             self._open_ahead = True
+            walk = cast(Generator[MessageBatch, None, None], self._walk(read))
             try:
-                yield from self._walk(read)
+                for batch in walk:
+                    if limit is not None and len(batch) >= limit:
+                        if len(batch) > limit:
+                            batch = batch.head(limit)
+                            self._next = batch.after(limit - 1)
+                        yield batch
+                        return False
+                    if limit is not None:
+                        limit -= len(batch)
+                    yield batch
             finally:
+                walk.close()
                 self._open_ahead = False
-        self._tick()
+        return True
 
     def to_arrow(self, *, utf8: bool = False, id_text: bool = False,
                  max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> pa.Table:

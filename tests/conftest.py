@@ -85,6 +85,15 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     check_needs(item)  # before the test's fixtures start anything
 
 
+@pytest.fixture(autouse=True)
+def golden_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every ``shale read`` run in this process, record by record and in Arrow batches,
+    compared byte for byte (tests/golden.py)."""
+    from tests.golden import compare_reads
+
+    compare_reads(monkeypatch)
+
+
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
     """Start ``tests/moto_server.py`` on port 0 and point the AWS environment at it."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import base64
 import itertools
+import time
 from typing import TYPE_CHECKING
 
 from shale.cli.app import Streams
@@ -17,6 +18,7 @@ from shale.settings.kinds import shown
 if TYPE_CHECKING:
     from shale.ledger.ids import MessageId
     from shale.metadata.asof import AsOf
+    from shale.metadata.topic import TopicMetadata
     from shale.reader import TopicReader
 
 __all__ = ["run_changes", "run_export", "run_get", "run_read"]
@@ -44,12 +46,48 @@ def _read_table(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> None
     # footers first, then only the table's records: memory follows records, not values
     meta = TopicMetadata.open(args.topic, args.metadata)
     as_of, from_snapshot = _point(args)
+    printed = _print_table_batches(meta, args, io, as_of, from_snapshot)
+    if printed is None:
+        return
     for m in itertools.islice(table_messages(meta, chunk_bytes=chunk_bytes, as_of=as_of, from_snapshot=from_snapshot,
-                                             hold_bytes=args.max_batch_bytes), args.limit):
+                                             hold_bytes=args.max_batch_bytes), printed, args.limit):
         text = message_line(m, args.value_format)
         del m  # (a big value goes before its line is written)
         io.out.write(text)
         io.out.write("\n")
+
+
+def _print_table_batches(meta: TopicMetadata, args: argparse.Namespace, io: Streams, as_of: AsOf | None,
+                         from_snapshot: int | str | None) -> int | None:
+    """The table's lines, written from Arrow batches when it is big (else as messages:
+    :func:`~shale.reader.latest.table_rows`); None when all are printed.  Should reading
+    batches fail, how many rows were printed: the table read as messages goes on from
+    there, printing what it prints and failing as it fails."""
+    from shale.ledger.errors import ShaleError
+    from shale.ledger.record import Message
+    from shale.producer.jsonlines import LineOutput, message_line, write_batches
+    from shale.reader.latest import table_rows
+
+    printed, out = 0, None
+    try:
+        for item in table_rows(meta, max_batch_bytes=args.max_batch_bytes, as_of=as_of, from_snapshot=from_snapshot):
+            if args.limit is not None and printed >= args.limit:
+                break
+            if isinstance(item, Message):
+                text = message_line(item, args.value_format)
+                del item
+                io.out.write(text + "\n")
+                printed += 1
+                continue
+            out = out or LineOutput(io.out)
+            printed += write_batches([item if args.limit is None else item.slice(0, args.limit - printed)], out,
+                                     args.value_format)
+    except ShaleError:
+        if out is None:
+            raise
+        out.flush()
+        return printed
+    return None
 
 
 def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> None:
@@ -85,10 +123,16 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
             io.err.write(f"shale: warning: {r.meta.uri}: subscription {r.subscriber.name!r} had expired (no commit "
                          "within the topic's subscription-expiry): it held nothing back meanwhile, so deletes may have "
                          "been missed\n")
+        limit = args.limit
+        if r.subscriber is None and _batched(r):
+            done, limit = _print_batches(r, args, io)
+            if done:
+                _commit(r, io)
+                return
         unprinted = None  # a record returned but not printed whole (an interrupt came): read again next time
         try:
             # islice stops at the limit before asking for one more (a follower would wait for it)
-            for m in itertools.islice(r, args.limit):
+            for m in itertools.islice(r, limit):
                 unprinted = m.id
                 io.out.write(message_line(m, args.value_format) + "\n")
                 unprinted = None
@@ -103,6 +147,46 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
         if r.subscriber is not None:
             r.subscriber.auto = False  # the last commit: closing must not move it past an unprinted record
         _commit(r, io, unprinted, leave=True)
+
+
+def _batched(r: TopicReader) -> bool:
+    """Whether to read in Arrow batches: pyarrow is installed and the read is big enough to
+    pay for it (:data:`~shale.reader.batches.BATCH_READ_RECORDS`)."""
+    import importlib.util
+
+    from shale.reader.batches import BATCH_READ_RECORDS, records_ahead
+
+    return records_ahead(r) >= BATCH_READ_RECORDS and importlib.util.find_spec("pyarrow") is not None
+
+
+def _print_batches(r: TopicReader, args: argparse.Namespace, io: Streams) -> tuple[bool, int | None]:
+    """The records as JSON lines written from Arrow batches (:func:`~shale.producer.jsonlines.batch_lines`),
+    flushed after each batch when following: ``(True, _)`` once done.  A subscription's read
+    prints and commits record by record instead (below).  Should reading batches fail but
+    for a gap, ``(False, left)``: the record-by-record read goes on from where the reader
+    stands, printing what it prints (``left`` more at most) and failing as it fails."""
+    from shale.ledger.errors import GapError, ShaleError
+    from shale.producer.jsonlines import LineOutput, write_batches
+
+    out, left = LineOutput(io.out), args.limit
+    try:
+        while True:
+            for batch in r.message_batches(limit=left, max_batch_bytes=args.max_batch_bytes, check_first=True):
+                write_batches([batch], out, args.value_format, flush=args.follow)
+                left = None if left is None else left - len(batch)
+            if not args.follow or left == 0:
+                return True, left
+            time.sleep(r.poll_interval)
+    except KeyboardInterrupt:
+        if not args.follow:
+            raise
+        return True, left
+    except GapError:
+        out.flush()  # every record read before the gap is out before the error line
+        raise
+    except ShaleError:
+        out.flush()
+        return False, left
 
 
 def _check_start(args: argparse.Namespace) -> None:

@@ -13,15 +13,21 @@ import base64
 import binascii
 import json
 import re
-from typing import Any, Final
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Final, TextIO
 
 import msgspec
 
 from shale.ledger.errors import InvalidInputError, mid_sentence
 from shale.ledger.record import EVENT_TIME_RANGE, Message, event_time_in_range
 
-__all__ = ["MAX_JSON_DEPTH", "change_line", "change_to_json", "json_document", "message_line", "message_to_json",
-           "parse_record_line"]
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from shale.reader.batches import MessageBatch
+
+__all__ = ["BLOCK_BYTES", "MAX_JSON_DEPTH", "LineOutput", "batch_lines", "change_line", "change_to_json",
+           "json_document", "message_line", "message_to_json", "parse_record_line", "write_batches"]
 
 #: How deeply a JSON value may nest.  Python's ``json`` gives up near 1,000 levels less
 #: the caller's own stack, so a value printed inside a line stays readable well below it.
@@ -131,6 +137,113 @@ def change_to_json(op: str, key: bytes, m: Message | None, value_format: str = "
 def change_line(op: str, key: bytes, m: Message | None, value_format: str = "text") -> str:
     """One JSON line (without its newline) for a change (:func:`change_to_json`)."""
     return _ENCODER.encode(change_to_json(op, key, m, value_format)).decode("utf-8")
+
+
+# ---------------------------------------------------------- output, in batches
+
+#: Lines of a batch are written in blocks of about this many bytes (a longer line alone).
+BLOCK_BYTES: Final = 1 << 20
+#: What the C kernel says of a block (``json_lines`` in ``ledger/_kernels.c``).
+_DONE, _HANDOFF, _GROW = 0, 1, 2
+
+
+def batch_lines(batch: pa.RecordBatch, value_format: str = "text", *,
+                block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[memoryview, int]]:
+    """The lines :func:`message_line` makes of the rows of ``batch`` (the columns of
+    :mod:`shale.reader.arrow`), each ending in a newline, in blocks of about
+    ``block_bytes``: ``(block, rows)``, the lines of the next ``rows`` rows.  A block is
+    valid until the next one is asked for.
+
+    Written by the C kernel (``json_lines``) from the batch's buffers, byte for byte what
+    :func:`message_line` makes; a row it cannot decide — property names given twice, a
+    value printed as JSON whose document it cannot tell that msgspec reads or refuses —
+    is made by :func:`message_line`, and so is every row without the kernel."""
+    from shale.ledger import kernels
+
+    native = kernels._native  # (looked up at each call: the tests swap it for the fallback)
+    columns = None if native is None else _kernel_columns(batch)
+    if native is None or columns is None:
+        yield from _python_blocks(batch, 0, batch.num_rows, value_format, block_bytes)
+        return
+    json_values = value_format == "json"
+    out = bytearray(block_bytes)
+    row, n = 0, batch.num_rows
+    while row < n:
+        written, reached, status, need = native.json_lines(columns, row, n, json_values, out)
+        if written:
+            yield memoryview(out)[:written], reached - row
+        if status == _GROW:  # one line bigger than a block: a buffer of its own
+            big = bytearray(need)
+            written, reached, status, need = native.json_lines(columns, row, row + 1, json_values, big)
+            yield memoryview(big)[:written], 1
+            del big
+        elif status == _HANDOFF:
+            yield from _python_blocks(batch, reached, reached + 1, value_format, block_bytes)
+            reached += 1
+        row = reached
+
+
+class LineOutput:
+    """Where blocks of lines go: a text stream's binary buffer when it has one and encodes
+    UTF-8 (the lines are UTF-8: the bytes are those the text would have been), else the
+    text stream itself."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        raw = getattr(out, "buffer", None)
+        encoding = (getattr(out, "encoding", None) or "").lower().replace("_", "-")
+        self._raw = raw if raw is not None and encoding in ("utf-8", "utf8") else None
+        out.flush()  # (what the text layer holds goes first)
+
+    def write(self, block: memoryview) -> None:
+        if self._raw is not None:
+            self._raw.write(block)
+        else:
+            self.out.write(str(block, "utf-8"))
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+def write_batches(batches: Iterable[MessageBatch | pa.RecordBatch], out: LineOutput, value_format: str = "text", *,
+                  flush: bool = False) -> int:
+    """Write the lines of every row of ``batches`` (:func:`batch_lines`) to ``out``, flushing
+    after each batch with ``flush``; how many rows were written."""
+    rows = 0
+    for batch in batches:
+        records = getattr(batch, "records", batch)
+        for block, n in batch_lines(records, value_format):
+            out.write(block)
+            rows += n
+        if flush:
+            out.flush()
+    return rows
+
+
+def _python_blocks(batch: pa.RecordBatch, start: int, stop: int, value_format: str,
+                   block_bytes: int) -> Iterator[tuple[memoryview, int]]:
+    """Rows ``[start, stop)`` of ``batch`` through :func:`message_line`, in blocks."""
+    from shale.reader.batches import batch_messages
+
+    for a in range(start, stop, max(1, block_bytes // 64)):
+        b = min(stop, a + max(1, block_bytes // 64))
+        text = "".join(message_line(m, value_format) + "\n" for m in batch_messages(batch.slice(a, b - a)))
+        yield memoryview(text.encode("utf-8")), b - a
+
+
+def _kernel_columns(batch: pa.RecordBatch) -> tuple[Any, ...] | None:
+    """The buffers ``json_lines`` reads (see ``ledger/_kernels.c``), or None when the batch
+    is not laid out as :mod:`shale.reader.arrow` makes batches (a slice not at its start, a
+    null map): the Python path prints it."""
+    col = batch.column
+    props = col("properties")
+    arrays = [col(name) for name in ("ledger", "entry", "batch", "key", "value", "publish_time", "event_time")]
+    if any(a.offset for a in arrays) or props.offset or props.null_count or props.values.offset or any(
+            props.values.field(i).offset for i in range(2)):
+        return None
+    ledger, entry, index, key, value, publish, event = (a.buffers() for a in arrays)
+    p = props.buffers()  # map validity, offsets, struct validity, then each child's validity, offsets, data
+    return (ledger[1], entry[1], index[1], *key, *value, p[1], p[4], p[5], p[7], p[8], publish[1], *event)
 
 
 # --------------------------------------------------------------------- input

@@ -31,7 +31,7 @@ from shale.ledger.kernels import Scratch
 from shale.ledger.reader import LedgerFile
 from shale.ledger.record import Record
 from shale.ledger.writer import LedgerWriter, encode_entry
-from shale.ledger.zstd_frames import decompress_zstd_into, plain_zstd_frames
+from shale.ledger.zstd_frames import decompress_zstd_each, decompress_zstd_into, plain_zstd_frames
 from shale.storage import resolve
 
 
@@ -134,6 +134,59 @@ def test_the_batch_takes_only_what_one_by_one_accepts_with_the_same_bytes(frames
             assert out[at[i]:at[i] + n] == ref == raw  # ... and gives the same bytes
         if kind in TAKEN:
             assert done[i], kind  # the frames writers make are all taken
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(payloads, st.sampled_from(sorted(VARIANTS))), min_size=1, max_size=12))
+def test_each_payload_decompressed_in_one_call_is_what_one_by_one_gives(frames: list[tuple[bytes, str]]) -> None:
+    """decompress_zstd_each (the Arrow readers' batch): never takes what one by one refuses,
+    gives the same bytes, and takes every healthy frame unless the library refused
+    another of the call (then none: one by one names it)."""
+    frames = [(raw[:1] * min(len(raw), 255) if kind == "one RLE block" else raw, kind) for raw, kind in frames]
+    stored = [VARIANTS[kind](raw, _zstd(raw)) for raw, kind in frames]
+    buf, starts, ends = bytearray(), [], []
+    for s in stored:
+        buf += b"\xee" * 12
+        starts.append(len(buf))
+        buf += s
+        ends.append(len(buf))
+    sizes = np.array([len(raw) for raw, _ in frames], dtype=np.int64)
+    done, out = decompress_zstd_each(bytes(buf), np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64),
+                                     sizes)
+    refs = [_reference(s, int(n)) for s, n in zip(stored, sizes, strict=True)]
+    for i, (raw, kind) in enumerate(frames):
+        if done[i]:
+            assert refs[i] is not None and bytes(out[i]) == refs[i] == raw, kind
+    header_ok, _ = plain_zstd_frames(np.frombuffer(bytes(buf), dtype=np.uint8), np.array(starts, dtype=np.int64),
+                                     np.array(ends, dtype=np.int64), sizes)
+    if all(refs[i] is not None for i in np.flatnonzero(header_ok).tolist()):
+        assert done.tolist() == [kind in TAKEN or bool(header_ok[i]) for i, (_, kind) in enumerate(frames)]
+        assert all(kind not in TAKEN or done[i] for i, (_, kind) in enumerate(frames))
+    else:
+        assert not done.any()
+
+
+def test_payloads_of_small_entries_come_from_one_call_and_a_bad_one_is_named(monkeypatch: pytest.MonkeyPatch
+                                                                             ) -> None:
+    f = _ledger(60, 16)
+    base, data = f.read_frames(0, f.n_entries)
+    sel = np.arange(2, 57, dtype=np.int64)
+    calls: list[int] = []
+
+    def counted(*a: Any, **kw: Any) -> Any:
+        calls.append(1)
+        return decompress(*a, **kw)
+
+    monkeypatch.setattr(reader_module, "decompress", counted)
+    got = f.payloads(data, base, sel)
+    assert calls == []
+    assert [bytes(p) for p in got] == [bytes(f.entry_payload(data, base, e)) for e in sel.tolist()]
+    buf = bytearray(data)
+    o = int(f.footer.col("e_offset")[17]) - base
+    buf[o + int(f.footer.col("e_length")[17]) - 1] ^= 1  # the content checksum's last byte
+    with pytest.raises(CorruptLedgerError, match=r"entry 1:17: compressed entry does not decompress with zstd"):
+        f.payloads(bytes(buf), base, sel)
+    assert calls  # (named by the one-by-one path)
 
 
 def test_what_the_batch_leaves_is_what_one_by_one_refuses_or_a_frame_of_several_blocks() -> None:
