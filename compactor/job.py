@@ -116,6 +116,7 @@ def _note_survivors(summary: RunSummary, survivors: SurvivorCounts) -> None:
     summary.keys = survivors.keys
     summary.tombstones_kept = survivors.tombstones_kept
     summary.tombstones_dropped = survivors.tombstones_dropped
+    summary.tombstones_held = survivors.tombstones_held
     summary.keyless_dropped = survivors.keyless_dropped
     summary.keyless_kept = survivors.keyless_kept
     summary.keys_expired = survivors.keys_expired
@@ -415,6 +416,10 @@ class Compactor:
                 self.meta.topic.store.delete(self.meta.topic.key(obj))
             except ShaleError:
                 pass  # left for garbage collection as an orphan
+        try:
+            store.remove_empty_folder(topic.key(run_dir))  # (a local folder would stay behind, empty)
+        except ShaleError:
+            pass
 
     def _keys_expire(self, plan: Plan, now_ms: int) -> bool:
         """Whether a run without new records would still drop keys past the key TTL."""

@@ -37,7 +37,7 @@ from shale.compactor.config import CompactionConfig
 from shale.compactor.event_map import EventKeyMapBuilder, event_map_capacity
 from shale.compactor.keymap import KEY_BYTES, KeyMap, KeyMapBuilder
 from shale.compactor.plan import Plan, Slice
-from shale.compactor.rules import held_tombstones, latest_of_each_key, tombstone_fate
+from shale.compactor.rules import held_past_retention, held_tombstones, latest_of_each_key, tombstone_fate
 from shale.ledger.errors import InvalidInputError
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE
 from shale.ledger.kernels import distinct_estimate
@@ -79,6 +79,8 @@ class Survivors:
     map_bytes: int
     deferred_records: int
     keys_expired: int = 0  # live keys dropped for their age (key TTL)
+    #: of the tombstones kept, those past their delete retention, held for subscriptions
+    tombstones_held: int = 0
 
     @property
     def records_kept(self) -> int:
@@ -454,6 +456,7 @@ def _survivors(plan: Plan, keep: npt.NDArray[np.bool_], tomb_at: list[npt.NDArra
         plan=plan, keep=keep, since_at=tomb[~expired], since_ms=first_kept[~expired], offsets=tuple(offsets),
         records_read=n - tally.absent, keys=distinct - len(tomb), tombstones_kept=len(tomb) - int(expired.sum()),
         tombstones_dropped=int(expired.sum()) + tally.expired_tombs, keys_expired=tally.expired_keys,
+        tombstones_held=held_past_retention(expired, first_kept, now_ms, config.delete_retention_ms),
         keyless_kept=keyless if config.retain_null_key else 0,
         keyless_dropped=0 if config.retain_null_key else keyless,
         footer_bytes=sum(s.file.footer_bytes for s in plan.slices),

@@ -9,7 +9,8 @@ import numpy.typing as npt
 
 from shale.ledger.latest import latest_by_event_time, latest_by_sorting, latest_of_each_key
 
-__all__ = ["held_tombstones", "latest_by_event_time", "latest_by_sorting", "latest_of_each_key", "tombstone_fate"]
+__all__ = ["held_past_retention", "held_tombstones", "latest_by_event_time", "latest_by_sorting", "latest_of_each_key",
+           "tombstone_fate"]
 
 
 def held_tombstones(positions: npt.NDArray[np.int64], hold_from: int | None) -> npt.NDArray[np.bool_] | None:
@@ -40,3 +41,10 @@ def tombstone_fate(since: npt.NDArray[np.int64], now_ms: int, delete_retention_m
     if held is not None:
         expired &= ~held | (kept_for >= max_hold_ms)
     return expired, first_kept
+
+
+def held_past_retention(expired: npt.NDArray[np.bool_], first_kept: npt.NDArray[np.int64], now_ms: int,
+                        delete_retention_ms: int) -> int:
+    """How many of the tombstones :func:`tombstone_fate` judged (``expired``, ``first_kept``)
+    stay past their delete retention: only a subscription's hold keeps those."""
+    return int(np.count_nonzero(~expired & (now_ms - first_kept >= delete_retention_ms)))

@@ -4,7 +4,7 @@
 overdue ones first, then the filthiest, at most ``max-topics``: :mod:`shale.compactor.topics`),
 compacts each under its own policy (:meth:`~shale.settings.Settings.with_policy`: a
 run's flag > the topic's policy > a variable > the default), a few at a time in threads
-(``parallel``), applies the policy's retention after each publish, and tells the caller
+(``parallel``), applies the policy's retention after each run, and tells the caller
 what happens through events (:class:`RunEvent`: logs, progress, metrics are the
 caller's).  One topic's failure never stops another's: it is its summary's ``error``.
 
@@ -35,15 +35,15 @@ from shale.runtime import interrupts
 from shale.settings import Settings, Source, resolve
 from shale.settings.units import count
 
-__all__ = ["AfterPublish", "EventListener", "NoTopicsError", "RunEvent", "choose_topics", "compact_topic",
-           "compact_topics"]
+__all__ = ["AfterPublish", "EventListener", "RunEvent", "choose_topics", "compact_topic", "compact_topics"]
 
 
 @dataclass(frozen=True, slots=True)
 class RunEvent:
     """Something that happened during :func:`compact_topics`.
 
-    ``kind`` is one of ``run.start`` (``topics``: how many will be compacted),
+    ``kind`` is one of ``run.start`` (``topics``: how many will be compacted; ``run.empty``
+    instead when ``all`` names a prefix that holds no topic),
     ``spark.start`` (``seconds`` the Spark application took to start), ``topic.start``
     (``overdue``), ``topic.phase`` (``phase``: planning, pass one over N records, pass
     two: keeping N records, publishing, retention) and ``topic.done`` (``summary``)."""
@@ -67,11 +67,6 @@ EventListener = Callable[[RunEvent], None]
 AfterPublish = Callable[[TopicMetadata, TopicPolicy, Settings, RunSummary], None]
 
 
-class NoTopicsError(InvalidInputError):
-    """A prefix holds no topic: a typo in a scheduled run's prefix must not succeed
-    quietly for ever."""
-
-
 def compact_topics(settings: Settings | Mapping[str, Any] | None = None, *, engine: Engine | None = None,
                    on_event: EventListener | None = None, backlog: bool = False,
                    after_publish: AfterPublish | None = None) -> list[RunSummary]:
@@ -79,21 +74,23 @@ def compact_topics(settings: Settings | Mapping[str, Any] | None = None, *, engi
     policy, and return their summaries in the order they ran.  ``settings``: ``compact``'s
     resolved settings (:func:`shale.settings.resolve`), or the values to resolve them
     from, by name (``{"all": "s3://b/topics", "max-topics": 50}``).  One engine compacts
-    every topic (with Spark, one application); it is not closed here.  Each topic is opened
-    once (:class:`~shale.metadata.handle.Topic`): its documents read to choose it are what
-    its run plans from (for the first :data:`HELD_TOPICS` topics in the order; those after
-    read them again when they run).  With ``backlog``, each ``topic.done`` event carries what the topic
-    has left above its horizon after its run (:func:`~shale.compactor.topics.backlog`,
-    from the same handle: nothing read again but a footer).  ``after_publish``: called after
-    each topic's run that did not fail (:data:`AfterPublish`)."""
+    every topic (with Spark, one application); it is not closed here.  A prefix without
+    topics (a deployment that has none yet) is no error: no summary, and a ``run.empty``
+    event that says so.  Each topic is opened once (:class:`~shale.metadata.handle.Topic`):
+    its documents read to choose it are what its run plans from (for the first
+    :data:`HELD_TOPICS` topics in the order; those after read them again when they run).
+    With ``backlog``, each ``topic.done`` event carries what the topic has left above its
+    horizon after its run (:func:`~shale.compactor.topics.backlog`, from the same handle:
+    nothing read again but a footer).  ``after_publish``: called after each topic's run
+    that did not fail (:data:`AfterPublish`)."""
     with_backlog = backlog
     s = settings if isinstance(settings, Settings) else resolve("compact", settings or {})
     tell = on_event or _ignore
     engine = engine or LocalEngine()
     chosen = choose_topics(s)
     if not chosen:
-        raise NoTopicsError(f"no topics under {s.value('all')} (a topic is a folder holding _meta/topic.json): "
-                            "check the prefix")
+        tell(RunEvent("run.empty", s.value("all")))
+        return []
     tell(RunEvent("run.start", topics=len(chosen)))
     # An application's start-up (Spark's) is a phase of its own: in the first topic's summary
     first = {f"{engine.name}_start": _start(engine, tell)} if engine.starts_application else {}
@@ -103,9 +100,11 @@ def compact_topics(settings: Settings | Mapping[str, Any] | None = None, *, engi
 
     def one(item: tuple[Topic | str, bool]) -> RunSummary:
         summary = _run_one(item[0], item[1], s, engine, tell, after_publish)
-        with lock:  # run-wide phases go into the first summary done
-            summary.durations = {**first, **summary.durations}
-            first.clear()
+        with lock:  # run-wide phases go into the first summary done, its total counting them
+            if first:
+                summary.durations = {**first, **summary.durations,
+                                     "total": summary.durations.get("total", 0.0) + sum(first.values())}
+                first.clear()
         after = _backlog(item[0]) if with_backlog else None
         tell(RunEvent("topic.done", summary.topic, summary=summary, backlog=after))
         return summary
@@ -205,9 +204,12 @@ def compact_topic(topic: Topic | str, settings: Settings, *, overdue: bool = Fal
                   progress: Callable[[str], None] | None = None,
                   after_publish: AfterPublish | None = None) -> RunSummary:
     """One topic's run under its own policy (a run's flag wins over it; an ``overdue``
-    topic is compacted whatever its dirty ratio), then the policy's retention, applied
-    only to ledgers the new horizon covers, then ``after_publish``.  ``topic``: its handle (the documents it
-    holds are what the run plans from), or its URI."""
+    topic is compacted whatever its dirty ratio), then the policy's retention, whatever
+    the run found to do (compacted, nothing to do, skipped, or lost its race to another
+    compactor), applied only to ledgers the horizon covers that no subscription or
+    snapshot holds (:func:`~shale.maintenance.retention.policy_retention`), then
+    ``after_publish``.  ``topic``: its handle (the documents it holds are what the run
+    plans from), or its URI."""
     t = topic if isinstance(topic, Topic) else Topic.open(topic, settings.value("metadata"), settings=settings)
     if t.settings is None:
         t.settings = settings
@@ -216,38 +218,36 @@ def compact_topic(topic: Topic | str, settings: Settings, *, overdue: bool = Fal
     if overdue:
         own = own.replace("min-dirty-ratio", 0.0)
     summary = Compactor(t, CompactionConfig.from_settings(own), progress=progress, engine=engine).run()
-    removed = _retention(t, summary)
-    if removed:
-        if progress is not None:
-            progress("retention")
-        note = f"retention removed {count(removed, 'ledger')} below the horizon"
+    note = _retention(t, summary, progress)
+    if note:
         summary.message = f"{summary.message}; {note}" if summary.message else note
     if after_publish is not None and summary.ok:
         after_publish(t.meta, t.policy, own, summary)
     return summary
 
 
-def _retention(t: Topic, summary: RunSummary) -> int:
-    """The ledgers the policy's retention removes after a publish (never those an active
-    subscription has yet to read), cut from the documents the run left in its handle."""
-    from shale.maintenance.retention import UnreadRecordsError, retention_cut, truncate
+#: The outcomes after which the policy's retention applies (a dry run changes nothing; a
+#: failed run leaves the topic to whoever looks at its error).
+_RETAINING: Final = (RunStatus.COMPACTED, RunStatus.NOTHING_TO_DO, RunStatus.SKIPPED, RunStatus.CONFLICT)
 
-    older_than, keep = t.policy.get("retention_ms"), t.policy.get("retention_bytes")
-    if summary.status is not RunStatus.COMPACTED or (older_than is None and keep is None):
-        return 0
-    removed = 0
-    for rule in ({"older_than_ms": older_than}, {"keep_bytes": keep}):
-        if next(iter(rule.values())) is None:
-            continue
-        ledgers = t.state.ledgers
-        cut = retention_cut(t, **rule)
-        if ledgers and cut > ledgers[0].id:
-            try:
-                removed += len(truncate(t.meta, cut).removed)
-                t.forget()  # (truncated: a later rule reads the topic as the truncation left it)
-            except UnreadRecordsError:
-                pass  # a subscription created or reset meanwhile: the next run's cut leaves its ledgers
-    return removed
+
+def _retention(t: Topic, summary: RunSummary, progress: Callable[[str], None] | None) -> str:
+    """The policy's retention after the run, in words for its summary ("" when the policy
+    sets none, or it found nothing to remove and nothing held back), cut from the documents
+    the run left in its handle."""
+    from shale.maintenance.retention import policy_retention
+
+    if summary.status not in _RETAINING or (t.policy.get("retention_ms") is None
+                                            and t.policy.get("retention_bytes") is None):
+        return ""
+    if progress is not None:
+        progress("retention")
+    done = policy_retention(t)
+    summary.retention_removed = len(done.removed)
+    notes = [f"retention removed {count(len(done.removed), 'ledger')} below the horizon"] if done.removed else []
+    if done.cut is not None and done.cut.held_by:
+        notes.append(f"retention: {done.cut.human()}")
+    return "; ".join(notes)
 
 
 def _backlog(topic: Topic | str) -> Backlog | None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Final
 
 from shale.settings.units import count
 
-__all__ = ["STATUSES", "RunStatus", "RunSummary"]
+__all__ = ["STATUSES", "FleetSummary", "RunStatus", "RunSummary"]
 
 
 class RunStatus(enum.StrEnum):
@@ -50,6 +51,9 @@ class RunSummary:
     keys: int = 0
     tombstones_kept: int = 0
     tombstones_dropped: int = 0
+    #: of the tombstones kept, those past the delete retention that active subscriptions
+    #: have yet to read (held until max-tombstone-hold)
+    tombstones_held: int = 0
     keyless_dropped: int = 0
     keyless_kept: int = 0
     keys_expired: int = 0  # live keys dropped past the key TTL
@@ -60,6 +64,8 @@ class RunSummary:
     dirty_ratio: float = 0.0
     retired_deleted: int = 0
     orphans_deleted: int = 0
+    #: ledgers the topic's retention removed after the run (whatever it found to do)
+    retention_removed: int = 0
     durations: dict[str, float] = field(default_factory=dict)
     message: str = ""
     error: str | None = None
@@ -109,7 +115,8 @@ class RunSummary:
         return (f"{self.topic}: {'would compact' if dry else 'compacted'} to horizon {self.horizon} ({was}), "
                 f"epoch {self.epoch}: {self._read(dry)} from {sources}, {self._kept(dry, kept)}, "
                 f"{smaller:.1f}% fewer records; {count(self.keys, 'key')}, tombstones kept {self.tombstones_kept:,} "
-                f"dropped {self.tombstones_dropped:,}, keyless dropped {self.keyless_dropped:,}"
+                + (f"({self.tombstones_held:,} held for subscriptions) " if self.tombstones_held else "")
+                + f"dropped {self.tombstones_dropped:,}, keyless dropped {self.keyless_dropped:,}"
                 + (f", keys expired {self.keys_expired:,}" if self.keys_expired else "") + "; "
                 f"{t.get('total', 0.0):.2f}s ({phases})" + (f"; {self.message}" if self.message else ""))
 
@@ -129,3 +136,40 @@ class RunSummary:
         reused = f", {self.records_reused:,} kept in place" if self.records_reused else ""
         return (f"kept {count(kept, 'record')}: wrote {self.records_written:,} ({self.bytes_written / 1e6:.1f} MB) "
                 f"in {count(self.parts, 'part')}{reused}")
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSummary:
+    """What a run of many topics did (``compact --all``'s last line): how many topics
+    ended each way, and which failed (an error, or a lost publish race)."""
+
+    topics: int = 0
+    compacted: int = 0
+    nothing_to_do: int = 0
+    skipped: int = 0
+    dry_run: int = 0
+    failed: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, summaries: Sequence[RunSummary]) -> FleetSummary:
+        def n(status: RunStatus) -> int:
+            return sum(1 for s in summaries if s.status is status)
+
+        return cls(len(summaries), n(RunStatus.COMPACTED), n(RunStatus.NOTHING_TO_DO), n(RunStatus.SKIPPED),
+                   n(RunStatus.DRY_RUN), tuple(s.topic for s in summaries if not s.ok))
+
+    def to_json(self, codes: Mapping[str, int] | None = None) -> dict[str, Any]:
+        """The counts, and the topics that failed with their exit codes (``codes``, by topic)."""
+        return {"topics": self.topics, "compacted": self.compacted, "nothing_to_do": self.nothing_to_do,
+                "skipped": self.skipped, "dry_run": self.dry_run, "failed": len(self.failed),
+                "failed_topics": [{"topic": t, "exit_code": (codes or {}).get(t)} for t in self.failed]}
+
+    def human(self, codes: Mapping[str, int] | None = None) -> str:
+        """One line: the counts, then the topics that failed (with their exit codes)."""
+        dry = f", {self.dry_run:,} dry run{'s' if self.dry_run != 1 else ''}" if self.dry_run else ""
+        text = (f"{count(self.topics, 'topic')}: {self.compacted:,} compacted, {self.nothing_to_do:,} with nothing to "
+                f"do, {self.skipped:,} skipped{dry}, {len(self.failed):,} failed")
+        if self.failed:
+            text += ": " + ", ".join(t if codes is None or t not in codes else f"{t} (exit {codes[t]})"
+                                     for t in self.failed)
+        return text

@@ -25,6 +25,7 @@ __all__ = [
     "NotAnObjectError",
     "ObjectNotFoundError",
     "OutputExistsError",
+    "ProducerFencedError",
     "RecordTooLargeError",
     "ShaleError",
     "SnapshotNotFoundError",
@@ -128,6 +129,12 @@ class ConflictError(ShaleError):
 
 class AlreadyExistsError(ConflictError, FileExistsError):
     """A create-if-absent found the object already there."""
+
+
+class ProducerFencedError(ShaleError, RuntimeError):
+    """Another writer with the same producer id registered the records this writer was
+    about to register (two writers share an id): nothing of this ledger is registered.
+    Not retried as a conflict: running the produce again skips what the other appended."""
 
 
 class InUseError(ShaleError):

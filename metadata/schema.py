@@ -8,7 +8,7 @@ invariants the rest of Shale relies on:
 * ``topic.json``: ledger ids strictly increasing, above every id a truncation removed
   (``removed_last``, when present, in the last ledger removed);
   each object named as the producer names it (``ledgers/<id>-<nonce>.ledger``, the id
-  its own), none twice;
+  its own), none twice; each idempotent producer's mark in a ledger the topic has had;
 * ``compaction.json``: parts named as a compaction run names them, in id order and
   disjoint, none past the horizon; deletion vectors beside their parts; retired objects
   named as compacted objects (so never a registered ledger nor a metadata document),
@@ -38,9 +38,9 @@ from shale.metadata.layout import (
     ledger_id_of,
 )
 
-__all__ = ["MAX_TAGS", "SUBSCRIPTION_NAME", "TAG_NAME", "CompactionDoc", "DictionaryDoc", "Envelope", "LedgerDoc",
-           "MemberDoc", "PartDoc", "RetiredDoc", "SnapshotDoc", "SubscriptionDoc", "TopicDoc", "check_compaction",
-           "check_topic", "decode_envelope", "message_id", "schema_error", "validate"]
+__all__ = ["MAX_TAGS", "PRODUCER_ID", "SUBSCRIPTION_NAME", "TAG_NAME", "CompactionDoc", "DictionaryDoc", "Envelope",
+           "LedgerDoc", "MemberDoc", "PartDoc", "ProducerDoc", "RetiredDoc", "SnapshotDoc", "SubscriptionDoc",
+           "TopicDoc", "check_compaction", "check_topic", "decode_envelope", "message_id", "schema_error", "validate"]
 
 #: Ledger ids and epochs stay far below 2**63, so every reader (JSON tools included) and
 #: every ``+ 1`` holds them exactly.
@@ -85,6 +85,19 @@ class DictionaryDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     sha256: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")] | None = None
 
 
+#: A producer id (``shale produce --producer-id``): what a file name and a date make.
+PRODUCER_ID: Final = r"^[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,199}$"
+
+
+class ProducerDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    #: the number of the record after the last one this producer registered (records
+    #: numbered from 0 in the order it was given them)
+    next: Count
+    #: the ledger that registered it, and when (by the producer's clock)
+    ledger: Id
+    at_ms: Millis
+
+
 class TopicDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     format: Literal[1]
     created_ms: Millis
@@ -95,6 +108,8 @@ class TopicDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     dictionaries: list[DictionaryDoc] = []
     #: the id of the last record of ledger ``removed_through`` (absent when unknown)
     removed_last: str | None = None
+    #: what each idempotent producer registered last, by its id
+    producers: dict[Annotated[str, msgspec.Meta(pattern=PRODUCER_ID)], ProducerDoc] = {}
 
 
 class PartDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -275,6 +290,10 @@ def check_topic(doc: TopicDoc, where: str) -> None:
             raise InvalidMetadataError(f"{where}: field {field}.records: fewer records than entries")
         if lg.first_publish > lg.last_publish:
             raise InvalidMetadataError(f"{where}: field {field}.first_publish: after last_publish")
+    for name, p in doc.producers.items():
+        if p.ledger > last:
+            raise InvalidMetadataError(f"{where}: field producers[{name!r}].ledger: {p.ledger} is after the last "
+                                       f"ledger the topic has had ({last})")
     ids: set[int] = set()
     for i, d in enumerate(doc.dictionaries):
         if not is_dictionary_object(d.object, d.id):

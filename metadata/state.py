@@ -6,6 +6,7 @@ readable by people and by other tools.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -29,6 +30,7 @@ __all__ = [
     "CompactionState",
     "DictionaryInfo",
     "LedgerInfo",
+    "ProducerMark",
     "RetiredSet",
     "Snapshot",
     "TopicState",
@@ -97,6 +99,25 @@ class DictionaryInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class ProducerMark:
+    """What an idempotent producer registered last: ``next``, the number of the record
+    after its last one (its records numbered from 0 in the order it was given them), in
+    ledger ``ledger``, at ``at_ms`` (by the producer's clock).  Registered with the ledger,
+    in the same compare-and-swap, so the two never disagree."""
+
+    next: int
+    ledger: int
+    at_ms: int
+
+    def live(self, now_ms: int, expiry_ms: int) -> bool:
+        """Whether it is still kept at ``now_ms`` (a mark older than ``expiry_ms`` is forgotten)."""
+        return now_ms - self.at_ms < expiry_ms
+
+    def to_json(self) -> dict[str, int]:
+        return {"next": self.next, "ledger": self.ledger, "at_ms": self.at_ms}
+
+
+@dataclass(frozen=True, slots=True)
 class TopicState:
     """A topic's ordered ledger list.  Ledger ids strictly increase along the list.
 
@@ -119,6 +140,8 @@ class TopicState:
     #: the topic's trained dictionaries, oldest first (never removed)
     dictionaries: tuple[DictionaryInfo, ...] = ()
     removed_last: MessageId | None = None
+    #: each idempotent producer's last registration, by its id
+    producers: Mapping[str, ProducerMark] = field(default_factory=dict)
 
     @property
     def last_ledger_id(self) -> int:
@@ -158,6 +181,8 @@ class TopicState:
             d["removed_last"] = str(self.removed_last)
         if self.dictionaries:
             d["dictionaries"] = [x.to_json() for x in self.dictionaries]
+        if self.producers:
+            d["producers"] = {name: mark.to_json() for name, mark in sorted(self.producers.items())}
         return d
 
     @classmethod
@@ -171,7 +196,8 @@ class TopicState:
                    doc.generation, doc.removed_through, doc.truncated_ms,
                    tuple(DictionaryInfo(x.id, x.object, x.bytes, x.created_ms, x.crc32c, x.sha256)
                          for x in doc.dictionaries),
-                   None if doc.removed_last is None else MessageId.parse(doc.removed_last))
+                   None if doc.removed_last is None else MessageId.parse(doc.removed_last),
+                   {name: ProducerMark(p.next, p.ledger, p.at_ms) for name, p in doc.producers.items()})
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ from shale.metadata.layout import META_DIR
 from shale.metadata.policy import POLICY_DOC, TopicPolicy
 from shale.metadata.requirements import PublishRequirement, unmet
 from shale.metadata.snapshots import AsOf, view_as_of
-from shale.metadata.state import CompactionState, LedgerInfo, TopicState
+from shale.metadata.state import CompactionState, LedgerInfo, ProducerMark, TopicState
 from shale.storage import Location, StorageOptions, require, resolve
 from shale.storage.retry import ConflictPolicy
 
@@ -163,13 +163,21 @@ class TopicMetadata:
         return ""
 
     @staticmethod
-    def appended(expected: TopicState, info: LedgerInfo) -> TopicState:
+    def appended(expected: TopicState, info: LedgerInfo, producer: tuple[str, ProducerMark] | None = None,
+                 producer_expiry_ms: int | None = None) -> TopicState:
         """``expected`` with a sealed ledger registered after its ledgers (refused,
-        before anything is written, unless its id is after every id the topic has had)."""
+        before anything is written, unless its id is after every id the topic has had),
+        and, from an idempotent producer, its mark (``(id, mark)``), in the same document:
+        the marks older than ``producer_expiry_ms`` by the new one's time are dropped."""
         if info.id <= expected.last_ledger_id:
             raise InvalidInputError(
                 f"ledger id {info.id} must be greater than the last one, {expected.last_ledger_id}")
-        return replace(expected, ledgers=(*expected.ledgers, info))
+        if producer is None:
+            return replace(expected, ledgers=(*expected.ledgers, info))
+        name, mark = producer
+        kept = {k: m for k, m in expected.producers.items()
+                if producer_expiry_ms is None or m.live(mark.at_ms, producer_expiry_ms)}
+        return replace(expected, ledgers=(*expected.ledgers, info), producers={**kept, name: mark})
 
     def append_ledger(self, info: LedgerInfo, expected: TopicState) -> TopicState:
         """Register a sealed ledger after those of ``expected``; :class:`ConflictError` if the
@@ -206,11 +214,10 @@ class TopicMetadata:
                 # An earlier truncation may have stopped between its two writes: finish it.
                 self._stamp_generation(current.generation, attempts)
                 return None
-            return TopicState(tuple(lg for lg in current.ledgers if lg.id >= before_ledger), current.created_ms,
-                              generation=current.generation + 1,
-                              removed_through=max(current.removed_through, removed[-1].id),
-                              truncated_ms=max(now_ms, current.truncated_ms), dictionaries=current.dictionaries,
-                              removed_last=last_id(removed[-1]))
+            return replace(current, ledgers=tuple(lg for lg in current.ledgers if lg.id >= before_ledger),
+                           version=0, token="", generation=current.generation + 1,
+                           removed_through=max(current.removed_through, removed[-1].id),
+                           truncated_ms=max(now_ms, current.truncated_ms), removed_last=last_id(removed[-1]))
 
         try:
             # a producer registering a ledger meanwhile is a conflict: read again

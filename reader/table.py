@@ -25,12 +25,13 @@ record is applied message by message.
 from __future__ import annotations
 
 import heapq
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from shale.ledger.errors import ObjectNotFoundError
+from shale.ledger.errors import ObjectNotFoundError, TransientStorageError
 from shale.ledger.ids import MessageId
 from shale.ledger.ordering import TopicOrder
 from shale.ledger.record import Message
@@ -39,6 +40,7 @@ from shale.metadata.view import reading_order
 from shale.reader.arrow import DEFAULT_MAX_BATCH_BYTES, require_pyarrow, schema
 from shale.reader.arrow import require as _require
 from shale.reader.latest import latest_batches, plan_table, table_batches
+from shale.reader.outage import OutageListener, Rider, log_outage
 from shale.reader.topic_reader import EARLIEST, TopicReader
 
 if TYPE_CHECKING:
@@ -250,13 +252,23 @@ class TableView(Mapping[bytes, bytes]):
             listener(m.key or b"", m.value)
         self.listen(listener)
 
-    def follow(self, poll_interval: float = 1.0, stop: threading.Event | None = None) -> None:
+    def follow(self, poll_interval: float = 1.0, stop: threading.Event | None = None, *,
+               retry_for: float = math.inf, outage_listener: OutageListener | None = None) -> None:
         """Keep the view current: refresh every ``poll_interval`` seconds until ``stop``
-        is set (listeners hear of each change)."""
+        is set (listeners hear of each change), riding out storage outages for
+        ``retry_for`` seconds, each told once as it starts and once as it ends to
+        ``outage_listener`` (:mod:`shale.reader.outage`; default a warning logged)."""
         stop = stop or threading.Event()
-        while not stop.is_set():
-            self.refresh()
-            stop.wait(poll_interval)
+        # (a stop set during an outage ends the wait, and the follow at the next failure)
+        rider = Rider(self._uri, retry_for, outage_listener or log_outage, first_wait=poll_interval,
+                      sleep=stop.wait, give_up=stop.is_set)
+        try:
+            while not stop.is_set():
+                rider.call(self.refresh)
+                stop.wait(poll_interval)
+        except TransientStorageError:
+            if not stop.is_set():
+                raise
 
     def message(self, key: bytes) -> Message:
         """The whole latest message of ``key`` (id, properties, times)."""

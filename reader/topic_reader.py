@@ -12,6 +12,7 @@ the gaps retention opened ahead of it.
 from __future__ import annotations
 
 import datetime
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Generator, Iterator
@@ -44,6 +45,7 @@ from shale.reader.arrow import (
 from shale.reader.arrow import require as _require
 from shale.reader.batches import MessageBatch
 from shale.reader.gaps import Gap, GapListener, OnGap, check_on_gap, log_gap, log_start
+from shale.reader.outage import OutageListener, Rider, log_outage
 from shale.reader.subscriber import Subscribing
 from shale.settings.kinds import shown
 from shale.storage import StorageOptions
@@ -115,6 +117,11 @@ class TopicReader(Subscribing):
     ``commit_every`` (every N messages returned, once more is asked for, and when every
     message there is was returned; ``before_commit`` is called first) commits the position
     after the last message returned (:mod:`shale.reader.subscriber`).
+
+    ``retry_for`` (seconds) rides out storage outages: a read that finds the store
+    unreachable is tried again with backoff for that long (None: for ever when following,
+    else not at all), each outage told once as it starts and once as it ends to
+    ``outage_listener`` (:mod:`shale.reader.outage`).
     """
 
     def __init__(self, topic_uri: str, *, metadata_uri: str | None = None, read_compacted: bool = False,
@@ -123,7 +130,8 @@ class TopicReader(Subscribing):
                  storage_options: StorageOptions | None = None, subscription: str | None = None,
                  auto_commit: bool = False, as_of: AsOf | None = None, from_snapshot: int | str | None = None,
                  max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, commit_every: int | None = None,
-                 before_commit: Callable[[], None] | None = None) -> None:
+                 before_commit: Callable[[], None] | None = None, retry_for: float | None = None,
+                 outage_listener: OutageListener | None = None) -> None:
         if as_of is not None and from_snapshot is not None:
             raise InvalidInputError("give as_of (the topic as it was) or from_snapshot (a snapshot, then everything "
                                     "since), not both")
@@ -151,6 +159,9 @@ class TopicReader(Subscribing):
         self.on_gap: OnGap = check_on_gap(on_gap)
         #: told of each gap the reader goes past (``skip``, ``compacted``)
         self.gap_listener: GapListener = gap_listener or log_gap
+        #: reads tried again through storage outages for ``retry_for`` (None: for ever when following)
+        self._rider = Rider(self.meta.uri, (math.inf if follow else 0.0) if retry_for is None else retry_for,
+                            outage_listener or log_outage, first_wait=poll_interval)
         self._it: Iterator[Message] | None = None
         self._pending: Message | None = None
         self._files: OrderedDict[str, LedgerFile] = OrderedDict()
@@ -290,7 +301,11 @@ class TopicReader(Subscribing):
                 yield m
 
     def _take(self) -> Message | None:
-        """The next message if the topic has one now, else None (looked for again next time)."""
+        """The next message if the topic has one now, else None (looked for again next time);
+        read again through a storage outage (:mod:`shale.reader.outage`)."""
+        return self._rider.call(self._take_once)
+
+    def _take_once(self) -> Message | None:
         if self._pending is not None:
             pending, self._pending = self._pending, None
             return pending
@@ -324,7 +339,7 @@ class TopicReader(Subscribing):
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return None
-            self._tick()
+            self._rider.call(self._tick)
             time.sleep(self.poll_interval if left is None else min(self.poll_interval, left))
 
     def read(self, limit: int | None = None) -> list[Message]:

@@ -5,8 +5,35 @@
 #   ./scripts/demo.sh --s3 [DIR]    on s3://demo/users in SeaweedFS, a real S3-compatible
 #                                   store started here (its data under DIR/seaweedfs) and
 #                                   stopped when the demo ends, however it ends
+usage() {
+  cat <<'USAGE'
+usage: scripts/demo.sh [--s3] [DIR]
+
+Create a sample topic with many updates per key, compact it, read the compacted view
+back, then add 1% more records and compact again.
+
+  DIR     where the demo keeps its data (default: demo-data in the repository);
+          the topic is DIR/users
+  --s3    run it on s3://demo/users in SeaweedFS, a real S3-compatible store started
+          here (its data under DIR/seaweedfs) and stopped when the demo ends, however
+          it ends (Ctrl-C included)
+  -h, --help  print this and exit
+USAGE
+}
 S3=""
-if [ "${1:-}" = "--s3" ]; then S3=1; shift; fi
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -h|--help) usage; exit 0 ;;
+    --s3) S3=1; shift ;;
+    --) shift; break ;;
+    -*) echo "demo.sh: unknown option $1 (see scripts/demo.sh --help)" >&2; exit 2 ;;
+    *) break ;;
+  esac
+done
+if [ $# -gt 1 ]; then
+  echo "demo.sh: one DIR at most, given $# (see scripts/demo.sh --help)" >&2
+  exit 2
+fi
 if [ -n "$S3" ]; then
   SHALE_EXTRAS="${SHALE_EXTRAS-s3,seaweedfs}"
 else

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 
@@ -35,5 +36,19 @@ def main() -> None:
         out.write(json.dumps(rec) + "\n")
 
 
+def _quietly_gone(code: int) -> None:
+    """End without a word about output nobody reads any more: the reader went away (a
+    pipe closed) or Ctrl-C stopped the pipeline; what is still buffered goes nowhere."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+        sys.stdout.flush()
+    except KeyboardInterrupt:
+        _quietly_gone(130)
+    except BrokenPipeError:
+        _quietly_gone(1)

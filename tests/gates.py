@@ -26,6 +26,8 @@ import importlib, os, runpy, sys, time
 from pathlib import Path
 
 gate = Path(os.environ["SHALE_TEST_GATE"])
+at = int(os.environ.get("SHALE_TEST_HOLD_AT", "0"))  # hold only the call with this number (0: every call)
+calls = [0]
 module, _, name = os.environ["SHALE_TEST_HOLD"].partition(":")
 owner = importlib.import_module(module)
 *path, name = name.split(".")
@@ -34,6 +36,9 @@ for step in path:
 original = getattr(owner, name)
 
 def held(*args, **kwargs):
+    calls[0] += 1
+    if at and calls[0] != at:
+        return original(*args, **kwargs)
     (gate / f"{os.getpid()}.ready").touch()
     while not (gate / "go").exists():
         time.sleep(0.005)
@@ -77,10 +82,12 @@ def start_held_compact(gate: Gate, *args: str, output: int = subprocess.PIPE,
 
 
 def start_held(gate: Gate, script: str, hold: str, *args: str, output: int = subprocess.PIPE,
-               new_session: bool = False) -> subprocess.Popen[str]:
+               new_session: bool = False, at_call: int = 0) -> subprocess.Popen[str]:
     """The console script ``script`` with ``args``, held at ``gate`` whenever it calls
-    ``hold`` (``module:attribute``, e.g. ``shale.maintenance.snapshots:_swapped``)."""
+    ``hold`` (``module:attribute``, e.g. ``shale.maintenance.snapshots:_swapped``), or only
+    at its ``at_call``-th call (from 1; 0: every call)."""
     exe = Path(sys.executable).parent / script
     return subprocess.Popen([sys.executable, "-c", _HELD, str(exe), *args],
-                            env={**os.environ, "SHALE_TEST_GATE": str(gate.folder), "SHALE_TEST_HOLD": hold},
+                            env={**os.environ, "SHALE_TEST_GATE": str(gate.folder), "SHALE_TEST_HOLD": hold,
+                                 "SHALE_TEST_HOLD_AT": str(at_call)},
                             text=True, stdout=output, stderr=output, start_new_session=new_session)

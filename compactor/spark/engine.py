@@ -85,6 +85,7 @@ class SparkSurvivors:
     keys: int
     tombstones_kept: int
     tombstones_dropped: int
+    tombstones_held: int
     keyless_kept: int
     keyless_dropped: int
     footer_bytes: int
@@ -412,6 +413,7 @@ class SparkEngine:
         return SparkSurvivors(
             plan=plan, records_read=reports.records, keys=reports.keys - reports.tombstones - reports.expired,
             tombstones_kept=reports.tombstones - reports.dropped, tombstones_dropped=reports.dropped,
+            tombstones_held=reports.held,
             keyless_kept=reports.keyless if retain else 0, keyless_dropped=0 if retain else reports.keyless,
             footer_bytes=reports.footer_bytes, kept_keyed=reports.kept, map_keys=reports.most_keys,
             map_bytes=reports.most_candidates * candidate_type(config.topic_order).itemsize, rdd=rdd, context=bc,

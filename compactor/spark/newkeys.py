@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shale.compactor.keyfilter import KeyFilter
-from shale.compactor.rules import held_tombstones, tombstone_fate
+from shale.compactor.rules import held_past_retention, held_tombstones, tombstone_fate
 from shale.ledger.errors import ShaleError, TransientStorageError
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE
 from shale.ledger.ordering import decoded_times
@@ -38,10 +38,11 @@ class Settled:
     tombstones: int
     dropped: int  # tombstones past their retention or the key TTL
     expired: int  # live records past the key TTL
+    held: int = 0  # tombstones kept past their retention for subscriptions
 
     def counts(self) -> dict[str, int]:
         return {"keys": self.keys, "tombstones": self.tombstones, "dropped": self.dropped, "expired": self.expired,
-                "kept": int(np.count_nonzero(self.keep))}
+                "kept": int(np.count_nonzero(self.keep)), "held": self.held}
 
 
 def settle(ctx: TaskContext, sp: SplitSpec, f: LedgerFile, present: npt.NDArray[np.bool_] | None,
@@ -83,7 +84,8 @@ def settle(ctx: TaskContext, sp: SplitSpec, f: LedgerFile, present: npt.NDArray[
     since[tomb[~expired]] = first_kept[~expired]
     old_tombs = int(np.count_nonzero(old & is_tomb))
     return Settled(pending, keep, since, len(sure), n_tomb, int(np.count_nonzero(expired)) + old_tombs,
-                   int(np.count_nonzero(old)) - old_tombs)
+                   int(np.count_nonzero(old)) - old_tombs,
+                   held_past_retention(expired, first_kept, ctx.now_ms, ctx.config.delete_retention_ms))
 
 
 def filter_task(ctx: TaskContext, size: int, task_indexes: Iterable[int]) -> Iterator[KeyFilter]:

@@ -56,6 +56,7 @@ class Reports:
     tombstones: int = 0
     dropped: int = 0
     expired: int = 0  # live keys past the key TTL
+    held: int = 0  # tombstones kept past their retention for subscriptions
     kept: int = 0
     most_keys: int = 0  # of one reduce task
     most_candidates: int = 0  # of one reduce task
@@ -78,6 +79,7 @@ class Reports:
                 self.tombstones += int(settled["tombstones"])
                 self.dropped += int(settled["dropped"])
                 self.expired += int(settled["expired"])
+                self.held += int(settled.get("held", 0))
                 self.kept += int(settled["kept"])
                 self.live[i] = self.live.get(i, 0) + int(settled["kept"])
         elif key == STATS_KEY:
@@ -85,6 +87,7 @@ class Reports:
             self.tombstones += int(d["tombstones"])
             self.dropped += int(d["dropped"])
             self.expired += int(d["expired"])
+            self.held += int(d.get("held", 0))
             self.kept += int(d["kept"])
             self.most_keys = max(self.most_keys, int(d["keys"]))
             self.most_candidates = max(self.most_candidates, int(d["candidates"]))

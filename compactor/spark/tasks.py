@@ -44,7 +44,13 @@ from shale.compactor.config import CompactionConfig
 from shale.compactor.keyfilter import KeyFilter
 from shale.compactor.pass_two import Copy, Work, reuse_part, write_parts, write_vectors
 from shale.compactor.plan import Slice
-from shale.compactor.rules import held_tombstones, latest_by_event_time, latest_of_each_key, tombstone_fate
+from shale.compactor.rules import (
+    held_past_retention,
+    held_tombstones,
+    latest_by_event_time,
+    latest_of_each_key,
+    tombstone_fate,
+)
 from shale.compactor.spark.newkeys import settle
 from shale.ledger.codecs import Dictionary, dictionary_source
 from shale.ledger.deletions import read_deletions
@@ -367,7 +373,8 @@ def _reduce_partition(ctx: TaskContext, items: Iterable[tuple[int, bytes]]) -> I
             yield i, kept[a:b].tobytes()
     counts = {"keys": len(win), "tombstones": int(np.count_nonzero(is_tomb)), "dropped": int(expired.sum()) + old_tombs,
               "expired": int(np.count_nonzero(old)) - old_tombs, "kept": len(kept), "candidates": len(cand),
-              "live": live}
+              "live": live,
+              "held": held_past_retention(expired, first_kept, ctx.now_ms, ctx.config.delete_retention_ms)}
     yield STATS_KEY, json.dumps(counts).encode()
 
 

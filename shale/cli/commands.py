@@ -38,6 +38,7 @@ EXIT_CODES: Final = """\
      the key has no value
   6  shale read (and export --start ID): records it had yet to read were removed by
      retention (see shale read --on-gap); every record before them was written
+  7  compact of several topics: some failed, every other one completed (see compact --help)
 130  interrupted (Ctrl-C): stopped within moments; what a run wrote was removed"""
 
 _PRODUCE_CODES: Final = """\
@@ -45,14 +46,16 @@ _PRODUCE_CODES: Final = """\
   1  unexpected failure, or storage that failed on its own (unreachable, an I/O error)
   2  bad usage or input: bad flag, variable or value, bad URI, a bad line or row (named;
      what came before it was appended); access refused
-  3  the topic's ledger list kept changing (many writers at once): what was appended
-     before is kept; run again for the rest
+  3  the topic's ledger list kept changing (many writers at once), or another writer
+     with the same --producer-id registered first: what was appended before is kept;
+     run again for the rest (with --producer-id, what was appended is skipped)
   4  a metadata document (the ledger list, the policy, a dictionary) breaks its schema
 130  interrupted (Ctrl-C): the records read before it are appended, and named"""
 
 _READ_CODES: Final = """\
   0  printed (with --follow: until Ctrl-C)
-  1  unexpected failure, or storage that failed on its own (unreachable, an I/O error)
+  1  unexpected failure, or storage that failed on its own (unreachable, an I/O error;
+     for longer than --retry-for)
   2  bad usage or input: bad flag, variable, position or URI, missing topic, bad
      subscription name, --start for a subscription that exists; access refused
   3  with --subscription: a reset or another reader changed the subscription first (the
@@ -91,10 +94,15 @@ _COMPACT_CODES: Final = """\
   4  corrupt data found: a ledger object failed its checks (the object and position
      are named) or a metadata document broke its schema or invariants (the document
      and field are named); nothing was published or deleted
+  7  several topics (or --all): some failed (an error, or a lost race) and every other one
+     completed; each failed topic is named, with its own code, on standard error, in its
+     --json line and in the last line; the others need no second run
 130  interrupted (Ctrl-C): the run stopped within moments, removed what it wrote and
      published nothing (a second Ctrl-C stops at once, leaving it to gc)
-With several topics, each is compacted and published on its own; the exit code is the
-worst outcome (4, then 1, then 2, then 3)."""
+With several topics, each is compacted and published on its own, whatever the others do,
+and a last line counts them: compacted, nothing to do, skipped, failed (--json: one JSON
+object). When every topic failed, the exit code is the worst of theirs (4, then 1, then
+2, then 3). A prefix without topics yet (--all) is exit 0, with a warning."""
 
 _PRODUCE: Final = (
     'Append records: JSON lines (one object per line: {"key": str|null, "value": str|object|array|null, '
@@ -122,6 +130,15 @@ _EXPORT: Final = (
 #: Every command of ``shale``, in the order its ``--help`` lists them (``compact`` is also
 #: a console script of its own).
 COMMAND_TABLE: Final[dict[str, Command]] = {c.name: c for c in (
+    Command("create", "create a topic, with its own policy (--set NAME=VALUE)",
+            "Create an empty topic at TOPIC_URI, with the policy --set gives it (the settings shale config sets), "
+            "so that its first produce and compaction already run under it: the policy is written first, then the "
+            "topic, and a setting the topic could not work with is refused before anything is written. shale produce "
+            "creates a topic too, without a policy.",
+            "  0  created\n"
+            "  2  bad usage or setting, a topic there already (shale config changes its policy), or one it would\n"
+            "     lie inside or around (nothing is written)\n"
+            "  3  the policy kept changing (other writers)", "shale.cli.maintain:run_create"),
     Command("produce", "append records to a topic (creating it if needed)", _PRODUCE, _PRODUCE_CODES,
             "shale.cli.produce:run_produce"),
     Command("read", "print a topic's records as JSON lines",
@@ -164,15 +181,19 @@ COMMAND_TABLE: Final[dict[str, Command]] = {c.name: c for c in (
             "shale.cli.maintain:run_gc"),
     Command("truncate", "retention: remove the oldest ledgers from a topic",
             "Remove the oldest ledgers of the topic (retention by hand), by one rule: --before-ledger ID (the "
-            "ledgers with ids below ID), --older-than DURATION (the oldest ledgers whose last record is older) or "
-            "--keep-bytes SIZE (the oldest ledgers until at most SIZE is left). By default only ledgers wholly at "
+            "ledgers with ids below ID), --older-than DURATION (the oldest ledgers whose last record is older), "
+            "--keep-bytes SIZE (the oldest ledgers until at most SIZE is left) or --policy (the topic's own retention "
+            "and retention-bytes, as compact applies them after every run). By default only ledgers wholly at "
             "or below the compaction horizon go: the compacted view keeps the latest record of every key, so "
             "nothing a compacted reader sees is lost; --before-ledger past the horizon is refused, and the age and "
             "size rules stop at the horizon. Nor does it remove a ledger an active subscription has yet to read "
-            "(shale subscriptions) unless --allow-unread. A compaction that read them while they were removed "
-            "publishes nothing and exits 3; their objects are deleted by gc once the orphan grace has passed.",
+            "(shale subscriptions) unless --allow-unread. A rule stops at the first ledger something holds back, "
+            "and says what holds it (the horizon, a subscription, a retained or tagged snapshot) and how many ledgers "
+            "past the rule it keeps. A compaction that read them while they were removed publishes nothing and exits "
+            "3; their objects are deleted by gc once the orphan grace has passed.",
             "  0  removed (or, with --dry-run, listed) the ledgers the rule names\n"
-            "  2  bad usage or input: missing topic, ID out of range, ledgers above the horizon\n"
+            "  2  bad usage or input: missing topic, ID out of range, --policy on a topic whose policy\n"
+            "     sets no retention, ledgers above the horizon\n"
             "     without --allow-uncompacted, or ledgers an active subscription has yet to read\n"
             "     without --allow-unread (nothing is removed)\n"
             "  3  the topic kept changing (other writers); safe to run again\n"

@@ -1,7 +1,9 @@
 """``compact`` (also ``shale compact``): :func:`~shale.compactor.run_many.compact_topics` with an
 operator's view of it: one summary line (or JSON line) per topic on standard output,
 events as log lines or JSON on standard error, a progress display on a terminal,
-metrics pushed to a Pushgateway, and the worst outcome as the exit code."""
+metrics pushed to a Pushgateway; with several topics (or ``--all``) a last line counting
+how they ended, and an exit code that says whether some failed while others completed
+(:func:`~shale.cli.errors.run_exit_code`)."""
 
 from __future__ import annotations
 
@@ -14,11 +16,11 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from shale.cli.app import Streams
-from shale.cli.errors import EXIT_CONFLICT, EXIT_OK, EXIT_USAGE, exit_code_of, worst
+from shale.cli.errors import EXIT_CONFLICT, EXIT_OK, exit_code_of, run_exit_code
 from shale.cli.runlog import event, foreign_lines_as_json, logging_to
 from shale.compactor.engine import Engine, engine_for
-from shale.compactor.run_many import NoTopicsError, RunEvent, compact_topics
-from shale.compactor.summary import RunStatus, RunSummary
+from shale.compactor.run_many import RunEvent, compact_topics
+from shale.compactor.summary import FleetSummary, RunStatus, RunSummary
 from shale.ledger.errors import error_line
 from shale.ledger.masking import mask_secrets
 from shale.runtime import interrupts
@@ -56,15 +58,16 @@ def _compact(args: argparse.Namespace, engine: Engine, io: Streams) -> int:
         try:
             summaries = compact_topics(args.settings, engine=engine, on_event=view.tell,
                                        backlog=bool(args.pushgateway), after_publish=_after_publish)
-        except NoTopicsError as e:
-            event(logging.ERROR, "run.done", str(e), topics=0, exit_code=EXIT_USAGE)
-            return EXIT_USAGE
         finally:
             view.close()
-        codes = [summary_exit_code(s) for s in summaries]
-        code = worst(codes)
+        codes = {s.topic: summary_exit_code(s) for s in summaries}
+        code = run_exit_code(list(codes.values()))
+        fleet = FleetSummary.of(summaries)
         event(logging.INFO, "run.done", f"{count(len(codes), 'topic')}, exit code {code}", topics=len(codes),
-              exit_code=code, failed=sum(1 for c in codes if c != EXIT_OK))
+              exit_code=code, **{k: v for k, v in fleet.to_json(codes).items() if k != "topics"})
+        if args.all is not None or len(summaries) > 1:  # (one topic's line says it all)
+            view.print_line(json.dumps({**fleet.to_json(codes), "exit_code": code}, separators=(",", ":"))
+                            if args.json else f"compact: {fleet.human(codes)}; exit code {code}")
         return code
 
 
@@ -109,7 +112,10 @@ class _RunView:
         self.starting: Any = None  # Spark's start-up, on a terminal
 
     def tell(self, e: RunEvent) -> None:
-        if e.kind == "run.start":
+        if e.kind == "run.empty":
+            event(logging.WARNING, "run.empty", f"no topics under {e.topic} yet (a topic is a folder holding "
+                  "_meta/topic.json): nothing to compact", topics=0)
+        elif e.kind == "run.start":
             self.total = e.topics
             event(logging.INFO, "run.start", f"compacting {count(e.topics, 'topic')}", topics=e.topics,
                   engine=self.engine.name, parallel=self.args.parallel)
@@ -156,19 +162,20 @@ class _RunView:
                   status=summary.status, exit_code=code, summary=summary_json(summary))
         line = json.dumps(summary_json(summary), separators=(",", ":")) if self.args.json else (
             None if summary.status is RunStatus.ERROR else summary.human())
-        with self.lock:
-            if line is not None:
-                self._print(line)
+        if line is not None:
+            self.print_line(line)
         if self.args.pushgateway:
             _push(self.args, summary, code, backlog)
 
-    def _print(self, line: str) -> None:
-        # summary lines bound for the terminal the progress display is on go above it
-        if self.bar is not None and self.bar.on_terminal(self.io.out):
-            self.bar.print(line)
-        else:
-            self.io.out.write(line + "\n")
-            self.io.out.flush()
+    def print_line(self, line: str) -> None:
+        """A line on standard output, whole (topics end in threads of their own); above
+        the progress display when it is on the terminal the line is bound for."""
+        with self.lock:
+            if self.bar is not None and self.bar.on_terminal(self.io.out):
+                self.bar.print(line)
+            else:
+                self.io.out.write(line + "\n")
+                self.io.out.flush()
 
     def _stop_spinner(self) -> None:
         if self.starting is not None:
@@ -179,6 +186,7 @@ class _RunView:
         self._stop_spinner()
         if self.bar is not None:
             self.bar.__exit__(None, None, None)
+            self.bar = None
 
 
 def _push(args: argparse.Namespace, summary: RunSummary, code: int, backlog: Backlog | None) -> None:

@@ -9,7 +9,7 @@ failed on its own: 1.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 from shale.ledger.errors import (
@@ -20,12 +20,13 @@ from shale.ledger.errors import (
     InUseError,
     InvalidInputError,
     ObjectNotFoundError,
+    ProducerFencedError,
     StoragePermissionError,
     UnsupportedOperationError,
 )
 
 __all__ = ["EXIT_CONFLICT", "EXIT_CORRUPT", "EXIT_FAILURE", "EXIT_GAP", "EXIT_INTERRUPTED", "EXIT_MISMATCH",
-           "EXIT_NOT_FOUND", "EXIT_OK", "EXIT_USAGE", "exit_code_of", "worst"]
+           "EXIT_NOT_FOUND", "EXIT_OK", "EXIT_SOME_FAILED", "EXIT_USAGE", "exit_code_of", "run_exit_code", "worst"]
 
 EXIT_OK: Final = 0
 #: Unexpected, or storage that failed on its own (unreachable, an I/O error, a full disk).
@@ -43,6 +44,9 @@ EXIT_MISMATCH: Final = 5
 EXIT_NOT_FOUND: Final = 5
 #: A reader's next records were removed (retention) before it read them.
 EXIT_GAP: Final = 6
+#: ``compact`` of several topics: some failed, the others did what was asked (each topic's
+#: own code is in its summary).  A scheduler need not run the others again for them.
+EXIT_SOME_FAILED: Final = 7
 #: Interrupted (128 + SIGINT, as shells report it).
 EXIT_INTERRUPTED: Final = 130
 
@@ -50,7 +54,7 @@ EXIT_INTERRUPTED: Final = 130
 _CODES: Final[tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], int], ...]] = (
     (GapError, EXIT_GAP),
     (CORRUPTION, EXIT_CORRUPT),
-    ((ConflictError, InUseError), EXIT_CONFLICT),
+    ((ConflictError, InUseError, ProducerFencedError), EXIT_CONFLICT),
     (InvalidInputError, EXIT_USAGE),
     # how the command is run, not the data: a file's permissions, S3's access denied
     ((StoragePermissionError, PermissionError), EXIT_USAGE),
@@ -67,6 +71,16 @@ def exit_code_of(e: BaseException) -> int:
     if isinstance(e, KeyboardInterrupt):
         return EXIT_INTERRUPTED
     return next((code for classes, code in _CODES if isinstance(e, classes)), EXIT_FAILURE)
+
+
+def run_exit_code(codes: Sequence[int]) -> int:
+    """The exit code of a run of several topics whose own codes are ``codes``: 0 when every
+    one did what was asked, the worst of them when every one failed (a run of one topic
+    ends as that topic), else :data:`EXIT_SOME_FAILED`: the others completed."""
+    failed = [c for c in codes if c != EXIT_OK]
+    if not failed:
+        return EXIT_OK
+    return worst(failed) if len(failed) == len(codes) else EXIT_SOME_FAILED
 
 
 def worst(codes: Iterable[int]) -> int:

@@ -15,7 +15,8 @@ if TYPE_CHECKING:
     from shale.maintenance.scrub import ScrubReport
     from shale.metadata.topic import TopicMetadata
 
-__all__ = ["run_config", "run_dictionary", "run_gc", "run_rollback", "run_snapshots", "run_truncate", "run_verify"]
+__all__ = ["run_config", "run_create", "run_dictionary", "run_gc", "run_rollback", "run_snapshots", "run_truncate",
+           "run_verify"]
 
 
 def _topic(args: argparse.Namespace) -> TopicMetadata:
@@ -37,19 +38,27 @@ def run_gc(args: argparse.Namespace, io: Streams) -> int:
 
 
 def run_truncate(args: argparse.Namespace, io: Streams) -> int:
-    from shale.maintenance.retention import retention_cut, truncate
+    from shale.maintenance.retention import policy_retention, retention_hold, truncate
 
     meta = _topic(args)
-    before = args.before_ledger
+    if args.policy:
+        for flag in ("allow-uncompacted", "allow-unread", "drop-snapshots"):
+            if args.settings.value(flag):
+                raise InvalidInputError(f"--policy removes what the topic's retention lets go, as compact does: "
+                                        f"--{flag} goes with --before-ledger, --older-than or --keep-bytes")
+        emit(policy_retention(meta, dry_run=args.dry_run), io.out, args.json)
+        return 0
+    before, cut = args.before_ledger, None
     if before is None:  # a rule: as many of the oldest ledgers as it lets go
-        before = retention_cut(meta, older_than_ms=args.older_than, keep_bytes=args.keep_bytes,
-                               allow_uncompacted=args.allow_uncompacted, allow_unread=args.allow_unread,
-                               drop_snapshots=args.drop_snapshots)
+        cut = retention_hold(meta, older_than_ms=args.older_than, keep_bytes=args.keep_bytes,
+                             allow_uncompacted=args.allow_uncompacted, allow_unread=args.allow_unread,
+                             drop_snapshots=args.drop_snapshots)
+        before = cut.before_ledger
     done = truncate(meta, before, allow_uncompacted=args.allow_uncompacted, allow_unread=args.allow_unread,
                     dry_run=args.dry_run, drop_snapshots=args.drop_snapshots)
     if args.before_ledger is None:
         rule = args.settings["older-than" if args.older_than is not None else "keep-bytes"]
-        done = done.by_rule(f"{rule.setting.option} {rule.setting.kind.show(rule.value)}")
+        done = done.by_rule(f"{rule.setting.option} {rule.setting.kind.show(rule.value)}", cut)
     emit(done, io.out, args.json)
     return 0
 
@@ -120,6 +129,21 @@ def run_config(args: argparse.Namespace, io: Streams) -> int:
     else:
         width = max(map(len, shown))
         io.out.write("".join(f"{k.ljust(width)}  {v}\n" for k, v in shown.items()))
+    return 0
+
+
+def run_create(args: argparse.Namespace, io: Streams) -> int:
+    from shale.maintenance.policies import create_topic, parse_assignments, policy_text
+    from shale.metadata.topic import TopicMetadata
+
+    meta = TopicMetadata.open(args.topic, args.metadata)
+    changes, _ = parse_assignments(args.set, ())
+    shown = policy_text(create_topic(meta, changes))
+    if args.json:
+        print_json({"topic": meta.uri, "created": True, "policy": shown}, io.out)
+    else:
+        policy = ", ".join(f"{k}={v}" for k, v in shown.items())
+        io.out.write(f"{meta.uri}: created{', policy ' + policy if policy else ', no policy'}\n")
     return 0
 
 

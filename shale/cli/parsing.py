@@ -95,7 +95,7 @@ def precedence_help(command: str) -> str:
 
 def _epilog(command: str) -> str:
     parts = [f"exit codes:\n{COMMAND_TABLE[command].exit_codes}", precedence_help(command)]
-    if command == "config":
+    if command in ("config", "create"):
         width = max(map(len, POLICY_SETTINGS))
         parts.insert(0, "policy settings (--set NAME=VALUE):\n" + "\n".join(
             textwrap.fill(s.help, 88, initial_indent=f"  {s.name.ljust(width)}  ", subsequent_indent=" " * (width + 4))

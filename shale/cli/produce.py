@@ -34,13 +34,19 @@ def run_produce(args: argparse.Namespace, io: Streams) -> int:
     if fmt == "jsonl" and picked:
         raise InvalidInputError(f"--{picked[0]} picks a column of parquet, arrow or csv input; JSON lines have "
                                 "fixed fields (see shale produce --help)")
+    if args.producer_id is not None:
+        from shale.producer.idempotence import check_producer_id
+
+        check_producer_id(args.producer_id)  # (refused before the topic is read, or made)
     stream, name = _open_input(args.input)
     try:
         topic = Topic.open(args.topic, args.metadata, settings=args.settings)
-        # the compression by the one precedence rule: the flag > the topic's policy > the variable > the default
+        # compression, max-ledger-age and producer-expiry by the one precedence rule: the flag >
+        # the topic's policy > the variable > the default
         writer = TopicWriter(topic, max_ledger_records=args.max_ledger_records,
                              max_ledger_bytes=args.max_ledger_bytes, batch_size=args.batch_size,
-                             compression=topic.value("compression"))
+                             compression=topic.value("compression"), max_ledger_age_ms=topic.value("max-ledger-age"),
+                             producer_id=args.producer_id, producer_expiry_ms=topic.value("producer-expiry"))
         _append_all(writer, stream, name, fmt, args)
     finally:
         if stream is not sys.stdin.buffer:

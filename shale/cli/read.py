@@ -16,10 +16,14 @@ from shale.ledger.errors import InvalidInputError
 from shale.settings.kinds import shown
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from shale.ledger.ids import MessageId
     from shale.metadata.asof import AsOf
     from shale.metadata.topic import TopicMetadata
     from shale.reader import TopicReader
+    from shale.reader.gaps import Gap
+    from shale.reader.outage import Outage
 
 __all__ = ["run_changes", "run_export", "run_get", "run_read"]
 
@@ -94,7 +98,6 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
     from shale.ledger.errors import GapError
     from shale.producer.jsonlines import message_line
     from shale.reader import TopicReader, parse_start
-    from shale.reader.gaps import Gap
     from shale.reader.subscriber import COMMIT_EVERY
 
     start = parse_start(args.start)
@@ -102,11 +105,7 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
     if args.subscription is not None:
         _check_start(args)
 
-    def gone_past(gap: Gap) -> None:  # --on-gap skip or compacted: said on stderr, where it falls in the output
-        io.out.flush()
-        io.err.write(f"shale: warning: {gap.human()}\n")
-        io.err.flush()
-
+    gone_past, outage = _told(io)
     subscribed = args.subscription is not None
     with TopicReader(args.topic, metadata_uri=args.metadata, read_compacted=args.compacted, start=start,
                      follow=args.follow, poll_interval=args.poll_interval / 1000, on_gap=args.on_gap,
@@ -118,7 +117,8 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
                      auto_commit=args.follow and subscribed,
                      commit_every=COMMIT_EVERY if subscribed and not args.follow else None,
                      before_commit=io.out.flush, as_of=as_of, from_snapshot=from_snapshot,
-                     max_batch_bytes=args.max_batch_bytes) as r:
+                     max_batch_bytes=args.max_batch_bytes,
+                     retry_for=None if args.retry_for is None else args.retry_for / 1000, outage_listener=outage) as r:
         if r.subscriber is not None and r.subscriber.expired:
             io.err.write(f"shale: warning: {r.meta.uri}: subscription {r.subscriber.name!r} had expired (no commit "
                          "within the topic's subscription-expiry): it held nothing back meanwhile, so deletes may have "
@@ -147,6 +147,23 @@ def _read_records(args: argparse.Namespace, io: Streams, chunk_bytes: int) -> No
         if r.subscriber is not None:
             r.subscriber.auto = False  # the last commit: closing must not move it past an unprinted record
         _commit(r, io, unprinted, leave=True)
+
+
+def _told(io: Streams) -> tuple[Callable[[Gap], None], Callable[[Outage], None]]:
+    """What a read says on standard error, where it falls in the output: each gap it goes
+    past (--on-gap skip or compacted), each storage outage once as it starts and once as it
+    ends."""
+    def gone_past(gap: Gap) -> None:
+        io.out.flush()
+        io.err.write(f"shale: warning: {gap.human()}\n")
+        io.err.flush()
+
+    def outage(o: Outage) -> None:
+        io.out.flush()
+        io.err.write(f"shale: {'' if o.ended else 'warning: '}{o.human()}\n")
+        io.err.flush()
+
+    return gone_past, outage
 
 
 def _batched(r: TopicReader) -> bool:

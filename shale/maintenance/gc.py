@@ -109,6 +109,11 @@ def collect_garbage(topic: Topic | TopicMetadata, *, now_ms: int | None = None, 
 
     state = _unreference_retired(t, report, now_ms, grace_ms, dry_run, attempts)
     report.orphans_deleted = _orphans(t, state, now_ms, orphan_grace_ms, dry_run)
+    if not dry_run:
+        # a run's folder emptied by this collection goes too (a local folder would keep it)
+        for run in sorted({run_dir_of(o) for o in report.retired_deleted + report.orphans_deleted
+                           if is_compacted_object(_written_name(o.removesuffix(" (unfinished write)")))}):
+            meta.topic.store.remove_empty_folder(meta.topic.key(run))
     return report
 
 

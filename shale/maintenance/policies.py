@@ -15,13 +15,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from shale.ledger.codecs import parse_compression
-from shale.ledger.errors import InvalidInputError
+from shale.ledger.errors import InvalidInputError, InvalidURIError
 from shale.metadata.dictionaries import resolve_compression
 from shale.metadata.policy import TopicPolicy, check_setting
 from shale.metadata.topic import TopicMetadata
 from shale.settings import POLICY_SETTINGS, Setting
 
-__all__ = ["check_workable", "parse_assignments", "policy_text"]
+__all__ = ["check_workable", "create_topic", "parse_assignments", "policy_text"]
 
 
 def _setting(name: str) -> Setting:
@@ -66,3 +66,22 @@ def policy_text(policy: TopicPolicy) -> dict[str, str]:
     values = policy.to_json()
     return {s.name: s.kind.show(s.kind.from_doc(values[s.py_name]))
             for s in POLICY_SETTINGS.values() if s.py_name in values}
+
+
+def create_topic(meta: TopicMetadata, changes: Mapping[str, Any]) -> TopicPolicy:
+    """Create the empty topic ``meta`` describes with the policy fields ``changes``
+    (``shale create``), and return its policy.  Everything is checked before anything is
+    written: the settings, that no topic is there already, that it would not lie inside
+    another topic or around one.  The policy is written before the topic, so that no
+    producer or compaction ever sees the topic without it (a crash in between leaves a
+    policy that creating the topic again completes)."""
+    if meta.exists():
+        raise InvalidInputError(f"{meta.uri}: a topic exists there already (shale config {meta.uri} --set ... "
+                                "changes its policy)")
+    nested = meta.nesting()
+    if nested:
+        raise InvalidURIError(f"cannot create a topic at {meta.uri}: {nested}")
+    check_workable(meta, changes)
+    policy = meta.update_policy(changes) if changes else meta.load_policy()
+    meta.create_topic()
+    return policy

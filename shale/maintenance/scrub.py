@@ -48,6 +48,8 @@ class ScrubReport:
     objects: int = 0
     entries: int = 0
     records: int = 0
+    #: the stored size of every object read whole (its frames and its footer), as the
+    #: progress display and ``shale status`` count bytes
     bytes_checked: int = 0
     #: objects the topic stopped referring to while the scrub ran (collected, truncated)
     gone: int = 0
@@ -86,6 +88,7 @@ def scrub_topic(meta: TopicMetadata, *, max_bytes_per_s: int = 0, progress: Prog
         report.objects += 1
         try:
             _scrub_object(meta, name, ledger_id, kind, report, throttle)
+            report.bytes_checked += size
         except ObjectNotFoundError as e:
             # retired and collected, or truncated, while the scrub ran: gone, not damaged
             if _still_referenced(meta, name):
@@ -119,5 +122,4 @@ def _scrub_object(meta: TopicMetadata, name: str, ledger_id: int | None, kind: i
         f.check_entries(buf, base, np.arange(c0, c1, dtype=np.int64), scratch, key_hashes=True, event_times=True)
         report.entries += c1 - c0
         report.records += int(starts[c1] - starts[c0])
-        report.bytes_checked += len(buf)
         throttle(len(buf))

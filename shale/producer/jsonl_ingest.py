@@ -19,7 +19,8 @@ When the scanner was not built, ``shale produce`` parses line by line (same resu
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import IO, Final
 
@@ -38,6 +39,7 @@ from shale.ledger.record import (
     event_time_in_range,
     validate_record,
 )
+from shale.producer.pipe import chunks, fileno, ready
 from shale.producer.writer import TopicWriter
 from shale.runtime import interrupts
 
@@ -78,66 +80,100 @@ def produce_lines(writer: TopicWriter, stream: IO[bytes], name: str,
                   progress: Callable[[int, int], None] | None = None, chunk_bytes: int = CHUNK_BYTES) -> int:
     """Append the record of every JSON line of ``stream``; return how many.  A bad line
     raises :class:`InvalidInputError` naming ``<name>:<line>`` after every record before
-    it was appended."""
-    from concurrent.futures import Future, ThreadPoolExecutor
+    it was appended.  A writer with a linger seals what it has whenever a wait for more
+    input reaches it (:mod:`shale.producer.pipe`)."""
+    from concurrent.futures import ThreadPoolExecutor
 
     assert _native is not None
-    fd = _fileno(stream)
-    total, first = 0, 1
-    held: RecordColumns | None = None  # the records of an entry not full yet, appended with the next chunk's
-    ahead: tuple[Future[_Scanned], int] | None = None  # the chunk being scanned while the one before is appended
-
-    def append(chunk: _Scanned, first: int, small: bool) -> None:
-        nonlocal total, held
-        cols, error = _records(chunk, first, name, writer)
-        if held is not None:
-            cols, held = _concat(held, cols), None
-        if error is None and small:  # (a big chunk makes whole entries but its last)
-            cols, held = _split(cols, _whole_entries(writer, len(cols)), writer.max_entry_bytes)
-        if len(cols):
-            total += writer.append_batch(cols)
-        if error is not None:
-            raise error
-        if progress is not None:
-            progress(len(cols), len(chunk.data))
-
+    fd = fileno(stream)
     # Input is read here, where an interrupt stops a wait for it; a chunk is scanned on the
     # thread (the scanner lets go of the interpreter lock) while the one before is appended.
     with ThreadPoolExecutor(1, thread_name_prefix="shale-scan") as scanner:
+        feed = _Feed(writer, name, progress, chunk_bytes)
         try:
-            for data in interrupts.interruptible(_chunks(stream, fd, chunk_bytes)):
+            for data in interrupts.interruptible(chunks(stream, fd, chunk_bytes, feed.due if feed.lingers else None)):
+                if not data:  # the linger: what came is sealed before the wait goes on
+                    feed.catch_up()
+                    writer.seal_if_due()
+                    continue
                 scanning = scanner.submit(_scan, data)
-                if ahead is not None:
-                    chunk = ahead[0].result()
-                    append(chunk, ahead[1], len(chunk.data) < chunk_bytes // 4)
-                    first += chunk.lines
-                    ahead = None
-                if _ready(fd):
-                    ahead = scanning, first
+                feed.catch_up()
+                if ready(fd):
+                    feed.ahead = scanning, feed.first
                 else:  # no more input yet: what came is appended before the wait
-                    chunk = scanning.result()
-                    append(chunk, first, len(chunk.data) < chunk_bytes // 4)
-                    first += chunk.lines
-            if ahead is not None:
-                append(ahead[0].result(), ahead[1], False)
+                    feed.append(scanning.result(), feed.first, True)
+            feed.catch_up(small=False)
         except KeyboardInterrupt:
-            if held is not None:  # read and checked: accepted
-                total += writer.append_batch(held)
+            feed.let_go()  # read and checked: accepted
             raise
-    if held is not None:
-        total += writer.append_batch(held)
-    return total
+    feed.let_go()
+    return feed.total
+
+
+class _Feed:
+    """What :func:`produce_lines` has scanned and appended: records appended so far, the
+    number of the next chunk's first line, the records of an entry not full yet held for
+    the next chunk's (never with a linger: what came is sealed in time instead), and the
+    chunk being scanned while the one before is appended."""
+
+    def __init__(self, writer: TopicWriter, name: str, progress: Callable[[int, int], None] | None,
+                 chunk_bytes: int) -> None:
+        self.writer, self.name, self.progress, self.chunk_bytes = writer, name, progress, chunk_bytes
+        self.lingers = writer.linger.max_age_ms > 0
+        self.total, self.first = 0, 1
+        self.held: RecordColumns | None = None
+        self.ahead: tuple[Future[_Scanned], int] | None = None
+
+    def due(self) -> float | None:
+        """Seconds a wait for input may last: none while a chunk waits to be appended."""
+        return 0.0 if self.ahead is not None else self.writer.linger_due()
+
+    def catch_up(self, *, small: bool = True) -> None:
+        """Append the chunk scanned ahead, if any."""
+        if self.ahead is not None:
+            future, first = self.ahead
+            self.ahead = None
+            self.append(future.result(), first, small)
+
+    def append(self, chunk: _Scanned, first: int, small: bool) -> None:
+        cols, error = _records(chunk, first, self.name, self.writer)
+        self.first = first + chunk.lines
+        if self.held is not None:
+            cols, self.held = _concat(self.held, cols), None
+        # (a big chunk makes whole entries but its last)
+        if error is None and small and not self.lingers and len(chunk.data) < self.chunk_bytes // 4:
+            cols, self.held = _split(cols, _whole_entries(self.writer, len(cols)), self.writer.max_entry_bytes)
+        if len(cols):
+            self.total += self.writer.append_batch(cols)
+        if error is not None:
+            raise error
+        if self.progress is not None:
+            self.progress(len(cols), len(chunk.data))
+
+    def let_go(self) -> None:
+        """Append what is held."""
+        if self.held is not None:
+            held, self.held = self.held, None
+            self.total += self.writer.append_batch(held)
 
 
 def append_lines(writer: TopicWriter, stream: IO[bytes], name: str,
                  progress: Callable[[int, int], None] | None = None) -> None:
     """Every line of ``stream`` appended one by one, as :func:`produce_lines` does where the
     scanner was not built (and as it checks itself against): each line read, checked and
-    appended in turn; a bad line raises naming it (``name:LINE``), an interrupt stops
-    between two lines.  ``progress`` is told of each line (1 record, its bytes)."""
+    appended in turn, as it comes; a bad line raises naming it (``name:LINE``), an interrupt
+    stops between two lines.  A writer with a linger seals what it has whenever a wait for
+    more input reaches it (:mod:`shale.producer.pipe`).  ``progress`` is told of each line
+    (1 record, its bytes)."""
     from shale.producer.jsonlines import parse_record_line
+    from shale.producer.pipe import lines
 
-    for n, raw in enumerate(interrupts.interruptible(stream), start=1):
+    n = 0
+    for raw in interrupts.interruptible(lines(stream, CHUNK_BYTES, writer.linger_due)):
+        if not raw:  # the linger: what came is sealed before the wait goes on
+            writer.seal_if_due()
+            continue
+        n += 1
         if progress is not None:
             progress(1, len(raw))
         where = f"{name}:{n}"
@@ -164,54 +200,6 @@ def _whole_entries(writer: TopicWriter, n: int) -> int:
             return done
         done += size
         in_ledger = (in_ledger + size) % writer.max_ledger_records
-
-
-def _chunks(stream: IO[bytes], fd: int | None, size: int) -> Iterator[bytes]:
-    """``stream`` in pieces of about ``size`` bytes that end at a line end (the last one
-    may not); a smaller piece when no more input is there yet (a pipe written slowly), so
-    that lines are appended as they come."""
-    read = getattr(stream, "read1", stream.read)
-    pieces: list[bytes] = []
-    have = 0
-    while True:
-        got = read(max(size - have, 1 << 16))
-        if got:
-            pieces.append(got)
-            have += len(got)
-            if have < size and _ready(fd):
-                continue
-        if not pieces:
-            return
-        data = b"".join(pieces)
-        if not got:  # the end: the last line may lack its line end
-            yield data
-            return
-        cut = data.rfind(b"\n") + 1
-        if cut == 0:  # no line end yet: a line longer than what came so far
-            pieces = [data]
-            continue
-        yield data[:cut] if cut < len(data) else data
-        pieces = [data[cut:]] if cut < len(data) else []
-        have = len(data) - cut
-
-
-def _fileno(stream: IO[bytes]) -> int | None:
-    try:
-        return stream.fileno()
-    except (OSError, AttributeError, ValueError):  # (io.UnsupportedOperation is an OSError)
-        return None
-
-
-def _ready(fd: int | None) -> bool:
-    """Whether more input can be read at once (always, from anything but a pipe or socket)."""
-    if fd is None:
-        return True
-    import select
-
-    try:
-        return bool(select.select([fd], [], [], 0)[0])
-    except (OSError, ValueError):
-        return True
 
 
 def _scan(data: bytes) -> _Scanned:

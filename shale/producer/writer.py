@@ -3,11 +3,13 @@
 Records are batched into entries (``batch_size`` records each, or fewer once they reach
 ``max_entry_bytes``), each compressed with the topic's compression (``compression``, else
 the topic's policy, else zstd level 1), and entries into a ledger object built in memory.
-A ledger is sealed when it reaches ``max_ledger_records`` or ``max_ledger_bytes`` (or on
-:meth:`TopicWriter.flush`): it is uploaded under a unique name, then registered in the
-topic's ledger list with one compare-and-swap.  A writer that loses the race to another writer re-labels its ledger
-with the next free id, uploads it again and retries; ledgers are never lost or
-interleaved.
+A ledger is sealed when it reaches ``max_ledger_records`` or ``max_ledger_bytes``, when
+its oldest record has waited ``max_ledger_age_ms`` (:mod:`shale.producer.linger`), or on
+:meth:`TopicWriter.flush`: it is uploaded under a unique name, then registered in the
+topic's ledger list with one compare-and-swap (with a ``producer_id``, together with the
+producer's mark: :mod:`shale.producer.idempotence`).  A writer that loses the race to
+another writer re-labels its ledger with the next free id, uploads it again and retries;
+ledgers are never lost or interleaved.
 """
 
 from __future__ import annotations
@@ -50,8 +52,10 @@ from shale.metadata.handle import Topic
 from shale.metadata.layout import ledger_object_name
 from shale.metadata.state import LedgerInfo, TopicState
 from shale.producer.columns import DEFAULT_KEY_FIELD, DEFAULT_VALUE_FIELD, Fields, check_event_times, record_columns
+from shale.producer.idempotence import DEFAULT_PRODUCER_EXPIRY_MS, ProducerSequence
+from shale.producer.linger import Linger
+from shale.producer.result import ProduceResult, SealedLedger
 from shale.runtime.cpus import available_cpus
-from shale.settings.units import count
 from shale.storage import Location, StorageOptions
 
 __all__ = ["ProduceResult", "SealedLedger", "TopicWriter"]
@@ -101,58 +105,6 @@ class _Upload:
 def _registered(state: TopicState, names: set[str]) -> LedgerInfo | None:
     """The ledger list's entry for one of ``names`` (this writer's uploads), if any."""
     return next((lg for lg in state.ledgers if lg.object in names), None)
-
-
-@dataclass(frozen=True, slots=True)
-class SealedLedger:
-    """A ledger this writer sealed and registered."""
-
-    id: int
-    object: str
-    records: int
-    entries: int
-    bytes: int
-    first_id: MessageId
-    last_id: MessageId
-
-
-@dataclass(frozen=True, slots=True)
-class ProduceResult:
-    """What a writer appended, in total."""
-
-    topic: str
-    ledgers: tuple[SealedLedger, ...]
-    records: int
-    tombstones: int
-    keyless: int
-
-    @property
-    def first_id(self) -> MessageId | None:
-        return self.ledgers[0].first_id if self.ledgers else None
-
-    @property
-    def last_id(self) -> MessageId | None:
-        return self.ledgers[-1].last_id if self.ledgers else None
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "topic": self.topic,
-            "records": self.records,
-            "ledgers": len(self.ledgers),
-            "bytes": sum(lg.bytes for lg in self.ledgers),
-            "tombstones": self.tombstones,
-            "keyless": self.keyless,
-            "first_id": str(self.first_id) if self.first_id else None,
-            "last_id": str(self.last_id) if self.last_id else None,
-        }
-
-    def human(self) -> str:
-        """One line for a person."""
-        if not self.records:
-            return f"{self.topic}: nothing appended"
-        return (f"{self.topic}: appended {count(self.records, 'record')} ({count(self.tombstones, 'tombstone')}, "
-                f"{self.keyless:,} without a key) in {count(len(self.ledgers), 'ledger')} of "
-                f"{count(sum(lg.bytes for lg in self.ledgers), 'byte')}, ids {self.first_id} to {self.last_id}")
 
 
 def _too_large(cols: RecordColumns, row: int, first: int, limit: int, key: str, value: str) -> str:
@@ -209,6 +161,14 @@ class TopicWriter:
     ``storage_options`` say how to reach the topic's storage
     (:class:`~shale.storage.StorageOptions`; read from the environment when not given).
 
+    ``max_ledger_age_ms`` (None: the topic's ``max-ledger-age`` policy, else 0) seals the
+    ledger once its oldest record has waited that long, when a record is appended or
+    :meth:`seal_if_due` is called (a writer left idle seals nothing by itself).
+    ``producer_id`` makes the writer idempotent: the records it is given are numbered from
+    0, and those an earlier writer with the id registered are skipped
+    (:mod:`shale.producer.idempotence`; its mark is kept ``producer_expiry_ms``, None: the
+    topic's ``producer-expiry`` policy, else 7 days).
+
     >>> with TopicWriter("/tmp/topics/users") as w:          # doctest: +SKIP
     ...     w.append(b"user-1", b"alice@example.com")
     >>> w.result.last_id                                      # doctest: +SKIP
@@ -228,6 +188,9 @@ class TopicWriter:
         register_attempts: int = 50,
         clock: Callable[[], float] = time.time,
         storage_options: StorageOptions | None = None,
+        max_ledger_age_ms: int | None = None,
+        producer_id: str | None = None,
+        producer_expiry_ms: int | None = None,
     ) -> None:
         if max_ledger_records < 1 or max_ledger_bytes < 1 or batch_size < 1 or max_entry_bytes < 1:
             raise InvalidInputError("max ledger records, max ledger bytes, max entry bytes and batch size must be >= 1")
@@ -235,8 +198,11 @@ class TopicWriter:
         self.meta = topic.meta
         if isinstance(compression, str):
             compression = parse_compression(compression)
-        self._compression = resolve_compression(
-            self.meta, compression or topic.policy.compression or DEFAULT_COMPRESSION)
+        policy = topic.policy
+        self._compression = resolve_compression(self.meta, compression or policy.compression or DEFAULT_COMPRESSION)
+        #: seals the ledger once its oldest record has waited this long
+        self.linger = Linger(max_ledger_age_ms if max_ledger_age_ms is not None
+                             else int(policy.get("max_ledger_age_ms") or 0))
         self.max_entry_bytes = max_entry_bytes
         self._batch_bytes = 0
         self.max_ledger_records = max_ledger_records
@@ -246,6 +212,10 @@ class TopicWriter:
         self.register_attempts = register_attempts
         self._clock = clock
         self._state: TopicState = _existing(topic) or self.meta.create_topic()
+        #: the idempotent producer's numbering (None: not idempotent)
+        self.sequence = None if producer_id is None else ProducerSequence.open(
+            producer_id, self._state, int(clock() * 1000), producer_expiry_ms if producer_expiry_ms is not None
+            else int(policy.get("producer_expiry_ms") or DEFAULT_PRODUCER_EXPIRY_MS))
         self._batch: list[Record] = []
         self._buf: io.BytesIO | None = None
         self._ledger: LedgerWriter | None = None
@@ -304,6 +274,9 @@ class TopicWriter:
             raise InvalidInputError(f"publish time {record.publish_time} is after year 9999 "
                                     f"({EVENT_TIME_MAX_MS} ms)")
         check_record_size(record, self.max_record_bytes)
+        if self.sequence is not None and self.sequence.give(1):
+            return  # appended before, by an earlier writer with this producer id
+        self.linger.pending()
         self._batch.append(record)
         # (an upper bound of the record's encoded size: exact sizes are known once encoded)
         self._batch_bytes += 32 + _size(record.key) + _size(record.value) + sum(
@@ -318,6 +291,7 @@ class TopicWriter:
         if (len(self._batch) >= self.batch_size or self._batch_bytes >= self.max_entry_bytes
                 or in_ledger + len(self._batch) >= self.max_ledger_records):
             self._flush_batch()
+        self.seal_if_due()
 
     def append_batch(self, data: Any, *, key: str = DEFAULT_KEY_FIELD, value: str = DEFAULT_VALUE_FIELD,
                      properties: str | None = None, event_time: str | None = None) -> int:
@@ -350,17 +324,22 @@ class TopicWriter:
             first += len(cols)
         self._flush_batch()  # records appended one by one before come first
         for enc in encoded:
-            self._add_encoded(enc)
+            self._add_encoded(enc, 0 if self.sequence is None else self.sequence.give(len(enc.offsets)))
+        self.seal_if_due()
         return first
 
-    def _add_encoded(self, enc: EncodedColumns) -> None:
+    def _add_encoded(self, enc: EncodedColumns, skip: int = 0) -> None:
+        """Add the records of ``enc`` but its first ``skip`` (appended before by this
+        producer id) as entries."""
         n = len(enc.offsets)
-        self._keyless += int(np.count_nonzero((enc.flags & FLAG_HAS_KEY) == 0))
-        self._tombstones += int(np.count_nonzero(enc.flags == FLAG_HAS_KEY | FLAG_TOMBSTONE))
+        if skip < n:
+            self.linger.pending()
+        self._keyless += int(np.count_nonzero((enc.flags[skip:] & FLAG_HAS_KEY) == 0))
+        self._tombstones += int(np.count_nonzero(enc.flags[skip:] == FLAG_HAS_KEY | FLAG_TOMBSTONE))
         # Entry boundaries first, counting as if no ledger were sealed early for its size
         # (an early seal only leaves more room: no entry can overflow a ledger).
         bounds: list[tuple[int, int]] = []
-        i, in_ledger = 0, self._ledger.n_records if self._ledger is not None else 0
+        i, in_ledger = skip, self._ledger.n_records if self._ledger is not None else 0
         while i < n:
             j = entry_end(enc, i, min(self.batch_size, self.max_ledger_records - in_ledger), self.max_entry_bytes)
             bounds.append((i, j))
@@ -387,7 +366,11 @@ class TopicWriter:
             self._ledger = LedgerWriter(self._buf, kind=KIND_ORIGINAL, ledger_id=self._next_label(),
                                         created_ms=int(self._clock() * 1000), compression=self.compression)
             self._first_publish = first_publish
+            self.linger.pending()  # (after a seal inside a batch, the rest of it waits from now)
+        before = self._ledger.n_records
         self._ledger.add_entry(entry, compressed=compressed)
+        if self.sequence is not None:
+            self.sequence.end += self._ledger.n_records - before
         self._last_publish = max(self._last_publish, entry.publish_time)
         if (self._ledger.n_records >= self.max_ledger_records
                 or self._ledger.estimated_size >= self.max_ledger_bytes):
@@ -398,6 +381,18 @@ class TopicWriter:
         self._flush_batch()
         if self._ledger is not None:
             self._seal()
+        self.linger.sealed()
+
+    def linger_due(self) -> float | None:
+        """Seconds until what was appended must be sealed (0: now; None: nothing was, or
+        the writer has no ``max_ledger_age_ms``)."""
+        return self.linger.due()
+
+    def seal_if_due(self) -> None:
+        """Seal and register what was appended if its oldest record has waited
+        ``max_ledger_age_ms`` (what a loop that also waits for other things calls)."""
+        if self.linger.due() == 0.0:
+            self.flush()
 
     # ------------------------------------------------------------------- sealing
 
@@ -433,6 +428,8 @@ class TopicWriter:
             MessageId(lid, ledger.n_entries - 1, ledger.last_entry_records - 1),
         ))
         self._ledger = self._buf = None
+        if not self._batch:
+            self.linger.sealed()
 
     def _with_ledger(self, ledger: LedgerWriter, upload: _Upload, state: TopicState) -> TopicState | None:
         """The ledger list ``state`` with the ledger uploaded as its next free id (the change
@@ -448,6 +445,9 @@ class TopicWriter:
         topic = self.meta.topic
         upload.drop_pending(topic)  # the last attempt lost its race: nothing names its upload
         lid = state.last_ledger_id + 1
+        now_ms = int(self._clock() * 1000)
+        # (before the upload: a writer fenced off by another with its producer id uploads nothing)
+        mark = None if self.sequence is None else self.sequence.mark(state, lid, ledger.n_records, now_ms)
         if lid != upload.label:
             upload.data, upload.label = relabel_ledger(upload.data, lid), lid
         name = ledger_object_name(lid, upload.nonce)
@@ -455,19 +455,19 @@ class TopicWriter:
         upload.pending = name
         uploaded = time.monotonic()
         info = LedgerInfo(lid, name, ledger.n_entries, ledger.n_records, len(upload.data),
-                          self._first_publish, self._last_publish, int(self._clock() * 1000),
-                          len(upload.data) + ledger.bytes_saved)
+                          self._first_publish, self._last_publish, now_ms, len(upload.data) + ledger.bytes_saved)
         if time.monotonic() - uploaded > UNREGISTERED_MAX_AGE_S:
             raise ConflictError("upload too old to register safely")
-        return self.meta.appended(state, info)
+        return self.meta.appended(state, info, mark, None if self.sequence is None else self.sequence.expiry_ms)
 
     # --------------------------------------------------------------------- closing
 
     @property
     def result(self) -> ProduceResult:
+        seq = self.sequence
         return ProduceResult(self.meta.uri, tuple(self._sealed), self._records - len(self._batch)
                              - (self._ledger.n_records if self._ledger else 0), self._tombstones,
-                             self._keyless)
+                             self._keyless, None if seq is None else seq.id, 0 if seq is None else seq.skipped)
 
     def close(self) -> ProduceResult:
         """Flush and stop accepting records; return what was appended."""

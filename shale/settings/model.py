@@ -38,8 +38,8 @@ __all__ = ["COMMANDS", "ENV_PREFIX", "POLICY_SETTINGS", "SETTINGS", "VARIABLES",
 ENV_PREFIX: Final = "SHALE_"
 
 #: Every command, in the order ``shale --help`` lists them.
-COMMANDS: Final = ("produce", "read", "get", "export", "changes", "status", "compact", "gc", "truncate", "snapshots",
-                   "rollback",
+COMMANDS: Final = ("create", "produce", "read", "get", "export", "changes", "status", "compact", "gc", "truncate",
+                   "snapshots", "rollback",
                    "config", "topics", "subscriptions", "exporter", "verify", "dictionary")
 #: The commands about one topic, named by a ``TOPIC_URI`` and ``--metadata``.
 _ONE_TOPIC: Final = frozenset(COMMANDS) - {"compact", "topics", "exporter"}
@@ -120,6 +120,7 @@ def _s(name: str, kind: Kind, help: str, commands: frozenset[str] | set[str], **
 
 
 _JSON_HELP: Final = (("compact", "print one JSON line per topic instead of a summary"),
+                     ("create", "print one JSON document instead of text"),
                      ("status", "print one JSON document instead of text"),
                      ("config", "print one JSON document instead of text"),
                      ("topics", "print one JSON line per topic instead of a table"),
@@ -175,6 +176,17 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        default=64 << 20),
     _s("batch-size", Whole(1), "records per entry (as Pulsar batches; fewer once they come to 1 MiB)", {"produce"},
        default=1000),
+    _s("max-ledger-age", Duration(), "seal what was appended once its oldest record has waited this long, however "
+       "slowly the input comes, so that a follower sees every record within this plus its poll interval (Kafka's "
+       "linger.ms); each seal is one ledger: one object and one swap of the ledger list (0: by size and at the end "
+       "only)", {"produce"}, flag="--linger", default=0, policy=True, field="max_ledger_age_ms"),
+    _s("producer-id", Text(), "make a retried produce skip what an earlier run with this id appended: the records "
+       "of the input are numbered from 0, and those below the number the id last registered (with its ledger, in "
+       "one swap) are skipped, as Kafka's idempotent producer does; give each input its own id (its file name and "
+       "date, say): a prefix is skipped by position, not by content", {"produce"}, metavar="ID"),
+    _s("producer-expiry", Duration(), "how long what a producer id registered is kept after its last ledger; a run "
+       "with the id after that appends everything again", {"produce"}, default=7 * 24 * 3_600_000, policy=True,
+       field="producer_expiry_ms"),
     _s("compression", Codec(),
        "how entries are compressed: none, lz4, zstd (level 1), zstd:LEVEL (1-22), or zstd-dict[:LEVEL] (zstd with "
        "the topic's newest trained dictionary: shale dictionary --train)", {"produce", "compact"},
@@ -213,6 +225,10 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
     _s("follow", Switch(), "keep reading as new ledgers are registered (Ctrl-C ends it, exit code 0)", {"read"},
        default=False),
     _s("poll-interval", Duration(), "with --follow: how often to look for new ledgers", {"read"}, default=1000),
+    _s("retry-for", Duration(), "ride out storage outages: a read that finds storage unreachable (after its own "
+       "retries) tries again, waiting twice as long each time from --poll-interval up to 30s, for this long before "
+       "it gives up (exit 1); each outage is said once when it starts and once when it ends", {"read"},
+       default_text="with --follow: until storage is back; otherwise 0, only the store's own retries"),
     _s("value-format", Choice(("text", "json")), _VALUE_FORMAT_HELP, {"read", "get", "changes"}, default="text"),
     _s("on-gap", Choice(("error", "skip", "compacted")), _GAP_HELP, {"read"}, default="error"),
     _s("subscription", Text(), "read as this durable subscription: start where it last committed (a new one is "
@@ -281,10 +297,12 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
     _s("max-tombstone-hold", Duration(), "drop a tombstone past the delete retention that has been kept this long "
        "whatever the subscriptions that have yet to read it (0: subscriptions hold no tombstone back)", _COMPACT,
        default=30 * 24 * 3_600_000, policy=True, field="max_tombstone_hold_ms"),
-    _s("retention", Duration(), "after each publish, remove ledgers wholly below the horizon and older than this",
-       set(), policy=True, field="retention_ms"),
-    _s("retention-bytes", Size(), "after each publish, remove the oldest ledgers below the horizon beyond this many "
-       "bytes", set(), policy=True),
+    _s("retention", Duration(), "after each compact run, whatever it found to do, and with shale truncate --policy: "
+       "remove the ledgers wholly below the horizon and older than this that no active subscription or retained "
+       "snapshot needs", set(), policy=True, field="retention_ms"),
+    _s("retention-bytes", Size(), "after each compact run, whatever it found to do, and with shale truncate "
+       "--policy: remove the oldest ledgers below the horizon beyond this many bytes that no active subscription or "
+       "retained snapshot needs", set(), policy=True),
     _s("snapshot-retention", Whole(1, 1000), "keep the newest N compacted views readable, the published one included "
        "(shale read --as-of, shale rollback; 1: only the published one), with every object they read and the ledgers "
        "above their horizons; tagged views (shale snapshots --tag) are kept besides", {"compact", "rollback"},
@@ -354,6 +372,9 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        "retention.ms)", {"truncate"}, group="rule", required=True),
     _s("keep-bytes", Size(), "remove the oldest ledgers until at most SIZE of ledgers is left (retention.bytes)",
        {"truncate"}, group="rule", required=True),
+    _s("policy", Switch(), "remove what the topic's own retention lets go (its policy's retention and "
+       "retention-bytes, shale config), as compact does after every run: never past the horizon, nor what an active "
+       "subscription or a retained snapshot needs", {"truncate"}, default=False, group="rule", required=True),
     _s("allow-uncompacted", Switch(), "also remove ledgers with records above the horizon, which no compaction has "
        "kept: those records are lost (the report says how many)", {"truncate"}, default=False),
     _s("allow-unread", Switch(), "also remove ledgers an active subscription has not read yet: it meets a gap "
@@ -414,8 +435,9 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
     _s("once", Switch(), "read once, print the metrics in Prometheus's text format and exit (for a textfile "
        "collector, or to look)", {"exporter"}, default=False),
     # -------------------------------------------------------------- config, dictionary
-    _s("set", Text(), "set a policy setting, e.g. delete-retention=7d (repeatable)", {"config"}, many=True,
-       metavar="NAME=VALUE"),
+    _s("set", Text(), "set a policy setting, e.g. delete-retention=7d (repeatable)", {"config", "create"}, many=True,
+       metavar="NAME=VALUE", help_for=(("create", "the new topic's policy: a policy setting, e.g. retention=7d "
+                                        "(repeatable)"),)),
     _s("unset", Text(), "remove a policy setting: the run's own value applies again (repeatable)", {"config"},
        many=True, metavar="NAME"),
     _s("train", Switch(), "train a new dictionary and register it", {"dictionary"}, default=False),

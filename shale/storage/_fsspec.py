@@ -6,7 +6,10 @@ writes and refuse them all; keep the metadata on S3 or a local folder with ``--m
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import posixpath
+import sys
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -186,10 +189,34 @@ def fsspec_factory(scheme: str) -> Callable[[str, StorageOptions], ObjectStore]:
         raise InvalidURIError(f"unknown URI scheme {scheme!r}")
 
     def factory(netloc: str, options: StorageOptions) -> ObjectStore:
-        try:
-            fs = fsspec.filesystem(scheme, **options.fsspec_options(scheme))
-        except ImportError as e:
-            raise UnsupportedOperationError(f"{scheme}:// needs an extra package: {e}") from e
-        return FsspecStore(fs, scheme, netloc)
+        with _quiet_finalizers() as failed:
+            try:
+                fs = fsspec.filesystem(scheme, **options.fsspec_options(scheme))
+            except ImportError as e:
+                raise UnsupportedOperationError(f"{scheme}:// needs an extra package: {e}") from e
+            except Exception as e:  # a filesystem that needs what a URI does not give (ftp://'s host, ...)
+                # (a library's own words, without the Python names in them)
+                why = str(e) if isinstance(e, OSError | ValueError) else "it needs settings a URI does not give"
+                failed.append(True)
+            else:
+                return FsspecStore(fs, scheme, netloc)
+        raise InvalidURIError(f"{scheme}:// storage cannot be opened from a URI alone ({why}); Shale reads and "
+                              "writes s3:// and local folders, and fsspec filesystems that need no settings")
 
     return factory
+
+
+@contextlib.contextmanager
+def _quiet_finalizers() -> Iterator[list[bool]]:
+    """A filesystem whose making failed (the block says so in the list it is given) is let
+    go within the block, and what its finalizer says about being half made (fsspec's FTP
+    one raises) kept off standard error."""
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda _: None
+    failed: list[bool] = []
+    try:
+        yield failed
+    finally:
+        if failed:
+            gc.collect()  # (one held in a reference cycle goes now, not at some later collection)
+        sys.unraisablehook = hook

@@ -368,6 +368,18 @@ class LocalStore(ObjectStore):
         with _errors(path), contextlib.suppress(FileNotFoundError), _folder(folder) as dir_fd:
             _unlink(dir_fd, name, path)
 
+    def remove_empty_folder(self, prefix: str) -> None:
+        """Remove the folder ``prefix`` if it is empty; anything else (a folder with
+        something in it, a link, a file, nothing) is left as it is."""
+        path = self._path(prefix.rstrip("/"))
+        parent, name = os.path.split(path)
+        with contextlib.suppress(FileNotFoundError, NotAnObjectError), _errors(path), _folder(parent) as dir_fd:
+            try:
+                os.rmdir(name, dir_fd=dir_fd)  # (never through a link: rmdir of a link fails)
+            except OSError as e:
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.ENOENT):
+                    raise
+
     def _walk(self, prefix: str, temporary: bool) -> list[ObjectInfo]:
         """Regular files under ``prefix`` in key order: objects, or (``temporary``) the
         temporary files of writes that were never finished.  A prefix that is missing,

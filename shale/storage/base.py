@@ -226,6 +226,12 @@ class ObjectStore(ABC):
         is."""
         return self
 
+    def remove_empty_folder(self, prefix: str) -> None:
+        """Remove the folder ``prefix`` if nothing is left in it (a compaction run's folder
+        once its objects are deleted).  Object stores keep no folders: the default does
+        nothing; a store with real folders removes an empty one, never anything else."""
+        return None
+
     def unfinished_writes(self, prefix: str) -> Iterator[ObjectInfo]:
         """Writes under ``prefix`` that were started and never finished or aborted — a
         killed writer's temporary file, an incomplete multipart upload.  ``mtime`` is

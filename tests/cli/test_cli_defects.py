@@ -17,6 +17,7 @@ import pytest
 from shale.compactor import CompactionConfig, Compactor
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
+from tests.conftest import run_cli
 from tests.needs import need_module
 
 
@@ -55,6 +56,17 @@ def test_a_uri_with_one_slash_is_bad_usage_naming_it(capsys: pytest.CaptureFixtu
     code, out, err = run(capsys, *argv)
     assert code == 2 and out == ""
     one_line(err, "s3:/bucket/x")
+
+
+@pytest.mark.parametrize("uri", ["ftp://x/y", "webhdfs://x/y"])
+def test_a_filesystem_a_uri_alone_cannot_open_is_one_line(uri: str) -> None:
+    """fsspec knows the scheme but its filesystem needs settings a URI does not give (a
+    host): one line naming the scheme, exit 2, and nothing of the half-made filesystem's
+    own complaints (FTP's finalizer raises) or of Python's names."""
+    r = run_cli("read", uri)
+    assert r.returncode == 2 and r.stdout == ""
+    one_line(r.stderr, f"{uri.split('/')[0]}// storage cannot be opened")
+    assert not any(word in r.stderr for word in ("Error", "Exception", "FileSystem", "__")), r.stderr
 
 
 def test_exports_compression_is_checked_and_read_from_a_variable_of_its_own(

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from shale.compactor import RunEvent, compact_topics
-from shale.compactor.run_many import NoTopicsError
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.settings import resolve
@@ -63,8 +62,9 @@ def test_one_topics_failure_is_its_summary_and_a_bad_choice_is_raised(tmp_path: 
     summaries = compact_topics({"topics": [missing, good]})
     assert [s.status for s in summaries] == ["error", "compacted"]
     assert "no topic" in str(summaries[0].error) and isinstance(summaries[0].failure, FileNotFoundError)
-    with pytest.raises(NoTopicsError, match="no topics under"):
-        compact_topics({"all": str(tmp_path / "empty")})
+    seen: list[RunEvent] = []
+    assert compact_topics({"all": str(tmp_path / "empty")}, on_event=seen.append) == []  # none yet: no error
+    assert [(e.kind, e.topic) for e in seen] == [("run.empty", str(tmp_path / "empty"))]
     with pytest.raises(ValueError, match="not both"):
         compact_topics({"topics": [good], "all": str(tmp_path)})
     with pytest.raises(ValueError, match="no topic given"):

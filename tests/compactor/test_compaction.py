@@ -431,13 +431,19 @@ def test_compact_cli_exit_codes(disk_topic_uri: str, tmp_path: object) -> None:
     assert h.returncode == 0 and "exit codes" in h.stdout and "lost the publish race" in h.stdout
 
 
-def test_compact_several_topics_reports_worst(disk_topic_uri: str) -> None:
+def test_compact_several_topics_reports_each_and_some_failed(disk_topic_uri: str) -> None:
     lines = "".join(json.dumps({"key": f"k{i % 3}", "value": "v"}) + "\n" for i in range(30))
     run_cli_here("produce", disk_topic_uri, input=lines)
-    p = run_cli_here("--json", disk_topic_uri, disk_topic_uri + "-missing", script="compact")
-    out = [json.loads(x) for x in p.stdout.splitlines()]
+    missing = disk_topic_uri + "-missing"
+    p = run_cli_here("--json", disk_topic_uri, missing, script="compact")
+    *out, run = [json.loads(x) for x in p.stdout.splitlines()]
     assert [o["status"] for o in out] == ["compacted", "error"]
-    assert p.returncode == 2 and "no topic" in out[1]["error"]
+    assert "no topic" in out[1]["error"] and out[1]["exit_code"] == 2
+    # one topic failed, the other completed: 7, the failed one named with its own code
+    assert p.returncode == 7 and run["failed_topics"] == [{"topic": missing, "exit_code": 2}]
+    # every topic failed: the worst of their codes
+    p = run_cli_here("--json", missing, missing + "-too", script="compact")
+    assert p.returncode == 2
 
 
 def test_status_dirty_ratio_is_the_one_compact_uses(topic_uri: str) -> None:

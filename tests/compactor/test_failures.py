@@ -73,16 +73,17 @@ def test_corrupt_ledger_fails_the_run_and_publishes_nothing(topic_uri: str, wher
     assert list(meta.topic.store.list(meta.topic.key("compacted"))) == []
 
 
-def test_corrupt_ledger_exit_code_4_and_other_topics_still_compact(tmp_path: Path) -> None:
+def test_a_corrupt_ledger_is_its_topics_exit_code_4_and_other_topics_still_compact(tmp_path: Path) -> None:
     bad, good = str(tmp_path / "bad"), str(tmp_path / "good")
     _produce(bad)
     _produce(good)
     meta = TopicMetadata.open(bad)
     name = _flip_live_entry(meta)
     p = run_cli("--json", bad, good, script="compact")
-    assert p.returncode == 4
-    out = [json.loads(x) for x in p.stdout.splitlines()]
+    assert p.returncode == 7  # some topics failed, the others completed; the failed one's own code is 4
+    *out, run = [json.loads(x) for x in p.stdout.splitlines()]
     assert out[0]["status"] == "error" and name in out[0]["error"] and "checksum" in out[0]["error"]
+    assert out[0]["exit_code"] == 4 and run["failed_topics"] == [{"topic": bad, "exit_code": 4}]
     assert out[1]["status"] == "compacted"
     p = run_cli(bad, script="compact")
     assert p.returncode == 4 and len(p.stderr.strip().splitlines()) == 1 and name in p.stderr

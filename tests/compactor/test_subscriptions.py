@@ -223,6 +223,32 @@ def test_max_tombstone_hold_bounds_a_subscriber_that_never_moves(tmp_path: Path)
     assert (s.tombstones_dropped, s.tombstones_kept) == (1, 0)
 
 
+def test_the_summary_counts_the_tombstones_held_for_subscriptions(tmp_path: Path) -> None:
+    """The run's summary says how many of the tombstones it kept are past their delete
+    retention, kept only for a subscription that has yet to read them."""
+    uris = {name: str(tmp_path / name) for name in ("subscribed", "alone")}
+    clock = Clock(time.time())
+    config = CompactionConfig(delete_retention_ms=HOUR, collect_garbage=False)
+    for name, uri in uris.items():
+        produce(uri, clock, {}, [("a", "1"), ("b", "2"), ("c", "3"), ("a", None), ("b", None)])
+        if name == "subscribed":
+            Subscriptions(TopicMetadata.open(uri), clock=clock).create("slow", MIN_ID, now_ms=ms(clock))
+        first = Compactor(uri, config, clock=clock).run()
+        assert (first.tombstones_kept, first.tombstones_held) == (2, 0)  # within their retention
+    clock.advance(2 * HOUR / 1000)
+    runs = {}
+    for name, uri in uris.items():
+        produce(uri, clock, {}, [("c", None), ("d", "4")])
+        runs[name] = Compactor(uri, config, clock=clock).run()
+    held = runs["subscribed"]
+    assert (held.tombstones_kept, held.tombstones_held, held.tombstones_dropped) == (3, 2, 0)
+    assert "tombstones kept 3 (2 held for subscriptions) dropped 0" in held.human()
+    assert held.to_json()["tombstones_held"] == 2
+    alone = runs["alone"]
+    assert (alone.tombstones_kept, alone.tombstones_held, alone.tombstones_dropped) == (1, 0, 2)
+    assert "held for subscriptions" not in alone.human()
+
+
 def test_a_subscription_inside_a_compacted_part_holds_only_the_tombstones_after_it(tmp_path: Path) -> None:
     """The hold starts at the subscription's position, found in a compacted part's footer
     when it falls inside one: the tombstones before it go with their retention."""

@@ -70,14 +70,21 @@ def _stop_leftovers(folder: Path) -> None:
             os.kill(int(found.split(":", 1)[0]), signal.SIGTERM)
 
 
-def _demo_waiting_in_compact(tmp_path: Path) -> tuple[subprocess.Popen[str], list[str]]:
+#: Stand-ins for the demo's commands: each says it started and sleeps (``shale``, fed by
+#: the sample records, first takes a byte of them, so the pipe is flowing).
+_STAND_INS = {"compact": 'echo "compact: started"\nexec sleep 600\n',
+              "shale": 'head -c 1 >/dev/null\necho "shale: started"\nexec sleep 600\n'}
+
+
+def _demo_waiting_in_compact(tmp_path: Path, command: str = "compact") -> tuple[subprocess.Popen[str], list[str]]:
     """``demo.sh --s3`` started in a process group of its own, once it waits for its first
-    ``compact``: a stand-in that says so and sleeps, so that a signal finds the script
-    waiting for a command, as Ctrl-C does in a long step (not between two commands)."""
+    ``compact`` (or ``shale``, the first being the ``produce`` fed by the sample records):
+    a stand-in that says so and sleeps, so that a signal finds the script waiting for a
+    command, as Ctrl-C does in a long step (not between two commands)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "compact").write_text('#!/bin/sh\necho "compact: started"\nexec sleep 600\n')
-    (bin_dir / "compact").chmod(0o755)
+    (bin_dir / command).write_text(f"#!/bin/sh\n{_STAND_INS[command]}")
+    (bin_dir / command).chmod(0o755)
     env = _env()
     env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
     proc = subprocess.Popen(["bash", str(DEMO), "--s3", str(tmp_path / "demo")], stdout=subprocess.PIPE,
@@ -86,11 +93,11 @@ def _demo_waiting_in_compact(tmp_path: Path) -> tuple[subprocess.Popen[str], lis
     assert proc.stdout is not None
     for line in proc.stdout:
         seen.append(line)
-        if line.startswith("compact: started"):
+        if line.startswith(f"{command}: started"):
             break
     else:
         proc.wait(timeout=60)
-        raise AssertionError(f"the demo ended before it compacted: {''.join(seen)}")
+        raise AssertionError(f"the demo ended before it ran {command}: {''.join(seen)}")
     running = _processes_naming(tmp_path / "demo")
     assert any("weed" in c for c in running), running
     return proc, seen
@@ -108,6 +115,39 @@ def test_demo_on_s3_stops_seaweedfs_when_interrupted(tmp_path: Path) -> None:
             proc.wait()
     assert proc.returncode == 130, f"{''.join(seen)}{out}"
     assert _processes_naming(tmp_path / "demo") == [], f"{''.join(seen)}{out}"
+
+
+def test_ctrl_c_while_the_demo_produces_prints_no_traceback(tmp_path: Path) -> None:
+    """Ctrl-C reaches the sample records' writer too, in the middle of a write to a pipe
+    whose reader is going: the demo ends with 130 and one line, no Python traceback nor a
+    broken pipe's complaint."""
+    proc, seen = _demo_waiting_in_compact(tmp_path, "shale")
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            _stop_leftovers(tmp_path / "demo")
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, f"{''.join(seen)}{out}"
+    for word in ("Traceback", "Error", "Exception", "lost sys.stderr"):
+        assert word not in out, out
+    assert _processes_naming(tmp_path / "demo") == [], f"{''.join(seen)}{out}"
+
+
+def test_demo_help_says_how_to_run_it_and_does_nothing_else(tmp_path: Path) -> None:
+    for flag in ("--help", "-h"):
+        r = subprocess.run(["bash", str(DEMO), flag], capture_output=True, text=True, env=_env(), timeout=60,
+                           cwd=tmp_path)
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        assert r.stdout.startswith("usage: scripts/demo.sh [--s3] [DIR]\n") and "--s3" in r.stdout
+    for args in (["--bogus"], ["a", "b"], ["--s3", "--nope"]):
+        r = subprocess.run(["bash", str(DEMO), *args], capture_output=True, text=True, env=_env(), timeout=60,
+                           cwd=tmp_path)
+        assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+        assert "scripts/demo.sh --help" in r.stderr
+    assert list(tmp_path.iterdir()) == [] and not (ROOT / "--help").exists() and not (ROOT / "-h").exists()
 
 
 def test_seaweedfs_stops_when_the_demo_is_killed_outright(tmp_path: Path) -> None:

@@ -207,7 +207,7 @@ def test_cronjob_schedule_retries_and_deadlines(overlay: str, rendered: Render) 
     rules = job["podFailurePolicy"]["rules"]
     fail = [r for r in rules if r["action"] == "FailJob"]
     assert len(fail) == 1
-    assert fail[0]["onExitCodes"] == {"containerName": "compact", "operator": "In", "values": [2, 3, 4]}
+    assert fail[0]["onExitCodes"] == {"containerName": "compact", "operator": "In", "values": [2, 3, 4, 7]}
     ignore = [r for r in rules if r["action"] == "Ignore"]
     assert len(ignore) == 1
     assert [c["type"] for c in ignore[0]["onPodConditions"]] == ["DisruptionTarget"]

@@ -93,9 +93,10 @@ def test_the_rules_pass_promtool_check_and_their_unit_tests() -> None:
 def test_the_rules_cover_each_condition_with_a_severity_and_annotations_naming_the_topic() -> None:
     alerts = {rule["alert"]: rule for rule in rules() if "alert" in rule}
     assert set(alerts) == {"ShaleCompactionLagExceeded", "ShaleCompactionFailing", "ShaleCompactionCorruptData",
-                           "ShaleCompactionNotRunning", "ShaleDirtyRatioHigh", "ShaleCronJobMissedSchedule",
-                           "ShaleCronJobNoRecentSuccess", "ShaleSubscriptionLagHigh", "ShaleSubscriptionExpiringSoon",
-                           "ShaleSubscriptionExpired", "ShaleLagExporterDown", "ShaleLagExporterTopicFailing"}
+                           "ShaleCompactionNotRunning", "ShaleDirtyRatioHigh", "ShaleCompactionFailed",
+                           "ShaleCronJobMissedSchedule", "ShaleCronJobNoRecentSuccess", "ShaleSubscriptionLagHigh",
+                           "ShaleSubscriptionExpiringSoon", "ShaleSubscriptionExpired", "ShaleLagExporterDown",
+                           "ShaleLagExporterTopicFailing"}
     for name, rule in alerts.items():
         assert rule["labels"]["severity"] in ("warning", "critical"), name
         assert set(rule["annotations"]) == {"summary", "description"}, name
@@ -122,8 +123,12 @@ MUTANTS = [
     ("(shale:compaction_seconds_since_success >= shale_compaction_max_delay_seconds)",
      "(shale:compaction_seconds_since_success <= shale_compaction_max_delay_seconds)", "lag.yml"),
     (") > shale_compaction_max_lag_seconds", ") >= shale_compaction_max_lag_seconds", "lag.yml"),
-    ("consecutive_failures >= 3", "consecutive_failures >= 2", "failures.yml"),
-    ("consecutive_failures >= 3", "consecutive_failures >= 4", "failures.yml"),
+    ("consecutive_failures >= 2", "consecutive_failures >= 1", "failures.yml"),
+    ("consecutive_failures >= 2", "consecutive_failures >= 3", "failures.yml"),
+    # the first failure of a topic that succeeded before, and only that
+    ("consecutive_failures == 1", "consecutive_failures >= 1", "failures.yml"),
+    ("consecutive_failures == 1", "consecutive_failures == 2", "failures.yml"),
+    ("\n          and on (job, topic) shale_compaction_last_success_timestamp_seconds > 0", "", "failures.yml"),
     ("exit_code == 4", "exit_code >= 3", "failures.yml"),
     ("last_run_timestamp_seconds) > 28 * 3600", "last_run_timestamp_seconds) > 27 * 3600", "not_running.yml"),
     ("max by (job) (shale_compaction_last_run_timestamp_seconds)", "shale_compaction_last_run_timestamp_seconds",

@@ -103,7 +103,7 @@ def test_compact_all_applies_each_topics_own_policy(tmp_path: Path) -> None:
     _config(b, "--set", "min-dirty-ratio=0.99")  # b is not dirty enough any more: skipped
     r = run_cli_here("compact", "--all", str(tmp_path), "--json")
     assert r.returncode == 0, r.stderr
-    got = {Path(x["topic"]).name: x["status"] for x in map(json.loads, r.stdout.splitlines())}
+    got = {Path(x["topic"]).name: x["status"] for x in map(json.loads, r.stdout.splitlines()) if "topic" in x}
     assert got == {"a": "compacted", "b": "skipped"}
 
 
@@ -193,9 +193,38 @@ def test_a_topics_own_max_compaction_lag_makes_it_overdue(tmp_path: Path) -> Non
     def statuses(*args: str, env: dict[str, str] | None = None) -> dict[str, str]:
         r = run_cli_here("compact", *args, "--min-dirty-ratio", "0.9", "--json", env=env)
         assert r.returncode == 0, r.stderr
-        return {Path(x["topic"]).name: x["status"] for x in map(json.loads, r.stdout.splitlines())}
+        return {Path(x["topic"]).name: x["status"] for x in map(json.loads, r.stdout.splitlines()) if "topic" in x}
 
     assert statuses(str(tmp_path / "b"), str(tmp_path / "a")) == {"a": "compacted", "b": "skipped"}
     _produce(str(tmp_path / "a"), 1, per=1, t=time.time() - 2 * 86_400)
     got = statuses("--all", str(tmp_path), env={"SHALE_MAX_COMPACTION_LAG": "30d"})
     assert got == {"a": "compacted", "b": "skipped"}
+
+
+# ------------------------------------------------------------------------ shale create
+
+def test_create_gives_a_topic_its_policy_before_anything_is_produced(tmp_path: Path) -> None:
+    topic = str(tmp_path / "t")
+    r = run_cli_here("create", topic, "--set", "compression=lz4", "--set", "retention=7d")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"{topic}: created, policy compression=lz4, retention=7d\n"
+    meta = TopicMetadata.open(topic)
+    assert meta.load_topic().ledgers == () and _config(topic) == {"compression": "lz4", "retention": "7d"}
+    # the first produce already runs under it
+    with TopicWriter(topic) as w:
+        assert w.compression.codec.name == "LZ4"
+        w.append("k", "v")
+    # an existing topic, a bad setting, a topic inside another: refused, nothing written
+    r = run_cli_here("create", topic, "--set", "retention=1d")
+    assert r.returncode == 2 and "exists there already" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert _config(topic)["retention"] == "7d"
+    for args in (("--set", "retention=forever"), ("--set", "no-such-setting=1"), ("--set", "compression=zstd-dict")):
+        r = run_cli_here("create", str(tmp_path / "u"), *args)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert not (tmp_path / "u").exists()
+    r = run_cli_here("create", f"{topic}/inner", "--set", "retention=1d")
+    assert r.returncode == 2 and "inside the topic" in r.stderr, r.stderr
+    assert not TopicMetadata.open(f"{topic}/inner").docs.read("policy.json")
+    r = run_cli_here("create", str(tmp_path / "plain"), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout) == {"topic": str(tmp_path / "plain"), "created": True,
+                                                          "policy": {}}

@@ -189,3 +189,21 @@ def test_verifys_fold_imports_nothing_of_the_compactors() -> None:
     assert _imports(verify_fold) <= {"__future__", "numpy", "numpy.typing"}, _imports(verify_fold)
     assert not _imports(verify) & {"shale.compactor.rules", "shale.ledger.kernels", "shale.compactor.keymap",
                                    "shale.compactor.pass_one"}, _imports(verify)
+
+
+def test_scrub_says_one_byte_count(tmp_path: Path) -> None:
+    """What a scrub reports having checked is what its progress counted, and what ``shale
+    status`` says the objects hold: each object's stored size, frames and footer."""
+    uri = str(tmp_path / "t")
+    produce(uri, 1, 3_000, T0)
+    assert Compactor(uri, CompactionConfig()).run().status == "compacted"
+    produce(uri, 2, 500, T0 + HOUR)
+    seen: list[tuple[int, int]] = []
+    from shale.maintenance.scrub import scrub_topic
+
+    report = scrub_topic(TopicMetadata.open(uri), progress=lambda done, total: seen.append((done, total)))
+    meta = TopicMetadata.open(uri)
+    stored = sum(lg.bytes for lg in meta.load_topic().ledgers) + sum(p.bytes for p in meta.load_compaction().parts)
+    assert report.ok and seen[-1] == (stored, stored) and report.bytes_checked == stored
+    r = run_cli_here("verify", uri, "--scrub", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout.splitlines()[0])["bytes_checked"] == stored, r.stdout

@@ -44,7 +44,8 @@ def dictionary(i: int, nonce: str = NONCE) -> dict[str, Any]:
 
 TOPIC: dict[str, Any] = {"format": 1, "created_ms": 1, "ledgers": [ledger(3), ledger(4), ledger(6)],
                          "generation": 1, "removed_through": 2, "truncated_ms": 5,
-                         "dictionaries": [dictionary(1), dictionary(2)]}
+                         "dictionaries": [dictionary(1), dictionary(2)],
+                         "producers": {"in.jsonl@1": {"next": 5, "ledger": 4, "at_ms": 7}}}
 PART0 = {"object": f"compacted/{RUN2}/part-00000.ledger", "entries": 1, "records": 3, "bytes": 100,
          "first_id": "3:0:0", "last_id": "4:1:2", "ledger_id": 2, "deletions": f"compacted/{RUN3}/deletions-00000.bin",
          "deleted": 1, "raw_bytes": 150}
@@ -131,6 +132,8 @@ CHECKS: list[tuple[str, str, Change, str, str]] = [
      "fewer records than entries"),
     ("first-publish-after-last", "topic.json", at("ledgers", 2, "first_publish", value=21),
      "ledgers[2].first_publish", "after last_publish"),
+    ("producer-mark-past-the-last-ledger", "topic.json", at("producers", "in.jsonl@1", "ledger", value=7),
+     "producers['in.jsonl@1'].ledger", "7 is after the last ledger the topic has had (6)"),
     ("dictionary-object-not-its-name", "topic.json", at("dictionaries", 1, "object", value="dictionaries/2.zdict"),
      "dictionaries[1].object", "is not the name of dictionary 2"),
     ("dictionary-object-of-another-id", "topic.json",
@@ -267,6 +270,10 @@ SCHEMA: list[tuple[str, str, Change, str, str]] = [
     ("removed-through-2**62", "topic.json", at("removed_through", value=2**62), "field removed_through",
      "<= 4611686018427387903"),
     ("unknown-field", "topic.json", at("surprise", value=1), "surprise", "unknown field"),
+    ("producer-id-with-a-space", "topic.json", at("producers", value={"a b": {"next": 1, "ledger": 3, "at_ms": 1}}),
+     "field producers (a key)", "expected `str` matching regex"),
+    ("producer-next-negative", "topic.json", at("producers", "in.jsonl@1", "next", value=-1),
+     "producers[...].next", ">= 0"),
     ("dictionary-id-0", "topic.json", at("dictionaries", 0, "id", value=0), "dictionaries[0].id", ">= 1"),
     ("dictionary-crc-negative", "topic.json", at("dictionaries", 0, "crc32c", value=-1), "dictionaries[0].crc32c",
      ">= 0"),

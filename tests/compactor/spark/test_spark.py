@@ -117,7 +117,7 @@ def check_model(model: CompactionModel, uri: str, s: RunSummary, cfg: Compaction
 
 
 FIGURES = ("status", "horizon", "records_read", "records_written", "keys", "tombstones_kept",
-           "tombstones_dropped", "keyless_kept", "keyless_dropped", "held_back_records")
+           "tombstones_dropped", "tombstones_held", "keyless_kept", "keyless_dropped", "held_back_records")
 
 
 def figures(s: RunSummary) -> dict[str, Any]:
@@ -401,8 +401,9 @@ def test_cli_compacts_several_topics_in_one_application_without_leaking_credenti
                   "--spark-conf", "spark.ui.enabled=false",
                   script="compact", env={"AWS_SECRET_ACCESS_KEY": secret})
     assert res.returncode == 0, res.stderr
-    lines = [json.loads(x) for x in res.stdout.splitlines()]
+    *lines, run = [json.loads(x) for x in res.stdout.splitlines()]
     assert [x["topic"] for x in lines] == [local_uri, s3_uri]
+    assert (run["topics"], run["compacted"], run["failed"], run["exit_code"]) == (2, 2, 0, 0), run
     assert all(x["status"] == "compacted" and x["engine"] == "spark" for x in lines)
     assert compacted(local_uri) == compacted(refs[0])
     assert compacted(s3_uri) == compacted(refs[1])
@@ -439,7 +440,10 @@ def test_cli_spark_json_logs_are_json_down_to_the_jvms_own_lines(tmp_path: Path)
     start = next(d for d in docs if d["event"] == "spark.start")
     assert start["seconds"] > 0
     # and a phase of the run's summary
-    assert json.loads(res.stdout)["durations"]["spark_start"] > 0, res.stdout
+    durations = json.loads(res.stdout)["durations"]
+    assert durations["spark_start"] > 0, res.stdout
+    # the run's total counts Spark's start with the topic's own run
+    assert durations["total"] >= durations["spark_start"], durations
     # lines of the JVM's own, if it wrote any, are kept as messages
     assert all(d["message"] for d in docs if d["event"] == "spark.output")
 
