@@ -211,8 +211,8 @@ class SubscriptionDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 # lock: threads decoding one kind for the first time at once (Subscriptions.list reads
 # the documents in a pool) crashed the process with a segmentation fault.  So every kind
 # is worked out here, once, by the thread that imports the module.
-for _kind in (Envelope, LedgerDoc, DictionaryDoc, TopicDoc, PartDoc, RetiredDoc, SnapshotDoc, CompactionDoc, MemberDoc,
-              SubscriptionDoc):
+for _kind in (Envelope, LedgerDoc, DictionaryDoc, ProducerDoc, TopicDoc, PartDoc, RetiredDoc, SnapshotDoc,
+              CompactionDoc, MemberDoc, SubscriptionDoc):
     msgspec.json.Decoder(_kind)
 del _kind
 
