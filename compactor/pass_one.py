@@ -38,10 +38,12 @@ from shale.compactor.event_map import EventKeyMapBuilder, event_map_capacity
 from shale.compactor.keymap import KEY_BYTES, KeyMap, KeyMapBuilder
 from shale.compactor.plan import Plan, Slice
 from shale.compactor.rules import held_past_retention, held_tombstones, latest_of_each_key, tombstone_fate
+from shale.ledger.errors import InvalidInputError
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE
 from shale.ledger.kernels import distinct_estimate
 from shale.ledger.ordering import TopicOrder, decoded_times
 from shale.runtime.cpus import worker_count
+from shale.settings.units import format_size
 
 __all__ = ["Survivors", "latest_of_each_key", "pass_one", "tombstone_fate"]
 
@@ -223,6 +225,26 @@ def _kept_new(plan: Plan, i: int, stop: int) -> tuple[Slice, ...]:
     return (*plan.new[:i], dataclasses.replace(s, stop=stop, gone=gone))
 
 
+def _cut(plan: Plan, i: int, stop: int, capacity: int, config: CompactionConfig) -> tuple[Plan, int]:
+    """``plan`` cut short where the key map filled up (at record ``stop`` of its new slice
+    ``i``), and how many records that leaves for the next run.  A rewrite reads the new
+    ledgers from the start, below the previous horizon: cut there, the previous parts'
+    records above the cut would be read twice, so such a run is refused (it publishes
+    nothing)."""
+    kept_new = _kept_new(plan, i, stop)
+    deferred = sum(x.records for x in plan.new) - sum(x.records for x in kept_new)
+    last = kept_new[-1] if kept_new else None
+    horizon = last.file.record_id(last.stop - 1) if last else plan.previous.horizon
+    previous = plan.previous.horizon
+    if previous is not None and (horizon is None or horizon < previous):
+        raise InvalidInputError(
+            f"{plan.location.uri}: a rewrite weighs every record up to the previous horizon {previous} again in one "
+            f"run, and their keys do not fit in the key map ({capacity:,} keys: --max-map-bytes "
+            f"{format_size(config.max_map_bytes)}{', within --max-memory' if config.max_memory else ''}): raise it; "
+            "nothing was published")
+    return dataclasses.replace(plan, new=tuple(kept_new), horizon=horizon), deferred
+
+
 def _build_map(plan: Plan, config: CompactionConfig) -> tuple[Plan, KeyMap, int]:
     """Put the new records' keys in a map; cut the plan where the map is full."""
     capacity = config.max_map_bytes // KEY_BYTES
@@ -249,12 +271,8 @@ def _build_map(plan: Plan, config: CompactionConfig) -> tuple[Plan, KeyMap, int]
         stop = _fit_prefix(builder, s, base, must_progress=n == 0)
         if stop > s.start:
             builder.add(*_slice_keys(s, base, stop))
-        kept_new = _kept_new(plan, i, stop)
-        deferred = sum(x.records for x in plan.new) - sum(x.records for x in kept_new)
-        last = kept_new[-1] if kept_new else None
-        horizon = last.file.record_id(last.stop - 1) if last else plan.previous.horizon
-        return (dataclasses.replace(plan, new=tuple(kept_new), horizon=horizon),
-                builder.build(for_lookups=bool(plan.compacted)), deferred)
+        cut, deferred = _cut(plan, i, stop, capacity, config)
+        return cut, builder.build(for_lookups=bool(plan.compacted)), deferred
     return plan, builder.build(for_lookups=bool(plan.compacted)), 0
 
 
@@ -286,11 +304,8 @@ def _build_event_map(plan: Plan, config: CompactionConfig) -> tuple[Plan, KeyMap
         if stop > s.start:
             k = stop - s.start if pos is None else int(np.searchsorted(pos, base + stop - s.start))
             builder.add(hi[:k], lo[:k], times[:k], None if pos is None else pos[:k], first=first)
-        kept_new = _kept_new(plan, i, stop)
-        deferred = sum(x.records for x in plan.new) - sum(x.records for x in kept_new)
-        last = kept_new[-1] if kept_new else None
-        horizon = last.file.record_id(last.stop - 1) if last else plan.previous.horizon
-        return dataclasses.replace(plan, new=tuple(kept_new), horizon=horizon), builder.build(), deferred
+        cut, deferred = _cut(plan, i, stop, capacity, config)
+        return cut, builder.build(), deferred
     return plan, builder.build(), 0
 
 

@@ -207,6 +207,15 @@ class SubscriptionDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     member: MemberDoc | None = None
 
 
+# msgspec works out how to decode a Struct type the first time one is decoded, without a
+# lock: threads decoding one kind for the first time at once (Subscriptions.list reads
+# the documents in a pool) crashed the process with a segmentation fault.  So every kind
+# is worked out here, once, by the thread that imports the module.
+for _kind in (Envelope, LedgerDoc, DictionaryDoc, ProducerDoc, TopicDoc, PartDoc, RetiredDoc, SnapshotDoc,
+              CompactionDoc, MemberDoc, SubscriptionDoc):
+    msgspec.json.Decoder(_kind)
+del _kind
+
 T = TypeVar("T")
 
 

@@ -266,9 +266,8 @@ def _compare(report: VerifyReport, published: _Records, original: _Originals, ex
     after_delete = np.zeros(len(p_hi), dtype=bool)
     if by_time:
         newer[found] = (e_t[j] > p_t[found]) | ((e_t[j] == p_t[found]) & newer[found])  # by (time, id)
-        after_delete[found] = _after_delete(other[found] & newer[found], e_tomb[j], p_tomb[found], p_ids[found],
-                                            e_ids[j])
-        report.resurrected = int(after_delete.sum())
+        after_delete[found] = _after_delete(other[found] & newer[found], e_tomb[j], p_ids[found], e_ids[j])
+        report.resurrected = int((after_delete & ~p_tomb).sum())
     differs = other & newer & ~after_delete
     flag = np.zeros(len(p_hi), dtype=bool)
     flag[found] = p_tomb[found] != e_tomb[j]
@@ -292,12 +291,13 @@ def _compare(report: VerifyReport, published: _Records, original: _Originals, ex
     report.examples = examples[:_EXAMPLES]
 
 
-def _after_delete(stale: npt.NDArray[np.bool_], e_tomb: npt.NDArray[np.bool_], p_tomb: npt.NDArray[np.bool_],
+def _after_delete(stale: npt.NDArray[np.bool_], e_tomb: npt.NDArray[np.bool_],
                   p_ids: npt.NDArray[np.uint64], e_ids: npt.NDArray[np.uint64]) -> npt.NDArray[np.bool_]:
-    """Of compacted records newer ones outweigh (``stale``), the values written after a
-    delete of greater time that the view no longer keeps (dropped once past its
-    retention): event-time order keeps them (docs/compaction.md), so they are no mismatch."""
-    return np.asarray(stale & e_tomb & ~p_tomb & _later(p_ids, e_ids))
+    """Of compacted records newer ones outweigh (``stale``), those written after a delete
+    of greater time that the view no longer keeps (dropped once past its retention):
+    event-time order keeps them (docs/compaction.md), so they are no mismatch.  A value
+    among them brought its key back; a delete among them deletes it as the dropped one did."""
+    return np.asarray(stale & e_tomb & _later(p_ids, e_ids))
 
 
 def _later(a: npt.NDArray[np.uint64], b: npt.NDArray[np.uint64]) -> npt.NDArray[np.bool_]:

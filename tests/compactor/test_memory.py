@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 from shale.compactor import CompactionConfig, Compactor
+from shale.ledger.errors import InvalidInputError
+from shale.maintenance.verify import verify_topic
 from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader import TopicReader
@@ -115,3 +117,26 @@ def test_a_partial_run_is_continued_whatever_the_dirty_ratio(tmp_path: Path) -> 
         assert runs < 30
     assert runs >= 2 and s.status == "nothing-to-do"  # never "skipped" while records were owed
     assert compacted(small) == compacted(big)
+
+
+@pytest.mark.parametrize("order", ["offset", "event-time"])
+def test_a_rewrite_whose_keys_do_not_fit_is_refused_and_publishes_nothing(tmp_path: Path, order: str) -> None:
+    """A rewrite reads the ledgers again from the first, below the previous horizon: a
+    key map full before it must not cut the run there (the published state named a part
+    with records above its horizon, and every command then refused the topic)."""
+    uri = str(tmp_path / "t")
+    produce(uri, seed=6, n=400, keys=60, t=T0)
+    Compactor(uri, CompactionConfig(order=order), clock=lambda: T0 + HOUR).run()
+    produce(uri, seed=7, n=100, keys=60, t=T0 + HOUR)
+    meta = TopicMetadata.open(uri)
+    before, view = meta.load_compaction(), compacted(uri)
+    with pytest.raises(InvalidInputError, match=r"a rewrite weighs every record up to the previous horizon .* "
+                                                r"do not fit in the key map \(\d+ keys"):
+        Compactor(uri, CompactionConfig(order=order, rewrite=True, max_map_bytes=24 * 10),
+                  clock=lambda: T0 + 2 * HOUR).run()
+    after = meta.load_compaction()
+    assert (after.epoch, after.version, after.horizon) == (before.epoch, before.version, before.horizon)
+    assert compacted(uri) == view
+    s = Compactor(uri, CompactionConfig(order=order, rewrite=True), clock=lambda: T0 + 2 * HOUR).run()
+    assert s.status == "compacted" and s.deferred_records == 0
+    assert verify_topic(meta).ok
