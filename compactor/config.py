@@ -38,7 +38,8 @@ MIN_ORPHAN_GRACE_MS: Final[int] = _least("orphan-grace")
 #: other setting of ``compact`` is a field of :class:`CompactionConfig` (checked below).
 RUN_WIDE: Final = frozenset({"topics", "all", "metadata", "max-topics", "parallel", "max-compaction-lag", "json",
                              "log-format", "pushgateway", "pushgateway-job", "print-config", "engine", "spark-master",
-                             "spark-conf", "spark-split-size", "no-forward-credentials", "iceberg-property"})
+                             "spark-remote", "spark-conf", "spark-split-size", "no-forward-credentials",
+                             "iceberg-property"})
 
 
 def _setting(name: str, **default: Any) -> Any:

@@ -152,7 +152,7 @@ class LocalEngine:
 
 
 #: The settings that only the Spark engine takes.
-SPARK_ONLY: Final = ("spark-master", "spark-conf", "spark-split-size", "no-forward-credentials")
+SPARK_ONLY: Final = ("spark-master", "spark-remote", "spark-conf", "spark-split-size", "no-forward-credentials")
 
 
 def engine_for(settings: Settings) -> Engine:
@@ -176,6 +176,7 @@ def engine_for(settings: Settings) -> Engine:
                                 "would ignore it (Spark's executors are sized by spark.executor.memory): drop it, or "
                                 "use --engine local")
     split = settings.value("spark-split-size")
-    return SparkEngine(SparkOptions(master=settings.value("spark-master"), conf=tuple(settings.value("spark-conf")),
+    return SparkEngine(SparkOptions(master=settings.value("spark-master"), remote=settings.value("spark-remote"),
+                                    conf=tuple(settings.value("spark-conf")),
                                     split_bytes=DEFAULT_SPLIT_BYTES if split is None else split,
                                     forward_credentials=not settings.value("no-forward-credentials")))

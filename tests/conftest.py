@@ -4,6 +4,7 @@ console scripts."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import subprocess
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.needs import check_needs, need
+from tests.needs import check_needs, need, need_module
 
 ROOT = Path(__file__).resolve().parent.parent
 BACKENDS = ["memory", "local", "s3"]
@@ -39,18 +40,34 @@ def without_aws_environment() -> Iterator[None]:
         os.environ.update(saved)
 
 
-#: the local Spark application shared by the tests that run Spark in this process, while it runs
+#: the local Spark application shared by the tests that run Spark in this process, while it
+#: runs, and the Spark Connect client of it (if one was asked for)
 _LOCAL_SPARK: list[Any] = []
+_LOCAL_CONNECT: list[Any] = []
 
 
 #: This process's environment just before and just after the shared application last started.
 LOCAL_SPARK_ENVIRONMENT: dict[str, dict[str, str]] = {}
 
+#: The two ways the Spark tests reach the shared application: a classic session, and a
+#: Spark Connect client (which has no RDD API and no ``sparkContext``: a test run through
+#: it fails if the code under test reaches for either).
+SPARK_APIS = ("classic", "connect")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
 
 def local_spark(*, fresh: bool = False) -> Any:
     """The local Spark application (``local[2,2]``: two cores, a failed task tried once
     more) that the tests running Spark in this process share, started on first use inside
-    :func:`without_aws_environment` and stopped when the session ends.  PySpark keeps one
+    :func:`without_aws_environment` and stopped when the session ends; it also serves
+    Spark Connect clients (:func:`local_connect`), on a port of its own.  PySpark keeps one
     application per process: one for every module would cost each its start and stop.
     Engines given it (``SparkEngine(options, session=...)``) do not stop it; a module
     whose application needs another master calls :func:`stop_local_spark` first.  The
@@ -63,16 +80,47 @@ def local_spark(*, fresh: bool = False) -> Any:
     from shale.compactor.spark import SparkOptions
     from shale.compactor.spark.engine import open_session
 
+    conf = (("spark.ui.enabled", "false"), ("spark.plugins", "org.apache.spark.sql.connect.SparkConnectPlugin"),
+            ("spark.connect.grpc.binding.address", "127.0.0.1"), ("spark.connect.grpc.binding.port", str(_free_port())))
     with without_aws_environment():
         LOCAL_SPARK_ENVIRONMENT["before"] = dict(os.environ)
-        session, _ = open_session(SparkOptions(master="local[2,2]", conf=(("spark.ui.enabled", "false"),)))
+        session, _ = open_session(SparkOptions(master="local[2,2]", conf=conf))
         LOCAL_SPARK_ENVIRONMENT["after"] = dict(os.environ)
     _LOCAL_SPARK[:] = [session]
     return session
 
 
+def need_spark_connect() -> None:
+    """Spark Connect's client (PySpark's ``connect`` extra, which ``shale[spark]`` asks for),
+    or :func:`~tests.needs.missing` it."""
+    for module in ("grpc", "grpc_status", "google.rpc"):
+        need_module(module)
+
+
+def local_connect(*, fresh: bool = False) -> Any:
+    """A Spark Connect client of the shared local application (:func:`local_spark`)."""
+    need_spark_connect()
+    classic = local_spark(fresh=fresh)
+    if _LOCAL_CONNECT and _LOCAL_CONNECT[0][0] is classic:
+        return _LOCAL_CONNECT[0][1]
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    port = classic.conf.get("spark.connect.grpc.binding.port")
+    client = ConnectSession.builder.remote(f"sc://127.0.0.1:{port}").create()
+    _LOCAL_CONNECT[:] = [(classic, client)]
+    return client
+
+
+def spark_session(api: str, *, fresh: bool = False) -> Any:
+    """The shared local application as ``api`` (one of :data:`SPARK_APIS`) reaches it."""
+    return local_connect(fresh=fresh) if api == "connect" else local_spark(fresh=fresh)
+
+
 def stop_local_spark() -> None:
-    """Stop the shared local Spark application, if it runs."""
+    """Stop the shared local Spark application, if it runs (and its Spark Connect client)."""
+    while _LOCAL_CONNECT:
+        with contextlib.suppress(Exception):
+            _LOCAL_CONNECT.pop()[1].stop()
     while _LOCAL_SPARK:
         _LOCAL_SPARK.pop().stop()
 

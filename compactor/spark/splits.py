@@ -21,7 +21,9 @@ import numpy as np
 from shale.compactor.config import CompactionConfig
 from shale.compactor.pass_two import Fate, choose_reuse, slice_fate
 from shale.compactor.plan import Plan
-from shale.compactor.spark.tasks import MAP_KEY, STATS_KEY, SplitSpec, TaskContext, WriteContext, group_splits
+from shale.compactor.spark.shuffle import Kind
+from shale.compactor.spark.tasks import SplitSpec, TaskContext, group_splits
+from shale.compactor.spark.writes import WriteContext
 from shale.ledger.errors import CorruptLedgerError
 from shale.metadata.state import CompactedPart
 
@@ -60,11 +62,12 @@ class Reports:
     kept: int = 0
     most_keys: int = 0  # of one reduce task
     most_candidates: int = 0  # of one reduce task
+    candidates: int = 0  # sent through the shuffle, by every map task
     live: dict[int, int] = field(default_factory=dict)  # previous part's slice -> keyed records kept
 
-    def add(self, key: int, raw: bytes) -> None:
+    def add(self, kind: int, raw: bytes) -> None:
         d = json.loads(raw)
-        if key == MAP_KEY:
+        if kind == Kind.MAP_REPORT:
             i = int(d["slice"])
             if i in self.cuts:
                 return  # a map task run twice (a lost executor): reported once
@@ -73,6 +76,7 @@ class Reports:
             self.keyless += int(d["keyless"])
             self.keyless_of[i] = int(d["keyless"])
             self.footer_bytes += int(d["footer_bytes"])
+            self.candidates += int(d.get("candidates", 0))
             settled = d.get("settled")
             if settled:  # a previous part's records its map task decided itself
                 self.keys += int(settled["keys"])
@@ -82,7 +86,7 @@ class Reports:
                 self.held += int(settled.get("held", 0))
                 self.kept += int(settled["kept"])
                 self.live[i] = self.live.get(i, 0) + int(settled["kept"])
-        elif key == STATS_KEY:
+        elif kind == Kind.STATS:
             self.keys += int(d["keys"])
             self.tombstones += int(d["tombstones"])
             self.dropped += int(d["dropped"])
@@ -96,9 +100,10 @@ class Reports:
 
     @classmethod
     def gather(cls, slices: int, reports: Iterable[tuple[int, bytes]]) -> Reports:
+        """The reports of ``(kind, JSON)`` rows; every slice must have one."""
         out = cls(slices)
-        for key, raw in reports:
-            out.add(key, raw)
+        for kind, raw in reports:
+            out.add(kind, raw)
         missing = [i for i in range(slices) if i not in out.cuts]
         if missing:
             raise CorruptLedgerError(f"pass one did not report on {len(missing)} of {slices} slices")
@@ -129,11 +134,3 @@ def plan_writes(ctx: TaskContext, plan: Plan, reports: Reports, config: Compacti
     tasks = group_splits(splits, ctx.split_bytes, ctx.split_records)
     return WriteContext(ctx, tuple(splits), np.array([sp.base for sp in splits], dtype=np.int64), tuple(tasks),
                         tuple(in_place))
-
-
-def task_of_splits(writes: WriteContext) -> np.ndarray:
-    """The write task of each split."""
-    task_of = np.zeros(len(writes.splits), dtype=np.int64)
-    for t, (j0, j1) in enumerate(writes.tasks):
-        task_of[j0:j1] = t
-    return task_of

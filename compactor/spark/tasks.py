@@ -7,24 +7,24 @@ compacted parts first, then new ledgers, in id order), exactly as the local engi
 numbers them.  Consecutive slices are grouped into map tasks (small ledgers share one):
 
 * **map** (one task per group of slices): read each slice's footer, keep the latest
-  record of each key within the slice, and send each survivor ``(hash, position, flags,
-  first-kept time)`` — 33 bytes, as NumPy buffers — to the reduce partition of its hash
-  (41 bytes with the record's time, when the topic's order or key TTL needs it:
-  :mod:`shale.ledger.ordering`); report to the driver where the slice may be cut for
-  pass two (entry boundaries, by ``split_bytes`` and ``split_records``), and its record
-  counts;
-* **reduce** (one task per hash partition): keep the latest record of each key (the
-  greatest ``(time, position)`` under event-time order), drop the winners past the key
-  TTL, apply the tombstone rules (tombstones an active subscription has yet to read held
-  from the plan's ``hold_from`` on), and group the kept positions by the slice they came
-  from; report the counts, and how many records of each previous part survive;
-* **write** (one task per group of splits, planned by the driver from the map reports):
-  copy the kept records of its splits, in order, into parts named
-  ``part-<task>-<n>.ledger`` under the run folder; a previous part the driver chose to
-  keep in place gets a deletion vector ``deletions-<task>-<n>.bin`` instead.
+  record of each key within the slice, decide what becomes of it if it wins overall
+  (kept, or dropped: a tombstone past its retention, a record past the key TTL), and send
+  these candidates to the reduce bucket of their hash, packed
+  (:func:`~shale.compactor.spark.shuffle.pack_candidates`: the hash, the position, a flag
+  byte, and the record's time under event order); report to the driver where the slice
+  may be cut for pass two (entry boundaries, by ``split_bytes`` and ``split_records``),
+  and its record counts;
+* **reduce** (one task per hash bucket): keep the latest record of each key (the
+  greatest ``(time, position)`` under event order), drop the winners the map side marked,
+  and group the kept positions by the slice they came from; report the counts, and how
+  many records of each previous part survive;
+* **write** (:mod:`~shale.compactor.spark.writes`, one task per group of splits, planned
+  by the driver from the map reports): copy the kept records of its splits, in order.
 
-A Shale error inside a task (corrupt data, a missing object) does not fail the task:
-the task emits it as a record under :data:`ERROR_KEY`, which flows through to the
+Tasks take and give :class:`~shale.compactor.spark.shuffle.Row` values; the engine's
+plans carry them as Arrow batches (:mod:`~shale.compactor.spark.frames`).  A Shale error
+inside a task (corrupt data, a missing object) does not fail the task: the task emits it
+as a :attr:`~shale.compactor.spark.shuffle.Kind.ERROR` row, which flows through to the
 driver, and the driver raises the same error.  So Spark neither retries a deterministic
 failure nor logs a traceback for it, and the command still prints one line.
 """
@@ -35,65 +35,50 @@ import itertools
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 
 from shale.compactor.config import CompactionConfig
 from shale.compactor.keyfilter import KeyFilter
-from shale.compactor.pass_two import Copy, Work, reuse_part, write_parts, write_vectors
-from shale.compactor.plan import Slice
-from shale.compactor.rules import (
-    held_past_retention,
-    held_tombstones,
-    latest_by_event_time,
-    latest_of_each_key,
-    tombstone_fate,
-)
+from shale.compactor.rules import held_tombstones, latest_by_event_time, latest_of_each_key, tombstone_fate
 from shale.compactor.spark.newkeys import settle
+from shale.compactor.spark.shuffle import (
+    DROPPED,
+    HELD,
+    TOMBSTONE,
+    Candidates,
+    Kind,
+    Row,
+    pack_candidates,
+    pack_offsets,
+    unpack_candidates,
+)
 from shale.ledger.codecs import Dictionary, dictionary_source
 from shale.ledger.deletions import read_deletions
 from shale.ledger.errors import CorruptLedgerError, ShaleError, TransientStorageError, error_detail, error_from_detail
-from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, KIND_COMPACTED
+from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE
 from shale.ledger.ordering import TopicOrder, decoded_times
 from shale.ledger.reader import LedgerFile
-from shale.metadata.state import CompactedPart
 from shale.storage import Location
 
 __all__ = [
-    "CANDIDATE",
-    "ERROR_KEY",
-    "KEPT",
-    "MAP_KEY",
-    "STATS_KEY",
     "SplitSpec",
     "TaskContext",
-    "WriteContext",
-    "candidate_type",
+    "candidate_bytes",
     "cut_slice",
     "error_from_record",
     "forget_opened",
     "group_splits",
     "map_task",
     "reduce_partition",
-    "resplit",
-    "write_task",
+    "task_errors",
 ]
 
-#: One candidate survivor in pass one's shuffle.
-CANDIDATE: Final = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("pos", "<i8"), ("since", "<i8"), ("flags", "u1")])
-#: A candidate with its record's time, when the topic's order or key TTL needs it.
-TIMED_CANDIDATE: Final = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("pos", "<i8"), ("since", "<i8"), ("flags", "u1"),
-                                   ("time", "<i8")])
-#: One kept record sent from a reduce task to the write task of its split.
-KEPT: Final = np.dtype([("pos", "<i8"), ("since", "<i8")])
-#: The key under which reduce tasks report their counts.
-STATS_KEY: Final = -1
-#: The key of a Shale error raised in a task, on its way to the driver.
-ERROR_KEY: Final = -2
-#: The key under which map tasks report each slice's cuts and counts.
-MAP_KEY: Final = -3
+#: Bytes a reduce task holds per candidate: position, the hash's halves, flags (and time).
+_HELD_BYTES: Final = 25
+_HELD_TIMED_BYTES: Final = 33
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,9 +101,9 @@ class SplitSpec:
         return self.stop - self.start
 
 
-def candidate_type(order: TopicOrder) -> np.dtype[Any]:
-    """The rows pass one shuffles under ``order``: times travel only when deciding needs them."""
-    return TIMED_CANDIDATE if order.needs_times else CANDIDATE
+def candidate_bytes(order: TopicOrder) -> int:
+    """Bytes a reduce task holds per candidate under ``order`` (times only under event order)."""
+    return _HELD_TIMED_BYTES if order.by_event_time else _HELD_BYTES
 
 
 def _winners(hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64], times: npt.NDArray[np.int64] | None,
@@ -173,7 +158,7 @@ def cut_slice(f: LedgerFile, start: int, stop: int, split_bytes: int,
 
 @dataclass(frozen=True, slots=True)
 class TaskContext:
-    """Everything pass one's tasks need, sent once to each executor as a broadcast:
+    """Everything pass one's tasks need, in the closure of the functions Spark runs:
     one whole-slice :class:`SplitSpec` per slice of the plan, nothing per record."""
 
     #: the topic's folder, its store pickled with the options it was opened with (without
@@ -223,17 +208,6 @@ class TaskContext:
         return None if gone is None else ~gone
 
 
-@dataclass(frozen=True, slots=True)
-class WriteContext:
-    """What pass two's tasks need: the splits the driver cut from the map reports."""
-
-    run: TaskContext
-    splits: tuple[SplitSpec, ...]
-    bases: npt.NDArray[np.int64]  # splits' first run positions, ascending
-    tasks: tuple[tuple[int, int], ...]  # the splits [j0, j1) each write task handles
-    keep_in_place: tuple[CompactedPart | None, ...]  # per split: the previous part it keeps, if so
-
-
 _LAST_DELETIONS: dict[str, npt.NDArray[np.bool_]] = {}
 # Objects are immutable, so a footer read once stays right; one per worker process.
 _LAST_OPENED: dict[tuple[str, int, int], LedgerFile] = {}
@@ -245,14 +219,14 @@ def forget_opened() -> None:
     _LAST_OPENED.clear()
 
 
-def _task_errors(gen: Iterator[tuple[int, Any]]) -> Iterator[tuple[int, Any]]:
-    """Emit a Shale error as an ``ERROR_KEY`` record instead of failing the task."""
+def task_errors(gen: Iterator[Row]) -> Iterator[Row]:
+    """Emit a Shale error as an :attr:`~Kind.ERROR` row instead of failing the task."""
     try:
         yield from gen
     except TransientStorageError:
         raise  # Spark retries the task, as the local engine's storage layer retries a request
     except ShaleError as e:
-        yield ERROR_KEY, json.dumps(error_detail(e)).encode()
+        yield Row(0, Kind.ERROR, 0, json.dumps(error_detail(e)).encode())
 
 
 def error_from_record(raw: bytes) -> ShaleError:
@@ -260,15 +234,14 @@ def error_from_record(raw: bytes) -> ShaleError:
     return error_from_detail(json.loads(raw))
 
 
-def map_task(ctx: TaskContext, task_indexes: Iterable[int]) -> Iterator[tuple[int, bytes]]:
-    """Pass one, map side: candidates of each slice of the tasks, by reduce partition,
-    and a report per slice under :data:`MAP_KEY`."""
-    return _task_errors(_map_task(ctx, task_indexes))
+def map_task(ctx: TaskContext, task_indexes: Iterable[int]) -> Iterator[Row]:
+    """Pass one, map side: candidates of each slice of the tasks, by reduce bucket, and
+    a report per slice."""
+    return task_errors(_map_task(ctx, task_indexes))
 
 
-def _map_task(ctx: TaskContext, task_indexes: Iterable[int]) -> Iterator[tuple[int, bytes]]:
+def _map_task(ctx: TaskContext, task_indexes: Iterable[int]) -> Iterator[Row]:
     loc = ctx.location()
-    parts = ctx.reduce_partitions
     for i in (i for t in task_indexes for i in range(*ctx.tasks[t])):
         sp = ctx.slices[i]
         f = ctx.open(loc, sp)
@@ -289,80 +262,100 @@ def _map_task(ctx: TaskContext, task_indexes: Iterable[int]) -> Iterator[tuple[i
         if settled is not None:
             keyed_mask = settled.pending  # only these go to the reduce side
         keyed = np.flatnonzero(keyed_mask)
-        hi = foot.col("r_hash_hi")[sp.start:sp.stop][keyed]
-        lo = foot.col("r_hash_lo")[sp.start:sp.stop][keyed]
+        hi = foot.col("r_hash_hi")[sp.start:sp.stop]
+        lo = foot.col("r_hash_lo")[sp.start:sp.stop]
         # The winner of each key within the slice is the only one that can win overall.
-        # In position order, so every chunk a reduce task receives is sorted by position.
-        idx = np.sort(keyed[_winners(hi, lo, None if times is None else times[keyed], rule)])
-        cand = np.empty(len(idx), dtype=candidate_type(rule))
-        cand["hi"] = foot.col("r_hash_hi")[sp.start:sp.stop][idx]
-        cand["lo"] = foot.col("r_hash_lo")[sp.start:sp.stop][idx]
-        cand["pos"] = sp.base + idx
-        cand["since"] = foot.delete_since()[sp.start:sp.stop][idx]
-        cand["flags"] = flags[idx]
-        if times is not None:
-            cand["time"] = times[idx]
-        # 16-bit buckets sort by radix; stable keeps each bucket in position order
-        btype = np.uint16 if parts <= 1 << 16 else np.int64
-        bucket = (cand["hi"] % np.uint64(parts)).astype(btype)
-        order = np.argsort(bucket, kind="stable")
-        cand, bucket = cand[order], bucket[order]
-        if len(bucket):
-            firsts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
-            for a, b in zip(firsts, np.r_[firsts[1:], len(bucket)], strict=True):
-                yield int(bucket[a]), cand[a:b].tobytes()
+        idx = np.sort(keyed[_winners(hi[keyed], lo[keyed], None if times is None else times[keyed], rule)])
+        fate = _fates(ctx, sp, f, idx, flags, times)
+        yield from _candidate_rows(sp.base, idx, hi[idx], lo[idx], fate,
+                                   times[idx] if times is not None and rule.by_event_time else None,
+                                   ctx.reduce_partitions)
         present_n = sp.records if present is None else int(np.count_nonzero(present))
-        keyless = present_n - n_keyed
         cuts = [list(c) for c in cut_slice(f, sp.start, sp.stop, ctx.split_bytes, ctx.split_records)]
-        report = {"slice": i, "records": present_n, "keyless": keyless, "footer_bytes": f.footer_bytes, "cuts": cuts}
+        report = {"slice": i, "records": present_n, "keyless": present_n - n_keyed, "footer_bytes": f.footer_bytes,
+                  "cuts": cuts, "candidates": len(idx)}
         if settled is not None:
             report["settled"] = settled.counts()
-        yield MAP_KEY, json.dumps(report).encode()
+        yield Row(0, Kind.MAP_REPORT, i, json.dumps(report).encode())
 
 
-def reduce_partition(ctx: TaskContext, items: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
-    """Pass one, reduce side: the latest record of each key in this hash partition,
-    minus expired tombstones, grouped by the slice that holds it; then this task's counts."""
-    return _task_errors(_reduce_partition(ctx, items))
-
-
-def _reduce_partition(ctx: TaskContext, items: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
+def _fates(ctx: TaskContext, sp: SplitSpec, f: LedgerFile, idx: npt.NDArray[np.intp], flags: npt.NDArray[np.uint8],
+           times: npt.NDArray[np.int64] | None) -> npt.NDArray[np.uint8]:
+    """Each candidate's flags: a tombstone, and dropped if it wins (past the key TTL, aged
+    by the time that orders; a tombstone past its retention, not held for a subscription)."""
     rule = ctx.config.topic_order
-    row = candidate_type(rule)
+    is_tomb = (flags[idx] & FLAG_TOMBSTONE) != 0
+    dropped = rule.expired(times[idx], ctx.now_ms) if rule.key_ttl_ms and times is not None \
+        else np.zeros(len(idx), dtype=bool)
+    tomb = np.flatnonzero(is_tomb & ~dropped)
+    since = f.footer.delete_since()[sp.start:sp.stop][idx[tomb]]
+    expired, first_kept = tombstone_fate(since, ctx.now_ms, ctx.config.delete_retention_ms,
+                                held=held_tombstones(sp.base + idx[tomb], ctx.hold_from),
+                                max_hold_ms=ctx.config.max_tombstone_hold_ms)
+    dropped[tomb[expired]] = True
+    # kept past its retention: only a subscription's hold keeps it (counted where it wins)
+    held = np.zeros(len(idx), dtype=bool)
+    held[tomb[~expired & (ctx.now_ms - first_kept >= ctx.config.delete_retention_ms)]] = True
+    out: npt.NDArray[np.uint8] = (is_tomb * np.uint8(TOMBSTONE) | dropped * np.uint8(DROPPED)
+                                  | held * np.uint8(HELD)).astype(np.uint8)
+    return out
+
+
+def _candidate_rows(base: int, idx: npt.NDArray[np.intp], hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64],
+                    fate: npt.NDArray[np.uint8], times: npt.NDArray[np.int64] | None, parts: int) -> Iterator[Row]:
+    """One row per reduce bucket holding candidates, each in position order."""
+    # 16-bit buckets sort by radix; stable keeps each bucket in position order
+    btype = np.uint16 if parts <= 1 << 16 else np.int64
+    bucket = (hi % np.uint64(parts)).astype(btype)
+    order = np.argsort(bucket, kind="stable")
+    bucket = bucket[order]
+    if not len(bucket):
+        return
+    firsts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
+    for a, b in zip(firsts, np.r_[firsts[1:], len(bucket)], strict=True):
+        sel = order[a:b]
+        chunk = pack_candidates(base, idx[sel].astype(np.int64), hi[sel], lo[sel], fate[sel],
+                                None if times is None else times[sel])
+        yield Row(int(bucket[a]), Kind.CANDIDATES, int(bucket[a]), chunk)
+
+
+def reduce_partition(ctx: TaskContext, rows: Iterable[tuple[int, int, memoryview]]) -> Iterator[Row]:
+    """Pass one, reduce side: the latest record of each key in this hash partition, minus
+    the winners the map side marked dropped, grouped by the slice that holds it; then this
+    task's counts.  Map reports and errors pass through on their way to the driver."""
+    return task_errors(_reduce_partition(ctx, rows))
+
+
+def _merged(ctx: TaskContext, chunks: list[memoryview]) -> Candidates:
+    """The candidates of all chunks, in position order."""
+    parts = [unpack_candidates([c], ctx.config.topic_order.by_event_time) for c in chunks]
+    # Each chunk is sorted by position and chunks of different slices do not overlap (nor
+    # do those of one slice, when the bucket has its partition to itself), so ordering
+    # chunks by their first position sorts everything.
+    parts.sort(key=lambda c: int(c.pos[0]) if len(c.pos) else -1)
+    cand = Candidates.concat(parts, ctx.config.topic_order.by_event_time)
+    if len(cand.pos) > 1 and not bool(np.all(cand.pos[1:] > cand.pos[:-1])):
+        cand = cand.take(np.argsort(cand.pos, kind="stable"))  # buckets sharing a partition
+    return cand
+
+
+def _reduce_partition(ctx: TaskContext, rows: Iterable[tuple[int, int, memoryview]]) -> Iterator[Row]:
     chunks = []
-    for k, v in items:
-        if k in (ERROR_KEY, MAP_KEY):
-            yield k, v  # a map task's error or report, on its way to the driver
-        else:
-            chunks.append(np.frombuffer(v, dtype=row))
-    # Each chunk is sorted by position and chunks of different slices do not overlap,
-    # so ordering chunks by their first position sorts everything: the latest record of
-    # a key is then its last occurrence.
-    chunks.sort(key=lambda c: int(c["pos"][0]) if len(c) else -1)
-    cand = np.concatenate(chunks) if chunks else np.empty(0, dtype=row)
+    for kind, ref, data in rows:
+        if kind == Kind.CANDIDATES:
+            chunks.append(data)
+        elif kind in (Kind.MAP_REPORT, Kind.ERROR):
+            yield Row(0, Kind(kind), ref, bytes(data))  # on its way to the driver
+    if not chunks:
+        return
+    cand = _merged(ctx, chunks)
     del chunks
-    if len(cand) > 1 and not bool(np.all(cand["pos"][1:] > cand["pos"][:-1])):
-        cand = cand[np.argsort(cand["pos"], kind="stable")]  # never expected; cheap to be sure
-    win = cand[_winners(cand["hi"], cand["lo"], cand["time"] if rule.needs_times else None, rule)]
-    is_tomb = (win["flags"] & FLAG_TOMBSTONE) != 0
-    # Winners past the key TTL go as if deleted (aged after the merge, by the time that
-    # orders): a live one counts as expired, a tombstone as dropped.
-    old = rule.expired(win["time"], ctx.now_ms) if rule.key_ttl_ms else np.zeros(len(win), dtype=bool)
-    old_tombs = int(np.count_nonzero(old & is_tomb))
-    tomb = np.nonzero(is_tomb & ~old)[0]
-    expired, first_kept = tombstone_fate(win["since"][tomb], ctx.now_ms, ctx.config.delete_retention_ms,
-                                         held=held_tombstones(win["pos"][tomb], ctx.hold_from),
-                                         max_hold_ms=ctx.config.max_tombstone_hold_ms)
-    keep = ~old
-    keep[tomb[expired]] = False
-    since = np.zeros(len(win), dtype=np.int64)
-    since[tomb[~expired]] = first_kept[~expired]
-    kept = np.empty(int(keep.sum()), dtype=KEPT)
-    kept["pos"] = win["pos"][keep]
-    kept["since"] = since[keep]
-    slice_of = np.searchsorted(ctx.bases, kept["pos"], side="right") - 1
-    order = np.argsort(slice_of, kind="stable")
-    kept, slice_of = kept[order], slice_of[order]
+    win = _winners(cand.hi, cand.lo, cand.time, ctx.config.topic_order)
+    flags = cand.flags[win]
+    is_tomb = (flags & TOMBSTONE) != 0
+    dropped = (flags & DROPPED) != 0
+    kept = np.sort(cand.pos[win][~dropped])
+    slice_of = np.searchsorted(ctx.bases, kept, side="right") - 1
     live: dict[int, int] = {}
     if len(kept):
         bounds = np.r_[np.flatnonzero(np.r_[True, slice_of[1:] != slice_of[:-1]]), len(kept)]
@@ -370,92 +363,9 @@ def _reduce_partition(ctx: TaskContext, items: Iterable[tuple[int, bytes]]) -> I
             i = int(slice_of[a])
             if i < ctx.compacted:
                 live[i] = int(b - a)
-            yield i, kept[a:b].tobytes()
-    counts = {"keys": len(win), "tombstones": int(np.count_nonzero(is_tomb)), "dropped": int(expired.sum()) + old_tombs,
-              "expired": int(np.count_nonzero(old)) - old_tombs, "kept": len(kept), "candidates": len(cand),
-              "live": live,
-              "held": held_past_retention(expired, first_kept, ctx.now_ms, ctx.config.delete_retention_ms)}
-    yield STATS_KEY, json.dumps(counts).encode()
-
-
-def resplit(ctx: WriteContext, item: tuple[int, bytes]) -> Iterator[tuple[int, bytes]]:
-    """One slice's kept positions from a reduce task, grouped by the split that holds them."""
-    i, raw = item
-    if i < 0:
-        yield item  # an error, on its way to the driver
-        return
-    kept = np.frombuffer(raw, dtype=KEPT)
-    split_of = np.searchsorted(ctx.bases, kept["pos"], side="right") - 1
-    if len(kept) and bool((split_of == split_of[0]).all()):
-        yield int(split_of[0]), raw  # all in one split: as it came (positions are in no order)
-        return
-    order = np.argsort(split_of, kind="stable")
-    kept, split_of = kept[order], split_of[order]
-    bounds = np.r_[np.flatnonzero(np.r_[True, split_of[1:] != split_of[:-1]]), len(kept)]
-    for a, b in itertools.pairwise(bounds):
-        yield int(split_of[a]), kept[a:b].tobytes()
-
-
-def write_task(ctx: WriteContext, run_dir: str, epoch: int, t: int,
-               items: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, Any]]:
-    """Pass two for task ``t``: write the kept records of its splits, in order, into
-    parts ``part-<t>-<n>.ledger`` (and the deletion vectors of the previous parts it
-    keeps in place); yield ``(t, what was written)``."""
-    return _task_errors(_write_task(ctx, run_dir, epoch, t, items))
-
-
-def _write_task(ctx: WriteContext, run_dir: str, epoch: int, t: int,
-                items: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, Any]]:
-    if t >= len(ctx.tasks):
-        return
-    by_split: dict[int, list[npt.NDArray[Any]]] = {}
-    for j, v in items:
-        if j == ERROR_KEY:
-            # a map task re-run for this job (lost shuffle files) failed: write nothing
-            yield ERROR_KEY, v
-            return
-        by_split.setdefault(j, []).append(np.frombuffer(v, dtype=KEPT))
-    j0, j1 = ctx.tasks[t]
-    cfg = ctx.run.config
-    settles = ctx.run.new_keys is not None
-    todo = [j for j in range(j0, j1) if j in by_split or cfg.retain_null_key or ctx.keep_in_place[j] is not None
-            or (settles and ctx.splits[j].previous)]
-    if not todo:
-        return
-    loc = ctx.run.location()
-    vectors: list[tuple[str, bytes]] = []
-    work = list(_split_work(ctx, loc, todo, by_split, f"{run_dir}/deletions-{t:06d}-", vectors))
-    # Written before the run can publish; a failed run's clean-up finds them under its folder.
-    write_vectors(loc, vectors)
-    out = write_parts(work, cfg, topic=loc, run_dir=run_dir, epoch=epoch, now_ms=ctx.run.now_ms,
-                      on_object=lambda _name: None, name_prefix=f"part-{t:06d}-")
-    yield t, {"parts": [p.to_json() for p in out.parts], "records_written": out.records_written,
-              "records_reused": out.records_reused, "bytes_written": out.bytes_written,
-              "bytes_read": out.bytes_read}
-
-
-def _split_work(ctx: WriteContext, loc: Location, todo: list[int], by_split: dict[int, list[npt.NDArray[Any]]],
-                vector_prefix: str, vectors: list[tuple[str, bytes]]) -> Iterator[Work]:
-    for j in todo:
-        sp = ctx.splits[j]
-        chunks = by_split.get(j, [])
-        kept = np.concatenate(chunks) if chunks else np.empty(0, dtype=KEPT)
-        f = ctx.run.open(loc, sp)
-        keep = np.zeros(sp.records, dtype=bool)
-        keep[kept["pos"] - sp.base] = True
-        gone = ctx.run.gone(loc, sp, f)
-        settled = settle(ctx.run, sp, f, None if gone is None else ~gone)
-        if settled is not None:
-            keep |= settled.keep
-        if ctx.run.config.retain_null_key:
-            keyless = (f.footer.col("r_flags")[sp.start:sp.stop] & FLAG_HAS_KEY) == 0
-            keep[keyless if gone is None else keyless & ~gone] = True
-        part = ctx.keep_in_place[j]
-        if part is not None:
-            # the whole part, kept where it is: only its deletion vector may be new
-            assert part.ledger_id is not None
-            yield reuse_part(part, part.ledger_id, ~keep, gone, f"{vector_prefix}{len(vectors):05d}.bin", vectors)
-            continue
-        since = np.zeros(sp.records, dtype=np.int64) if settled is None else settled.since
-        since[kept["pos"] - sp.base] = kept["since"]
-        yield Copy(Slice(f, sp.start, sp.stop, sp.kind == KIND_COMPACTED), keep, since)
+            yield Row(0, Kind.KEPT, i, pack_offsets(kept[a:b] - ctx.bases[i]))
+    counts = {"keys": len(win), "tombstones": int(np.count_nonzero(is_tomb)),
+              "dropped": int(np.count_nonzero(is_tomb & dropped)), "expired": int(np.count_nonzero(~is_tomb & dropped)),
+              "kept": len(kept), "candidates": len(cand.pos), "live": live,
+              "held": int(np.count_nonzero(((flags & HELD) != 0) & ~dropped))}
+    yield Row(0, Kind.STATS, 0, json.dumps(counts).encode())

@@ -6,19 +6,37 @@
 #                    argument `executor` and describes the executor in SPARK_* variables:
 #                    run the executor JVM exactly as Apache Spark's own image does
 #                    (resource-managers/kubernetes/docker/src/main/dockerfiles/spark/entrypoint.sh).
+#   connect-server [...]
+#                    a Spark Connect server in the foreground (Spark's SparkConnectServer,
+#                    through spark-submit, as sbin/start-connect-server.sh --wait runs it),
+#                    with a --conf for each KEY=VALUE line of SPARK_CONNECT_CONF, then the
+#                    arguments given; Shale's CronJob is its client (compact --spark-remote).
 #   anything else    compact with those arguments; the CronJob's pod, the Spark driver
 #                    (client mode), runs compact directly.
 set -euo pipefail
 
-if [ "${1:-}" != "executor" ]; then
+if [ "${1:-}" != "executor" ] && [ "${1:-}" != "connect-server" ]; then
   exec compact "$@"
 fi
+mode="$1"
 shift
 
 # Python workers must run the interpreter that has Shale and its dependencies.
 export PYSPARK_PYTHON="${PYSPARK_PYTHON:-/opt/shale/bin/python}"
 if [ -n "${PYSPARK_DRIVER_PYTHON+x}" ]; then
   export PYSPARK_DRIVER_PYTHON
+fi
+
+if [ "$mode" = "connect-server" ]; then
+  conf=()
+  while IFS= read -r line; do
+    line="${line#"${line%%[![:space:]]*}"}"  # leading blanks of an indented block
+    if [ -n "$line" ]; then
+      conf+=(--conf "$line")
+    fi
+  done <<< "${SPARK_CONNECT_CONF:-}"
+  exec "$SPARK_HOME/bin/spark-submit" --class org.apache.spark.sql.connect.service.SparkConnectServer \
+    --name shale-spark-connect ${conf[@]+"${conf[@]}"} "$@"
 fi
 
 # The classpath of Spark's image: its configuration directory, Hadoop's, SPARK_CLASSPATH,

@@ -359,6 +359,9 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        default="local"),
     _s("spark-master", Text(), _SPARK + "the Spark master: local[N], spark://HOST:PORT, k8s://https://HOST, yarn",
        _COMPACT, default_text="spark-submit's master under spark-submit, else local[*]", metavar="URL"),
+    _s("spark-remote", Text(), _SPARK + "run as a client of this Spark Connect server: sc://HOST:PORT (with "
+       "/;token=... and Spark Connect's other parameters), or local[N] for one started here; instead of a master",
+       _COMPACT, default_text="Spark's SPARK_REMOTE when set (and no master is given), else none", metavar="URL"),
     _s("spark-conf", Pairs(), _SPARK + "a Spark setting for the session Shale starts (repeatable)", _COMPACT,
        many=True),
     _s("spark-split-size", Size(64 << 10, why="the least a Spark task handles"),
@@ -509,6 +512,8 @@ VARIABLES: Final[dict[str, Variable]] = {v.name: v for v in (
              "kernels out)", kind=Choice(("native", "numpy", "python"))),
     Variable("PYSPARK_PYTHON", "the Python a local Spark master's workers run (this interpreter when not set)",
              reader="Spark"),
+    Variable("SPARK_REMOTE", "the Spark Connect server the Spark engine is a client of when neither "
+             "--spark-remote nor --spark-master is given", reader="Spark"),
     Variable("PYSPARK_GATEWAY_PORT", "set under spark-submit: the Spark engine joins the application it names",
              reader="Spark"),
     Variable("PYTHONWARNINGS", "Python's warning filters, given to the Spark executors' Python as well",

@@ -7,7 +7,7 @@ every worker it forks imports Shale and NumPy itself on its first task.  This mo
 the same daemon after importing, once, what Shale's tasks use: the workers forked from it
 start with those modules loaded (the pages shared with the daemon until written).
 
-It is set by the engine's own session (:func:`shale.compactor.spark.engine.open_session`)
+It is set by the engine's own session (:func:`shale.compactor.spark.session.open_session`)
 when Shale is importable on the executors; a session of one's own gets it with::
 
     spark.python.daemon.module=shale.spark.daemon
@@ -30,14 +30,15 @@ from typing import Final
 __all__ = ["PRELOAD", "PRELOADED", "PRELOADED_IN", "main", "preload"]
 
 #: What Shale's Spark tasks import, in the order imported here: the compactor's map,
-#: reduce, filter and write tasks (NumPy and the C kernels with them) and the module
-#: their functions are pickled from, the storage backends tasks open (boto3 with the S3
-#: one), and PySpark's worker.
+#: reduce, filter and write tasks (NumPy, zstandard and the C kernels with them), the
+#: storage backends tasks open (boto3 with the S3 one), and PySpark's worker.  The module
+#: their functions are pickled from imports pyarrow, which starts threads: the worker
+#: imports it.
 PRELOAD: Final = (
     "numpy",
     "shale.compactor.spark.tasks",
     "shale.compactor.spark.newkeys",
-    "shale.compactor.spark.engine",
+    "shale.compactor.spark.writes",
     "shale.storage._local",
     "shale.storage._s3",
     "pyspark.worker",

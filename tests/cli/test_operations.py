@@ -78,6 +78,7 @@ def test_a_cronjob_needs_no_arguments(tmp_path: Path) -> None:
     ({"SHALE_MAX_COMPACTION_LAG": "soon"}, "SHALE_MAX_COMPACTION_LAG"),
     ({"SHALE_SPARK_CONF": "executor.cores=2"}, "SHALE_SPARK_CONF"),
     ({"SHALE_SPARK_CONF": "spark.executor.cores=2"}, "SHALE_SPARK_CONF needs --engine spark"),
+    ({"SHALE_SPARK_REMOTE": "sc://localhost:15002"}, "SHALE_SPARK_REMOTE needs --engine spark"),
     ({"SHALE_LOG_FORMAT": "xml"}, "SHALE_LOG_FORMAT"),
 ])
 def test_a_bad_variable_is_a_one_line_usage_error(env: dict[str, str], named: str, tmp_path: Path) -> None:

@@ -31,7 +31,8 @@ K8S = ROOT / "infra" / "k8s"
 DOCKER = ROOT / "infra" / "docker"
 DOCKERFILE = DOCKER / "Dockerfile"
 ENTRYPOINT_SCRIPT = DOCKER / "spark-entrypoint.sh"
-OVERLAYS = ("local", "spark")
+OVERLAYS = ("local", "spark", "spark-connect")
+SPARK_OVERLAYS = ("spark", "spark-connect")
 KUBERNETES_VERSION = "1.32.0"
 IMAGE_REPO = "ghcr.io/shale-project/shale"
 # Values the downward API would give the spark overlay's pod.
@@ -98,10 +99,11 @@ def expand(value: str, defined: dict[str, str]) -> str:
     return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)", sub, value)
 
 
-def container_environment(docs: list[dict[str, Any]]) -> dict[str, str]:
-    """The environment the compact container gets: its envFrom ConfigMaps, then its env
-    entries in order (downward API fields filled in, ``$(NAME)`` expanded)."""
-    container = compact_container(one(docs, "CronJob"))
+def container_environment(docs: list[dict[str, Any]], container: dict[str, Any] | None = None) -> dict[str, str]:
+    """The environment the compact container (or ``container``) gets: its envFrom
+    ConfigMaps, then its env entries in order (downward API fields filled in, ``$(NAME)``
+    expanded)."""
+    container = compact_container(one(docs, "CronJob")) if container is None else container
     configmaps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
     environ: dict[str, str] = {}
     for source in container.get("envFrom", []):
@@ -121,7 +123,9 @@ def container_environment(docs: list[dict[str, Any]]) -> dict[str, str]:
 def test_rendered_documents_are_valid_kubernetes(overlay: str, rendered: Render) -> None:
     docs = rendered(overlay)
     kinds = sorted(d["kind"] for d in docs)
-    expected = ["ConfigMap", "CronJob", "ServiceAccount"] + (["Role", "RoleBinding"] if overlay == "spark" else [])
+    expected = ["ConfigMap", "CronJob", "ServiceAccount"] + (["Role", "RoleBinding"] if overlay in SPARK_OVERLAYS
+                                                             else [])
+    expected += ["Deployment", "NetworkPolicy", "Service"] if overlay == "spark-connect" else []
     assert kinds == sorted(expected)
     for doc in docs:
         kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
@@ -146,7 +150,10 @@ def test_the_kubernetes_validate_command_accepts_the_rendered_overlay(
     assert r.returncode != 0 and "concurrencyPolicyy" in r.stdout + r.stderr
 
 
-RAW_FILES = sorted([*(K8S / "base").glob("*.yaml"), K8S / "overlays" / "spark" / "rbac.yaml"])
+# (the overlays' patches are partial documents: they are validated as rendered)
+RAW_FILES = sorted([*(K8S / "base").glob("*.yaml"), K8S / "overlays" / "spark" / "rbac.yaml",
+                    *(K8S / "overlays" / "spark-connect" / name for name in ("server.yaml", "rbac.yaml",
+                                                                             "networkpolicy.yaml"))])
 
 
 @pytest.mark.parametrize("path", [p for p in RAW_FILES if p.name != "kustomization.yaml"],
@@ -215,11 +222,9 @@ def test_cronjob_schedule_retries_and_deadlines(overlay: str, rendered: Render) 
     assert pod_spec(cj)["restartPolicy"] == "Never"  # podFailurePolicy requires it
 
 
-@needs_kubectl
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_cronjob_pod_security(overlay: str, rendered: Render) -> None:
-    cj = one(rendered(overlay), "CronJob")
-    pod = pod_spec(cj)
+def assert_secure(pod: dict[str, Any]) -> None:
+    """What every pod of the overlays promises: not root, no privilege, a read-only root
+    filesystem, memory requests equal to limits and no CPU limit."""
     pod_sc = pod["securityContext"]
     assert pod_sc["seccompProfile"] == {"type": "RuntimeDefault"}
     assert pod_sc["fsGroup"] == 10001
@@ -243,6 +248,12 @@ def test_cronjob_pod_security(overlay: str, rendered: Render) -> None:
 
 @needs_kubectl
 @pytest.mark.parametrize("overlay", OVERLAYS)
+def test_cronjob_pod_security(overlay: str, rendered: Render) -> None:
+    assert_secure(pod_spec(one(rendered(overlay), "CronJob")))
+
+
+@needs_kubectl
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_cronjob_has_a_writable_tmp_and_runs_compact_from_the_environment(overlay: str, rendered: Render) -> None:
     docs = rendered(overlay)
     cj = one(docs, "CronJob")
@@ -260,7 +271,7 @@ def test_cronjob_has_a_writable_tmp_and_runs_compact_from_the_environment(overla
     assert one(docs, "ConfigMap")["metadata"]["name"] == "shale-compact-config"
     image, _, tag = c["image"].rpartition(":")
     assert image == IMAGE_REPO
-    assert tag == ("0.1.0-spark" if overlay == "spark" else "0.1.0")
+    assert tag == ("0.1.0-spark" if overlay in SPARK_OVERLAYS else "0.1.0")
 
 
 @needs_kubectl
@@ -275,7 +286,7 @@ def test_service_account_and_namespace(overlay: str, rendered: Render) -> None:
     annotations = sa["metadata"]["annotations"]
     assert re.fullmatch(r"arn:aws:iam::\d{12}:role/.+", annotations["eks.amazonaws.com/role-arn"])
     assert re.fullmatch(r"[^@]+@[^@]+\.iam\.gserviceaccount\.com", annotations["iam.gke.io/gcp-service-account"])
-    # Only the Spark driver talks to the Kubernetes API.
+    # Only the Spark driver talks to the Kubernetes API (with Spark Connect, the server: not the CronJob).
     assert pod["automountServiceAccountToken"] is (overlay == "spark")
 
 
@@ -293,8 +304,11 @@ def test_configmap_holds_only_shale_and_aws_settings(overlay: str, rendered: Ren
 def test_memory_requests_per_overlay(rendered: Render) -> None:
     local = compact_container(one(rendered("local"), "CronJob"))["resources"]
     spark = compact_container(one(rendered("spark"), "CronJob"))["resources"]
+    client = compact_container(one(rendered("spark-connect"), "CronJob"))["resources"]
     assert local == {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "4Gi"}}
     assert spark == {"requests": {"cpu": "2", "memory": "6Gi"}, "limits": {"memory": "6Gi"}}
+    # a Spark Connect client: no JVM, the documents and at most two footers
+    assert client == {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "1Gi"}}
 
 
 @needs_kubectl
@@ -375,6 +389,57 @@ def test_spark_overlay_driver_settings(rendered: Render) -> None:
     assert conf["spark.local.dir"] in mounts  # writable under a read-only root filesystem
 
 
+@needs_kubectl
+def test_spark_connect_overlay_server_and_its_client(rendered: Render) -> None:
+    """The Spark Connect server: the image's entrypoint runs it (``connect-server``) with
+    the settings of SPARK_CONNECT_CONF, on the port its Service and the CronJob's client
+    name; executors are pods of its image with the ServiceAccount's identity; only the
+    compactor's pods reach its port, only executors its driver ports."""
+    docs = rendered("spark-connect")
+    deployment, service, policy = one(docs, "Deployment"), one(docs, "Service"), one(docs, "NetworkPolicy")
+    template = deployment["spec"]["template"]
+    labels = template["metadata"]["labels"]
+    for selector in (deployment["spec"]["selector"]["matchLabels"], service["spec"]["selector"],
+                     policy["spec"]["podSelector"]["matchLabels"]):
+        assert selector.items() <= labels.items()
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
+    pod = template["spec"]
+    assert_secure(pod)
+    [c] = pod["containers"]
+    assert c["args"] == ["connect-server"] and "command" not in c  # through the image's entrypoint
+    assert c["image"] == f"{IMAGE_REPO}:0.1.0-spark"
+    environ = container_environment(docs, c)
+    conf = dict(line.split("=", 1) for line in environ["SPARK_CONNECT_CONF"].splitlines())
+    assert conf["spark.master"] == "k8s://https://kubernetes.default.svc:443"
+    port = int(conf["spark.connect.grpc.binding.port"])
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {
+        "grpc": port, "driver": int(conf["spark.driver.port"]), "block-manager": int(conf["spark.blockManager.port"])}
+    assert conf["spark.driver.host"] == POD_FIELDS["status.podIP"]
+    assert conf["spark.kubernetes.driver.pod.name"] == POD_FIELDS["metadata.name"]
+    assert conf["spark.kubernetes.namespace"] == POD_FIELDS["metadata.namespace"]
+    assert conf["spark.kubernetes.container.image"] == c["image"]
+    sa = one(docs, "ServiceAccount")["metadata"]["name"]
+    assert pod["serviceAccountName"] == sa and pod["automountServiceAccountToken"] is True
+    assert conf["spark.kubernetes.authenticate.driver.serviceAccountName"] == sa
+    assert conf["spark.kubernetes.authenticate.executor.serviceAccountName"] == sa
+    assert (conf["spark.python.daemon.module"], conf["spark.python.worker.reuse"]) == ("shale.spark.daemon", "true")
+    assert conf["spark.dynamicAllocation.enabled"] == "true" and conf["spark.dynamicAllocation.minExecutors"] == "0"
+    assert conf["spark.local.dir"] in {m["mountPath"] for m in c["volumeMounts"]}
+    # the client: the Service's name and port, which lead to the server's port
+    [svc_port] = service["spec"]["ports"]
+    assert svc_port["targetPort"] == "grpc"
+    client = container_environment(docs)
+    assert client["SHALE_SPARK_REMOTE"] == f"sc://{service['metadata']['name']}:{svc_port['port']}"
+    assert "SHALE_SPARK_MASTER" not in client and "SHALE_SPARK_CONF" not in client
+    # who may reach what
+    cronjob_labels = one(docs, "CronJob")["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
+    allowed = {p["port"]: r["from"] for r in policy["spec"]["ingress"] for p in r["ports"]}
+    assert set(allowed) == {port, 7078, 7079}
+    [client_pods] = allowed[port]
+    assert client_pods["podSelector"]["matchLabels"].items() <= cronjob_labels.items()
+    assert allowed[7078] == allowed[7079] == [{"podSelector": {"matchLabels": {"spark-role": "executor"}}}]
+
+
 # --- (e) the settings are real `compact` flags, with values it accepts ------------------------
 
 def long_options() -> set[str]:
@@ -413,12 +478,17 @@ def test_compact_accepts_the_settings(overlay: str, rendered: Render) -> None:
     assert settings["--all"]["value"] == "s3://my-bucket/topics/"
     assert settings["--json"]["value"] is True
     assert settings["--log-format"]["value"] == "json"
-    if overlay == "spark":
+    if overlay in SPARK_OVERLAYS:
         assert settings["--engine"]["value"] == "spark"
         # the overlay empties --max-map-bytes: the default then bounds each reduce task
         assert settings["--max-map-bytes"]["value"] is None
         assert settings["--no-forward-credentials"]["value"] is True
+    if overlay == "spark":
         assert f"spark.driver.host={POD_FIELDS['status.podIP']}" in settings["--spark-conf"]["value"]
+        assert settings["--spark-remote"]["value"] is None
+    elif overlay == "spark-connect":
+        assert settings["--spark-remote"]["value"] == "sc://shale-spark-connect:15002"
+        assert settings["--spark-master"]["value"] is None and settings["--spark-conf"]["value"] == []
     else:
         assert settings["--engine"]["value"] == "local"
         assert settings["--max-map-bytes"]["value"] == 1 << 30
@@ -584,7 +654,7 @@ def test_dockerfile_images_run_compact() -> None:
 
 def image_for(overlay: str, dockerfile: Dockerfile) -> str:
     """The stage built for ``overlay``'s image (``--target spark``, or the default)."""
-    return "spark" if overlay == "spark" else dockerfile.default_target
+    return "spark" if overlay in SPARK_OVERLAYS else dockerfile.default_target
 
 
 @needs_kubectl
@@ -695,6 +765,27 @@ def test_spark_entrypoint_runs_the_executor_like_spark(tmp_path: Path) -> None:
     proc = run_entrypoint(["executor"], {**env, "SPARK_CONF_DIR": "/opt/spark/conf", "SPARK_EXTRA_CLASSPATH": "/x/*"})
     assert proc.returncode == 0, proc.stderr
     assert "[/opt/spark/conf:/opt/spark-home/jars/*:/x/*]" in proc.stdout.splitlines()
+
+
+def test_spark_entrypoint_runs_a_spark_connect_server(tmp_path: Path) -> None:
+    """``connect-server``: Spark's SparkConnectServer through spark-submit, in the
+    foreground, a --conf for each line of SPARK_CONNECT_CONF (blank lines and indentation
+    dropped), then the arguments; its Python workers run the image's Python."""
+    fake_program(tmp_path / "spark" / "bin" / "spark-submit", "spark-submit")
+    env = {"PATH": "/usr/bin:/bin", "SPARK_HOME": str(tmp_path / "spark"),
+           "SPARK_CONNECT_CONF": "spark.master=k8s://https://kubernetes.default.svc:443\n  spark.app.x=with space\n\n"}
+    proc = run_entrypoint(["connect-server", "--verbose"], env)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "spark-submit"
+    assert [line[1:-1] for line in lines if line.startswith("[")] == [
+        "--class", "org.apache.spark.sql.connect.service.SparkConnectServer", "--name", "shale-spark-connect",
+        "--conf", "spark.master=k8s://https://kubernetes.default.svc:443", "--conf", "spark.app.x=with space",
+        "--verbose"]
+    assert "PYSPARK_PYTHON=/opt/shale/bin/python" in lines
+    proc = run_entrypoint(["connect-server"], {**env, "SPARK_CONNECT_CONF": ""})
+    assert proc.returncode == 0, proc.stderr
+    assert "[--conf]" not in proc.stdout.splitlines()
 
 
 def test_spark_entrypoint_executor_needs_spark_variables(tmp_path: Path) -> None:

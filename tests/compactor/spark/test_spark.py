@@ -1,10 +1,11 @@
 """The Spark engine, on real PySpark in local mode, against a local folder and the moto
 server: the same compacted content as the local engine and as the rules folded in plain
-Python (:mod:`tests.compaction_model`), errors, cleanup, credentials."""
+Python (:mod:`tests.compaction_model`), errors, cleanup, credentials.  Every test given
+the ``engine`` runs twice: in a classic session and as a Spark Connect client of the same
+application, which has no RDD API and no ``sparkContext`` (reaching for either fails)."""
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 import os
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import tokenize
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -24,7 +26,8 @@ import pytest
 from shale.compactor import CompactionConfig, Compactor, RunSummary, collect_garbage
 from shale.compactor.plan import make_plan
 from shale.compactor.spark import SparkOptions
-from shale.compactor.spark.engine import SparkEngine, _package_zip
+from shale.compactor.spark.engine import SparkEngine
+from shale.compactor.spark.session import package_zip as _package_zip
 from shale.compactor.spark.tasks import SplitSpec, cut_slice, group_splits
 from shale.ledger.codecs import Codec, parse_compression
 from shale.ledger.errors import CorruptLedgerError, InvalidInputError, ShaleError
@@ -34,7 +37,17 @@ from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter
 from shale.reader.topic_reader import TopicReader
 from tests.compaction_model import CompactionModel, every_record
-from tests.conftest import AWS_VARS, LOCAL_SPARK_ENVIRONMENT, ROOT, local_spark, make_root, run_cli
+from tests.conftest import (
+    AWS_VARS,
+    LOCAL_SPARK_ENVIRONMENT,
+    ROOT,
+    SPARK_APIS,
+    local_spark,
+    make_root,
+    need_spark_connect,
+    run_cli,
+    spark_session,
+)
 from tests.gates import Gate, start_held_compact
 
 T = TypeVar("T")
@@ -43,15 +56,28 @@ pytestmark = pytest.mark.slow
 HOUR = 3600.0
 
 
-@pytest.fixture(scope="module")
-def engine() -> Iterator[SparkEngine]:
+@pytest.fixture(scope="module", params=SPARK_APIS)
+def engine(request: pytest.FixtureRequest) -> Iterator[SparkEngine]:
     """An engine in the tests' shared local Spark application, started with no AWS
     variables in its environment: executors reach moto only through what the engine
-    forwards."""
+    forwards.  Through a classic session, then as a Spark Connect client."""
     eng = SparkEngine(SparkOptions(master="local[2]", split_bytes=1 << 16, split_records=300, reduce_partitions=3,
-                                   conf=(("spark.ui.enabled", "false"),)), session=local_spark())
+                                   conf=(("spark.ui.enabled", "false"),)), session=spark_session(request.param))
     yield eng
     eng.close()  # (leaves the shared application running)
+
+
+def on_workers(session: Any, fn: Callable[[], list[str]], tasks: int = 2) -> list[list[str]]:
+    """What ``fn`` returns in each of ``tasks`` tasks of the session's Python workers
+    (through ``mapInArrow``, which classic sessions and Spark Connect clients both have)."""
+    import pyarrow as pa
+
+    def task(batches: Iterator[Any]) -> Iterator[Any]:
+        for _ in batches:
+            pass
+        yield pa.record_batch({"out": pa.array([fn()], pa.list_(pa.string()))})
+
+    return [list(r.out) for r in session.range(0, tasks, 1, tasks).mapInArrow(task, "out array<string>").collect()]
 
 
 def test_starting_the_session_leaves_this_process_environment_alone(engine: SparkEngine) -> None:
@@ -63,13 +89,40 @@ def test_starting_the_session_leaves_this_process_environment_alone(engine: Spar
     # (PySpark's SparkContext writes these two itself as it starts)
     assert {k: v for k, v in changed.items() if k not in ("SPARK_AUTH_SOCKET_TIMEOUT", "SPARK_BUFFER_SIZE")} == {}
 
-    def worker(_: Any) -> Iterator[tuple[str, str]]:
-        yield sys.executable, os.environ.get("PYTHONWARNINGS", "")
+    def worker() -> list[str]:
+        import os
+        import sys
 
-    seen = engine.session.sparkContext.parallelize(range(2), 2).mapPartitions(worker).collect()
+        return [sys.executable, os.environ.get("PYTHONWARNINGS", "")]
+
+    seen = on_workers(engine.session, worker)
     python = os.environ.get("PYSPARK_PYTHON", sys.executable)
-    assert seen == [(python, seen[0][1])] * 2
+    assert seen == [[python, seen[0][1]]] * 2
     assert "ignore:PySpark does not yet fully support pandas:FutureWarning" in seen[0][1].split(",")
+
+
+def test_no_rdd_and_no_spark_context_through_spark_connect(engine: SparkEngine, tmp_path: Path) -> None:
+    """The guard the Spark Connect runs stand on: a client of the application has no RDD
+    API and no ``sparkContext``, so any code of the engine's reaching for them fails there;
+    and the engine's and the data source's modules name none of them (nor broadcasts, nor
+    ``addPyFile``), whichever session runs them."""
+    from pyspark.errors import PySparkAttributeError, PySparkNotImplementedError
+
+    if engine.session is spark_session("connect"):
+        with pytest.raises(PySparkAttributeError):
+            engine.session.sparkContext  # noqa: B018
+        with pytest.raises(PySparkNotImplementedError):
+            engine.session.range(1).rdd  # noqa: B018
+    uri = str(tmp_path / "t")
+    produce(uri, seed=2, n=600, t=1_700_000_000.0)
+    assert Compactor(uri, clock=lambda: 1_700_000_000.0 + HOUR, engine=engine).run().status == "compacted"
+    forbidden = {"sparkContext", "rdd", "RDD", "SparkContext", "broadcast", "Broadcast", "addPyFile", "parallelize",
+                 "_jsc", "_jvm", "_sc"}
+    for folder in (ROOT / "compactor" / "spark", ROOT / "shale" / "spark"):
+        for py in folder.glob("*.py"):
+            with py.open("rb") as f:  # names in the code, not in its strings and comments
+                names = {t.string for t in tokenize.tokenize(f.readline) if t.type == tokenize.NAME}
+            assert not names & forbidden, (py, names & forbidden)
 
 
 @pytest.fixture(params=["local"])
@@ -335,18 +388,19 @@ def test_executors_reach_s3_through_the_shipped_store_and_keep_their_environment
     produce(uri, seed=31, n=600, t=1_700_000_000.0)
     summary = Compactor(uri, clock=lambda: 1_700_000_000.0 + HOUR, engine=engine).run()
     assert summary.status == "compacted" and len(compacted(uri)) == summary.records_written > 0, summary.error
-    sc = engine.session.sparkContext
 
-    def environment(_: Any) -> Iterator[list[str]]:
-        yield sorted(k for k in os.environ if k in AWS_VARS)
+    def environment() -> list[str]:
+        import os
 
-    assert sc.parallelize(range(2), 2).mapPartitions(environment).collect() == [[], []]
+        return sorted(k for k in os.environ if k in AWS_VARS)
+
+    assert on_workers(engine.session, environment) == [[], []]
     loc = TopicMetadata.open(uri).topic
 
-    def read(_: Any) -> Iterator[bytes]:
-        yield loc.store.get(loc.key("_meta", "topic.json"))[:1]
+    def read() -> list[str]:
+        return [loc.store.get(loc.key("_meta", "topic.json"))[:1].decode()]
 
-    assert sc.parallelize(range(2), 2).mapPartitions(read).collect() == [b"{", b"{"]
+    assert on_workers(engine.session, read) == [["{"], ["{"]]
 
     produce(uri, seed=32, n=50, t=1_700_000_000.0 + 60)
     on_their_own = SparkEngine(replace(engine.options, forward_credentials=False), session=engine.session)
@@ -382,8 +436,16 @@ def test_shipped_code_zip_holds_every_module(tmp_path: Path) -> None:
 
 
 @pytest.mark.s3
+@pytest.mark.parametrize("spark", [("--spark-master", "local[2]"), ("--spark-remote", "local[2]")],
+                         ids=["classic", "connect"])
 def test_cli_compacts_several_topics_in_one_application_without_leaking_credentials(
-        tmp_path: Path, s3_bucket: str) -> None:
+        tmp_path: Path, s3_bucket: str, spark: tuple[str, str]) -> None:
+    """Two topics in one application (classic, or a Spark Connect server started by the
+    command, whose clients send their plans, closures and all, over gRPC): both compacted
+    as the local engine does, the secret key nowhere in the output, the logs or Spark's
+    event log, and the executors' Python workers started before the first run's first job."""
+    if spark[0] == "--spark-remote":
+        need_spark_connect()
     secret = "Sup3rSecretValue-" + os.urandom(6).hex()
     local_uri = str(tmp_path / "local-topic")
     s3_uri = f"s3://{s3_bucket}/topics/t"
@@ -394,7 +456,7 @@ def test_cli_compacts_several_topics_in_one_application_without_leaking_credenti
         Compactor(ref, CompactionConfig(delete_retention_ms=0)).run()
     events = tmp_path / "events"
     events.mkdir()
-    res = run_cli(local_uri, s3_uri, "--engine", "spark", "--spark-master", "local[2]", "--json",
+    res = run_cli(local_uri, s3_uri, "--engine", "spark", *spark, "--json",
                   "--delete-retention", "0", "--spark-split-size", "64KiB",
                   "--spark-conf", "spark.eventLog.enabled=true", "--spark-conf", f"spark.eventLog.dir=file:{events}",
                   "--spark-conf", "spark.eventLog.compress=false",
@@ -415,10 +477,10 @@ def test_cli_compacts_several_topics_in_one_application_without_leaking_credenti
     # the first topic's first job began: no task of a run pays their start-up.
     jobs = [json.loads(x) for p in events.rglob("*") if p.is_file()
             for x in p.read_text().splitlines() if '"SparkListenerJob' in x]
-    starts = sorted((j["Submission Time"], j["Job ID"], j["Properties"].get("spark.job.description", ""))
+    starts = sorted((j["Submission Time"], j["Job ID"], j["Properties"].get("spark.job.tags", ""))
                     for j in jobs if j["Event"] == "SparkListenerJobStart")
     ends = {j["Job ID"]: j for j in jobs if j["Event"] == "SparkListenerJobEnd"}
-    assert "Python workers" in starts[0][2] and "shale pass one" in starts[1][2], starts
+    assert "shale-warm-up" in starts[0][2] and "shale-pass-one" in starts[1][2], starts
     assert ends[starts[0][1]]["Job Result"]["Result"] == "JobSucceeded"
     assert ends[starts[0][1]]["Completion Time"] <= starts[1][0]
 
@@ -512,6 +574,42 @@ def test_killed_spark_run_publishes_nothing_and_gc_removes_its_leftovers(tmp_pat
     assert summary.status == "compacted" and len(compacted(uri)) == summary.records_written > 0
 
 
+def spark_jobs() -> list[Any]:
+    """The shared application's jobs so far, from Spark's own status store (Spark Connect
+    clients' jobs among them)."""
+    jobs = local_spark().sparkContext._jsc.sc().statusStore().jobsList(None)
+    return [jobs.apply(i) for i in range(jobs.size())]
+
+
+def shuffle_bytes_written(jobs: list[Any], tag: str) -> int:
+    """The bytes Spark's tasks wrote to the shuffle in the stages of those of ``jobs``
+    tagged ``tag`` (a classic session's and Spark Connect's tags end with it)."""
+    store = local_spark().sparkContext._jsc.sc().statusStore()
+    stages: set[int] = set()
+    for job in jobs:
+        if any(t.endswith(tag) for t in str(job.jobTags().mkString(",")).split(",")):
+            stages.update(int(x) for x in str(job.stageIds().mkString(",")).split(",") if x)
+    return sum(int(store.lastStageAttempt(s).shuffleWriteBytes()) for s in stages)
+
+
+def test_pass_one_moves_at_most_16_bytes_a_record_through_the_shuffle(engine: SparkEngine, tmp_path: Path) -> None:
+    """Spark's own shuffle metrics of pass one, on a topic shaped as bench/spark_scale.py's
+    (keys drawn from a fifth as many as records; four in five records are their slice's
+    latest of their key): candidates go as a 16-byte hash and a few compressed bytes, at
+    most 16 bytes a record read in offset order (the pickled rows before were 26)."""
+    uri = str(tmp_path / "t")
+    rnd = random.Random(61)
+    with TopicWriter(uri, max_ledger_records=2_000) as w:
+        for i in range(20_000):
+            w.append(f"key-{rnd.randrange(4_000)}", f"value-{i}")
+    before = {j.jobId() for j in spark_jobs()}
+    summary = Compactor(uri, engine=engine).run()
+    assert summary.status == "compacted" and summary.records_read == 20_000, summary.error
+    written = shuffle_bytes_written([j for j in spark_jobs() if j.jobId() not in before], "shale-pass-one")
+    # (at least the 16-byte key hashes of the 15,700 or so candidates: the metric is pass one's)
+    assert 16 * 15_000 < written <= 16 * 20_000, written
+
+
 def test_reduce_partitions_and_splits_do_not_change_the_result(engine: SparkEngine, tmp_path: Path) -> None:
     ref = str(tmp_path / "ref")
     produce(ref, seed=9, n=4_000, t=1_700_000_000.0)
@@ -593,7 +691,7 @@ def test_dry_run_reports_what_the_local_engine_reports(engine: SparkEngine, tmp_
 
 
 def test_a_failed_spark_job_is_one_line_naming_the_python_error() -> None:
-    from shale.compactor.spark.engine import _first_line
+    from shale.compactor.spark.session import first_line as _first_line
 
     text = ("An error occurred while calling o123.collectAndServe.\n"
             ": org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage 3.0 failed\n"
@@ -647,16 +745,6 @@ def test_max_map_bytes_bounds_each_reduce_task_and_takes_the_whole_backlog(engin
     assert bounded.reduce_partitions(6_000, CompactionConfig(max_map_bytes=limit)) == 12
 
 
-def _stage_names(engine: SparkEngine, run: Callable[[], T]) -> tuple[T, list[str]]:
-    """What ``run`` returns, and the names of the stages of the Spark jobs it ran."""
-    tracker = engine.session.sparkContext.statusTracker()
-    before = set(tracker.getJobIdsForGroup())
-    out = run()
-    jobs = [tracker.getJobInfo(j) for j in sorted(set(tracker.getJobIdsForGroup()) - before)]
-    stages = [tracker.getStageInfo(s) for j in jobs if j is not None for s in j.stageIds]
-    return out, [s.name for s in stages if s is not None]
-
-
 def test_incremental_runs_settle_previous_parts_through_a_filter_of_new_keys(
         engine: SparkEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Parts' records whose key is surely not new are decided by their own tasks: the same
@@ -669,7 +757,8 @@ def test_incremental_runs_settle_previous_parts_through_a_filter_of_new_keys(
     import shale.compactor.spark.engine as spark_engine
 
     uris = {name: str(tmp_path / name) for name in ("local", "filter", "job", "shuffle")}
-    engines = {"local": None, "filter": engine, "job": engine,
+    engines = {"local": None, "filter": SparkEngine(engine.options, session=engine.session),
+               "job": SparkEngine(engine.options, session=engine.session),
                "shuffle": SparkEngine(replace(engine.options, key_filter=False), session=engine.session)}
     cfg = CompactionConfig(delete_retention_ms=int(HOUR * 1000), retain_null_key=True, reuse_min_bytes=1 << 10,
                            max_part_bytes=1 << 16)
@@ -678,13 +767,15 @@ def test_incremental_runs_settle_previous_parts_through_a_filter_of_new_keys(
         for uri in uris.values():
             produce(uri, seed=40 + rnd, n=n, t=t, keys=3_000)
         t += 1.5 * HOUR  # the tombstones the previous run kept expire in this one
-        runs, stages = {}, {}
+        runs, jobs = {}, {}
         for name, uri in uris.items():
             with monkeypatch.context() as m:
                 if name == "job":
                     m.setattr(spark_engine, "DRIVER_FILTER_RECORDS", 0)
-                run = functools.partial(Compactor(uri, cfg, clock=lambda t=t: t, engine=engines[name]).run)
-                runs[name], stages[name] = _stage_names(engine, run) if engines[name] else (run(), [])
+                eng = engines[name]
+                before = len(eng.jobs) if eng else 0
+                runs[name] = Compactor(uri, cfg, clock=lambda t=t: t, engine=eng).run()
+                jobs[name] = eng.jobs[before:] if eng else []
         assert all(r.status == "compacted" for r in runs.values()), runs
         assert figures(runs["filter"]) == figures(runs["local"]) == figures(runs["shuffle"]) == figures(runs["job"])
         assert ({(r.records_reused, r.records_written) for r in runs.values()}
@@ -696,9 +787,9 @@ def test_incremental_runs_settle_previous_parts_through_a_filter_of_new_keys(
             # the busiest reduce task saw the new keys and a few false positives, not the parts
             assert runs["filter"].map_keys * 4 < runs["shuffle"].map_keys
             assert runs["job"].map_keys == runs["filter"].map_keys
-            # the filter took a Spark job (a tree reduce) only when the driver was not to build it
-            assert not any("treeReduce" in s for s in stages["filter"]), stages["filter"]
-            assert any("treeReduce" in s for s in stages["job"]), stages["job"]
+            # the filter took a Spark job only when the driver was not to build it
+            assert jobs["filter"] == ["shale-pass-one", "shale-pass-two"], jobs["filter"]
+            assert jobs["job"] == ["shale-new-keys", "shale-pass-one", "shale-pass-two"], jobs["job"]
     assert runs["filter"].records_reused > 0
     assert run_cli("verify", uris["filter"]).returncode == 0
 

@@ -41,8 +41,7 @@ def cluster(moto_endpoint: str) -> Iterator[SparkEngine]:
                                    conf=(("spark.ui.enabled", "false"),
                                          ("spark.executor.memory", "512m"))))
     with without_aws_environment():
-        sc = eng.session.sparkContext
-        sc.parallelize(range(4), 4).count()  # both executors up, their Python workers started
+        eng.ready()  # both executors up, their Python workers started
     yield eng
     eng.close()
 
@@ -73,20 +72,28 @@ def executor_pids() -> list[int]:
 
 
 def test_executors_fork_workers_with_shale_already_imported(cluster: SparkEngine) -> None:
-    def probe(_: object) -> list[tuple[int, int, int, tuple[str, ...], bool]]:
+    import pyarrow as pa
+
+    def probe(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """This worker's process and parent, and what the daemon it was forked from had
         imported (and where), looked at before the task imports anything (a function
         made here travels by value: unpickling it imports no test module)."""
         import os
         import sys
 
+        import pyarrow as pa
+
+        for _ in batches:
+            pass
         daemon = sys.modules.get("shale.spark.daemon")
-        return [(os.getpid(), os.getppid(), getattr(daemon, "PRELOADED_IN", 0), getattr(daemon, "PRELOADED", ()),
-                 "shale.compactor.spark.tasks" in sys.modules)]
+        yield pa.record_batch({"worker": [os.getpid()], "parent": [os.getppid()],
+                               "preloaded_in": [getattr(daemon, "PRELOADED_IN", 0)],
+                               "preloaded": [list(getattr(daemon, "PRELOADED", ()))],
+                               "loaded": ["shale.compactor.spark.tasks" in sys.modules]})
 
     # Two barrier tasks run at once, so one on each executor (one core each).
-    sc = cluster.session.sparkContext
-    probes = sc.parallelize(range(2), 2).barrier().mapPartitions(probe).collect()
+    schema = "worker long, parent long, preloaded_in long, preloaded array<string>, loaded boolean"
+    probes = cluster.session.range(0, 2, 1, 2).mapInArrow(probe, schema, barrier=True).collect()
     executors = executor_pids()
     assert len(probes) == 2 and len(executors) == 2
     daemons = set()
@@ -170,6 +177,7 @@ def test_an_executor_killed_mid_task_is_retried_and_the_run_publishes_once(clust
     # held writes are then answered with a reset (the killed task's never reaches the
     # store); the surviving task retries its write, and the killed one is run again.
     killed: list[int] = []
+    # (the application's own status: a test's look, through the classic session)
     tracker = cluster.session.sparkContext.statusTracker()
     jobs_before = set(tracker.getJobIdsForGroup())
     with FlakyProxy(os.environ["AWS_ENDPOINT_URL"], {}, hold=is_part_write) as proxy:

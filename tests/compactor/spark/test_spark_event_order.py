@@ -22,16 +22,17 @@ from shale.compactor.spark.engine import SparkEngine
 from shale.metadata.topic import TopicMetadata
 from tests.compactor.spark.test_spark import compacted, figures
 from tests.compactor.test_event_order import BASE, Rec, _random_records, entry_times, write
-from tests.conftest import local_spark, run_cli_here
+from tests.conftest import SPARK_APIS, run_cli_here, spark_session
 
 pytestmark = pytest.mark.slow
 RETAIN = 10**12  # tombstones stay: a late record older than a delete keeps losing to it
 
 
-@pytest.fixture(scope="module")
-def engine() -> Iterator[SparkEngine]:
+@pytest.fixture(scope="module", params=SPARK_APIS)
+def engine(request: pytest.FixtureRequest) -> Iterator[SparkEngine]:
+    """In a classic session, then as a Spark Connect client of the same application."""
     eng = SparkEngine(SparkOptions(master="local[2]", split_bytes=1 << 16, split_records=40, reduce_partitions=3,
-                                   conf=(("spark.ui.enabled", "false"),)), session=local_spark())
+                                   conf=(("spark.ui.enabled", "false"),)), session=spark_session(request.param))
     yield eng
     eng.close()  # (leaves the shared application running)
 
@@ -172,4 +173,4 @@ def test_cli_rewrites_a_view_into_event_time_order_with_a_key_ttl(engine: SparkE
     assert compacted(uris[0]) == compacted(uris[1])
     assert as_dict(uris[1]) == {b"a": b"new", b"c": b"untimed"}
     assert TopicMetadata.open(uris[1]).load_compaction().order.key_ttl_ms == hour
-    assert engine.session.sparkContext._jsc is not None  # the command left the shared application running
+    assert engine.session.range(3).count() == 3  # the command left the shared application running

@@ -18,16 +18,17 @@ from shale.metadata.subscriptions import Subscriptions
 from shale.metadata.topic import TopicMetadata
 from tests.compaction_model import CompactionModel, every_record
 from tests.compactor.spark.test_spark import compacted, figures, produce
-from tests.conftest import local_spark
+from tests.conftest import SPARK_APIS, spark_session
 
 pytestmark = pytest.mark.slow
 HOUR = 3600.0
 
 
-@pytest.fixture(scope="module")
-def engine() -> Iterator[SparkEngine]:
+@pytest.fixture(scope="module", params=SPARK_APIS)
+def engine(request: pytest.FixtureRequest) -> Iterator[SparkEngine]:
+    """In a classic session, then as a Spark Connect client of the same application."""
     eng = SparkEngine(SparkOptions(master="local[2]", split_bytes=1 << 16, split_records=300, reduce_partitions=3,
-                                   conf=(("spark.ui.enabled", "false"),)), session=local_spark())
+                                   conf=(("spark.ui.enabled", "false"),)), session=spark_session(request.param))
     yield eng
     eng.close()
 
