@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Final, Literal
 
 from shale.ledger.errors import GapError, InvalidInputError
 from shale.ledger.ids import MessageId
+from shale.ledger.values import dataclass
 from shale.metadata.view import log_start
 
 __all__ = ["ON_GAP_CHOICES", "Gap", "GapListener", "OnGap", "check_on_gap", "log_gap", "log_start"]

@@ -17,10 +17,10 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 from shale.ledger.errors import TransientStorageError, error_line
+from shale.ledger.values import dataclass
 
 __all__ = ["MAX_WAIT_S", "Outage", "OutageListener", "Rider", "log_outage"]
 

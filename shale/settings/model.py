@@ -11,10 +11,11 @@ take it, and whether a topic's policy may set it.  The command line's flags, the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Final
 
 from shale.ledger.codecs import DEFAULT_COMPRESSION
+from shale.ledger.values import dataclass
 from shale.settings.kinds import (
     Choice,
     Codec,
