@@ -40,40 +40,40 @@ class _OnFirstUse:
     """A method of a dataclass not compiled yet: the arguments dataclasses passed to have it
     compiled, and what to do with the function once it is."""
 
-    __slots__ = ("kwargs", "name", "parts", "recursive")
+    __slots__ = ("home", "kwargs", "name", "parts", "qualname", "recursive")
 
     def __init__(self, name: str, parts: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.name = name
         self.parts = parts
         self.kwargs = kwargs
         self.recursive = False  # ``__repr__``: wrapped as dataclasses wraps it
+        self.home: type | None = None  # the class made, once it is
+        self.qualname = name
 
     @property
     def __name__(self) -> str:  # the order methods are set by their name
         return self.name
 
-    def compile(self, home: type | None) -> Any:
+    def compile(self) -> Any:
         """The function dataclasses would have made, named as it names it."""
         assert _CREATE_FN is not None and _RECURSIVE_REPR is not None  # (only made when both exist)
         fn = _CREATE_FN(self.name, *self.parts, **self.kwargs)
         if self.recursive:
             fn = _RECURSIVE_REPR(fn)
-        if home is not None:
-            fn.__qualname__ = f"{home.__qualname__}.{fn.__name__}"
+        if self.home is not None:
+            fn.__qualname__ = self.qualname
         return fn
 
     def __get__(self, instance: object, owner: type | None = None) -> Any:
-        owner = type(instance) if owner is None else owner
-        # the class that holds this stand-in (a subclass may be the one looked up)
-        home = next((c for c in owner.__mro__ if c.__dict__.get(self.name) is self), None)
-        fn = self.compile(home)
-        if home is not None:
+        fn = self.compile()
+        home = self.home
+        if home is not None and home.__dict__.get(self.name) is self:
             setattr(home, self.name, fn)
-        return fn.__get__(instance, owner)
+        return fn.__get__(instance, type(instance) if owner is None else owner)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # only if something calls the stand-in without looking it up on its class
-        return self.compile(None)(*args, **kwargs)
+        return self.compile()(*args, **kwargs)
 
 
 def _later(name: str, *parts: Any, **kwargs: Any) -> _OnFirstUse:
@@ -95,9 +95,14 @@ def _make(cls: type[_T], options: dict[str, Any]) -> type[_T]:
     with _SWAP:
         module._create_fn, module._recursive_repr = _later, _wrap_later
         try:
-            return dataclasses.dataclass(cls, **options)
+            made = dataclasses.dataclass(cls, **options)
         finally:
             module._create_fn, module._recursive_repr = _CREATE_FN, _RECURSIVE_REPR
+    for name, attribute in list(made.__dict__.items()):
+        if isinstance(attribute, _OnFirstUse):
+            # named after the class as it is now, as dataclasses names what it compiles
+            attribute.home, attribute.qualname = made, f"{made.__qualname__}.{name}"
+    return made
 
 
 @overload
