@@ -18,8 +18,8 @@ methods in one go), :func:`dataclass` is :func:`dataclasses.dataclass` itself.
 
 from __future__ import annotations
 
+import _thread
 import dataclasses
-import threading
 from collections.abc import Callable
 from typing import Any, TypeVar, dataclass_transform, overload
 
@@ -31,7 +31,7 @@ _T = TypeVar("_T")
 # are swapped for the time one class is made; the lock keeps two threads from swapping
 # them at once (a class another thread makes meanwhile would get stand-ins too, which
 # behave the same).
-_SWAP = threading.Lock()
+_SWAP = _thread.allocate_lock()  # (not threading: a command that starts none need not import it)
 _CREATE_FN: Callable[..., Any] | None = getattr(dataclasses, "_create_fn", None)
 _RECURSIVE_REPR: Callable[..., Any] | None = getattr(dataclasses, "_recursive_repr", None)
 
