@@ -28,10 +28,12 @@ __all__ = ["dataclass"]
 _T = TypeVar("_T")
 
 # dataclasses looks both names up in its own module at the time it makes a class, so they
-# are swapped for the time one class is made; the lock keeps two threads from swapping
-# them at once (a class another thread makes meanwhile would get stand-ins too, which
-# behave the same).
-_SWAP = _thread.allocate_lock()  # (not threading: a command that starts none need not import it)
+# are swapped for the time one class is made, and only that thread's calls are deferred: a
+# class another thread makes meanwhile is made as usual.  (Reentrant: making a class can run
+# code, a default's descriptor, that makes another.)
+_SWAP = _thread.RLock()  # (not threading: a command that starts no thread need not import it)
+_owner = 0  # the thread whose classes are being made
+_depth = 0
 _CREATE_FN: Callable[..., Any] | None = getattr(dataclasses, "_create_fn", None)
 _RECURSIVE_REPR: Callable[..., Any] | None = getattr(dataclasses, "_recursive_repr", None)
 
@@ -65,6 +67,11 @@ class _OnFirstUse:
         return fn
 
     def __get__(self, instance: object, owner: type | None = None) -> Any:
+        if self.home is None and owner is not None:
+            # (a class dataclasses made in this thread while one of ours was being made)
+            self.home = next((c for c in owner.__mro__ if c.__dict__.get(self.name) is self), None)
+            if self.home is not None:
+                self.qualname = f"{self.home.__qualname__}.{self.name}"
         fn = self.compile()
         home = self.home
         if home is not None and home.__dict__.get(self.name) is self:
@@ -76,7 +83,10 @@ class _OnFirstUse:
         return self.compile()(*args, **kwargs)
 
 
-def _later(name: str, *parts: Any, **kwargs: Any) -> _OnFirstUse:
+def _later(name: str, *parts: Any, **kwargs: Any) -> Any:
+    if _thread.get_ident() != _owner:
+        assert _CREATE_FN is not None
+        return _CREATE_FN(name, *parts, **kwargs)
     return _OnFirstUse(name, parts, kwargs)
 
 
@@ -91,13 +101,20 @@ def _wrap_later(fn: Any) -> Any:
 def _make(cls: type[_T], options: dict[str, Any]) -> type[_T]:
     if _CREATE_FN is None or _RECURSIVE_REPR is None:
         return dataclasses.dataclass(cls, **options)
+    global _owner, _depth
     module: Any = dataclasses
     with _SWAP:
-        module._create_fn, module._recursive_repr = _later, _wrap_later
+        if not _depth:
+            _owner = _thread.get_ident()
+            module._create_fn, module._recursive_repr = _later, _wrap_later
+        _depth += 1
         try:
             made = dataclasses.dataclass(cls, **options)
         finally:
-            module._create_fn, module._recursive_repr = _CREATE_FN, _RECURSIVE_REPR
+            _depth -= 1
+            if not _depth:
+                module._create_fn, module._recursive_repr = _CREATE_FN, _RECURSIVE_REPR
+                _owner = 0
     for name, attribute in list(made.__dict__.items()):
         if isinstance(attribute, _OnFirstUse):
             # named after the class as it is now, as dataclasses names what it compiles

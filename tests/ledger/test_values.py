@@ -19,6 +19,7 @@ import json
 import pickle
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import FrozenInstanceError, field
 from pathlib import Path
@@ -295,3 +296,46 @@ def test_every_value_class_of_the_package_is_the_standard_one() -> None:
     assert sorted(lazy["classes"]) == sorted(plain["classes"])
     for name, made in lazy["classes"].items():
         assert made == plain["classes"][name], name
+
+
+# ------------------------------------------------------ threads, and classes made meanwhile
+
+class _MakesOthers:
+    """A field default whose descriptor runs while its class is being made: it makes a class
+    in another thread (with the standard decorator), one of ours and a standard one in this
+    thread, as an import in the middle of a class's making could."""
+
+    made: ClassVar[dict[str, Any]] = {}
+
+    def __get__(self, instance: object, owner: type | None = None) -> int:
+        if not self.made:
+            def elsewhere() -> None:
+                self.made["other thread"] = _kw(dataclasses.dataclass)
+
+            t = threading.Thread(target=elsewhere)
+            t.start()
+            t.join()
+            self.made["nested, ours"] = _kw(values.dataclass)
+            self.made["nested, standard"] = _kw(dataclasses.dataclass)
+        return 7
+
+
+def test_classes_made_meanwhile_are_made_as_their_decorator_makes_them() -> None:
+    @values.dataclass(slots=False)
+    class Outer:
+        n: int = _MakesOthers()  # type: ignore[assignment]
+
+    made = _MakesOthers.made
+    assert set(made) == {"other thread", "nested, ours", "nested, standard"}
+    assert inspect.isfunction(made["other thread"].__dict__["__init__"])  # not deferred: another thread's
+    assert isinstance(made["nested, ours"].__dict__["__init__"], values._OnFirstUse)
+    plain = _kw(dataclasses.dataclass)
+    for kw in made.values():
+        k = kw(a=1)
+        assert repr(k) == repr(plain(a=1)) and k == kw(a=1) and hash(k) == hash(plain(a=1))
+        with pytest.raises(FrozenInstanceError):
+            k.a = 2
+        assert kw.__init__.__qualname__ == plain.__init__.__qualname__
+        assert all(inspect.isfunction(kw.__dict__[n]) for n in ("__init__", "__repr__", "__eq__", "__hash__"))
+    assert Outer().n == 7 and repr(Outer(3)).endswith("Outer(n=3)")
+    assert dataclasses._create_fn is values._CREATE_FN  # type: ignore[attr-defined]  # put back
