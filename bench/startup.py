@@ -55,6 +55,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -158,20 +159,24 @@ def copy_of(tree: Path, into: Path, compiled: bool) -> Path:
     return into
 
 
-def environments(cache: str, base: Path, against: Path | None) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
-    """Each tree's environment and DuckDB's, for one way of finding compiled modules."""
+def environments(cache: str, scratch: Path, against: Path | None) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """Each tree's environment and DuckDB's, for one way of finding compiled modules (the
+    copies of the trees under ``scratch``)."""
     if cache == "warm":
         trees = {"shale": child_env_for(None), **({"before": child_env_for(against)} if against else {})}
         return trees, child_env()
     compiled = cache == "read-only"
-    trees = {"shale": read_only_env(copy_of(ROOT, base / "trees" / cache / "shale", compiled))}
+    trees = {"shale": read_only_env(copy_of(ROOT, scratch / cache / "shale", compiled))}
     if against:
-        trees["before"] = read_only_env(copy_of(against, base / "trees" / cache / "before", compiled))
+        trees["before"] = read_only_env(copy_of(against, scratch / cache / "before", compiled))
     return trees, read_only_env(None)
 
 
 def instructions(cmd: list[str], env: dict[str, str], before: Callable[[], None]) -> int:
-    """Instructions of one whole process (and what it starts), counted by Valgrind."""
+    """Instructions of one whole process (and what it starts), counted by Valgrind, after a
+    run that fills the compiled-module cache (the tree may have changed since it was filled)."""
+    before()
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
     before()
     res = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", "--trace-children=yes",
                           *cmd], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=True)
@@ -260,13 +265,18 @@ def main() -> None:
 
     todo = works(base, f"key-{a.keys // 2:06d}")
     bare = bare_modules()
-    for cache in a.caches:
-        trees, peer_env = environments(cache, base, a.against)
-        runs, imports = timed_runs(todo, trees, peer_env, bare, base, a.repeat, fresh)
-        print(f"\nCompiled modules: {cache}", flush=True)
-        report(runs, imports, list(todo), list(trees), cache)
+    # (the copies of the trees go outside the repository: they are source files)
+    scratch = Path(tempfile.mkdtemp(prefix="shale-startup-"))
+    try:
+        for cache in a.caches:
+            trees, peer_env = environments(cache, scratch, a.against)
+            runs, imports = timed_runs(todo, trees, peer_env, bare, base, a.repeat, fresh)
+            print(f"\nCompiled modules: {cache}", flush=True)
+            report(runs, imports, list(todo), list(trees), cache)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     if a.instructions:
-        trees, peer_env = environments("warm", base, a.against)
+        trees, _ = environments("warm", scratch, a.against)
         print("\n| work | " + " | ".join(f"{t}: instructions" for t in trees) + " |\n|" + "---|" * (len(trees) + 1))
         for name, (shale_cmd, _) in todo.items():
             counts = {t: instructions(shale_cmd, env, fresh) for t, env in trees.items()}
