@@ -294,6 +294,11 @@ class Compactor:
                 summary.horizon = summary.previous_horizon
                 return done(RunStatus.CONFLICT, "another compactor replaced the compacted ledger this run was reading; "
                             "this run's output was removed", gc=False)
+            if self.config.arrow_cache:
+                from shale.compactor.arrow_caches import write_arrow_caches
+
+                self.progress("pass two: writing the parts' Arrow caches")
+                write_arrow_caches(self.meta, out, run_dir, written.append)
             t = phase("pass_two", t)
             self._note_output(summary, out, survivors)
             summary.bytes_replaced = _replaced_bytes(plan, out)
