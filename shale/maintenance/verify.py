@@ -307,7 +307,7 @@ def _compare(report: VerifyReport, published: _Records, original: _Originals, ex
                  for i in np.flatnonzero(orphan)[:_EXAMPLES]]
     examples += [f"missing: the key of record {_id(e_ids[i])} (its latest) is not in the compacted view"
                  for i in lost[:_EXAMPLES]]
-    report.examples = examples[:_EXAMPLES]
+    report.examples = [*report.examples, *examples][:_EXAMPLES]  # (the caches' first)
 
 
 def _after_delete(stale: npt.NDArray[np.bool_], e_tomb: npt.NDArray[np.bool_],
