@@ -134,19 +134,17 @@ class BatchReader:
     of messages reads it: :func:`~shale.ledger.messages.check_big_entry`).  ``rows``, when
     given, also caps the rows of a batch.
 
-    ``caches`` names the Arrow cache of a compacted part (``caches(f)``: its key in ``f``'s
-    store, None when it has none): its rows are read from there
-    (:func:`~shale.ledger.arrow_cache.cache_batches`), the part decoded only should the
-    cache prove unusable."""
+    A compacted part opened with its Arrow cache named (``f.arrow_cache``) has its rows
+    read from there (:func:`~shale.ledger.arrow_cache.cache_batches`), the part decoded
+    only should the cache prove unusable."""
 
     def __init__(self, threads: int = 2, *, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, rows: int | None = None,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, utf8: bool = False, id_text: bool = False,
-                 check_first: bool = False, caches: Callable[[LedgerFile], str | None] | None = None) -> None:
+                 check_first: bool = False) -> None:
         if max_batch_bytes < 1 or (rows is not None and rows < 1):
             raise InvalidInputError("a batch must be allowed one byte and one row at least")
         self.max_batch_bytes, self.rows, self.chunk_bytes = max_batch_bytes, rows, chunk_bytes
         self.utf8, self.id_text, self.check_first = utf8, id_text, check_first
-        self.caches = caches
         self.threads = max(1, threads)
         self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="shale-arrow")
 
@@ -162,15 +160,14 @@ class BatchReader:
     def batches(self, f: LedgerFile, records: npt.NDArray[np.int64]) -> Iterator[pa.RecordBatch]:
         """The records ``records`` of ``f`` (indexes, rising) as record batches (see the
         class), decompressing each entry once.  Every frame read is checked, every record
-        decoded.  From the part's Arrow cache instead, when it has one (see the class)."""
+        decoded.  From the part's Arrow cache instead, when it names one (see the class)."""
         require_pyarrow()
         if not len(records):
             return
-        cache = self.caches(f) if self.caches is not None else None
-        if cache is not None:
+        if f.arrow_cache is not None:
             from shale.ledger.arrow_cache import cache_batches
 
-            yield from cache_batches(f, cache, records, rows=self.rows, utf8=self.utf8, id_text=self.id_text,
+            yield from cache_batches(f, f.arrow_cache, records, rows=self.rows, utf8=self.utf8, id_text=self.id_text,
                                      limit=self.max_batch_bytes, decode=functools.partial(self._decoded, f))
             return
         yield from self._decoded(f, records)

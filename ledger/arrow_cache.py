@@ -80,7 +80,7 @@ def _count(what: str) -> None:
 
 
 def binding(f: LedgerFile) -> dict[bytes, bytes]:
-    """What binds a cache to the part ``f`` (opened by :meth:`LedgerFile.open`: its footer
+    """What binds a cache to the part ``f`` (opened by :meth:`~shale.ledger.reader.LedgerFile.open`: its footer
     checksum checked against its footer, which holds every entry's checksum)."""
     values = ("1", f.ledger_id, f.size, f.n_records, f.footer_crc)
     return {k.encode(): str(v).encode() for k, v in zip(_KEYS, values, strict=True)}

@@ -64,6 +64,9 @@ class LedgerFile:
         self._header_checked = False
         #: the footer's checksum as the trailer gives it (checked against the footer when opened; 0: not opened so)
         self.footer_crc = 0
+        #: the key of this compacted part's Arrow cache, where the view that opened it names one
+        #: (:mod:`shale.ledger.arrow_cache`): Arrow batches are read from there
+        self.arrow_cache: str | None = None
         #: the mapped file the footer's columns are views of (a local object's big footer), else None
         self._mapped: mmap.mmap | None = None
         self._ledgers: npt.NDArray[np.uint64] | None = None

@@ -293,14 +293,11 @@ def latest_batches(meta: TopicMetadata, plan: LatestPlan, *, utf8: bool = False,
     """Pass two as Arrow record batches (the columns of :mod:`shale.reader.arrow`), each
     of at most ``max_batch_bytes`` of records and ``rows`` rows (needs pyarrow)."""
     require_pyarrow()
-    caches: dict[str, str] = {}  # (a part's key: its Arrow cache's)
     with BatchReader(decode_threads(), max_batch_bytes=max_batch_bytes, rows=rows,
-                     chunk_bytes=min(DEFAULT_CHUNK_BYTES, max_batch_bytes), utf8=utf8,
-                     caches=lambda f: caches.get(f.key)) as reader:
+                     chunk_bytes=min(DEFAULT_CHUNK_BYTES, max_batch_bytes), utf8=utf8) as reader:
         for c in plan.chosen:
             f = c.segment.open(meta)
-            if (cache := c.segment.arrow_cache(meta)) is not None:
-                caches[f.key] = cache
+            f.arrow_cache = c.segment.arrow_cache(meta)
             yield from reader.batches(f, c.records)
 
 

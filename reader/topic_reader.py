@@ -165,8 +165,6 @@ class TopicReader(Subscribing):
         self._it: Iterator[Message] | None = None
         self._pending: Message | None = None
         self._files: OrderedDict[str, LedgerFile] = OrderedDict()
-        #: the Arrow caches of the compacted parts met, by the part's key (read by Arrow batches)
-        self._caches: dict[str, str] = {}
         self._open_ahead = False  # (set while Arrow batches are read: see _opened)
         self._gone: tuple[str, npt.NDArray[np.bool_] | None] = ("", None)
         self._topic: TopicState = self.meta.load_topic()
@@ -481,8 +479,7 @@ class TopicReader(Subscribing):
                 return
             try:
                 for seg, f in self._opened(view.parts(self._next, stop)):  # (the point's bound: _bounded)
-                    if (cache := seg.arrow_cache(self.meta)) is not None:
-                        self._caches[f.key] = cache
+                    f.arrow_cache = seg.arrow_cache(self.meta)  # (read by Arrow batches)
                     gone = self._deletions(seg, f.n_records)
                     if stop is not None and (cut := f.find(stop)) < f.n_records:
                         gone = np.zeros(f.n_records, dtype=np.bool_) if gone is None else gone.copy()
@@ -624,7 +621,7 @@ class TopicReader(Subscribing):
         if limit is not None and limit <= 0:
             return False
         with BatchReader(decode_threads(), max_batch_bytes=max_batch_bytes, rows=rows, chunk_bytes=self.chunk_bytes,
-                         utf8=utf8, id_text=id_text, check_first=check_first, caches=self._cache_of) as reader:
+                         utf8=utf8, id_text=id_text, check_first=check_first) as reader:
 
             def read(f: LedgerFile, start: int, gone: npt.NDArray[np.bool_] | None) -> Iterator[MessageBatch]:
                 records = np.arange(start, f.n_records, dtype=np.int64)
@@ -653,10 +650,6 @@ class TopicReader(Subscribing):
                 walk.close()
                 self._open_ahead = False
         return True
-
-    def _cache_of(self, f: LedgerFile) -> str | None:
-        """The Arrow cache of ``f``, a compacted part of the view this reader reads (None: none)."""
-        return self._caches.get(f.key)
 
     def to_arrow(self, *, utf8: bool = False, id_text: bool = False,
                  max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> pa.Table:
