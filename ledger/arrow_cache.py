@@ -218,6 +218,8 @@ def _selected(pa: Any, batch: Any, sub: npt.NDArray[np.int64], rows: int | None,
 
 
 def _columns(pa: Any, batch: Any, utf8: bool, id_text: bool) -> Any:
+    if not utf8 and not id_text:
+        return batch.replace_schema_metadata(None)  # (the reader's schema: checked when the cache was opened)
     cols = batch.columns
     if utf8:
         # (a cast checks the text: a key or value that is not UTF-8 raises, and the part is
