@@ -265,6 +265,15 @@ def test_a_retained_snapshot_keeps_its_caches_and_reads_them(tmp_path: Any) -> N
     assert all(p.arrow_cache and (tmp_path / "t" / p.arrow_cache).exists() for p in snap.parts)
     cached, decoded = _both(uri, lambda: TopicReader(uri, as_of=snap.epoch).to_arrow())
     assert cached.equals(decoded)
+    # rolled back to it: its parts published again with their caches, which reads then use
+    from shale.maintenance.snapshots import rollback
+
+    rollback(meta, snap.epoch, keep=3)
+    assert meta.load_compaction().parts == snap.parts
+    after, _ = _both(uri, lambda: TopicReader(uri, as_of=snap.epoch).to_arrow())
+    assert after.equals(cached)
+    rolled, decoded = _both(uri, lambda: TopicReader(uri, read_compacted=True).to_arrow())
+    assert rolled.equals(decoded)
 
 
 def test_verify_compares_each_cache_with_its_part(tmp_path: Any) -> None:
@@ -308,3 +317,18 @@ def test_the_policy_writes_caches_and_the_default_does_not(tmp_path: Any) -> Non
     a = TopicReader(plain, read_compacted=True).to_arrow()
     b = TopicReader(cached, read_compacted=True).to_arrow()
     assert a.equals(b)
+
+
+def test_shale_read_prints_the_same_lines_from_the_caches(tmp_path: Any) -> None:
+    """``shale read`` (its Arrow path) of the view and of the table, byte for byte."""
+    from tests.conftest import run_cli_here
+
+    uri = str(tmp_path / "t")
+    _topic(uri)
+    for args in (("--compacted",), ("--table",), ("--compacted", "--as-of", "1")):
+        read, _ = cache_counts()
+        cached = run_cli_here("read", uri, *args)
+        assert cached.returncode == 0 and cached.stdout and cache_counts()[0] > read, args
+        with _decoding(uri):
+            decoded = run_cli_here("read", uri, *args)
+        assert cached.stdout == decoded.stdout, args
