@@ -332,3 +332,20 @@ def test_shale_read_prints_the_same_lines_from_the_caches(tmp_path: Any) -> None
         with _decoding(uri):
             decoded = run_cli_here("read", uri, *args)
         assert cached.stdout == decoded.stdout, args
+
+
+def test_splits_are_read_from_the_caches(tmp_path: Any) -> None:
+    """What the Spark data source's executors read: each split of the view, from its
+    part's cache (and an original ledger's as before), the same rows as decoded."""
+    from shale.reader.splits import plan_splits, read_split
+
+    uri = str(tmp_path / "t")
+    _topic(uri)
+    meta = TopicMetadata.open(uri)
+
+    def splits() -> Any:
+        got = [b for s in plan_splits(meta, compacted=True, max_records=100) for b in read_split(meta, s, rows=64)]
+        return pa.Table.from_batches(got)
+
+    cached, decoded = _both(uri, splits)
+    assert cached.equals(decoded) and cached.equals(TopicReader(uri, read_compacted=True).to_arrow())
