@@ -62,6 +62,11 @@ _lock = threading.Lock()
 _counts = {"read": 0, "unusable": 0}
 
 
+class _NotText(Exception):
+    """A key or value read as text that is not UTF-8: the part is decoded from there, where
+    the refusal names the record (the cache is not at fault)."""
+
+
 class CacheUnusable(ValueError):
     """A cache that does not match its part or is not what a cache holds (never raised
     out of a read: the part is decoded instead)."""
@@ -187,6 +192,9 @@ def cache_batches(f: LedgerFile, key: str, records: npt.NDArray[np.int64], *, ro
                 yield out
                 done += out.num_rows
         _count("read")
+    except _NotText:
+        yield from decode(records[done:])  # (which refuses it in one line naming the record)
+        return
     except (CacheUnusable, pa.ArrowException, OSError) as e:
         _count("unusable")
         _log.warning("%s: its Arrow cache %s is not used (%s); the part is decoded", f.url,
@@ -222,9 +230,10 @@ def _columns(pa: Any, batch: Any, utf8: bool, id_text: bool) -> Any:
         return batch.replace_schema_metadata(None)  # (the reader's schema: checked when the cache was opened)
     cols = batch.columns
     if utf8:
-        # (a cast checks the text: a key or value that is not UTF-8 raises, and the part is
-        # decoded from here, where the error names the record)
-        cols[3:5] = [c.cast(pa.large_string()) for c in cols[3:5]]
+        try:  # (a cast checks the text)
+            cols[3:5] = [c.cast(pa.large_string()) for c in cols[3:5]]
+        except pa.ArrowInvalid:
+            raise _NotText from None
     if id_text:
         cols = [id_column(pa, *cols[:3]), *cols]
     return pa.RecordBatch.from_arrays(cols, schema=schema(utf8, id_text))

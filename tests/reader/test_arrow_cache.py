@@ -126,10 +126,13 @@ def test_text_is_checked_as_when_decoded(tmp_path: Any) -> None:
     uri = str(tmp_path / "t")
     _topic(uri)
     errors = []
+    refused = cache_counts()[1]
     for cached in (True, False):
         with contextlib.nullcontext() if cached else _decoding(uri), pytest.raises(InvalidInputError) as e:
             TopicReader(uri, read_compacted=True).to_arrow(utf8=True)
         errors.append(str(e.value))
+        if cached:
+            assert cache_counts()[1] == refused  # (the text is at fault, not the cache)
     assert errors[0] == errors[1] and "UTF-8" in errors[0]
     text = str(tmp_path / "text")
     from shale.producer import TopicWriter
