@@ -89,7 +89,7 @@ def cases(topic: str, scratch: str) -> list[Case]:
         Case("shale config T", _shale("config", topic), NEVER | RECORDS | SOME_RUNS, 101),
         Case("shale snapshots T", _shale("snapshots", topic), NEVER | RECORDS | SOME_RUNS, 101),
         Case("shale get T KEY", _shale("get", topic, "k3"), NEVER | SOME_RUNS | LOGGING, 134),
-        Case("shale read T", _shale("read", topic), NEVER | SOME_RUNS | LOGGING, 145),
+        Case("shale read T", _shale("read", topic), NEVER | SOME_RUNS | LOGGING, 146),
         Case("shale status T", _shale("status", topic), NEVER | SOME_RUNS | LOGGING, 135),
         Case("compact T", f"from shale.compactor.cli import main\nassert main([{scratch!r}]) == 0",
              NEVER | {"humanfriendly", "pytimeparse2", "isodate", "tenacity"}, 177),
