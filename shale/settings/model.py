@@ -524,5 +524,6 @@ VARIABLES: Final[dict[str, Variable]] = {v.name: v for v in (
              reader="Python"),
     Variable("OPENBLAS_NUM_THREADS", "NumPy's BLAS threads: the command line sets 1 unless it is set",
              reader="NumPy"),
+    Variable("COLUMNS", "the width --help is written to (the terminal's, or 80, when not set)", reader="argparse"),
 )}
 
