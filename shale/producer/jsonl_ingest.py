@@ -39,7 +39,7 @@ from shale.ledger.record import (
     event_time_in_range,
     validate_record,
 )
-from shale.producer.pipe import chunks, fileno, ready
+from shale.producer.pipe import fileno, pieces, ready
 from shale.producer.writer import TopicWriter
 from shale.runtime import interrupts
 
@@ -63,7 +63,7 @@ class _Scanned:
     order (``line``: each row's line number in the chunk, from 1), and the lines left to
     Python."""
 
-    data: bytes
+    data: memoryview  # (a buffer of :func:`~shale.producer.pipe.pieces`: used until the chunk is appended)
     lines: int
     line: I64
     key: VarColumn
@@ -91,7 +91,7 @@ def produce_lines(writer: TopicWriter, stream: IO[bytes], name: str,
     with ThreadPoolExecutor(1, thread_name_prefix="shale-scan") as scanner:
         feed = _Feed(writer, name, progress, chunk_bytes)
         try:
-            for data in interrupts.interruptible(chunks(stream, fd, chunk_bytes, feed.due if feed.lingers else None)):
+            for data in interrupts.interruptible(pieces(stream, fd, chunk_bytes, feed.due if feed.lingers else None)):
                 if not data:  # the linger: what came is sealed before the wait goes on
                     feed.catch_up()
                     writer.seal_if_due()
@@ -102,6 +102,7 @@ def produce_lines(writer: TopicWriter, stream: IO[bytes], name: str,
                     feed.ahead = scanning, feed.first
                 else:  # no more input yet: what came is appended before the wait
                     feed.append(scanning.result(), feed.first, True)
+                    writer.settle()
             feed.catch_up(small=False)
         except KeyboardInterrupt:
             feed.let_go()  # read and checked: accepted
@@ -202,7 +203,7 @@ def _whole_entries(writer: TopicWriter, n: int) -> int:
         in_ledger = (in_ledger + size) % writer.max_ledger_records
 
 
-def _scan(data: bytes) -> _Scanned:
+def _scan(data: memoryview) -> _Scanned:
     """The records of a chunk of lines, numbered from 1."""
     assert _native is not None
     return _columns(data, _native.scan(data, 1, EVENT_TIME_MIN_MS, EVENT_TIME_MAX_MS))
@@ -216,7 +217,7 @@ def _u8(b: bytes) -> U8:
     return np.frombuffer(b, np.uint8)
 
 
-def _columns(data: bytes, got: tuple[int, bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes,
+def _columns(data: memoryview, got: tuple[int, bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes,
                                      bytes, bytes, bytes, bytes, bytes]) -> _Scanned:
     (lines, line, key_off, key, key_valid, value_off, value, value_valid, map_off, pk_off, pk, pv_off, pv, event,
      event_valid, flagged) = got
@@ -236,7 +237,7 @@ def _records(chunk: _Scanned, first: int, name: str, writer: TopicWriter
     for line_no, start, end in chunk.flagged.tolist():
         where = f"{name}:{first + line_no - 1}"
         try:
-            parsed = _parse(chunk.data[start:end], where, writer.max_record_bytes)
+            parsed = _parse(bytes(chunk.data[start:end]), where, writer.max_record_bytes)
         except InvalidInputError as e:
             error, stop = e, line_no
             break

@@ -1,0 +1,146 @@
+"""``shale produce``'s pipeline: input read into reused buffers, entries compressed while
+the next chunk is read and scanned.  Each test forces the overlap it checks (a gate holds
+the compression threads) rather than hoping the threads interleave."""
+
+from __future__ import annotations
+
+import io
+import random
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shale.ledger.errors import InvalidInputError
+from shale.producer import TopicWriter, compressing, jsonl_ingest
+from shale.producer.jsonl_ingest import append_lines
+from shale.producer.pipe import chunks, pieces
+from shale.reader import TopicReader
+from tests.needs import c_extension, needs
+
+GUARD_S = 60  # reached only when something is broken
+
+
+def _lines(rng: random.Random, n: int) -> bytes:
+    out = []
+    for i in range(n):
+        value = "v" * rng.choice([0, 3, 40, 300, 5000])  # some lines longer than a piece
+        out.append(b'{"key": "k%d", "value": "%s"}\n' % (rng.randrange(50), value.encode()))
+    return b"".join(out)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pieces_cut_where_chunks_cut_and_stay_whole_until_buffers_come_round(seed: int, tmp_path: Path) -> None:
+    rng = random.Random(seed)
+    data = _lines(rng, 300) + (b'{"key": "last"}' if seed % 2 else b"")  # the last line with or without its end
+    size = rng.choice([64, 1000, 4096, 1 << 16])
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(data)
+    want = list(chunks(io.BytesIO(data), None, size))
+    for stream in (io.BytesIO(data), open(path, "rb"), open(path, "rb", buffering=0)):
+        with stream:
+            got: list[memoryview] = []
+            copies: list[bytes] = []
+            for piece in pieces(stream, None, size, buffers=3):
+                got.append(piece)
+                copies.append(bytes(piece))
+                # the piece before is still as it was read (two more are needed to overwrite it)
+                assert len(got) < 2 or bytes(got[-2]) == copies[-2]
+        assert copies == want
+        assert b"".join(copies) == data
+
+
+def test_pieces_of_a_stream_without_a_buffer_to_read_into() -> None:
+    class Reads(io.RawIOBase):  # read1 only: its readinto is not implemented
+        def __init__(self, data: bytes) -> None:
+            self.data = data
+
+        def read1(self, n: int = -1) -> bytes:
+            got, self.data = self.data[:max(n, 0)], self.data[max(n, 0):]
+            return got
+
+    data = _lines(random.Random(9), 100)
+    assert [bytes(p) for p in pieces(Reads(data), None, 500)] == list(chunks(io.BytesIO(data), None, 500))
+
+
+class _Held:
+    """Holds every compression task until :meth:`open`."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.gate = threading.Event()
+        task = compressing._task
+
+        def held(*args: Any) -> Any:
+            assert self.gate.wait(GUARD_S), "the gate was never opened"
+            return task(*args)
+
+        monkeypatch.setattr(compressing, "_task", held)
+
+    def open(self) -> None:
+        self.gate.set()
+
+
+def test_append_batch_returns_while_its_entries_compress_and_they_keep_their_order(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    held = _Held(monkeypatch)
+    uri = str(tmp_path / "t")
+    w = TopicWriter(uri, batch_size=10, max_ledger_records=70, compression="zstd")
+    w._compressing._threads = 2  # (as on a machine of two cores, whatever this one has)
+    first = {"key": [f"a{i}" for i in range(45)], "value": [f"x{i}" for i in range(45)]}
+    assert w.append_batch(first) == 45  # returned with its entries held by the gate
+    assert w.ledger_records == 45 and w.result.records == 0
+    held.open()
+    w.append("b", "one by one")  # after the entries before it
+    w.append_batch({"key": [f"c{i}" for i in range(60)], "value": [f"y{i}" for i in range(60)]})
+    result = w.close()
+    assert result.records == 106
+    got = [(m.key, m.value) for m in TopicReader(uri)]
+    want = ([(f"a{i}".encode(), f"x{i}".encode()) for i in range(45)] + [(b"b", b"one by one")]
+            + [(f"c{i}".encode(), f"y{i}".encode()) for i in range(60)])
+    assert got == want
+    assert [lg.records for lg in w.result.ledgers] == [70, 36]  # never more than a ledger's records
+
+
+@needs(c_extension(jsonl_ingest._native, "ledger/_jsonl.c"))
+def test_a_bad_line_in_the_second_chunk_while_the_first_is_compressed(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    good = b"".join(b'{"key": "k%d", "value": "v%d"}\n' % (i, i) for i in range(200))
+    data = good + good[:300] + b'{"key": "bad", "value": tru}\n' + good
+    bad_line = 200 + good[:300].count(b"\n") + 1
+    expected_error = None
+    with TopicWriter(str(tmp_path / "lines"), batch_size=7, max_ledger_records=50) as w:
+        with pytest.raises(InvalidInputError) as by_line:
+            append_lines(w, io.BytesIO(data), "in.jsonl")
+        expected_error = str(by_line.value)
+    assert f"in.jsonl:{bad_line}:" in expected_error
+    held = _Held(monkeypatch)
+    w = TopicWriter(str(tmp_path / "columns"), batch_size=7, max_ledger_records=50)
+    w._compressing._threads = 2
+    with pytest.raises(InvalidInputError) as by_columns:
+        jsonl_ingest.produce_lines(w, io.BytesIO(data), "in.jsonl", chunk_bytes=len(good))
+    assert w._compressing.records >= 200  # the first chunk was still being compressed
+    held.open()
+    assert str(by_columns.value) == expected_error
+    assert w.close().records == 200 + good[:300].count(b"\n")
+    lines = [(m.key, m.value) for m in TopicReader(str(tmp_path / "lines"))]
+    assert [(m.key, m.value) for m in TopicReader(str(tmp_path / "columns"))] == lines
+
+
+@needs(c_extension(jsonl_ingest._native, "ledger/_jsonl.c"))
+def test_a_file_given_by_name_on_stdin_and_through_a_pipe_make_the_same_topic(tmp_path: Path) -> None:
+    data = _lines(random.Random(3), 3000)
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(data)
+    topics = [tmp_path / name for name in ("named", "stdin", "pipe")]
+    run = [sys.executable, "-m", "shale.cli", "produce", "--batch-size", "64", "--max-ledger-records", "1000"]
+    subprocess.run([*run, str(topics[0]), "--input", str(source)], check=True, capture_output=True)
+    with source.open("rb") as stdin:
+        subprocess.run([*run, str(topics[1])], stdin=stdin, check=True, capture_output=True)
+    subprocess.run([*run, str(topics[2])], input=data, check=True, capture_output=True)
+    named, stdin_, piped = ([(str(m.id), m.key, m.value, m.properties) for m in TopicReader(str(t))]
+                            for t in topics)
+    assert len(named) == 3000 and named == stdin_  # ids too: a regular file is read alike either way
+    assert [r[1:] for r in piped] == [r[1:] for r in named]
