@@ -39,7 +39,8 @@ from shale.ledger.record import (
     event_time_in_range,
     validate_record,
 )
-from shale.producer.pipe import fileno, pieces, ready
+from shale.producer.ahead import Ahead
+from shale.producer.pipe import CHUNK_BYTES, fileno, pieces, ready
 from shale.producer.writer import TopicWriter
 from shale.runtime import interrupts
 
@@ -49,8 +50,6 @@ _native: Final = load_native("_jsonl")
 #: ``"native"`` when the C scanner is in use, ``"python"`` otherwise.
 SCANNER: Final = "native" if _native is not None else "python"
 
-#: Bytes of input scanned at a time (a chunk, its columns and the one ahead bound the memory).
-CHUNK_BYTES: Final = 4 << 20
 
 I64 = npt.NDArray[np.int64]
 U8 = npt.NDArray[np.uint8]
@@ -76,15 +75,18 @@ class _Scanned:
     flagged: I64  # (line number, start, end) per line left to Python
 
 
-def produce_lines(writer: TopicWriter, stream: IO[bytes], name: str,
+def produce_lines(writer: TopicWriter, stream: IO[bytes] | Ahead, name: str,
                   progress: Callable[[int, int], None] | None = None, chunk_bytes: int = CHUNK_BYTES) -> int:
-    """Append the record of every JSON line of ``stream``; return how many.  A bad line
-    raises :class:`InvalidInputError` naming ``<name>:<line>`` after every record before
-    it was appended.  A writer with a linger seals what it has whenever a wait for more
-    input reaches it (:mod:`shale.producer.pipe`)."""
+    """Append the record of every JSON line of ``stream`` (or of a file read and scanned
+    ahead: :mod:`shale.producer.ahead`); return how many.  A bad line raises
+    :class:`InvalidInputError` naming ``<name>:<line>`` after every record before it was
+    appended.  A writer with a linger seals what it has whenever a wait for more input
+    reaches it (:mod:`shale.producer.pipe`)."""
     from concurrent.futures import ThreadPoolExecutor
 
     assert _native is not None
+    if isinstance(stream, Ahead):
+        return _produce_ahead(writer, stream, name, progress, chunk_bytes)
     fd = fileno(stream)
     # Input is read here, where an interrupt stops a wait for it; a chunk is scanned on the
     # thread (the scanner lets go of the interpreter lock) while the one before is appended.
@@ -107,6 +109,25 @@ def produce_lines(writer: TopicWriter, stream: IO[bytes], name: str,
         except KeyboardInterrupt:
             feed.let_go()  # read and checked: accepted
             raise
+    feed.let_go()
+    return feed.total
+
+
+def _produce_ahead(writer: TopicWriter, ahead: Ahead, name: str, progress: Callable[[int, int], None] | None,
+                   chunk_bytes: int) -> int:
+    """:func:`produce_lines` of chunks scanned ahead: each appended as it comes."""
+    feed = _Feed(writer, name, progress, chunk_bytes)
+    last: _Scanned | None = None
+    try:
+        for data, got in interrupts.interruptible(ahead):
+            if last is not None:
+                feed.append(last, feed.first, True)
+            last = _columns(data, got)
+        if last is not None:
+            feed.append(last, feed.first, False)
+    except KeyboardInterrupt:
+        feed.let_go()  # read and checked: accepted
+        raise
     feed.let_go()
     return feed.total
 

@@ -14,9 +14,12 @@ empty whenever the file descriptor is asked whether more can be read.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import IO
+from typing import IO, Final
 
-__all__ = ["chunks", "fileno", "lines", "pieces", "ready"]
+__all__ = ["CHUNK_BYTES", "chunks", "fileno", "lines", "pieces", "ready"]
+
+#: Bytes of input scanned at a time (a chunk, its columns and the one ahead bound the memory).
+CHUNK_BYTES: Final = 4 << 20
 
 #: seconds until what was appended must be sealed (0: now; None: nothing must be)
 Due = Callable[[], float | None]
