@@ -5,6 +5,7 @@ the compression threads) rather than hoping the threads interleave."""
 from __future__ import annotations
 
 import io
+import os
 import random
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 
 from shale.ledger.errors import InvalidInputError
-from shale.producer import TopicWriter, compressing, jsonl_ingest
+from shale.producer import TopicWriter, ahead, compressing, jsonl_ingest
 from shale.producer.jsonl_ingest import append_lines
 from shale.producer.pipe import chunks, pieces
 from shale.reader import TopicReader
@@ -26,7 +27,7 @@ GUARD_S = 60  # reached only when something is broken
 
 def _lines(rng: random.Random, n: int) -> bytes:
     out = []
-    for i in range(n):
+    for _ in range(n):
         value = "v" * rng.choice([0, 3, 40, 300, 5000])  # some lines longer than a piece
         out.append(b'{"key": "k%d", "value": "%s"}\n' % (rng.randrange(50), value.encode()))
     return b"".join(out)
@@ -40,8 +41,8 @@ def test_pieces_cut_where_chunks_cut_and_stay_whole_until_buffers_come_round(see
     path = tmp_path / "in.jsonl"
     path.write_bytes(data)
     want = list(chunks(io.BytesIO(data), None, size))
-    for stream in (io.BytesIO(data), open(path, "rb"), open(path, "rb", buffering=0)):
-        with stream:
+    for opened in (lambda: io.BytesIO(data), lambda: path.open("rb"), lambda: path.open("rb", buffering=0)):
+        with opened() as stream:
             got: list[memoryview] = []
             copies: list[bytes] = []
             for piece in pieces(stream, None, size, buffers=3):
@@ -63,7 +64,8 @@ def test_pieces_of_a_stream_without_a_buffer_to_read_into() -> None:
             return got
 
     data = _lines(random.Random(9), 100)
-    assert [bytes(p) for p in pieces(Reads(data), None, 500)] == list(chunks(io.BytesIO(data), None, 500))
+    got = pieces(Reads(data), None, 500)  # type: ignore[arg-type]  # (an IO of the typing's, not of io's)
+    assert [bytes(p) for p in got] == list(chunks(io.BytesIO(data), None, 500))
 
 
 class _Held:
@@ -144,3 +146,54 @@ def test_a_file_given_by_name_on_stdin_and_through_a_pipe_make_the_same_topic(tm
                             for t in topics)
     assert len(named) == 3000 and named == stdin_  # ids too: a regular file is read alike either way
     assert [r[1:] for r in piped] == [r[1:] for r in named]
+
+
+@needs(c_extension(jsonl_ingest._native, "ledger/_jsonl.c"))
+@pytest.mark.parametrize("bad", [False, True])
+def test_a_file_scanned_ahead_stores_and_refuses_as_the_stream_read_here(tmp_path: Path, bad: bool) -> None:
+    rng = random.Random(5)
+    data = _lines(rng, 2000)
+    if bad:  # in the third chunk, the two before it scanned ahead and appended
+        cut = data.index(b"\n", 2 * len(data) // 3) + 1
+        data = data[:cut] + b'{"key": "k", "value": "v", "key": "twice"}\n{"key": 7}\n' + data[cut:]
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(data)
+    got = []
+    for way in ("ahead", "stream"):
+        w = TopicWriter(str(tmp_path / way), batch_size=9, max_ledger_records=400)
+        with source.open("rb") as f:
+            stream = ahead.scan_ahead(f, len(data) // 5) if way == "ahead" else f
+            assert isinstance(stream, ahead.Ahead) == (way == "ahead")
+            error = None
+            try:
+                jsonl_ingest.produce_lines(w, stream, "in.jsonl", chunk_bytes=len(data) // 5)
+            except InvalidInputError as e:
+                error = str(e)
+            finally:
+                if isinstance(stream, ahead.Ahead):
+                    stream.close()
+        w.close()
+        got.append((error, [(str(m.id), m.key, m.value) for m in TopicReader(str(tmp_path / way))]))
+    assert got[0] == got[1]
+    assert (got[0][0] is not None) == bad and len(got[0][1]) >= 1000
+
+
+@needs(c_extension(jsonl_ingest._native, "ledger/_jsonl.c"))
+def test_closing_a_file_scanned_ahead_stops_its_thread_however_far_it_got(tmp_path: Path) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(_lines(random.Random(6), 5000))
+    with source.open("rb") as f:
+        scanned = ahead.scan_ahead(f, 4096)
+        assert isinstance(scanned, ahead.Ahead)
+        next(iter(scanned))  # the thread goes on until AHEAD chunks wait: it is then stopped while waiting
+        scanned.close()
+        assert not scanned._thread.is_alive()
+        assert scanned.rewound().read() == source.read_bytes()  # (what the line-by-line path reads then)
+
+
+def test_only_a_regular_file_is_scanned_ahead(tmp_path: Path) -> None:
+    r, w = os.pipe()
+    with os.fdopen(r, "rb") as pipe, os.fdopen(w, "wb"):
+        assert ahead.scan_ahead(pipe, 4096) is pipe
+    data = io.BytesIO(b'{"key": "k"}\n')
+    assert ahead.scan_ahead(data, 4096) is data
