@@ -23,6 +23,7 @@ from shale.reader import TopicReader
 from tests.needs import c_extension, needs
 
 GUARD_S = 60  # reached only when something is broken
+pytestmark = pytest.mark.kernels  # (the scanner and the encoder run in most of these)
 
 
 def _lines(rng: random.Random, n: int) -> bytes:
