@@ -27,7 +27,7 @@ from shale.producer.pipe import pieces
 __all__ = ["AHEAD", "Ahead", "scan_ahead"]
 
 #: Chunks scanned and not appended yet, at most (each a buffer of input and its columns).
-AHEAD: Final = 8
+AHEAD: Final = 4
 
 #: What the thread hands over: a chunk and what the scanner made of it; the end (None);
 #: or what stopped it.

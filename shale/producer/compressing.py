@@ -33,7 +33,7 @@ TASK_BYTES: Final = 1 << 20
 _TASK_ENTRIES: Final = 64
 
 #: Raw bytes of entries given and not taken back yet, at most (a task's worth more).
-MAX_PENDING_BYTES: Final = 32 << 20
+MAX_PENDING_BYTES: Final = 8 << 20
 
 
 def _task(enc: EncodedColumns, bounds: list[tuple[int, int]], compression: Compression) -> list[Compressed]:
