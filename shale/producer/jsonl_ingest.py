@@ -1,9 +1,13 @@
 """``shale produce`` of JSON lines as columns: a C scanner and the bulk append.
 
-The input is read in chunks cut at line ends.  ``ledger/_jsonl.c`` turns each chunk's
-lines into record columns on a thread of its own (it lets go of the interpreter lock), while
-the chunk before is encoded, compressed and written through :meth:`TopicWriter.append_batch
-<shale.producer.TopicWriter.append_batch>`.  The scanner never decides that a line is
+The input is read in chunks cut at line ends, into buffers used in turn
+(:func:`~shale.producer.pipe.pieces`).  ``ledger/_jsonl.c`` turns each chunk's lines into
+record columns on a thread of its own (it lets go of the interpreter lock), while the chunk
+before is encoded and appended through :meth:`TopicWriter.append_batch
+<shale.producer.TopicWriter.append_batch>`, whose entries are compressed on other threads
+while the next chunk is scanned.  A regular file is read and scanned ahead, from before the
+writer was imported (:mod:`shale.producer.ahead`); a pipe is read here, on the main thread,
+where an interrupt stops a wait for input.  The scanner never decides that a line is
 wrong: a line it is not sure of goes through :func:`~shale.producer.jsonlines.parse_record_line`
 and the checks of :meth:`TopicWriter.append <shale.producer.TopicWriter.append>`, as every
 line did before, so a line is stored, or refused with its ``<input>:<line>`` message,
