@@ -7,6 +7,8 @@ from __future__ import annotations
 import io
 import os
 import random
+import re
+import signal
 import subprocess
 import sys
 import threading
@@ -16,10 +18,12 @@ from typing import Any
 import pytest
 
 from shale.ledger.errors import InvalidInputError
+from shale.metadata.topic import TopicMetadata
 from shale.producer import TopicWriter, ahead, compressing, jsonl_ingest
 from shale.producer.jsonl_ingest import append_lines
 from shale.producer.pipe import chunks, pieces
 from shale.reader import TopicReader
+from tests.gates import Gate, start_held
 from tests.needs import c_extension, needs
 
 GUARD_S = 60  # reached only when something is broken
@@ -198,3 +202,28 @@ def test_only_a_regular_file_is_scanned_ahead(tmp_path: Path) -> None:
         assert ahead.scan_ahead(pipe, 4096) is pipe
     data = io.BytesIO(b'{"key": "k"}\n')
     assert ahead.scan_ahead(data, 4096) is data
+
+
+@needs(c_extension(jsonl_ingest._native, "ledger/_jsonl.c"))
+def test_ctrl_c_while_a_file_is_scanned_ahead_keeps_and_names_what_was_appended(tmp_path: Path) -> None:
+    lines = [b'{"key": "k%d", "value": "%s"}\n' % (i, b"v" * 100) for i in range(200_000)]  # (6 chunks)
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b"".join(lines))
+    gate = Gate(tmp_path / "gate")
+    uri = str(tmp_path / "t")
+    # held while it seals its second ledger, with chunks scanned ahead waiting; interrupted there
+    p = start_held(gate, "shale", "shale.producer.writer:TopicWriter._seal", "produce", uri, "--input", str(source),
+                   "--max-ledger-records", "20000", at_call=2)
+    assert gate.wait([p]) == [True]
+    p.send_signal(signal.SIGINT)
+    gate.open()
+    out, err = p.communicate(timeout=GUARD_S)
+    assert p.returncode == 130 and out == "", err
+    said = re.fullmatch(r"shale: interrupted: ([\d,]+) records were appended in (\d+) ledgers, last id (\S+)\n", err)
+    assert said is not None, err
+    read = list(TopicReader(uri))
+    assert 40_000 <= len(read) < 200_000  # stopped after the held seal, before the end of the file
+    assert (int(said[1].replace(",", "")), int(said[2]), said[3]) == (len(read), len(TopicMetadata.open(uri)
+                                                                                    .load_topic().ledgers),
+                                                                       str(read[-1].id))
+    assert [m.key for m in read] == [b"k%d" % i for i in range(len(read))]  # nothing read is lost or reordered
