@@ -51,9 +51,8 @@ class Compressing:
         self._threads = available_cpus() if threads is None else threads
         self._pool: ThreadPoolExecutor | None = None
         self._pending: deque[tuple[Future[list[Compressed]], int, int]] = deque()  # (task, records, bytes)
-        self._bytes = 0
-        #: records given and not taken back yet
-        self.records = 0
+        #: records given and not taken back yet, and their raw bytes
+        self.records = self.bytes = 0
 
     def submit(self, enc: EncodedColumns, bounds: list[tuple[int, int]], compression: Compression
                ) -> Iterator[Compressed]:
@@ -67,12 +66,12 @@ class Compressing:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="shale-compress")
         for group, size in _groups(enc, bounds):
-            while self._pending and self._bytes + size > MAX_PENDING_BYTES:
+            while self._pending and self.bytes + size > MAX_PENDING_BYTES:
                 yield from self._take()
             self._pending.append((self._pool.submit(_task, enc, group, compression),
                                   group[-1][1] - group[0][0], size))
             self.records += group[-1][1] - group[0][0]
-            self._bytes += size
+            self.bytes += size
 
     def drain(self) -> Iterator[Compressed]:
         """Every entry given and not taken back yet, in order."""
@@ -88,7 +87,7 @@ class Compressing:
             raise
         self._pending.popleft()
         self.records -= records
-        self._bytes -= size
+        self.bytes -= size
         return got
 
     def discard(self) -> None:
@@ -96,7 +95,7 @@ class Compressing:
         for future, _, _ in self._pending:
             future.cancel()
         self._pending.clear()
-        self.records = self._bytes = 0
+        self.records = self.bytes = 0
 
     def close(self) -> None:
         """Stop the compression threads (what waits is forgotten: drain it first)."""

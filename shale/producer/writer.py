@@ -327,8 +327,13 @@ class TopicWriter:
             bounds.append((i, j))
             in_ledger = (in_ledger + j - i) % self.max_ledger_records
             i = j
-        # (left compressing when this returns: the caller's next batch overlaps with it)
+        # Left compressing when this returns (the caller's next batch overlaps with it),
+        # unless they may fill the ledger: a batch that fills one seals it before it returns.
         self._land(self._compressing.submit(enc, bounds, self.compression))
+        ledger = self._ledger
+        if ((ledger.n_records if ledger else 0) + self._compressing.records >= self.max_ledger_records
+                or (ledger.estimated_size if ledger else 0) + self._compressing.bytes >= self.max_ledger_bytes):
+            self.settle()
 
     def _land(self, entries: Iterator[Compressed]) -> None:
         """Add compressed entries to the ledger, in order."""

@@ -102,6 +102,7 @@ def test_append_batch_returns_while_its_entries_compress_and_they_keep_their_ord
     held.open()
     w.append("b", "one by one")  # after the entries before it
     w.append_batch({"key": [f"c{i}" for i in range(60)], "value": [f"y{i}" for i in range(60)]})
+    assert [lg.records for lg in w.result.ledgers] == [70]  # a batch that fills a ledger seals it before it returns
     result = w.close()
     assert result.records == 106
     got = [(m.key, m.value) for m in TopicReader(uri)]
@@ -124,7 +125,8 @@ def test_a_bad_line_in_the_second_chunk_while_the_first_is_compressed(
         expected_error = str(by_line.value)
     assert f"in.jsonl:{bad_line}:" in expected_error
     held = _Held(monkeypatch)
-    w = TopicWriter(str(tmp_path / "columns"), batch_size=7, max_ledger_records=50)
+    # (a ledger of more records than the input: a batch that fills a ledger waits for its entries)
+    w = TopicWriter(str(tmp_path / "columns"), batch_size=7, max_ledger_records=1000)
     w._compressing._threads = 2
     with pytest.raises(InvalidInputError) as by_columns:
         jsonl_ingest.produce_lines(w, io.BytesIO(data), "in.jsonl", chunk_bytes=len(good))
