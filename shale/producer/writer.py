@@ -284,7 +284,7 @@ class TopicWriter:
         is appended.  The batch's last entries may still be compressing when this returns
         (on other threads, while the caller prepares its next batch): they come before
         anything appended later, and :meth:`settle`, :meth:`flush` and :meth:`close` wait
-        for them.
+        for them; a batch that fills the ledger seals it before it returns.
         """
         if self._closed:
             raise InvalidInputError("the writer is closed")
