@@ -263,8 +263,10 @@ def _build_grouped(plan: Plan, capacity: int, base: int, threads: int, expected:
     builders = [KeyMapBuilder(capacity, expected=expected) for _ in range(parts)]
     chunk_records = min(_MAX_CHUNK_RECORDS, max(_MIN_CHUNK_RECORDS, 2 * parts * expected))
 
-    def partition(piece: list[Run]) -> tuple[bytearray, npt.NDArray[np.int64]]:
-        got = partition_keys(piece, part_bits + group_bits)
+    spare: list[bytearray | None] = [None] * threads  # each piece's buffer, for the next chunk
+
+    def partition(k: int, piece: list[Run]) -> tuple[bytearray, npt.NDArray[np.int64]]:
+        got = partition_keys(piece, part_bits + group_bits, spare[k])
         assert got is not None
         return got
 
@@ -273,8 +275,9 @@ def _build_grouped(plan: Plan, capacity: int, base: int, threads: int, expected:
 
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="shale-pass-one") as pool:
         for chunk in _chunks(plan, base, chunk_records):
-            sources = list(pool.map(partition, _split_runs(chunk, threads)))
+            sources = list(pool.map(partition, range(threads), _split_runs(chunk, threads)))
             list(pool.map(functools.partial(fill, sources=sources, chunk=chunk), range(parts)))
+            spare = [records for records, _ in sources]
         ranges = list(pool.map(KeyMapBuilder.finish, builders))
     # ranges of hash values in order: the concatenation is sorted by hash
     return KeyMap.sorted(*(np.concatenate(cols) for cols in zip(*ranges, strict=True)))

@@ -2086,17 +2086,21 @@ static void group_scatter(const add_job_t *jobs, Py_ssize_t k, int bits, int64_t
 }
 
 PyDoc_STRVAR(partition_keys_doc,
-             "partition_keys(runs, bits) -> (records, ends)\n\n"
+             "partition_keys(runs, bits, out=None) -> (records, ends)\n\n"
              "The records of runs (tuples (hi, lo, pos, first) with KeyTable.add's meanings; pos\n"
              "may be None) grouped by the top `bits` bits of hi (1 to 16), in their order within\n"
              "each group: records holds (hi, lo, position) as native 64-bit values, 24 bytes a\n"
-             "record; ends the int64 index where each group's records end.  For\n"
-             "KeyTable.add_grouped.");
+             "record (in out, a bytearray, when it is big enough: its first bytes); ends the int64\n"
+             "index where each group's records end.  For KeyTable.add_grouped.");
 
 static PyObject *py_partition_keys(PyObject *Py_UNUSED(self), PyObject *args) {
-    PyObject *runs_obj;
+    PyObject *runs_obj, *out = Py_None;
     int bits;
-    if (!PyArg_ParseTuple(args, "Oi", &runs_obj, &bits)) return NULL;
+    if (!PyArg_ParseTuple(args, "Oi|O", &runs_obj, &bits, &out)) return NULL;
+    if (out != Py_None && !PyByteArray_CheckExact(out)) {
+        PyErr_SetString(PyExc_TypeError, "out must be a bytearray");
+        return NULL;
+    }
     if (bits < 1 || bits > GROUP_MAX_BITS) {
         PyErr_Format(PyExc_ValueError, "bits must be between 1 and %d", GROUP_MAX_BITS);
         return NULL;
@@ -2119,7 +2123,12 @@ static PyObject *py_partition_keys(PyObject *Py_UNUSED(self), PyObject *args) {
         }
         n += jobs[got].n;
     }
-    records = PyByteArray_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(slot_t));
+    /* a bytearray handed back from the chunk before: its pages are already there, where a
+     * fresh one's would each cost a fault */
+    if (out != Py_None && PyByteArray_GET_SIZE(out) >= n * (Py_ssize_t)sizeof(slot_t))
+        records = Py_NewRef(out);
+    else
+        records = PyByteArray_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(slot_t));
     ends = PyByteArray_FromStringAndSize(NULL, ((Py_ssize_t)1 << bits) * 8);
     if (!records || !ends) goto done;
     if (!(at = malloc(((size_t)1 << bits) * sizeof(int64_t)))) {

@@ -563,13 +563,14 @@ def distinct_estimate(his: Sequence[npt.NDArray[np.uint64]]) -> int | None:
 
 def partition_keys(runs: Sequence[tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.int64] | None,
                                         int]],
-                   bits: int) -> tuple[bytearray, npt.NDArray[np.int64]] | None:
+                   bits: int, out: bytearray | None = None) -> tuple[bytearray, npt.NDArray[np.int64]] | None:
     """The records of ``runs`` (``(hi, lo, pos, first)`` as :meth:`KeyTable.add` takes
-    them) grouped by the top ``bits`` bits of their hash: 24 bytes a record, and where
+    them) grouped by the top ``bits`` bits of their hash: 24 bytes a record (written into
+    ``out`` when it is big enough: a buffer handed back costs no fresh pages), and where
     each group ends; for :meth:`KeyTable.add_grouped`.  ``None`` without the C kernels."""
     if _native is None:
         return None
-    records, ends = _native.partition_keys(list(runs), bits)
+    records, ends = _native.partition_keys(list(runs), bits, out)
     return records, np.frombuffer(ends, dtype=np.int64)
 
 
