@@ -174,9 +174,9 @@ def test_threaded_map_equals_one_builder(threads: int, grouped: bool, tmp_path: 
     calls: list[int] = []
     real_partition = pass_one_module.partition_keys
 
-    def partition(runs: Any, bits: int) -> Any:
+    def partition(runs: Any, bits: int, out: Any = None) -> Any:
         calls.append(bits)
-        return real_partition(runs, bits)
+        return real_partition(runs, bits, out)
 
     monkeypatch.setattr(pass_one_module, "partition_keys", partition)
     if grouped:

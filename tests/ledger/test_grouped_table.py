@@ -85,6 +85,17 @@ def test_partition_keys_groups_by_the_top_bits_in_record_order() -> None:
     assert np.array_equal(rec[:, 0], hi[order]) and np.array_equal(rec[:, 1], lo[order])
     assert np.array_equal(rec[:, 2].astype(np.int64), order + 10)
     assert np.array_equal(ends, np.cumsum(np.bincount(group, minlength=32)))
+    # a buffer handed back is written over when big enough (what lies past the records
+    # stays), and left alone when not
+    big, small = bytearray(b"\xff" * (len(records) + 48)), bytearray(16)
+    again = kernels.partition_keys([(hi, lo, None, 10)], 5, big)
+    assert again is not None and again[0] is big and bytes(big[:len(records)]) == bytes(records)
+    assert np.array_equal(again[1], ends) and big[len(records):] == b"\xff" * 48
+    other = kernels.partition_keys([(hi, lo, None, 10)], 5, small)
+    assert other is not None and other[0] is not small and bytes(other[0]) == bytes(records) and small == bytearray(16)
+    table = new_table()
+    assert table.add_grouped([(big, again[1])]) is True
+    assert_columns_equal(finished(table), sorted_columns(latest_dict(hi, lo, np.arange(10, 10 + len(hi)))))
 
 
 def built_by_parts(runs: list[Run], bits: int, part_bits: int) -> tuple[U64, U64, I64]:
