@@ -36,6 +36,9 @@ HOUR = 3600.0
 def parallel_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(workers_module, "MIN_PARALLEL_BYTES", 0)
     monkeypatch.setattr(pass_one_module, "_MIN_THREADED_RECORDS", 0)
+    # small topics' tables cut into many stretches, records grouped in chunks of a few slices
+    monkeypatch.setattr(pass_one_module, "_GROUP_STRETCH_BYTES", 2048)
+    monkeypatch.setattr(pass_one_module, "_MIN_CHUNK_RECORDS", 6_000)
 
 
 def produce(uri: str, seed: int, n: int, keys: int, t: float) -> None:
