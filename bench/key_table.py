@@ -103,7 +103,7 @@ def grouped(hi: U64, lo: U64, expected: int, threads: int, pool: ThreadPoolExecu
     """Pass one's way: chunks partitioned by hash, a piece a thread, then a table a part
     filled group by group; each thread's CPU time of both steps."""
     bits = (threads - 1).bit_length()
-    gbits = bits + max(1, _group_bits(expected))
+    gbits = bits + max(1, _group_bits(expected))  # (as pass one, but grouped at any size)
     tables = [new_key_table(expected) for _ in range(1 << bits)]
     spent: list[float] = []  # each step's CPU time, in whichever thread
 

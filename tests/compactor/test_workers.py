@@ -38,6 +38,7 @@ def parallel_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pass_one_module, "_MIN_THREADED_RECORDS", 0)
     # small topics' tables cut into many stretches, records grouped in chunks of a few slices
     monkeypatch.setattr(pass_one_module, "_GROUP_STRETCH_BYTES", 2048)
+    monkeypatch.setattr(pass_one_module, "_MIN_GROUPED_BYTES", 0)
     monkeypatch.setattr(pass_one_module, "_MIN_CHUNK_RECORDS", 6_000)
 
 
@@ -184,6 +185,7 @@ def test_threaded_map_equals_one_builder(threads: int, grouped: bool, tmp_path: 
     monkeypatch.setattr(pass_one_module, "partition_keys", partition)
     if grouped:
         monkeypatch.setattr(pass_one_module, "_GROUP_STRETCH_BYTES", 2048)
+        monkeypatch.setattr(pass_one_module, "_MIN_GROUPED_BYTES", 0)
         monkeypatch.setattr(pass_one_module, "_MIN_CHUNK_RECORDS", 6_000)
     got = pass_one_module._build_in_threads(plan, 10**6, 0, threads)
     # (one probing call for whether the kernels are there, then one per piece of a chunk)
