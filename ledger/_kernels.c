@@ -2063,6 +2063,10 @@ static Py_ssize_t group_count(const add_job_t *jobs, Py_ssize_t k, int bits, int
     return -1;
 }
 
+/* Slots ahead of a group's next record that are made ready for writing: a record goes to
+ * any of up to a few hundred groups, too many streams for the hardware to see coming. */
+#define GROUP_WRITE_AHEAD 16
+
 /* Writes the runs' records as slots, grouped (ends[g]: group g's records counted, then
  * where they end; at: room for one cursor a group). */
 static void group_scatter(const add_job_t *jobs, Py_ssize_t k, int bits, int64_t *ends, int64_t *at, slot_t *out) {
@@ -2078,6 +2082,7 @@ static void group_scatter(const add_job_t *jobs, Py_ssize_t k, int bits, int64_t
         for (Py_ssize_t i = 0; i < j->n; i++) {
             uint64_t hi = ld64(j->hi + i);
             slot_t *x = out + at[hi >> (64 - bits)]++;
+            __builtin_prefetch((const void *)((uintptr_t)x + GROUP_WRITE_AHEAD * sizeof(slot_t)), 1, 3);
             x->hi = hi;
             x->lo = ld64(j->lo + i);
             x->idx = j->pos ? (int64_t)ld64((const uint64_t *)(j->pos + i)) : j->first + i;
