@@ -19,6 +19,14 @@ Wall time and CPU time (user + system; a process's own, from ``getrusage``) for 
 medians, and the ratios Shale / pyarrow (below 1: Shale faster).  The machine's load
 average is printed first and last: on a shared machine compare CPU times.
 
+With ``--arrow-cache``, the topic's original ledgers are compacted in full again in a
+scratch copy beside it (its ledgers hard-linked), ``--repeat`` times without and with the
+Arrow cache (policy ``arrow-cache``), interleaved: pass two's time and the bytes written
+(parts, caches) of each.  The last run, with caches, is the view the rest of the bench
+reads, and the warm calls add the topic as given (its parts decoded, no cache) beside it;
+each warm call is also timed with a touch of every page of the table's keys and values
+(Shale's table from a cache is a view of the mapped file: what it costs to use it).
+
 With ``--raw-parquet`` (the same topic's raw records as Parquet, which that bench leaves
 beside it) it also times ``shale export --compacted`` to Parquet against DuckDB's ``COPY
 (SELECT arg_max(...) GROUP BY key) TO 'x.parquet'`` over the raw records: Shale's
@@ -36,6 +44,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -79,6 +88,71 @@ def _process(kind: tuple[str, str], path: str) -> dict[str, float]:
             "call_cpu_s": got["call_cpu_s"]}
 
 
+def _touch(table: Any) -> int:
+    """Read one byte of every page of the table's keys and values (page faults included)."""
+    import numpy as np
+
+    total = 0
+    for name in ("key", "value"):
+        for chunk in table[name].chunks:
+            data = chunk.buffers()[2]
+            if data is not None and data.size:
+                total += int(np.frombuffer(data, dtype=np.uint8)[::4096].sum())
+    return total
+
+
+def _warm(call: Any) -> dict[str, float]:
+    """One warm call's wall and CPU time, alone and with a touch of its keys and values."""
+    t, c = time.perf_counter(), _cpu()
+    got = call()
+    w, u = time.perf_counter() - t, _cpu() - c
+    _touch(got)
+    return {"rows": got.num_rows, "warm_call_s": w, "warm_call_cpu_s": u,
+            "warm_call_and_touch_s": time.perf_counter() - t, "warm_call_and_touch_cpu_s": _cpu() - c}
+
+
+def _scratch(topic: Path) -> Path:
+    """A copy of the topic's metadata and original ledgers (hard links), never compacted."""
+    import shutil
+
+    scratch = topic.parent / f"{topic.name}-arrow-cache"
+    shutil.rmtree(scratch, ignore_errors=True)
+    shutil.copytree(topic, scratch, copy_function=os.link,
+                    ignore=lambda d, names: [n for n in names if n in ("compacted", "compaction.json")
+                                             or n.endswith(".parquet")])
+    return scratch
+
+
+def _compactions(scratch: Path, repeat: int) -> None:
+    """Full compactions of ``scratch`` without and with the cache, interleaved; the last with."""
+    import shutil
+
+    from shale.compactor import CompactionConfig, Compactor
+    from shale.metadata.topic import TopicMetadata
+
+    got: dict[bool, dict[str, list[float]]] = {False: {}, True: {}}
+    for _ in range(repeat):
+        for cache in (False, True):
+            (scratch / "_meta" / "compaction.json").unlink(missing_ok=True)
+            shutil.rmtree(scratch / "compacted", ignore_errors=True)
+            c, t = _cpu() + _children_cpu(), time.perf_counter()  # (pass two's workers are processes)
+            s = Compactor(str(scratch), CompactionConfig(delete_retention_ms=0, arrow_cache=cache)).run()
+            wall, cpu = time.perf_counter() - t, _cpu() + _children_cpu() - c
+            assert s.status == "compacted", s.human()
+            parts = TopicMetadata.open(str(scratch)).load_compaction().parts
+            caches = sum((scratch / p.arrow_cache).stat().st_size for p in parts if p.arrow_cache)
+            for k, v in {"run_s": wall, "run_cpu_s": cpu, "pass_two_s": s.durations["pass_two"],
+                         "part_bytes": s.bytes_written, "cache_bytes": caches}.items():
+                got[cache].setdefault(k, []).append(v)
+    med = {cache: {k: statistics.median(v) for k, v in runs.items()} for cache, runs in got.items()}
+    for cache in (False, True):
+        print(json.dumps({"run": f"compact {'with' if cache else 'without'} the Arrow cache",
+                          **{f"median_{k}": round(v, 3) for k, v in med[cache].items()},
+                          "runs": {k: [round(x, 3) for x in v] for k, v in got[cache].items()}}))
+    print(json.dumps({"cache adds to pass two (s)": round(med[True]["pass_two_s"] - med[False]["pass_two_s"], 3),
+                      "cache bytes / part bytes": round(med[True]["cache_bytes"] / med[True]["part_bytes"], 2)}))
+
+
 def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -86,13 +160,18 @@ def _load() -> str:
 def _report(runs: dict[str, dict[str, list[float]]], rows: int, parquet: Path) -> None:
     """Each side's medians and runs, then Shale's figures over pyarrow's."""
     med = {who: {k: statistics.median(v) for k, v in got.items()} for who, got in runs.items()}
+    names = {"shale": "shale to_arrow", "pyarrow": "pyarrow read_table(parquet)",
+             "decoded": "shale to_arrow of the topic as given (parts decoded)"}
     for who, got in runs.items():
-        print(json.dumps({"run": "shale to_arrow" if who == "shale" else "pyarrow read_table(parquet)",
+        print(json.dumps({"run": names[who],
                           "rows": rows, **{f"median_{k}": round(v, 3) for k, v in med[who].items()},
-                          "rows_per_s_call": round(rows / med[who]["call_s"]),
+                          "rows_per_s_call": round(rows / med[who]["call_s"]) if "call_s" in med[who] else None,
                           "runs": {k: [round(x, 3) for x in v] for k, v in got.items()}}))
     print(json.dumps({f"shale / pyarrow {k}": round(med["shale"][k] / med["pyarrow"][k], 2) for k in med["shale"]}
                      | {"parquet_bytes": parquet.stat().st_size, "load_average": _load()}))
+    if "decoded" in med:
+        print(json.dumps({f"decoded / pyarrow {k}": round(med["decoded"][k] / med["pyarrow"][k], 2)
+                          for k in med["decoded"]}))
 
 
 def main() -> None:
@@ -100,6 +179,8 @@ def main() -> None:
     p.add_argument("topic")
     p.add_argument("--repeat", type=int, default=7)
     p.add_argument("--raw-parquet", default=None, help="the topic's raw records as Parquet (key, seq, value)")
+    p.add_argument("--arrow-cache", action="store_true", help="compact a copy without and with the Arrow cache, "
+                   "then read that copy (and the topic, decoded, in the warm calls)")
     a = p.parse_args()
     import pyarrow.parquet as pq
 
@@ -110,12 +191,16 @@ def main() -> None:
         import duckdb
 
     print(json.dumps({"load_average": _load(), "cpus": len(os.sched_getaffinity(0))}))
+    decoded = a.topic
+    if a.arrow_cache:
+        a.topic = str(_scratch(Path(a.topic)))
+        _compactions(Path(a.topic), a.repeat)
     table = TopicReader(a.topic, read_compacted=True).to_arrow()  # (also warms the page cache)
     parquet = Path(a.topic) / "compacted-view.parquet"
     pq.write_table(table, parquet)
     rows = table.num_rows
     del table
-    runs: dict[str, dict[str, list[float]]] = {"shale": {}, "pyarrow": {}}
+    runs: dict[str, dict[str, list[float]]] = {"shale": {}, "pyarrow": {}, **({"decoded": {}} if a.arrow_cache else {})}
 
     def add(who: str, got: dict[str, float]) -> None:
         assert got.pop("rows", rows) == rows
@@ -125,13 +210,13 @@ def main() -> None:
     for _ in range(a.repeat):  # whole processes, A B A B
         add("shale", _process(SHALE, a.topic))
         add("pyarrow", _process(PYARROW, str(parquet)))
+    calls = [("shale", lambda: TopicReader(a.topic, read_compacted=True).to_arrow()),
+             ("pyarrow", lambda: pq.read_table(parquet))]
+    if a.arrow_cache:
+        calls.append(("decoded", lambda: TopicReader(decoded, read_compacted=True).to_arrow()))
     for _ in range(a.repeat):  # the calls in this process, warm
-        t, c = time.perf_counter(), _cpu()
-        n = TopicReader(a.topic, read_compacted=True).to_arrow().num_rows
-        add("shale", {"rows": n, "warm_call_s": time.perf_counter() - t, "warm_call_cpu_s": _cpu() - c})
-        t, c = time.perf_counter(), _cpu()
-        n = pq.read_table(parquet).num_rows
-        add("pyarrow", {"rows": n, "warm_call_s": time.perf_counter() - t, "warm_call_cpu_s": _cpu() - c})
+        for who, call in calls:
+            add(who, _warm(call))
     _report(runs, rows, parquet)
     if a.raw_parquet:
         times: dict[str, list[float]] = {"shale export --compacted": [], "duckdb COPY arg_max": []}

@@ -62,6 +62,8 @@ class CompactionConfig:
       that an active subscription has yet to read stays until it has been kept this long
       (0: subscriptions hold no tombstone back) (:mod:`shale.metadata.subscriptions`).
     * ``retain_null_key`` — keep records without a key in place instead of dropping them.
+    * ``arrow_cache`` — write an Arrow cache beside each part written
+      (:mod:`shale.ledger.arrow_cache`).
     * ``min_dirty_ratio`` — skip the run when dirty bytes / live bytes is below this.
     * ``gc_grace_ms`` — retired compacted ledgers are deleted only after this long.
     * ``max_map_bytes`` — the most pass one's key map may hold (24 bytes per key written
@@ -108,6 +110,7 @@ class CompactionConfig:
     min_compaction_lag_ms: int = _setting("min-compaction-lag")
     delete_retention_ms: int = _setting("delete-retention")
     retain_null_key: bool = _setting("retain-null-key")
+    arrow_cache: bool = _setting("arrow-cache")
     subscription_expiry_ms: int = _setting("subscription-expiry")
     max_tombstone_hold_ms: int = _setting("max-tombstone-hold")
     min_dirty_ratio: float = _setting("min-dirty-ratio")

@@ -294,6 +294,7 @@ class Compactor:
                 summary.horizon = summary.previous_horizon
                 return done(RunStatus.CONFLICT, "another compactor replaced the compacted ledger this run was reading; "
                             "this run's output was removed", gc=False)
+            self._write_caches(out, run_dir, written)
             t = phase("pass_two", t)
             self._note_output(summary, out, survivors)
             summary.bytes_replaced = _replaced_bytes(plan, out)
@@ -319,6 +320,14 @@ class Compactor:
             if remove_output:
                 self._remove(run_dir, written)
         return self._after_publish(summary, run_dir, t, phase, done)
+
+    def _write_caches(self, out: PassTwoResult, run_dir: str, written: list[str]) -> None:
+        """The Arrow caches of the parts pass two wrote, when the policy asks for them."""
+        if self.config.arrow_cache:
+            from shale.compactor.arrow_caches import write_arrow_caches
+
+            self.progress("pass two: writing the parts' Arrow caches")
+            write_arrow_caches(self.meta, out, run_dir, written.append)
 
     def _after_publish(self, summary: RunSummary, run_dir: str, t: float, phase: Callable[[str, float], float],
                        done: Callable[..., RunSummary]) -> RunSummary:

@@ -62,6 +62,11 @@ class LedgerFile:
         #: bytes fetched to open the object (trailer + footer), for I/O accounting
         self.footer_bytes = footer_bytes
         self._header_checked = False
+        #: the footer's checksum as the trailer gives it (checked against the footer when opened; 0: not opened so)
+        self.footer_crc = 0
+        #: the key of this compacted part's Arrow cache, where the view that opened it names one
+        #: (:mod:`shale.ledger.arrow_cache`): Arrow batches are read from there
+        self.arrow_cache: str | None = None
         #: the mapped file the footer's columns are views of (a local object's big footer), else None
         self._mapped: mmap.mmap | None = None
         self._ledgers: npt.NDArray[np.uint64] | None = None
@@ -99,6 +104,7 @@ class LedgerFile:
         footer = decode_footer(footer_bytes, trailer, where)
         fetched = len(tail) + (0 if trailer.footer_offset >= tail_start else trailer.footer_length)
         f = cls(store, key, footer, size, fetched, dictionaries)
+        f.footer_crc = trailer.footer_crc
         if isinstance(footer_bytes, memoryview) and isinstance(footer_bytes.obj, mmap.mmap):
             f._mapped = footer_bytes.obj
             f.release_pages()  # checking it read every page; the run reads them again a few at a time

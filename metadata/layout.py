@@ -6,6 +6,7 @@
     <topic>/_meta/compaction.json                             compaction state
     <topic>/ledgers/<id:020d>-<nonce>.ledger                  original ledgers
     <topic>/compacted/<epoch:012d>-<nonce>/part-....ledger    compacted parts of one run
+    <topic>/compacted/<epoch:012d>-<nonce>/part-....arrow     a part's Arrow cache (policy arrow-cache)
     <topic>/compacted/<epoch:012d>-<nonce>/deletions-....bin  deletion vectors of parts kept in place
     <topic>/compacted/<epoch:012d>-<nonce>/_run.json          a running compaction's heartbeat
     <topic>/dictionaries/<id:010d>-<nonce>.zdict               trained zstd dictionaries
@@ -38,6 +39,7 @@ __all__ = [
     "META_DIR",
     "STAGING_DIR",
     "UNREGISTERED_MAX_AGE_MS",
+    "arrow_cache_name",
     "dictionary_object_name",
     "is_compacted_object",
     "is_dictionary_name",
@@ -79,7 +81,7 @@ _WRITE: Final = rf"{STAGING_DIR}/{_NONCE}"
 _STAGING: Final = re.compile(rf"({_WRITE})/(?:task-(\d{{6,10}})-({_NONCE})\.json|{re.escape(_DONE_NAME)})")
 # part-NNNNN (one process), part-GGGGG-NNNNN (pass-two workers), part-TTTTTT-NNNNN (Spark tasks)
 _COMPACTED: Final = re.compile(
-    rf"{_RUN}/(?:part-\d{{5,6}}(?:-\d{{5}})?\.ledger|deletions-\d{{5,6}}(?:-\d{{5}})?\.bin|{re.escape(HEARTBEAT_NAME)})")
+    rf"{_RUN}/(?:part-\d{{5,6}}(?:-\d{{5}})?\.(?:ledger|arrow)|deletions-\d{{5,6}}(?:-\d{{5}})?\.bin|{re.escape(HEARTBEAT_NAME)})")
 
 
 def ledger_object_name(ledger_id: int, nonce: str) -> str:
@@ -123,9 +125,15 @@ def is_dictionary_name(name: str) -> bool:
 
 
 def is_compacted_object(name: str) -> bool:
-    """Whether ``name`` is named as a compaction run names what it writes: parts,
-    deletion vectors and its heartbeat, directly in its run folder."""
+    """Whether ``name`` is named as a compaction run names what it writes: parts, their
+    Arrow caches, deletion vectors and its heartbeat, directly in its run folder."""
     return _COMPACTED.fullmatch(name) is not None
+
+
+def arrow_cache_name(part: str) -> str:
+    """The name of the Arrow cache of the compacted part ``part``, beside it
+    (``…/part-00000.ledger`` → ``…/part-00000.arrow``: :mod:`shale.ledger.arrow_cache`)."""
+    return part.removesuffix(".ledger") + ".arrow"
 
 
 def is_run_dir(name: str) -> bool:

@@ -31,6 +31,7 @@ from shale.ledger.codecs import MAX_DICTIONARY_BYTES
 from shale.ledger.errors import InvalidInputError, InvalidMetadataError, mid_sentence
 from shale.ledger.ids import MessageId
 from shale.metadata.layout import (
+    arrow_cache_name,
     is_compacted_object,
     is_dictionary_object,
     is_ledger_object,
@@ -123,6 +124,7 @@ class PartDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     deletions: Name | None = None
     deleted: Count = 0
     raw_bytes: Count | None = None
+    arrow_cache: Name | None = None
 
 
 class RetiredDoc(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -382,7 +384,7 @@ def _check_parts(parts: list[PartDoc], horizon: MessageId | None, epoch: int, wh
                 f"{where}: field {field}.first_id: parts must be in id order and disjoint: {first} is not after "
                 f"{previous}")
         previous = last if last is not None else previous
-        for name in (p.object, p.deletions):
+        for name in (p.object, p.deletions, p.arrow_cache):
             if name is not None and name in published:
                 raise InvalidMetadataError(f"{where}: field {field}: {name!r} is published twice")
             if name is not None:
@@ -414,6 +416,9 @@ def _check_part(p: PartDoc, field: str, first: MessageId | None, last: MessageId
         raise InvalidMetadataError(f"{where}: field {field}.object: {p.object!r} is not a compacted part's name")
     if p.deletions is not None and (not is_compacted_object(p.deletions) or not p.deletions.endswith(".bin")):
         raise InvalidMetadataError(f"{where}: field {field}.deletions: {p.deletions!r} is not a deletion vector's name")
+    if p.arrow_cache is not None and p.arrow_cache != arrow_cache_name(p.object):
+        raise InvalidMetadataError(f"{where}: field {field}.arrow_cache: {p.arrow_cache!r} is not the Arrow cache of "
+                                   f"{p.object!r}")
     if p.deleted > p.records or (p.deletions is None) != (p.deleted == 0):
         raise InvalidMetadataError(f"{where}: field {field}.deleted: {p.deleted} of {p.records} records")
     if p.records < p.entries or (p.records > 0) != (first is not None and last is not None):

@@ -206,7 +206,8 @@ class CompactedPart:
 
     ``ledger_id`` is the epoch of the run that wrote the object (a later run may keep it
     instead of copying it); ``deletions`` names the deletion vector listing its records
-    that are no longer live, ``deleted`` of them.
+    that are no longer live, ``deleted`` of them; ``arrow_cache`` names its Arrow cache,
+    beside it (:mod:`shale.ledger.arrow_cache`), when the run that wrote it made one.
     """
 
     object: str
@@ -220,6 +221,7 @@ class CompactedPart:
     deleted: int = 0
     #: the object's size were its entries stored uncompressed (None: as ``bytes``)
     raw_bytes: int | None = None
+    arrow_cache: str | None = None
 
     @property
     def live(self) -> int:
@@ -240,6 +242,8 @@ class CompactedPart:
             d["deleted"] = self.deleted
         if self.raw_bytes is not None:
             d["raw_bytes"] = self.raw_bytes
+        if self.arrow_cache is not None:
+            d["arrow_cache"] = self.arrow_cache
         return d
 
     @classmethod
@@ -251,7 +255,7 @@ class CompactedPart:
     @classmethod
     def from_doc(cls, d: PartDoc, first: MessageId | None, last: MessageId | None) -> CompactedPart:
         return cls(d.object, d.entries, d.records, d.bytes, first, last, d.ledger_id, d.deletions, d.deleted,
-                   d.raw_bytes)
+                   d.raw_bytes, d.arrow_cache)
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,8 +275,8 @@ class RetiredSet:
 
 
 def _part_objects(parts: tuple[CompactedPart, ...]) -> set[str]:
-    """The objects ``parts`` name: each part and its deletion vector."""
-    return {p.object for p in parts} | {p.deletions for p in parts if p.deletions}
+    """The objects ``parts`` name: each part, its deletion vector and its Arrow cache."""
+    return {p.object for p in parts} | {o for p in parts for o in (p.deletions, p.arrow_cache) if o}
 
 
 @dataclass(frozen=True, slots=True)

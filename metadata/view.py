@@ -154,6 +154,10 @@ class Segment:
         return LedgerFile.open(meta.topic.store, meta.topic.key(self.object), ledger_id=self.ledger_id,
                                kind=self.kind, dictionaries=meta.dictionaries)
 
+    def arrow_cache(self, meta: TopicMetadata) -> str | None:
+        """The key of the part's Arrow cache (:mod:`shale.ledger.arrow_cache`), if it has one."""
+        return meta.topic.key(self.part.arrow_cache) if self.part is not None and self.part.arrow_cache else None
+
     def deleted(self, meta: TopicMetadata, records: int) -> npt.NDArray[np.bool_] | None:
         """Per record of the object (``records`` of them), whether its deletion vector
         removed it; None when it has none."""

@@ -296,7 +296,9 @@ def latest_batches(meta: TopicMetadata, plan: LatestPlan, *, utf8: bool = False,
     with BatchReader(decode_threads(), max_batch_bytes=max_batch_bytes, rows=rows,
                      chunk_bytes=min(DEFAULT_CHUNK_BYTES, max_batch_bytes), utf8=utf8) as reader:
         for c in plan.chosen:
-            yield from reader.batches(c.segment.open(meta), c.records)
+            f = c.segment.open(meta)
+            f.arrow_cache = c.segment.arrow_cache(meta)
+            yield from reader.batches(f, c.records)
 
 
 def latest_messages(meta: TopicMetadata, plan: LatestPlan, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,

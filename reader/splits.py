@@ -39,7 +39,8 @@ DEFAULT_SPLIT_RECORDS = 1_000_000
 @dataclass(frozen=True, slots=True)
 class Split:
     """Records ``[first, stop)`` (record indexes) of one object, with ids in
-    ``[start, end)`` (``L:E:B`` texts; ``end`` empty: no bound)."""
+    ``[start, end)`` (``L:E:B`` texts; ``end`` empty: no bound); ``arrow_cache``: a
+    compacted part's Arrow cache, which the split is read from (:mod:`shale.ledger.arrow_cache`)."""
 
     object: str
     ledger_id: int
@@ -49,6 +50,7 @@ class Split:
     start: str
     end: str
     deletions: str | None = None
+    arrow_cache: str | None = None
 
     @property
     def records(self) -> int:
@@ -65,7 +67,8 @@ class Split:
     def of(cls, segment: Segment) -> Split:
         """The split that reads ``segment``."""
         return cls(segment.object, segment.ledger_id, segment.kind, segment.first, segment.stop, str(segment.start),
-                   "" if segment.end is None else str(segment.end), segment.deletions)
+                   "" if segment.end is None else str(segment.end), segment.deletions,
+                   segment.part.arrow_cache if segment.part is not None else None)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,5 +101,6 @@ def read_split(meta: TopicMetadata, split: Split, *, rows: int | None = None, ut
     """The records of ``split`` as Arrow record batches of at most ``max_batch_bytes``
     bytes of records (and ``rows`` rows, when given), decoded on one thread (needs pyarrow)."""
     f = open_split(meta, split)
+    f.arrow_cache = meta.topic.key(split.arrow_cache) if split.arrow_cache else None
     with BatchReader(1, max_batch_bytes=max_batch_bytes, rows=rows, utf8=utf8, id_text=id_text) as reader:
         yield from reader.batches(f, split_records(meta, f, split))

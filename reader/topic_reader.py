@@ -479,6 +479,7 @@ class TopicReader(Subscribing):
                 return
             try:
                 for seg, f in self._opened(view.parts(self._next, stop)):  # (the point's bound: _bounded)
+                    f.arrow_cache = seg.arrow_cache(self.meta)  # (read by Arrow batches)
                     gone = self._deletions(seg, f.n_records)
                     if stop is not None and (cut := f.find(stop)) < f.n_records:
                         gone = np.zeros(f.n_records, dtype=np.bool_) if gone is None else gone.copy()

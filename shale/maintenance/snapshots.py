@@ -61,9 +61,11 @@ def kept_snapshots(prev: CompactionState, *, keep: int, keep_age_ms: int, now_ms
 
 
 def _in_order(views: list[tuple[CompactedPart, ...]], names: set[str]) -> tuple[str, ...]:
-    """``names`` in the order ``views`` name them: parts first, then deletion vectors."""
+    """``names`` in the order ``views`` name them: parts first, then deletion vectors,
+    then Arrow caches."""
     order = [p.object for parts in views for p in parts]
     order += [p.deletions for parts in views for p in parts if p.deletions]
+    order += [p.arrow_cache for parts in views for p in parts if p.arrow_cache]
     return tuple(o for o in dict.fromkeys(order) if o in names)
 
 

@@ -70,11 +70,14 @@ class VerifyReport:
     #: event order: keys the view holds a value of that is older than a delete of theirs
     #: the view no longer keeps (dropped past the delete retention): what the order allows
     resurrected: int = 0
+    #: the parts' Arrow caches compared with their parts, and those that do not match
+    caches_checked: int = 0
+    caches_bad: int = 0
     examples: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not (self.missing or self.extra or self.stale)
+        return not (self.missing or self.extra or self.stale or self.caches_bad)
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "ok": self.ok}
@@ -88,6 +91,8 @@ class VerifyReport:
                 f"checked; missing {self.missing:,}, extra {self.extra:,}, "
                 f"stale {self.stale:,}, unverifiable {self.unverifiable:,}"
                 + (f", older than a dropped delete {self.resurrected:,}" if self.resurrected else "")
+                + (f"; {count(self.caches_checked, 'Arrow cache')} checked, {self.caches_bad:,} not matching its part"
+                   if self.caches_checked else "")
                 + "".join(f"\n  {e}" for e in self.examples))
 
 
@@ -211,7 +216,21 @@ def _published(meta: TopicMetadata, view: TopicView, report: VerifyReport, order
             f.check_records_in(buf, base, c0, c1)
             report.frames_checked += c1 - c0
         published.add(f, 0, f.n_records, None if gone is None else ~gone, order)
+        if (cache := part.arrow_cache(meta)) is not None:
+            _check_cache(f, cache, report)
     return published
+
+
+def _check_cache(f: LedgerFile, cache: str, report: VerifyReport) -> None:
+    """Compare the part ``f``'s Arrow cache with the part, row by row (a mismatch: exit 4)."""
+    from shale.ledger.arrow_cache import cache_matches
+
+    report.caches_checked += 1
+    why = cache_matches(f, cache)
+    if why:
+        report.caches_bad += 1
+        if len(report.examples) < _EXAMPLES:
+            report.examples.append(f"{f.store.url(cache)}: the Arrow cache does not match its part: {why}")
 
 
 def _recomputed(meta: TopicMetadata, topic: TopicState, h: MessageId | None,
@@ -288,7 +307,7 @@ def _compare(report: VerifyReport, published: _Records, original: _Originals, ex
                  for i in np.flatnonzero(orphan)[:_EXAMPLES]]
     examples += [f"missing: the key of record {_id(e_ids[i])} (its latest) is not in the compacted view"
                  for i in lost[:_EXAMPLES]]
-    report.examples = examples[:_EXAMPLES]
+    report.examples = [*report.examples, *examples][:_EXAMPLES]  # (the caches' first)
 
 
 def _after_delete(stale: npt.NDArray[np.bool_], e_tomb: npt.NDArray[np.bool_],

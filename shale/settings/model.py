@@ -280,6 +280,9 @@ SETTINGS: Final[dict[str, Setting]] = {s.name: s for s in (
        "drops them at once)", _COMPACT, default=24 * 3_600_000, policy=True, field="delete_retention_ms"),
     _s("retain-null-key", Switch(), "keep records without a key in place (default: drop them)", _COMPACT,
        default=False, policy=True),
+    _s("arrow-cache", Switch(), "write an Arrow IPC file beside each compacted part written (its rows as a read "
+       "of the view as Arrow gives them), which such reads map instead of decoding the part; costs compaction time "
+       "and storage (bench/README.md)", _COMPACT, default=False, policy=True),
     _s("min-dirty-ratio", Ratio(), "skip when bytes above the horizon / live bytes is below R", _COMPACT,
        default=0.0, policy=True),
     _s("order", Choice(("offset", "event-time")), "which record of a key wins: offset (the one written last) or "

@@ -84,7 +84,7 @@ def cases(topic: str, scratch: str) -> list[Case]:
         Case("shale config T", _shale("config", topic), NEVER | RECORDS | SOME_RUNS, 110),
         Case("shale snapshots T", _shale("snapshots", topic), NEVER | RECORDS | SOME_RUNS, 110),
         Case("shale get T KEY", _shale("get", topic, "k3"), NEVER | SOME_RUNS, 142),
-        Case("shale read T", _shale("read", topic), NEVER | SOME_RUNS - {"concurrent.futures"}, 163),
+        Case("shale read T", _shale("read", topic), NEVER | SOME_RUNS - {"concurrent.futures"}, 164),
         Case("shale status T", _shale("status", topic), NEVER | SOME_RUNS, 144),
         Case("compact T", f"from shale.compactor.cli import main\nassert main([{scratch!r}]) == 0",
              NEVER | {"humanfriendly", "pytimeparse2", "isodate", "tenacity"}, 181),

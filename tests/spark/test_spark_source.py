@@ -131,6 +131,44 @@ def test_read_equals_the_reader(spark: Any, disk_topic_uri: str) -> None:
     assert (first.id, first.key) == (str(m.id), m.key.decode() if m.key else None)
 
 
+def test_executors_read_compacted_parts_from_their_arrow_caches(spark: Any, tmp_path: Path) -> None:
+    """A topic whose parts have Arrow caches: the splits of the view are read from them on
+    the executors.  One cache holds a value its part does not (bound to the part, so
+    used: what ``verify`` finds), which shows where the rows came from."""
+    import pyarrow as pa
+
+    from tests.reader.test_arrow_cache import _caches, _rewritten
+    from tests.reader.test_arrow_cache import _topic as cached_topic
+
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    uri = str(tmp_path / "t")
+    cached_topic(uri)
+    store = TopicMetadata.open(uri).topic.store
+    key = _caches(uri)[-1]
+
+    def marked(t: Any, m: dict[bytes, bytes]) -> tuple[Any, dict[bytes, bytes]]:
+        values = t.column("value").to_pylist()
+        values[0] = b"from the cache"
+        return t.set_column(4, "value", pa.array(values, pa.large_binary())), m
+
+    store.put(key, _rewritten(store.get(key), marked))
+    df = spark.read.format("shale").option("compacted", "true").option("splitRecords", "100").load(uri)
+    got = _got(df.collect())
+    assert any(row[4] == b"from the cache" for row in got)
+    want = TopicReader(uri, read_compacted=True).to_arrow().to_pylist()
+    assert got == _got([_Row(r) for r in want])
+
+
+class _Row:
+    """A row of ``to_arrow``'s table as Spark's rows give it (attributes; properties a
+    dict; times naive UTC)."""
+
+    def __init__(self, r: dict[str, Any]) -> None:
+        for k, v in r.items():
+            setattr(self, k, dict(v) if k == "properties" else
+                    v.replace(tzinfo=None) if isinstance(v, datetime.datetime) else v)
+
+
 def test_the_table_option_reads_the_table_in_the_topics_order(spark: Any, tmp_path: Path) -> None:
     """``option("table", "true")``: the latest record of every live key as ``read --table``
     gives it, under the topic's order and key TTL: before the first compaction (the

@@ -268,6 +268,27 @@ def test_spark_parts_keep_each_records_event_time_as_local_ones_do(engine: Spark
     assert events_of(local_uri) == events_of(spark_uri) != []
 
 
+def test_spark_parts_get_arrow_caches_as_local_ones_do(engine: SparkEngine, tmp_path: Path) -> None:
+    """With the policy's ``arrow-cache``, every part Spark's tasks write gets its cache
+    (written by the driver before the publish), and the view read from the caches is the
+    local engine's."""
+    from shale.ledger.arrow_cache import cache_counts
+    from tests.reader.test_arrow import _produce
+
+    cfg = CompactionConfig(delete_retention_ms=3_600_000, max_part_bytes=1 << 16, arrow_cache=True)
+    local_uri, spark_uri = str(tmp_path / "local"), str(tmp_path / "spark")
+    for uri in (local_uri, spark_uri):
+        _produce(uri, 7, 600, "zstd")
+    Compactor(local_uri, cfg).run()
+    assert Compactor(spark_uri, cfg, engine=engine).run().engine == "spark"
+    parts = TopicMetadata.open(spark_uri).load_compaction().parts
+    assert parts and all(p.arrow_cache and (tmp_path / "spark" / p.arrow_cache).is_file() for p in parts)
+    read, refused = cache_counts()
+    view = TopicReader(spark_uri, read_compacted=True).to_arrow()
+    assert cache_counts() == (read + len(parts), refused)
+    assert view.equals(TopicReader(local_uri, read_compacted=True).to_arrow())
+
+
 def test_spark_reads_and_writes_entries_compressed_with_the_topics_dictionary(engine: SparkEngine,
                                                                             tmp_path: Path) -> None:
     """Executors get the topic's dictionaries with the tasks: both engines publish the
