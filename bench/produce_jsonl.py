@@ -11,6 +11,11 @@ second mixes objects and strings in one field, which their column types cannot h
 ``--tree``, ``shale produce`` of other checkouts of Shale too (e.g. an older one).  Medians
 of wall and CPU time (user + system, every thread); on a shared machine wall time follows
 the load.  The ratio is the peer's time over Shale's (1 or more: Shale is as fast or faster).
+
+Then, for each checkout, one more run of the first input in a process that counts the CPU
+time of each of its threads (the main thread; the scan and compression threads): on two
+cores the wall time is at least the main thread's CPU and at least half the process's, so
+the larger of the two says which one a quiet machine would wait for.
 """
 
 from __future__ import annotations
@@ -71,6 +76,36 @@ duckdb.sql(f"COPY (SELECT * FROM read_json('{sys.argv[1]}', format='newline_deli
 """
 
 
+_THREADS = """
+import collections, sys, threading, time
+cpu = collections.Counter()
+run = threading.Thread.run
+def counted(self):
+    try:
+        run(self)
+    finally:
+        cpu[self.name.rstrip("0123456789_").rstrip("-_")] += time.thread_time()
+threading.Thread.run = counted
+from shale.cli import main
+try:
+    main(["produce", sys.argv[2], "--input", sys.argv[1]])
+except SystemExit:
+    pass
+print(time.thread_time(), time.process_time(), dict(cpu))
+"""
+
+
+def _threads(tree: Path, source: Path, topic: Path) -> str:
+    """Each thread's CPU time in one run of ``shale produce`` of ``tree``."""
+    shutil.rmtree(topic, ignore_errors=True)
+    out = subprocess.run([sys.executable, "-c", _THREADS, str(source), str(topic)], cwd=tree, check=True,
+                         env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True).stdout
+    main, total, others = out.strip().splitlines()[-1].split(" ", 2)
+    threads = ", ".join(f"{k} {v:.2f}" for k, v in sorted(eval(others).items()))  # (a dict this script printed)
+    return (f"main thread {float(main):.2f} s, {threads or 'no other thread'}; process {float(total):.2f} s: "
+            f"on two cores at least {max(float(main), float(total) / 2):.2f} s")
+
+
 def _peer(script: str, source: Path, out: Path) -> tuple[float, float]:
     """Wall and CPU time of ``script`` (a peer's read of ``source`` written to ``out``), its own process."""
     out.unlink(missing_ok=True)
@@ -122,6 +157,8 @@ def main() -> None:
                     ratio = f"; ratio {wall / shale_wall:.2f} wall, {cpu / shale_cpu:.2f} CPU"
                 print(f"{name:8} {who}: wall {wall:.2f} s, CPU {cpu:.2f} s ({a.records / wall / 1e3:,.0f} k "
                       f"records/s){ratio}")
+        for tree in trees:
+            print(f"threads, strings, shale {tree}: {_threads(tree, inputs['strings'], folder / 'topic')}")
 
 
 if __name__ == "__main__":

@@ -18,15 +18,14 @@ from shale.settings.units import count
 
 if TYPE_CHECKING:
     from shale.producer import TopicWriter
+    from shale.producer.ahead import Ahead
 
 __all__ = ["run_produce"]
 
 
 @interrupts.deferred  # a record is appended whole or not at all: an interrupt waits for the next read
 def run_produce(args: argparse.Namespace, io: Streams) -> int:
-    from shale.metadata.handle import Topic
-    from shale.producer import TopicWriter
-    from shale.producer.ingest import format_of
+    from shale.producer.formats import format_of
 
     fmt = args.format or format_of(args.input)
     picked = [s for s in ("key-field", "value-field", "properties-field", "event-time-field")
@@ -39,7 +38,16 @@ def run_produce(args: argparse.Namespace, io: Streams) -> int:
 
         check_producer_id(args.producer_id)  # (refused before the topic is read, or made)
     stream, name = _open_input(args.input)
+    ahead: IO[bytes] | Ahead = stream
+    if fmt == "jsonl":  # a file is read and scanned on another core while the rest starts up
+        from shale.producer.ahead import scan_ahead
+        from shale.producer.pipe import CHUNK_BYTES
+
+        ahead = scan_ahead(stream, CHUNK_BYTES)
     try:
+        from shale.metadata.handle import Topic
+        from shale.producer import TopicWriter
+
         topic = Topic.open(args.topic, args.metadata, settings=args.settings)
         # compression, max-ledger-age and producer-expiry by the one precedence rule: the flag >
         # the topic's policy > the variable > the default
@@ -47,8 +55,10 @@ def run_produce(args: argparse.Namespace, io: Streams) -> int:
                              max_ledger_bytes=args.max_ledger_bytes, batch_size=args.batch_size,
                              compression=topic.value("compression"), max_ledger_age_ms=topic.value("max-ledger-age"),
                              producer_id=args.producer_id, producer_expiry_ms=topic.value("producer-expiry"))
-        _append_all(writer, stream, name, fmt, args)
+        _append_all(writer, ahead, name, fmt, args)
     finally:
+        if ahead is not stream:
+            ahead.close()
         if stream is not sys.stdin.buffer:
             stream.close()
     emit(writer.close(), io.out, args.json)
@@ -64,7 +74,7 @@ def _open_input(path: str) -> tuple[IO[bytes], str]:
         raise InvalidInputError(f"cannot open input {path}: {e.strerror}") from None
 
 
-def _append_all(writer: TopicWriter, stream: IO[bytes], name: str, fmt: str, args: argparse.Namespace) -> None:
+def _append_all(writer: TopicWriter, stream: IO[bytes] | Ahead, name: str, fmt: str, args: argparse.Namespace) -> None:
     """Every record of ``stream`` appended (:func:`~shale.producer.ingest.produce`); on a
     bad record or an interrupt, those before it are sealed and named in the error."""
     from shale.producer.columns import DEFAULT_KEY_FIELD, DEFAULT_VALUE_FIELD, Fields

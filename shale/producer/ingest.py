@@ -12,37 +12,24 @@ that batch and the rest are not (the error says how many records were appended).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from typing import IO, Any, Final
 
 from shale.ledger.errors import InvalidInputError
+from shale.producer.ahead import Ahead
 from shale.producer.columns import DEFAULT_KEY_FIELD, DEFAULT_VALUE_FIELD, Fields, shift_rows
+from shale.producer.formats import FORMATS, format_of
 from shale.producer.writer import TopicWriter
 from shale.reader.arrow import require_pyarrow
 from shale.runtime import interrupts
 
 __all__ = ["FORMATS", "format_of", "produce", "produce_columnar"]
 
-#: What ``shale produce --format`` reads.
-FORMATS: Final = ("jsonl", "parquet", "arrow", "csv")
-
-_BY_SUFFIX: Final = {".parquet": "parquet", ".pq": "parquet", ".arrow": "arrow", ".feather": "arrow",
-                     ".ipc": "arrow", ".arrows": "arrow", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl",
-                     ".ndjson": "jsonl"}
-
 #: Rows per batch read from a Parquet or CSV file.
 _BATCH_ROWS: Final = 256 * 1024
 
 
-def format_of(path: str | None) -> str:
-    """The input format a file name suggests (JSON lines when it suggests none)."""
-    if not path or path == "-":
-        return "jsonl"
-    return _BY_SUFFIX.get(os.path.splitext(path)[1].lower(), "jsonl")
-
-
-def produce(writer: TopicWriter, stream: IO[bytes], name: str, fmt: str | None = None,
+def produce(writer: TopicWriter, stream: IO[bytes] | Ahead, name: str, fmt: str | None = None,
             fields: Fields | None = None, progress: Callable[[int, int], None] | None = None) -> None:
     """Every record of ``stream`` (JSON lines, or a Parquet, Arrow IPC or CSV file: ``fmt``,
     by default what ``name``'s suffix says) appended to ``writer``: JSON lines through the C
@@ -57,15 +44,15 @@ def produce(writer: TopicWriter, stream: IO[bytes], name: str, fmt: str | None =
         interrupts.check()
 
     fmt = fmt or format_of(name)
-    if fmt != "jsonl":
+    if not isinstance(stream, Ahead) and fmt != "jsonl":
         produce_columnar(writer, stream, name, fmt, fields or Fields(DEFAULT_KEY_FIELD, DEFAULT_VALUE_FIELD), done)
         return
     from shale.producer.jsonl_ingest import SCANNER, append_lines, produce_lines
 
     if SCANNER == "native":
-        produce_lines(writer, stream, name, done)
+        produce_lines(writer, stream, name, done)  # (a file scanned ahead: shale.producer.ahead)
     else:
-        append_lines(writer, stream, name, progress)
+        append_lines(writer, stream.rewound() if isinstance(stream, Ahead) else stream, name, progress)
 
 
 def produce_columnar(writer: TopicWriter, stream: IO[bytes], name: str, fmt: str, fields: Fields,

@@ -1,9 +1,13 @@
 """``shale produce`` of JSON lines as columns: a C scanner and the bulk append.
 
-The input is read in chunks cut at line ends.  ``ledger/_jsonl.c`` turns each chunk's
-lines into record columns on a thread of its own (it lets go of the interpreter lock), while
-the chunk before is encoded, compressed and written through :meth:`TopicWriter.append_batch
-<shale.producer.TopicWriter.append_batch>`.  The scanner never decides that a line is
+The input is read in chunks cut at line ends, into buffers used in turn
+(:func:`~shale.producer.pipe.pieces`).  ``ledger/_jsonl.c`` turns each chunk's lines into
+record columns on a thread of its own (it lets go of the interpreter lock), while the chunk
+before is encoded and appended through :meth:`TopicWriter.append_batch
+<shale.producer.TopicWriter.append_batch>`, whose entries are compressed on other threads
+while the next chunk is scanned.  A regular file is read and scanned ahead, from before the
+writer was imported (:mod:`shale.producer.ahead`); a pipe is read here, on the main thread,
+where an interrupt stops a wait for input.  The scanner never decides that a line is
 wrong: a line it is not sure of goes through :func:`~shale.producer.jsonlines.parse_record_line`
 and the checks of :meth:`TopicWriter.append <shale.producer.TopicWriter.append>`, as every
 line did before, so a line is stored, or refused with its ``<input>:<line>`` message,
@@ -39,7 +43,8 @@ from shale.ledger.record import (
     event_time_in_range,
     validate_record,
 )
-from shale.producer.pipe import chunks, fileno, ready
+from shale.producer.ahead import Ahead
+from shale.producer.pipe import CHUNK_BYTES, fileno, pieces, ready
 from shale.producer.writer import TopicWriter
 from shale.runtime import interrupts
 
@@ -49,8 +54,6 @@ _native: Final = load_native("_jsonl")
 #: ``"native"`` when the C scanner is in use, ``"python"`` otherwise.
 SCANNER: Final = "native" if _native is not None else "python"
 
-#: Bytes of input scanned at a time (a chunk, its columns and the one ahead bound the memory).
-CHUNK_BYTES: Final = 4 << 20
 
 I64 = npt.NDArray[np.int64]
 U8 = npt.NDArray[np.uint8]
@@ -63,7 +66,7 @@ class _Scanned:
     order (``line``: each row's line number in the chunk, from 1), and the lines left to
     Python."""
 
-    data: bytes
+    data: memoryview  # (a buffer of :func:`~shale.producer.pipe.pieces`: used until the chunk is appended)
     lines: int
     line: I64
     key: VarColumn
@@ -76,22 +79,25 @@ class _Scanned:
     flagged: I64  # (line number, start, end) per line left to Python
 
 
-def produce_lines(writer: TopicWriter, stream: IO[bytes], name: str,
+def produce_lines(writer: TopicWriter, stream: IO[bytes] | Ahead, name: str,
                   progress: Callable[[int, int], None] | None = None, chunk_bytes: int = CHUNK_BYTES) -> int:
-    """Append the record of every JSON line of ``stream``; return how many.  A bad line
-    raises :class:`InvalidInputError` naming ``<name>:<line>`` after every record before
-    it was appended.  A writer with a linger seals what it has whenever a wait for more
-    input reaches it (:mod:`shale.producer.pipe`)."""
+    """Append the record of every JSON line of ``stream`` (or of a file read and scanned
+    ahead: :mod:`shale.producer.ahead`); return how many.  A bad line raises
+    :class:`InvalidInputError` naming ``<name>:<line>`` after every record before it was
+    appended.  A writer with a linger seals what it has whenever a wait for more input
+    reaches it (:mod:`shale.producer.pipe`)."""
     from concurrent.futures import ThreadPoolExecutor
 
     assert _native is not None
+    if isinstance(stream, Ahead):
+        return _produce_ahead(writer, stream, name, progress, chunk_bytes)
     fd = fileno(stream)
     # Input is read here, where an interrupt stops a wait for it; a chunk is scanned on the
     # thread (the scanner lets go of the interpreter lock) while the one before is appended.
     with ThreadPoolExecutor(1, thread_name_prefix="shale-scan") as scanner:
         feed = _Feed(writer, name, progress, chunk_bytes)
         try:
-            for data in interrupts.interruptible(chunks(stream, fd, chunk_bytes, feed.due if feed.lingers else None)):
+            for data in interrupts.interruptible(pieces(stream, fd, chunk_bytes, feed.due if feed.lingers else None)):
                 if not data:  # the linger: what came is sealed before the wait goes on
                     feed.catch_up()
                     writer.seal_if_due()
@@ -102,10 +108,30 @@ def produce_lines(writer: TopicWriter, stream: IO[bytes], name: str,
                     feed.ahead = scanning, feed.first
                 else:  # no more input yet: what came is appended before the wait
                     feed.append(scanning.result(), feed.first, True)
+                    writer.settle()
             feed.catch_up(small=False)
         except KeyboardInterrupt:
             feed.let_go()  # read and checked: accepted
             raise
+    feed.let_go()
+    return feed.total
+
+
+def _produce_ahead(writer: TopicWriter, ahead: Ahead, name: str, progress: Callable[[int, int], None] | None,
+                   chunk_bytes: int) -> int:
+    """:func:`produce_lines` of chunks scanned ahead: each appended as it comes."""
+    feed = _Feed(writer, name, progress, chunk_bytes)
+    last: _Scanned | None = None
+    try:
+        for data, got in interrupts.interruptible(ahead):
+            if last is not None:
+                feed.append(last, feed.first, True)
+            last = _columns(data, got)
+        if last is not None:
+            feed.append(last, feed.first, False)
+    except KeyboardInterrupt:
+        feed.let_go()  # read and checked: accepted
+        raise
     feed.let_go()
     return feed.total
 
@@ -202,7 +228,7 @@ def _whole_entries(writer: TopicWriter, n: int) -> int:
         in_ledger = (in_ledger + size) % writer.max_ledger_records
 
 
-def _scan(data: bytes) -> _Scanned:
+def _scan(data: memoryview) -> _Scanned:
     """The records of a chunk of lines, numbered from 1."""
     assert _native is not None
     return _columns(data, _native.scan(data, 1, EVENT_TIME_MIN_MS, EVENT_TIME_MAX_MS))
@@ -216,7 +242,7 @@ def _u8(b: bytes) -> U8:
     return np.frombuffer(b, np.uint8)
 
 
-def _columns(data: bytes, got: tuple[int, bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes,
+def _columns(data: memoryview, got: tuple[int, bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes,
                                      bytes, bytes, bytes, bytes, bytes]) -> _Scanned:
     (lines, line, key_off, key, key_valid, value_off, value, value_valid, map_off, pk_off, pk, pv_off, pv, event,
      event_valid, flagged) = got
@@ -236,7 +262,7 @@ def _records(chunk: _Scanned, first: int, name: str, writer: TopicWriter
     for line_no, start, end in chunk.flagged.tolist():
         where = f"{name}:{first + line_no - 1}"
         try:
-            parsed = _parse(chunk.data[start:end], where, writer.max_record_bytes)
+            parsed = _parse(bytes(chunk.data[start:end]), where, writer.max_record_bytes)
         except InvalidInputError as e:
             error, stop = e, line_no
             break

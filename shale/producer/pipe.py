@@ -14,9 +14,12 @@ empty whenever the file descriptor is asked whether more can be read.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import IO
+from typing import IO, Final
 
-__all__ = ["chunks", "fileno", "lines", "ready"]
+__all__ = ["CHUNK_BYTES", "chunks", "fileno", "lines", "pieces", "ready"]
+
+#: Bytes of input scanned at a time (a chunk, its columns and the one ahead bound the memory).
+CHUNK_BYTES: Final = 4 << 20
 
 #: seconds until what was appended must be sealed (0: now; None: nothing must be)
 Due = Callable[[], float | None]
@@ -53,6 +56,60 @@ def chunks(stream: IO[bytes], fd: int | None, size: int, due: Due | None = None)
         yield data[:cut] if cut < len(data) else data
         pieces = [data[cut:]] if cut < len(data) else []
         have = len(data) - cut
+
+
+def pieces(stream: IO[bytes], fd: int | None, size: int, due: Due | None = None, buffers: int = 3
+           ) -> Iterator[memoryview]:
+    """:func:`chunks`, cut at the same places, read into ``buffers`` buffers used in turn
+    rather than into new bytes for each piece (a copy and the new memory's page faults per
+    piece were most of what reading cost): a piece stays as it is until ``buffers - 1``
+    more were taken, and is overwritten after that."""
+    import io
+
+    # (a buffered stream reads into a buffer through read1; other raw streams may not read into one)
+    readinto = stream.readinto1 if isinstance(stream, io.BufferedIOBase) else \
+        stream.readinto if isinstance(stream, io.FileIO) else None
+    if readinto is None:
+        yield from (memoryview(c) for c in chunks(stream, fd, size, due))
+        return
+    ring: list[bytearray] = []
+    k, have = 0, 0
+    view = _buffer(ring, k, size + (1 << 16))
+    while True:
+        if due is not None:
+            while (wait := due()) is not None and not ready(fd, wait):
+                yield memoryview(b"")
+        want = max(size - have, 1 << 16)
+        if have + want > len(view):  # a line longer than a piece: a bigger buffer
+            view = _buffer(ring, k, have + want, view[:have])
+        got = readinto(view[have:have + want])
+        if got:
+            have += got
+            if have < size and ready(fd):
+                continue
+        if not have:
+            return
+        if not got:  # the end: the last line may lack its line end
+            yield view[:have]
+            return
+        cut = ring[k].rfind(b"\n", 0, have) + 1
+        if cut == 0:  # no line end yet: a line longer than what came so far
+            continue
+        yield view[:cut]
+        k, have = (k + 1) % buffers, have - cut
+        view = _buffer(ring, k, max(size + (1 << 16), have + (1 << 16)), view[cut:cut + have])
+
+
+def _buffer(ring: list[bytearray], k: int, size: int, start: memoryview | None = None) -> memoryview:
+    """Buffer ``k`` of ``ring``, of ``size`` bytes at least, beginning with ``start``."""
+    if k == len(ring):
+        ring.append(bytearray(size))
+    elif len(ring[k]) < size:
+        ring[k] = bytearray(size)  # (one that a piece still views is left to it)
+    view = memoryview(ring[k])
+    if start is not None:
+        view[:len(start)] = start
+    return view
 
 
 def lines(stream: IO[bytes], size: int, due: Due | None = None) -> Iterator[bytes]:

@@ -130,6 +130,7 @@ class StagingWriter(TopicWriter):
     def discard(self) -> None:
         """Delete what this writer uploaded (a failed task cleans up after itself)."""
         self._batch = []
+        self._compressing.discard()
         self._ledger = self._buf = None
         discard_staged(self.meta, self.staged)
         self.staged = []

@@ -19,15 +19,14 @@ import io
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Final
 
 import numpy as np
 
-from shale.ledger.codecs import DEFAULT_COMPRESSION, Buffer, Codec, Compression, compress, parse_compression
-from shale.ledger.encoder import EncodedColumns, RecordColumns, Refused, encode_columns, entry_end, entry_of
+from shale.ledger.codecs import DEFAULT_COMPRESSION, Buffer, Codec, Compression, parse_compression
+from shale.ledger.encoder import EncodedColumns, RecordColumns, Refused, encode_columns, entry_end
 from shale.ledger.errors import (
     ConflictError,
     InvalidInputError,
@@ -52,10 +51,10 @@ from shale.metadata.handle import Topic
 from shale.metadata.layout import ledger_object_name
 from shale.metadata.state import LedgerInfo, TopicState
 from shale.producer.columns import DEFAULT_KEY_FIELD, DEFAULT_VALUE_FIELD, Fields, check_event_times, record_columns
+from shale.producer.compressing import Compressed, Compressing
 from shale.producer.idempotence import DEFAULT_PRODUCER_EXPIRY_MS, ProducerSequence
 from shale.producer.linger import Linger
 from shale.producer.result import ProduceResult, SealedLedger
-from shale.runtime.cpus import available_cpus
 from shale.storage import Location, StorageOptions
 
 __all__ = ["ProduceResult", "SealedLedger", "TopicWriter"]
@@ -112,33 +111,6 @@ def _too_large(cols: RecordColumns, row: int, first: int, limit: int, key: str, 
     name = max(sizes, key=lambda k: sizes[k])
     return (f"column {name!r}, row {first + row}: {sizes[name]:,} bytes make a record over the maximum of "
             f"{limit:,} bytes")
-
-
-#: Entries compressed per task of the compression threads (a task per entry would cost
-#: more in hand-offs than compressing a small entry).
-_ENTRIES_PER_TASK: Final = 64
-
-
-def _compressed(enc: EncodedColumns, bounds: list[tuple[int, int]], compression: Compression
-                ) -> Iterator[tuple[EncodedEntry, tuple[Codec, Buffer]]]:
-    """The entries of ``bounds``, each with its compressed payload, in order; compressed on
-    as many threads as the process may use (compressors let go of the interpreter lock)."""
-    def task(chunk: list[tuple[int, int]]) -> list[tuple[EncodedEntry, tuple[Codec, Buffer]]]:
-        out = []
-        for i, j in chunk:
-            entry = entry_of(enc, i, j)
-            out.append((entry, compress(entry.payload, compression)))
-        return out
-
-    chunks = [bounds[k:k + _ENTRIES_PER_TASK] for k in range(0, len(bounds), _ENTRIES_PER_TASK)]
-    threads = min(len(chunks), available_cpus())
-    if threads <= 1 or compression.codec is Codec.NONE:
-        for chunk in chunks:
-            yield from task(chunk)
-        return
-    with ThreadPoolExecutor(threads, thread_name_prefix="shale-compress") as pool:
-        for done in pool.map(task, chunks):
-            yield from done
 
 
 def _size(b: bytes | bytearray | memoryview | None) -> int:
@@ -217,6 +189,8 @@ class TopicWriter:
             producer_id, self._state, int(clock() * 1000), producer_expiry_ms if producer_expiry_ms is not None
             else int(policy.get("producer_expiry_ms") or DEFAULT_PRODUCER_EXPIRY_MS))
         self._batch: list[Record] = []
+        #: entries of :meth:`append_batch` being compressed (added to the ledger in order)
+        self._compressing = Compressing()
         self._buf: io.BytesIO | None = None
         self._ledger: LedgerWriter | None = None
         self._first_publish = 0
@@ -228,7 +202,8 @@ class TopicWriter:
     @property
     def ledger_records(self) -> int:
         """Records in the ledger being built (appended, not sealed yet)."""
-        return (self._ledger.n_records if self._ledger is not None else 0) + len(self._batch)
+        return ((self._ledger.n_records if self._ledger is not None else 0) + self._compressing.records
+                + len(self._batch))
 
     @property
     def compression(self) -> Compression:
@@ -274,6 +249,7 @@ class TopicWriter:
             raise InvalidInputError(f"publish time {record.publish_time} is after year 9999 "
                                     f"({EVENT_TIME_MAX_MS} ms)")
         check_record_size(record, self.max_record_bytes)
+        self._land(self._compressing.drain())  # (the ledger's count below must hold them)
         if self.sequence is not None and self.sequence.give(1):
             return  # appended before, by an earlier writer with this producer id
         self.linger.pending()
@@ -305,7 +281,10 @@ class TopicWriter:
         publish time and are sealed into entries (and ledgers) as :meth:`append` would,
         without a Python call per record.  The whole batch is checked first: a problem is
         an :class:`InvalidInputError` naming the column and row, and nothing of the batch
-        is appended.
+        is appended.  The batch's last entries may still be compressing when this returns
+        (on other threads, while the caller prepares its next batch): they come before
+        anything appended later, and :meth:`settle`, :meth:`flush` and :meth:`close` wait
+        for them; a batch that fills the ledger seals it before it returns.
         """
         if self._closed:
             raise InvalidInputError("the writer is closed")
@@ -338,21 +317,38 @@ class TopicWriter:
         self._tombstones += int(np.count_nonzero(enc.flags[skip:] == FLAG_HAS_KEY | FLAG_TOMBSTONE))
         # Entry boundaries first, counting as if no ledger were sealed early for its size
         # (an early seal only leaves more room: no entry can overflow a ledger).
+        # Entries still being compressed come first.
         bounds: list[tuple[int, int]] = []
-        i, in_ledger = skip, self._ledger.n_records if self._ledger is not None else 0
+        i = skip
+        in_ledger = ((self._ledger.n_records if self._ledger is not None else 0) + self._compressing.records) \
+            % self.max_ledger_records
         while i < n:
             j = entry_end(enc, i, min(self.batch_size, self.max_ledger_records - in_ledger), self.max_entry_bytes)
             bounds.append((i, j))
             in_ledger = (in_ledger + j - i) % self.max_ledger_records
             i = j
-        compression = self.compression
-        for (i, j), (entry, packed) in zip(bounds, _compressed(enc, bounds, compression), strict=True):
-            self._records += j - i
-            self._add_entry(entry, enc.publish_time, packed)
+        # Left compressing when this returns (the caller's next batch overlaps with it),
+        # unless they may fill the ledger: a batch that fills one seals it before it returns.
+        self._land(self._compressing.submit(enc, bounds, self.compression))
+        ledger = self._ledger
+        if ((ledger.n_records if ledger else 0) + self._compressing.records >= self.max_ledger_records
+                or (ledger.estimated_size if ledger else 0) + self._compressing.bytes >= self.max_ledger_bytes):
+            self.settle()
+
+    def _land(self, entries: Iterator[Compressed]) -> None:
+        """Add compressed entries to the ledger, in order."""
+        try:
+            for entry, packed in entries:
+                self._records += entry.n_records
+                self._add_entry(entry, entry.publish_time, packed)
+        except BaseException:
+            self._compressing.discard()
+            raise
 
     def _flush_batch(self) -> None:
         if not self._batch:
             return
+        self._land(self._compressing.drain())  # the entries of batches appended before come first
         entry = encode_entry(self._batch, max_record_bytes=self.max_record_bytes)
         first_publish = min(r.publish_time for r in self._batch)
         self._batch = []
@@ -376,8 +372,15 @@ class TopicWriter:
                 or self._ledger.estimated_size >= self.max_ledger_bytes):
             self._seal()
 
+    def settle(self) -> None:
+        """Add the entries still being compressed to the ledger, sealing it if they fill it
+        (what a caller does before it waits for more records: :meth:`append_batch` returns
+        while its last entries are compressed)."""
+        self._land(self._compressing.drain())
+
     def flush(self) -> None:
         """Seal and register everything appended so far."""
+        self._land(self._compressing.drain())
         self._flush_batch()
         if self._ledger is not None:
             self._seal()
@@ -472,7 +475,10 @@ class TopicWriter:
     def close(self) -> ProduceResult:
         """Flush and stop accepting records; return what was appended."""
         if not self._closed:
-            self.flush()
+            try:
+                self.flush()
+            finally:
+                self._compressing.close()
             self._closed = True
         return self.result
 
