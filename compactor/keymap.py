@@ -16,6 +16,7 @@ reached; the next run continues from there — Kafka's partial cleaning.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import field
 from typing import Any, Final
@@ -27,7 +28,7 @@ from shale.compactor.rules import latest_of_each_key
 from shale.ledger.kernels import KeyTable, new_key_table
 from shale.ledger.values import dataclass
 
-__all__ = ["EVENT_KEY_BYTES", "KEY_BYTES", "KeyMap", "KeyMapBuilder"]
+__all__ = ["EVENT_KEY_BYTES", "KEY_BYTES", "KeyMap", "KeyMapBuilder", "Run"]
 
 KEY_BYTES: Final = 24
 #: A map that also keeps each key's winning event time (event-time order).
@@ -42,6 +43,9 @@ _MIN_LOOKUPS_PER_THREAD: Final = 1 << 17
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
+#: A run of records as :meth:`KeyMapBuilder.add` takes them: hashes, positions (``None``:
+#: ``first, first + 1, ...``) and ``first``.
+Run = tuple[U64, U64, I64 | None, int]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -280,6 +284,23 @@ class KeyMapBuilder:
         self._pending += len(hi)
         if self._pending > max(_MERGE_FACTOR * len(self._map[0]), _MIN_MERGE):
             self.merge()
+
+    def add_grouped(self, sources: Sequence[tuple[bytearray, I64]], runs: Sequence[Run], part_shift: int = 64,
+                    part: int = 0) -> None:
+        """Add the records of ``runs`` (each ``(hi, lo, pos, first)`` as :meth:`add` takes
+        them, in position order, after those of earlier calls) from ``sources``, their
+        :func:`~shale.ledger.kernels.partition_keys` groups: only the records of this
+        builder's part (``part_shift`` and ``part`` as for :meth:`add`), group by group,
+        so that each group's inserts stay in one stretch of the table."""
+        if self._table is not None:
+            if self._table.add_grouped(sources, part_shift, part):
+                return
+            # Crafted keys crowd the table: go on merging sorted runs, from what it holds.
+            # It may hold some of these records; they come again below at the same
+            # positions, and the last occurrence of a key is still its latest record.
+            self._map = self._read_table()
+        for hi, lo, pos, first in runs:
+            self.add(hi, lo, pos, first=first, part_shift=part_shift, part=part)
 
     def _read_table(self) -> tuple[U64, U64, I64]:
         table, self._table = self._table, None

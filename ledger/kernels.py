@@ -22,8 +22,8 @@ from shale.ledger._record_parser import record_fields_at, record_problem_at
 
 __all__ = ["EXTENSIONS", "KERNELS", "CopyPlan", "EventKeyTable", "KeyTable", "RecordColumns", "Scratch", "check_frames",
            "check_kept", "check_records", "copy_plan", "crc32c", "crc32c_ranges", "distinct_estimate", "gather_ranges",
-           "latest_positions", "load_native", "new_event_key_table", "new_key_table", "record_columns",
-           "record_problem", "start_writeback", "tiling_error"]
+           "latest_positions", "load_native", "new_event_key_table", "new_key_table", "partition_keys",
+           "record_columns", "record_problem", "start_writeback", "tiling_error"]
 
 Buffer = bytes | bytearray | memoryview
 
@@ -512,6 +512,12 @@ class KeyTable(Protocol):
     def add(self, hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64], pos: npt.NDArray[np.int64] | None = None,
             first: int = 0, part_shift: int = 64, part: int = 0) -> int: ...
 
+    def add_grouped(self, sources: Sequence[tuple[bytearray, npt.NDArray[np.int64]]], part_shift: int = 64,
+                    part: int = 0) -> bool:
+        """Put the records of :func:`partition_keys` results that lie in this table's part,
+        group after group; ``False`` when crafted keys crowd the table (some of them may
+        be in it then)."""
+
     def contains(self, hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> bytearray: ...
 
     def lookup(self, hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> tuple[bytearray, None]:
@@ -553,6 +559,19 @@ def distinct_estimate(his: Sequence[npt.NDArray[np.uint64]]) -> int | None:
     if _native is None:
         return None
     return int(_native.distinct_estimate([np.ascontiguousarray(h, dtype=np.uint64) for h in his]))
+
+
+def partition_keys(runs: Sequence[tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.int64] | None,
+                                        int]],
+                   bits: int, out: bytearray | None = None) -> tuple[bytearray, npt.NDArray[np.int64]] | None:
+    """The records of ``runs`` (``(hi, lo, pos, first)`` as :meth:`KeyTable.add` takes
+    them) grouped by the top ``bits`` bits of their hash: 24 bytes a record (written into
+    ``out`` when it is big enough: a buffer handed back costs no fresh pages), and where
+    each group ends; for :meth:`KeyTable.add_grouped`.  ``None`` without the C kernels."""
+    if _native is None:
+        return None
+    records, ends = _native.partition_keys(list(runs), bits, out)
+    return records, np.frombuffer(ends, dtype=np.int64)
 
 
 def new_key_table(expected: int = 0) -> KeyTable | None:

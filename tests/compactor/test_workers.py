@@ -36,6 +36,10 @@ HOUR = 3600.0
 def parallel_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(workers_module, "MIN_PARALLEL_BYTES", 0)
     monkeypatch.setattr(pass_one_module, "_MIN_THREADED_RECORDS", 0)
+    # small topics' tables cut into many stretches, records grouped in chunks of a few slices
+    monkeypatch.setattr(pass_one_module, "_GROUP_STRETCH_BYTES", 2048)
+    monkeypatch.setattr(pass_one_module, "_MIN_GROUPED_BYTES", 0)
+    monkeypatch.setattr(pass_one_module, "_MIN_CHUNK_RECORDS", 6_000)
 
 
 def produce(uri: str, seed: int, n: int, keys: int, t: float) -> None:
@@ -161,12 +165,31 @@ def _by_file(pieces: list[Any]) -> list[list[Any]]:
     return out
 
 
+@pytest.mark.parametrize("grouped", [False, True])
 @pytest.mark.parametrize("threads", [2, 3, 4])
-def test_threaded_map_equals_one_builder(threads: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_threaded_map_equals_one_builder(threads: int, grouped: bool, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both ways of building the map in threads: each thread taking its part of every
+    record, and (``grouped``: stretches of the table lowered so that this small topic's
+    tables have many) the records partitioned by hash first, in chunks of a few slices."""
     uri = str(tmp_path / "t")
     produce(uri, 1, 20_000, 2_500, T0)
     plan = make_plan(TopicMetadata.open(uri), now_ms=int(T0 * 1000) + 1, min_compaction_lag_ms=0)
+    calls: list[int] = []
+    real_partition = pass_one_module.partition_keys
+
+    def partition(runs: Any, bits: int, out: Any = None) -> Any:
+        calls.append(bits)
+        return real_partition(runs, bits, out)
+
+    monkeypatch.setattr(pass_one_module, "partition_keys", partition)
+    if grouped:
+        monkeypatch.setattr(pass_one_module, "_GROUP_STRETCH_BYTES", 2048)
+        monkeypatch.setattr(pass_one_module, "_MIN_GROUPED_BYTES", 0)
+        monkeypatch.setattr(pass_one_module, "_MIN_CHUNK_RECORDS", 6_000)
     got = pass_one_module._build_in_threads(plan, 10**6, 0, threads)
+    # (one probing call for whether the kernels are there, then one per piece of a chunk)
+    assert (len(calls) > 1 + threads) == grouped
     b = KeyMapBuilder(10**6)
     at = 0
     for s in plan.new:
