@@ -19,11 +19,26 @@ minute, so medians of interleaved runs are compared):
 * ``compact``: ``compact`` of a fresh copy of the uncompacted topic; DuckDB's
   ``arg_max(value, seq) ... GROUP BY key`` from Parquet to a new Parquet file.
 
+* ``read --table``: ``shale read --table`` (the latest record of every key); DuckDB's
+  ``arg_max(value, seq) ... GROUP BY key`` copied to standard output as JSON lines.
+
 Both sides are whole processes started the same way (a console script, or ``python -c``
 for DuckDB's Python package), interpreter start included, standard output to /dev/null;
 wall time, and CPU time (user + system of the process, its threads and its children).
-Compiled modules are cached for both (under bench/data/pycache), as in any installed
-deployment.  Beside them: the interpreter alone, importing NumPy (the floor of a command
+``--cache`` says how compiled modules are found, for both sides alike (default
+``warm,read-only``, each timed in turn):
+
+* ``warm``: a writable cache (under bench/data/pycache), filled before the timed runs;
+* ``read-only``: no cache can be written (``PYTHONDONTWRITEBYTECODE=1``) and Shale is a
+  copy of the tree compiled beforehand (``python -m compileall``), as the container image
+  and the README's install leave it; DuckDB, NumPy and the standard library are as pip and
+  the interpreter's installer compiled them;
+* ``uncompiled``: the same, with the copy of Shale not compiled, so that every process
+  compiles Shale's source again (what a checkout that cannot be written costs).
+
+``--instructions`` also counts, once per command and tree, the instructions of the whole
+process under Valgrind (``valgrind --tool=callgrind``; the same on a quiet or a busy
+machine), with the warm cache.  Beside them: the interpreter alone, importing NumPy (the floor of a command
 that reads a footer) and importing DuckDB; and, per command, its imports as ``python -X
 importtime`` counts them (the sum over modules the bare interpreter does not import) and
 how many modules it imports.  ``--against DIR`` times another checkout's Shale (the
@@ -40,6 +55,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -92,6 +108,9 @@ def works(base: Path, key: str) -> dict[str, tuple[list[str], list[str] | None]]
                    duckdb(f"SELECT count(*), count(DISTINCT key), min(seq), max(seq) FROM {src}", "r.fetchone()")),
         "read": ([str(BIN / "shale"), "read", topic],
                  duckdb(f"COPY (SELECT key, seq, value FROM {src}) TO '/dev/stdout' (FORMAT json)")),
+        "read --table": ([str(BIN / "shale"), "read", "--table", topic],
+                         duckdb(f"COPY (SELECT key, max(seq) AS seq, arg_max(value, seq) AS value FROM {src} "
+                                "GROUP BY key ORDER BY seq) TO '/dev/stdout' (FORMAT json)")),
         "get": ([str(BIN / "shale"), "get", topic, key],
                 duckdb(f"SELECT arg_max(value, seq) FROM {src} WHERE key = '{key}'", "r.fetchone()[0]")),
         "compact": ([str(BIN / "compact"), str(base / "work")],
@@ -109,6 +128,59 @@ def child_env_for(tree: Path | None) -> dict[str, str]:
     if tree is not None:  # another checkout's Shale first on the path
         env["PYTHONPATH"] = os.pathsep.join((str(tree), env["PYTHONPATH"]))
     return env
+
+
+CACHES: Final = ("warm", "read-only", "uncompiled")
+PACKAGES: Final = ("ledger", "metadata", "reader", "compactor", "shale")
+
+
+def read_only_env(tree: Path | None) -> dict[str, str]:
+    """No bytecode written, none looked for under a prefix; ``tree`` alone on the path."""
+    env = dict(os.environ)
+    env.pop("PYTHONPYCACHEPREFIX", None)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    if tree is None:
+        env.pop("PYTHONPATH", None)
+    else:
+        env["PYTHONPATH"] = str(tree)
+    return env
+
+
+def copy_of(tree: Path, into: Path, compiled: bool) -> Path:
+    """Shale's packages of ``tree`` (their C kernels built) copied without any compiled
+    module, then compiled as the image and the README's install compile them, or not."""
+    shutil.rmtree(into, ignore_errors=True)
+    into.mkdir(parents=True)
+    for name in PACKAGES:  # (shale/'s links to the other folders are copied as links)
+        shutil.copytree(tree / name, into / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    if compiled:
+        subprocess.run([sys.executable, "-m", "compileall", "-q", *PACKAGES], check=True, cwd=into,
+                       env=read_only_env(None), stdout=subprocess.DEVNULL)
+    return into
+
+
+def environments(cache: str, scratch: Path, against: Path | None) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """Each tree's environment and DuckDB's, for one way of finding compiled modules (the
+    copies of the trees under ``scratch``)."""
+    if cache == "warm":
+        trees = {"shale": child_env_for(None), **({"before": child_env_for(against)} if against else {})}
+        return trees, child_env()
+    compiled = cache == "read-only"
+    trees = {"shale": read_only_env(copy_of(ROOT, scratch / cache / "shale", compiled))}
+    if against:
+        trees["before"] = read_only_env(copy_of(against, scratch / cache / "before", compiled))
+    return trees, read_only_env(None)
+
+
+def instructions(cmd: list[str], env: dict[str, str], before: Callable[[], None]) -> int:
+    """Instructions of one whole process (and what it starts), counted by Valgrind, after a
+    run that fills the compiled-module cache (the tree may have changed since it was filled)."""
+    before()
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+    before()
+    res = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", "--trace-children=yes",
+                          *cmd], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=True)
+    return sum(int(line.rsplit(":", 1)[1]) for line in res.stderr.splitlines() if "Collected :" in line)
 
 
 def timed(cmd: list[str], env: dict[str, str], before: Callable[[], None] | None = None) -> tuple[float, float]:
@@ -167,7 +239,14 @@ def arguments() -> argparse.Namespace:
     p.add_argument("--against", type=Path, help="another checkout of Shale (the version before a change), timed "
                    "beside this one")
     p.add_argument("--dir", default=str(ROOT / "bench" / "data"))
-    return p.parse_args()
+    p.add_argument("--cache", default="warm,read-only",
+                   help=f"how compiled modules are found, one or more of {', '.join(CACHES)} (above)")
+    p.add_argument("--instructions", action="store_true", help="count each command's instructions with Valgrind")
+    a = p.parse_args()
+    a.caches = a.cache.split(",")
+    if not set(a.caches) <= set(CACHES):
+        p.error(f"--cache: one or more of {', '.join(CACHES)}, comma-separated")
+    return a
 
 
 def main() -> None:
@@ -185,30 +264,52 @@ def main() -> None:
         (base / "out.parquet").unlink(missing_ok=True)
 
     todo = works(base, f"key-{a.keys // 2:06d}")
-    trees = {"shale": child_env_for(None), **({"before": child_env_for(a.against)} if a.against else {})}
-    for shale_cmd, peer_cmd in todo.values():  # untimed: fills the compiled-module caches
+    bare = bare_modules()
+    # (the copies of the trees go outside the repository: they are source files)
+    scratch = Path(tempfile.mkdtemp(prefix="shale-startup-"))
+    try:
+        for cache in a.caches:
+            trees, peer_env = environments(cache, scratch, a.against)
+            runs, imports = timed_runs(todo, trees, peer_env, bare, base, a.repeat, fresh)
+            print(f"\nCompiled modules: {cache}", flush=True)
+            report(runs, imports, list(todo), list(trees), cache)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if a.instructions:
+        trees, _ = environments("warm", scratch, a.against)
+        print("\n| work | " + " | ".join(f"{t}: instructions" for t in trees) + " |\n|" + "---|" * (len(trees) + 1))
+        for name, (shale_cmd, _) in todo.items():
+            counts = {t: instructions(shale_cmd, env, fresh) for t, env in trees.items()}
+            print(json.dumps({"work": name, "instructions": counts}), flush=True)
+            print(f"| {name} | " + " | ".join(f"{c / 1e6:.0f} M" for c in counts.values()) + " |", flush=True)
+
+
+def timed_runs(todo: dict[str, tuple[list[str], list[str] | None]], trees: dict[str, dict[str, str]],
+               peer_env: dict[str, str], bare: set[str], base: Path, repeat: int, fresh: Callable[[], None],
+               ) -> tuple[dict[str, list[tuple[float, float]]], dict[str, list[tuple[float, int]]]]:
+    """``repeat`` interleaved rounds of every work, after an untimed one."""
+    for shale_cmd, peer_cmd in todo.values():  # untimed: fills the compiled-module caches (when they are written)
         for env in trees.values():
             timed(shale_cmd, env, fresh)
         if peer_cmd:
-            timed(peer_cmd, child_env())
+            timed(peer_cmd, peer_env)
     runs: dict[str, list[tuple[float, float]]] = {}
     imports: dict[str, list[tuple[float, int]]] = {}
-    bare = bare_modules()
-    for _ in range(a.repeat):  # interleaved, so that a slow spell of the machine hits everyone
+    for _ in range(repeat):  # interleaved, so that a slow spell of the machine hits everyone
         for name, (shale_cmd, peer_cmd) in todo.items():
             for tree, env in trees.items():
                 runs.setdefault(f"{tree} {name}", []).append(timed(shale_cmd, env, fresh))
                 fresh()
                 imports.setdefault(f"{tree} {name}", []).append(import_figures(shale_cmd, env, bare, base))
             if peer_cmd:
-                runs.setdefault(f"duckdb {name}", []).append(timed(peer_cmd, child_env(), fresh))
+                runs.setdefault(f"duckdb {name}", []).append(timed(peer_cmd, peer_env, fresh))
         for name, code in REFERENCES.items():
-            runs.setdefault(name, []).append(timed([sys.executable, "-c", code], child_env()))
-    report(runs, imports, list(todo), list(trees))
+            runs.setdefault(name, []).append(timed([sys.executable, "-c", code], peer_env))
+    return runs, imports
 
 
 def report(runs: dict[str, list[tuple[float, float]]], imports: dict[str, list[tuple[float, int]]],
-           works: list[str], trees: list[str]) -> None:
+           works: list[str], trees: list[str], cache: str) -> None:
     """Medians: one JSON line per work and per reference, then a table."""
     wall = {k: statistics.median(r[0] for r in v) for k, v in runs.items()}
     cpu = {k: statistics.median(r[1] for r in v) for k, v in runs.items()}
@@ -216,7 +317,7 @@ def report(runs: dict[str, list[tuple[float, float]]], imports: dict[str, list[t
     mods = {k: v[0][1] for k, v in imports.items()}
     rows = []
     for name in works:
-        out: dict[str, Any] = {"work": name}
+        out: dict[str, Any] = {"work": name, "cache": cache}
         for tree in trees:
             k = f"{tree} {name}"
             out[tree] = {"seconds": round(wall[k], 3), "cpu_seconds": round(cpu[k], 3),
@@ -230,7 +331,8 @@ def report(runs: dict[str, list[tuple[float, float]]], imports: dict[str, list[t
         print(json.dumps(out), flush=True)
         rows.append(out)
     for name in REFERENCES:
-        print(json.dumps({"reference": name, "seconds": round(wall[name], 3), "cpu_seconds": round(cpu[name], 3)}))
+        print(json.dumps({"reference": name, "cache": cache, "seconds": round(wall[name], 3),
+                          "cpu_seconds": round(cpu[name], 3)}))
     print()
     head = "| work | " + " | ".join(f"{t}: whole process (CPU), imports, modules" for t in trees) + \
         " | DuckDB (CPU) | DuckDB / Shale (by CPU) |"

@@ -35,7 +35,7 @@ import bisect
 import dataclasses
 import functools
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Final
 
 import numpy as np
@@ -50,6 +50,7 @@ from shale.ledger.errors import InvalidInputError
 from shale.ledger.format import FRAME_HEADER
 from shale.ledger.reader import LedgerFile
 from shale.ledger.stream import FRAME_HEADER_MAX, ZSTD_STREAM_BYTES, zstd_window
+from shale.ledger.values import dataclass
 from shale.runtime.cpus import worker_count
 from shale.settings import SETTINGS
 from shale.settings.units import format_size

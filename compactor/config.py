@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any, Final
 
 from shale.ledger.codecs import Compression
 from shale.ledger.errors import InvalidInputError
 from shale.ledger.ordering import TopicOrder
+from shale.ledger.values import dataclass
 from shale.settings import SETTINGS, Setting, Settings
 from shale.settings.kinds import Duration, Size
 
@@ -131,7 +131,7 @@ class CompactionConfig:
     chunk_raw_bytes: int = 0
     chunk_records: int = 0
     workers: int = _setting("workers")
-    compression: Compression = _setting("compression")  # noqa: RUF009  (a frozen value)
+    compression: Compression = _setting("compression")
     entry_bytes: int = 64 * 1024
     write_behind_bytes: int = 64 << 20
     event_times: bool = False

@@ -16,11 +16,12 @@ onto its low 32 bits), not from hashing again.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
 import numpy.typing as npt
+
+from shale.ledger.values import dataclass
 
 __all__ = ["KeyFilter"]
 

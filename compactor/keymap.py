@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Final
 
 import numpy as np
@@ -26,6 +26,7 @@ import numpy.typing as npt
 
 from shale.compactor.rules import latest_of_each_key
 from shale.ledger.kernels import KeyTable, new_key_table
+from shale.ledger.values import dataclass
 
 __all__ = ["EVENT_KEY_BYTES", "KEY_BYTES", "KeyMap", "KeyMapBuilder", "Run"]
 

@@ -28,7 +28,6 @@ import functools
 import itertools
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
@@ -43,6 +42,7 @@ from shale.ledger.errors import InvalidInputError
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE
 from shale.ledger.kernels import distinct_estimate, partition_keys
 from shale.ledger.ordering import TopicOrder, decoded_times
+from shale.ledger.values import dataclass
 from shale.runtime.cpus import worker_count
 from shale.settings.units import format_size
 

@@ -17,7 +17,7 @@ import enum
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -35,6 +35,7 @@ from shale.ledger.format import FRAME_HEADER, KIND_COMPACTED
 from shale.ledger.ids import MessageId
 from shale.ledger.kernels import CopyPlan, Scratch, copy_plan, crc32c_ranges, gather_ranges
 from shale.ledger.reader import LedgerFile
+from shale.ledger.values import dataclass
 from shale.ledger.writer import LedgerWriter
 from shale.metadata.state import CompactedPart
 from shale.runtime.throttle import Throttle

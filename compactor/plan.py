@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,6 +27,7 @@ from shale.ledger.deletions import read_deletions
 from shale.ledger.format import FRAME_HEADER, KIND_COMPACTED, KIND_ORIGINAL
 from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.reader import LedgerFile
+from shale.ledger.values import dataclass
 from shale.metadata.state import CompactedPart, CompactionState, LedgerInfo, TopicState
 from shale.metadata.topic import TopicMetadata
 from shale.metadata.view import Segment, TopicView, dirty_ratio

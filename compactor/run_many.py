@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Final
 
 from shale.compactor.config import CompactionConfig
@@ -28,6 +28,7 @@ from shale.compactor.summary import RunStatus, RunSummary
 from shale.compactor.topics import Backlog, assess, backlog, choose, refuse_a_file
 from shale.ledger.errors import InvalidInputError, error_line
 from shale.ledger.masking import mask_secrets
+from shale.ledger.values import dataclass
 from shale.metadata.handle import Topic
 from shale.metadata.policy import TopicPolicy
 from shale.metadata.topic import TopicMetadata

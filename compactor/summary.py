@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import field, fields
 from typing import Any, Final
 
+from shale.ledger.values import dataclass
 from shale.settings.units import count
 
 __all__ = ["STATUSES", "FleetSummary", "RunStatus", "RunSummary"]

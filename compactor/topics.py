@@ -14,9 +14,10 @@ uncompacted record is older than ``--max-compaction-lag`` goes first whatever it
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from shale.ledger.errors import error_line
+from shale.ledger.values import dataclass
 from shale.maintenance.subscriptions import Lag, slowest, subscription_statuses
 from shale.metadata.handle import Topic, opened
 from shale.metadata.layout import refuse_a_file

@@ -22,7 +22,6 @@ import itertools
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,6 +30,7 @@ from shale.compactor.config import CompactionConfig
 from shale.compactor.pass_two import Copy, PassTwoResult, Work, write_parts
 from shale.ledger.errors import ShaleError, error_detail, error_from_detail
 from shale.ledger.format import FRAME_HEADER
+from shale.ledger.values import dataclass
 from shale.metadata.state import CompactedPart
 from shale.storage import Location
 

@@ -25,7 +25,6 @@ import functools
 import itertools
 from collections import deque
 from collections.abc import Callable, Generator, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
@@ -42,6 +41,8 @@ from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES
 from shale.ledger.stream import PayloadStream
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     import pyarrow as pa
 
 __all__ = ["DEFAULT_BATCH_ROWS", "DEFAULT_MAX_BATCH_BYTES", "MAX_DECODE_THREADS", "ROW_BYTES", "BatchReader",
@@ -146,6 +147,9 @@ class BatchReader:
         self.max_batch_bytes, self.rows, self.chunk_bytes = max_batch_bytes, rows, chunk_bytes
         self.utf8, self.id_text, self.check_first = utf8, id_text, check_first
         self.threads = max(1, threads)
+        # (imported here: a read that makes no batches, a small topic's, imports no thread pool)
+        from concurrent.futures import ThreadPoolExecutor
+
         self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="shale-arrow")
 
     def close(self) -> None:

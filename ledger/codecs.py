@@ -21,10 +21,11 @@ from __future__ import annotations
 import enum
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Final
 
 from shale.ledger.errors import CorruptLedgerError, InvalidInputError
+from shale.ledger.values import dataclass
 
 __all__ = [
     "DEFAULT_COMPRESSION",

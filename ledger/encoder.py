@@ -11,7 +11,7 @@ paths give the same bytes, which the tests check.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Final, NamedTuple
 
 import numpy as np
@@ -20,6 +20,7 @@ import numpy.typing as npt
 from shale.ledger.format import NO_EVENT_TIME
 from shale.ledger.kernels import load_native
 from shale.ledger.record import Record, encode_record, key_hash
+from shale.ledger.values import dataclass
 from shale.ledger.writer import EncodedEntry
 
 __all__ = ["ENCODER", "EncodedColumns", "Properties", "RecordColumns", "Refused", "VarColumn", "encode_columns",

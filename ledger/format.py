@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Final
 
 import msgpack
@@ -38,6 +38,7 @@ import numpy.typing as npt
 from shale.ledger.codecs import MAX_RAW_ENTRY_BYTES, Codec
 from shale.ledger.errors import CorruptLedgerError, UnsupportedVersionError
 from shale.ledger.kernels import crc32c, tiling_error
+from shale.ledger.values import dataclass
 
 __all__ = [
     "EVENT_TIME_VERSION",

@@ -9,10 +9,10 @@ written.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Final
 
 from shale.ledger.errors import InvalidInputError
+from shale.ledger.values import dataclass
 
 __all__ = ["MAX_ID", "MIN_ID", "MessageId"]
 

@@ -16,8 +16,9 @@ Every reader of "the latest value" and both compaction engines take these rules 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
+
+from shale.ledger.values import dataclass
 
 # NumPy is imported where times are compared, not here: a topic's metadata holds its order,
 # and reading the metadata alone (``shale config``, ``shale gc``) needs no NumPy.

@@ -9,7 +9,7 @@ record's raw bytes without decoding it.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Final, Protocol
 
 import msgpack
@@ -17,6 +17,7 @@ import xxhash
 
 from shale.ledger.errors import CorruptLedgerError, InvalidInputError, RecordTooLargeError
 from shale.ledger.ids import MessageId
+from shale.ledger.values import dataclass
 
 __all__ = [
     "DEFAULT_MAX_RECORD_BYTES",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -31,6 +30,7 @@ from shale.ledger.format import (
     encode_trailer,
 )
 from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES, Record, encode_record, key_hash
+from shale.ledger.values import dataclass
 
 __all__ = ["EncodedEntry", "LedgerWriter", "Sink", "encode_entry", "relabel_ledger"]
 

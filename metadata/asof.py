@@ -35,13 +35,13 @@ from __future__ import annotations
 import datetime
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
 from shale.ledger.errors import InvalidInputError, SnapshotNotFoundError
 from shale.ledger.ids import MIN_ID, MessageId
+from shale.ledger.values import dataclass
 from shale.metadata.schema import TAG_NAME
 from shale.metadata.snapshots import epoch_of_tag
 from shale.metadata.state import CompactionState, LedgerInfo, TopicState

@@ -16,7 +16,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Protocol, Self, TypeVar
 
 from shale.ledger.errors import (
@@ -27,6 +27,7 @@ from shale.ledger.errors import (
     StorageError,
     TransientStorageError,
 )
+from shale.ledger.values import dataclass
 from shale.metadata.schema import decode_envelope
 from shale.storage import Location, validate_key_part
 from shale.storage.retry import ConflictPolicy

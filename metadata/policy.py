@@ -9,7 +9,7 @@ the run's variable, then to the default.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Final
 
 import msgspec
@@ -17,6 +17,7 @@ import msgspec
 from shale.ledger.codecs import Compression, parse_compression
 from shale.ledger.errors import InvalidInputError, InvalidMetadataError
 from shale.ledger.ordering import OFFSET, TopicOrder
+from shale.ledger.values import dataclass
 from shale.metadata.schema import schema_error
 from shale.settings import POLICY_SETTINGS
 from shale.settings.units import MAX_BYTES, MAX_MILLIS

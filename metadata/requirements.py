@@ -10,10 +10,10 @@ that does not touch the run's result (garbage collection trimming the retired li
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 from shale.ledger.errors import ConflictError
+from shale.ledger.values import dataclass
 from shale.metadata.state import CompactionState
 
 __all__ = ["AssertEpoch", "AssertTopicGeneration", "PublishRequirement", "RequirementFailedError", "unmet"]

@@ -7,11 +7,12 @@ readable by people and by other tools.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any
 
 from shale.ledger.ids import MessageId
 from shale.ledger.ordering import TopicOrder
+from shale.ledger.values import dataclass
 from shale.metadata.schema import (
     CompactionDoc,
     LedgerDoc,

@@ -38,7 +38,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Final, Literal
 
 from shale.ledger.errors import (
@@ -52,6 +52,7 @@ from shale.ledger.errors import (
     TransientStorageError,
 )
 from shale.ledger.ids import MIN_ID, MessageId
+from shale.ledger.values import dataclass
 from shale.metadata.documents import DocumentStore, Versioned
 from shale.metadata.policy import TopicPolicy
 from shale.metadata.schema import SUBSCRIPTION_NAME, SubscriptionDoc, message_id, validate

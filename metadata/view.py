@@ -33,7 +33,6 @@ and, to resolve record indexes, the ledger format.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -44,6 +43,7 @@ from shale.ledger.format import KIND_COMPACTED, KIND_ORIGINAL
 from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.ordering import TopicOrder
 from shale.ledger.reader import LedgerFile
+from shale.ledger.values import dataclass
 from shale.metadata.state import CompactedPart, CompactionState, LedgerInfo, TopicState
 
 if TYPE_CHECKING:

@@ -11,11 +11,11 @@ makes the :class:`~shale.ledger.record.Message` objects when they are wanted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from shale.ledger.ids import MessageId
 from shale.ledger.record import Message
+from shale.ledger.values import dataclass
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -27,7 +27,6 @@ delete.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -37,6 +36,7 @@ from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, KIND_COMPACTED
 from shale.ledger.ids import MIN_ID
 from shale.ledger.reader import DEFAULT_CHUNK_BYTES, LedgerFile
 from shale.ledger.record import Message
+from shale.ledger.values import dataclass
 from shale.metadata.asof import AsOf, parse_point
 from shale.metadata.state import CompactedPart, CompactionState
 from shale.metadata.topic import TopicMetadata

@@ -24,13 +24,12 @@ offset out of range, which is never silent either):
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Final, Literal
 
 from shale.ledger.errors import GapError, InvalidInputError
 from shale.ledger.ids import MessageId
+from shale.ledger.values import dataclass
 from shale.metadata.view import log_start
 
 __all__ = ["ON_GAP_CHOICES", "Gap", "GapListener", "OnGap", "check_on_gap", "log_gap", "log_start"]
@@ -38,7 +37,6 @@ __all__ = ["ON_GAP_CHOICES", "Gap", "GapListener", "OnGap", "check_on_gap", "log
 OnGap = Literal["error", "skip", "compacted"]
 ON_GAP_CHOICES: Final[tuple[OnGap, ...]] = ("error", "skip", "compacted")
 
-_log: Final = logging.getLogger("shale.reader")
 _REMEDY: Final = ("on-gap skip goes on there; on-gap compacted reads the latest value of their keys from the compacted "
                   "view")
 
@@ -105,4 +103,6 @@ GapListener = Callable[[Gap], None]
 def log_gap(gap: Gap) -> None:
     """The default listener: one warning on the ``shale.reader`` logger (which Python
     prints on standard error when the application configured no logging)."""
-    _log.warning("%s", gap.human())
+    import logging  # (here: a read that meets none imports no logging)
+
+    logging.getLogger("shale.reader").warning("%s", gap.human())

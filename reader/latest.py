@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Final, TypeVar
 
 import numpy as np
@@ -56,6 +56,7 @@ from shale.ledger.latest import latest_by_event_time
 from shale.ledger.ordering import TopicOrder, decoded_times
 from shale.ledger.reader import DEFAULT_CHUNK_BYTES
 from shale.ledger.record import Message
+from shale.ledger.values import dataclass
 from shale.metadata.asof import AsOf
 from shale.metadata.topic import TopicMetadata
 from shale.metadata.view import Segment, TopicView

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -29,6 +28,7 @@ from shale.ledger.format import KIND_ORIGINAL
 from shale.ledger.ordering import TopicOrder, record_time
 from shale.ledger.reader import LedgerFile
 from shale.ledger.record import Message, key_hash
+from shale.ledger.values import dataclass
 from shale.metadata.asof import AsOf
 from shale.metadata.topic import TopicMetadata
 from shale.metadata.view import Segment, TopicView

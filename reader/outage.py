@@ -13,21 +13,19 @@ unreachable.
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 from shale.ledger.errors import TransientStorageError, error_line
+from shale.ledger.values import dataclass
 
 __all__ = ["MAX_WAIT_S", "Outage", "OutageListener", "Rider", "log_outage"]
 
 #: The longest wait between two attempts during an outage.
 MAX_WAIT_S: Final = 30.0
 
-_log: Final = logging.getLogger("shale.reader")
 _T = TypeVar("_T")
 
 
@@ -58,7 +56,9 @@ OutageListener = Callable[[Outage], None]
 
 def log_outage(outage: Outage) -> None:
     """The default listener: a warning on the ``shale.reader`` logger."""
-    _log.warning("%s", outage.human())
+    import logging  # (here: a read that meets none imports no logging)
+
+    logging.getLogger("shale.reader").warning("%s", outage.human())
 
 
 class Rider:

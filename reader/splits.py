@@ -14,7 +14,7 @@ removed ledger reads what is left (the streaming source checks for lost records 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,6 +22,7 @@ import numpy.typing as npt
 
 from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.reader import LedgerFile
+from shale.ledger.values import dataclass
 from shale.metadata.state import CompactionState, TopicState
 from shale.metadata.topic import TopicMetadata
 from shale.metadata.view import Segment, TopicView

@@ -34,6 +34,9 @@ if [ -z "$installed" ]; then
   else
     .venv/bin/python -m pip install --quiet -e .
   fi
+  # Shale's own modules compiled now (pip compiled its dependencies'), so that no command
+  # compiles them where the checkout cannot be written or PYTHONDONTWRITEBYTECODE is set
+  .venv/bin/python -m compileall -q ledger metadata reader compactor shale >/dev/null
   rm -f .venv/.shale-installed-* && touch ".venv/.shale-installed-$hash-${EXTRAS//,/_}"
 fi
 export PATH="$ROOT/.venv/bin:$PATH"

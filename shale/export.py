@@ -16,12 +16,12 @@ import io
 import json
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any, Final
 
 from shale.export_target import open_output
 from shale.ledger.errors import InvalidInputError
 from shale.ledger.reader import DEFAULT_CHUNK_BYTES
+from shale.ledger.values import dataclass
 from shale.metadata.asof import AsOf, describe_point
 from shale.reader import TopicReader
 from shale.reader.arrow import DEFAULT_MAX_BATCH_BYTES, require_pyarrow, schema

@@ -17,7 +17,7 @@ import math
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Final
 
 import numpy as np
@@ -45,6 +45,7 @@ from shale.compactor.spark.splits import Reports, plan_writes, slice_specs
 from shale.compactor.spark.tasks import TaskContext, candidate_bytes, error_from_record, forget_opened, group_splits
 from shale.compactor.spark.writes import WriteContext
 from shale.ledger.errors import InvalidInputError
+from shale.ledger.values import dataclass
 from shale.metadata.state import CompactedPart
 from shale.storage import Location
 

@@ -15,7 +15,6 @@ RDD is involved: the same plans run under Spark Connect, where neither exists.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
@@ -27,6 +26,7 @@ from shale.compactor.spark.newkeys import filter_task
 from shale.compactor.spark.shuffle import ROWS, Kind, Row, routes
 from shale.compactor.spark.tasks import TaskContext, map_task, reduce_partition
 from shale.compactor.spark.writes import WriteContext, resplit, task_rows, write_rows
+from shale.ledger.values import dataclass
 
 __all__ = ["collect_rows", "count_tasks", "filter_of_new_keys", "pass_one", "pass_two"]
 

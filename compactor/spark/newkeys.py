@@ -5,7 +5,6 @@ imports PySpark."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -17,6 +16,7 @@ from shale.ledger.errors import ShaleError, TransientStorageError
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE
 from shale.ledger.ordering import decoded_times
 from shale.ledger.reader import LedgerFile
+from shale.ledger.values import dataclass
 
 if TYPE_CHECKING:
     from shale.compactor.spark.tasks import SplitSpec, TaskContext

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Final
 
 from shale.ledger.errors import InvalidInputError, ShaleError
 from shale.ledger.masking import mask_secrets
+from shale.ledger.values import dataclass
 
 __all__ = ["DEFAULT_MASTER", "DEFAULT_SPLIT_BYTES", "SparkJobError", "SparkOptions", "SparkUnavailableError",
            "require_pyspark"]

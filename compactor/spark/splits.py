@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from shale.compactor.spark.shuffle import Kind
 from shale.compactor.spark.tasks import SplitSpec, TaskContext, group_splits
 from shale.compactor.spark.writes import WriteContext
 from shale.ledger.errors import CorruptLedgerError
+from shale.ledger.values import dataclass
 from shale.metadata.state import CompactedPart
 
 __all__ = ["Reports", "plan_writes", "slice_specs"]

@@ -34,7 +34,6 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
@@ -61,6 +60,7 @@ from shale.ledger.errors import CorruptLedgerError, ShaleError, TransientStorage
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE
 from shale.ledger.ordering import TopicOrder, decoded_times
 from shale.ledger.reader import LedgerFile
+from shale.ledger.values import dataclass
 from shale.storage import Location
 
 __all__ = [

@@ -17,7 +17,6 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -28,6 +27,7 @@ from shale.compactor.spark.newkeys import settle
 from shale.compactor.spark.shuffle import Kind, Row, pack_offsets, unpack_offsets
 from shale.compactor.spark.tasks import SplitSpec, TaskContext, task_errors
 from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, KIND_COMPACTED
+from shale.ledger.values import dataclass
 from shale.metadata.state import CompactedPart
 from shale.storage import Location
 

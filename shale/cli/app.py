@@ -10,12 +10,12 @@ import importlib
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Final, TextIO
 
 from shale.cli.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, exit_code_of
 from shale.ledger.errors import InvalidURIError, ShaleError, error_line
 from shale.ledger.masking import mask_secrets
+from shale.ledger.values import dataclass
 from shale.runtime import interrupts
 
 __all__ = ["Streams", "run_command"]

@@ -4,8 +4,9 @@ their flags come from the settings model (:mod:`shale.settings`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Final
+
+from shale.ledger.values import dataclass
 
 __all__ = ["COMMAND_TABLE", "EXIT_CODES", "Command"]
 

@@ -40,11 +40,11 @@ from __future__ import annotations
 import json
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from shale.compactor.summary import STATUSES, RunStatus, RunSummary
 from shale.ledger.masking import mask_secrets
+from shale.ledger.values import dataclass
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry

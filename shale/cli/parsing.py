@@ -12,6 +12,7 @@ learn for a new command.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import textwrap
@@ -32,13 +33,38 @@ class UsageError(Exception):
     """Bad usage, as the one line the command prints (exit code 2)."""
 
 
+def _columns() -> int:
+    """The terminal's width as :func:`shutil.get_terminal_size` gives it (``COLUMNS``, else
+    the terminal of standard output, else 80)."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's formatter given the width it would find itself: argparse makes one for every
+    flag a parser is given, and finds the width through :mod:`shutil`, which imports
+    :mod:`bz2` and :mod:`lzma` (six modules, two of them compiled libraries) into every command."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        super().__init__(prog, indent_increment, max_help_position, _columns() - 2 if width is None else width)
+
+
 class OneLineParser(argparse.ArgumentParser):
     """Usage errors are one line naming the command's ``--help``, like every other error;
     flags are spelt in full (an abbreviation would make where a value came from unsure)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        kwargs.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kwargs)
         self.commands: dict[str, OneLineParser] = {}
 

@@ -4,7 +4,6 @@ or as one Parquet, Arrow or JSON-lines object."""
 from __future__ import annotations
 
 import argparse
-import base64
 import itertools
 import time
 from typing import TYPE_CHECKING
@@ -300,6 +299,8 @@ def _key_bytes(text: str, b64: bool) -> bytes:
             return text.encode("utf-8", "surrogateescape")
         except UnicodeError:
             raise InvalidInputError(f"KEY {shown(text)!r} is not valid text (--key-b64 takes a binary key)") from None
+    import base64
+
     try:
         return base64.b64decode(text, validate=True)
     except ValueError:  # binascii.Error

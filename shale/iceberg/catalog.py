@@ -25,7 +25,6 @@ import contextlib
 import os
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from shale.ledger.errors import (
@@ -37,6 +36,7 @@ from shale.ledger.errors import (
     TransientStorageError,
 )
 from shale.ledger.masking import mask_secrets
+from shale.ledger.values import dataclass
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog

@@ -25,13 +25,14 @@ are merged into one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
 from shale.iceberg.state import IdColumns, IdKeys, TableState
+from shale.ledger.values import dataclass
 from shale.metadata.topic import TopicMetadata
 from shale.reader.latest import Chosen, plan_latest
 

@@ -14,11 +14,13 @@ compare as the ids do).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
+
+from shale.ledger.values import dataclass
 
 if TYPE_CHECKING:
     from pyiceberg.io import FileIO

@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
@@ -39,6 +38,7 @@ from shale.iceberg.diff import Diff, decide
 from shale.iceberg.schema import arrow_schema, check_schema, rows_of, table_schema
 from shale.iceberg.state import TableState, read_state, snapshot_epoch
 from shale.ledger.errors import ConflictError, InvalidInputError
+from shale.ledger.values import dataclass
 from shale.metadata.topic import TopicMetadata
 from shale.reader.latest import LatestPlan, latest_batches
 

@@ -14,7 +14,7 @@ it helps: a dictionary that leaves those entries no smaller than zstd alone is r
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, Final, NamedTuple, cast
 
 import numpy as np
@@ -23,6 +23,7 @@ from shale.ledger.codecs import MAX_DICTIONARY_BYTES, Codec, Compression, Dictio
 from shale.ledger.errors import InvalidInputError
 from shale.ledger.format import FRAME_HEADER
 from shale.ledger.reader import LedgerFile
+from shale.ledger.values import dataclass
 from shale.metadata.dictionaries import register_dictionary
 from shale.metadata.topic import TopicMetadata
 from shale.settings.units import count

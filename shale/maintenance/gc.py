@@ -17,10 +17,11 @@ Nothing a published state refers to is ever deleted.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Final
 
 from shale.ledger.errors import ConflictError
+from shale.ledger.values import dataclass
 from shale.metadata.handle import Topic, opened
 from shale.metadata.layout import (
     COMPACTED_DIR,

@@ -14,9 +14,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 from shale.ledger.errors import ShaleError, error_line
+from shale.ledger.values import dataclass
 from shale.maintenance.listing import discover_topics
 from shale.maintenance.subscriptions import SubscriptionStatus, subscription_statuses
 from shale.metadata.handle import Topic

@@ -10,10 +10,10 @@ metadata cannot be read is still listed, with the error, and never stops the oth
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from shale.ledger.errors import InvalidURIError, error_line
+from shale.ledger.values import dataclass
 from shale.maintenance.policies import policy_text
 from shale.maintenance.subscriptions import SubscriptionStatus, slowest, subscription_statuses
 from shale.metadata.handle import Topic

@@ -24,11 +24,11 @@ import csv
 import io
 import re
 import time
-from dataclasses import dataclass
 from typing import Any, Final
 
 from shale.ledger.errors import InUseError, InvalidInputError
 from shale.ledger.ids import MIN_ID, MessageId
+from shale.ledger.values import dataclass
 from shale.maintenance.subscriptions import Lag, ago, lag_of
 from shale.metadata.handle import Topic, opened
 from shale.metadata.positions import TIME_HELP, check_id, parse_time, position_at, shift

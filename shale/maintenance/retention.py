@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from shale.ledger.errors import InvalidInputError
 from shale.ledger.ids import MessageId
+from shale.ledger.values import dataclass
 from shale.metadata.handle import Topic, opened
 from shale.metadata.state import CompactionState, LedgerInfo
 from shale.metadata.subscriptions import Subscription, expiry_of

@@ -21,7 +21,7 @@ with that error (a permission error exits 2), having judged nothing.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,7 @@ from shale.ledger.errors import CORRUPTION, ObjectNotFoundError, ShaleError, err
 from shale.ledger.format import KIND_COMPACTED, KIND_ORIGINAL
 from shale.ledger.kernels import Scratch
 from shale.ledger.reader import LedgerFile
+from shale.ledger.values import dataclass
 from shale.metadata.topic import TopicMetadata
 from shale.runtime.throttle import Throttle
 from shale.settings.units import count

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Final
 
 from shale.ledger.errors import (
@@ -33,6 +33,7 @@ from shale.ledger.errors import (
 )
 from shale.ledger.ids import MIN_ID, MessageId
 from shale.ledger.ordering import TopicOrder
+from shale.ledger.values import dataclass
 from shale.metadata.handle import Topic, opened
 from shale.metadata.requirements import AssertEpoch, AssertTopicGeneration, RequirementFailedError
 from shale.metadata.snapshots import retained_text

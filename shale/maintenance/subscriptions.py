@@ -15,10 +15,10 @@ slowest one is the active one with the greatest lag.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from shale.ledger.ids import MessageId
+from shale.ledger.values import dataclass
 from shale.metadata.handle import Topic, opened
 from shale.metadata.state import TopicState
 from shale.metadata.subscriptions import CLOCK_SKEW_MS, Member, Subscription, Subscriptions, expiry_of

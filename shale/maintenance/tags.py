@@ -26,10 +26,11 @@ time (:func:`epoch_at`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any
 
 from shale.ledger.errors import InvalidInputError, SnapshotNotFoundError
+from shale.ledger.values import dataclass
 from shale.metadata.schema import MAX_TAGS
 from shale.metadata.snapshots import check_tag, epoch_of_tag, retained_text
 from shale.metadata.state import CompactionState, Snapshot

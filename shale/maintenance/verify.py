@@ -32,7 +32,7 @@ either then shows as a mismatch instead of passing unseen.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Any
 
 import numpy as np
@@ -42,6 +42,7 @@ from shale.ledger.format import FLAG_HAS_KEY, FLAG_TOMBSTONE, KIND_ORIGINAL
 from shale.ledger.ids import MessageId
 from shale.ledger.ordering import TopicOrder, decoded_times
 from shale.ledger.reader import LedgerFile
+from shale.ledger.values import dataclass
 from shale.maintenance.verify_fold import latest_per_key, latest_per_key_by_time
 from shale.metadata.state import TopicState
 from shale.metadata.topic import TopicMetadata

@@ -22,10 +22,10 @@ registered nothing of that ledger; running it again skips what the first appende
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Final
 
 from shale.ledger.errors import InvalidInputError, ProducerFencedError
+from shale.ledger.values import dataclass
 from shale.metadata.schema import PRODUCER_ID
 from shale.metadata.state import ProducerMark, TopicState
 from shale.settings.units import count

@@ -25,7 +25,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import IO, Final
 
 import numpy as np
@@ -43,6 +42,7 @@ from shale.ledger.record import (
     event_time_in_range,
     validate_record,
 )
+from shale.ledger.values import dataclass
 from shale.producer.ahead import Ahead
 from shale.producer.pipe import CHUNK_BYTES, fileno, pieces, ready
 from shale.producer.writer import TopicWriter

@@ -9,7 +9,6 @@ is strict JSON.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import json
 import re
@@ -67,7 +66,8 @@ def _text_or_b64(data: bytes | None, name: str, out: dict[str, Any]) -> None:
     try:
         out[name] = data.decode("utf-8")
     except UnicodeDecodeError:
-        out[f"{name}_b64"] = base64.b64encode(data).decode("ascii")
+        # (base64.b64encode, without importing base64 into every command that prints a record)
+        out[f"{name}_b64"] = binascii.b2a_base64(data, newline=False).decode("ascii")
 
 
 def _depth(text: bytes) -> int:
@@ -250,6 +250,8 @@ def _kernel_columns(batch: pa.RecordBatch) -> tuple[Any, ...] | None:
 
 
 def _b64(text: str, name: str, where: str) -> bytes:
+    import base64
+
     try:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):

@@ -3,9 +3,8 @@ registered, and the totals ``shale produce`` prints."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from shale.ledger.ids import MessageId
+from shale.ledger.values import dataclass
 from shale.settings.units import count
 
 __all__ = ["ProduceResult", "SealedLedger"]

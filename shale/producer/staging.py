@@ -34,10 +34,11 @@ import json
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Final
 
 from shale.ledger.errors import ConflictError, InvalidInputError, ObjectNotFoundError
+from shale.ledger.values import dataclass
 from shale.ledger.writer import relabel_ledger
 from shale.metadata.layout import (
     LEDGER_DIR,

@@ -19,7 +19,7 @@ import io
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from types import TracebackType
 from typing import Any, Final
 
@@ -45,6 +45,7 @@ from shale.ledger.record import (
     event_time_in_range,
     validate_record,
 )
+from shale.ledger.values import dataclass
 from shale.ledger.writer import EncodedEntry, LedgerWriter, encode_entry, relabel_ledger
 from shale.metadata.dictionaries import resolve_compression
 from shale.metadata.handle import Topic

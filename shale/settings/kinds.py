@@ -16,12 +16,12 @@ import math
 import re
 import sys
 import urllib.parse
-from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Final, Literal, NoReturn
 
 from shale.ledger.codecs import Compression, parse_compression
 from shale.ledger.errors import InvalidInputError, InvalidURIError
 from shale.ledger.masking import mask_secrets
+from shale.ledger.values import dataclass
 from shale.settings.units import MAX_BYTES, MAX_MILLIS, format_duration, format_size, parse_duration, parse_size
 
 __all__ = ["Choice", "Codec", "Duration", "Instant", "Kind", "Pairs", "Rate", "Ratio", "Size", "Switch", "Text",

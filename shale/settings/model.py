@@ -11,10 +11,11 @@ take it, and whether a topic's policy may set it.  The command line's flags, the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Final
 
 from shale.ledger.codecs import DEFAULT_COMPRESSION
+from shale.ledger.values import dataclass
 from shale.settings.kinds import (
     Choice,
     Codec,
@@ -523,5 +524,6 @@ VARIABLES: Final[dict[str, Variable]] = {v.name: v for v in (
              reader="Python"),
     Variable("OPENBLAS_NUM_THREADS", "NumPy's BLAS threads: the command line sets 1 unless it is set",
              reader="NumPy"),
+    Variable("COLUMNS", "the width --help is written to (the terminal's, or 80, when not set)", reader="argparse"),
 )}
 

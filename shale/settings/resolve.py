@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from shale.ledger.errors import InvalidInputError
+from shale.ledger.values import dataclass
 from shale.settings.model import SETTINGS, Setting, settings_for
 
 __all__ = ["Settings", "Source", "Value", "VariableError", "resolve"]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -40,6 +40,7 @@ from shale.compactor.units import parse_size
 from shale.ledger.errors import InvalidInputError, InvalidURIError, ShaleError
 from shale.ledger.ids import MIN_ID
 from shale.ledger.record import DEFAULT_MAX_RECORD_BYTES
+from shale.ledger.values import dataclass
 from shale.metadata.asof import AsOf, parse_point, resolve_point
 from shale.metadata.topic import TopicMetadata
 from shale.producer.columns import shift_rows

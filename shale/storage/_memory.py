@@ -8,9 +8,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from shale.ledger.errors import AlreadyExistsError, ConflictError, ObjectNotFoundError
+from shale.ledger.values import dataclass
 from shale.storage.base import ObjectInfo, ObjectStore, ObjectWriter
 from shale.storage.registry import register_backend
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Final
 
 from shale.ledger.errors import AlreadyExistsError, InvalidInputError, InvalidURIError, UnsupportedOperationError
 from shale.ledger.masking import mask_secrets
+from shale.ledger.values import dataclass
 
 __all__ = [
     "CAPABILITIES",

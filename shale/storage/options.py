@@ -17,11 +17,12 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Final
 
 from shale.ledger.errors import InvalidInputError
 from shale.ledger.masking import mask_secrets
+from shale.ledger.values import dataclass
 from shale.settings.model import VARIABLES, Variable
 from shale.storage.retry import RetryPolicy
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import field
 from types import TracebackType
 from typing import TYPE_CHECKING
 
 from shale.ledger.errors import ConflictError, TransientStorageError
+from shale.ledger.values import dataclass
 
 if TYPE_CHECKING:
     import tenacity

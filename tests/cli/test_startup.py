@@ -2,11 +2,12 @@
 counted in modules (never timed), and how a command's process ends.
 
 ``--help`` and a command line's parsing import neither NumPy nor any codec; a command
-that reads only a topic's metadata (``shale config``, ``shale snapshots``) imports no NumPy; none imports
-pyarrow, boto3, PySpark, pandas or ``importlib.metadata`` (with the ``email`` package
-under it) unless its work needs them; ``status`` of a small topic starts no thread pool
-(nor imports one), and a compaction whose compare-and-swap succeeds at the first try
-imports no tenacity.  bench/README.md ("Small runs") has what each costs.
+that reads only a topic's metadata (``shale config``, ``shale snapshots``) imports no
+NumPy; none imports pyarrow, boto3, PySpark, pandas or ``importlib.metadata`` (with the
+``email`` package under it) unless its work needs them, nor ``shutil`` (with ``bz2`` and
+``lzma``); ``status``, ``get`` and ``read`` of a small topic start no thread pool (nor
+import one) and import no ``logging``; and a compaction whose compare-and-swap succeeds at
+the first try imports no tenacity.  bench/README.md ("Small runs") has what each costs.
 """
 
 from __future__ import annotations
@@ -26,11 +27,15 @@ ROOT = Path(__file__).resolve().parents[2]
 #: What no command imports unless its work needs it: the optional extras' libraries,
 #: and the package metadata machinery (a plugin's storage scheme aside).
 NEVER = frozenset({"pyarrow", "pandas", "polars", "duckdb", "boto3", "botocore", "pyspark", "py4j",
-                   "importlib.metadata", "email", "rich", "prometheus_client", "lz4"})
+                   "importlib.metadata", "email", "rich", "prometheus_client", "lz4",
+                   # argparse finds the terminal's width through shutil, which imports both
+                   "shutil", "bz2", "lzma"})
 #: What only work on a topic's records needs.
 RECORDS = frozenset({"numpy", "zstandard", "msgpack"})
 #: What only some runs need: typed sizes and durations, compare-and-swap retries, threads.
 SOME_RUNS = frozenset({"humanfriendly", "pytimeparse2", "isodate", "tenacity", "concurrent.futures"})
+#: What only a run that has something to log needs (a reader's gap or outage, compact's run log).
+LOGGING = frozenset({"logging"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,18 +81,18 @@ def _shale(*args: str) -> str:
 def cases(topic: str, scratch: str) -> list[Case]:
     light = NEVER | RECORDS | SOME_RUNS | {"msgspec", "json", "xxhash"}
     return [
-        Case("shale --help", _shale("--help"), light, 55),
-        Case("shale status --help", _shale("status", "--help"), light, 55),
-        Case("compact --help", "from shale.compactor.cli import main\nassert main(['--help']) == 0", light, 56),
+        Case("shale --help", _shale("--help"), light, 48),
+        Case("shale status --help", _shale("status", "--help"), light, 48),
+        Case("compact --help", "from shale.compactor.cli import main\nassert main(['--help']) == 0", light, 50),
         Case("parsing shale get T KEY", "import os\nfrom shale.cli.parsing import build_parser, parse\n"
-             "parse(build_parser('get'), ['get', 'T', 'KEY'], os.environ)", light, 50),
-        Case("shale config T", _shale("config", topic), NEVER | RECORDS | SOME_RUNS, 110),
-        Case("shale snapshots T", _shale("snapshots", topic), NEVER | RECORDS | SOME_RUNS, 110),
-        Case("shale get T KEY", _shale("get", topic, "k3"), NEVER | SOME_RUNS, 142),
-        Case("shale read T", _shale("read", topic), NEVER | SOME_RUNS - {"concurrent.futures"}, 164),
-        Case("shale status T", _shale("status", topic), NEVER | SOME_RUNS, 144),
+             "parse(build_parser('get'), ['get', 'T', 'KEY'], os.environ)", light, 43),
+        Case("shale config T", _shale("config", topic), NEVER | RECORDS | SOME_RUNS, 101),
+        Case("shale snapshots T", _shale("snapshots", topic), NEVER | RECORDS | SOME_RUNS, 101),
+        Case("shale get T KEY", _shale("get", topic, "k3"), NEVER | SOME_RUNS | LOGGING, 134),
+        Case("shale read T", _shale("read", topic), NEVER | SOME_RUNS | LOGGING, 146),
+        Case("shale status T", _shale("status", topic), NEVER | SOME_RUNS | LOGGING, 135),
         Case("compact T", f"from shale.compactor.cli import main\nassert main([{scratch!r}]) == 0",
-             NEVER | {"humanfriendly", "pytimeparse2", "isodate", "tenacity"}, 181),
+             NEVER | {"humanfriendly", "pytimeparse2", "isodate", "tenacity"}, 177),
     ]
 
 

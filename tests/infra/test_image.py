@@ -192,6 +192,26 @@ def test_image_runs_as_10001_and_writes_only_tmp_and_data(local_image: str, data
     assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob("shale-run-tmp.*"))
 
 
+_COMPILED = """
+import importlib.util, os, pathlib, sys, shale
+root = pathlib.Path(shale.__file__).parent
+sources = sorted(root.rglob("*.py"))
+missing = [str(p) for p in sources if not os.path.isfile(importlib.util.cache_from_source(str(p)))]
+print(len(sources), sys.flags.dont_write_bytecode, *missing)
+"""
+
+
+@pytest.mark.slow
+def test_image_carries_shales_modules_compiled(local_image: str, data: Path) -> None:
+    # the image cannot write a bytecode cache: without its modules compiled at build time
+    # every command would compile them again
+    owned_by_the_image(data)
+    res = run("local", data, "-c", _COMPILED, entrypoint="python")
+    assert res.returncode == 0, res.stderr
+    count, no_writes, *missing = res.stdout.split()
+    assert int(count) > 100 and no_writes == "1" and missing == []
+
+
 # --- the Spark image (SHALE_LONG_TESTS=1) ----------------------------------------------------
 
 @pytest.mark.slow
