@@ -3,18 +3,8 @@
 (:mod:`shale.ledger.arrow_cache`) where the view has one that matches its part.
 
 An entry is decompressed once and its records decoded straight into the buffers of Arrow
-arrays by one C call (:func:`~shale.ledger.arrow_columns.arrow_columns`).  No Python object
-is made per record.
-
-Columns (:func:`schema`):
-
-* ``ledger``, ``entry``, ``batch``: the record's message id (``id_text=True`` adds ``id``,
-  its ``L:E:B`` text, first);
-* ``key``, ``value``: binary (``utf8=True``: text, checked to be valid UTF-8), null for nil;
-* ``properties``: a map of text to text;
-* ``publish_time``, ``event_time``: timestamps in milliseconds, UTC (event time null when
-  the record has none);
-* ``tombstone``: the record has a key and no value (it deletes its key).
+arrays by one C call; no Python object is made per record.  The columns are those of
+:func:`~shale.ledger.arrow_batches.schema`, described there.
 
 pyarrow is an optional dependency: ``pip install 'shale[arrow]'``.
 """
